@@ -1,0 +1,340 @@
+//! The journal as data: parsing `journal.jsonl`, checking its sequence, and replaying it.
+//!
+//! Replay is the one place that answers "where did this run stop?": which tool calls of the
+//! brain's last decision are done, which action is unfinished, which interaction is pending and
+//! which answer arrived. The engine resumes from it, the CLI and the gateway describe runs with it,
+//! so the resume rules exist once. Pure data: no I/O.
+
+use std::collections::HashMap;
+
+use crate::protocol::{
+    ActionRequest, ActionResult, EngineEnd, EngineStart, Event, HumanInputReceived,
+    InteractionRequest, JournalEvent, RequestId, RunStatus, ToolCall,
+};
+
+/// A journal that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "journal line {line}: not a valid event ({source}); the journal is corrupt, restore it or start a new run"
+    )]
+    Corrupt {
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "journal line {line}: seq {found} where {expected} was expected (seq must grow by 1 from 1)"
+    )]
+    Sequence {
+        line: usize,
+        expected: u64,
+        found: u64,
+    },
+}
+
+/// The result of parsing a journal file's text.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub events: Vec<JournalEvent>,
+    /// Byte length of the well-formed prefix. A crash in the middle of an append leaves a last
+    /// line without its newline that does not parse: that torn tail was never acknowledged, and
+    /// is cut off by the store. `None` when the text ends cleanly.
+    pub torn_tail_at: Option<usize>,
+}
+
+/// Parses JSON lines, checking that `seq` grows by one from 1. Blank lines are ignored; any other
+/// bad line is an error naming its line number, except a torn last line (see [`Parsed`]).
+pub fn parse_jsonl(text: &str) -> Result<Parsed, Error> {
+    let mut parsed = Parsed::default();
+    let mut offset = 0;
+    for (index, raw) in text.split_inclusive('\n').enumerate() {
+        let line = index + 1;
+        let complete = raw.ends_with('\n');
+        let body = raw.trim();
+        if !body.is_empty() {
+            match serde_json::from_str::<JournalEvent>(body) {
+                Ok(event) => {
+                    let expected = parsed.events.len() as u64 + 1;
+                    if event.seq != expected {
+                        return Err(Error::Sequence {
+                            line,
+                            expected,
+                            found: event.seq,
+                        });
+                    }
+                    parsed.events.push(event);
+                }
+                Err(_) if !complete => {
+                    parsed.torn_tail_at = Some(offset);
+                    return Ok(parsed);
+                }
+                Err(source) => return Err(Error::Corrupt { line, source }),
+            }
+        }
+        offset += raw.len();
+    }
+    Ok(parsed)
+}
+
+/// One journal line, as written to `journal.jsonl` (with its newline).
+pub fn to_line(event: &JournalEvent) -> String {
+    // Serialising our own types to a string cannot fail: no maps with non-string keys.
+    let mut s = serde_json::to_string(event).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// Where a run stands, derived from its journal alone.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// The first `ENGINE_START`: the run's identity.
+    pub start: Option<EngineStart>,
+    /// How many times an engine started on this run.
+    pub attempts: u32,
+    /// The last `ENGINE_END`, if no engine started after it.
+    pub end: Option<EngineEnd>,
+    /// Brain decisions made so far (`THOUGHT` and `PLAN` events).
+    pub turns: u32,
+    /// The tool calls of the most recent `THOUGHT`, in order.
+    pub current_calls: Vec<ToolCall>,
+    requested: HashMap<String, ActionRequest>,
+    results: HashMap<String, ActionResult>,
+    /// Interactions in journal order, with their answer when one arrived.
+    pub interactions: Vec<(InteractionRequest, Option<HumanInputReceived>)>,
+    /// The last `seq` seen.
+    pub last_seq: u64,
+}
+
+/// The next thing to do about the brain's current decision.
+#[derive(Debug, PartialEq)]
+pub enum NextCall<'a> {
+    /// A call of the current decision that has not been journaled yet.
+    Fresh(&'a ToolCall),
+    /// A call whose `ACTION_REQUEST` is journaled without its `ACTION_RESULT`.
+    Unfinished(&'a ActionRequest),
+    /// Every call of the current decision has its result: time to ask the brain.
+    None,
+}
+
+impl Replay {
+    pub fn new(events: &[JournalEvent]) -> Self {
+        let mut r = Replay::default();
+        for e in events {
+            r.apply(e);
+        }
+        r
+    }
+
+    /// Folds one more event in.
+    pub fn apply(&mut self, e: &JournalEvent) {
+        self.last_seq = e.seq;
+        match &e.event {
+            Event::EngineStart(s) => {
+                if self.start.is_none() {
+                    self.start = Some(s.clone());
+                }
+                self.attempts += 1;
+                self.end = None;
+            }
+            Event::Thought(t) => {
+                self.turns += 1;
+                self.current_calls = t.tool_calls.clone().unwrap_or_default();
+            }
+            Event::Plan(_) => {
+                self.turns += 1;
+                self.current_calls.clear();
+            }
+            Event::ActionRequest(a) => {
+                self.requested.insert(a.action_id.clone(), a.clone());
+            }
+            Event::ActionResult(a) => {
+                self.results.insert(a.action_id.clone(), a.clone());
+            }
+            Event::HumanInputRequest(req) => self.interactions.push(((**req).clone(), None)),
+            Event::HumanInputReceived(rec) => {
+                if let Some(slot) = self
+                    .interactions
+                    .iter_mut()
+                    .find(|(q, a)| q.request_id == rec.request_id && a.is_none())
+                {
+                    slot.1 = Some(rec.clone());
+                }
+            }
+            Event::SystemMessage(_) => {}
+            Event::EngineEnd(end) => self.end = Some(end.clone()),
+        }
+    }
+
+    /// Whether the run reached a terminal status.
+    pub fn terminal(&self) -> Option<&EngineEnd> {
+        self.end.as_ref().filter(|e| e.status.is_terminal())
+    }
+
+    /// What to do next about the brain's current decision.
+    pub fn next_call(&self) -> NextCall<'_> {
+        for call in &self.current_calls {
+            if self.results.contains_key(&call.id) {
+                continue;
+            }
+            return match self.requested.get(&call.id) {
+                Some(req) => NextCall::Unfinished(req),
+                None => NextCall::Fresh(call),
+            };
+        }
+        NextCall::None
+    }
+
+    pub fn result(&self, action_id: &str) -> Option<&ActionResult> {
+        self.results.get(action_id)
+    }
+
+    /// The latest interaction about `action_id`, with its answer if it has one.
+    pub fn interaction_for(
+        &self,
+        action_id: &str,
+    ) -> Option<&(InteractionRequest, Option<HumanInputReceived>)> {
+        self.interactions
+            .iter()
+            .rev()
+            .find(|(q, _)| q.action_id() == Some(action_id))
+    }
+
+    /// The interaction still waiting for an answer, if any.
+    pub fn pending(&self) -> Option<&InteractionRequest> {
+        self.interactions
+            .iter()
+            .rev()
+            .find(|(_, a)| a.is_none())
+            .map(|(q, _)| q)
+    }
+
+    /// Looks an interaction up by id.
+    pub fn interaction(
+        &self,
+        id: RequestId,
+    ) -> Option<&(InteractionRequest, Option<HumanInputReceived>)> {
+        self.interactions.iter().find(|(q, _)| q.request_id == id)
+    }
+
+    /// The status the journal implies, for stores that must reconcile a record with it.
+    pub fn implied_status(&self) -> Option<RunStatus> {
+        match &self.end {
+            Some(end) => Some(end.status),
+            None if self.attempts > 0 => Some(RunStatus::Running),
+            None => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{ActionStatus, RunId, Thought, Timestamp};
+    use serde_json::json;
+
+    fn ev(seq: u64, event: Event) -> JournalEvent {
+        JournalEvent {
+            seq,
+            timestamp: Timestamp::now(),
+            event,
+        }
+    }
+
+    fn sample() -> Vec<JournalEvent> {
+        vec![
+            ev(
+                1,
+                Event::EngineStart(EngineStart {
+                    run_id: RunId::new(),
+                    agent: "a".into(),
+                    task: "t".into(),
+                    worker: "local".into(),
+                    attempt: 1,
+                }),
+            ),
+            ev(
+                2,
+                Event::Thought(Thought {
+                    content: "two calls".into(),
+                    tool_calls: Some(vec![
+                        ToolCall {
+                            id: "a1".into(),
+                            tool: "echo".into(),
+                            args: json!({}),
+                        },
+                        ToolCall {
+                            id: "a2".into(),
+                            tool: "echo".into(),
+                            args: json!({}),
+                        },
+                    ]),
+                }),
+            ),
+            ev(
+                3,
+                Event::ActionRequest(ActionRequest {
+                    action_id: "a1".into(),
+                    tool: "echo".into(),
+                    args: json!({}),
+                }),
+            ),
+        ]
+    }
+
+    #[test]
+    fn parse_reports_corrupt_lines_by_number() {
+        let mut text: String = sample().iter().map(to_line).collect();
+        text.push_str("{not json}\n");
+        match parse_jsonl(&text) {
+            Err(Error::Corrupt { line, .. }) => assert_eq!(line, 4),
+            other => panic!("expected corrupt line 4, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parse_detects_a_torn_last_line() {
+        let text: String = sample().iter().map(to_line).collect();
+        let whole = text.len();
+        let torn = format!("{text}{{\"seq\": 4, \"timest");
+        let parsed = parse_jsonl(&torn).expect("torn tail is not an error");
+        assert_eq!(parsed.events.len(), 3);
+        assert_eq!(parsed.torn_tail_at, Some(whole));
+    }
+
+    #[test]
+    fn parse_refuses_gaps_in_seq() {
+        let mut events = sample();
+        events[2].seq = 5;
+        let text: String = events.iter().map(to_line).collect();
+        assert!(matches!(
+            parse_jsonl(&text),
+            Err(Error::Sequence {
+                line: 3,
+                expected: 3,
+                found: 5
+            })
+        ));
+    }
+
+    #[test]
+    fn replay_finds_the_unfinished_and_the_fresh_call() {
+        let mut events = sample();
+        let r = Replay::new(&events);
+        assert!(matches!(r.next_call(), NextCall::Unfinished(a) if a.action_id == "a1"));
+        events.push(ev(
+            4,
+            Event::ActionResult(ActionResult {
+                action_id: "a1".into(),
+                status: ActionStatus::Success,
+                observation_content: "".into(),
+                exit_code: Some(0),
+                duration_ms: 1,
+            }),
+        ));
+        let r = Replay::new(&events);
+        assert!(matches!(r.next_call(), NextCall::Fresh(c) if c.id == "a2"));
+        assert_eq!(r.implied_status(), Some(RunStatus::Running));
+        assert_eq!(r.turns, 1);
+    }
+}
