@@ -596,6 +596,8 @@ pub enum ResponseError {
     InputRequired(String),
     #[error("an answer to this request needs a non-empty input")]
     EmptyInput,
+    #[error("edited arguments refused: {0}")]
+    InvalidArgs(String),
 }
 
 impl ResponseError {
@@ -607,6 +609,7 @@ impl ResponseError {
             ResponseError::Expired { .. } => "expired",
             ResponseError::InvalidOption { .. } => "invalid_option",
             ResponseError::InputRequired(_) | ResponseError::EmptyInput => "input_required",
+            ResponseError::InvalidArgs(_) => "invalid_args",
         }
     }
 }

@@ -1,0 +1,902 @@
+//! Tools: Delta Engine's three ways to declare a command, turned into one [`Tool`] that builds
+//! an argv (never a shell string from untrusted text) and runs it as a child process.
+//!
+//! - `command: [cmd, fixed…]` + `parameters` injected as `argument`, `option` (`option_name` /
+//!   `option_flag`, optional `option_value_template` with `${value}`) or `stdin`;
+//! - `exec: "cmd ${a} ${b}"`: split like a shell would, no shell runs, metacharacters refused;
+//! - `shell: "cat ${file} | wc -l"`: run as `sh -c <script> -- <values…>`, each `${p}` becoming a
+//!   quoted positional parameter (`${p:raw}` unquoted), so values are never parsed as shell code.
+//!
+//! `${AGENT_HOME}` and `${CWD}` expand in the fixed parts. A child runs in its own process group
+//! in the work directory; on its timeout or on cancellation the whole group is killed. Output is
+//! captured up to a cap per stream; the rest is drained and counted, so a chatty tool never
+//! blocks on a full pipe.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+/// How a parameter reaches the command.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InjectAs {
+    #[default]
+    Argument,
+    Stdin,
+    Option,
+}
+
+/// A parameter's declared type; values are checked against it before the tool runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ParamType {
+    #[default]
+    String,
+    Number,
+    Integer,
+    Boolean,
+}
+
+/// One entry of `parameters:`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamConfig {
+    pub name: String,
+    #[serde(default, rename = "type")]
+    pub kind: ParamType,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub inject_as: InjectAs,
+    #[serde(default, alias = "option_flag")]
+    pub option_name: Option<String>,
+    #[serde(default)]
+    pub option_value_template: Option<String>,
+    /// Optional parameters are left out of the command when absent (default: required).
+    #[serde(default = "yes")]
+    pub required: bool,
+    /// Accepted for Delta Engine compatibility; arguments follow declaration order.
+    #[serde(default)]
+    pub position: Option<u32>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `approval:` of a tool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Approval {
+    #[default]
+    Never,
+    Always,
+    WhenDangerous,
+}
+
+/// One entry of `tools:` in `config.yaml`, as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    #[serde(default)]
+    pub exec: Option<String>,
+    #[serde(default)]
+    pub shell: Option<String>,
+    /// With `exec:`/`shell:`, the parameter fed to standard input.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub parameters: Vec<ParamConfig>,
+    #[serde(default)]
+    pub approval: Approval,
+    #[serde(default)]
+    pub dangerous: bool,
+    /// Safe to run again after a crash left its outcome unknown.
+    #[serde(default)]
+    pub idempotent: bool,
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
+    /// Bytes of stdout (and of stderr) kept in the observation (default 64 KiB).
+    #[serde(default)]
+    pub max_output_bytes: Option<usize>,
+}
+
+/// A declaration that cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("give exactly one of `command`, `exec` or `shell`")]
+    Form,
+    #[error("`command` must not be empty")]
+    EmptyCommand,
+    #[error("`exec` cannot contain shell syntax (`{0}`): use `shell:` for pipes and redirects")]
+    ShellSyntax(String),
+    #[error("cannot split `{0}` into words (unbalanced quotes?)")]
+    Split(String),
+    #[error("parameter `{0}` is declared twice")]
+    DuplicateParam(String),
+    #[error("parameter `{0}` uses inject_as: option but has no `option_name`")]
+    NoOptionName(String),
+    #[error("only one parameter can be injected as stdin (`{0}` and `{1}`)")]
+    TwoStdin(String, String),
+    #[error("`stdin: {0}` names no parameter")]
+    UnknownStdin(String),
+    #[error("`${{{0}:raw}}` is only allowed in `shell:`")]
+    RawOutsideShell(String),
+}
+
+/// One piece of an argv template.
+#[derive(Clone, Debug, PartialEq)]
+enum Piece {
+    Text(String),
+    Param(String),
+}
+
+/// How the argv is built from the arguments.
+#[derive(Clone, Debug)]
+enum Form {
+    /// `command` + parameters in declared order.
+    Command(Vec<String>),
+    /// `exec`: words, each a sequence of literal text and parameters.
+    Exec(Vec<Vec<Piece>>),
+    /// `shell`: the rewritten script and the parameter behind each `$N`.
+    Shell {
+        script: String,
+        positional: Vec<String>,
+    },
+}
+
+/// A checked tool, ready to build invocations.
+#[derive(Clone, Debug)]
+pub struct Tool {
+    pub name: String,
+    pub description: String,
+    pub params: Vec<ParamConfig>,
+    form: Form,
+    pub approval: Approval,
+    pub dangerous: bool,
+    pub idempotent: bool,
+    pub timeout: Duration,
+    pub max_output_bytes: usize,
+}
+
+pub const DEFAULT_TOOL_TIMEOUT_S: u64 = 120;
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 64 * 1024;
+
+/// Expands `${AGENT_HOME}` and `${CWD}` in fixed command parts.
+fn expand_vars(s: &str, env: &ToolEnv) -> String {
+    s.replace("${AGENT_HOME}", &env.agent_home.display().to_string())
+        .replace("${CWD}", &env.work_dir.display().to_string())
+}
+
+const RESERVED: [&str; 2] = ["AGENT_HOME", "CWD"];
+
+/// Splits `text` into literal text and `${name}` / `${name:raw}` placeholders.
+fn placeholders(text: &str) -> Vec<(String, bool, std::ops::Range<usize>)> {
+    let mut out = vec![];
+    let mut rest = 0;
+    while let Some(start) = text[rest..].find("${").map(|i| i + rest) {
+        let Some(end) = text[start..].find('}').map(|i| i + start) else {
+            break;
+        };
+        let inner = &text[start + 2..end];
+        let (name, raw) = match inner.strip_suffix(":raw") {
+            Some(n) => (n, true),
+            None => (inner, false),
+        };
+        let valid = !name.is_empty()
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !RESERVED.contains(&name);
+        if valid {
+            out.push((name.to_owned(), raw, start..end + 1));
+        }
+        rest = end + 1;
+    }
+    out
+}
+
+fn pieces(word: &str) -> Result<Vec<Piece>, ToolError> {
+    let mut v = vec![];
+    let mut at = 0;
+    for (name, raw, range) in placeholders(word) {
+        if raw {
+            return Err(ToolError::RawOutsideShell(name));
+        }
+        if range.start > at {
+            v.push(Piece::Text(word[at..range.start].to_owned()));
+        }
+        v.push(Piece::Param(name));
+        at = range.end;
+    }
+    if at < word.len() {
+        v.push(Piece::Text(word[at..].to_owned()));
+    }
+    Ok(v)
+}
+
+/// Rewrites a `shell:` template: `${p}` becomes `"$N"` outside quotes and `$N` inside double
+/// quotes (where it is already one word); `${p:raw}` becomes `$N`.
+fn rewrite_shell(template: &str) -> (String, Vec<String>) {
+    let marks = placeholders(template);
+    let mut positional: Vec<String> = vec![];
+    let mut script = String::new();
+    let mut in_double = false;
+    let mut in_single = false;
+    let mut next = marks.iter().peekable();
+    let mut i = 0;
+    let bytes = template.as_bytes();
+    while i < template.len() {
+        if let Some((name, raw, range)) = next.peek().map(|m| (&m.0, m.1, m.2.clone()))
+            && range.start == i
+            && !in_single
+        {
+            let n = match positional.iter().position(|p| p == name) {
+                Some(k) => k + 1,
+                None => {
+                    positional.push(name.clone());
+                    positional.len()
+                }
+            };
+            if raw || in_double {
+                script.push_str(&format!("${{{n}}}"));
+            } else {
+                script.push_str(&format!("\"${{{n}}}\""));
+            }
+            i = range.end;
+            next.next();
+            continue;
+        }
+        if let Some(m) = next.peek()
+            && m.2.start == i
+        {
+            // Inside single quotes a placeholder is literal text.
+            next.next();
+        }
+        let c = template[i..].chars().next().unwrap_or(' ');
+        match c {
+            '"' if !in_single && (i == 0 || bytes[i - 1] != b'\\') => in_double = !in_double,
+            '\'' if !in_double => in_single = !in_single,
+            _ => {}
+        }
+        script.push(c);
+        i += c.len_utf8();
+    }
+    (script, positional)
+}
+
+impl Tool {
+    /// Checks a declaration and turns it into a tool. `agent_dir` is `${AGENT_HOME}`.
+    pub fn from_config(c: &ToolConfig, _agent_dir: &Path) -> Result<Tool, ToolError> {
+        let forms = [c.command.is_some(), c.exec.is_some(), c.shell.is_some()];
+        if forms.iter().filter(|f| **f).count() != 1 {
+            return Err(ToolError::Form);
+        }
+        let mut params = c.parameters.clone();
+        let mut seen = std::collections::HashSet::new();
+        for p in &params {
+            if !seen.insert(p.name.clone()) {
+                return Err(ToolError::DuplicateParam(p.name.clone()));
+            }
+        }
+        // exec/shell: parameters come from the placeholders; declared ones only add detail.
+        let infer = |name: &str, inject_as: InjectAs, params: &mut Vec<ParamConfig>| {
+            if let Some(p) = params.iter_mut().find(|p| p.name == name) {
+                p.inject_as = inject_as;
+            } else {
+                params.push(ParamConfig {
+                    name: name.to_owned(),
+                    kind: ParamType::String,
+                    description: None,
+                    inject_as,
+                    option_name: None,
+                    option_value_template: None,
+                    required: true,
+                    position: None,
+                });
+            }
+        };
+        let form = if let Some(cmd) = &c.command {
+            if cmd.is_empty() {
+                return Err(ToolError::EmptyCommand);
+            }
+            Form::Command(cmd.clone())
+        } else if let Some(exec) = &c.exec {
+            if let Some(bad) = ["|", "&", ";", "<", ">", "`", "$("]
+                .iter()
+                .find(|m| exec.contains(*m))
+            {
+                return Err(ToolError::ShellSyntax((*bad).to_owned()));
+            }
+            let words = shlex::split(exec).ok_or_else(|| ToolError::Split(exec.clone()))?;
+            if words.is_empty() {
+                return Err(ToolError::EmptyCommand);
+            }
+            let words = words
+                .iter()
+                .map(|w| pieces(w))
+                .collect::<Result<Vec<_>, _>>()?;
+            for w in &words {
+                for p in w {
+                    if let Piece::Param(n) = p {
+                        infer(n, InjectAs::Argument, &mut params);
+                    }
+                }
+            }
+            Form::Exec(words)
+        } else {
+            let template = c.shell.clone().unwrap_or_default();
+            let (script, positional) = rewrite_shell(&template);
+            for n in &positional {
+                infer(n, InjectAs::Argument, &mut params);
+            }
+            Form::Shell { script, positional }
+        };
+        if let Some(s) = &c.stdin {
+            if c.command.is_some() && !params.iter().any(|p| &p.name == s) {
+                return Err(ToolError::UnknownStdin(s.clone()));
+            }
+            infer(s, InjectAs::Stdin, &mut params);
+        }
+        let mut stdin_param: Option<&str> = None;
+        for p in &params {
+            match p.inject_as {
+                InjectAs::Option if p.option_name.is_none() => {
+                    return Err(ToolError::NoOptionName(p.name.clone()));
+                }
+                InjectAs::Stdin => {
+                    if let Some(first) = stdin_param {
+                        return Err(ToolError::TwoStdin(first.to_owned(), p.name.clone()));
+                    }
+                    stdin_param = Some(&p.name);
+                }
+                _ => {}
+            }
+        }
+        Ok(Tool {
+            name: c.name.clone(),
+            description: c.description.clone().unwrap_or_default(),
+            params,
+            form,
+            approval: c.approval,
+            dangerous: c.dangerous,
+            idempotent: c.idempotent,
+            timeout: Duration::from_secs(c.timeout_s.unwrap_or(DEFAULT_TOOL_TIMEOUT_S)),
+            max_output_bytes: c.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES),
+        })
+    }
+
+    /// Checks arguments against the parameters: an object, no unknown names, every required
+    /// parameter present, values of the declared type.
+    pub fn check_args(&self, args: &Value) -> Result<BTreeMap<String, String>, String> {
+        let obj = match args {
+            Value::Object(o) => o,
+            Value::Null if self.params.is_empty() => return Ok(BTreeMap::new()),
+            other => return Err(format!("arguments must be a JSON object, got {other}")),
+        };
+        let mut out = BTreeMap::new();
+        for key in obj.keys() {
+            if !self.params.iter().any(|p| &p.name == key) {
+                let known: Vec<&str> = self.params.iter().map(|p| p.name.as_str()).collect();
+                return Err(format!(
+                    "unknown parameter `{key}` (parameters: {})",
+                    if known.is_empty() {
+                        "none".into()
+                    } else {
+                        known.join(", ")
+                    }
+                ));
+            }
+        }
+        for p in &self.params {
+            let text = match obj.get(&p.name) {
+                None | Some(Value::Null) if p.required => {
+                    return Err(format!("missing required parameter `{}`", p.name));
+                }
+                None | Some(Value::Null) => continue,
+                Some(v) => typed(p, v)?,
+            };
+            out.insert(p.name.clone(), text);
+        }
+        Ok(out)
+    }
+
+    /// The argv and stdin for checked arguments.
+    pub fn invocation(&self, values: &BTreeMap<String, String>, env: &ToolEnv) -> Invocation {
+        let stdin = self
+            .params
+            .iter()
+            .find(|p| p.inject_as == InjectAs::Stdin)
+            .and_then(|p| values.get(&p.name).cloned());
+        let argv = match &self.form {
+            Form::Command(cmd) => {
+                let mut argv: Vec<String> = cmd.iter().map(|s| expand_vars(s, env)).collect();
+                for p in &self.params {
+                    let Some(v) = values.get(&p.name) else {
+                        continue;
+                    };
+                    match p.inject_as {
+                        InjectAs::Argument => argv.push(v.clone()),
+                        InjectAs::Option => {
+                            argv.push(p.option_name.clone().unwrap_or_default());
+                            argv.push(match &p.option_value_template {
+                                Some(t) => t.replace("${value}", v),
+                                None => v.clone(),
+                            });
+                        }
+                        InjectAs::Stdin => {}
+                    }
+                }
+                argv
+            }
+            Form::Exec(words) => words
+                .iter()
+                .filter_map(|w| {
+                    // A word that is a single absent optional parameter disappears.
+                    if let [Piece::Param(n)] = w.as_slice()
+                        && !values.contains_key(n)
+                    {
+                        return None;
+                    }
+                    Some(
+                        w.iter()
+                            .map(|p| match p {
+                                Piece::Text(t) => expand_vars(t, env),
+                                Piece::Param(n) => values.get(n).cloned().unwrap_or_default(),
+                            })
+                            .collect(),
+                    )
+                })
+                .collect(),
+            Form::Shell { script, positional } => {
+                let mut argv = vec![
+                    "sh".to_owned(),
+                    "-c".to_owned(),
+                    expand_vars(script, env),
+                    "--".to_owned(),
+                ];
+                argv.extend(
+                    positional
+                        .iter()
+                        .map(|n| values.get(n).cloned().unwrap_or_default()),
+                );
+                argv
+            }
+        };
+        Invocation { argv, stdin }
+    }
+}
+
+fn typed(p: &ParamConfig, v: &Value) -> Result<String, String> {
+    let wrong = |want: &str| Err(format!("parameter `{}` must be {want}, got {v}", p.name));
+    match (p.kind, v) {
+        (ParamType::String, Value::String(s)) => Ok(s.clone()),
+        (ParamType::String, Value::Number(n)) => Ok(n.to_string()),
+        (ParamType::String, Value::Bool(b)) => Ok(b.to_string()),
+        (ParamType::String, _) => wrong("a string"),
+        (ParamType::Number, Value::Number(n)) => Ok(n.to_string()),
+        (ParamType::Number, Value::String(s)) if s.trim().parse::<f64>().is_ok() => {
+            Ok(s.trim().to_owned())
+        }
+        (ParamType::Number, _) => wrong("a number"),
+        (ParamType::Integer, Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
+        (ParamType::Integer, Value::String(s)) if s.trim().parse::<i64>().is_ok() => {
+            Ok(s.trim().to_owned())
+        }
+        (ParamType::Integer, _) => wrong("an integer"),
+        (ParamType::Boolean, Value::Bool(b)) => Ok(b.to_string()),
+        (ParamType::Boolean, Value::String(s)) if s == "true" || s == "false" => Ok(s.clone()),
+        (ParamType::Boolean, _) => wrong("true or false"),
+    }
+}
+
+/// Where tools run.
+#[derive(Clone, Debug)]
+pub struct ToolEnv {
+    pub work_dir: PathBuf,
+    pub agent_home: PathBuf,
+    /// Extra environment for the child (e.g. `DELTA_RUN_ID`).
+    pub vars: Vec<(String, String)>,
+}
+
+/// A ready-to-run command.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Invocation {
+    pub argv: Vec<String>,
+    pub stdin: Option<String>,
+}
+
+impl Invocation {
+    /// The command line as a person would type it (for prompts and logs).
+    pub fn display(&self) -> String {
+        shlex::try_join(self.argv.iter().map(String::as_str))
+            .unwrap_or_else(|_| self.argv.join(" "))
+    }
+}
+
+/// How a child process ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    TimedOut,
+    Cancelled,
+    SpawnFailed(String),
+}
+
+/// What a tool run produced.
+#[derive(Clone, Debug)]
+pub struct Execution {
+    pub exit: Exit,
+    pub stdout: String,
+    pub stderr: String,
+    pub duration: Duration,
+}
+
+impl Execution {
+    pub fn success(&self) -> bool {
+        self.exit == Exit::Code(0)
+    }
+
+    pub fn exit_code(&self) -> Option<i32> {
+        match self.exit {
+            Exit::Code(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The observation the brain sees: stdout, then stderr and the failure, if any.
+    pub fn observation(&self, timeout: Duration) -> String {
+        let mut s = self.stdout.clone();
+        let mut add = |part: &str| {
+            if !s.is_empty() && !s.ends_with('\n') {
+                s.push('\n');
+            }
+            s.push_str(part);
+        };
+        if !self.stderr.is_empty() {
+            add(&format!("[stderr]\n{}", self.stderr));
+        }
+        match &self.exit {
+            Exit::Code(0) => {}
+            Exit::Code(c) => add(&format!("[exit code {c}]")),
+            Exit::Signal(sig) => add(&format!("[killed by signal {sig}]")),
+            Exit::TimedOut => add(&format!(
+                "[timed out after {}s and was killed]",
+                timeout.as_secs()
+            )),
+            Exit::Cancelled => add("[cancelled]"),
+            Exit::SpawnFailed(e) => add(&format!("[could not start: {e}]")),
+        }
+        s
+    }
+}
+
+async fn capture<R: AsyncRead + Unpin>(mut r: R, cap: usize) -> String {
+    let mut kept = Vec::new();
+    let mut total = 0usize;
+    let mut buf = [0u8; 8192];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                total += n;
+                let room = cap.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    let mut s = String::from_utf8_lossy(&kept).into_owned();
+    if total > kept.len() {
+        s.push_str(&format!(
+            "\n[output truncated: {} of {} bytes kept]",
+            kept.len(),
+            total
+        ));
+    }
+    s
+}
+
+/// Runs `inv` in `env.work_dir`, killing its process group at `timeout` or on `cancel`.
+pub async fn execute(
+    inv: &Invocation,
+    env: &ToolEnv,
+    timeout: Duration,
+    max_output: usize,
+    cancel: &CancellationToken,
+) -> Execution {
+    let started = Instant::now();
+    let failed = |e: String| Execution {
+        exit: Exit::SpawnFailed(e),
+        stdout: String::new(),
+        stderr: String::new(),
+        duration: started.elapsed(),
+    };
+    let Some((program, args)) = inv.argv.split_first() else {
+        return failed("empty command".into());
+    };
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .current_dir(&env.work_dir)
+        .envs(env.vars.iter().map(|(k, v)| (k, v)))
+        .env("AGENT_HOME", &env.agent_home)
+        .env("CWD", &env.work_dir)
+        .stdin(if inv.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return failed(format!("{program}: {e}")),
+    };
+    let pgid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    if let (Some(mut sink), Some(text)) = (child.stdin.take(), inv.stdin.clone()) {
+        tokio::spawn(async move {
+            // A tool that exits without reading its stdin is not an error.
+            let _ = sink.write_all(text.as_bytes()).await;
+        });
+    }
+    let out = tokio::spawn(capture(child.stdout.take().expect("piped"), max_output));
+    let err = tokio::spawn(capture(child.stderr.take().expect("piped"), max_output));
+    let exit = tokio::select! {
+        status = child.wait() => match status {
+            Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+                (Some(c), _) => Exit::Code(c),
+                (None, Some(sig)) => Exit::Signal(sig),
+                (None, None) => Exit::Code(-1),
+            },
+            Err(e) => Exit::SpawnFailed(e.to_string()),
+        },
+        () = tokio::time::sleep(timeout) => Exit::TimedOut,
+        () = cancel.cancelled() => Exit::Cancelled,
+    };
+    if matches!(exit, Exit::TimedOut | Exit::Cancelled) {
+        if let Some(pgid) = pgid {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+        let _ = child.wait().await;
+    }
+    // Grandchildren may hold the pipes open: do not wait for them forever.
+    let grace = Duration::from_secs(2);
+    let stdout = tokio::time::timeout(grace, out)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let stderr = tokio::time::timeout(grace, err)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    Execution {
+        exit,
+        stdout,
+        stderr,
+        duration: started.elapsed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tool(yaml: &str) -> Tool {
+        let c: ToolConfig = serde_yaml_ng::from_str(yaml).expect("yaml");
+        Tool::from_config(&c, Path::new("/agent")).expect("valid tool")
+    }
+
+    fn env(dir: &Path) -> ToolEnv {
+        ToolEnv {
+            work_dir: dir.to_path_buf(),
+            agent_home: PathBuf::from("/agent"),
+            vars: vec![],
+        }
+    }
+
+    fn argv(t: &Tool, args: Value) -> Invocation {
+        let values = t.check_args(&args).expect("args");
+        t.invocation(&values, &env(Path::new("/work")))
+    }
+
+    #[test]
+    fn command_form_injects_arguments_options_and_stdin() {
+        let t = tool(
+            "name: t\ncommand: [grep, \"${AGENT_HOME}/x\"]\nparameters:\n\
+             \x20 - {name: pattern, inject_as: option, option_name: -e}\n\
+             \x20 - {name: sed, inject_as: option, option_flag: --expr, option_value_template: \"s/${value}//g\"}\n\
+             \x20 - {name: file, inject_as: argument}\n\
+             \x20 - {name: body, inject_as: stdin}\n",
+        );
+        let inv = argv(
+            &t,
+            json!({"pattern": "a b", "sed": "x", "file": "f.txt", "body": "hello"}),
+        );
+        assert_eq!(
+            inv.argv,
+            ["grep", "/agent/x", "-e", "a b", "--expr", "s/x//g", "f.txt"]
+        );
+        assert_eq!(inv.stdin.as_deref(), Some("hello"));
+    }
+
+    #[test]
+    fn exec_form_infers_parameters_and_refuses_shell_syntax() {
+        let t = tool("name: t\nexec: \"cp ${src} --to=${dst} '${CWD}/z'\"\nstdin: body\n");
+        let names: Vec<&str> = t.params.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["src", "dst", "body"]);
+        let inv = argv(&t, json!({"src": "a; rm -rf /", "dst": "b", "body": "x"}));
+        assert_eq!(inv.argv, ["cp", "a; rm -rf /", "--to=b", "/work/z"]);
+        let bad: ToolConfig =
+            serde_yaml_ng::from_str("name: t\nexec: \"cat ${f} | wc\"").expect("yaml");
+        assert!(matches!(
+            Tool::from_config(&bad, Path::new("/")),
+            Err(ToolError::ShellSyntax(_))
+        ));
+    }
+
+    #[test]
+    fn shell_form_passes_values_as_positional_parameters() {
+        let t = tool(
+            "name: t\nshell: 'grep -c \"${pat}\" ${file} | wc -l; echo ${flags:raw} ${file}'\n",
+        );
+        let inv = argv(
+            &t,
+            json!({"pat": "p", "file": "$(reboot)", "flags": "-n -e"}),
+        );
+        assert_eq!(inv.argv[..2], ["sh", "-c"]);
+        assert_eq!(
+            inv.argv[2],
+            "grep -c \"${1}\" \"${2}\" | wc -l; echo ${3} \"${2}\""
+        );
+        assert_eq!(inv.argv[3..], ["--", "p", "$(reboot)", "-n -e"]);
+    }
+
+    #[test]
+    fn arguments_are_checked_against_parameters() {
+        let t = tool(
+            "name: t\ncommand: [x]\nparameters:\n  - {name: n, type: integer}\n  - {name: o, required: false}\n",
+        );
+        assert!(t.check_args(&json!({"n": 3})).is_ok());
+        assert!(t.check_args(&json!({"n": "3"})).is_ok());
+        assert!(
+            t.check_args(&json!({}))
+                .unwrap_err()
+                .contains("missing required parameter `n`")
+        );
+        assert!(
+            t.check_args(&json!({"n": 1, "zz": 1}))
+                .unwrap_err()
+                .contains("unknown parameter `zz`")
+        );
+        assert!(
+            t.check_args(&json!({"n": "x"}))
+                .unwrap_err()
+                .contains("integer")
+        );
+        assert!(
+            t.check_args(&json!([1]))
+                .unwrap_err()
+                .contains("JSON object")
+        );
+    }
+
+    #[test]
+    fn bad_declarations_are_refused() {
+        for (yaml, want) in [
+            ("name: t\n", "exactly one"),
+            ("name: t\ncommand: []\n", "must not be empty"),
+            (
+                "name: t\ncommand: [x]\nparameters:\n  - {name: a, inject_as: option}\n",
+                "option_name",
+            ),
+            ("name: t\nexec: \"x ${a:raw}\"\n", ":raw"),
+            ("name: t\ncommand: [x]\nstdin: nope\n", "names no parameter"),
+        ] {
+            let c: ToolConfig = serde_yaml_ng::from_str(yaml).expect("yaml");
+            let err = Tool::from_config(&c, Path::new("/"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{yaml}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn execution_captures_output_and_exit_codes() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let t = tool("name: t\nshell: 'cat; echo \"${x}\"; echo oops >&2; exit 3'\nstdin: body\n");
+        let inv = argv(&t, json!({"x": "arg", "body": "from stdin\n"}));
+        let ex = execute(
+            &inv,
+            &env(dir.path()),
+            Duration::from_secs(10),
+            1024,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(ex.exit, Exit::Code(3));
+        assert_eq!(ex.stdout, "from stdin\narg\n");
+        assert_eq!(ex.stderr, "oops\n");
+        let obs = ex.observation(Duration::from_secs(10));
+        assert!(
+            obs.contains("[stderr]\noops") && obs.contains("[exit code 3]"),
+            "{obs}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hanging_tool_is_killed_at_its_timeout_with_its_children() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let t = tool("name: t\nshell: 'sleep 30 & sleep 30; echo never'\n");
+        let inv = argv(&t, json!({}));
+        let ex = execute(
+            &inv,
+            &env(dir.path()),
+            Duration::from_millis(300),
+            1024,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(ex.exit, Exit::TimedOut);
+        assert!(ex.duration < Duration::from_secs(10));
+        assert!(!ex.stdout.contains("never"));
+    }
+
+    #[tokio::test]
+    async fn output_is_capped_but_drained() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let t = tool("name: t\nshell: 'head -c 200000 /dev/zero | tr \"\\\\0\" x'\n");
+        let inv = argv(&t, json!({}));
+        let ex = execute(
+            &inv,
+            &env(dir.path()),
+            Duration::from_secs(10),
+            100,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(ex.exit, Exit::Code(0));
+        assert!(ex.stdout.starts_with(&"x".repeat(100)));
+        assert!(
+            ex.stdout.contains("100 of 200000 bytes kept"),
+            "{}",
+            &ex.stdout[..ex.stdout.len().min(300)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_a_spawn_failure() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let inv = Invocation {
+            argv: vec!["/no/such/program".into()],
+            stdin: None,
+        };
+        let ex = execute(
+            &inv,
+            &env(dir.path()),
+            Duration::from_secs(1),
+            100,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert!(matches!(ex.exit, Exit::SpawnFailed(_)));
+    }
+}
