@@ -274,6 +274,13 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         }
     }
 
+    /// Parks a run held at a question (`-i` whose terminal went away): from now on it waits as
+    /// `WAITING_FOR_INPUT`, to be answered through the mailbox or any other channel.
+    pub async fn park(&mut self) -> Result<Outcome, Error> {
+        self.settings.pause = PauseMode::Park;
+        self.advance(None).await
+    }
+
     /// Checkpoints the run as `INTERRUPTED` (the host's answer to SIGINT/SIGTERM).
     pub async fn interrupt(&mut self) -> Result<Outcome, Error> {
         if self.replay.terminal().is_none() {

@@ -1,0 +1,331 @@
+//! Delta Engine v1.2's file mailbox (PROTOCOL.md §7): `.delta/interaction/request.json` is the
+//! question, `response.txt` (free text, or an option) or `response.json` (the full response) the
+//! answer.
+//!
+//! The mailbox is only ever trusted for the request it was written for: `request.json` carries
+//! the request id, and an answer found beside a `request.json` of another request is stale (its
+//! request was already journaled as answered before a crash) and is discarded, never applied to
+//! the next question.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use delta_shared::protocol::{InteractionRequest, InteractionResponse, RequestId, Responder, Via};
+use delta_shared::store::file::write_atomically;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The mailbox under `<work dir>/.delta/interaction`.
+pub struct Mailbox {
+    dir: PathBuf,
+}
+
+/// Why the answer in the mailbox cannot be used. The mailbox is left as it is.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {message}")]
+    Bad { path: String, message: String },
+    #[error("{0}: cannot read it ({1})")]
+    Io(String, std::io::Error),
+}
+
+/// `response.json` as people write it: only `option_id` and/or `input` are needed.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LooseResponse {
+    #[serde(default)]
+    request_id: Option<String>,
+    #[serde(default)]
+    option_id: Option<String>,
+    #[serde(default)]
+    input: Option<String>,
+    #[serde(default)]
+    data: Option<Value>,
+    #[serde(default)]
+    feedback: Option<String>,
+    #[serde(default)]
+    responder: Option<Responder>,
+}
+
+/// Who answers through the mailbox: the local user.
+pub fn local_responder(via: Via) -> Responder {
+    let id = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "local".into());
+    Responder { id, via }
+}
+
+impl Mailbox {
+    pub fn new(delta_dir: &Path) -> Self {
+        Self {
+            dir: delta_dir.join("interaction"),
+        }
+    }
+
+    pub fn request_path(&self) -> PathBuf {
+        self.dir.join("request.json")
+    }
+
+    pub fn txt_path(&self) -> PathBuf {
+        self.dir.join("response.txt")
+    }
+
+    pub fn json_path(&self) -> PathBuf {
+        self.dir.join("response.json")
+    }
+
+    /// Writes `request.json` (atomically).
+    pub fn write_request(&self, q: &InteractionRequest) -> Result<(), delta_shared::store::Error> {
+        let mut bytes = serde_json::to_vec_pretty(q).unwrap_or_default();
+        bytes.push(b'\n');
+        write_atomically(&self.request_path(), &bytes)
+    }
+
+    /// The id in `request.json`, if there is a readable one.
+    pub fn request_on_file(&self) -> Option<RequestId> {
+        let text = fs::read(self.request_path()).ok()?;
+        let v: Value = serde_json::from_slice(&text).ok()?;
+        v.get("request_id")?.as_str()?.parse().ok()
+    }
+
+    /// Removes the answer files (after the answer was journaled, or when they are stale).
+    pub fn clear_responses(&self) {
+        for p in [self.txt_path(), self.json_path()] {
+            let _ = fs::remove_file(p);
+        }
+    }
+
+    /// Removes everything: no question is pending.
+    pub fn clear(&self) {
+        self.clear_responses();
+        let _ = fs::remove_file(self.request_path());
+    }
+
+    /// The answer waiting for `q`, if any.
+    pub fn read_answer(
+        &self,
+        q: &InteractionRequest,
+    ) -> Result<Option<InteractionResponse>, Error> {
+        let (txt, json) = (self.txt_path(), self.json_path());
+        match (read_opt(&txt)?, read_opt(&json)?) {
+            (None, None) => Ok(None),
+            (Some(_), Some(_)) => Err(Error::Bad {
+                path: self.dir.display().to_string(),
+                message: "both response.txt and response.json are there: keep only one".into(),
+            }),
+            (Some(text), None) => parse_txt(q, &text).map(Some).map_err(|message| Error::Bad {
+                path: txt.display().to_string(),
+                message,
+            }),
+            (None, Some(text)) => parse_json(q, &text)
+                .map(Some)
+                .map_err(|message| Error::Bad {
+                    path: json.display().to_string(),
+                    message,
+                }),
+        }
+    }
+}
+
+fn read_opt(path: &Path) -> Result<Option<String>, Error> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::Io(path.display().to_string(), e)),
+    }
+}
+
+/// `response.txt`: free text; or, for a request with options, the option (its id, its label or
+/// its number) on the first line, optionally followed by `: text` or by more lines of input.
+pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionResponse, String> {
+    let text = text.trim_end_matches(['\n', '\r']);
+    let mut resp = InteractionResponse {
+        request_id: q.request_id,
+        option_id: None,
+        input: None,
+        data: None,
+        feedback: None,
+        responder: local_responder(Via::File),
+    };
+    if q.options.is_empty() {
+        if text.trim().is_empty() {
+            return Err("the answer is empty: write the answer text into the file".into());
+        }
+        resp.input = Some(text.to_owned());
+        return Ok(resp);
+    }
+    let (first, rest) = text.split_once('\n').unwrap_or((text, ""));
+    let (choice, inline) = match find_option(q, first.trim()) {
+        Some(id) => (Some(id), None),
+        None => match first.split_once(':') {
+            Some((head, tail)) => (find_option(q, head.trim()), Some(tail.trim())),
+            None => (None, None),
+        },
+    };
+    let Some(option_id) = choice else {
+        let valid: Vec<String> = q
+            .options
+            .iter()
+            .enumerate()
+            .map(|(i, o)| format!("{} ({}, or {})", o.option_id, o.label, i + 1))
+            .collect();
+        return Err(format!(
+            "`{}` is not an option of this request; write one of: {}",
+            first.trim(),
+            valid.join("; ")
+        ));
+    };
+    let input = [inline.unwrap_or(""), rest.trim()]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n");
+    resp.option_id = Some(option_id);
+    resp.input = (!input.is_empty()).then_some(input);
+    Ok(resp)
+}
+
+/// An option by id, then by label (any case), then by its 1-based number.
+pub fn find_option(q: &InteractionRequest, s: &str) -> Option<String> {
+    if s.is_empty() {
+        return None;
+    }
+    q.options
+        .iter()
+        .find(|o| o.option_id == s)
+        .or_else(|| q.options.iter().find(|o| o.label.eq_ignore_ascii_case(s)))
+        .or_else(|| {
+            s.parse::<usize>()
+                .ok()
+                .and_then(|n| n.checked_sub(1))
+                .and_then(|i| q.options.get(i))
+        })
+        .map(|o| o.option_id.clone())
+}
+
+/// `response.json`: the §3 response; `request_id` and `responder` may be left out.
+pub fn parse_json(q: &InteractionRequest, text: &str) -> Result<InteractionResponse, String> {
+    let loose: LooseResponse = serde_json::from_str(text).map_err(|e| {
+        format!(
+            "not a valid response ({e}); expected e.g. {{\"option_id\": \"approve\", \"input\": \"…\"}}"
+        )
+    })?;
+    if let Some(id) = &loose.request_id
+        && id != &q.request_id.to_string()
+    {
+        return Err(format!(
+            "it answers request {id}, but the pending request is {}",
+            q.request_id
+        ));
+    }
+    Ok(InteractionResponse {
+        request_id: q.request_id,
+        option_id: loose.option_id,
+        input: loose.input,
+        data: loose.data,
+        feedback: loose.feedback,
+        responder: loose
+            .responder
+            .unwrap_or_else(|| local_responder(Via::File)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use delta_shared::protocol::{
+        InputType, InteractionOption, InteractionType, OptionAction, RunId, Timestamp,
+    };
+
+    fn request(options: &[(&str, &str)]) -> InteractionRequest {
+        InteractionRequest {
+            request_id: RequestId::new(),
+            run_id: RunId::new(),
+            agent: "a".into(),
+            timestamp: Timestamp::now(),
+            kind: InteractionType::UserChoice,
+            prompt: "?".into(),
+            title: None,
+            details: None,
+            input_type: InputType::Choice,
+            sensitive: false,
+            options: options
+                .iter()
+                .map(|(id, label)| InteractionOption::new(*id, *label, OptionAction::ProvideInfo))
+                .collect(),
+            default_option_id: None,
+            timeout_seconds: None,
+            expires_at: None,
+            context: Default::default(),
+        }
+    }
+
+    #[test]
+    fn txt_picks_options_by_id_label_or_number_with_input() {
+        let q = request(&[("approve", "Approve it"), ("reject", "Reject")]);
+        assert_eq!(
+            parse_txt(&q, "approve\n").expect("ok").option_id.as_deref(),
+            Some("approve")
+        );
+        assert_eq!(
+            parse_txt(&q, "APPROVE IT")
+                .expect("ok")
+                .option_id
+                .as_deref(),
+            Some("approve")
+        );
+        assert_eq!(
+            parse_txt(&q, "2").expect("ok").option_id.as_deref(),
+            Some("reject")
+        );
+        let r = parse_txt(&q, "reject: too risky").expect("ok");
+        assert_eq!(
+            (r.option_id.as_deref(), r.input.as_deref()),
+            (Some("reject"), Some("too risky"))
+        );
+        let r = parse_txt(&q, "reject\nline one\nline two\n").expect("ok");
+        assert_eq!(r.input.as_deref(), Some("line one\nline two"));
+        let e = parse_txt(&q, "maybe").unwrap_err();
+        assert!(
+            e.contains("`maybe` is not an option") && e.contains("approve (Approve it, or 1)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn txt_free_text_must_not_be_empty() {
+        let q = request(&[]);
+        assert_eq!(
+            parse_txt(&q, "Ada Lovelace\n")
+                .expect("ok")
+                .input
+                .as_deref(),
+            Some("Ada Lovelace")
+        );
+        assert!(parse_txt(&q, " \n").is_err());
+    }
+
+    #[test]
+    fn json_is_checked() {
+        let q = request(&[("a", "A")]);
+        let r = parse_json(&q, r#"{"option_id": "a", "input": "x"}"#).expect("ok");
+        assert_eq!(r.responder.via, Via::File);
+        assert!(
+            parse_json(&q, "{not json")
+                .unwrap_err()
+                .contains("not a valid response")
+        );
+        assert!(parse_json(&q, r#"{"option": "a"}"#).is_err());
+        let other = format!(
+            r#"{{"request_id": "{}", "option_id": "a"}}"#,
+            RequestId::new()
+        );
+        assert!(
+            parse_json(&q, &other)
+                .unwrap_err()
+                .contains("pending request is")
+        );
+    }
+}

@@ -1,0 +1,68 @@
+//! One readable line per journal event, for people watching a run on stderr.
+
+use delta_shared::protocol::{ActionStatus, Event, JournalEvent};
+
+fn short(s: &str, n: usize) -> String {
+    let one_line = s.trim().replace('\n', " | ");
+    if one_line.chars().count() > n {
+        format!("{}…", one_line.chars().take(n).collect::<String>())
+    } else {
+        one_line
+    }
+}
+
+/// The line shown for `e`, or `None` for events people need not see.
+pub fn line(e: &JournalEvent) -> Option<String> {
+    Some(match &e.event {
+        Event::EngineStart(s) => format!(
+            "[start] run {} (agent {}, attempt {})",
+            s.run_id, s.agent, s.attempt
+        ),
+        Event::Thought(t) if !t.content.trim().is_empty() => {
+            format!("[think] {}", short(&t.content, 160))
+        }
+        Event::Thought(_) => return None,
+        Event::Plan(p) => {
+            let tasks: Vec<String> = p
+                .tasks
+                .iter()
+                .map(|t| format!("{}. {}", t.index, t.description))
+                .collect();
+            format!("[plan]  {} (risk {:?})", tasks.join("; "), p.risk_level)
+        }
+        Event::ActionRequest(a) => {
+            format!("[call]  {} {}", a.tool, short(&a.args.to_string(), 120))
+        }
+        Event::ActionResult(r) => {
+            let tag = match r.status {
+                ActionStatus::Success => "ok",
+                ActionStatus::Error => "ERROR",
+                ActionStatus::Skipped => "skipped",
+                ActionStatus::Rejected => "rejected",
+            };
+            format!(
+                "[{tag}] ({}ms) {}",
+                r.duration_ms,
+                short(&r.observation_content, 160)
+            )
+        }
+        Event::HumanInputRequest(q) => format!("[ask]   {}", short(&q.prompt, 160)),
+        Event::HumanInputReceived(r) => format!(
+            "[answer] from {} via {:?}{}",
+            r.responder.id,
+            r.responder.via,
+            r.option_id
+                .as_ref()
+                .map(|o| format!(": option {o}"))
+                .unwrap_or_default()
+        ),
+        Event::SystemMessage(m) => {
+            format!(
+                "[{}] {}",
+                format!("{:?}", m.level).to_lowercase(),
+                m.content
+            )
+        }
+        Event::EngineEnd(end) => format!("[end]   {}", end.status),
+    })
+}

@@ -1,0 +1,406 @@
+//! `delta run`: the local host of the engine (PROTOCOL.md §7).
+//!
+//! Async mode (default): a question is written to `.delta/interaction/request.json`, the run is
+//! parked as `WAITING_FOR_INPUT` and the process exits 101; the next `delta run` in the same
+//! directory ingests `response.txt`/`response.json` and goes on. `-i`: the question is asked on
+//! the terminal and the run goes on in the same process. SIGINT/SIGTERM checkpoint the run as
+//! `INTERRUPTED` (exit 130). The latest run (`.delta/runs/LATEST`) is resumed when it is waiting,
+//! interrupted, or was left `RUNNING` by a process that died (its lock is free).
+
+use std::path::{Path, PathBuf};
+
+use delta_shared::protocol::{InteractionRequest, RunId, RunStatus};
+use delta_shared::store::file::FileRunStore;
+use delta_shared::store::{self, RunRecord, RunStore};
+use delta_worker::agent::Agent;
+use delta_worker::brain::AnyBrain;
+use delta_worker::engine::{self, Engine, Outcome, PauseMode, Settings};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::mailbox::Mailbox;
+use crate::render;
+use crate::terminal::{self, Asked};
+
+pub const EXIT_COMPLETED: i32 = 0;
+pub const EXIT_FAILED: i32 = 1;
+pub const EXIT_USAGE: i32 = 2;
+pub const EXIT_CANCELLED: i32 = 3;
+pub const EXIT_WAITING: i32 = 101;
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+/// The options of `delta run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The agent directory (holds config.yaml). Optional when resuming: the run remembers it.
+    #[arg(short, long)]
+    pub agent: Option<PathBuf>,
+    /// What the agent should do. Needed to start a run; ignored when one is resumed.
+    #[arg(short, long)]
+    pub task: Option<String>,
+    /// Ask questions on this terminal and go on in the same process (no mailbox, no exit 101).
+    #[arg(short, long)]
+    pub interactive: bool,
+    /// The directory holding `.delta/` where tools run (default: the current directory).
+    #[arg(short, long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// Start a new run even if the latest one could be resumed.
+    #[arg(long)]
+    pub new: bool,
+    /// Print one JSON object with the outcome on stdout (for scripts).
+    #[arg(long)]
+    pub json: bool,
+    /// Do not print the run's events on stderr.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// An error that ends the command with an exit code.
+struct Stop(i32, String);
+
+fn usage(msg: impl Into<String>) -> Stop {
+    Stop(EXIT_USAGE, msg.into())
+}
+
+fn store_err(e: store::Error) -> Stop {
+    let code = match e {
+        store::Error::Journal(_) | store::Error::Record { .. } | store::Error::Locked { .. } => {
+            EXIT_USAGE
+        }
+        _ => EXIT_FAILED,
+    };
+    Stop(code, e.to_string())
+}
+
+/// Runs `delta run`; returns the exit code. Errors are printed here.
+pub async fn run(args: RunArgs, cancel: CancellationToken) -> i32 {
+    match run_inner(&args, cancel).await {
+        Ok(code) => code,
+        Err(Stop(code, msg)) => {
+            eprintln!("error: {msg}");
+            if args.json {
+                println!(
+                    "{}",
+                    json!({"status": null, "error": msg, "exit_code": code})
+                );
+            }
+            code
+        }
+    }
+}
+
+/// Shows `path` relative to the current directory when it is below it.
+fn shown(path: &Path) -> String {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| path.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
+async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Stop> {
+    let work_dir = match &args.work_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| {
+                usage(format!(
+                    "--work-dir {}: cannot create it ({e})",
+                    d.display()
+                ))
+            })?;
+            d.canonicalize()
+                .map_err(|e| usage(format!("--work-dir {}: {e}", d.display())))?
+        }
+        None => std::env::current_dir().map_err(|e| usage(format!("current directory: {e}")))?,
+    };
+    let delta_dir = work_dir.join(".delta");
+    let store = FileRunStore::new(&delta_dir);
+    let mailbox = Mailbox::new(&delta_dir);
+
+    // Resume the latest run, or start one.
+    let latest = if args.new {
+        None
+    } else {
+        store.latest().map_err(store_err)?
+    };
+    let mut resumable = None;
+    if let Some(id) = latest {
+        match store.load(id).await {
+            Ok(run) => {
+                let status = run.record.status;
+                let open = matches!(
+                    status,
+                    RunStatus::WaitingForInput | RunStatus::Interrupted | RunStatus::Running
+                );
+                if open {
+                    resumable = Some(run);
+                }
+            }
+            Err(store::Error::NotFound(_)) => {}
+            Err(e) => return Err(store_err(e)),
+        }
+    }
+    let agent_dir = match (&args.agent, &resumable) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(run)) => run
+            .record
+            .agent_dir
+            .as_ref()
+            .map(PathBuf::from)
+            .ok_or_else(|| {
+                usage("--agent is required (the run does not record its agent directory)")
+            })?,
+        (None, None) => {
+            return Err(usage(
+                "--agent <dir> is required: the directory holding the agent's config.yaml",
+            ));
+        }
+    };
+    let agent = Agent::load(&agent_dir).map_err(|e| usage(e.to_string()))?;
+    if let Some(run) = &resumable
+        && run.record.agent != agent.name()
+    {
+        if !args.quiet {
+            eprintln!(
+                "note: the latest run {} belongs to agent `{}`, not `{}`: starting a new run \
+                 (it stays {} in .delta/runs)",
+                run.record.run_id,
+                run.record.agent,
+                agent.name(),
+                run.record.status
+            );
+        }
+        resumable = None;
+    }
+    let brain = AnyBrain::for_agent(&agent).map_err(|e| usage(e.to_string()))?;
+
+    let run = match resumable {
+        Some(run) => {
+            if let Some(task) = &args.task
+                && task != &run.record.task
+                && !args.quiet
+            {
+                eprintln!(
+                    "note: resuming run {} ({}, task: {:?}); --task is ignored. Use --new to start another run.",
+                    run.record.run_id, run.record.status, run.record.task
+                );
+            }
+            run
+        }
+        None => {
+            let task = args
+                .task
+                .clone()
+                .filter(|t| !t.trim().is_empty())
+                .ok_or_else(|| usage("--task \"<what to do>\" is required to start a run"))?;
+            let mut rec = RunRecord::new(RunId::new(), agent.name(), &task, RunStatus::Running);
+            rec.agent_dir = Some(agent.dir.display().to_string());
+            let id = rec.run_id;
+            store.create(rec).await.map_err(store_err)?;
+            store.set_latest(id).map_err(store_err)?;
+            // A new run has no question: whatever the mailbox holds belongs to an older one.
+            mailbox.clear();
+            store.load(id).await.map_err(store_err)?
+        }
+    };
+    let run_id = run.record.run_id;
+    let _lock = store.lock(run_id).map_err(store_err)?;
+    // Re-read under the lock: another process may have moved the run since.
+    let run = store.load(run_id).await.map_err(store_err)?;
+
+    let settings = Settings {
+        worker: "local".into(),
+        work_dir: work_dir.clone(),
+        pause: if args.interactive {
+            PauseMode::Hold
+        } else {
+            PauseMode::Park
+        },
+    };
+    let quiet = args.quiet;
+    let mut engine =
+        Engine::new(&agent, &brain, &store, run, settings, cancel.clone()).observe(move |e| {
+            if !quiet && let Some(line) = render::line(e) {
+                eprintln!("{line}");
+            }
+        });
+
+    let outcome = if args.interactive {
+        interactive(&mut engine, &cancel).await?
+    } else {
+        mailbox_mode(&mut engine, &mailbox).await?
+    };
+    Ok(report(args, &engine, &mailbox, &outcome, &agent_dir))
+}
+
+type LocalEngine<'a> = Engine<'a, FileRunStore, AnyBrain>;
+
+async fn mailbox_mode(engine: &mut LocalEngine<'_>, mailbox: &Mailbox) -> Result<Outcome, Stop> {
+    let mut answer = None;
+    if let Some(q) = engine.pending().cloned() {
+        if mailbox.request_on_file() == Some(q.request_id) {
+            match mailbox.read_answer(&q) {
+                Ok(a) => answer = a,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    eprintln!("The run stays waiting; fix the answer and run again.");
+                    return Ok(Outcome::Paused(Box::new(q)));
+                }
+            }
+        } else {
+            // Answers beside another request's file are stale: that request is already answered.
+            mailbox.clear_responses();
+        }
+    }
+    let had_answer = answer.is_some();
+    let outcome = match engine.advance(answer).await {
+        Ok(o) => o,
+        Err(engine::Error::Answer(e)) if e.code() == "expired" => {
+            eprintln!("note: {e}; the request resolves by its timeout rule instead");
+            mailbox.clear_responses();
+            engine.advance(None).await.map_err(engine_err)?
+        }
+        Err(engine::Error::Answer(e)) => {
+            eprintln!("error: the answer was refused ({}): {e}", e.code());
+            eprintln!(
+                "The run stays waiting; the mailbox is untouched. Fix the answer and run again."
+            );
+            let q = engine
+                .pending()
+                .cloned()
+                .ok_or_else(|| Stop(EXIT_FAILED, e.to_string()))?;
+            return Ok(Outcome::Paused(Box::new(q)));
+        }
+        Err(e) => return Err(engine_err(e)),
+    };
+    if had_answer {
+        mailbox.clear_responses();
+    }
+    match &outcome {
+        Outcome::Paused(q) => mailbox
+            .write_request(q)
+            .map_err(|e| Stop(EXIT_FAILED, format!("writing the question: {e}")))?,
+        _ if !matches!(outcome, Outcome::Interrupted) => mailbox.clear(),
+        _ => {}
+    }
+    Ok(outcome)
+}
+
+fn engine_err(e: engine::Error) -> Stop {
+    match e {
+        engine::Error::Store(s) => store_err(s),
+        engine::Error::Answer(a) => Stop(EXIT_FAILED, a.to_string()),
+    }
+}
+
+async fn interactive(
+    engine: &mut LocalEngine<'_>,
+    cancel: &CancellationToken,
+) -> Result<Outcome, Stop> {
+    let mut answer = None;
+    loop {
+        let outcome = match engine.advance(answer.take()).await {
+            Ok(o) => o,
+            Err(engine::Error::Answer(e)) => {
+                eprintln!("  refused ({}): {e}", e.code());
+                continue;
+            }
+            Err(e) => return Err(engine_err(e)),
+        };
+        let Outcome::Paused(q) = outcome else {
+            return Ok(outcome);
+        };
+        match terminal::ask(&q, cancel).await {
+            Asked::Answer(a) => answer = Some(a),
+            Asked::Expired => {}
+            Asked::Cancelled => return engine.interrupt().await.map_err(engine_err),
+            Asked::Eof => {
+                eprintln!(
+                    "\nstdin closed before an answer: the run now waits for one in the mailbox."
+                );
+                return engine.park().await.map_err(engine_err);
+            }
+        }
+    }
+}
+
+fn report(
+    args: &RunArgs,
+    engine: &LocalEngine<'_>,
+    mailbox: &Mailbox,
+    outcome: &Outcome,
+    agent_dir: &Path,
+) -> i32 {
+    let run_id = engine.record().run_id;
+    let code = match outcome {
+        Outcome::Completed { .. } => EXIT_COMPLETED,
+        Outcome::Failed { .. } => EXIT_FAILED,
+        Outcome::Cancelled { .. } => EXIT_CANCELLED,
+        Outcome::Paused(_) => EXIT_WAITING,
+        Outcome::Interrupted => EXIT_INTERRUPTED,
+    };
+    if args.json {
+        let mut v = json!({"run_id": run_id, "status": outcome.status(), "exit_code": code});
+        match outcome {
+            Outcome::Completed { result } => v["result"] = json!(result),
+            Outcome::Failed { error } => v["error"] = json!(error),
+            Outcome::Cancelled { reason } => v["error"] = json!(reason),
+            Outcome::Paused(q) => {
+                v["request"] = serde_json::to_value(q).unwrap_or_default();
+                v["request_file"] = json!(mailbox.request_path());
+            }
+            Outcome::Interrupted => {}
+        }
+        println!("{v}");
+        return code;
+    }
+    match outcome {
+        Outcome::Completed { result } => {
+            eprintln!("\nCOMPLETED run {run_id}");
+            println!("{result}");
+        }
+        Outcome::Failed { error } => eprintln!("\nFAILED run {run_id}: {error}"),
+        Outcome::Cancelled { reason } => eprintln!("\nCANCELLED run {run_id}: {reason}"),
+        Outcome::Interrupted => eprintln!(
+            "\nINTERRUPTED run {run_id}: checkpointed; run the same command again to resume"
+        ),
+        Outcome::Paused(q) => explain_pause(q, mailbox, agent_dir),
+    }
+    code
+}
+
+fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, agent_dir: &Path) {
+    let txt = shown(&mailbox.txt_path());
+    let mut s = format!(
+        "\nWAITING_FOR_INPUT run {}\n  question: {}\n",
+        q.run_id, q.prompt
+    );
+    for (i, o) in q.options.iter().enumerate() {
+        s.push_str(&format!(
+            "    {}) {} [{}]{}{}\n",
+            i + 1,
+            o.label,
+            o.option_id,
+            if o.requires_input { " + text" } else { "" },
+            if o.is_dangerous { "  !! dangerous" } else { "" }
+        ));
+    }
+    if let Some(e) = q.expires_at {
+        s.push_str(&format!(
+            "  expires: {e} (then: {})\n",
+            q.default_option_id.as_deref().unwrap_or("the run fails")
+        ));
+    }
+    let example = if q.options.is_empty() {
+        "your answer".to_owned()
+    } else {
+        q.options[0].option_id.clone()
+    };
+    s.push_str(&format!(
+        "  request: {}\n  answer:  echo '{example}' > {txt}\n           (or the full response in {})\n  resume:  delta run --agent {}\n",
+        shown(&mailbox.request_path()),
+        shown(&mailbox.json_path()),
+        shown(agent_dir),
+    ));
+    eprint!("{s}");
+}

@@ -1,0 +1,456 @@
+//! `delta run` as a user runs it: a subprocess in a scratch directory.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const DELTA: &str = env!("CARGO_BIN_EXE_delta");
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents")
+}
+
+struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        Scratch {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn delta(&self, args: &[&str]) -> Output {
+        self.delta_with_stdin(args, None)
+    }
+
+    fn delta_with_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut child = Command::new(DELTA)
+            .args(args)
+            .current_dir(self.path())
+            .env("USER", "tester")
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn delta");
+        if let Some(text) = stdin {
+            let mut sink = child.stdin.take().expect("stdin");
+            sink.write_all(text.as_bytes()).expect("write stdin");
+        }
+        child.wait_with_output().expect("delta runs")
+    }
+
+    fn file(&self, rel: &str) -> PathBuf {
+        self.path().join(rel)
+    }
+
+    fn read_json(&self, rel: &str) -> Value {
+        let text = std::fs::read_to_string(self.file(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        serde_json::from_str(&text).expect("json")
+    }
+
+    fn latest(&self) -> String {
+        std::fs::read_to_string(self.file(".delta/runs/LATEST"))
+            .expect("LATEST")
+            .trim()
+            .to_owned()
+    }
+
+    fn metadata(&self) -> Value {
+        self.read_json(&format!(
+            ".delta/runs/{}/execution/metadata.json",
+            self.latest()
+        ))
+    }
+
+    fn journal(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.file(&format!(
+            ".delta/runs/{}/execution/journal.jsonl",
+            self.latest()
+        )))
+        .expect("journal");
+        text.lines()
+            .map(|l| serde_json::from_str(l).expect("event"))
+            .collect()
+    }
+
+    fn agent(&self, name: &str, config: &str, script: &str) -> String {
+        let dir = self.path().join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("config.yaml"), config).expect("write");
+        std::fs::write(dir.join("script.yaml"), script).expect("write");
+        dir.display().to_string()
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+#[test]
+fn async_mode_pauses_with_exit_101_then_resumes_from_response_txt() {
+    let s = Scratch::new();
+    let hello = examples().join("hello").display().to_string();
+    let out = s.delta(&["run", "--agent", &hello, "--task", "say hi"]);
+    assert_eq!(code(&out), 101, "{}", stderr(&out));
+    let req = s.read_json(".delta/interaction/request.json");
+    for field in [
+        "request_id",
+        "timestamp",
+        "prompt",
+        "input_type",
+        "sensitive",
+    ] {
+        assert!(
+            req.get(field).is_some(),
+            "request.json lacks {field}: {req}"
+        );
+    }
+    assert_eq!(req["prompt"], "What is your name?");
+    assert_eq!(req["input_type"], "text");
+    assert_eq!(req["type"], "USER_INPUT");
+    let meta = s.metadata();
+    assert_eq!(meta["status"], "WAITING_FOR_INPUT");
+    assert_eq!(meta["pending_request_id"], req["request_id"]);
+    for field in ["run_id", "agent", "task", "created_at", "updated_at"] {
+        assert!(meta.get(field).is_some(), "metadata lacks {field}");
+    }
+    assert!(
+        stderr(&out).contains("response.txt"),
+        "says where to answer"
+    );
+
+    // Running again without an answer keeps waiting and changes nothing.
+    let before = s.journal();
+    let out = s.delta(&["run", "--agent", &hello]);
+    assert_eq!(code(&out), 101);
+    assert_eq!(s.journal(), before);
+
+    std::fs::write(s.file(".delta/interaction/response.txt"), "Ada\n").expect("answer");
+    let out = s.delta(&["run", "--agent", &hello, "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("--json prints one object");
+    assert_eq!(v["status"], "COMPLETED");
+    assert_eq!(v["result"], "Greeted Ada.");
+    assert_eq!(s.metadata()["status"], "COMPLETED");
+    for f in ["request.json", "response.txt", "response.json"] {
+        assert!(
+            !s.file(&format!(".delta/interaction/{f}")).exists(),
+            "{f} was removed"
+        );
+    }
+    let types: Vec<String> = s
+        .journal()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert!(types.contains(&"HUMAN_INPUT_RECEIVED".to_owned()));
+    assert_eq!(types.last().map(String::as_str), Some("ENGINE_END"));
+
+    // A completed latest run is not resumed: a new run starts.
+    let first = s.latest();
+    let out = s.delta(&["run", "--agent", &hello, "--task", "again"]);
+    assert_eq!(code(&out), 101);
+    assert_ne!(s.latest(), first);
+}
+
+#[test]
+fn response_json_and_option_labels_answer_choices() {
+    let s = Scratch::new();
+    let chooser = examples().join("chooser").display().to_string();
+    assert_eq!(
+        code(&s.delta(&["run", "--agent", &chooser, "--task", "t"])),
+        101
+    );
+    let req = s.read_json(".delta/interaction/request.json");
+    assert_eq!(req["type"], "USER_CHOICE");
+    assert_eq!(req["options"].as_array().map(Vec::len), Some(4));
+    std::fs::write(
+        s.file(".delta/interaction/response.json"),
+        r#"{"option_id": "other", "input": "qa-east"}"#,
+    )
+    .expect("write");
+    let out = s.delta(&["run", "--agent", &chooser]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "qa-east is ready"
+    );
+
+    assert_eq!(
+        code(&s.delta(&["run", "--agent", &chooser, "--task", "t", "--new"])),
+        101
+    );
+    std::fs::write(s.file(".delta/interaction/response.txt"), "Staging\n").expect("write");
+    let out = s.delta(&["run", "--agent", &chooser]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "staging is ready"
+    );
+
+    assert_eq!(
+        code(&s.delta(&["run", "--agent", &chooser, "--task", "t", "--new"])),
+        101
+    );
+    std::fs::write(s.file(".delta/interaction/response.txt"), "stop\n").expect("write");
+    let out = s.delta(&["run", "--agent", &chooser]);
+    assert_eq!(code(&out), 3, "TERMINATE cancels: {}", stderr(&out));
+    assert_eq!(s.metadata()["status"], "CANCELLED");
+}
+
+#[test]
+fn bad_answers_keep_the_run_waiting_and_the_mailbox_untouched() {
+    let s = Scratch::new();
+    let chooser = examples().join("chooser").display().to_string();
+    assert_eq!(
+        code(&s.delta(&["run", "--agent", &chooser, "--task", "t"])),
+        101
+    );
+    let journal = s.journal();
+    let request = std::fs::read(s.file(".delta/interaction/request.json")).expect("request");
+    for (file, content, says) in [
+        ("response.json", "{\"option_id\": ", "not a valid response"),
+        ("response.txt", "maybe\n", "`maybe` is not an option"),
+        ("response.txt", "other\n", "needs a non-empty input"),
+        (
+            "response.json",
+            "{\"option_id\": \"nope\"}",
+            "is not an option",
+        ),
+    ] {
+        let path = s.file(&format!(".delta/interaction/{file}"));
+        std::fs::write(&path, content).expect("write");
+        let out = s.delta(&["run", "--agent", &chooser]);
+        assert_eq!(code(&out), 101, "{file} {content:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(says),
+            "{file} {content:?}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("still there"),
+            content
+        );
+        assert_eq!(s.journal(), journal, "nothing journaled for {content:?}");
+        assert_eq!(s.metadata()["status"], "WAITING_FOR_INPUT");
+        assert_eq!(
+            std::fs::read(s.file(".delta/interaction/request.json")).expect("request"),
+            request
+        );
+        std::fs::remove_file(&path).expect("rm");
+    }
+}
+
+#[test]
+fn broken_agents_name_the_file_line_and_field_and_exit_2() {
+    let s = Scratch::new();
+    let bad_config = s.agent(
+        "bad1",
+        "name: bad\nbrain: scripted\ntools:\n  - name: t\n    exec: \"echo ${x}\"\n    timeout_s: soon\n",
+        "steps: []\n",
+    );
+    let out = s.delta(&["run", "--agent", &bad_config, "--task", "t"]);
+    assert_eq!(code(&out), 2);
+    let err = stderr(&out);
+    assert!(
+        err.contains("config.yaml line 6") && err.contains("tools[0].timeout_s"),
+        "{err}"
+    );
+
+    let bad_script = s.agent(
+        "bad2",
+        "name: bad\nbrain: scripted\ntools:\n  - name: echo\n    exec: \"echo ${text}\"\n",
+        "steps:\n  - think: hi\n  - tool: ech\n    args: {text: x}\n",
+    );
+    let out = s.delta(&["run", "--agent", &bad_script, "--task", "t"]);
+    assert_eq!(code(&out), 2);
+    let err = stderr(&out);
+    assert!(
+        err.contains("script.yaml line 3")
+            && err.contains("steps[1].tool")
+            && err.contains("unknown tool `ech`"),
+        "{err}"
+    );
+
+    let missing = s.path().join("nowhere").display().to_string();
+    let out = s.delta(&["run", "--agent", &missing, "--task", "t"]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("config.yaml"), "{}", stderr(&out));
+    assert!(!s.file(".delta/runs").exists(), "nothing was created");
+
+    let out = s.delta(&[
+        "run",
+        "--agent",
+        &examples().join("hello").display().to_string(),
+    ]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("--task"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_corrupt_journal_is_reported_with_its_line_number() {
+    let s = Scratch::new();
+    let hello = examples().join("hello").display().to_string();
+    assert_eq!(
+        code(&s.delta(&["run", "--agent", &hello, "--task", "t"])),
+        101
+    );
+    let path = s.file(&format!(
+        ".delta/runs/{}/execution/journal.jsonl",
+        s.latest()
+    ));
+    let mut lines: Vec<String> = std::fs::read_to_string(&path)
+        .expect("journal")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines[2] = "{\"seq\": 3, garbage".into();
+    std::fs::write(&path, lines.join("\n") + "\n").expect("write");
+    let out = s.delta(&["run", "--agent", &hello]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("journal line 3"), "{}", stderr(&out));
+}
+
+#[test]
+fn interactive_mode_reads_answers_from_stdin_and_never_exits_101() {
+    let s = Scratch::new();
+    let chooser = examples().join("chooser").display().to_string();
+    // An unknown choice is asked again; then option 3 needs text.
+    let out = s.delta_with_stdin(
+        &["run", "-i", "--agent", &chooser, "--task", "t"],
+        Some("9\n3\nqa-west\n"),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("`9` is not one of the options"));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "qa-west is ready"
+    );
+    assert!(
+        !s.file(".delta/interaction/request.json").exists(),
+        "no mailbox in -i mode"
+    );
+
+    // stdin closing before an answer parks the run for the mailbox instead.
+    let hello = examples().join("hello").display().to_string();
+    let out = s.delta_with_stdin(
+        &["run", "-i", "--agent", &hello, "--task", "t", "--new"],
+        Some(""),
+    );
+    assert_eq!(code(&out), 101, "{}", stderr(&out));
+    assert_eq!(s.metadata()["status"], "WAITING_FOR_INPUT");
+    let out = s.delta_with_stdin(&["run", "-i", "--agent", &hello], Some("Grace\n"));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "Greeted Grace."
+    );
+}
+
+#[test]
+fn sensitive_answers_stay_out_of_every_file() {
+    let s = Scratch::new();
+    let agent = s.agent(
+        "secret",
+        "name: secret\nbrain: scripted\ntools:\n  - name: login\n    shell: 'test ${key} = $(cat expected) && echo logged in with ${key}'\n",
+        "steps:\n  - ask_human: {prompt: \"API key?\", sensitive: true}\n  - tool: login\n    args: {key: \"${answer}\"}\n  - finish: \"${observation}\"\n",
+    );
+    let work = s.path().join("work");
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::write(work.join("expected"), "canary-9f8e7d").expect("write");
+    let wd = work.display().to_string();
+    let out = s.delta_with_stdin(
+        &[
+            "run",
+            "-i",
+            "--agent",
+            &agent,
+            "--task",
+            "t",
+            "--work-dir",
+            &wd,
+        ],
+        Some("canary-9f8e7d\n"),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "logged in with ***"
+    );
+    assert!(!stderr(&out).contains("canary-9f8e7d"));
+    let mut stack = vec![work.join(".delta")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("dir").flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                let text = std::fs::read(e.path()).expect("read");
+                assert!(
+                    !String::from_utf8_lossy(&text).contains("canary-9f8e7d"),
+                    "{}",
+                    e.path().display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn sigint_checkpoints_interrupted_and_the_next_run_resumes() {
+    let s = Scratch::new();
+    let agent = s.agent(
+        "slow",
+        "name: slow\nbrain: scripted\ntools:\n  - name: wait\n    shell: 'if [ ! -e once ]; then touch once; sleep 30; fi; echo finished'\n    idempotent: true\n",
+        "steps:\n  - tool: wait\n  - finish: \"${observation}\"\n",
+    );
+    let child = Command::new(DELTA)
+        .args(["run", "--agent", &agent, "--task", "t"])
+        .current_dir(s.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !s.file("once").exists() {
+        assert!(Instant::now() < deadline, "the tool never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("signal");
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(code(&out), 130, "{}", stderr(&out));
+    assert_eq!(s.metadata()["status"], "INTERRUPTED");
+    let last = s.journal().last().cloned().expect("events");
+    assert_eq!(last["type"], "ENGINE_END");
+    assert_eq!(last["payload"]["status"], "INTERRUPTED");
+
+    let out = s.delta(&["run", "--agent", &agent]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "finished");
+    let starts: Vec<u64> = s
+        .journal()
+        .iter()
+        .filter(|e| e["type"] == "ENGINE_START")
+        .map(|e| e["payload"]["attempt"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(starts, [1, 2]);
+}
