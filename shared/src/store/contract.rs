@@ -142,7 +142,7 @@ async fn terminal_runs_refuse_writes<S: RunStore>(store: &S) {
     let err = store
         .append(id, vec![msg("late")], Some(StatusChange::Running))
         .await
-        .unwrap_err();
+        .expect_err("a terminal run refuses writes");
     assert!(
         matches!(
             err,

@@ -72,7 +72,7 @@ pub trait Brain: Send + Sync {
 /// The brain an agent's config asks for.
 pub enum AnyBrain {
     Scripted(scripted::ScriptedBrain),
-    Openai(openai::OpenAiBrain),
+    Openai(Box<openai::OpenAiBrain>),
 }
 
 impl AnyBrain {
@@ -80,7 +80,9 @@ impl AnyBrain {
     pub fn for_agent(agent: &Agent) -> Result<AnyBrain, Error> {
         match agent.brain {
             BrainKind::Scripted => Ok(AnyBrain::Scripted(scripted::ScriptedBrain)),
-            BrainKind::Openai => openai::OpenAiBrain::new(agent).map(AnyBrain::Openai),
+            BrainKind::Openai => {
+                openai::OpenAiBrain::new(agent).map(|b| AnyBrain::Openai(Box::new(b)))
+            }
         }
     }
 }

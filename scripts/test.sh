@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The project's test command: formatting, lints and every test of the workspace.
+# It installs what the tests need first, so it works on a fresh machine with a Rust toolchain.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! rustup component list --installed 2>/dev/null | grep -q '^rustfmt'; then
+  rustup component add rustfmt clippy
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace
