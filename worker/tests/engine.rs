@@ -783,3 +783,47 @@ async fn bad_tool_arguments_become_an_error_observation() {
     );
     assert_eq!(results(&f.journal(id).await)[0].0, ActionStatus::Error);
 }
+
+#[tokio::test]
+async fn a_hanging_tool_is_killed_at_its_timeout_and_journaled_as_error() {
+    let f = Fixture::with_config(
+        "name: t\nbrain: scripted\ntools:\n  - name: hang\n    exec: \"sleep 30\"\n    timeout_s: 1\n",
+        "steps:\n  - tool: hang\n  - finish: \"${observation}\"\n",
+    );
+    let id = f.start("t").await;
+    let started = std::time::Instant::now();
+    let out = f.engine(id).await.advance(None).await.expect("advance");
+    assert!(started.elapsed() < std::time::Duration::from_secs(15));
+    let r = results(&f.journal(id).await);
+    assert_eq!(r[0].0, ActionStatus::Error);
+    assert!(r[0].1.contains("timed out after 1s"), "{}", r[0].1);
+    assert!(matches!(out, Outcome::Completed { .. }));
+}
+
+#[tokio::test]
+async fn a_scripted_plan_is_journaled_with_its_risk() {
+    let f = Fixture::new(
+        "steps:\n  - plan:\n      - {description: \"say hello\", tool: echo}\n      - {description: \"ship it\", tool: deploy}\n  - finish: planned\n",
+    );
+    let id = f.start("t").await;
+    let out = f.engine(id).await.advance(None).await.expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "planned".into()
+        }
+    );
+    let plan = f
+        .journal(id)
+        .await
+        .into_iter()
+        .find_map(|e| match e.event {
+            Event::Plan(p) => Some(p),
+            _ => None,
+        })
+        .expect("a PLAN event");
+    let risks: Vec<_> = plan.tasks.iter().map(|t| (t.index, t.risk)).collect();
+    use delta_shared::protocol::RiskLevel;
+    assert_eq!(risks, [(1, RiskLevel::Low), (2, RiskLevel::High)]);
+    assert_eq!(plan.risk_level, RiskLevel::High);
+}
