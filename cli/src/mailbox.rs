@@ -140,14 +140,7 @@ fn read_opt(path: &Path) -> Result<Option<String>, Error> {
 /// its number) on the first line, optionally followed by `: text` or by more lines of input.
 pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionResponse, String> {
     let text = text.trim_end_matches(['\n', '\r']);
-    let mut resp = InteractionResponse {
-        request_id: q.request_id,
-        option_id: None,
-        input: None,
-        data: None,
-        feedback: None,
-        responder: local_responder(Via::File),
-    };
+    let mut resp = InteractionResponse::new(q.request_id, local_responder(Via::File));
     if q.options.is_empty() {
         if text.trim().is_empty() {
             return Err("the answer is empty: write the answer text into the file".into());

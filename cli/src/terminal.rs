@@ -106,14 +106,7 @@ pub async fn ask(q: &InteractionRequest, cancel: &CancellationToken) -> Asked {
         header.push('\n');
     }
     say(&header);
-    let mut resp = InteractionResponse {
-        request_id: q.request_id,
-        option_id: None,
-        input: None,
-        data: None,
-        feedback: None,
-        responder: local_responder(Via::Stdin),
-    };
+    let mut resp = InteractionResponse::new(q.request_id, local_responder(Via::Stdin));
     if q.options.is_empty() {
         loop {
             say(if hidden { "(hidden) > " } else { "> " });

@@ -527,6 +527,32 @@ pub struct InteractionRequest {
 }
 
 impl InteractionRequest {
+    /// A new request (fresh id, stamped now) with no options, no timeout and an empty context.
+    pub fn new(
+        run_id: RunId,
+        agent: &str,
+        kind: InteractionType,
+        prompt: impl Into<String>,
+    ) -> Self {
+        Self {
+            request_id: RequestId::new(),
+            run_id,
+            agent: agent.to_owned(),
+            timestamp: Timestamp::now(),
+            kind,
+            prompt: prompt.into(),
+            title: None,
+            details: None,
+            input_type: InputType::Text,
+            sensitive: false,
+            options: vec![],
+            default_option_id: None,
+            timeout_seconds: None,
+            expires_at: None,
+            context: BTreeMap::new(),
+        }
+    }
+
     pub fn option(&self, option_id: &str) -> Option<&InteractionOption> {
         self.options.iter().find(|o| o.option_id == option_id)
     }
@@ -561,6 +587,20 @@ pub struct InteractionResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedback: Option<String>,
     pub responder: Responder,
+}
+
+impl InteractionResponse {
+    /// An empty answer to `request_id` by `responder`; fill in the option and the text.
+    pub fn new(request_id: RequestId, responder: Responder) -> Self {
+        Self {
+            request_id,
+            option_id: None,
+            input: None,
+            data: None,
+            feedback: None,
+            responder,
+        }
+    }
 }
 
 /// Debug never shows the free-text parts: they may be secrets.

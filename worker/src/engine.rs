@@ -772,25 +772,9 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         prompt: String,
         action_id: &str,
     ) -> InteractionRequest {
-        InteractionRequest {
-            request_id: RequestId::new(),
-            run_id: self.record.run_id,
-            agent: self.record.agent.clone(),
-            timestamp: Timestamp::now(),
-            kind,
-            prompt,
-            title: None,
-            details: None,
-            input_type: InputType::Text,
-            sensitive: false,
-            options: vec![],
-            default_option_id: None,
-            timeout_seconds: None,
-            expires_at: None,
-            context: [("action_id".to_owned(), json!(action_id))]
-                .into_iter()
-                .collect(),
-        }
+        let mut q = InteractionRequest::new(self.record.run_id, &self.record.agent, kind, prompt);
+        q.context.insert("action_id".to_owned(), json!(action_id));
+        q
     }
 
     fn with_timeout(
@@ -966,19 +950,17 @@ fn answer_observation(q: &InteractionRequest, a: &AcceptedAnswer) -> String {
 /// The answer the clock gives when a request expires: its default option, if it has one.
 pub fn timeout_answer(q: &InteractionRequest) -> Option<AcceptedAnswer> {
     let option = q.option(q.default_option_id.as_deref()?)?;
-    let resp = InteractionResponse {
-        request_id: q.request_id,
-        option_id: Some(option.option_id.clone()),
-        input: option
-            .requires_input
-            .then(|| "no answer before the timeout".to_owned()),
-        data: None,
-        feedback: None,
-        responder: Responder {
+    let mut resp = InteractionResponse::new(
+        q.request_id,
+        Responder {
             id: "timeout".into(),
             via: Via::Timeout,
         },
-    };
+    );
+    resp.option_id = Some(option.option_id.clone());
+    resp.input = option
+        .requires_input
+        .then(|| "no answer before the timeout".to_owned());
     q.validate(resp, Timestamp::now()).ok()
 }
 

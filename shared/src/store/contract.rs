@@ -5,8 +5,7 @@ use serde_json::json;
 
 use super::{Error, RunRecord, RunStore, StatusChange, Terminal};
 use crate::protocol::{
-    Event, InputType, InteractionRequest, InteractionType, MessageLevel, RequestId, RunId,
-    RunStatus, SystemMessage, Timestamp,
+    Event, InteractionRequest, InteractionType, MessageLevel, RunId, RunStatus, SystemMessage,
 };
 
 fn msg(text: &str) -> Event {
@@ -17,25 +16,9 @@ fn msg(text: &str) -> Event {
 }
 
 fn request(run_id: RunId) -> InteractionRequest {
-    InteractionRequest {
-        request_id: RequestId::new(),
-        run_id,
-        agent: "contract".into(),
-        timestamp: Timestamp::now(),
-        kind: InteractionType::UserInput,
-        prompt: "name?".into(),
-        title: None,
-        details: None,
-        input_type: InputType::Text,
-        sensitive: false,
-        options: vec![],
-        default_option_id: None,
-        timeout_seconds: None,
-        expires_at: None,
-        context: [("action_id".to_owned(), json!("a1"))]
-            .into_iter()
-            .collect(),
-    }
+    let mut q = InteractionRequest::new(run_id, "contract", InteractionType::UserInput, "name?");
+    q.context.insert("action_id".to_owned(), json!("a1"));
+    q
 }
 
 /// Runs every contract case against `store`. Panics (as a test does) on the first breach.
