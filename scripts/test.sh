@@ -8,6 +8,9 @@ if ! rustup component list --installed 2>/dev/null | grep -q '^rustfmt'; then
   rustup component add rustfmt clippy
 fi
 
+echo "== servers for the tests (redis-server, nats-server)"
+deploy/install-servers.sh
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
