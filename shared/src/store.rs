@@ -16,6 +16,7 @@ use crate::protocol::{
 
 pub mod contract;
 pub mod file;
+pub mod redis;
 
 /// A run's record (`metadata.json` locally, a hash in Redis).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

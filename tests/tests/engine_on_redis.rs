@@ -1,0 +1,126 @@
+//! The engine over Redis writes the same journal as over local files.
+
+use delta_shared::protocol::{
+    Event, InteractionResponse, JournalEvent, Responder, RunId, RunStatus, Via,
+};
+use delta_shared::store::file::FileRunStore;
+use delta_shared::store::redis::RedisRunStore;
+use delta_shared::store::{RunRecord, RunStore};
+use delta_worker::agent::Agent;
+use delta_worker::brain::AnyBrain;
+use delta_worker::engine::{Engine, Outcome, PauseMode, Settings};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+async fn run_hello<S: RunStore>(
+    store: &S,
+    agent: &Agent,
+    work: &std::path::Path,
+) -> Vec<JournalEvent> {
+    let brain = AnyBrain::for_agent(agent).expect("brain");
+    let rec = RunRecord::new(RunId::new(), agent.name(), "say hi", RunStatus::Queued);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    let settings = Settings {
+        worker: "w1".into(),
+        work_dir: work.to_path_buf(),
+        pause: PauseMode::Park,
+    };
+    let run = store.load(id).await.expect("load");
+    let out = Engine::new(
+        agent,
+        &brain,
+        store,
+        run,
+        settings.clone(),
+        CancellationToken::new(),
+    )
+    .advance(None)
+    .await
+    .expect("advance");
+    let Outcome::Paused(q) = out else {
+        panic!("expected a pause, got {out:?}")
+    };
+    // Resumed by a fresh engine, as another worker would.
+    let run = store.load(id).await.expect("load");
+    assert_eq!(run.record.status, RunStatus::WaitingForInput);
+    let mut answer = InteractionResponse::new(
+        q.request_id,
+        Responder {
+            id: "alice".into(),
+            via: Via::Http,
+        },
+    );
+    answer.input = Some("Ada".into());
+    let out = Engine::new(
+        agent,
+        &brain,
+        store,
+        run,
+        settings,
+        CancellationToken::new(),
+    )
+    .advance(Some(answer))
+    .await
+    .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "Greeted Ada.".into()
+        }
+    );
+    store.load(id).await.expect("load").journal
+}
+
+/// Events without what legitimately differs between two runs: times, durations, ids.
+fn shape(journal: &[JournalEvent]) -> Vec<Value> {
+    journal
+        .iter()
+        .map(|e| {
+            let mut v = serde_json::to_value(&e.event).expect("json");
+            let p = &mut v["payload"];
+            for k in [
+                "run_id",
+                "request_id",
+                "timestamp",
+                "expires_at",
+                "duration_ms",
+            ] {
+                if p.get(k).is_some() {
+                    p[k] = json!("*");
+                }
+            }
+            json!({"seq": e.seq, "event": v})
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_engine_writes_the_same_journal_to_redis_as_to_files() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let agent = Agent::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/hello"),
+    )
+    .expect("agent");
+    let work = tempfile::tempdir().expect("tmp");
+    let on_redis = run_hello(
+        &RedisRunStore::connect(&redis.url(), "eq")
+            .await
+            .expect("connect"),
+        &agent,
+        work.path(),
+    )
+    .await;
+    let on_files = run_hello(
+        &FileRunStore::new(work.path().join(".delta")),
+        &agent,
+        work.path(),
+    )
+    .await;
+    assert_eq!(shape(&on_redis), shape(&on_files));
+    assert!(
+        on_redis
+            .iter()
+            .any(|e| matches!(e.event, Event::HumanInputReceived(_)))
+    );
+}
