@@ -114,6 +114,9 @@ impl RedisRunStore {
     }
 }
 
+/// A Redis hash, or a stream entry's fields.
+type Fields = HashMap<String, String>;
+
 fn backend(e: redis::RedisError) -> Error {
     Error::Backend(e.to_string())
 }
@@ -201,10 +204,7 @@ impl RunStore for RedisRunStore {
     async fn load(&self, run_id: RunId) -> Result<StoredRun, Error> {
         let mut conn = self.conn.clone();
         // One round trip: the record and the whole journal.
-        let (hash, entries): (
-            HashMap<String, String>,
-            Vec<(String, HashMap<String, String>)>,
-        ) = redis::pipe()
+        let (hash, entries): (Fields, Vec<(String, Fields)>) = redis::pipe()
             .hgetall(self.run_key(run_id))
             .xrange_all(self.journal_key(run_id))
             .query_async(&mut conn)
