@@ -118,6 +118,19 @@ impl StatusChange {
     }
 }
 
+/// Numbers `events` from `first` and stamps them all with `now`: how every store journals a batch.
+pub fn numbered(events: Vec<Event>, first: u64, now: Timestamp) -> Vec<JournalEvent> {
+    events
+        .into_iter()
+        .zip(first..)
+        .map(|(event, seq)| JournalEvent {
+            seq,
+            timestamp: now,
+            event,
+        })
+        .collect()
+}
+
 /// A run as stored: its record and its whole journal.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoredRun {

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use nix::fcntl::{Flock, FlockArg};
 
-use super::{Error, RunRecord, RunStore, StatusChange, StoredRun};
+use super::{Error, RunRecord, RunStore, StatusChange, StoredRun, numbered};
 use crate::journal::{self, Replay};
 use crate::protocol::{Event, JournalEvent, RunId, RunStatus, Timestamp};
 
@@ -221,15 +221,7 @@ impl FileRunStore {
             });
         }
         let now = Timestamp::now();
-        let stored: Vec<JournalEvent> = events
-            .into_iter()
-            .zip(last + 1..)
-            .map(|(event, seq)| JournalEvent {
-                seq,
-                timestamp: now,
-                event,
-            })
-            .collect();
+        let stored = numbered(events, last + 1, now);
         if !stored.is_empty() {
             let text: String = stored.iter().map(journal::to_line).collect();
             let jpath = self.journal_path(run_id);

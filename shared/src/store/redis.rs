@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use redis::Script;
 use redis::aio::ConnectionManager;
 
-use super::{Error, RunRecord, RunStore, StatusChange, StoredRun};
+use super::{Error, RunRecord, RunStore, StatusChange, StoredRun, numbered};
 use crate::journal;
 use crate::protocol::{Event, JournalEvent, RunId, RunStatus, Timestamp};
 
@@ -304,14 +304,6 @@ impl RunStore for RedisRunStore {
             }
         };
         let first = last + 1 - events.len() as u64;
-        Ok(events
-            .into_iter()
-            .zip(first..)
-            .map(|(event, seq)| JournalEvent {
-                seq,
-                timestamp: now,
-                event,
-            })
-            .collect())
+        Ok(numbered(events, first, now))
     }
 }
