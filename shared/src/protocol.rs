@@ -385,6 +385,39 @@ pub struct EngineEnd {
 }
 
 // ---------------------------------------------------------------------------------------------
+// §4 Fleet job messages
+
+/// Why a job was published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobKind {
+    Start,
+    Resume,
+}
+
+/// A message on `delta.jobs.<agent>`: `{"run_id", "kind", "request_id"?}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Job {
+    pub run_id: RunId,
+    pub kind: JobKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<RequestId>,
+}
+
+impl Job {
+    /// The `Nats-Msg-Id` that makes publishing this job idempotent: `start:<run_id>` or
+    /// `resume:<request_id>`.
+    pub fn msg_id(&self) -> String {
+        match (self.kind, self.request_id) {
+            (JobKind::Resume, Some(r)) => format!("resume:{r}"),
+            (JobKind::Resume, None) => format!("resume:{}", self.run_id),
+            (JobKind::Start, _) => format!("start:{}", self.run_id),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // §3 Interactions
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -767,6 +800,20 @@ mod tests {
         let parsed: T = serde_json::from_value(v.clone()).expect("parses");
         let back = serde_json::to_value(&parsed).expect("serialises");
         assert_eq!(back, v);
+    }
+
+    #[test]
+    fn job_messages_round_trip_and_name_their_msg_id() {
+        let run = "0190a7a8-0000-7000-8000-000000000001";
+        let req = "0190a7a8-0000-7000-8000-000000000002";
+        roundtrip::<Job>(json!({"run_id": run, "kind": "start"}));
+        roundtrip::<Job>(json!({"run_id": run, "kind": "resume", "request_id": req}));
+        let job: Job =
+            serde_json::from_value(json!({"run_id": run, "kind": "resume", "request_id": req}))
+                .expect("ok");
+        assert_eq!(job.msg_id(), format!("resume:{req}"));
+        assert!(serde_json::from_value::<Job>(json!({"run_id": run, "kind": "stop"})).is_err());
+        assert!(serde_json::from_str::<Job>("not json").is_err());
     }
 
     #[test]

@@ -11,5 +11,6 @@
 pub mod agent;
 pub mod brain;
 pub mod engine;
+pub mod queue;
 pub mod script;
 pub mod tools;

@@ -1,0 +1,364 @@
+//! The fleet's queue: NATS JetStream (PROTOCOL.md §4). The only module that speaks async-nats.
+//!
+//! At start it creates or updates, idempotently, the job stream (work-queue retention, file
+//! storage, `discard: new`), the dead-letter stream, the interactions stream (limits retention,
+//! 7 days) and the durable pull consumer shared by all workers (explicit ack, `ack_wait`,
+//! `max_deliver`, `max_ack_pending`). Jobs are published with `Nats-Msg-Id` so that a repeat
+//! inside the duplicate window is dropped by the server. A delivery carries its fencing token,
+//! `(stream sequence, delivery count)`, for the run store.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, AckKind, consumer, stream};
+use futures_util::StreamExt;
+
+use delta_shared::protocol::{InteractionRequest, Job};
+
+/// A queue operation that failed; the message says which and why.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot connect to NATS at {url}: {message}")]
+    Connect { url: String, message: String },
+    #[error("JetStream setup of {what}: {message}")]
+    Setup { what: String, message: String },
+    #[error("publish to {subject}: {message}")]
+    Publish { subject: String, message: String },
+    #[error("fetch from {consumer}: {message}")]
+    Fetch { consumer: String, message: String },
+    #[error("acknowledging a job: {0}")]
+    Ack(String),
+}
+
+/// Stream, subject and consumer names under one prefix (`DELTA_KEY_PREFIX`, default `delta`).
+#[derive(Clone, Debug)]
+pub struct Names {
+    prefix: String,
+}
+
+impl Names {
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+    pub fn jobs_stream(&self) -> String {
+        format!("{}_JOBS", self.prefix.to_uppercase())
+    }
+    pub fn dlq_stream(&self) -> String {
+        format!("{}_DLQ", self.prefix.to_uppercase())
+    }
+    pub fn interactions_stream(&self) -> String {
+        format!("{}_INTERACTIONS", self.prefix.to_uppercase())
+    }
+    pub fn consumer(&self) -> String {
+        format!("{}-workers", self.prefix)
+    }
+    pub fn jobs_subject(&self, agent: &str) -> String {
+        format!("{}.jobs.{agent}", self.prefix)
+    }
+    pub fn dlq_subject(&self, agent: &str) -> String {
+        format!("{}.dlq.{agent}", self.prefix)
+    }
+    pub fn requested_subject(&self, agent: &str, run: &str) -> String {
+        format!("{}.interactions.requested.{agent}.{run}", self.prefix)
+    }
+    pub fn resolved_subject(&self, agent: &str, run: &str) -> String {
+        format!("{}.interactions.resolved.{agent}.{run}", self.prefix)
+    }
+}
+
+/// Consumer settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How long a delivery may stay unacknowledged (heartbeats extend it).
+    pub ack_wait: Duration,
+    /// Deliveries of one job before it is dead-lettered.
+    pub max_deliver: i64,
+    /// Unacknowledged jobs in flight across all workers.
+    pub max_ack_pending: i64,
+    /// How long interaction events are kept for bots that catch up.
+    pub interactions_max_age: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            ack_wait: Duration::from_secs(30),
+            max_deliver: 5,
+            max_ack_pending: 10_000,
+            interactions_max_age: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// A connection to the fleet's streams.
+#[derive(Clone)]
+pub struct Queue {
+    /// The core client (interaction events, later request-reply).
+    client: async_nats::Client,
+    js: jetstream::Context,
+    names: Names,
+    consumer: consumer::PullConsumer,
+}
+
+/// One delivered job.
+pub struct Delivery {
+    msg: jetstream::Message,
+    /// The job, or why its payload is not one (a poison message).
+    pub job: Result<Job, String>,
+    /// `(stream sequence, delivery count)`: newer deliveries outrank older ones.
+    pub fence: (u64, u64),
+    /// The agent named by the subject.
+    pub agent: String,
+    /// The W3C `traceparent` header, if the publisher sent one.
+    pub traceparent: Option<String>,
+}
+
+fn setup(what: &str) -> impl FnOnce(String) -> Error + '_ {
+    move |message| Error::Setup {
+        what: what.to_owned(),
+        message,
+    }
+}
+
+impl Queue {
+    /// Connects and makes sure the streams and the consumer exist with these settings.
+    pub async fn connect(url: &str, prefix: &str, settings: &Settings) -> Result<Queue, Error> {
+        let client = async_nats::connect(url).await.map_err(|e| Error::Connect {
+            url: url.to_owned(),
+            message: e.to_string(),
+        })?;
+        let js = jetstream::new(client.clone());
+        let names = Names::new(prefix);
+        let p = prefix;
+        let jobs = js
+            .create_or_update_stream(stream::Config {
+                name: names.jobs_stream(),
+                subjects: vec![format!("{p}.jobs.>")],
+                retention: stream::RetentionPolicy::WorkQueue,
+                storage: stream::StorageType::File,
+                discard: stream::DiscardPolicy::New,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| setup(&names.jobs_stream())(e.to_string()))?;
+        js.create_or_update_stream(stream::Config {
+            name: names.dlq_stream(),
+            subjects: vec![format!("{p}.dlq.>")],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| setup(&names.dlq_stream())(e.to_string()))?;
+        js.create_or_update_stream(stream::Config {
+            name: names.interactions_stream(),
+            subjects: vec![
+                format!("{p}.interactions.requested.>"),
+                format!("{p}.interactions.resolved.>"),
+            ],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            max_age: settings.interactions_max_age,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| setup(&names.interactions_stream())(e.to_string()))?;
+        let _ = jobs;
+        let stream = js
+            .get_stream(names.jobs_stream())
+            .await
+            .map_err(|e| setup(&names.jobs_stream())(e.to_string()))?;
+        let config = consumer::pull::Config {
+            durable_name: Some(names.consumer()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            max_deliver: settings.max_deliver,
+            max_ack_pending: settings.max_ack_pending,
+            ..Default::default()
+        };
+        let consumer: consumer::PullConsumer = match stream.update_consumer(config.clone()).await {
+            Ok(c) => c,
+            Err(_) => stream
+                .create_consumer(config)
+                .await
+                .map_err(|e| setup(&names.consumer())(e.to_string()))?,
+        };
+        Ok(Queue {
+            client,
+            js,
+            names,
+            consumer,
+        })
+    }
+
+    pub fn names(&self) -> &Names {
+        &self.names
+    }
+
+    async fn publish(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Vec<u8>,
+    ) -> Result<(), Error> {
+        let err = |message: String| Error::Publish {
+            subject: subject.clone(),
+            message,
+        };
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), headers, payload.into())
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        ack.await.map_err(|e| err(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Publishes a job for `agent`, idempotently (`Nats-Msg-Id`), and waits for the server's ack.
+    pub async fn publish_job(
+        &self,
+        agent: &str,
+        job: &Job,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", job.msg_id().as_str());
+        if let Some(tp) = traceparent {
+            headers.insert("traceparent", tp);
+        }
+        let payload = serde_json::to_vec(job).unwrap_or_default();
+        self.publish(self.names.jobs_subject(agent), headers, payload)
+            .await
+    }
+
+    /// Announces a question on `…interactions.requested.<agent>.<run_id>` (idempotent per request).
+    pub async fn publish_request(&self, q: &InteractionRequest) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("requested:{}", q.request_id).as_str(),
+        );
+        let payload = serde_json::to_vec(q).unwrap_or_default();
+        let subject = self
+            .names
+            .requested_subject(&q.agent, &q.run_id.to_string());
+        self.publish(subject, headers, payload).await
+    }
+
+    /// Copies a delivery to the dead-letter stream with the reason in a header.
+    pub async fn dead_letter(&self, d: &Delivery, reason: &str) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Delta-Dlq-Reason",
+            reason.replace(['\r', '\n'], " ").as_str(),
+        );
+        headers.insert("Delta-Stream-Seq", d.fence.0.to_string().as_str());
+        self.publish(
+            self.names.dlq_subject(&d.agent),
+            headers,
+            d.msg.payload.to_vec(),
+        )
+        .await
+    }
+
+    /// Pulls up to `max` jobs, waiting at most `wait` for the first.
+    pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, Error> {
+        let err = |message: String| Error::Fetch {
+            consumer: self.names.consumer(),
+            message,
+        };
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(max)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let mut out = vec![];
+        while let Some(msg) = batch.next().await {
+            let msg = msg.map_err(|e| err(e.to_string()))?;
+            let (fence, agent) = {
+                let info = msg.info().map_err(|e| err(e.to_string()))?;
+                let agent = msg
+                    .subject
+                    .as_str()
+                    .strip_prefix(&format!("{}.jobs.", self.names.prefix))
+                    .unwrap_or("")
+                    .to_owned();
+                (
+                    (
+                        info.stream_sequence,
+                        u64::try_from(info.delivered).unwrap_or(0),
+                    ),
+                    agent,
+                )
+            };
+            let job = serde_json::from_slice::<Job>(&msg.payload).map_err(|e| {
+                format!(
+                    "not a job message ({e}): {}",
+                    String::from_utf8_lossy(&msg.payload)
+                        .chars()
+                        .take(200)
+                        .collect::<String>()
+                )
+            });
+            let traceparent = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("traceparent"))
+                .map(|v| v.as_str().to_owned());
+            out.push(Delivery {
+                msg,
+                job,
+                fence,
+                agent,
+                traceparent,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The core NATS client, for subscribers.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+}
+
+impl Delivery {
+    /// Done: the server confirms before this returns (a lost ack would redeliver a finished job).
+    pub async fn ack(&self) -> Result<(), Error> {
+        self.msg
+            .double_ack()
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
+    }
+
+    /// Not now: redeliver after `delay`.
+    pub async fn nak(&self, delay: Option<Duration>) -> Result<(), Error> {
+        self.msg
+            .ack_with(AckKind::Nak(delay))
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
+    }
+
+    /// Still working: restart the `ack_wait` clock.
+    pub async fn progress(&self) -> Result<(), Error> {
+        self.msg
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
+    }
+
+    /// Never again (after a copy went to the dead-letter stream): work queues delete it.
+    pub async fn term(&self) -> Result<(), Error> {
+        self.msg
+            .double_ack_with(AckKind::Term)
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
+    }
+}
