@@ -10,7 +10,9 @@
 
 pub mod agent;
 pub mod brain;
+pub mod config;
 pub mod engine;
+pub mod fleet;
 pub mod queue;
 pub mod script;
 pub mod tools;

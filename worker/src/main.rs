@@ -1,13 +1,63 @@
-//! `delta-worker`: the fleet host of the engine (NATS JetStream + Redis).
-//!
-//! The fleet consumer is not built yet (issue "The fleet worker"); until then this binary says so
-//! plainly instead of pretending to work.
+//! `delta-worker`: the stateless fleet host of the engine. Configuration, logging, signals, run.
+
+use tokio_util::sync::CancellationToken;
 
 fn main() {
-    eprintln!(
-        "delta-worker {}: the fleet worker (NATS JetStream + Redis) is not available yet.\n\
-         Run agents locally with `delta run --agent <dir> --task \"...\"`.",
-        env!("CARGO_PKG_VERSION")
-    );
-    std::process::exit(64);
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DELTA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        eprintln!("delta-worker [--flag value]…; flags and their DELTA_* variables (defaults):");
+        for (env, flag, default) in delta_worker::config::SETTINGS {
+            eprintln!("  --{flag:<12} {env:<26} ({default})");
+        }
+        return;
+    }
+    let env = std::env::vars().collect();
+    let config = match delta_worker::config::parse(&args, &env) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            std::process::exit(64);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = rt.block_on(async {
+        let shutdown = CancellationToken::new();
+        let s = shutdown.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            if let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) {
+                tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
+                s.cancel();
+            }
+        });
+        match delta_worker::fleet::run(config, shutdown).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: {e}");
+                1
+            }
+        }
+    });
+    std::process::exit(code);
 }

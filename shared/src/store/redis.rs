@@ -20,7 +20,9 @@ use redis::aio::ConnectionManager;
 
 use super::{Error, RunRecord, RunStore, StatusChange, StoredRun, numbered};
 use crate::journal;
-use crate::protocol::{Event, JournalEvent, RunId, RunStatus, Timestamp};
+use crate::protocol::{
+    Event, InteractionResponse, JournalEvent, RequestId, RunId, RunStatus, Timestamp,
+};
 
 /// Appends events and applies a status change, fenced. See the module docs for the keys.
 const APPEND: &str = r#"
@@ -64,6 +66,15 @@ return seq
 const CREATE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.error_reply('EXISTS') end
 redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"#;
+
+/// Flips an interaction from PENDING to ANSWERED with its response; 0 when it was not pending.
+const ANSWER: &str = r#"
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return redis.error_reply('NOTFOUND') end
+if st ~= 'PENDING' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'ANSWERED', 'response', ARGV[1], 'answered_at', ARGV[2])
 return 1
 "#;
 
@@ -111,6 +122,50 @@ impl RedisRunStore {
 
     pub fn interaction_key(&self, run_id: RunId, request_id: &str) -> String {
         format!("{}:ix:{request_id}", self.run_key(run_id))
+    }
+
+    /// Records `response` as the answer to a pending interaction, atomically: `Ok(true)` when
+    /// this answer won, `Ok(false)` when the interaction was no longer pending.
+    pub async fn answer(
+        &self,
+        run_id: RunId,
+        response: &InteractionResponse,
+    ) -> Result<bool, Error> {
+        let mut conn = self.conn.clone();
+        let key = self.interaction_key(run_id, &response.request_id.to_string());
+        let json = serde_json::to_string(response).unwrap_or_default();
+        match Script::new(ANSWER)
+            .key(key)
+            .arg(json)
+            .arg(Timestamp::now().to_string())
+            .invoke_async::<i64>(&mut conn)
+            .await
+        {
+            Ok(n) => Ok(n == 1),
+            Err(e) if e.to_string().contains("NOTFOUND") => Err(Error::NotFound(run_id)),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// The accepted answer of an interaction, if it has one.
+    pub async fn stored_answer(
+        &self,
+        run_id: RunId,
+        request_id: RequestId,
+    ) -> Result<Option<InteractionResponse>, Error> {
+        let mut conn = self.conn.clone();
+        let raw: Option<String> = redis::cmd("HGET")
+            .arg(self.interaction_key(run_id, &request_id.to_string()))
+            .arg("response")
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        raw.map(|r| {
+            serde_json::from_str(&r).map_err(|e| {
+                Error::Backend(format!("interaction {request_id}: bad response ({e})"))
+            })
+        })
+        .transpose()
     }
 }
 

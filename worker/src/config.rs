@@ -1,0 +1,195 @@
+//! `delta-worker`'s configuration: flags win over `DELTA_*` environment variables, and every bad
+//! value is reported at once (exit 64) rather than the first one only.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::fleet::Config;
+use crate::queue;
+
+/// The settings, by their environment names (PROTOCOL.md §9), with defaults.
+pub const SETTINGS: &[(&str, &str, &str)] = &[
+    ("DELTA_NATS_URL", "nats-url", "nats://127.0.0.1:4222"),
+    ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),
+    ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
+    ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
+    ("DELTA_WORK_DIR", "work-dir", "."),
+    ("DELTA_WORKER_CONCURRENCY", "concurrency", "16"),
+    ("DELTA_ACK_WAIT_S", "ack-wait-s", "30"),
+    ("DELTA_MAX_DELIVER", "max-deliver", "5"),
+    ("DELTA_WORKER_ID", "worker-id", ""),
+    ("DELTA_GRACE_S", "grace-s", "20"),
+];
+
+/// Builds the config from `--name value` / `--name=value` flags and an environment map.
+pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, Vec<String>> {
+    let mut errors = vec![];
+    let mut flags: HashMap<&str, String> = HashMap::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let Some(body) = a.strip_prefix("--") else {
+            errors.push(format!("unexpected argument `{a}`"));
+            continue;
+        };
+        let (name, value) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_owned())),
+            None => (body, None),
+        };
+        let Some((_, flag, _)) = SETTINGS.iter().find(|(_, f, _)| *f == name) else {
+            errors.push(format!("unknown flag `--{name}` (see --help)"));
+            // Its value, if any, is part of the same mistake.
+            if value.is_none() && it.as_slice().first().is_some_and(|n| !n.starts_with("--")) {
+                it.next();
+            }
+            continue;
+        };
+        match value.or_else(|| it.next().cloned()) {
+            Some(v) => {
+                flags.insert(flag, v);
+            }
+            None => errors.push(format!("`--{name}` needs a value")),
+        }
+    }
+    let get = |env_name: &str| -> (String, String) {
+        let (_, flag, default) = SETTINGS
+            .iter()
+            .find(|(e, _, _)| *e == env_name)
+            .copied()
+            .unwrap_or(("", "", ""));
+        match (flags.get(flag), env.get(env_name)) {
+            (Some(v), _) => (v.clone(), format!("--{flag}")),
+            (None, Some(v)) => (v.clone(), env_name.to_owned()),
+            (None, None) => (default.to_owned(), format!("--{flag}")),
+        }
+    };
+    let mut number = |env_name: &str, min: u64| -> u64 {
+        let (v, from) = get(env_name);
+        match v.trim().parse::<u64>() {
+            Ok(n) if n >= min => n,
+            _ => {
+                errors.push(format!("{from}: `{v}` is not a whole number ≥ {min}"));
+                min
+            }
+        }
+    };
+    let concurrency = number("DELTA_WORKER_CONCURRENCY", 1);
+    let ack_wait = number("DELTA_ACK_WAIT_S", 1);
+    let max_deliver = number("DELTA_MAX_DELIVER", 1);
+    let grace = number("DELTA_GRACE_S", 0);
+    let (nats_url, from) = get("DELTA_NATS_URL");
+    if !nats_url.starts_with("nats://") && !nats_url.starts_with("tls://") {
+        errors.push(format!("{from}: `{nats_url}` is not a nats:// URL"));
+    }
+    let (redis_url, from) = get("DELTA_REDIS_URL");
+    if !redis_url.starts_with("redis://") && !redis_url.starts_with("rediss://") {
+        errors.push(format!("{from}: `{redis_url}` is not a redis:// URL"));
+    }
+    let (prefix, from) = get("DELTA_KEY_PREFIX");
+    if prefix.is_empty()
+        || !prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        errors.push(format!(
+            "{from}: `{prefix}` must be letters, digits, `-` or `_`"
+        ));
+    }
+    let (agents_dir, from) = get("DELTA_AGENTS_DIR");
+    if !PathBuf::from(&agents_dir).is_dir() {
+        errors.push(format!(
+            "{from}: `{agents_dir}` is not a directory of agents"
+        ));
+    }
+    let (work_dir, _) = get("DELTA_WORK_DIR");
+    let (worker_id, _) = get("DELTA_WORKER_ID");
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let worker_id = if worker_id.is_empty() {
+        format!(
+            "worker-{}",
+            &uuid::Uuid::now_v7().simple().to_string()[20..]
+        )
+    } else {
+        worker_id
+    };
+    Ok(Config {
+        nats_url,
+        redis_url,
+        prefix,
+        agents_dir: PathBuf::from(agents_dir),
+        work_dir: PathBuf::from(work_dir),
+        concurrency: usize::try_from(concurrency).unwrap_or(usize::MAX),
+        queue: queue::Settings {
+            ack_wait: Duration::from_secs(ack_wait),
+            max_deliver: i64::try_from(max_deliver).unwrap_or(i64::MAX),
+            ..Default::default()
+        },
+        worker_id,
+        grace: Duration::from_secs(grace),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_win_over_the_environment() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path().display().to_string();
+        let env: HashMap<String, String> = [
+            ("DELTA_WORKER_CONCURRENCY", "3"),
+            ("DELTA_AGENTS_DIR", d.as_str()),
+            ("DELTA_KEY_PREFIX", "env"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let c = parse(&args(&["--key-prefix", "flag", "--ack-wait-s=7"]), &env).expect("valid");
+        assert_eq!((c.concurrency, c.prefix.as_str()), (3, "flag"));
+        assert_eq!(c.queue.ack_wait, Duration::from_secs(7));
+        assert!(c.worker_id.starts_with("worker-"));
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_at_once() {
+        let env: HashMap<String, String> = [
+            ("DELTA_REDIS_URL", "localhost:6379"),
+            ("DELTA_WORKER_CONCURRENCY", "0"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let errs = parse(
+            &args(&[
+                "--nats-url",
+                "http://x",
+                "--agents-dir",
+                "/no/such/dir",
+                "--bogus",
+                "1",
+            ]),
+            &env,
+        )
+        .expect_err("invalid");
+        assert_eq!(errs.len(), 5, "{errs:#?}");
+        for needle in [
+            "--bogus",
+            "DELTA_WORKER_CONCURRENCY",
+            "--nats-url",
+            "DELTA_REDIS_URL",
+            "--agents-dir",
+        ] {
+            assert!(
+                errs.iter().any(|e| e.contains(needle)),
+                "{needle} in {errs:#?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The fleet host of the engine: pull a job, advance its run, release it (DESIGN.md "The fleet").
+//!
+//! A permit of the concurrency limit is taken *before* pulling, so a worker never holds jobs it
+//! cannot start. Each job is handled in a tracked task: the run is advanced through a Redis store
+//! fenced with the delivery's token, `Progress` acks keep JetStream from redelivering during long
+//! steps, and the outcome maps to one queue action. Nothing of a run stays in the worker.
+//!
+//! | outcome | queue |
+//! |---|---|
+//! | completed, failed, cancelled | ack |
+//! | paused | publish the request (idempotent), then ack |
+//! | poison (bad JSON, unknown run, broken agent) | copy to the DLQ, run `FAILED` with the reason, term |
+//! | store or brain unavailable | nak with backoff; on the last delivery, as poison |
+//! | fenced (a newer delivery owns the run) | nothing: this delivery is stale |
+//! | shutdown mid-run | the run is checkpointed `INTERRUPTED`, nak so another worker resumes it |
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::agent::Agent;
+use crate::brain::AnyBrain;
+use crate::engine::{self, Engine, Outcome, PauseMode};
+use crate::queue::{self, Delivery, Queue};
+use delta_shared::protocol::{Event, JobKind, MessageLevel, RunStatus, SystemMessage};
+use delta_shared::store::redis::RedisRunStore;
+use delta_shared::store::{self, RunStore, StatusChange, Terminal};
+
+/// How a worker runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub nats_url: String,
+    pub redis_url: String,
+    pub prefix: String,
+    pub agents_dir: PathBuf,
+    /// Where tools run.
+    pub work_dir: PathBuf,
+    pub concurrency: usize,
+    pub queue: queue::Settings,
+    /// This worker's id, journaled in `ENGINE_START.worker`.
+    pub worker_id: String,
+    /// How long in-flight runs may take to checkpoint after shutdown is asked.
+    pub grace: Duration,
+}
+
+/// Why the worker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Queue(#[from] queue::Error),
+    #[error(transparent)]
+    Store(#[from] store::Error),
+}
+
+/// Agents by name, loaded once from the agents directory.
+struct Agents {
+    dir: PathBuf,
+    loaded: Mutex<HashMap<String, Arc<(Agent, AnyBrain)>>>,
+}
+
+impl Agents {
+    fn get(&self, name: &str) -> Result<Arc<(Agent, AnyBrain)>, String> {
+        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(a) = loaded.get(name) {
+            return Ok(a.clone());
+        }
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !valid {
+            return Err(format!("`{name}` is not a valid agent name"));
+        }
+        let agent =
+            Agent::load(&self.dir.join(name)).map_err(|e| format!("agent `{name}`: {e}"))?;
+        let brain = AnyBrain::for_agent(&agent).map_err(|e| format!("agent `{name}`: {e}"))?;
+        let pair = Arc::new((agent, brain));
+        loaded.insert(name.to_owned(), pair.clone());
+        Ok(pair)
+    }
+}
+
+struct Shared {
+    config: Config,
+    queue: Queue,
+    store: RedisRunStore,
+    agents: Agents,
+    /// Cancelled on shutdown: running engines checkpoint at their next safe point.
+    stop: CancellationToken,
+}
+
+/// Runs the worker until `shutdown` is cancelled, then stops pulling and lets in-flight runs
+/// finish or checkpoint within the grace period.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    let queue = Queue::connect(&config.nats_url, &config.prefix, &config.queue).await?;
+    let store = RedisRunStore::connect(&config.redis_url, &config.prefix).await?;
+    let shared = Arc::new(Shared {
+        agents: Agents {
+            dir: config.agents_dir.clone(),
+            loaded: Mutex::new(HashMap::new()),
+        },
+        config,
+        queue,
+        store,
+        stop: CancellationToken::new(),
+    });
+    let permits = Arc::new(Semaphore::new(shared.config.concurrency.max(1)));
+    let tracker = TaskTracker::new();
+    tracing::info!(worker = %shared.config.worker_id, "worker started");
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            () = shutdown.cancelled() => break,
+        };
+        let fetched = tokio::select! {
+            f = shared.queue.fetch(1, Duration::from_secs(1)) => f,
+            () = shutdown.cancelled() => break,
+        };
+        let deliveries = match fetched {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "fetch failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let Some(delivery) = deliveries.into_iter().next() else {
+            continue;
+        };
+        let shared = shared.clone();
+        let span = tracing::info_span!("job", agent = %delivery.agent, seq = delivery.fence.0, delivery = delivery.fence.1);
+        tracker.spawn(
+            async move {
+                handle(&shared, delivery).await;
+                drop(permit);
+            }
+            .instrument(span),
+        );
+    }
+    tracker.close();
+    if tokio::time::timeout(shared.config.grace, tracker.wait())
+        .await
+        .is_err()
+    {
+        // Out of grace: runs checkpoint as INTERRUPTED and their jobs are nak'ed.
+        shared.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+    }
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// Dead-letters a delivery and terminates it; fails its run (if known) with the reason.
+async fn poison(shared: &Shared, d: &Delivery, reason: &str) {
+    tracing::warn!(reason, "dead-lettering job");
+    if let Ok(job) = &d.job {
+        let store = shared.store.fenced(d.fence.0, d.fence.1);
+        let events = vec![
+            Event::SystemMessage(SystemMessage {
+                level: MessageLevel::Error,
+                content: format!("job dead-lettered: {reason}"),
+            }),
+            Event::EngineEnd(delta_shared::protocol::EngineEnd {
+                status: RunStatus::Failed,
+                result: None,
+                error: Some(reason.to_owned()),
+            }),
+        ];
+        let change = StatusChange::Finished {
+            status: Terminal::Failed,
+            result: None,
+            error: Some(reason.to_owned()),
+        };
+        if let Err(e) = store.append(job.run_id, events, Some(change)).await {
+            tracing::debug!(error = %e, "could not mark the run failed");
+        }
+    }
+    if let Err(e) = shared.queue.dead_letter(d, reason).await {
+        // Without the copy, terminating would lose the job: leave it for redelivery.
+        tracing::error!(error = %e, "DLQ publish failed; job left for redelivery");
+        let _ = d.nak(Some(Duration::from_secs(5))).await;
+        return;
+    }
+    let _ = d.term().await;
+}
+
+/// A failure that may pass: nak with backoff, or dead-letter on the last delivery.
+async fn retry_or_poison(shared: &Shared, d: &Delivery, reason: &str) {
+    if i64::try_from(d.fence.1).unwrap_or(i64::MAX) >= shared.config.queue.max_deliver {
+        poison(
+            shared,
+            d,
+            &format!("{reason} (after {} deliveries)", d.fence.1),
+        )
+        .await;
+    } else {
+        let delay =
+            Duration::from_millis(200 * 2u64.pow(u32::try_from(d.fence.1).unwrap_or(8).min(8)));
+        tracing::warn!(reason, ?delay, "job failed; will be redelivered");
+        let _ = d.nak(Some(delay)).await;
+    }
+}
+
+async fn handle(shared: &Shared, d: Delivery) {
+    let job = match &d.job {
+        Ok(j) => j.clone(),
+        Err(reason) => return poison(shared, &d, reason).await,
+    };
+    let store = shared.store.fenced(d.fence.0, d.fence.1);
+    let run = match store.load(job.run_id).await {
+        Ok(r) => r,
+        Err(store::Error::NotFound(_)) => {
+            return poison(shared, &d, &format!("unknown run {}", job.run_id)).await;
+        }
+        Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
+    };
+    if run.record.status.is_terminal() {
+        // A duplicate or late job: nothing to do.
+        let _ = d.ack().await;
+        return;
+    }
+    let pair = match shared.agents.get(&run.record.agent) {
+        Ok(p) => p,
+        Err(reason) => return poison(shared, &d, &reason).await,
+    };
+    let (agent, brain) = (&pair.0, &pair.1);
+    let answer = match (job.kind, job.request_id) {
+        (JobKind::Resume, Some(rid)) => match store.stored_answer(job.run_id, rid).await {
+            Ok(a) => a,
+            Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
+        },
+        _ => None,
+    };
+    let settings = engine::Settings {
+        worker: shared.config.worker_id.clone(),
+        work_dir: shared.config.work_dir.clone(),
+        pause: PauseMode::Park,
+    };
+    // Heartbeats while the run advances, so that long steps are not redelivered.
+    let beat = CancellationToken::new();
+    let heart = {
+        let beat = beat.clone();
+        let every = shared.config.queue.ack_wait / 3;
+        let d = &d;
+        async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(every) => {}
+                    () = beat.cancelled() => return,
+                }
+                let _ = d.progress().await;
+            }
+        }
+    };
+    let advance = async {
+        let mut engine = Engine::new(agent, brain, &store, run, settings, shared.stop.clone());
+        let first = engine.advance(answer.clone()).await;
+        let out = match first {
+            // The answer was applied by an earlier delivery: just go on.
+            Err(engine::Error::Answer(_)) if answer.is_some() => engine.advance(None).await,
+            other => other,
+        };
+        beat.cancel();
+        out
+    };
+    let (outcome, ()) = tokio::join!(advance, heart);
+    match outcome {
+        Ok(Outcome::Paused(q)) => match shared.queue.publish_request(&q).await {
+            Ok(()) => {
+                let _ = d.ack().await;
+            }
+            Err(e) => retry_or_poison(shared, &d, &e.to_string()).await,
+        },
+        Ok(Outcome::Interrupted) => {
+            let _ = d.nak(None).await;
+        }
+        Ok(_) => {
+            let _ = d.ack().await;
+        }
+        Err(engine::Error::Store(store::Error::Fenced(run))) => {
+            tracing::warn!(%run, "a newer delivery owns this run; dropping the stale one");
+        }
+        Err(e) => retry_or_poison(shared, &d, &e.to_string()).await,
+    }
+}
