@@ -1,0 +1,195 @@
+//! Kill -9 workers mid-step during a batch: every run completes, no step is journaled twice.
+//!
+//! Workers are real processes: this test binary re-runs itself as a worker (the ignored
+//! `worker_child` test below, driven by an environment variable) so it can be SIGKILLed.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use delta_shared::protocol::{Event, Job, JobKind, RunId, RunStatus};
+use delta_shared::store::redis::RedisRunStore;
+use delta_shared::store::{RunRecord, RunStore};
+use delta_worker::fleet::{self, Config};
+use delta_worker::queue::{self, Queue};
+use tokio_util::sync::CancellationToken;
+
+const CHILD: &str = "DELTA_E2E_WORKER";
+
+fn child_config(spec: &str) -> Config {
+    let p: Vec<&str> = spec.split('|').collect();
+    Config {
+        nats_url: p[0].into(),
+        redis_url: p[1].into(),
+        prefix: p[2].into(),
+        agents_dir: PathBuf::from(p[3]),
+        work_dir: PathBuf::from(p[4]),
+        concurrency: 16,
+        queue: queue::Settings {
+            ack_wait: Duration::from_secs(2),
+            max_deliver: 20,
+            ..Default::default()
+        },
+        worker_id: p[5].into(),
+        grace: Duration::from_secs(2),
+    }
+}
+
+#[tokio::test]
+#[ignore = "a worker process started by the crash test"]
+async fn worker_child() {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return;
+    };
+    fleet::run(child_config(&spec), CancellationToken::new())
+        .await
+        .expect("worker");
+}
+
+fn spawn_worker(spec: &str, id: &str) -> Child {
+    Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--ignored", "--exact", "worker_child", "--nocapture"])
+        .env(CHILD, format!("{spec}|{id}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn worker")
+}
+
+fn agent(dir: &Path) {
+    let a = dir.join("steps");
+    std::fs::create_dir_all(&a).expect("mkdir");
+    std::fs::write(
+        a.join("config.yaml"),
+        "name: steps\nbrain: scripted\ntools:\n  - name: step\n    shell: 'echo ${label} >> effects; sleep 0.05; echo done ${label}'\n    idempotent: true\n",
+    )
+    .expect("write");
+    std::fs::write(
+        a.join("script.yaml"),
+        "steps:\n  - tool: step\n    args: {label: \"${run_id}-1\"}\n  - tool: step\n    args: {label: \"${run_id}-2\"}\n  - tool: step\n    args: {label: \"${run_id}-3\"}\n  - finish: ok\n",
+    )
+    .expect("write");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
+    const RUNS: usize = 200;
+    let (nats, redis) = (
+        delta_e2e::Nats::start().expect("nats"),
+        delta_e2e::Redis::start().expect("redis"),
+    );
+    let dir = tempfile::tempdir().expect("tmp");
+    let agents = dir.path().join("agents");
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).expect("mkdir");
+    agent(&agents);
+    let spec = format!(
+        "{}|{}|kx|{}|{}",
+        nats.url(),
+        redis.url(),
+        agents.display(),
+        work.display()
+    );
+    let store = RedisRunStore::connect(&redis.url(), "kx")
+        .await
+        .expect("redis");
+    let settings = child_config(&format!("{spec}|x")).queue;
+    let q = Queue::connect(&nats.url(), "kx", &settings)
+        .await
+        .expect("nats");
+
+    let mut ids = vec![];
+    for _ in 0..RUNS {
+        let rec = RunRecord::new(RunId::new(), "steps", "t", RunStatus::Queued);
+        ids.push(rec.run_id);
+        store.create(rec.clone()).await.expect("create");
+        q.publish_job(
+            "steps",
+            &Job {
+                run_id: rec.run_id,
+                kind: JobKind::Start,
+                request_id: None,
+            },
+            None,
+        )
+        .await
+        .expect("publish");
+    }
+    let mut workers = vec![spawn_worker(&spec, "w0"), spawn_worker(&spec, "w1")];
+    // Kill a worker each time the batch crosses another quarter of its 600 steps, and start a
+    // fresh one in its place: the kills always land mid-batch, whatever the machine's speed.
+    let thresholds = [60, 180, 300, 420];
+    let mut kills = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let steps_run = std::fs::read_to_string(work.join("effects"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        if kills < thresholds.len() && steps_run >= thresholds[kills] {
+            let victim = kills % workers.len();
+            workers[victim].kill().expect("kill -9");
+            let _ = workers[victim].wait();
+            workers[victim] = spawn_worker(&spec, &format!("w{}", kills + 2));
+            kills += 1;
+            continue;
+        }
+        let mut done = 0;
+        for id in &ids {
+            if store.load(*id).await.expect("load").record.status == RunStatus::Completed {
+                done += 1;
+            }
+        }
+        if done == RUNS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done} of {RUNS} runs completed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for mut w in workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+
+    let mut reruns = 0;
+    let effects = std::fs::read_to_string(work.join("effects")).expect("effects");
+    for id in &ids {
+        let run = store.load(*id).await.expect("load");
+        let mut requested = HashSet::new();
+        let mut resulted = HashSet::new();
+        for e in &run.journal {
+            match &e.event {
+                Event::ActionRequest(a) => assert!(
+                    requested.insert(a.action_id.clone()),
+                    "run {id}: step {} requested twice",
+                    a.action_id
+                ),
+                Event::ActionResult(r) => assert!(
+                    resulted.insert(r.action_id.clone()),
+                    "run {id}: step {} has two results",
+                    r.action_id
+                ),
+                _ => {}
+            }
+        }
+        assert_eq!(resulted.len(), 3, "run {id}: three steps");
+        for step in 1..=3 {
+            let n = effects
+                .lines()
+                .filter(|l| *l == format!("{id}-{step}"))
+                .count();
+            assert!(n >= 1, "run {id} step {step} never ran");
+            reruns += n - 1;
+        }
+    }
+    // Re-runs happen only for steps in flight at a kill (idempotent tools, journaled once).
+    assert_eq!(kills, thresholds.len(), "every kill landed mid-batch");
+    assert!(
+        reruns <= kills * 16,
+        "{reruns} re-executions for {kills} kills of 16 slots"
+    );
+    eprintln!("{RUNS} runs completed through {kills} kill -9s; {reruns} in-flight steps re-ran");
+}
