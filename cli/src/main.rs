@@ -28,23 +28,8 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DELTA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            std::process::exit(1);
-        }
-    };
+    delta_worker::host::init_logging("warn");
+    let rt = delta_worker::host::runtime();
     let code = rt.block_on(async {
         let cancel = CancellationToken::new();
         watch_signals(cancel.clone());

@@ -53,6 +53,19 @@ fn free_port() -> Result<u16, Error> {
         .map_err(|e| Error(format!("no free port: {e}")))
 }
 
+/// Starts a server up to three times: a free port can be taken by someone else before the
+/// server binds it.
+fn three_tries<T>(mut start: impl FnMut() -> Result<T, Error>) -> Result<T, Error> {
+    let mut last = Error("not tried".into());
+    for _ in 0..3 {
+        match start() {
+            Ok(server) => return Ok(server),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 /// A child process killed (and its data deleted) on drop.
 struct Proc {
     child: Child,
@@ -89,14 +102,7 @@ pub struct Redis {
 impl Redis {
     pub fn start() -> Result<Redis, Error> {
         let bin = find_binary("redis-server", "DELTA_REDIS_SERVER")?;
-        let mut last = Error("not tried".into());
-        for _ in 0..3 {
-            match Self::try_start(&bin) {
-                Ok(r) => return Ok(r),
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
+        three_tries(|| Self::try_start(&bin))
     }
 
     fn try_start(bin: &Path) -> Result<Redis, Error> {
@@ -156,14 +162,7 @@ pub struct Nats {
 impl Nats {
     pub fn start() -> Result<Nats, Error> {
         let bin = find_binary("nats-server", "DELTA_NATS_SERVER")?;
-        let mut last = Error("not tried".into());
-        for _ in 0..3 {
-            match Self::try_start(&bin) {
-                Ok(n) => return Ok(n),
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
+        three_tries(|| Self::try_start(&bin))
     }
 
     fn try_start(bin: &Path) -> Result<Nats, Error> {

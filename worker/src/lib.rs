@@ -13,6 +13,7 @@ pub mod brain;
 pub mod config;
 pub mod engine;
 pub mod fleet;
+pub mod host;
 pub mod queue;
 pub mod script;
 pub mod tools;

@@ -3,13 +3,7 @@
 use tokio_util::sync::CancellationToken;
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DELTA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    delta_worker::host::init_logging("info");
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         eprintln!("delta-worker [--flag value]…; flags and their DELTA_* variables (defaults):");
@@ -28,16 +22,7 @@ fn main() {
             std::process::exit(64);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            std::process::exit(1);
-        }
-    };
+    let rt = delta_worker::host::runtime();
     let code = rt.block_on(async {
         let shutdown = CancellationToken::new();
         let s = shutdown.clone();

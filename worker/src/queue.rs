@@ -132,18 +132,17 @@ impl Queue {
         let js = jetstream::new(client.clone());
         let names = Names::new(prefix);
         let p = prefix;
-        let jobs = js
-            .create_or_update_stream(stream::Config {
-                name: names.jobs_stream(),
-                subjects: vec![format!("{p}.jobs.>")],
-                retention: stream::RetentionPolicy::WorkQueue,
-                storage: stream::StorageType::File,
-                discard: stream::DiscardPolicy::New,
-                duplicate_window: Duration::from_secs(120),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| setup(&names.jobs_stream())(e.to_string()))?;
+        js.create_or_update_stream(stream::Config {
+            name: names.jobs_stream(),
+            subjects: vec![format!("{p}.jobs.>")],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| setup(&names.jobs_stream())(e.to_string()))?;
         js.create_or_update_stream(stream::Config {
             name: names.dlq_stream(),
             subjects: vec![format!("{p}.dlq.>")],
@@ -167,7 +166,6 @@ impl Queue {
         })
         .await
         .map_err(|e| setup(&names.interactions_stream())(e.to_string()))?;
-        let _ = jobs;
         let stream = js
             .get_stream(names.jobs_stream())
             .await

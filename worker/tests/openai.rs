@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use delta_shared::protocol::{InteractionResponse, Responder, RunId, RunStatus, Via};
 use delta_shared::store::file::FileRunStore;
-use delta_shared::store::{RunRecord, RunStore};
+use delta_shared::store::{RunRecord, RunStore, StoredRun};
 use delta_worker::agent::Agent;
 use delta_worker::brain::AnyBrain;
 use delta_worker::engine::{Engine, Outcome, PauseMode, Settings};
@@ -104,6 +104,24 @@ fn agent(dir: &std::path::Path, base_url: &str) -> Agent {
     Agent::load(&a).expect("agent")
 }
 
+/// A fresh run of `task` in `dir`'s store, with the settings a local host would use.
+async fn new_run(
+    dir: &std::path::Path,
+    store: &FileRunStore,
+    task: &str,
+    pause: PauseMode,
+) -> (RunId, StoredRun, Settings) {
+    let rec = RunRecord::new(RunId::new(), "llm", task, RunStatus::Running);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    let settings = Settings {
+        worker: "local".into(),
+        work_dir: dir.to_path_buf(),
+        pause,
+    };
+    (id, store.load(id).await.expect("load"), settings)
+}
+
 #[tokio::test]
 async fn the_openai_brain_drives_tools_and_questions_and_never_sees_secrets() {
     let (url, fake) = serve(vec![
@@ -118,15 +136,7 @@ async fn the_openai_brain_drives_tools_and_questions_and_never_sees_secrets() {
     let agent = agent(dir.path(), &url);
     let brain = AnyBrain::for_agent(&agent).expect("brain");
     let store = FileRunStore::new(dir.path().join(".delta"));
-    let rec = RunRecord::new(RunId::new(), "llm", "log in please", RunStatus::Running);
-    let id = rec.run_id;
-    store.create(rec).await.expect("create");
-    let settings = Settings {
-        worker: "local".into(),
-        work_dir: dir.path().to_path_buf(),
-        pause: PauseMode::Hold,
-    };
-    let run = store.load(id).await.expect("load");
+    let (id, run, settings) = new_run(dir.path(), &store, "log in please", PauseMode::Hold).await;
     let mut engine = Engine::new(
         &agent,
         &brain,
@@ -228,15 +238,7 @@ async fn client_errors_fail_the_run_at_once_and_server_errors_after_retries() {
             other => other,
         };
         let store = FileRunStore::new(dir.path().join(".delta"));
-        let rec = RunRecord::new(RunId::new(), "llm", "t", RunStatus::Running);
-        let id = rec.run_id;
-        store.create(rec).await.expect("create");
-        let settings = Settings {
-            worker: "local".into(),
-            work_dir: dir.path().to_path_buf(),
-            pause: PauseMode::Park,
-        };
-        let run = store.load(id).await.expect("load");
+        let (id, run, settings) = new_run(dir.path(), &store, "t", PauseMode::Park).await;
         let out = Engine::new(
             &agent,
             &brain,
