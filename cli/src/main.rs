@@ -28,8 +28,8 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    delta_worker::host::init_logging("warn");
     let rt = delta_worker::host::runtime();
+    let telemetry = delta_worker::host::init_logging("warn", "delta", &rt);
     let code = rt.block_on(async {
         let cancel = CancellationToken::new();
         watch_signals(cancel.clone());
@@ -38,6 +38,7 @@ fn main() {
         }
     });
     // Do not wait for a blocked stdin reader (an abandoned `-i` prompt).
+    drop(telemetry);
     rt.shutdown_background();
     std::process::exit(code);
 }

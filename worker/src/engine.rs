@@ -328,6 +328,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     }
 
     /// Asks the brain for the next decision.
+    #[tracing::instrument(name = "decide", skip_all, fields(run_id = %self.record.run_id, turn = self.replay.turns))]
     async fn decide(&mut self) -> Result<Option<Outcome>, Error> {
         if self.replay.turns >= self.agent.max_iterations() {
             let error = format!(
@@ -659,6 +660,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     }
 
     /// Runs a tool call: checks its arguments, commits the journal, runs it, journals the result.
+    #[tracing::instrument(name = "tool", skip_all, fields(run_id = %self.record.run_id, tool = %req.tool, action_id = %req.action_id))]
     async fn run_tool(
         &mut self,
         req: &ActionRequest,

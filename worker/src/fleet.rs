@@ -134,7 +134,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
             continue;
         };
         let shared = shared.clone();
-        let span = tracing::info_span!("job", agent = %delivery.agent, seq = delivery.fence.0, delivery = delivery.fence.1);
+        let run_id = delivery.job.as_ref().map(|j| j.run_id.to_string()).ok();
+        let span = tracing::info_span!(
+            "job",
+            run_id = run_id.as_deref().unwrap_or("?"),
+            agent = %delivery.agent,
+            seq = delivery.fence.0,
+            delivery = delivery.fence.1,
+        );
+        crate::host::continue_trace(&span, delivery.traceparent.as_deref());
         tracker.spawn(
             async move {
                 handle(&shared, delivery).await;
@@ -271,12 +279,15 @@ async fn handle(shared: &Shared, d: Delivery) {
     };
     let (outcome, ()) = tokio::join!(advance, heart);
     match outcome {
-        Ok(Outcome::Paused(q)) => match shared.queue.publish_request(&q).await {
-            Ok(()) => {
-                let _ = d.ack().await;
+        Ok(Outcome::Paused(q)) => {
+            let tp = crate::host::traceparent(&tracing::Span::current(), d.traceparent.as_deref());
+            match shared.queue.publish_request(&q, tp.as_deref()).await {
+                Ok(()) => {
+                    let _ = d.ack().await;
+                }
+                Err(e) => retry_or_poison(shared, &d, &e.to_string()).await,
             }
-            Err(e) => retry_or_poison(shared, &d, &e.to_string()).await,
-        },
+        }
         Ok(Outcome::Interrupted) => {
             let _ = d.nak(None).await;
         }

@@ -3,7 +3,6 @@
 use tokio_util::sync::CancellationToken;
 
 fn main() {
-    delta_worker::host::init_logging("info");
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         eprintln!("delta-worker [--flag value]…; flags and their DELTA_* variables (defaults):");
@@ -23,6 +22,7 @@ fn main() {
         }
     };
     let rt = delta_worker::host::runtime();
+    let telemetry = delta_worker::host::init_logging("info", "delta-worker", &rt);
     let code = rt.block_on(async {
         let shutdown = CancellationToken::new();
         let s = shutdown.clone();
@@ -44,5 +44,6 @@ fn main() {
             }
         }
     });
+    drop(telemetry);
     std::process::exit(code);
 }

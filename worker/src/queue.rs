@@ -233,13 +233,21 @@ impl Queue {
             .await
     }
 
-    /// Announces a question on `…interactions.requested.<agent>.<run_id>` (idempotent per request).
-    pub async fn publish_request(&self, q: &InteractionRequest) -> Result<(), Error> {
+    /// Announces a question on `…interactions.requested.<agent>.<run_id>` (idempotent per request),
+    /// with the run's trace context so that whoever answers continues the same trace.
+    pub async fn publish_request(
+        &self,
+        q: &InteractionRequest,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
         let mut headers = HeaderMap::new();
         headers.insert(
             "Nats-Msg-Id",
             format!("requested:{}", q.request_id).as_str(),
         );
+        if let Some(tp) = traceparent {
+            headers.insert("traceparent", tp);
+        }
         let payload = serde_json::to_vec(q).unwrap_or_default();
         let subject = self
             .names
@@ -255,6 +263,9 @@ impl Queue {
             reason.replace(['\r', '\n'], " ").as_str(),
         );
         headers.insert("Delta-Stream-Seq", d.fence.0.to_string().as_str());
+        if let Some(tp) = &d.traceparent {
+            headers.insert("traceparent", tp.as_str());
+        }
         self.publish(
             self.names.dlq_subject(&d.agent),
             headers,
