@@ -9,6 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub use nix::sys::signal::Signal;
+
+pub mod workers;
+
 /// A server that could not be started.
 #[derive(Debug)]
 pub struct Error(pub String);
@@ -46,6 +50,13 @@ pub fn find_binary(name: &str, env_var: &str) -> Result<PathBuf, Error> {
         })
 }
 
+/// Sends `sig` to a process (ignoring one that is already gone).
+pub fn signal(pid: u32, sig: Signal) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+    }
+}
+
 fn free_port() -> Result<u16, Error> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error(format!("no free port: {e}")))?;
     l.local_addr()
@@ -66,10 +77,80 @@ fn three_tries<T>(mut start: impl FnMut() -> Result<T, Error>) -> Result<T, Erro
     Err(last)
 }
 
-/// A child process killed (and its data deleted) on drop.
+/// Which server a [`Proc`] is: says how to tell it is ready.
+#[derive(Clone, Copy)]
+enum Kind {
+    Redis,
+    Nats,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Redis => "redis-server",
+            Kind::Nats => "nats-server",
+        }
+    }
+
+    fn ready(self, port: u16) -> bool {
+        match self {
+            Kind::Redis => TcpStream::connect(("127.0.0.1", port))
+                .and_then(|mut s| {
+                    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+                    s.write_all(b"PING\r\n")?;
+                    let mut buf = [0u8; 7];
+                    s.read_exact(&mut buf)?;
+                    Ok(&buf == b"+PONG\r\n")
+                })
+                .unwrap_or(false),
+            // The server greets every client with an INFO line once it accepts connections.
+            Kind::Nats => TcpStream::connect(("127.0.0.1", port))
+                .and_then(|s| {
+                    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+                    let mut line = String::new();
+                    BufReader::new(s).read_line(&mut line)?;
+                    Ok(line.starts_with("INFO ") && line.contains("\"jetstream\":true"))
+                })
+                .unwrap_or(false),
+        }
+    }
+
+    fn args(self, port: u16, dir: &Path) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = match self {
+            Kind::Redis => [
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--maxmemory-policy",
+                "noeviction",
+                "--dir",
+            ]
+            .iter()
+            .map(Into::into)
+            .collect(),
+            Kind::Nats => ["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"]
+                .iter()
+                .map(Into::into)
+                .collect(),
+        };
+        args.push(dir.as_os_str().to_owned());
+        args
+    }
+}
+
+/// A server child process on a fixed port and data directory; killed (and its data deleted) on
+/// drop.
 struct Proc {
+    kind: Kind,
+    bin: PathBuf,
+    port: u16,
     child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Proc {
@@ -79,18 +160,71 @@ impl Drop for Proc {
     }
 }
 
-fn wait_until(what: &str, child: &mut Child, mut ready: impl FnMut() -> bool) -> Result<(), Error> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(Error(format!("{what} exited at start ({status})")));
-        }
-        if ready() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(10));
+impl Proc {
+    fn start(kind: Kind, env_var: &str) -> Result<Proc, Error> {
+        let bin = find_binary(kind.name(), env_var)?;
+        three_tries(|| {
+            let dir = tempfile::tempdir().map_err(|e| Error(format!("tempdir: {e}")))?;
+            let port = free_port()?;
+            let child = Self::spawn(kind, &bin, port, dir.path())?;
+            Ok(Proc {
+                kind,
+                bin: bin.clone(),
+                port,
+                child,
+                dir,
+            })
+        })
     }
-    Err(Error(format!("{what} did not answer within 10 s")))
+
+    fn spawn(kind: Kind, bin: &Path, port: u16, dir: &Path) -> Result<Child, Error> {
+        let mut child = Command::new(bin)
+            .args(kind.args(port, dir))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| Error(format!("{}: {e}", bin.display())))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(Error(format!("{} exited at start ({status})", kind.name())));
+            }
+            if kind.ready(port) {
+                return Ok(child);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error(format!("{} did not answer within 10 s", kind.name())));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops the server the way an operator would (SIGTERM: Redis writes its AOF, NATS flushes
+    /// its streams), waits for it to exit, and starts it again on the same port and data.
+    fn restart(&mut self) -> Result<(), Error> {
+        signal(self.child.id(), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The port can linger a moment after exit: retry the start for a while.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::spawn(self.kind, &self.bin, self.port, self.dir.path()) {
+                Ok(child) => {
+                    self.child = child;
+                    return Ok(());
+                }
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
 }
 
 /// A `redis-server` with AOF on, in its own temporary directory.
@@ -101,46 +235,10 @@ pub struct Redis {
 
 impl Redis {
     pub fn start() -> Result<Redis, Error> {
-        let bin = find_binary("redis-server", "DELTA_REDIS_SERVER")?;
-        three_tries(|| Self::try_start(&bin))
-    }
-
-    fn try_start(bin: &Path) -> Result<Redis, Error> {
-        let dir = tempfile::tempdir().map_err(|e| Error(format!("tempdir: {e}")))?;
-        let port = free_port()?;
-        let mut child = Command::new(bin)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .args(["--appendonly", "yes", "--maxmemory-policy", "noeviction"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| Error(format!("{}: {e}", bin.display())))?;
-        let ping = || {
-            TcpStream::connect(("127.0.0.1", port))
-                .and_then(|mut s| {
-                    s.write_all(b"PING\r\n")?;
-                    let mut buf = [0u8; 7];
-                    s.read_exact(&mut buf)?;
-                    Ok(&buf == b"+PONG\r\n")
-                })
-                .unwrap_or(false)
-        };
-        if let Err(e) = wait_until("redis-server", &mut child, ping) {
-            let _ = child.kill();
-            return Err(e);
-        }
+        let proc = Proc::start(Kind::Redis, "DELTA_REDIS_SERVER")?;
         Ok(Redis {
-            proc: Proc { child, _dir: dir },
-            port,
+            port: proc.port,
+            proc,
         })
     }
 
@@ -150,6 +248,11 @@ impl Redis {
 
     pub fn pid(&self) -> u32 {
         self.proc.child.id()
+    }
+
+    /// SIGTERM, then the same server again on the same port and AOF.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.proc.restart()
     }
 }
 
@@ -161,38 +264,10 @@ pub struct Nats {
 
 impl Nats {
     pub fn start() -> Result<Nats, Error> {
-        let bin = find_binary("nats-server", "DELTA_NATS_SERVER")?;
-        three_tries(|| Self::try_start(&bin))
-    }
-
-    fn try_start(bin: &Path) -> Result<Nats, Error> {
-        let dir = tempfile::tempdir().map_err(|e| Error(format!("tempdir: {e}")))?;
-        let port = free_port()?;
-        let mut child = Command::new(bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| Error(format!("{}: {e}", bin.display())))?;
-        // The server greets every client with an INFO line once it accepts connections.
-        let greets = || {
-            TcpStream::connect(("127.0.0.1", port))
-                .and_then(|s| {
-                    s.set_read_timeout(Some(Duration::from_millis(500)))?;
-                    let mut line = String::new();
-                    BufReader::new(s).read_line(&mut line)?;
-                    Ok(line.starts_with("INFO ") && line.contains("\"jetstream\":true"))
-                })
-                .unwrap_or(false)
-        };
-        if let Err(e) = wait_until("nats-server", &mut child, greets) {
-            let _ = child.kill();
-            return Err(e);
-        }
+        let proc = Proc::start(Kind::Nats, "DELTA_NATS_SERVER")?;
         Ok(Nats {
-            proc: Proc { child, _dir: dir },
-            port,
+            port: proc.port,
+            proc,
         })
     }
 
@@ -202,5 +277,10 @@ impl Nats {
 
     pub fn pid(&self) -> u32 {
         self.proc.child.id()
+    }
+
+    /// SIGTERM, then the same server again on the same port and store directory.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.proc.restart()
     }
 }

@@ -1,60 +1,21 @@
 //! Kill -9 workers mid-step during a batch: every run completes, no step is journaled twice.
 //!
-//! Workers are real processes: this test binary re-runs itself as a worker (the ignored
-//! `worker_child` test below, driven by an environment variable) so it can be SIGKILLed.
+//! Workers are real processes (`delta_e2e::workers`) so that they can be SIGKILLed.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use delta_e2e::workers::{Spec, spawn};
 use delta_shared::protocol::{Event, Job, JobKind, RunId, RunStatus};
 use delta_shared::store::redis::RedisRunStore;
 use delta_shared::store::{RunRecord, RunStore};
-use delta_worker::fleet::{self, Config};
-use delta_worker::queue::{self, Queue};
-use tokio_util::sync::CancellationToken;
+use delta_worker::queue::Queue;
 
-const CHILD: &str = "DELTA_E2E_WORKER";
-
-fn child_config(spec: &str) -> Config {
-    let p: Vec<&str> = spec.split('|').collect();
-    Config {
-        nats_url: p[0].into(),
-        redis_url: p[1].into(),
-        prefix: p[2].into(),
-        agents_dir: PathBuf::from(p[3]),
-        work_dir: PathBuf::from(p[4]),
-        concurrency: 16,
-        queue: queue::Settings {
-            ack_wait: Duration::from_secs(2),
-            max_deliver: 20,
-            ..Default::default()
-        },
-        worker_id: p[5].into(),
-        grace: Duration::from_secs(2),
-    }
-}
-
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread")]
 #[ignore = "a worker process started by the crash test"]
 async fn worker_child() {
-    let Ok(spec) = std::env::var(CHILD) else {
-        return;
-    };
-    fleet::run(child_config(&spec), CancellationToken::new())
-        .await
-        .expect("worker");
-}
-
-fn spawn_worker(spec: &str, id: &str) -> Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--ignored", "--exact", "worker_child", "--nocapture"])
-        .env(CHILD, format!("{spec}|{id}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn worker")
+    delta_e2e::workers::child_main().await;
 }
 
 fn agent(dir: &Path) {
@@ -84,18 +45,22 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).expect("mkdir");
     agent(&agents);
-    let spec = format!(
-        "{}|{}|kx|{}|{}",
-        nats.url(),
-        redis.url(),
-        agents.display(),
-        work.display()
-    );
+    let spec = Spec {
+        nats_url: nats.url(),
+        redis_url: redis.url(),
+        prefix: "kx".into(),
+        agents_dir: agents.clone(),
+        work_dir: work.clone(),
+        concurrency: 16,
+        ack_wait_ms: 2000,
+        max_deliver: 20,
+        grace_ms: 2000,
+        worker_id: String::new(),
+    };
     let store = RedisRunStore::connect(&redis.url(), "kx")
         .await
         .expect("redis");
-    let settings = child_config(&format!("{spec}|x")).queue;
-    let q = Queue::connect(&nats.url(), "kx", &settings)
+    let q = Queue::connect(&nats.url(), "kx", &spec.config().queue)
         .await
         .expect("nats");
 
@@ -116,7 +81,7 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
         .await
         .expect("publish");
     }
-    let mut workers = vec![spawn_worker(&spec, "w0"), spawn_worker(&spec, "w1")];
+    let mut workers = vec![spawn(&spec, "w0", None), spawn(&spec, "w1", None)];
     // Kill a worker each time the batch crosses another quarter of its 600 steps, and start a
     // fresh one in its place: the kills always land mid-batch, whatever the machine's speed.
     let thresholds = [60, 180, 300, 420];
@@ -130,7 +95,7 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
             let victim = kills % workers.len();
             workers[victim].kill().expect("kill -9");
             let _ = workers[victim].wait();
-            workers[victim] = spawn_worker(&spec, &format!("w{}", kills + 2));
+            workers[victim] = spawn(&spec, &format!("w{}", kills + 2), None);
             kills += 1;
             continue;
         }

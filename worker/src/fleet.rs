@@ -11,6 +11,7 @@
 //! | paused | publish the request (idempotent), then ack |
 //! | poison (bad JSON, unknown run, broken agent) | copy to the DLQ, run `FAILED` with the reason, term |
 //! | store or brain unavailable | nak with backoff; on the last delivery, as poison |
+//! | worker died on the last delivery | another worker takes JetStream's advisory: DLQ, run `FAILED`, job removed |
 //! | fenced (a newer delivery owns the run) | nothing: this delivery is stale |
 //! | shutdown mid-run | the run is checkpointed `INTERRUPTED`, nak so another worker resumes it |
 
@@ -28,7 +29,7 @@ use crate::agent::Agent;
 use crate::brain::AnyBrain;
 use crate::engine::{self, Engine, Outcome, PauseMode};
 use crate::queue::{self, Delivery, Queue};
-use delta_shared::protocol::{Event, JobKind, MessageLevel, RunStatus, SystemMessage};
+use delta_shared::protocol::{Event, JobKind, MessageLevel, RunId, RunStatus, SystemMessage};
 use delta_shared::store::redis::RedisRunStore;
 use delta_shared::store::{self, RunStore, StatusChange, Terminal};
 
@@ -110,6 +111,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         store,
         stop: CancellationToken::new(),
     });
+    let reaper = tokio::spawn(reap_exhausted(shared.clone(), shutdown.clone()));
     let permits = Arc::new(Semaphore::new(shared.config.concurrency.max(1)));
     let tracker = TaskTracker::new();
     tracing::info!(worker = %shared.config.worker_id, "worker started");
@@ -160,34 +162,40 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         shared.stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
     }
+    let _ = reaper.await;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// Fails a run with `reason` (fenced by the job's token, so a newer owner is not overridden).
+async fn fail_run(shared: &Shared, run_id: RunId, fence: (u64, u64), reason: &str) {
+    let store = shared.store.fenced(fence.0, fence.1);
+    let events = vec![
+        Event::SystemMessage(SystemMessage {
+            level: MessageLevel::Error,
+            content: format!("job dead-lettered: {reason}"),
+        }),
+        Event::EngineEnd(delta_shared::protocol::EngineEnd {
+            status: RunStatus::Failed,
+            result: None,
+            error: Some(reason.to_owned()),
+        }),
+    ];
+    let change = StatusChange::Finished {
+        status: Terminal::Failed,
+        result: None,
+        error: Some(reason.to_owned()),
+    };
+    if let Err(e) = store.append(run_id, events, Some(change)).await {
+        tracing::debug!(error = %e, "could not mark the run failed");
+    }
 }
 
 /// Dead-letters a delivery and terminates it; fails its run (if known) with the reason.
 async fn poison(shared: &Shared, d: &Delivery, reason: &str) {
     tracing::warn!(reason, "dead-lettering job");
     if let Ok(job) = &d.job {
-        let store = shared.store.fenced(d.fence.0, d.fence.1);
-        let events = vec![
-            Event::SystemMessage(SystemMessage {
-                level: MessageLevel::Error,
-                content: format!("job dead-lettered: {reason}"),
-            }),
-            Event::EngineEnd(delta_shared::protocol::EngineEnd {
-                status: RunStatus::Failed,
-                result: None,
-                error: Some(reason.to_owned()),
-            }),
-        ];
-        let change = StatusChange::Finished {
-            status: Terminal::Failed,
-            result: None,
-            error: Some(reason.to_owned()),
-        };
-        if let Err(e) = store.append(job.run_id, events, Some(change)).await {
-            tracing::debug!(error = %e, "could not mark the run failed");
-        }
+        fail_run(shared, job.run_id, d.fence, reason).await;
     }
     if let Err(e) = shared.queue.dead_letter(d, reason).await {
         // Without the copy, terminating would lose the job: leave it for redelivery.
@@ -196,6 +204,40 @@ async fn poison(shared: &Shared, d: &Delivery, reason: &str) {
         return;
     }
     let _ = d.term().await;
+}
+
+/// Dead-letters the jobs that used up `max_deliver` (their workers died on every delivery),
+/// failing their runs, until shutdown.
+async fn reap_exhausted(shared: Arc<Shared>, shutdown: CancellationToken) {
+    loop {
+        let fetched = tokio::select! {
+            f = shared.queue.fetch_exhausted(Duration::from_secs(5)) => f,
+            () = shutdown.cancelled() => return,
+        };
+        let batch = match fetched {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(error = %e, "exhausted-jobs fetch failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    () = shutdown.cancelled() => return,
+                }
+            }
+        };
+        for x in batch {
+            let reason = format!(
+                "the job was delivered {} times (max_deliver) and never finished: its worker crashed or hung each time",
+                x.fence.1
+            );
+            tracing::warn!(seq = x.fence.0, reason, "dead-lettering exhausted job");
+            if let Some(job) = &x.job {
+                fail_run(&shared, job.run_id, x.fence, &reason).await;
+            }
+            if let Err(e) = shared.queue.dead_letter_exhausted(&x, &reason).await {
+                tracing::warn!(error = %e, "exhausted job left for another try");
+            }
+        }
+    }
 }
 
 /// A failure that may pass: nak with backoff, or dead-letter on the last delivery.
@@ -295,7 +337,12 @@ async fn handle(shared: &Shared, d: Delivery) {
             let _ = d.ack().await;
         }
         Err(engine::Error::Store(store::Error::Fenced(run))) => {
-            tracing::warn!(%run, "a newer delivery owns this run; dropping the stale one");
+            tracing::warn!(%run, "write refused: a newer delivery owns this run; dropping the stale one");
+        }
+        Err(engine::Error::Store(e @ store::Error::Terminal { .. })) => {
+            // Finished elsewhere (a newer delivery, or cancelled): nothing left for this job.
+            tracing::warn!(error = %e, "write refused: the run is already final; dropping this job");
+            let _ = d.ack().await;
         }
         Err(e) => retry_or_poison(shared, &d, &e.to_string()).await,
     }

@@ -6,6 +6,11 @@
 //! `max_deliver`, `max_ack_pending`). Jobs are published with `Nats-Msg-Id` so that a repeat
 //! inside the duplicate window is dropped by the server. A delivery carries its fencing token,
 //! `(stream sequence, delivery count)`, for the run store.
+//!
+//! A job whose worker dies on its last delivery would otherwise stay in the work queue forever:
+//! JetStream only announces it with a `MAX_DELIVERIES` advisory on core NATS. A small stream,
+//! `<P>_EXHAUSTED`, keeps those advisories (so none is lost while no worker listens), and workers
+//! take them from the durable consumer `<p>-exhausted` to dead-letter the job ([`Exhausted`]).
 
 use std::time::Duration;
 
@@ -54,6 +59,20 @@ impl Names {
     pub fn consumer(&self) -> String {
         format!("{}-workers", self.prefix)
     }
+    pub fn exhausted_stream(&self) -> String {
+        format!("{}_EXHAUSTED", self.prefix.to_uppercase())
+    }
+    pub fn exhausted_consumer(&self) -> String {
+        format!("{}-exhausted", self.prefix)
+    }
+    /// Where JetStream announces a job that used up `max_deliver` on the workers' consumer.
+    pub fn exhausted_advisory(&self) -> String {
+        format!(
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
+            self.jobs_stream(),
+            self.consumer()
+        )
+    }
     pub fn jobs_subject(&self, agent: &str) -> String {
         format!("{}.jobs.{agent}", self.prefix)
     }
@@ -100,6 +119,28 @@ pub struct Queue {
     js: jetstream::Context,
     names: Names,
     consumer: consumer::PullConsumer,
+    jobs: stream::Stream,
+    exhausted: consumer::PullConsumer,
+}
+
+/// A job that used up its deliveries without being acknowledged or terminated (its workers
+/// crashed or hung every time). Dead-letter it with [`Queue::dead_letter_exhausted`].
+pub struct Exhausted {
+    advisory: jetstream::Message,
+    /// `(stream sequence, deliveries)`: outranks every delivery the job had.
+    pub fence: (u64, u64),
+    /// The job, if it is still in the stream and is one.
+    pub job: Option<Job>,
+    /// The agent named by the job's subject.
+    pub agent: String,
+    payload: Option<Vec<u8>>,
+}
+
+/// The part of a `MAX_DELIVERIES` advisory we need.
+#[derive(serde::Deserialize)]
+struct MaxDeliveries {
+    stream_seq: u64,
+    deliveries: u64,
 }
 
 /// One delivered job.
@@ -185,11 +226,40 @@ impl Queue {
                 .await
                 .map_err(|e| setup(&names.consumer())(e.to_string()))?,
         };
+        js.create_or_update_stream(stream::Config {
+            name: names.exhausted_stream(),
+            subjects: vec![names.exhausted_advisory()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            max_age: settings.interactions_max_age,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| setup(&names.exhausted_stream())(e.to_string()))?;
+        let exhausted_stream = js
+            .get_stream(names.exhausted_stream())
+            .await
+            .map_err(|e| setup(&names.exhausted_stream())(e.to_string()))?;
+        let config = consumer::pull::Config {
+            durable_name: Some(names.exhausted_consumer()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(30),
+            ..Default::default()
+        };
+        let exhausted = match exhausted_stream.update_consumer(config.clone()).await {
+            Ok(c) => c,
+            Err(_) => exhausted_stream
+                .create_consumer(config)
+                .await
+                .map_err(|e| setup(&names.exhausted_consumer())(e.to_string()))?,
+        };
         Ok(Queue {
             client,
             js,
             names,
             consumer,
+            jobs: stream,
+            exhausted,
         })
     }
 
@@ -330,6 +400,75 @@ impl Queue {
             });
         }
         Ok(out)
+    }
+
+    /// Takes the jobs that used up `max_deliver`, waiting at most `wait` for one.
+    pub async fn fetch_exhausted(&self, wait: Duration) -> Result<Vec<Exhausted>, Error> {
+        let err = |message: String| Error::Fetch {
+            consumer: self.names.exhausted_consumer(),
+            message,
+        };
+        let mut batch = self
+            .exhausted
+            .fetch()
+            .max_messages(16)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let mut out = vec![];
+        while let Some(msg) = batch.next().await {
+            let advisory = msg.map_err(|e| err(e.to_string()))?;
+            let Ok(adv) = serde_json::from_slice::<MaxDeliveries>(&advisory.payload) else {
+                tracing::warn!("ignoring an advisory that is not MAX_DELIVERIES");
+                let _ = advisory.ack().await;
+                continue;
+            };
+            let raw = self.jobs.get_raw_message(adv.stream_seq).await.ok();
+            let agent = raw
+                .as_ref()
+                .and_then(|m| {
+                    m.subject
+                        .as_str()
+                        .strip_prefix(&format!("{}.jobs.", self.names.prefix))
+                        .map(str::to_owned)
+                })
+                .unwrap_or_default();
+            let job = raw
+                .as_ref()
+                .and_then(|m| serde_json::from_slice::<Job>(&m.payload).ok());
+            out.push(Exhausted {
+                advisory,
+                fence: (adv.stream_seq, adv.deliveries),
+                job,
+                agent,
+                payload: raw.map(|m| m.payload.to_vec()),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Copies an exhausted job to the dead-letter stream, removes it from the job stream and
+    /// acknowledges its advisory. A job already gone (handled meanwhile) is only acknowledged.
+    pub async fn dead_letter_exhausted(&self, x: &Exhausted, reason: &str) -> Result<(), Error> {
+        if let Some(payload) = &x.payload {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                "Delta-Dlq-Reason",
+                reason.replace(['\r', '\n'], " ").as_str(),
+            );
+            headers.insert("Delta-Stream-Seq", x.fence.0.to_string().as_str());
+            self.publish(self.names.dlq_subject(&x.agent), headers, payload.clone())
+                .await?;
+            self.jobs
+                .delete_message(x.fence.0)
+                .await
+                .map_err(|e| Error::Ack(format!("removing exhausted job {}: {e}", x.fence.0)))?;
+        }
+        x.advisory
+            .double_ack()
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
     }
 
     /// The core NATS client, for subscribers.

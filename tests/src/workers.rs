@@ -1,0 +1,107 @@
+//! Fleet workers as real processes, so that tests can SIGKILL, SIGSTOP or SIGTERM them.
+//!
+//! A test binary re-runs itself as the worker: each test file that uses this declares
+//!
+//! ```ignore
+//! #[tokio::test(flavor = "multi_thread")]
+//! #[ignore = "a worker process started by the tests"]
+//! async fn worker_child() { delta_e2e::workers::child_main().await }
+//! ```
+//!
+//! and [`spawn`] starts `<test binary> --ignored --exact worker_child` with the worker's settings
+//! in an environment variable. The child logs to the file given (or nowhere) and stops gracefully
+//! on SIGTERM, like `delta-worker`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use delta_worker::fleet::{self, Config};
+use delta_worker::queue;
+use tokio_util::sync::CancellationToken;
+
+const CHILD: &str = "DELTA_E2E_WORKER";
+
+/// What a worker process is started with.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Spec {
+    pub nats_url: String,
+    pub redis_url: String,
+    pub prefix: String,
+    pub agents_dir: PathBuf,
+    pub work_dir: PathBuf,
+    pub concurrency: usize,
+    pub ack_wait_ms: u64,
+    pub max_deliver: i64,
+    pub grace_ms: u64,
+    pub worker_id: String,
+}
+
+impl Spec {
+    /// The worker configuration this spec stands for.
+    pub fn config(&self) -> Config {
+        Config {
+            nats_url: self.nats_url.clone(),
+            redis_url: self.redis_url.clone(),
+            prefix: self.prefix.clone(),
+            agents_dir: self.agents_dir.clone(),
+            work_dir: self.work_dir.clone(),
+            concurrency: self.concurrency,
+            queue: queue::Settings {
+                ack_wait: Duration::from_millis(self.ack_wait_ms),
+                max_deliver: self.max_deliver,
+                ..Default::default()
+            },
+            worker_id: self.worker_id.clone(),
+            grace: Duration::from_millis(self.grace_ms),
+        }
+    }
+}
+
+/// Starts a worker process as `id`, logging (at `info`) to `log` when given.
+pub fn spawn(spec: &Spec, id: &str, log: Option<&Path>) -> Child {
+    let spec = Spec {
+        worker_id: id.to_owned(),
+        ..spec.clone()
+    };
+    let stderr = match log {
+        Some(p) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .map(Stdio::from)
+            .expect("worker log file"),
+        None => Stdio::null(),
+    };
+    Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--ignored", "--exact", "worker_child", "--nocapture"])
+        .env(CHILD, serde_json::to_string(&spec).expect("spec"))
+        .env("DELTA_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn worker")
+}
+
+/// The body of a test binary's `worker_child`: runs a worker until SIGTERM/SIGINT. Returns at
+/// once when the binary was not started by [`spawn`] (a plain `--ignored` run).
+pub async fn child_main() {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return;
+    };
+    let spec: Spec = serde_json::from_str(&spec).expect("worker spec");
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DELTA_LOG"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let shutdown = CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            term.recv().await;
+            s.cancel();
+        }
+    });
+    fleet::run(spec.config(), shutdown).await.expect("worker");
+}

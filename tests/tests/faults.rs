@@ -1,0 +1,466 @@
+//! What can go wrong in a fleet (DESIGN.md), done to real processes: a worker frozen past its
+//! `ack_wait`, Redis and NATS restarted mid-batch, workers stopped with SIGTERM under load.
+//!
+//! Workers are real processes (`delta_e2e::workers`); the checks read every journal at the end.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use delta_e2e::Signal;
+use delta_e2e::workers::{Spec, spawn};
+use delta_shared::protocol::{Event, Job, JobKind, RunId, RunStatus};
+use delta_shared::store::redis::RedisRunStore;
+use delta_shared::store::{RunRecord, RunStore, StoredRun};
+use delta_worker::queue::Queue;
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a worker process started by the fault tests"]
+async fn worker_child() {
+    delta_e2e::workers::child_main().await;
+}
+
+/// An agent `steps` running `count` steps of the `step` tool, each appending its label to
+/// `effects` in the work dir (so side effects can be counted), then sleeping `secs`.
+fn agent(dir: &Path, count: usize, secs: &str, idempotent: bool) {
+    let a = dir.join("steps");
+    std::fs::create_dir_all(&a).expect("mkdir");
+    std::fs::write(
+        a.join("config.yaml"),
+        format!(
+            "name: steps\nbrain: scripted\ntools:\n  - name: step\n    shell: 'echo ${{label}} >> effects; sleep {secs}; echo done ${{label}}'\n    idempotent: {idempotent}\n"
+        ),
+    )
+    .expect("write");
+    let mut script = "steps:\n".to_owned();
+    for i in 1..=count {
+        script.push_str(&format!(
+            "  - tool: step\n    args: {{label: \"${{run_id}}-{i}\"}}\n"
+        ));
+    }
+    script.push_str("  - finish: ok\n");
+    std::fs::write(a.join("script.yaml"), script).expect("write");
+}
+
+struct Fleet {
+    nats: delta_e2e::Nats,
+    redis: delta_e2e::Redis,
+    dir: tempfile::TempDir,
+    spec: Spec,
+    store: RedisRunStore,
+    queue: Queue,
+}
+
+impl Fleet {
+    async fn start(prefix: &str, ack_wait_ms: u64, grace_ms: u64, max_deliver: i64) -> Fleet {
+        let (nats, redis) = (
+            delta_e2e::Nats::start().expect("nats"),
+            delta_e2e::Redis::start().expect("redis"),
+        );
+        let dir = tempfile::tempdir().expect("tmp");
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&work).expect("mkdir");
+        let spec = Spec {
+            nats_url: nats.url(),
+            redis_url: redis.url(),
+            prefix: prefix.into(),
+            agents_dir: dir.path().join("agents"),
+            work_dir: work,
+            concurrency: 8,
+            ack_wait_ms,
+            max_deliver,
+            grace_ms,
+            worker_id: String::new(),
+        };
+        let store = RedisRunStore::connect(&redis.url(), prefix)
+            .await
+            .expect("redis");
+        let queue = Queue::connect(&nats.url(), prefix, &spec.config().queue)
+            .await
+            .expect("nats");
+        Fleet {
+            nats,
+            redis,
+            dir,
+            spec,
+            store,
+            queue,
+        }
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.log"))
+    }
+
+    fn worker(&self, id: &str) -> Child {
+        spawn(&self.spec, id, Some(&self.log(id)))
+    }
+
+    async fn submit(&self, n: usize) -> Vec<RunId> {
+        self.submit_to("steps", n).await
+    }
+
+    async fn submit_to(&self, agent: &str, n: usize) -> Vec<RunId> {
+        let mut ids = vec![];
+        for _ in 0..n {
+            let rec = RunRecord::new(RunId::new(), agent, "t", RunStatus::Queued);
+            ids.push(rec.run_id);
+            self.store.create(rec.clone()).await.expect("create");
+            let job = Job {
+                run_id: rec.run_id,
+                kind: JobKind::Start,
+                request_id: None,
+            };
+            self.queue
+                .publish_job(agent, &job, None)
+                .await
+                .expect("publish");
+        }
+        ids
+    }
+
+    /// Side effects so far, one line per step executed.
+    fn effects(&self) -> Vec<String> {
+        std::fs::read_to_string(self.spec.work_dir.join("effects"))
+            .map(|t| t.lines().map(str::to_owned).collect())
+            .unwrap_or_default()
+    }
+
+    /// Loads a run, riding out a store that is restarting.
+    async fn load(&self, id: RunId) -> StoredRun {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match self.store.load(id).await {
+                Ok(r) => return r,
+                Err(e) if Instant::now() > deadline => panic!("load {id}: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    async fn completed(&self, ids: &[RunId]) -> usize {
+        let mut done = 0;
+        for id in ids {
+            if self.load(*id).await.record.status == RunStatus::Completed {
+                done += 1;
+            }
+        }
+        done
+    }
+
+    /// Every run's journal: each step requested once and resulted once, `steps` of them.
+    async fn check_journals(&self, ids: &[RunId], steps: usize) {
+        for id in ids {
+            let run = self.load(*id).await;
+            assert_eq!(run.record.status, RunStatus::Completed, "run {id}");
+            let (mut requested, mut resulted) = (HashSet::new(), HashSet::new());
+            for e in &run.journal {
+                match &e.event {
+                    Event::ActionRequest(a) => assert!(
+                        requested.insert(a.action_id.clone()),
+                        "run {id}: step {} requested twice",
+                        a.action_id
+                    ),
+                    Event::ActionResult(r) => assert!(
+                        resulted.insert(r.action_id.clone()),
+                        "run {id}: step {} has two results",
+                        r.action_id
+                    ),
+                    _ => {}
+                }
+            }
+            assert_eq!(resulted.len(), steps, "run {id}: {steps} steps");
+        }
+    }
+}
+
+fn stop(mut w: Child) {
+    let _ = w.kill();
+    let _ = w.wait();
+}
+
+fn wait_until(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_whose_job_moved_on_has_its_writes_refused() {
+    let fleet = Fleet::start("st", 1000, 5000, 20).await;
+    // Step 2 outlives ack_wait by far once its worker is frozen and cannot send heartbeats.
+    let a = fleet.dir.path().join("agents/steps");
+    std::fs::create_dir_all(&a).expect("mkdir");
+    std::fs::write(
+        a.join("config.yaml"),
+        "name: steps\nbrain: scripted\ntools:\n  - name: step\n    shell: 'echo ${label} >> effects; sleep ${secs}; echo done ${label}'\n    idempotent: true\n",
+    )
+    .expect("write");
+    std::fs::write(
+        a.join("script.yaml"),
+        "steps:\n  - tool: step\n    args: {label: one, secs: \"0\"}\n  - tool: step\n    args: {label: two, secs: \"2\"}\n  - finish: ok\n",
+    )
+    .expect("write");
+
+    let stale = fleet.worker("stale");
+    let ids = fleet.submit(1).await;
+    let id = ids[0];
+    wait_until("step two to start on the first worker", 20, || {
+        fleet.effects().contains(&"two".to_owned())
+    });
+    delta_e2e::signal(stale.id(), Signal::SIGSTOP);
+
+    // Past ack_wait the job is redelivered to a live worker, which finishes the run.
+    let fresh = fleet.worker("fresh");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fleet.load(id).await.record.status != RunStatus::Completed {
+        assert!(Instant::now() < deadline, "the run never completed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = fleet.load(id).await;
+
+    // Thaw the stale worker: its step finishes and it tries to journal the result.
+    delta_e2e::signal(stale.id(), Signal::SIGCONT);
+    let stale_log = fleet.log("stale");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = std::fs::read_to_string(&stale_log).unwrap_or_default();
+        if log.contains("write refused") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stale worker's write was never refused; its log:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = fleet.load(id).await;
+    assert_eq!(
+        serde_json::to_value(&before.journal).expect("json"),
+        serde_json::to_value(&after.journal).expect("json"),
+        "nothing of the stale worker reached the journal"
+    );
+    assert_eq!(after.record.status, RunStatus::Completed);
+    let twos = fleet.effects().iter().filter(|e| *e == "two").count();
+    assert_eq!(twos, 2, "both workers ran step two; only one result counts");
+    fleet.check_journals(&ids, 2).await;
+    stop(stale);
+    stop(fresh);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_redis_and_nats_mid_batch_loses_nothing() {
+    const RUNS: usize = 100;
+    let mut fleet = Fleet::start("rs", 2000, 5000, 20).await;
+    agent(&fleet.dir.path().join("agents"), 3, "0.05", true);
+    let ids = fleet.submit(RUNS).await;
+    let workers = [fleet.worker("w0"), fleet.worker("w1")];
+
+    // Restarts triggered by progress, so they land mid-batch whatever the machine's speed.
+    wait_until("a quarter of the steps", 60, || fleet.effects().len() >= 75);
+    fleet.redis.restart().expect("restart redis");
+    let at_redis = fleet.effects().len();
+    wait_until("half of the steps", 60, || fleet.effects().len() >= 150);
+    fleet.nats.restart().expect("restart nats");
+    let at_nats = fleet.effects().len();
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done = fleet.completed(&ids).await;
+        if done == RUNS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done} of {RUNS} runs completed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for w in workers {
+        stop(w);
+    }
+    assert!(
+        at_redis < 3 * RUNS && at_nats < 3 * RUNS,
+        "the restarts landed mid-batch ({at_redis}, {at_nats} of {} steps)",
+        3 * RUNS
+    );
+    fleet.check_journals(&ids, 3).await;
+    let warnings: usize = ["w0", "w1"]
+        .iter()
+        .map(|w| {
+            std::fs::read_to_string(fleet.log(w))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .inspect(|l| eprintln!("{l}"))
+                .count()
+        })
+        .sum();
+    eprintln!(
+        "{RUNS} runs completed through a Redis restart at step {at_redis} and a NATS restart at \
+         step {at_nats}; the workers rode out {warnings} failed operations"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_finishes_in_flight_runs_and_loses_nothing() {
+    const RUNS: usize = 60;
+    let fleet = Fleet::start("gs", 5000, 15_000, 20).await;
+    // Not idempotent: a graceful stop must never make a step run twice.
+    agent(&fleet.dir.path().join("agents"), 3, "0.1", false);
+    let ids = fleet.submit(RUNS).await;
+    let mut workers = vec![fleet.worker("w0"), fleet.worker("w1")];
+    for (round, at) in [40, 100].into_iter().enumerate() {
+        wait_until("the batch to progress", 60, || fleet.effects().len() >= at);
+        let mut victim = workers.remove(0);
+        let asked = Instant::now();
+        delta_e2e::signal(victim.id(), Signal::SIGTERM);
+        let status = loop {
+            if let Some(s) = victim.try_wait().expect("wait") {
+                break s;
+            }
+            assert!(
+                asked.elapsed() < Duration::from_secs(20),
+                "the worker did not exit within its grace period"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(status.success(), "a graceful stop exits 0: {status}");
+        workers.push(fleet.worker(&format!("w{}", round + 2)));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = fleet.completed(&ids).await;
+        if done == RUNS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done} of {RUNS} runs completed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for w in workers {
+        stop(w);
+    }
+    fleet.check_journals(&ids, 3).await;
+    let effects = fleet.effects();
+    let unique: HashSet<&String> = effects.iter().collect();
+    assert_eq!(
+        unique.len(),
+        effects.len(),
+        "no step ran twice across two graceful stops"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_grace_a_stopping_worker_checkpoints_and_another_resumes() {
+    let fleet = Fleet::start("gx", 5000, 500, 20).await;
+    agent(&fleet.dir.path().join("agents"), 1, "30", true);
+    let mut w = fleet.worker("slow");
+    let ids = fleet.submit(1).await;
+    wait_until("the long step to start", 20, || !fleet.effects().is_empty());
+    let asked = Instant::now();
+    delta_e2e::signal(w.id(), Signal::SIGTERM);
+    let status = loop {
+        if let Some(s) = w.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "a worker out of grace stops its steps and exits"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status}");
+    let run = fleet.load(ids[0]).await;
+    assert_eq!(run.record.status, RunStatus::Interrupted);
+    assert!(
+        matches!(run.journal.last().map(|e| &e.event), Some(Event::EngineEnd(end)) if end.status == RunStatus::Interrupted),
+        "the checkpoint is journaled"
+    );
+    // The nak'ed job goes to the next worker, which re-runs the idempotent step.
+    agent(&fleet.dir.path().join("agents"), 1, "0", true);
+    let next = fleet.worker("next");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fleet.load(ids[0]).await.record.status != RunStatus::Completed {
+        assert!(Instant::now() < deadline, "the interrupted run was resumed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop(next);
+    fleet.check_journals(&ids, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
+    let fleet = Fleet::start("xd", 1000, 2000, 2).await;
+    let a = fleet.dir.path().join("agents/crasher");
+    std::fs::create_dir_all(&a).expect("mkdir");
+    // The tool kills the worker running it: every delivery of this job ends in a crash.
+    std::fs::write(
+        a.join("config.yaml"),
+        "name: crasher\nbrain: scripted\ntools:\n  - name: boom\n    shell: 'kill -9 $PPID'\n    idempotent: true\n",
+    )
+    .expect("write");
+    std::fs::write(
+        a.join("script.yaml"),
+        "steps:\n  - tool: boom\n  - finish: never\n",
+    )
+    .expect("write");
+    let ids = fleet.submit_to("crasher", 1).await;
+
+    // Keep one worker alive, replacing each one the job kills.
+    let mut deaths = 0;
+    let mut w = fleet.worker("w0");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let run = loop {
+        if w.try_wait().expect("wait").is_some() {
+            deaths += 1;
+            w = fleet.worker(&format!("w{deaths}"));
+        }
+        let run = fleet.load(ids[0]).await;
+        if run.record.status == RunStatus::Failed {
+            break run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the crashing job was never dead-lettered ({deaths} workers died)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    stop(w);
+    assert_eq!(deaths, 2, "the job was delivered max_deliver = 2 times");
+    let error = run.record.error.unwrap_or_default();
+    assert!(error.contains("delivered 2 times (max_deliver)"), "{error}");
+
+    let js = async_nats::jetstream::new(
+        async_nats::connect(&fleet.nats.url())
+            .await
+            .expect("connect"),
+    );
+    let mut dlq = js.get_stream("XD_DLQ").await.expect("dlq");
+    let copied = dlq
+        .get_last_raw_message_by_subject("xd.dlq.crasher")
+        .await
+        .expect("the job is in the DLQ");
+    let reason = copied
+        .headers
+        .get("Delta-Dlq-Reason")
+        .map(|v| v.as_str().to_owned())
+        .unwrap_or_default();
+    assert!(reason.contains("max_deliver"), "{reason}");
+    assert_eq!(dlq.info().await.expect("info").state.messages, 1);
+    let jobs = js
+        .get_stream("XD_JOBS")
+        .await
+        .expect("jobs")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    assert_eq!(jobs, 0, "the exhausted job left the work queue");
+}
