@@ -83,6 +83,11 @@ pub fn spawn(spec: &Spec, id: &str, log: Option<&Path>) -> Child {
         .expect("spawn worker")
 }
 
+/// Whether this process was started by [`spawn`] as a worker.
+pub fn is_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
 /// The body of a test binary's `worker_child`: runs a worker until SIGTERM/SIGINT. Returns at
 /// once when the binary was not started by [`spawn`] (a plain `--ignored` run).
 pub async fn child_main() {

@@ -163,7 +163,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
     }
     let _ = reaper.await;
-    tracing::info!("worker stopped");
+    tracing::info!(
+        redis_round_trips = shared.store.round_trips(),
+        "worker stopped"
+    );
     Ok(())
 }
 

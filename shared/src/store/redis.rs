@@ -14,6 +14,8 @@
 //! took its job, whatever NATS later accepts from it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::Script;
 use redis::aio::ConnectionManager;
@@ -89,6 +91,8 @@ pub struct RedisRunStore {
     fence: Option<(u64, u64)>,
     append: Script,
     create: Script,
+    /// Round trips to Redis made through this handle and its clones (each method makes one).
+    trips: Arc<AtomicU64>,
 }
 
 impl RedisRunStore {
@@ -102,6 +106,7 @@ impl RedisRunStore {
             fence: None,
             append: Script::new(APPEND),
             create: Script::new(CREATE),
+            trips: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -110,6 +115,17 @@ impl RedisRunStore {
         let mut s = self.clone();
         s.fence = Some((stream_seq, delivery_count));
         s
+    }
+
+    /// How many round trips to Redis this handle and its clones have made.
+    pub fn round_trips(&self) -> u64 {
+        self.trips.load(Ordering::Relaxed)
+    }
+
+    /// The connection for one round trip (counted).
+    fn connection(&self) -> ConnectionManager {
+        self.trips.fetch_add(1, Ordering::Relaxed);
+        self.conn.clone()
     }
 
     pub fn run_key(&self, run_id: RunId) -> String {
@@ -131,7 +147,7 @@ impl RedisRunStore {
         run_id: RunId,
         response: &InteractionResponse,
     ) -> Result<bool, Error> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         let key = self.interaction_key(run_id, &response.request_id.to_string());
         let json = serde_json::to_string(response).unwrap_or_default();
         match Script::new(ANSWER)
@@ -153,7 +169,7 @@ impl RedisRunStore {
         run_id: RunId,
         request_id: RequestId,
     ) -> Result<Option<InteractionResponse>, Error> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         let raw: Option<String> = redis::cmd("HGET")
             .arg(self.interaction_key(run_id, &request_id.to_string()))
             .arg("response")
@@ -244,7 +260,7 @@ fn parse_record(run_id: RunId, h: &HashMap<String, String>) -> Result<RunRecord,
 
 impl RunStore for RedisRunStore {
     async fn create(&self, record: RunRecord) -> Result<(), Error> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         let mut inv = self.create.key(self.run_key(record.run_id));
         for (k, v) in record_fields(&record) {
             inv.arg(k).arg(v);
@@ -257,7 +273,7 @@ impl RunStore for RedisRunStore {
     }
 
     async fn load(&self, run_id: RunId) -> Result<StoredRun, Error> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         // One round trip: the record and the whole journal.
         let (hash, entries): (Fields, Vec<(String, Fields)>) = redis::pipe()
             .hgetall(self.run_key(run_id))
@@ -338,7 +354,7 @@ impl RunStore for RedisRunStore {
             let json = serde_json::to_string(e).unwrap_or_default();
             inv.arg(json.strip_prefix('{').unwrap_or(&json).to_owned());
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         let last: u64 = match inv.invoke_async::<u64>(&mut conn).await {
             Ok(v) => v,
             Err(e) => {
