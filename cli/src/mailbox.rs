@@ -10,7 +10,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use delta_shared::protocol::{InteractionRequest, InteractionResponse, RequestId, Responder, Via};
+use delta_shared::protocol::{
+    InteractionRequest, InteractionResponse, InteractionType, OptionAction, RequestId, Responder,
+    Via,
+};
 use delta_shared::store::file::write_atomically;
 use serde::Deserialize;
 use serde_json::Value;
@@ -175,9 +178,58 @@ pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionRespon
         .copied()
         .collect::<Vec<_>>()
         .join("\n");
+    if let Some(args) = editable_args(q, &option_id)
+        && !input.is_empty()
+    {
+        // Approving a tool call: the lines after the option edit its arguments.
+        let lines: Vec<&str> = input.lines().collect();
+        let edited = apply_edits(args, &lines).map_err(|e| {
+            format!("{e}; after `{option_id}`, write one key=value per line to edit the arguments")
+        })?;
+        resp.data = Some(serde_json::json!({ "args": edited }));
+        resp.option_id = Some(option_id);
+        return Ok(resp);
+    }
     resp.option_id = Some(option_id);
     resp.input = (!input.is_empty()).then_some(input);
     Ok(resp)
+}
+
+/// The arguments an answer picking `option_id` may edit: those of the tool call a
+/// `TOOL_APPROVAL` is about, when the option approves it.
+pub fn editable_args<'q>(q: &'q InteractionRequest, option_id: &str) -> Option<&'q Value> {
+    let approves = q
+        .option(option_id)
+        .is_some_and(|o| o.action == OptionAction::ApproveAndExecute);
+    let args = q.context.get("args").filter(|a| a.is_object())?;
+    (approves && q.kind == InteractionType::ToolApproval).then_some(args)
+}
+
+/// Applies `key=value` lines to `args` (blank lines are skipped). A value replaces the argument
+/// as text, or as a number/boolean when the argument was one and the text reads as one.
+pub fn apply_edits(args: &Value, lines: &[&str]) -> Result<Value, String> {
+    let mut out = args.as_object().cloned().unwrap_or_default();
+    for line in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
+        let Some((key, value)) = line.split_once('=') else {
+            return Err(format!("`{line}` is not key=value"));
+        };
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(format!("`{line}` has no key before `=`"));
+        }
+        let value = value.trim();
+        let typed = match out.get(key) {
+            Some(Value::Number(_) | Value::Bool(_)) => serde_json::from_str::<Value>(value)
+                .ok()
+                .filter(|v| v.is_number() || v.is_boolean()),
+            _ => None,
+        };
+        out.insert(
+            key.to_owned(),
+            typed.unwrap_or_else(|| Value::String(value.to_owned())),
+        );
+    }
+    Ok(Value::Object(out))
 }
 
 /// An option by id, then by label (any case), then by its 1-based number.
@@ -285,6 +337,38 @@ mod tests {
             e.contains("`maybe` is not an option") && e.contains("approve (Approve it, or 1)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn txt_edits_the_arguments_of_an_approved_call() {
+        let mut q = request(&[("approve", "Approve"), ("reject", "Reject")]);
+        q.kind = InteractionType::ToolApproval;
+        q.options[0].action = OptionAction::ApproveAndExecute;
+        q.options[1].action = OptionAction::RejectWithReason;
+        q.context.insert(
+            "args".into(),
+            serde_json::json!({"env": "production", "version": "1.0", "replicas": 2}),
+        );
+        let r = parse_txt(&q, "approve\nversion=1.1\nreplicas = 3\n").expect("ok");
+        assert_eq!(r.option_id.as_deref(), Some("approve"));
+        assert_eq!(r.input, None);
+        assert_eq!(
+            r.data,
+            Some(
+                serde_json::json!({"args": {"env": "production", "version": "1.1", "replicas": 3}})
+            )
+        );
+        let r = parse_txt(&q, "approve: env=staging").expect("inline edit");
+        assert_eq!(r.data.expect("data")["args"]["env"], "staging");
+        let e = parse_txt(&q, "approve\nplease go\n").unwrap_err();
+        assert!(
+            e.contains("`please go` is not key=value") && e.contains("one key=value per line"),
+            "{e}"
+        );
+        // Other options keep their text as input.
+        let r = parse_txt(&q, "reject\nversion=1.1 is broken").expect("ok");
+        assert_eq!(r.input.as_deref(), Some("version=1.1 is broken"));
+        assert_eq!(r.data, None);
     }
 
     #[test]
