@@ -18,9 +18,10 @@
 //! ```
 //!
 //! Templates: `${task}`, `${run_id}`, `${answer}` (the last answer's text, else its option id),
-//! `${option}` (its option id), `${observation}` (the last tool result). A sensitive answer is
-//! never put in a template: `${answer}` becomes a `{{secret:…}}` reference that only the tool
-//! runner resolves.
+//! `${option}` (its option id), `${observation}` (the last tool result), `${secret}` (the latest
+//! sensitive answer, however many questions ago). A sensitive answer is never put in a template:
+//! `${answer}` and `${secret}` become a `{{secret:…}}` reference that only the tool runner
+//! resolves, so a tool parameter is bound to the answer without the brain ever holding it.
 
 use std::collections::BTreeMap;
 use std::path::Path;

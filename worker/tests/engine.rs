@@ -516,6 +516,67 @@ steps:
     }
 }
 
+#[tokio::test]
+async fn a_tool_parameter_is_bound_to_an_earlier_sensitive_answer() {
+    // Hold mode (like -i): the secret stays in this process while another question is asked.
+    let f = Fixture::new(
+        r#"
+steps:
+  - ask_human: {prompt: "API key?", sensitive: true}
+  - ask_human: {prompt: "which env?", options: [{id: staging, label: Staging}]}
+  - tool: use_key
+    args: {key: "${secret}"}
+  - finish: "${observation}"
+"#,
+    );
+    let id = f.start("t").await;
+    let run = f.store.load(id).await.expect("load");
+    let settings = Settings {
+        worker: "local".into(),
+        work_dir: f.work(),
+        pause: PauseMode::Hold,
+    };
+    let mut engine = Engine::new(
+        &f.agent,
+        &f.brain,
+        &f.store,
+        run,
+        settings,
+        CancellationToken::new(),
+    );
+    let q = paused(engine.advance(None).await.expect("advance"));
+    let q = paused(
+        engine
+            .advance(Some(answer(&q, None, Some("hunter2"))))
+            .await
+            .expect("advance"),
+    );
+    let out = engine
+        .advance(Some(answer(&q, Some("staging"), None)))
+        .await
+        .expect("advance");
+    // use_key checked the real key (exit 0) and echoed it, masked.
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "using ***\n".into()
+        }
+    );
+    let j = f.journal(id).await;
+    let call = j
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::ActionRequest(a) if a.tool == "use_key" => Some(a.args.clone()),
+            _ => None,
+        })
+        .expect("use_key called");
+    assert!(
+        call["key"].as_str().unwrap_or("").starts_with("{{secret:"),
+        "{call}"
+    );
+    assert_eq!(results(&j)[2].0, ActionStatus::Success);
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = vec![];
     for e in std::fs::read_dir(dir).expect("read_dir").flatten() {

@@ -47,6 +47,8 @@ struct History {
     answers: Vec<(usize, Answer)>,
     /// `(turns before it, observation)`, in journal order.
     observations: Vec<(usize, String)>,
+    /// `(turns before it, {{secret:…}} reference)` of each sensitive answer, in journal order.
+    secrets: Vec<(usize, String)>,
 }
 
 /// How a tool gets a sensitive answer: the engine swaps this reference for the secret.
@@ -81,6 +83,7 @@ impl History {
                 }
                 Event::HumanInputReceived(r) => {
                     let text = if sensitive.contains(&r.request_id) {
+                        h.secrets.push((h.turns, secret_ref(r.request_id)));
                         Some(secret_ref(r.request_id))
                     } else {
                         r.input
@@ -130,6 +133,8 @@ struct Templates<'a> {
     run_id: String,
     answer: Option<&'a Answer>,
     observation: Option<&'a str>,
+    /// The reference of the latest sensitive answer, for `${secret}`.
+    secret: Option<&'a str>,
 }
 
 impl Templates<'_> {
@@ -147,6 +152,7 @@ impl Templates<'_> {
                     .unwrap_or(""),
             )
             .replace("${observation}", self.observation.unwrap_or(""))
+            .replace("${secret}", self.secret.unwrap_or(""))
     }
 
     fn expand_value(&self, v: &Value) -> Value {
@@ -211,6 +217,12 @@ impl Brain for ScriptedBrain {
                     .rev()
                     .find(|(t, _)| *t <= passed)
                     .map(|(_, o)| o.as_str()),
+                secret: history
+                    .secrets
+                    .iter()
+                    .rev()
+                    .find(|(t, _)| *t <= passed)
+                    .map(|(_, r)| r.as_str()),
             };
             match step {
                 Step::Finish { finish } => {
