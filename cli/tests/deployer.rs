@@ -466,90 +466,140 @@ fn mailbox_choices_take_their_branch() {
 fn mailbox_bad_answers_are_refused_and_nothing_is_journaled() {
     let d = Deployer::new();
     d.start();
-    let plan_cases: Vec<(&str, String, &str)> = vec![
-        ("response.txt", "maybe\n".into(), "`maybe` is not an option of this request; write one of: confirm"),
-        ("response.txt", "modify\n".into(), "(input_required)"),
-        (
-            "response.json",
-            json!({"option_id": "modify", "data": {"tasks": "deploy everything"}}).to_string(),
-            "(invalid_args): edited arguments refused: data.tasks: a task list is a JSON list of tasks",
-        ),
-        (
-            "response.json",
-            json!({"option_id": "modify", "data": {"tasks": [{"description": "wipe", "tool": "rm"}]}}).to_string(),
-            "(invalid_args): edited arguments refused: data.tasks: task 1 names the unknown tool `rm`",
-        ),
-        ("response.json", json!({"option_id": "nope"}).to_string(), "(invalid_option)"),
-    ];
-    refuse_all(&d, &plan_cases);
+    let tasks_not_a_list = json!({"option_id": "modify", "data": {"tasks": "deploy everything"}});
+    let unknown_tool =
+        json!({"option_id": "modify", "data": {"tasks": [{"description": "wipe", "tool": "rm"}]}});
+    refuse_all(
+        &d,
+        &[
+            Refusal::txt(
+                "maybe\n",
+                "invalid_option",
+                "`maybe` is not an option of this request; write one of: confirm (Confirm, or 1)",
+            ),
+            Refusal::txt(
+                "modify\n",
+                "input_required",
+                "option `modify` needs a non-empty input",
+            ),
+            Refusal::json(
+                tasks_not_a_list,
+                "invalid_args",
+                "data.tasks: a task list is a JSON list of tasks, e.g. [{\"description\"",
+            ),
+            Refusal::json(
+                unknown_tool,
+                "invalid_args",
+                "data.tasks: task 1 names the unknown tool `rm`; the agent's tools: check_key, deploy",
+            ),
+            Refusal::json(
+                json!({"option_id": "nope"}),
+                "invalid_option",
+                "`nope` is not an option of this request; choose one of: confirm, modify, cancel",
+            ),
+        ],
+    );
 
     let out = d.answer_txt("confirm\n");
     assert_eq!(code(&out), 101, "{}", stderr(&out));
-    refuse_all(&d, &[("response.txt", " \n".into(), "the answer is empty")]);
+    refuse_all(
+        &d,
+        &[Refusal::txt(" \n", "input_required", "the answer is empty")],
+    );
     let out = d.answer_txt(&format!("{CANARY}\n"));
     assert_eq!(code(&out), 101, "{}", stderr(&out));
     refuse_all(
         &d,
-        &[(
-            "response.txt",
-            "other\n".into(),
+        &[Refusal::txt(
+            "other\n",
+            "input_required",
             "option `other` needs a non-empty input",
         )],
     );
     let out = d.answer_txt("production\n");
     assert_eq!(code(&out), 101, "{}", stderr(&out));
-    let approval_cases: Vec<(&str, String, &str)> = vec![
-        (
-            "response.txt",
-            "reject\n".into(),
-            "option `reject` needs a non-empty input",
-        ),
-        (
-            "response.txt",
-            "approve\nforce=yes\n".into(),
-            "(invalid_args): edited arguments refused: unknown parameter `force`",
-        ),
-        (
-            "response.txt",
-            "approve\nplease\n".into(),
-            "`please` is not key=value",
-        ),
-        (
-            "response.json",
-            json!({"option_id": "approve", "data": {"args": {"env": "production"}}}).to_string(),
-            "(invalid_args): edited arguments refused: missing required parameter `version`",
-        ),
-        (
-            "response.txt",
-            "launch\n".into(),
-            "`launch` is not an option",
-        ),
-    ];
-    refuse_all(&d, &approval_cases);
+    let missing = json!({"option_id": "approve", "data": {"args": {"env": "production"}}});
+    refuse_all(
+        &d,
+        &[
+            Refusal::txt(
+                "reject\n",
+                "input_required",
+                "option `reject` needs a non-empty input",
+            ),
+            Refusal::txt(
+                "approve\nforce=yes\n",
+                "invalid_args",
+                "unknown parameter `force` (parameters: env, version)",
+            ),
+            Refusal::txt(
+                "approve\nplease\n",
+                "invalid_args",
+                "`please` is not key=value",
+            ),
+            Refusal::json(
+                missing,
+                "invalid_args",
+                "missing required parameter `version`",
+            ),
+            Refusal::txt("launch\n", "invalid_option", "`launch` is not an option"),
+        ],
+    );
     assert!(d.deployments().is_empty());
     d.assert_no_canary();
 }
 
-/// Each answer is refused with its message: exit 101, the journal, request and answer files
-/// unchanged, the run still waiting.
-fn refuse_all(d: &Deployer, cases: &[(&str, String, &str)]) {
+/// A bad answer: the mailbox file, what is written in it, its code and what the message says.
+struct Refusal {
+    file: &'static str,
+    content: String,
+    code: &'static str,
+    says: &'static str,
+}
+
+impl Refusal {
+    fn txt(content: &str, code: &'static str, says: &'static str) -> Self {
+        Refusal {
+            file: "response.txt",
+            content: content.to_owned(),
+            code,
+            says,
+        }
+    }
+
+    fn json(v: Value, code: &'static str, says: &'static str) -> Self {
+        Refusal {
+            file: "response.json",
+            content: v.to_string(),
+            code,
+            says,
+        }
+    }
+}
+
+/// Each answer is refused with its code and message: exit 101, the journal, request and answer
+/// files unchanged, the run still waiting.
+fn refuse_all(d: &Deployer, cases: &[Refusal]) {
     let journal = d.journal();
     let request = std::fs::read(d.mailbox("request.json")).expect("request");
-    for (file, content, says) in cases {
+    for Refusal {
+        file,
+        content,
+        code: want,
+        says,
+    } in cases
+    {
         let path = d.mailbox(file);
         std::fs::write(&path, content).expect("write");
         let out = d.delta(&[], None);
-        assert_eq!(code(&out), 101, "{file} {content:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(code(&out), 101, "{file} {content:?}: {err}");
         assert!(
-            stderr(&out).contains(says),
-            "{file} {content:?}: {}",
-            stderr(&out)
+            err.contains(&format!("refused ({want})")),
+            "{file} {content:?}: {err}"
         );
-        assert!(
-            stderr(&out).contains("The run stays waiting"),
-            "{}",
-            stderr(&out)
-        );
+        assert!(err.contains(says), "{file} {content:?}: {err}");
+        assert!(err.contains("The run stays waiting"), "{err}");
         assert_eq!(
             &std::fs::read_to_string(&path).expect("left alone"),
             content
