@@ -428,7 +428,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     (Some(p), Some((_, Some(a))))
                         if a.action == OptionAction::RetryWithFeedback =>
                     {
-                        p.round + 1
+                        p.round.saturating_add(1)
                     }
                     _ => 1,
                 };

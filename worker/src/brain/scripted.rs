@@ -193,7 +193,9 @@ impl Brain for ScriptedBrain {
         };
         let history = History::from(&view);
         // A plan to revise is the step just behind: walk up to it again.
-        let turns = history.turns - usize::from(history.revision.is_some());
+        let turns = history
+            .turns
+            .saturating_sub(usize::from(history.revision.is_some()));
         let mut passed = 0usize;
         // A stack of step lists being walked, with the index of the next step in each.
         let mut stack: Vec<(&[Step], usize)> = vec![(&script.steps, 0)];
