@@ -10,7 +10,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use delta_shared::protocol::{InteractionRequest, InteractionResponse, RequestId, Responder, Via};
+use delta_shared::protocol::{
+    InteractionRequest, InteractionResponse, InteractionType, OptionAction, RequestId, Responder,
+    Via,
+};
 use delta_shared::store::file::write_atomically;
 use serde::Deserialize;
 use serde_json::Value;
@@ -23,8 +26,13 @@ pub struct Mailbox {
 /// Why the answer in the mailbox cannot be used. The mailbox is left as it is.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {message}")]
-    Bad { path: String, message: String },
+    #[error("{path}: refused ({code}): {message}")]
+    Bad {
+        path: String,
+        /// The PROTOCOL.md code of the refusal (`invalid_option`, `input_required`, …).
+        code: &'static str,
+        message: String,
+    },
     #[error("{0}: cannot read it ({1})")]
     Io(String, std::io::Error),
 }
@@ -112,18 +120,11 @@ impl Mailbox {
             (None, None) => Ok(None),
             (Some(_), Some(_)) => Err(Error::Bad {
                 path: self.dir.display().to_string(),
+                code: "bad_request",
                 message: "both response.txt and response.json are there: keep only one".into(),
             }),
-            (Some(text), None) => parse_txt(q, &text).map(Some).map_err(|message| Error::Bad {
-                path: txt.display().to_string(),
-                message,
-            }),
-            (None, Some(text)) => parse_json(q, &text)
-                .map(Some)
-                .map_err(|message| Error::Bad {
-                    path: json.display().to_string(),
-                    message,
-                }),
+            (Some(text), None) => parse_txt(q, &text).map(Some).map_err(|r| r.at(&txt)),
+            (None, Some(text)) => parse_json(q, &text).map(Some).map_err(|r| r.at(&json)),
         }
     }
 }
@@ -136,14 +137,41 @@ fn read_opt(path: &Path) -> Result<Option<String>, Error> {
     }
 }
 
+/// A mailbox answer that cannot be read as a response: its PROTOCOL.md code and what to write.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl Refused {
+    fn new(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn at(self, path: &Path) -> Error {
+        Error::Bad {
+            path: path.display().to_string(),
+            code: self.code,
+            message: self.message,
+        }
+    }
+}
+
 /// `response.txt`: free text; or, for a request with options, the option (its id, its label or
 /// its number) on the first line, optionally followed by `: text` or by more lines of input.
-pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionResponse, String> {
+pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionResponse, Refused> {
     let text = text.trim_end_matches(['\n', '\r']);
     let mut resp = InteractionResponse::new(q.request_id, local_responder(Via::File));
     if q.options.is_empty() {
         if text.trim().is_empty() {
-            return Err("the answer is empty: write the answer text into the file".into());
+            return Err(Refused::new(
+                "input_required",
+                "the answer is empty: write the answer text into the file",
+            ));
         }
         resp.input = Some(text.to_owned());
         return Ok(resp);
@@ -163,10 +191,13 @@ pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionRespon
             .enumerate()
             .map(|(i, o)| format!("{} ({}, or {})", o.option_id, o.label, i + 1))
             .collect();
-        return Err(format!(
-            "`{}` is not an option of this request; write one of: {}",
-            first.trim(),
-            valid.join("; ")
+        return Err(Refused::new(
+            "invalid_option",
+            format!(
+                "`{}` is not an option of this request; write one of: {}",
+                first.trim(),
+                valid.join("; ")
+            ),
         ));
     };
     let input = [inline.unwrap_or(""), rest.trim()]
@@ -175,9 +206,63 @@ pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionRespon
         .copied()
         .collect::<Vec<_>>()
         .join("\n");
+    if let Some(args) = editable_args(q, &option_id)
+        && !input.is_empty()
+    {
+        // Approving a tool call: the lines after the option edit its arguments.
+        let lines: Vec<&str> = input.lines().collect();
+        let edited = apply_edits(args, &lines).map_err(|e| {
+            Refused::new(
+                "invalid_args",
+                format!(
+                    "{e}; after `{option_id}`, write one key=value per line to edit the arguments"
+                ),
+            )
+        })?;
+        resp.data = Some(serde_json::json!({ "args": edited }));
+        resp.option_id = Some(option_id);
+        return Ok(resp);
+    }
     resp.option_id = Some(option_id);
     resp.input = (!input.is_empty()).then_some(input);
     Ok(resp)
+}
+
+/// The arguments an answer picking `option_id` may edit: those of the tool call a
+/// `TOOL_APPROVAL` is about, when the option approves it.
+pub fn editable_args<'q>(q: &'q InteractionRequest, option_id: &str) -> Option<&'q Value> {
+    let approves = q
+        .option(option_id)
+        .is_some_and(|o| o.action == OptionAction::ApproveAndExecute);
+    let args = q.context.get("args").filter(|a| a.is_object())?;
+    (approves && q.kind == InteractionType::ToolApproval).then_some(args)
+}
+
+/// Applies `key=value` lines to `args` (blank lines are skipped). A value replaces the argument
+/// as text, or as a number/boolean when the argument was one and the text reads as one.
+pub fn apply_edits(args: &Value, lines: &[&str]) -> Result<Value, String> {
+    let mut out = args.as_object().cloned().unwrap_or_default();
+    for line in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
+        let Some((key, value)) = line.split_once('=') else {
+            return Err(format!("`{line}` is not key=value"));
+        };
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(format!("`{line}` has no key before `=`"));
+        }
+        let value = value.trim();
+        let typed = match out.get(key) {
+            Some(Value::Number(_) | Value::Bool(_)) => serde_json::from_str::<Value>(value)
+                .ok()
+                .filter(|v| v.is_number() || v.is_boolean()),
+            _ => None,
+        };
+        out.insert(
+            key.to_owned(),
+            typed.unwrap_or_else(|| Value::String(value.to_owned())),
+        );
+    }
+    Ok(Value::Object(out))
 }
 
 /// An option by id, then by label (any case), then by its 1-based number.
@@ -199,18 +284,24 @@ pub fn find_option(q: &InteractionRequest, s: &str) -> Option<String> {
 }
 
 /// `response.json`: the §3 response; `request_id` and `responder` may be left out.
-pub fn parse_json(q: &InteractionRequest, text: &str) -> Result<InteractionResponse, String> {
+pub fn parse_json(q: &InteractionRequest, text: &str) -> Result<InteractionResponse, Refused> {
     let loose: LooseResponse = serde_json::from_str(text).map_err(|e| {
-        format!(
-            "not a valid response ({e}); expected e.g. {{\"option_id\": \"approve\", \"input\": \"…\"}}"
+        Refused::new(
+            "bad_request",
+            format!(
+                "not a valid response ({e}); expected e.g. {{\"option_id\": \"approve\", \"input\": \"…\"}}"
+            ),
         )
     })?;
     if let Some(id) = &loose.request_id
         && id != &q.request_id.to_string()
     {
-        return Err(format!(
-            "it answers request {id}, but the pending request is {}",
-            q.request_id
+        return Err(Refused::new(
+            "not_found",
+            format!(
+                "it answers request {id}, but the pending request is {}",
+                q.request_id
+            ),
         ));
     }
     Ok(InteractionResponse {
@@ -281,10 +372,46 @@ mod tests {
         let r = parse_txt(&q, "reject\nline one\nline two\n").expect("ok");
         assert_eq!(r.input.as_deref(), Some("line one\nline two"));
         let e = parse_txt(&q, "maybe").unwrap_err();
+        assert_eq!(e.code, "invalid_option");
         assert!(
-            e.contains("`maybe` is not an option") && e.contains("approve (Approve it, or 1)"),
-            "{e}"
+            e.message.contains("`maybe` is not an option")
+                && e.message.contains("approve (Approve it, or 1)"),
+            "{e:?}"
         );
+    }
+
+    #[test]
+    fn txt_edits_the_arguments_of_an_approved_call() {
+        let mut q = request(&[("approve", "Approve"), ("reject", "Reject")]);
+        q.kind = InteractionType::ToolApproval;
+        q.options[0].action = OptionAction::ApproveAndExecute;
+        q.options[1].action = OptionAction::RejectWithReason;
+        q.context.insert(
+            "args".into(),
+            serde_json::json!({"env": "production", "version": "1.0", "replicas": 2}),
+        );
+        let r = parse_txt(&q, "approve\nversion=1.1\nreplicas = 3\n").expect("ok");
+        assert_eq!(r.option_id.as_deref(), Some("approve"));
+        assert_eq!(r.input, None);
+        assert_eq!(
+            r.data,
+            Some(
+                serde_json::json!({"args": {"env": "production", "version": "1.1", "replicas": 3}})
+            )
+        );
+        let r = parse_txt(&q, "approve: env=staging").expect("inline edit");
+        assert_eq!(r.data.expect("data")["args"]["env"], "staging");
+        let e = parse_txt(&q, "approve\nplease go\n").unwrap_err();
+        assert_eq!(e.code, "invalid_args");
+        assert!(
+            e.message.contains("`please go` is not key=value")
+                && e.message.contains("one key=value per line"),
+            "{e:?}"
+        );
+        // Other options keep their text as input.
+        let r = parse_txt(&q, "reject\nversion=1.1 is broken").expect("ok");
+        assert_eq!(r.input.as_deref(), Some("version=1.1 is broken"));
+        assert_eq!(r.data, None);
     }
 
     #[test]
@@ -297,7 +424,7 @@ mod tests {
                 .as_deref(),
             Some("Ada Lovelace")
         );
-        assert!(parse_txt(&q, " \n").is_err());
+        assert_eq!(parse_txt(&q, " \n").unwrap_err().code, "input_required");
     }
 
     #[test]
@@ -305,20 +432,16 @@ mod tests {
         let q = request(&[("a", "A")]);
         let r = parse_json(&q, r#"{"option_id": "a", "input": "x"}"#).expect("ok");
         assert_eq!(r.responder.via, Via::File);
-        assert!(
-            parse_json(&q, "{not json")
-                .unwrap_err()
-                .contains("not a valid response")
-        );
+        let e = parse_json(&q, "{not json").unwrap_err();
+        assert_eq!(e.code, "bad_request");
+        assert!(e.message.contains("not a valid response"), "{e:?}");
         assert!(parse_json(&q, r#"{"option": "a"}"#).is_err());
         let other = format!(
             r#"{{"request_id": "{}", "option_id": "a"}}"#,
             RequestId::new()
         );
-        assert!(
-            parse_json(&q, &other)
-                .unwrap_err()
-                .contains("pending request is")
-        );
+        let e = parse_json(&q, &other).unwrap_err();
+        assert_eq!(e.code, "not_found");
+        assert!(e.message.contains("pending request is"), "{e:?}");
     }
 }

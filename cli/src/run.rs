@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use delta_shared::protocol::{InteractionRequest, RunId, RunStatus};
+use delta_shared::protocol::{Event, InteractionRequest, InteractionType, RunId, RunStatus};
 use delta_shared::store::file::FileRunStore;
 use delta_shared::store::{self, RunRecord, RunStore};
 use delta_worker::agent::Agent;
@@ -218,8 +218,15 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
         },
     };
     let quiet = args.quiet;
+    // An answer read from the mailbox is removed as soon as it is journaled, before any tool
+    // runs: a sensitive one must not sit in `.delta/` while the run goes on (it is journaled
+    // as "***" and kept only in this process's memory).
+    let answered = Mailbox::new(&delta_dir);
     let mut engine =
         Engine::new(&agent, &brain, &store, run, settings, cancel.clone()).observe(move |e| {
+            if matches!(e.event, Event::HumanInputReceived(_)) {
+                answered.clear_responses();
+            }
             if !quiet && let Some(line) = render::line(e) {
                 eprintln!("{line}");
             }
@@ -375,6 +382,18 @@ fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, agent_dir: &Path) {
         "\nWAITING_FOR_INPUT run {}\n  question: {}\n",
         q.run_id, q.prompt
     );
+    for line in q.details.iter().flat_map(|d| d.lines()) {
+        s.push_str(&format!("            {line}\n"));
+    }
+    if let Some(cmd) = q.context.get("command_line").and_then(|v| v.as_str()) {
+        s.push_str(&format!("  command: {cmd}\n"));
+    }
+    if let Some(risk) = q.context.get("risk_level").and_then(|v| v.as_str()) {
+        s.push_str(&format!("  risk:    {risk}\n"));
+    }
+    if q.is_sensitive() {
+        s.push_str("  (sensitive: the answer is read once, then removed; it is never stored)\n");
+    }
     for (i, o) in q.options.iter().enumerate() {
         s.push_str(&format!(
             "    {}) {} [{}]{}{}\n",
@@ -397,10 +416,25 @@ fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, agent_dir: &Path) {
         q.options[0].option_id.clone()
     };
     s.push_str(&format!(
-        "  request: {}\n  answer:  echo '{example}' > {txt}\n           (or the full response in {})\n  resume:  delta run --agent {}\n",
+        "  request: {}\n  answer:  echo '{example}' > {txt}\n           (or the full response in {})\n",
         shown(&mailbox.request_path()),
         shown(&mailbox.json_path()),
-        shown(agent_dir),
+    ));
+    if q.kind == InteractionType::ToolApproval && q.context.contains_key("args") {
+        s.push_str(&format!(
+            "           edit the arguments when approving: printf 'approve\\nkey=value\\n' > {txt}\n"
+        ));
+    }
+    if q.is_plan_confirmation() && q.option("modify").is_some() {
+        s.push_str(&format!(
+            "           change the plan: echo 'modify: what to change' > {txt}\n           \
+             (or {{\"option_id\": \"modify\", \"data\": {{\"tasks\": [\"…\"]}}}} in {})\n",
+            shown(&mailbox.json_path())
+        ));
+    }
+    s.push_str(&format!(
+        "  resume:  delta run --agent {}\n",
+        shown(agent_dir)
     ));
     eprint!("{s}");
 }

@@ -7,7 +7,8 @@ use std::io::{BufRead, IsTerminal, Write};
 use delta_shared::protocol::{InteractionRequest, InteractionResponse, Timestamp, Via};
 use tokio_util::sync::CancellationToken;
 
-use crate::mailbox::{find_option, local_responder};
+use crate::mailbox::{apply_edits, editable_args, find_option, local_responder};
+use delta_shared::protocol::OptionAction;
 
 /// How a prompt ended.
 pub enum Asked {
@@ -70,11 +71,23 @@ pub async fn ask(q: &InteractionRequest, cancel: &CancellationToken) -> Asked {
         header.push_str(&format!("== {t} ==\n"));
     }
     header.push_str(&format!("? {}\n", q.prompt));
-    if let Some(d) = &q.details {
-        header.push_str(&format!("  {d}\n"));
+    for line in q.details.iter().flat_map(|d| d.lines()) {
+        header.push_str(&format!("  {line}\n"));
     }
     if let Some(cmd) = q.context.get("command_line").and_then(|v| v.as_str()) {
         header.push_str(&format!("  command: {cmd}\n"));
+    }
+    if let Some(args) = q.context.get("args").filter(|a| a.is_object()) {
+        header.push_str(&format!("  args:    {args}\n"));
+    }
+    if let Some(risk) = q.context.get("risk_level").and_then(|v| v.as_str()) {
+        let why = q
+            .context
+            .get("dangerous_because")
+            .and_then(|v| v.as_str())
+            .map(|w| format!(" ({w})"))
+            .unwrap_or_default();
+        header.push_str(&format!("  risk:    {risk}{why}\n"));
     }
     if let Some(e) = q.expires_at {
         let default = q
@@ -106,6 +119,9 @@ pub async fn ask(q: &InteractionRequest, cancel: &CancellationToken) -> Asked {
         header.push('\n');
     }
     say(&header);
+    if q.is_expired_at(Timestamp::now()) {
+        return Asked::Expired;
+    }
     let mut resp = InteractionResponse::new(q.request_id, local_responder(Via::Stdin));
     if q.options.is_empty() {
         loop {
@@ -139,10 +155,18 @@ pub async fn ask(q: &InteractionRequest, cancel: &CancellationToken) -> Asked {
             Line::Expired => return Asked::Expired,
         }
     };
-    let needs_input = q.option(&option).is_some_and(|o| o.requires_input);
-    if needs_input {
-        let prompt = q
-            .option(&option)
+    let chosen = q.option(&option);
+    // Feedback and reasons are text the engine needs, whether or not the option says so.
+    let wants_text = chosen.is_some_and(|o| {
+        o.requires_input
+            || (o.input_prompt.is_some()
+                && matches!(
+                    o.action,
+                    OptionAction::RetryWithFeedback | OptionAction::RejectWithReason
+                ))
+    });
+    if wants_text {
+        let prompt = chosen
             .and_then(|o| o.input_prompt.clone())
             .unwrap_or_else(|| "text".into());
         loop {
@@ -162,6 +186,48 @@ pub async fn ask(q: &InteractionRequest, cancel: &CancellationToken) -> Asked {
             }
         }
     }
+    if let Some(args) = editable_args(q, &option) {
+        match edit_args(args, cancel, q).await {
+            Ok(Some(edited)) => resp.data = Some(serde_json::json!({ "args": edited })),
+            Ok(None) => {}
+            Err(stop) => return stop,
+        }
+    }
     resp.option_id = Some(option);
     Asked::Answer(resp)
+}
+
+/// Editor-free argument editing: `key=value` lines until an empty one. `None`: unchanged.
+async fn edit_args(
+    args: &serde_json::Value,
+    cancel: &CancellationToken,
+    q: &InteractionRequest,
+) -> Result<Option<serde_json::Value>, Asked> {
+    say(
+        "  edit the arguments? one key=value per line, an empty line to run (just Enter: as shown)\n",
+    );
+    let mut lines: Vec<String> = vec![];
+    loop {
+        say("edit > ");
+        match read_line(false, cancel, q.expires_at).await {
+            Line::Text(t) if t.trim().is_empty() => break,
+            Line::Text(t) => match apply_edits(args, &[t.as_str()]) {
+                Ok(_) => lines.push(t),
+                Err(e) => say(&format!(
+                    "  {e}: write key=value, or an empty line to finish\n"
+                )),
+            },
+            // Nothing more to read: run with the edits given so far.
+            Line::Eof => break,
+            Line::Cancelled => return Err(Asked::Cancelled),
+            Line::Expired => return Err(Asked::Expired),
+        }
+    }
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let edited = apply_edits(args, &refs).map_err(|_| Asked::Eof)?;
+    say(&format!("  running with: {edited}\n"));
+    Ok(Some(edited))
 }

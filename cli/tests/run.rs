@@ -454,3 +454,26 @@ fn sigint_checkpoints_interrupted_and_the_next_run_resumes() {
         .collect();
     assert_eq!(starts, [1, 2]);
 }
+
+#[test]
+fn a_mailbox_answer_is_removed_once_journaled_before_any_tool_runs() {
+    let s = Scratch::new();
+    let agent = s.agent(
+        "peek",
+        "name: peek\nbrain: scripted\ntools:\n  - name: peek\n    shell: 'ls .delta/interaction; echo listed'\n",
+        "steps:\n  - ask_human: {prompt: \"token?\", sensitive: true}\n  - tool: peek\n  - finish: \"${observation}\"\n",
+    );
+    assert_eq!(
+        code(&s.delta(&["run", "--agent", &agent, "--task", "t"])),
+        101
+    );
+    std::fs::write(s.file(".delta/interaction/response.txt"), "tok-55e1\n").expect("answer");
+    let out = s.delta(&["run", "--agent", &agent]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // While the tool ran, the answer file was already gone (request.json goes at the end).
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "request.json\nlisted"
+    );
+    assert!(!s.file(".delta/interaction/response.txt").exists());
+}

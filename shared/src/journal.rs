@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use crate::protocol::{
     ActionRequest, ActionResult, EngineEnd, EngineStart, Event, HumanInputReceived,
-    InteractionRequest, JournalEvent, RequestId, RunStatus, ToolCall,
+    InteractionRequest, JournalEvent, Plan, RequestId, RunStatus, ToolCall,
 };
 
 /// A journal that could not be read.
@@ -102,6 +102,9 @@ pub struct Replay {
     results: HashMap<String, ActionResult>,
     /// Interactions in journal order, with their answer when one arrived.
     pub interactions: Vec<(InteractionRequest, Option<HumanInputReceived>)>,
+    /// When the brain's most recent decision is a `PLAN`: that plan, and the index in
+    /// `interactions` of the request asking to confirm it, once asked.
+    current_plan: Option<(Plan, Option<usize>)>,
     /// The last `seq` seen.
     pub last_seq: u64,
 }
@@ -140,10 +143,12 @@ impl Replay {
             Event::Thought(t) => {
                 self.turns += 1;
                 self.current_calls = t.tool_calls.clone().unwrap_or_default();
+                self.current_plan = None;
             }
-            Event::Plan(_) => {
+            Event::Plan(p) => {
                 self.turns += 1;
                 self.current_calls.clear();
+                self.current_plan = Some((p.clone(), None));
             }
             Event::ActionRequest(a) => {
                 self.requested.insert(a.action_id.clone(), a.clone());
@@ -151,7 +156,14 @@ impl Replay {
             Event::ActionResult(a) => {
                 self.results.insert(a.action_id.clone(), a.clone());
             }
-            Event::HumanInputRequest(req) => self.interactions.push(((**req).clone(), None)),
+            Event::HumanInputRequest(req) => {
+                self.interactions.push(((**req).clone(), None));
+                if req.is_plan_confirmation()
+                    && let Some((_, asked)) = &mut self.current_plan
+                {
+                    *asked = Some(self.interactions.len() - 1);
+                }
+            }
             Event::HumanInputReceived(rec) => {
                 if let Some(slot) = self
                     .interactions
@@ -198,6 +210,17 @@ impl Replay {
             .iter()
             .rev()
             .find(|(q, _)| q.action_id() == Some(action_id))
+    }
+
+    /// The plan of the brain's most recent decision, if that decision was a `PLAN`.
+    pub fn current_plan(&self) -> Option<&Plan> {
+        self.current_plan.as_ref().map(|(p, _)| p)
+    }
+
+    /// The request to confirm the current plan, with its answer if it has one.
+    pub fn plan_confirmation(&self) -> Option<&(InteractionRequest, Option<HumanInputReceived>)> {
+        let index = self.current_plan.as_ref()?.1?;
+        self.interactions.get(index)
     }
 
     /// The interaction still waiting for an answer, if any.
@@ -280,6 +303,42 @@ mod tests {
                 }),
             ),
         ]
+    }
+
+    #[test]
+    fn replay_tracks_the_current_plan_and_its_confirmation() {
+        use crate::protocol::{InteractionType, Plan, RiskLevel};
+        let mut events = sample();
+        let plan = Plan {
+            tasks: vec![],
+            risk_level: RiskLevel::Low,
+            round: 1,
+        };
+        events.push(ev(4, Event::Plan(plan.clone())));
+        let r = Replay::new(&events);
+        assert_eq!(r.current_plan(), Some(&plan));
+        assert!(r.plan_confirmation().is_none());
+        assert_eq!(r.next_call(), NextCall::None, "a plan has no calls");
+
+        let mut q =
+            InteractionRequest::new(RunId::new(), "a", InteractionType::UserConfirmation, "ok?");
+        q.context.insert("plan".into(), json!([]));
+        events.push(ev(5, Event::HumanInputRequest(Box::new(q.clone()))));
+        let r = Replay::new(&events);
+        assert_eq!(
+            r.plan_confirmation().map(|(p, _)| p.request_id),
+            Some(q.request_id)
+        );
+
+        events.push(ev(
+            6,
+            Event::Thought(Thought {
+                content: "acting".into(),
+                tool_calls: None,
+            }),
+        ));
+        let r = Replay::new(&events);
+        assert!(r.current_plan().is_none() && r.plan_confirmation().is_none());
     }
 
     #[test]

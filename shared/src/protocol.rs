@@ -298,6 +298,18 @@ pub struct PlanTask {
 pub struct Plan {
     pub tasks: Vec<PlanTask>,
     pub risk_level: RiskLevel,
+    /// 1 for a new plan; n + 1 for the plan the brain revised after round n was answered
+    /// "modify". Written only when above 1.
+    #[serde(default = "first_round", skip_serializing_if = "is_first_round")]
+    pub round: u32,
+}
+
+fn first_round() -> u32 {
+    1
+}
+
+fn is_first_round(round: &u32) -> bool {
+    *round == 1
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -359,6 +371,45 @@ pub struct HumanInputReceived {
     pub data: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedback: Option<String>,
+    /// When an approval came with edited arguments (`data.args`): what changed, as
+    /// `{"changed": {k: {"from", "to"}}, "added": {k: v}, "removed": [k]}` (see [`args_diff`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edited_args: Option<Value>,
+}
+
+/// The difference between a call's arguments and their edited version, in the shape journaled
+/// as `HUMAN_INPUT_RECEIVED.payload.edited_args`: `{"changed": {k: {"from": old, "to": new}},
+/// "added": {k: new}, "removed": [k]}`. `None` when nothing changed. Arguments that are not
+/// JSON objects are compared whole, as one change of the key `""`.
+pub fn args_diff(before: &Value, after: &Value) -> Option<Value> {
+    if before == after {
+        return None;
+    }
+    let empty = serde_json::Map::new();
+    let (b, a) = match (before, after) {
+        (Value::Object(b), Value::Object(a)) => (b, a),
+        (Value::Null, Value::Object(a)) => (&empty, a),
+        _ => {
+            return Some(serde_json::json!({
+                "changed": {"": {"from": before, "to": after}}, "added": {}, "removed": []
+            }));
+        }
+    };
+    let mut changed = serde_json::Map::new();
+    let mut added = serde_json::Map::new();
+    for (k, new) in a {
+        match b.get(k) {
+            Some(old) if old == new => {}
+            Some(old) => {
+                changed.insert(k.clone(), serde_json::json!({"from": old, "to": new}));
+            }
+            None => {
+                added.insert(k.clone(), new.clone());
+            }
+        }
+    }
+    let removed: Vec<&String> = b.keys().filter(|k| !a.contains_key(*k)).collect();
+    Some(serde_json::json!({"changed": changed, "added": added, "removed": removed}))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -595,6 +646,12 @@ impl InteractionRequest {
         self.context.get("action_id").and_then(Value::as_str)
     }
 
+    /// Whether this request asks a person to confirm the plan of the run's current decision
+    /// (`confirm_plan`): it carries the plan in `context.plan` and belongs to no action.
+    pub fn is_plan_confirmation(&self) -> bool {
+        self.context.contains_key("plan") && self.action_id().is_none()
+    }
+
     /// Whether the answer must be hidden everywhere (`sensitive`, or a password input).
     pub fn is_sensitive(&self) -> bool {
         self.sensitive || self.input_type == InputType::Password
@@ -787,6 +844,7 @@ impl AcceptedAnswer {
                 r.data.clone()
             },
             feedback: hide(&r.feedback),
+            edited_args: None,
         }
     }
 }
@@ -849,13 +907,17 @@ mod tests {
                    "payload": {"content": "hm", "tool_calls": [{"id": "a1", "tool": "echo", "args": {"text": "x"}}]}}),
             json!({"seq": 3, "timestamp": "2026-11-20T10:00:00.123456Z", "type": "PLAN",
                    "payload": {"tasks": [{"index": 1, "description": "d", "tool": "deploy", "risk": "high"}], "risk_level": "high"}}),
+            json!({"seq": 3, "timestamp": "2026-11-20T10:00:00.123456Z", "type": "PLAN",
+                   "payload": {"tasks": [], "risk_level": "low", "round": 2}}),
             json!({"seq": 4, "timestamp": "2026-11-20T10:00:00.123456Z", "type": "ACTION_REQUEST",
                    "payload": {"action_id": "a1", "tool": "echo", "args": {"text": "x"}}}),
             json!({"seq": 5, "timestamp": "2026-11-20T10:00:00.123456Z", "type": "ACTION_RESULT",
                    "payload": {"action_id": "a1", "status": "SUCCESS", "observation_content": "x", "exit_code": 0, "duration_ms": 3}}),
             json!({"seq": 6, "timestamp": "2026-11-20T10:00:00.123456Z", "type": "HUMAN_INPUT_RECEIVED",
                    "payload": {"request_id": req, "option_id": "approve", "action": "APPROVE_AND_EXECUTE",
-                               "responder": {"id": "alice", "via": "http"}, "input": "***"}}),
+                               "responder": {"id": "alice", "via": "http"}, "input": "***",
+                               "data": {"args": {"env": "staging"}},
+                               "edited_args": {"changed": {"env": {"from": "prod", "to": "staging"}}, "added": {}, "removed": []}}}),
             json!({"seq": 7, "timestamp": "2026-11-20T10:00:00.123456Z", "type": "SYSTEM_MESSAGE",
                    "payload": {"level": "warn", "content": "retrying"}}),
             json!({"seq": 8, "timestamp": "2026-11-20T10:00:00.123456Z", "type": "ENGINE_END",
@@ -989,6 +1051,23 @@ mod tests {
                 .action,
             OptionAction::ProvideInfo
         );
+    }
+
+    #[test]
+    fn args_diff_names_changed_added_and_removed_keys() {
+        let before = json!({"env": "production", "version": "1.0", "dry_run": "no"});
+        let after = json!({"env": "production", "version": "1.1", "note": "hotfix"});
+        assert_eq!(
+            args_diff(&before, &after),
+            Some(json!({
+                "changed": {"version": {"from": "1.0", "to": "1.1"}},
+                "added": {"note": "hotfix"},
+                "removed": ["dry_run"]
+            }))
+        );
+        assert_eq!(args_diff(&before, &before.clone()), None);
+        let whole = args_diff(&json!("a"), &json!({"x": 1})).expect("differs");
+        assert_eq!(whole["changed"][""]["to"], json!({"x": 1}));
     }
 
     #[test]

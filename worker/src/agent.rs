@@ -150,15 +150,24 @@ pub struct AgentConfig {
     pub max_iterations: Option<u32>,
     #[serde(default)]
     pub interaction_defaults: InteractionDefaults,
+    /// Ask a person to confirm every plan the brain makes (`USER_CONFIRMATION`).
     #[serde(default)]
     pub confirm_plan: bool,
+    /// How long a plan confirmation waits (default: `interaction_defaults.timeout_seconds`).
     #[serde(default)]
     pub plan_timeout_seconds: Option<u64>,
+    /// The option applied when a plan confirmation times out: `confirm`, `modify` or `cancel`.
     #[serde(default)]
     pub plan_default: Option<String>,
+    /// How many times one plan is put to a person, revisions included (default 3).
     #[serde(default)]
     pub max_plan_rounds: Option<u32>,
 }
+
+/// The options of a plan confirmation, by id.
+pub const PLAN_OPTIONS: [&str; 3] = ["confirm", "modify", "cancel"];
+
+pub const DEFAULT_MAX_PLAN_ROUNDS: u32 = 3;
 
 /// A loaded, checked agent.
 #[derive(Clone, Debug)]
@@ -209,6 +218,26 @@ impl Agent {
                 "llm",
                 Some("brain:"),
                 "`brain: openai` needs an `llm:` section with at least `model`",
+            ));
+        }
+        if let Some(d) = &config.plan_default
+            && !PLAN_OPTIONS.contains(&d.as_str())
+        {
+            return Err(Error::invalid(
+                &config_path,
+                &text,
+                "plan_default",
+                Some("plan_default:"),
+                format!("`{d}` is not a plan option: use confirm, modify or cancel"),
+            ));
+        }
+        if config.max_plan_rounds == Some(0) {
+            return Err(Error::invalid(
+                &config_path,
+                &text,
+                "max_plan_rounds",
+                Some("max_plan_rounds:"),
+                "must be at least 1 (the first confirmation is a round)",
             ));
         }
         let mut tools = BTreeMap::new();
@@ -275,6 +304,13 @@ impl Agent {
 
     pub fn max_iterations(&self) -> u32 {
         self.config.max_iterations.unwrap_or(DEFAULT_MAX_ITERATIONS)
+    }
+
+    pub fn max_plan_rounds(&self) -> u32 {
+        self.config
+            .max_plan_rounds
+            .unwrap_or(DEFAULT_MAX_PLAN_ROUNDS)
+            .max(1)
     }
 }
 
@@ -346,6 +382,37 @@ mod tests {
         );
         let err = Agent::load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("line 6") && err.contains("unique"), "{err}");
+    }
+
+    #[test]
+    fn plan_settings_are_checked() {
+        let dir = agent_dir(
+            "name: a\nbrain: scripted\nconfirm_plan: true\nplan_default: maybe\n",
+            Some("steps: []\n"),
+        );
+        let err = Agent::load(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("line 4")
+                && err.contains("plan_default")
+                && err.contains("confirm, modify or cancel"),
+            "{err}"
+        );
+        let dir = agent_dir(
+            "name: a\nbrain: scripted\nmax_plan_rounds: 0\n",
+            Some("steps: []\n"),
+        );
+        assert!(
+            Agent::load(dir.path())
+                .unwrap_err()
+                .to_string()
+                .contains("at least 1")
+        );
+        let dir = agent_dir(
+            "name: a\nbrain: scripted\nconfirm_plan: true\nplan_default: cancel\n",
+            Some("steps: []\n"),
+        );
+        let agent = Agent::load(dir.path()).expect("loads");
+        assert_eq!(agent.max_plan_rounds(), DEFAULT_MAX_PLAN_ROUNDS);
     }
 
     #[test]

@@ -26,15 +26,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::{ASK_HUMAN, Agent, BrainKind};
 use crate::brain::scripted::secret_ref;
-use crate::brain::{Brain, Decision, View};
+use crate::brain::{Brain, Decision, View, parse_tasks};
 use crate::script::AskHuman;
 use crate::tools::{self, Approval, Tool, ToolEnv};
 use delta_shared::journal::{NextCall, Replay};
 use delta_shared::protocol::{
     AcceptedAnswer, ActionRequest, ActionResult, ActionStatus, EngineEnd, EngineStart, Event,
     InputType, InteractionOption, InteractionRequest, InteractionResponse, InteractionType,
-    JournalEvent, MessageLevel, OptionAction, Plan, RequestId, Responder, ResponseError, RiskLevel,
-    RunStatus, SystemMessage, Thought, Timestamp, ToolCall, Via,
+    JournalEvent, MessageLevel, OptionAction, Plan, PlanTask, RequestId, Responder, ResponseError,
+    RiskLevel, RunStatus, SystemMessage, Thought, Timestamp, ToolCall, Via, args_diff,
 };
 use delta_shared::store::{self, RunRecord, RunStore, StatusChange, StoredRun, Terminal};
 
@@ -266,7 +266,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             };
             let stop = match next {
                 Some((req, fresh)) => self.act(req, fresh, &mut answer).await?,
-                None => self.decide().await?,
+                None => match self.plan_gate(&mut answer).await? {
+                    Some(outcome) => Some(outcome),
+                    None => self.decide().await?,
+                },
             };
             if let Some(outcome) = stop {
                 return Ok(outcome);
@@ -324,7 +327,43 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             tool.check_args(edited)
                 .map_err(ResponseError::InvalidArgs)?;
         }
+        if pending.is_plan_confirmation() && accepted.action == OptionAction::RetryWithFeedback {
+            self.check_plan_edit(&accepted.response)?;
+        }
         Ok(accepted)
+    }
+
+    /// A "modify" of a plan needs feedback, or a task list in `data.tasks` naming known tools.
+    fn check_plan_edit(&self, r: &InteractionResponse) -> Result<(), ResponseError> {
+        let Some(tasks) = r.data.as_ref().and_then(|d| d.get("tasks")) else {
+            let said = [&r.input, &r.feedback]
+                .into_iter()
+                .flatten()
+                .any(|s| !s.trim().is_empty());
+            return if said {
+                Ok(())
+            } else {
+                Err(ResponseError::InputRequired(
+                    r.option_id.clone().unwrap_or_default(),
+                ))
+            };
+        };
+        let tasks = parse_tasks(tasks)
+            .map_err(|e| ResponseError::InvalidArgs(format!("data.tasks: {e}")))?;
+        let unknown = tasks.iter().find_map(|t| {
+            t.tool
+                .as_deref()
+                .filter(|n| !self.agent.tools.contains_key(*n))
+                .map(|n| (t.index, n))
+        });
+        if let Some((index, tool)) = unknown {
+            let known: Vec<&str> = self.agent.tools.keys().map(String::as_str).collect();
+            return Err(ResponseError::InvalidArgs(format!(
+                "data.tasks: task {index} names the unknown tool `{tool}`; the agent's tools: {}",
+                known.join(", ")
+            )));
+        }
+        Ok(())
     }
 
     /// Asks the brain for the next decision.
@@ -385,8 +424,30 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 Ok(None)
             }
             Decision::Plan { tasks, .. } => {
+                // A plan right after its confirmation was answered "modify" is its next round.
+                let round = match (self.replay.current_plan(), self.replay.plan_confirmation()) {
+                    (Some(p), Some((_, Some(a))))
+                        if a.action == OptionAction::RetryWithFeedback =>
+                    {
+                        p.round.saturating_add(1)
+                    }
+                    _ => 1,
+                };
+                let tasks: Vec<PlanTask> = tasks
+                    .into_iter()
+                    .zip(1..)
+                    .map(|(mut t, index)| {
+                        t.index = index;
+                        t.risk = task_risk(t.tool.as_deref().and_then(|n| self.agent.tools.get(n)));
+                        t
+                    })
+                    .collect();
                 let risk_level = tasks.iter().map(|t| t.risk).max().unwrap_or(RiskLevel::Low);
-                self.push(Event::Plan(Plan { tasks, risk_level }));
+                self.push(Event::Plan(Plan {
+                    tasks,
+                    risk_level,
+                    round,
+                }));
                 Ok(None)
             }
             Decision::Finish { result } => self
@@ -495,36 +556,18 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 self.apply_answer(&req, &q, accepted).await
             }
             Some((q, None)) => {
-                let accepted = match answer.take() {
-                    Some(a) if a.response.request_id == q.request_id => a,
-                    _ if q.is_expired_at(Timestamp::now()) => match timeout_answer(&q) {
-                        Some(a) => {
-                            self.push(Event::SystemMessage(SystemMessage {
-                                level: MessageLevel::Warn,
-                                content: format!(
-                                    "no answer to request {} before {}: applied the default option `{}`",
-                                    q.request_id,
-                                    q.expires_at.map(|t| t.to_string()).unwrap_or_default(),
-                                    a.response.option_id.clone().unwrap_or_default()
-                                ),
-                            }));
-                            a
-                        }
-                        None => {
-                            let error = format!(
-                                "interaction {} expired at {} without an answer and has no default option",
-                                q.request_id,
-                                q.expires_at.map(|t| t.to_string()).unwrap_or_default()
-                            );
-                            return self
-                                .finish(Terminal::Failed, None, Some(error))
-                                .await
-                                .map(Some);
-                        }
-                    },
-                    _ => return self.pause(q).await,
+                let accepted = match self.receive(&q, answer).await? {
+                    Received::Answer(a) => *a,
+                    Received::Stop(outcome) => return Ok(outcome),
                 };
-                self.push(Event::HumanInputReceived(accepted.journal_record(&q)));
+                let mut record = accepted.journal_record(&q);
+                if accepted.action == OptionAction::ApproveAndExecute
+                    && let Some(edited) =
+                        accepted.response.data.as_ref().and_then(|d| d.get("args"))
+                {
+                    record.edited_args = args_diff(&req.args, edited);
+                }
+                self.push(Event::HumanInputReceived(record));
                 if q.is_sensitive()
                     && let Some(secret) = accepted.response.input.clone()
                 {
@@ -553,7 +596,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     self.result(&req.action_id, ActionStatus::Error, msg, None, 0);
                     return Ok(None);
                 };
-                if fresh && needs_approval(tool) {
+                if fresh && tool.needs_approval(&req.args) {
                     let q = self.approval_request(&req, tool);
                     self.push(Event::HumanInputRequest(Box::new(q.clone())));
                     return self.pause(q).await;
@@ -575,6 +618,87 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 self.run_tool(&req, &req.args).await
             }
         }
+    }
+
+    /// The answer to the pending request `q`: the one given, or its default once it expired.
+    /// Otherwise the run pauses on it (or fails, expired without a default).
+    async fn receive(
+        &mut self,
+        q: &InteractionRequest,
+        answer: &mut Option<AcceptedAnswer>,
+    ) -> Result<Received, Error> {
+        match answer.take() {
+            Some(a) if a.response.request_id == q.request_id => Ok(Received::Answer(Box::new(a))),
+            _ if q.is_expired_at(Timestamp::now()) => match timeout_answer(q) {
+                Some(a) => {
+                    self.push(Event::SystemMessage(SystemMessage {
+                        level: MessageLevel::Warn,
+                        content: format!(
+                            "no answer to request {} before {}: applied the default option `{}`",
+                            q.request_id,
+                            q.expires_at.map(|t| t.to_string()).unwrap_or_default(),
+                            a.response.option_id.clone().unwrap_or_default()
+                        ),
+                    }));
+                    Ok(Received::Answer(Box::new(a)))
+                }
+                None => {
+                    let error = format!(
+                        "interaction {} expired at {} without an answer and has no default option",
+                        q.request_id,
+                        q.expires_at.map(|t| t.to_string()).unwrap_or_default()
+                    );
+                    let outcome = self.finish(Terminal::Failed, None, Some(error)).await?;
+                    Ok(Received::Stop(Some(outcome)))
+                }
+            },
+            _ => Ok(Received::Stop(self.pause(q.clone()).await?)),
+        }
+    }
+
+    /// With `confirm_plan`, a plan is put to a person before the brain goes on: ask, wait for
+    /// the answer, apply it. `None`: go on and ask the brain (confirmed, or to revise the plan).
+    async fn plan_gate(
+        &mut self,
+        answer: &mut Option<AcceptedAnswer>,
+    ) -> Result<Option<Outcome>, Error> {
+        if !self.agent.config.confirm_plan {
+            return Ok(None);
+        }
+        let Some(plan) = self.replay.current_plan().cloned() else {
+            return Ok(None);
+        };
+        let record = match self.replay.plan_confirmation().cloned() {
+            None => {
+                let q = self.plan_request(&plan);
+                self.push(Event::HumanInputRequest(Box::new(q.clone())));
+                return self.pause(q).await;
+            }
+            Some((_, Some(record))) => record,
+            Some((q, None)) => {
+                let accepted = match self.receive(&q, answer).await? {
+                    Received::Answer(a) => *a,
+                    Received::Stop(outcome) => return Ok(outcome),
+                };
+                let record = accepted.journal_record(&q);
+                self.push(Event::HumanInputReceived(record.clone()));
+                record
+            }
+        };
+        if record.action != OptionAction::Terminate {
+            // Confirmed: the brain carries on. Modified: the brain sees the answer and re-plans.
+            return Ok(None);
+        }
+        let why = [&record.input, &record.feedback]
+            .into_iter()
+            .flatten()
+            .find(|s| !s.trim().is_empty())
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default();
+        let reason = format!("plan cancelled by {}{why}", record.responder.id);
+        self.finish(Terminal::Cancelled, None, Some(reason))
+            .await
+            .map(Some)
     }
 
     /// Applies an accepted answer to the action it belongs to.
@@ -848,6 +972,8 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         }
     }
 
+    /// `context` of a request about a tool call: the tool, its args, the command line that would
+    /// run, the risk level and, when dangerous, why.
     fn tool_context(&self, q: &mut InteractionRequest, req: &ActionRequest, tool: &Tool) {
         q.context.insert("tool".into(), json!(req.tool));
         q.context.insert("args".into(), req.args.clone());
@@ -855,8 +981,11 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             "command_line".into(),
             json!(self.command_line(tool, &req.args)),
         );
-        let risk = if tool.dangerous { "high" } else { "medium" };
-        q.context.insert("risk_level".into(), json!(risk));
+        q.context
+            .insert("risk_level".into(), json!(call_risk(tool, &req.args)));
+        if let Some(why) = tool.danger(&req.args) {
+            q.context.insert("dangerous_because".into(), json!(why));
+        }
     }
 
     /// `approval: always` (or `when_dangerous` on a dangerous tool): ask before running.
@@ -871,7 +1000,9 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         q.input_type = InputType::Confirmation;
         let mut approve =
             InteractionOption::new("approve", "Approve", OptionAction::ApproveAndExecute);
-        approve.is_dangerous = tool.dangerous;
+        let danger = tool.danger(&req.args);
+        approve.is_dangerous = danger.is_some();
+        q.details = danger.map(|why| format!("Dangerous: {why}."));
         approve.description =
             Some("Run the call (optionally with edited arguments in data.args)".into());
         let mut retry = InteractionOption::new(
@@ -890,6 +1021,77 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         q.options = vec![approve, retry, reject, terminate];
         self.tool_context(&mut q, req, tool);
         self.with_timeout(&mut q, None, None);
+        q
+    }
+
+    /// `confirm_plan`: confirm / modify / cancel the plan, with `plan_timeout_seconds` and
+    /// `plan_default`. The last allowed round cannot be modified any more.
+    fn plan_request(&self, plan: &Plan) -> InteractionRequest {
+        let max = self.agent.max_plan_rounds();
+        let last = plan.round >= max;
+        let mut q = InteractionRequest::new(
+            self.record.run_id,
+            &self.record.agent,
+            InteractionType::UserConfirmation,
+            format!(
+                "Carry out this plan of {} step(s) (risk: {})?",
+                plan.tasks.len(),
+                risk_name(plan.risk_level)
+            ),
+        );
+        q.title = Some(format!("Confirm the plan (round {} of {max})", plan.round));
+        let mut details: Vec<String> = plan
+            .tasks
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}. {}{} [risk {}]",
+                    t.index,
+                    t.description,
+                    t.tool
+                        .as_deref()
+                        .map(|n| format!(" (tool {n})"))
+                        .unwrap_or_default(),
+                    risk_name(t.risk)
+                )
+            })
+            .collect();
+        if last && max > 1 {
+            details.push("This is the last round: the plan can be confirmed or cancelled.".into());
+        }
+        q.details = Some(details.join("\n"));
+        q.input_type = InputType::Confirmation;
+        let mut confirm =
+            InteractionOption::new("confirm", "Confirm", OptionAction::ApproveAndExecute);
+        confirm.description = Some("Carry out the plan as shown".into());
+        confirm.is_dangerous = plan.risk_level == RiskLevel::High;
+        let mut modify =
+            InteractionOption::new("modify", "Modify", OptionAction::RetryWithFeedback);
+        modify.description = Some(
+            "Say what should change (input), or send the edited task list in data.tasks".into(),
+        );
+        modify.input_prompt = Some("What should change?".into());
+        let mut cancel =
+            InteractionOption::new("cancel", "Cancel the run", OptionAction::Terminate);
+        cancel.description = Some("Stop here; nothing of the plan is done".into());
+        q.options = if last {
+            vec![confirm, cancel]
+        } else {
+            vec![confirm, modify, cancel]
+        };
+        q.context.insert(
+            "plan".into(),
+            serde_json::to_value(&plan.tasks).unwrap_or_default(),
+        );
+        q.context
+            .insert("risk_level".into(), json!(plan.risk_level));
+        q.context.insert("round".into(), json!(plan.round));
+        q.context.insert("max_rounds".into(), json!(max));
+        self.with_timeout(
+            &mut q,
+            self.agent.config.plan_timeout_seconds,
+            self.agent.config.plan_default.clone(),
+        );
         q
     }
 
@@ -924,11 +1126,39 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     }
 }
 
-fn needs_approval(tool: &Tool) -> bool {
-    match tool.approval {
-        Approval::Never => false,
-        Approval::Always => true,
-        Approval::WhenDangerous => tool.dangerous,
+/// What [`Engine::receive`] got.
+enum Received {
+    Answer(Box<AcceptedAnswer>),
+    /// Paused, or ended: return this from the loop.
+    Stop(Option<Outcome>),
+}
+
+fn risk_name(r: RiskLevel) -> &'static str {
+    match r {
+        RiskLevel::Low => "low",
+        RiskLevel::Medium => "medium",
+        RiskLevel::High => "high",
+    }
+}
+
+/// The risk of one call: high when dangerous, medium when it needs approval anyway, else low.
+fn call_risk(tool: &Tool, args: &Value) -> RiskLevel {
+    if tool.danger(args).is_some() {
+        RiskLevel::High
+    } else if tool.approval == Approval::Always {
+        RiskLevel::Medium
+    } else {
+        RiskLevel::Low
+    }
+}
+
+/// The risk of a plan task using `tool`, decided before its arguments are known: a tool that is
+/// or may be dangerous makes it high, one that always asks for approval medium.
+fn task_risk(tool: Option<&Tool>) -> RiskLevel {
+    match tool {
+        Some(t) if t.may_be_dangerous() => RiskLevel::High,
+        Some(t) if t.approval == Approval::Always => RiskLevel::Medium,
+        _ => RiskLevel::Low,
     }
 }
 
@@ -960,8 +1190,8 @@ pub fn timeout_answer(q: &InteractionRequest) -> Option<AcceptedAnswer> {
         },
     );
     resp.option_id = Some(option.option_id.clone());
-    resp.input = option
-        .requires_input
+    // Options that want text (a reason, feedback) get one that says what happened.
+    resp.input = (option.requires_input || option.action == OptionAction::RetryWithFeedback)
         .then(|| "no answer before the timeout".to_owned());
     q.validate(resp, Timestamp::now()).ok()
 }

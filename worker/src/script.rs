@@ -13,13 +13,15 @@
 //!       red:  [{finish: "red it is"}]
 //!       default: [{fail: "no colour"}]
 //!   - plan: [{description: "deploy", tool: deploy}]
+//!     revise: [{description: "deploy, then ${answer}", tool: deploy}]   # after "modify"
 //!   - finish: "done, ${answer}"
 //! ```
 //!
 //! Templates: `${task}`, `${run_id}`, `${answer}` (the last answer's text, else its option id),
-//! `${option}` (its option id), `${observation}` (the last tool result). A sensitive answer is
-//! never put in a template: `${answer}` becomes a `{{secret:…}}` reference that only the tool
-//! runner resolves.
+//! `${option}` (its option id), `${observation}` (the last tool result), `${secret}` (the latest
+//! sensitive answer, however many questions ago). A sensitive answer is never put in a template:
+//! `${answer}` and `${secret}` become a `{{secret:…}}` reference that only the tool runner
+//! resolves, so a tool parameter is bound to the answer without the brain ever holding it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -130,8 +132,13 @@ pub enum Step {
     Ask {
         ask_human: AskHuman,
     },
+    /// A plan (journaled as `PLAN`; with `confirm_plan`, put to a person). After a "modify"
+    /// answer the step plans again: the person's edited tasks if they sent some, else
+    /// `revise` (where `${answer}` is their feedback), else the same tasks.
     Plan {
         plan: Vec<PlanStep>,
+        #[serde(default)]
+        revise: Option<Vec<PlanStep>>,
     },
     /// Cases keyed by option id or answer text; `default` when none matches.
     Branch {
@@ -247,18 +254,21 @@ fn check_steps(
                     check_steps(steps, &format!("{field}.branch.{case}"), path, text, tools)?;
                 }
             }
-            Step::Plan { plan } => {
-                for (k, task) in plan.iter().enumerate() {
-                    if let Some(name) = &task.tool
-                        && !tools.contains_key(name)
-                    {
-                        return Err(Error::invalid(
-                            path,
-                            text,
-                            format!("{field}.plan[{k}].tool"),
-                            Some(&format!("tool: {name}")),
-                            format!("unknown tool `{name}`"),
-                        ));
+            Step::Plan { plan, revise } => {
+                let lists = [("plan", Some(plan)), ("revise", revise.as_ref())];
+                for (key, list) in lists {
+                    for (k, task) in list.into_iter().flatten().enumerate() {
+                        if let Some(name) = &task.tool
+                            && !tools.contains_key(name)
+                        {
+                            return Err(Error::invalid(
+                                path,
+                                text,
+                                format!("{field}.{key}[{k}].tool"),
+                                Some(&format!("tool: {name}")),
+                                format!("unknown tool `{name}`"),
+                            ));
+                        }
                     }
                 }
             }

@@ -104,6 +104,10 @@ pub struct ToolConfig {
     pub approval: Approval,
     #[serde(default)]
     pub dangerous: bool,
+    /// Argument patterns that make one call dangerous: `{parameter: regex}`. A call is dangerous
+    /// when the tool is `dangerous: true` or any of these matches its argument's value.
+    #[serde(default)]
+    pub dangerous_if: BTreeMap<String, String>,
     /// Safe to run again after a crash left its outcome unknown.
     #[serde(default)]
     pub idempotent: bool,
@@ -135,6 +139,10 @@ pub enum ToolError {
     UnknownStdin(String),
     #[error("`${{{0}:raw}}` is only allowed in `shell:`")]
     RawOutsideShell(String),
+    #[error("`dangerous_if` names `{0}`, which is not a parameter of this tool")]
+    UnknownDangerousParam(String),
+    #[error("`dangerous_if.{param}`: not a valid regular expression ({message})")]
+    BadPattern { param: String, message: String },
 }
 
 /// One piece of an argv template.
@@ -167,6 +175,8 @@ pub struct Tool {
     form: Form,
     pub approval: Approval,
     pub dangerous: bool,
+    /// `dangerous_if`, compiled: a call whose argument matches is dangerous.
+    pub dangerous_if: Vec<(String, regex::Regex)>,
     pub idempotent: bool,
     pub timeout: Duration,
     pub max_output_bytes: usize,
@@ -364,6 +374,17 @@ impl Tool {
                 _ => {}
             }
         }
+        let mut dangerous_if = vec![];
+        for (param, pattern) in &c.dangerous_if {
+            if !params.iter().any(|p| &p.name == param) {
+                return Err(ToolError::UnknownDangerousParam(param.clone()));
+            }
+            let re = regex::Regex::new(pattern).map_err(|e| ToolError::BadPattern {
+                param: param.clone(),
+                message: e.to_string(),
+            })?;
+            dangerous_if.push((param.clone(), re));
+        }
         Ok(Tool {
             name: c.name.clone(),
             description: c.description.clone().unwrap_or_default(),
@@ -371,10 +392,44 @@ impl Tool {
             form,
             approval: c.approval,
             dangerous: c.dangerous,
+            dangerous_if,
             idempotent: c.idempotent,
             timeout: Duration::from_secs(c.timeout_s.unwrap_or(DEFAULT_TOOL_TIMEOUT_S)),
             max_output_bytes: c.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES),
         })
+    }
+
+    /// Why a call with `args` is dangerous, or `None` when it is not: the tool is declared
+    /// `dangerous`, or an argument matches its `dangerous_if` pattern (values are matched in their
+    /// text form, as the command would receive them).
+    pub fn danger(&self, args: &Value) -> Option<String> {
+        if self.dangerous {
+            return Some(format!("`{}` is declared dangerous", self.name));
+        }
+        self.dangerous_if.iter().find_map(|(param, re)| {
+            let text = match args.get(param)? {
+                Value::String(s) => s.clone(),
+                Value::Null => return None,
+                other => other.to_string(),
+            };
+            re.is_match(&text)
+                .then(|| format!("`{param}` matches /{}/", re.as_str()))
+        })
+    }
+
+    /// Whether some call of this tool may be dangerous (for plans, decided before the arguments
+    /// are known).
+    pub fn may_be_dangerous(&self) -> bool {
+        self.dangerous || !self.dangerous_if.is_empty()
+    }
+
+    /// Whether a call with `args` must be approved by a person before it runs.
+    pub fn needs_approval(&self, args: &Value) -> bool {
+        match self.approval {
+            Approval::Never => false,
+            Approval::Always => true,
+            Approval::WhenDangerous => self.danger(args).is_some(),
+        }
     }
 
     /// Checks arguments against the parameters: an object, no unknown names, every required
@@ -810,6 +865,14 @@ mod tests {
             ),
             ("name: t\nexec: \"x ${a:raw}\"\n", ":raw"),
             ("name: t\ncommand: [x]\nstdin: nope\n", "names no parameter"),
+            (
+                "name: t\nexec: \"x ${a}\"\ndangerous_if: {b: \"x\"}\n",
+                "`b`, which is not a parameter",
+            ),
+            (
+                "name: t\nexec: \"x ${a}\"\ndangerous_if: {a: \"(\"}\n",
+                "not a valid regular expression",
+            ),
         ] {
             let c: ToolConfig = serde_yaml_ng::from_str(yaml).expect("yaml");
             let err = Tool::from_config(&c, Path::new("/"))
@@ -817,6 +880,32 @@ mod tests {
                 .to_string();
             assert!(err.contains(want), "{yaml}: {err}");
         }
+    }
+
+    #[test]
+    fn dangerous_if_decides_per_call() {
+        let t = tool(
+            "name: deploy\nexec: \"deploy ${env} ${replicas}\"\napproval: when_dangerous\n\
+             dangerous_if: {env: \"^prod\", replicas: \"^[0-9]{3,}$\"}\n",
+        );
+        assert!(t.may_be_dangerous());
+        let staging = json!({"env": "staging", "replicas": 2});
+        assert_eq!(t.danger(&staging), None);
+        assert!(!t.needs_approval(&staging));
+        let prod = json!({"env": "prod-eu", "replicas": 2});
+        assert_eq!(t.danger(&prod).as_deref(), Some("`env` matches /^prod/"));
+        assert!(t.needs_approval(&prod));
+        // Numbers are matched in their text form.
+        assert!(t.needs_approval(&json!({"env": "staging", "replicas": 500})));
+
+        let always = tool("name: t\nexec: \"x ${a}\"\napproval: always\n");
+        assert!(always.needs_approval(&json!({"a": "1"})) && always.danger(&json!({})).is_none());
+        let declared = tool("name: t\nexec: \"x\"\napproval: when_dangerous\ndangerous: true\n");
+        assert!(declared.needs_approval(&json!({})));
+        let never = tool("name: t\nexec: \"x ${a}\"\ndangerous_if: {a: \".\"}\n");
+        assert!(
+            !never.needs_approval(&json!({"a": "1"})) && never.danger(&json!({"a": "1"})).is_some()
+        );
     }
 
     #[tokio::test]

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use delta_shared::protocol::{
-    ActionStatus, Event, InteractionRequest, InteractionResponse, InteractionType, JournalEvent,
-    OptionAction, Responder, RunId, RunStatus, Via,
+    ActionStatus, Event, HumanInputReceived, InteractionRequest, InteractionResponse,
+    InteractionType, JournalEvent, OptionAction, Plan, Responder, RiskLevel, RunId, RunStatus, Via,
 };
 use delta_shared::store::file::FileRunStore;
 use delta_shared::store::{RunRecord, RunStore, StoredRun};
@@ -136,6 +136,26 @@ fn paused(o: Outcome) -> InteractionRequest {
 
 fn types(journal: &[JournalEvent]) -> Vec<&'static str> {
     journal.iter().map(|e| e.event.type_name()).collect()
+}
+
+fn received(journal: &[JournalEvent]) -> Vec<HumanInputReceived> {
+    journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::HumanInputReceived(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn plans(journal: &[JournalEvent]) -> Vec<Plan> {
+    journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Plan(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn results(journal: &[JournalEvent]) -> Vec<(ActionStatus, String)> {
@@ -430,6 +450,18 @@ steps:
             result: "deploying staging\n".into()
         }
     );
+    // The edit is journaled as a diff; the request keeps the call as the brain made it.
+    let j = f.journal(id).await;
+    let rec = received(&j).pop().expect("answer journaled");
+    assert_eq!(
+        rec.edited_args,
+        Some(
+            json!({"changed": {"target": {"from": "prod", "to": "staging"}}, "added": {}, "removed": []})
+        )
+    );
+    assert!(j.iter().any(
+        |e| matches!(&e.event, Event::ActionRequest(a) if a.args == json!({"target": "prod"}))
+    ));
 
     let id = f.start("t").await;
     let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
@@ -482,6 +514,67 @@ steps:
             entry.display()
         );
     }
+}
+
+#[tokio::test]
+async fn a_tool_parameter_is_bound_to_an_earlier_sensitive_answer() {
+    // Hold mode (like -i): the secret stays in this process while another question is asked.
+    let f = Fixture::new(
+        r#"
+steps:
+  - ask_human: {prompt: "API key?", sensitive: true}
+  - ask_human: {prompt: "which env?", options: [{id: staging, label: Staging}]}
+  - tool: use_key
+    args: {key: "${secret}"}
+  - finish: "${observation}"
+"#,
+    );
+    let id = f.start("t").await;
+    let run = f.store.load(id).await.expect("load");
+    let settings = Settings {
+        worker: "local".into(),
+        work_dir: f.work(),
+        pause: PauseMode::Hold,
+    };
+    let mut engine = Engine::new(
+        &f.agent,
+        &f.brain,
+        &f.store,
+        run,
+        settings,
+        CancellationToken::new(),
+    );
+    let q = paused(engine.advance(None).await.expect("advance"));
+    let q = paused(
+        engine
+            .advance(Some(answer(&q, None, Some("hunter2"))))
+            .await
+            .expect("advance"),
+    );
+    let out = engine
+        .advance(Some(answer(&q, Some("staging"), None)))
+        .await
+        .expect("advance");
+    // use_key checked the real key (exit 0) and echoed it, masked.
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "using ***\n".into()
+        }
+    );
+    let j = f.journal(id).await;
+    let call = j
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::ActionRequest(a) if a.tool == "use_key" => Some(a.args.clone()),
+            _ => None,
+        })
+        .expect("use_key called");
+    assert!(
+        call["key"].as_str().unwrap_or("").starts_with("{{secret:"),
+        "{call}"
+    );
+    assert_eq!(results(&j)[2].0, ActionStatus::Success);
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -823,7 +916,310 @@ async fn a_scripted_plan_is_journaled_with_its_risk() {
         })
         .expect("a PLAN event");
     let risks: Vec<_> = plan.tasks.iter().map(|t| (t.index, t.risk)).collect();
-    use delta_shared::protocol::RiskLevel;
     assert_eq!(risks, [(1, RiskLevel::Low), (2, RiskLevel::High)]);
     assert_eq!(plan.risk_level, RiskLevel::High);
+}
+
+#[tokio::test]
+async fn dangerous_if_decides_approval_per_call() {
+    let f = Fixture::with_config(
+        "name: t\nbrain: scripted\ntools:\n  - name: ship\n    exec: \"echo shipping ${env}\"\n    \
+         approval: when_dangerous\n    dangerous_if: {env: \"^prod\"}\n",
+        "steps:\n  - tool: ship\n    args: {env: staging}\n  - tool: ship\n    args: {env: prod-eu}\n  - finish: \"${observation}\"\n",
+    );
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    // The staging call ran without a question; the prod one waits for approval.
+    assert_eq!(
+        results(&f.journal(id).await),
+        [(ActionStatus::Success, "shipping staging\n".to_owned())]
+    );
+    assert_eq!(q.kind, InteractionType::ToolApproval);
+    assert_eq!(q.context["tool"], "ship");
+    assert_eq!(q.context["args"], json!({"env": "prod-eu"}));
+    assert_eq!(q.context["command_line"], "echo shipping prod-eu");
+    assert_eq!(q.context["risk_level"], "high");
+    assert_eq!(q.context["dangerous_because"], "`env` matches /^prod/");
+    assert!(q.option("approve").expect("approve").is_dangerous);
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, Some("approve"), None)))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "shipping prod-eu\n".into()
+        }
+    );
+}
+
+const PLANNED: &str = r#"
+steps:
+  - plan:
+      - {description: "say hello", tool: echo}
+      - {description: "ship ${task}", tool: deploy}
+    revise:
+      - {description: "say hello", tool: echo}
+      - {description: "ship ${task} after ${answer}", tool: deploy}
+  - tool: echo
+    args: {text: "carrying out the plan"}
+  - finish: "${observation}"
+"#;
+
+fn planned(extra: &str) -> Fixture {
+    Fixture::with_config(
+        &format!("name: t\nbrain: scripted\nconfirm_plan: true\n{extra}{TOOLS}"),
+        PLANNED,
+    )
+}
+
+#[tokio::test]
+async fn a_plan_is_confirmed_before_the_run_goes_on() {
+    let f = planned("");
+    let id = f.start("v2").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert_eq!(q.kind, InteractionType::UserConfirmation);
+    assert!(q.is_plan_confirmation());
+    let ids: Vec<&str> = q.options.iter().map(|o| o.option_id.as_str()).collect();
+    assert_eq!(ids, ["confirm", "modify", "cancel"]);
+    assert_eq!(q.context["risk_level"], "high", "deploy is dangerous");
+    assert_eq!(q.context["plan"][1]["description"], "ship v2");
+    assert_eq!(q.context["plan"][1]["risk"], "high");
+    assert_eq!(q.context["round"], 1);
+    assert!(
+        q.details
+            .as_deref()
+            .unwrap_or("")
+            .contains("2. ship v2 (tool deploy) [risk high]")
+    );
+    let before = f.journal(id).await;
+    assert!(
+        results(&before).is_empty(),
+        "nothing runs before the plan is confirmed"
+    );
+
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, Some("confirm"), None)))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "carrying out the plan\n".into()
+        }
+    );
+    let j = f.journal(id).await;
+    assert_eq!(received(&j)[0].action, OptionAction::ApproveAndExecute);
+    assert_eq!(plans(&j).len(), 1);
+}
+
+#[tokio::test]
+async fn modifying_a_plan_asks_the_brain_again_up_to_max_plan_rounds() {
+    let f = planned("max_plan_rounds: 3\n");
+    let id = f.start("v2").await;
+    let q1 = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let before = f.journal(id).await;
+
+    // Bad edits are refused and change nothing.
+    let mut no_feedback = answer(&q1, Some("modify"), None);
+    no_feedback.input = Some("  ".into());
+    let mut not_a_list = answer(&q1, Some("modify"), None);
+    not_a_list.data = Some(json!({"tasks": "deploy it all"}));
+    let mut unknown_tool = answer(&q1, Some("modify"), None);
+    unknown_tool.data = Some(json!({"tasks": [{"description": "x", "tool": "rm_rf"}]}));
+    for (bad, code, says) in [
+        (no_feedback, "input_required", "modify"),
+        (not_a_list, "invalid_args", "a task list is a JSON list"),
+        (unknown_tool, "invalid_args", "unknown tool `rm_rf`"),
+    ] {
+        match f.engine(id).await.advance(Some(bad)).await {
+            Err(Error::Answer(e)) => {
+                assert_eq!(e.code(), code);
+                assert!(e.to_string().contains(says), "{e}");
+            }
+            other => panic!("expected {code}, got {other:?}"),
+        }
+    }
+    assert_eq!(f.journal(id).await, before);
+
+    // Feedback: the script's `revise` plan, round 2.
+    let q2 = paused(
+        f.engine(id)
+            .await
+            .advance(Some(answer(&q1, Some("modify"), Some("the smoke tests"))))
+            .await
+            .expect("advance"),
+    );
+    let j = f.journal(id).await;
+    let p = plans(&j);
+    assert_eq!(p.len(), 2);
+    assert_eq!(p[1].round, 2);
+    assert_eq!(p[1].tasks[1].description, "ship v2 after the smoke tests");
+    assert_eq!(q2.context["round"], 2);
+    assert!(q2.option("modify").is_some());
+
+    // An edited task list: the plan becomes the person's, round 3, the last one.
+    let mut edit = answer(&q2, Some("modify"), None);
+    edit.data = Some(json!({"tasks": ["look around", {"description": "ship", "tool": "deploy"}]}));
+    let q3 = paused(
+        f.engine(id)
+            .await
+            .advance(Some(edit))
+            .await
+            .expect("advance"),
+    );
+    let p = plans(&f.journal(id).await);
+    assert_eq!(p[2].round, 3);
+    let tasks: Vec<(&str, Option<&str>, RiskLevel)> = p[2]
+        .tasks
+        .iter()
+        .map(|t| (t.description.as_str(), t.tool.as_deref(), t.risk))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            ("look around", None, RiskLevel::Low),
+            ("ship", Some("deploy"), RiskLevel::High)
+        ]
+    );
+    let ids: Vec<&str> = q3.options.iter().map(|o| o.option_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["confirm", "cancel"],
+        "the last round cannot be modified"
+    );
+    assert!(matches!(
+        f.engine(id).await.advance(Some(answer(&q3, Some("modify"), Some("again")))).await,
+        Err(Error::Answer(e)) if e.code() == "invalid_option"
+    ));
+
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q3, Some("confirm"), None)))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "carrying out the plan\n".into()
+        }
+    );
+    // The script went on from the step after the plan, once.
+    let j = f.journal(id).await;
+    assert_eq!(
+        results(&j),
+        [(ActionStatus::Success, "carrying out the plan\n".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn cancelling_a_plan_cancels_the_run() {
+    let f = planned("");
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, Some("cancel"), None)))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Cancelled {
+            reason: "plan cancelled by tester".into()
+        }
+    );
+    let j = f.journal(id).await;
+    assert!(results(&j).is_empty());
+    assert!(
+        matches!(&j.last().expect("end").event, Event::EngineEnd(e) if e.status == RunStatus::Cancelled)
+    );
+}
+
+#[tokio::test]
+async fn an_unanswered_plan_takes_plan_default_at_its_timeout() {
+    for (default, confirmed) in [("confirm", true), ("cancel", false)] {
+        let f = planned(&format!(
+            "plan_timeout_seconds: 0\nplan_default: {default}\ninteraction_defaults: {{timeout_seconds: 900}}\n"
+        ));
+        let id = f.start("t").await;
+        let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+        assert_eq!(q.timeout_seconds, Some(0), "plan_timeout_seconds wins");
+        assert_eq!(q.default_option_id.as_deref(), Some(default));
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let out = f.engine(id).await.advance(None).await.expect("advance");
+        assert_eq!(
+            matches!(out, Outcome::Completed { .. }),
+            confirmed,
+            "{out:?}"
+        );
+        assert_eq!(
+            matches!(out, Outcome::Cancelled { .. }),
+            !confirmed,
+            "{out:?}"
+        );
+        let rec = received(&f.journal(id).await)
+            .pop()
+            .expect("the default was journaled");
+        assert_eq!(rec.option_id.as_deref(), Some(default));
+        assert_eq!(rec.responder.via, Via::Timeout);
+    }
+}
+
+#[tokio::test]
+async fn a_plan_cut_after_any_event_resumes_to_the_same_journal() {
+    // Confirm after one modify: every prefix of that journal resumes to the same end.
+    let f = planned("");
+    let id = f.start("v2").await;
+    let q1 = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let q2 = paused(
+        f.engine(id)
+            .await
+            .advance(Some(answer(&q1, Some("modify"), Some("tests"))))
+            .await
+            .expect("advance"),
+    );
+    f.engine(id)
+        .await
+        .advance(Some(answer(&q2, Some("confirm"), None)))
+        .await
+        .expect("advance");
+    let full = f.journal(id).await;
+    let reference = semantic(&full);
+    for cut in 1..full.len() {
+        let g = planned("");
+        g.store
+            .create(RunRecord::new(id, "t", "v2", RunStatus::Running))
+            .await
+            .expect("create");
+        let prefix: String = full[..cut]
+            .iter()
+            .map(delta_shared::journal::to_line)
+            .collect();
+        std::fs::write(g.store.execution_dir(id).join("journal.jsonl"), prefix).expect("write");
+        let mut out = g.engine(id).await.advance(None).await.expect("advance");
+        for _ in 0..4 {
+            let Outcome::Paused(q) = out else { break };
+            let a = if q.context["round"] == 1 {
+                answer(&q, Some("modify"), Some("tests"))
+            } else {
+                answer(&q, Some("confirm"), None)
+            };
+            out = g.engine(id).await.advance(Some(a)).await.expect("advance");
+        }
+        assert!(
+            matches!(out, Outcome::Completed { .. }),
+            "cut {cut}: {out:?}"
+        );
+        assert_eq!(
+            semantic(&g.journal(id).await),
+            reference,
+            "cut after event {cut}"
+        );
+    }
 }

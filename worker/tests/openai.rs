@@ -7,7 +7,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use delta_shared::protocol::{InteractionResponse, Responder, RunId, RunStatus, Via};
+use delta_shared::protocol::{
+    InteractionRequest, InteractionResponse, InteractionType, Responder, RunId, RunStatus, Via,
+};
 use delta_shared::store::file::FileRunStore;
 use delta_shared::store::{RunRecord, RunStore, StoredRun};
 use delta_worker::agent::Agent;
@@ -89,12 +91,17 @@ fn tool_reply(calls: Vec<Value>) -> (u16, Value) {
 }
 
 fn agent(dir: &std::path::Path, base_url: &str) -> Agent {
+    agent_with(dir, base_url, "")
+}
+
+/// The test agent, with `extra` top-level config lines.
+fn agent_with(dir: &std::path::Path, base_url: &str, extra: &str) -> Agent {
     let a = dir.join("agent");
     std::fs::create_dir_all(&a).expect("mkdir");
     std::fs::write(
         a.join("config.yaml"),
         format!(
-            "name: llm\nllm:\n  model: test-model\n  temperature: 0\n  base_url: {base_url}\n  max_retries: 3\n\
+            "name: llm\n{extra}llm:\n  model: test-model\n  temperature: 0\n  base_url: {base_url}\n  max_retries: 3\n\
              tools:\n  - name: echo\n    description: echo text\n    exec: \"echo ${{text}}\"\n\
              \x20 - name: login\n    description: log in\n    shell: 'test ${{key}} = opensesame && echo ok'\n"
         ),
@@ -262,4 +269,122 @@ async fn client_errors_fail_the_run_at_once_and_server_errors_after_retries() {
             RunStatus::Failed
         );
     }
+}
+
+fn said(request: &Value, role: &str) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == role)
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_plan_tool_is_confirmed_by_a_person_and_answers_reach_the_model() {
+    let plan = |tasks: Value| tool_reply(vec![call("p", "plan", json!({ "tasks": tasks }))]);
+    let (url, fake) = serve(vec![
+        plan(json!([{"description": "ask where", "tool": null}, {"description": "echo it", "tool": "echo"}])),
+        plan(json!(["ask where", {"description": "echo it twice", "tool": "echo"}])),
+        tool_reply(vec![call(
+            "c1",
+            "ask_human",
+            json!({"prompt": "where?", "options": [
+                {"id": "here", "label": "Here"},
+                {"id": "other", "label": "Somewhere else", "requires_input": true}]}),
+        )]),
+        (200, json!({"choices": [{"message": {"role": "assistant", "content": "went there"}, "finish_reason": "stop"}]})),
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent = agent_with(dir.path(), &url, "confirm_plan: true\n");
+    let brain = AnyBrain::for_agent(&agent).expect("brain");
+    let store = FileRunStore::new(dir.path().join(".delta"));
+    let (id, run, settings) = new_run(dir.path(), &store, "go somewhere", PauseMode::Hold).await;
+    let mut engine = Engine::new(
+        &agent,
+        &brain,
+        &store,
+        run,
+        settings,
+        CancellationToken::new(),
+    );
+    let ask = |q: &InteractionRequest, option: &str, input: Option<&str>| {
+        let mut a = InteractionResponse::new(
+            q.request_id,
+            Responder {
+                id: "t".into(),
+                via: Via::Stdin,
+            },
+        );
+        a.option_id = Some(option.into());
+        a.input = input.map(str::to_owned);
+        a
+    };
+    let paused = |o: Outcome| match o {
+        Outcome::Paused(q) => *q,
+        other => panic!("expected a question, got {other:?}"),
+    };
+
+    let q1 = paused(engine.advance(None).await.expect("advance"));
+    assert!(q1.is_plan_confirmation());
+    assert_eq!(q1.context["plan"][1]["description"], "echo it");
+    let q2 = paused(
+        engine
+            .advance(Some(ask(&q1, "modify", Some("do it twice"))))
+            .await
+            .expect("advance"),
+    );
+    assert_eq!(q2.context["round"], 2);
+    assert_eq!(q2.context["plan"][1]["description"], "echo it twice");
+    let q3 = paused(
+        engine
+            .advance(Some(ask(&q2, "confirm", None)))
+            .await
+            .expect("advance"),
+    );
+    assert_eq!(q3.kind, InteractionType::UserChoice);
+    let out = engine
+        .advance(Some(ask(&q3, "other", Some("the moon"))))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "went there".into()
+        }
+    );
+
+    let requests = fake.lock().expect("lock").requests.clone();
+    assert_eq!(requests.len(), 4);
+    let tools: Vec<&str> = requests[0]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert_eq!(tools, ["echo", "login", "ask_human", "plan"]);
+    // The feedback, then the confirmation, reach the model as the person's words.
+    let users = said(&requests[1], "user");
+    assert!(
+        users
+            .iter()
+            .any(|m| m.starts_with("Change the plan: do it twice")),
+        "{users:?}"
+    );
+    assert!(
+        said(&requests[2], "user")
+            .iter()
+            .any(|m| m.contains("The plan is confirmed"))
+    );
+    // The choice with its free text is the ask_human call's observation.
+    let tools_said = said(&requests[3], "tool");
+    assert_eq!(
+        tools_said.last().map(String::as_str),
+        Some("chose \"Somewhere else\" (option other): the moon")
+    );
+    let journal =
+        std::fs::read_to_string(store.execution_dir(id).join("journal.jsonl")).expect("journal");
+    assert_eq!(journal.matches("\"type\":\"PLAN\"").count(), 2);
 }

@@ -6,15 +6,19 @@
 //! answers are `"***"` in the journal and therefore never reach the model. 429, 5xx and connection
 //! failures are retried with exponential backoff (honouring `Retry-After`); other errors fail the
 //! decision at once with the endpoint's message.
+//!
+//! With `confirm_plan`, the model also gets a `plan` tool: calling it lays out a plan (journaled
+//! as `PLAN` and put to a person). The person's answer comes back as a user message: confirmed,
+//! or what to change (their feedback, or their own task list), after which the model plans again.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{Brain, Decision, Error, ProposedCall, View};
+use super::{Brain, Decision, Error, ProposedCall, View, parse_tasks};
 use crate::agent::{ASK_HUMAN, Agent, LlmConfig};
 use crate::tools::ParamType;
-use delta_shared::protocol::{ActionStatus, Event};
+use delta_shared::protocol::{ActionStatus, Event, OptionAction, RequestId};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
@@ -31,6 +35,9 @@ pub struct OpenAiBrain {
     key: Option<String>,
     /// The `tools` array sent with every request (built once).
     tool_specs: Value,
+    /// Whether the model is offered the `plan` tool (`confirm_plan`, and no agent tool of
+    /// that name).
+    plans: bool,
     /// Base delay of the exponential backoff (tests shorten it).
     backoff: Duration,
 }
@@ -72,6 +79,7 @@ impl OpenAiBrain {
             url: format!("{}/chat/completions", base.trim_end_matches('/')),
             key,
             tool_specs: tool_specs(agent),
+            plans: offers_plan_tool(agent),
             llm,
             backoff: Duration::from_millis(500),
         })
@@ -155,12 +163,21 @@ impl Brain for OpenAiBrain {
     async fn decide(&self, view: View<'_>) -> Result<Decision, Error> {
         let body = self.body(&view);
         let resp = self.call(&body).await?;
-        parse_choice(&resp)
+        parse_choice(&resp, self.plans)
     }
 }
 
-/// Turns a chat-completions answer into a decision.
-pub fn parse_choice(resp: &Value) -> Result<Decision, Error> {
+/// The name of the tool an LLM lays out a plan with.
+pub const PLAN_TOOL: &str = "plan";
+
+fn offers_plan_tool(agent: &Agent) -> bool {
+    agent.config.confirm_plan && !agent.tools.contains_key(PLAN_TOOL)
+}
+
+/// Turns a chat-completions answer into a decision. With `plans`, a call of the `plan` tool
+/// with a usable task list is a plan (other calls in the same answer are dropped: the plan is
+/// confirmed before anything runs).
+pub fn parse_choice(resp: &Value, plans: bool) -> Result<Decision, Error> {
     let msg = &resp["choices"][0]["message"];
     if msg.is_null() {
         return Err(Error::BadResponse(format!(
@@ -187,6 +204,17 @@ pub fn parse_choice(resp: &Value) -> Result<Decision, Error> {
             Some(ProposedCall { tool, args })
         })
         .collect();
+    if plans
+        && let Some(tasks) = calls
+            .iter()
+            .filter(|c| c.tool == PLAN_TOOL)
+            .find_map(|c| parse_tasks(c.args.get("tasks").unwrap_or(&Value::Null)).ok())
+    {
+        return Ok(Decision::Plan {
+            thought: content,
+            tasks,
+        });
+    }
     if calls.is_empty() {
         return Ok(Decision::Finish { result: content });
     }
@@ -211,6 +239,13 @@ pub fn messages(view: &View<'_>) -> Vec<Value> {
          A sensitive answer is never shown to you: its result names a {{secret:…}} reference; \
          pass that reference verbatim as a tool argument to use the value.",
     );
+    if offers_plan_tool(view.agent) {
+        system.push_str(
+            "\n\nBefore you act, lay out your plan with the `plan` tool. A person confirms it or \
+             says what to change; when asked to change it, call `plan` again with the revised plan.",
+        );
+    }
+    let mut plan_requests: Vec<RequestId> = vec![];
     let mut out = vec![
         json!({"role": "system", "content": system}),
         json!({"role": "user", "content": view.task}),
@@ -239,6 +274,45 @@ pub fn messages(view: &View<'_>) -> Vec<Value> {
                 out.push(
                     json!({"role": "assistant", "content": format!("Plan:\n{}", tasks.join("\n"))}),
                 );
+            }
+            Event::HumanInputRequest(q) if q.is_plan_confirmation() => {
+                plan_requests.push(q.request_id);
+            }
+            Event::HumanInputReceived(r) if plan_requests.contains(&r.request_id) => {
+                let text = match r.action {
+                    OptionAction::ApproveAndExecute => {
+                        "The plan is confirmed. Carry it out.".to_owned()
+                    }
+                    OptionAction::RetryWithFeedback => {
+                        let mut t = String::from("Change the plan");
+                        if let Some(f) = [&r.input, &r.feedback]
+                            .into_iter()
+                            .flatten()
+                            .find(|s| !s.trim().is_empty())
+                        {
+                            t.push_str(&format!(": {f}"));
+                        }
+                        if let Some(tasks) = r
+                            .data
+                            .as_ref()
+                            .and_then(|d| d.get("tasks"))
+                            .and_then(|v| parse_tasks(v).ok())
+                        {
+                            let list: Vec<String> = tasks
+                                .iter()
+                                .map(|t| format!("{}. {}", t.index, t.description))
+                                .collect();
+                            t.push_str(&format!(
+                                "\nThe person edited the task list to:\n{}",
+                                list.join("\n")
+                            ));
+                        }
+                        t.push_str("\nPropose the revised plan with the `plan` tool.");
+                        t
+                    }
+                    _ => continue,
+                };
+                out.push(json!({"role": "user", "content": text}));
             }
             Event::ActionResult(r) => {
                 let prefix = match r.status {
@@ -305,5 +379,16 @@ fn tool_specs(agent: &Agent) -> Value {
                 "properties": {"id": {"type": "string"}, "label": {"type": "string"},
                                "description": {"type": "string"}}}}
         }}}}));
+    if offers_plan_tool(agent) {
+        specs.push(json!({"type": "function", "function": {
+            "name": PLAN_TOOL,
+            "description": "Lay out your plan before acting. A person confirms it, asks for changes, or cancels the run.",
+            "parameters": {"type": "object", "required": ["tasks"], "properties": {
+                "tasks": {"type": "array", "description": "The steps, in order.", "items": {
+                    "type": "object", "required": ["description"],
+                    "properties": {"description": {"type": "string"},
+                                   "tool": {"type": "string", "description": "The tool this step uses, if any."}}}}
+            }}}}));
+    }
     Value::Array(specs)
 }

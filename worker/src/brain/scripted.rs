@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::{Brain, Decision, Error, ProposedCall, View};
+use super::{Brain, Decision, Error, ProposedCall, View, parse_tasks};
 use crate::agent::ASK_HUMAN;
-use crate::script::Step;
-use delta_shared::protocol::{Event, PlanTask, RequestId, RiskLevel};
+use crate::script::{PlanStep, Step};
+use delta_shared::protocol::{Event, OptionAction, PlanTask, RequestId, RiskLevel};
 
 /// Deterministic brain of `brain: scripted` agents.
 #[derive(Clone, Copy, Debug, Default)]
@@ -26,14 +26,29 @@ struct Answer {
     text: Option<String>,
 }
 
+/// A "modify" answer to the plan of the last decision: the plan step is to plan again.
+#[derive(Clone, Debug)]
+struct Revision {
+    /// The answer, whose text is the person's feedback.
+    answer: Answer,
+    /// The person's own task list (`data.tasks`), if they sent one.
+    tasks: Option<Vec<PlanTask>>,
+}
+
 /// What the journal says, turn by turn.
 #[derive(Debug, Default)]
 struct History {
+    /// Steps of the script behind the run: `THOUGHT`s and first-round `PLAN`s (a revised plan
+    /// is the same step again).
     turns: usize,
+    /// Set when the last decision is a plan that a person asked to modify.
+    revision: Option<Revision>,
     /// `(turns before it, answer)`, in journal order.
     answers: Vec<(usize, Answer)>,
     /// `(turns before it, observation)`, in journal order.
     observations: Vec<(usize, String)>,
+    /// `(turns before it, {{secret:…}} reference)` of each sensitive answer, in journal order.
+    secrets: Vec<(usize, String)>,
 }
 
 /// How a tool gets a sensitive answer: the engine swaps this reference for the secret.
@@ -45,25 +60,54 @@ impl History {
     fn from(view: &View<'_>) -> History {
         let mut h = History::default();
         let mut sensitive = std::collections::HashSet::new();
+        let mut plan_requests = std::collections::HashSet::new();
         for e in view.journal {
             match &e.event {
-                Event::Thought(_) | Event::Plan(_) => h.turns += 1,
-                Event::HumanInputRequest(q) if q.is_sensitive() => {
-                    sensitive.insert(q.request_id);
+                Event::Thought(_) => {
+                    h.turns += 1;
+                    h.revision = None;
+                }
+                Event::Plan(p) => {
+                    if p.round <= 1 {
+                        h.turns += 1;
+                    }
+                    h.revision = None;
+                }
+                Event::HumanInputRequest(q) => {
+                    if q.is_sensitive() {
+                        sensitive.insert(q.request_id);
+                    }
+                    if q.is_plan_confirmation() {
+                        plan_requests.insert(q.request_id);
+                    }
                 }
                 Event::HumanInputReceived(r) => {
                     let text = if sensitive.contains(&r.request_id) {
+                        h.secrets.push((h.turns, secret_ref(r.request_id)));
                         Some(secret_ref(r.request_id))
                     } else {
-                        r.input.clone().filter(|s| !s.is_empty())
+                        r.input
+                            .clone()
+                            .or_else(|| r.feedback.clone())
+                            .filter(|s| !s.is_empty())
                     };
-                    h.answers.push((
-                        h.turns,
-                        Answer {
-                            option_id: r.option_id.clone(),
-                            text,
-                        },
-                    ));
+                    let answer = Answer {
+                        option_id: r.option_id.clone(),
+                        text,
+                    };
+                    if plan_requests.contains(&r.request_id)
+                        && r.action == OptionAction::RetryWithFeedback
+                    {
+                        h.revision = Some(Revision {
+                            answer: answer.clone(),
+                            tasks: r
+                                .data
+                                .as_ref()
+                                .and_then(|d| d.get("tasks"))
+                                .and_then(|t| parse_tasks(t).ok()),
+                        });
+                    }
+                    h.answers.push((h.turns, answer));
                 }
                 Event::ActionResult(r) => h
                     .observations
@@ -89,6 +133,8 @@ struct Templates<'a> {
     run_id: String,
     answer: Option<&'a Answer>,
     observation: Option<&'a str>,
+    /// The reference of the latest sensitive answer, for `${secret}`.
+    secret: Option<&'a str>,
 }
 
 impl Templates<'_> {
@@ -106,6 +152,7 @@ impl Templates<'_> {
                     .unwrap_or(""),
             )
             .replace("${observation}", self.observation.unwrap_or(""))
+            .replace("${secret}", self.secret.unwrap_or(""))
     }
 
     fn expand_value(&self, v: &Value) -> Value {
@@ -145,6 +192,10 @@ impl Brain for ScriptedBrain {
             return Err(Error::Config("a scripted agent needs a script.yaml".into()));
         };
         let history = History::from(&view);
+        // A plan to revise is the step just behind: walk up to it again.
+        let turns = history
+            .turns
+            .saturating_sub(usize::from(history.revision.is_some()));
         let mut passed = 0usize;
         // A stack of step lists being walked, with the index of the next step in each.
         let mut stack: Vec<(&[Step], usize)> = vec![(&script.steps, 0)];
@@ -168,6 +219,12 @@ impl Brain for ScriptedBrain {
                     .rev()
                     .find(|(t, _)| *t <= passed)
                     .map(|(_, o)| o.as_str()),
+                secret: history
+                    .secrets
+                    .iter()
+                    .rev()
+                    .find(|(t, _)| *t <= passed)
+                    .map(|(_, r)| r.as_str()),
             };
             match step {
                 Step::Finish { finish } => {
@@ -180,7 +237,7 @@ impl Brain for ScriptedBrain {
                         error: t.expand(fail),
                     });
                 }
-                _ if passed < history.turns => {
+                _ if passed < turns => {
                     passed += 1;
                     continue;
                 }
@@ -222,37 +279,43 @@ impl Brain for ScriptedBrain {
                         }],
                     });
                 }
-                Step::Plan { plan } => {
-                    let tasks: Vec<PlanTask> = plan
-                        .iter()
-                        .zip(1..)
-                        .map(|(p, index)| {
-                            let dangerous = p
-                                .tool
-                                .as_ref()
-                                .and_then(|n| view.agent.tools.get(n))
-                                .is_some_and(|tool| tool.dangerous);
-                            PlanTask {
+                Step::Plan { plan, revise } => {
+                    let expand = |steps: &[PlanStep], t: &Templates<'_>| -> Vec<PlanTask> {
+                        steps
+                            .iter()
+                            .zip(1..)
+                            .map(|(p, index)| PlanTask {
                                 index,
                                 description: t.expand(&p.description),
                                 tool: p.tool.clone(),
-                                risk: if dangerous {
-                                    RiskLevel::High
-                                } else {
-                                    RiskLevel::Low
-                                },
-                            }
-                        })
-                        .collect();
+                                // The engine sets risks from the tools.
+                                risk: RiskLevel::Low,
+                            })
+                            .collect()
+                    };
+                    let (thought, tasks) = match &history.revision {
+                        None => ("A plan".to_owned(), expand(plan, &t)),
+                        Some(Revision {
+                            tasks: Some(tasks), ..
+                        }) => ("The plan as the person edited it".to_owned(), tasks.clone()),
+                        Some(Revision { answer, .. }) => {
+                            let feedback = Templates {
+                                answer: Some(answer),
+                                ..t
+                            };
+                            let steps = revise.as_deref().unwrap_or(plan);
+                            ("A revised plan".to_owned(), expand(steps, &feedback))
+                        }
+                    };
                     return Ok(Decision::Plan {
-                        thought: format!("A plan of {} step(s)", tasks.len()),
+                        thought: format!("{thought} of {} step(s)", tasks.len()),
                         tasks,
                     });
                 }
                 Step::Branch { .. } => unreachable!("handled above"),
             }
         }
-        if passed < history.turns {
+        if passed < turns {
             return Err(Error::Script(format!(
                 "the journal holds {} decisions but the script has only {passed} on this path; \
                  was script.yaml changed during the run?",
