@@ -7,4 +7,5 @@
 
 pub mod journal;
 pub mod protocol;
+pub mod secret;
 pub mod store;

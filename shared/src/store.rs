@@ -168,6 +168,12 @@ pub enum Error {
     },
     #[error("store backend: {0}")]
     Backend(String),
+    #[error(transparent)]
+    Secret(#[from] crate::secret::Error),
+    #[error(
+        "a sensitive answer cannot be stored without DELTA_SECRETS_KEY (it would sit in Redis in clear); set the same key on gateways and workers"
+    )]
+    NoSecretsKey,
 }
 
 /// Durable runs and journals. Every call is atomic: either all of it is stored or none.

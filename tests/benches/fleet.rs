@@ -236,7 +236,7 @@ async fn runs(
                         },
                     );
                     a.input = Some("Bench".into());
-                    store.answer(req.run_id, &a).await.expect("answer");
+                    store.answer(&req, &a).await.expect("answer");
                     let job = Job {
                         run_id: req.run_id,
                         kind: JobKind::Resume,

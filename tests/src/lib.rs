@@ -250,6 +250,11 @@ impl Redis {
         self.proc.child.id()
     }
 
+    /// Where this server keeps its AOF (to search a "dump" for what must not be there).
+    pub fn data_dir(&self) -> &Path {
+        self.proc.dir.path()
+    }
+
     /// SIGTERM, then the same server again on the same port and AOF.
     pub fn restart(&mut self) -> Result<(), Error> {
         self.proc.restart()

@@ -54,6 +54,7 @@ impl Spec {
             },
             worker_id: self.worker_id.clone(),
             grace: Duration::from_millis(self.grace_ms),
+            secrets_key: None,
         }
     }
 }

@@ -34,6 +34,7 @@ fn config(
         },
         worker_id: id.into(),
         grace: Duration::from_secs(5),
+        secrets_key: None,
     }
 }
 
@@ -131,9 +132,9 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
         },
     );
     answer.input = Some("Ada".into());
-    assert!(store.answer(id, &answer).await.expect("answer"));
+    assert!(store.answer(&req, &answer).await.expect("answer"));
     assert!(
-        !store.answer(id, &answer).await.expect("second answer"),
+        !store.answer(&req, &answer).await.expect("second answer"),
         "first answer wins"
     );
     let resume = Job {
@@ -245,4 +246,229 @@ async fn poison_jobs_are_dead_lettered_and_their_runs_failed() {
         .messages;
     assert_eq!(jobs, 0, "poison jobs are terminated, not redelivered");
     w.stop().await;
+}
+
+/// Answers `req` in Redis (as the gateway will) and publishes the resume job.
+async fn answer(
+    store: &RedisRunStore,
+    q: &Queue,
+    req: &InteractionRequest,
+    option: Option<&str>,
+    input: Option<&str>,
+    data: Option<serde_json::Value>,
+) {
+    let mut a = InteractionResponse::new(
+        req.request_id,
+        Responder {
+            id: "ops".into(),
+            via: Via::Http,
+        },
+    );
+    a.option_id = option.map(str::to_owned);
+    a.input = input.map(str::to_owned);
+    a.data = data;
+    assert!(store.answer(req, &a).await.expect("answer"), "answer won");
+    let job = Job {
+        run_id: req.run_id,
+        kind: JobKind::Resume,
+        request_id: Some(req.request_id),
+    };
+    q.publish_job(&req.agent, &job, None).await.expect("resume");
+}
+
+async fn next_question(sub: &mut async_nats::Subscriber) -> InteractionRequest {
+    let msg = tokio::time::timeout(Duration::from_secs(20), sub.next())
+        .await
+        .expect("a question is announced")
+        .expect("message");
+    serde_json::from_slice(&msg.payload).expect("request JSON")
+}
+
+/// Every value under `prefix` in Redis, as text (hashes, streams, strings).
+async fn redis_dump(url: &str, prefix: &str) -> String {
+    let client = redis::Client::open(url).expect("url");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut c)
+        .await
+        .expect("keys");
+    let mut out = String::new();
+    for k in keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&k)
+            .query_async(&mut c)
+            .await
+            .expect("type");
+        let text = match kind.as_str() {
+            "hash" => format!(
+                "{:?}",
+                redis::cmd("HGETALL")
+                    .arg(&k)
+                    .query_async::<Vec<String>>(&mut c)
+                    .await
+                    .expect("hgetall")
+            ),
+            "stream" => format!(
+                "{:?}",
+                redis::cmd("XRANGE")
+                    .arg(&k)
+                    .arg("-")
+                    .arg("+")
+                    .query_async::<redis::Value>(&mut c)
+                    .await
+                    .expect("xrange")
+            ),
+            _ => format!(
+                "{:?}",
+                redis::cmd("DUMP")
+                    .arg(&k)
+                    .query_async::<redis::Value>(&mut c)
+                    .await
+                    .expect("dump")
+            ),
+        };
+        out.push_str(&k);
+        out.push_str(&text);
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
+    const CANARY: &str = "canary-7f3a9c-api-key";
+    let (nats, redis) = (
+        delta_e2e::Nats::start().expect("nats"),
+        delta_e2e::Redis::start().expect("redis"),
+    );
+    let work = tempfile::tempdir().expect("tmp");
+    let key = std::sync::Arc::new(
+        delta_shared::secret::SecretsKey::from_hex(
+            "8c1f0e4d2b3a69780f1e2d3c4b5a69788c1f0e4d2b3a69780f1e2d3c4b5a6978",
+        )
+        .expect("key"),
+    );
+    let plain = RedisRunStore::connect(&redis.url(), "dp")
+        .await
+        .expect("redis");
+    let store = plain.clone().with_secrets_key(key.clone());
+    let q = Queue::connect(&nats.url(), "dp", &queue::Settings::default())
+        .await
+        .expect("nats");
+    let client = async_nats::connect(&nats.url()).await.expect("connect");
+    let mut questions = client
+        .subscribe("dp.interactions.requested.>")
+        .await
+        .expect("subscribe");
+    let with_key = |id: &str| Config {
+        secrets_key: Some(key.clone()),
+        ..config(&nats, &redis, "dp", id, work.path())
+    };
+    let (a, b) = (start(with_key("worker-a")), start(with_key("worker-b")));
+    let id = submit(&store, &q, "deployer", "1.4.2").await;
+
+    let plan = next_question(&mut questions).await;
+    assert_eq!(plan.run_id, id);
+    assert_eq!(plan.context.get("round"), Some(&serde_json::json!(1)));
+    answer(
+        &store,
+        &q,
+        &plan,
+        Some("modify"),
+        Some("after the freeze"),
+        None,
+    )
+    .await;
+    let plan2 = next_question(&mut questions).await;
+    assert_eq!(plan2.context.get("round"), Some(&serde_json::json!(2)));
+    answer(&store, &q, &plan2, Some("confirm"), None, None).await;
+
+    let secret = next_question(&mut questions).await;
+    assert!(secret.is_sensitive(), "{}", secret.prompt);
+    let mut refused = InteractionResponse::new(
+        secret.request_id,
+        Responder {
+            id: "ops".into(),
+            via: Via::Http,
+        },
+    );
+    refused.input = Some(CANARY.into());
+    let err = plain
+        .answer(&secret, &refused)
+        .await
+        .expect_err("no key, no sensitive answer");
+    assert!(err.to_string().contains("DELTA_SECRETS_KEY"), "{err}");
+    answer(&store, &q, &secret, None, Some(CANARY), None).await;
+
+    let env = next_question(&mut questions).await;
+    assert!(env.option("production").is_some(), "{}", env.prompt);
+    answer(&store, &q, &env, Some("production"), None, None).await;
+
+    let approval = next_question(&mut questions).await;
+    assert_eq!(
+        approval.context.get("tool"),
+        Some(&serde_json::json!("deploy"))
+    );
+    let edited = serde_json::json!({"args": {"env": "production", "version": "1.4.3"}});
+    answer(&store, &q, &approval, Some("approve"), None, Some(edited)).await;
+    wait_for(&store, id, RunStatus::Completed).await;
+    a.stop().await;
+    b.stop().await;
+
+    let run = store.load(id).await.expect("load");
+    let journal = serde_json::to_string(&run.journal).expect("json");
+    let plans = run
+        .journal
+        .iter()
+        .filter(|e| matches!(e.event, Event::Plan(_)))
+        .count();
+    assert_eq!(plans, 2, "the plan was proposed again after the change");
+    let received: Vec<_> = run
+        .journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::HumanInputReceived(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(received.len(), 5);
+    assert_eq!(
+        received[2].input.as_deref(),
+        Some("***"),
+        "the key is redacted"
+    );
+    let diff = serde_json::to_value(&received[4].edited_args).expect("diff");
+    assert_eq!(
+        diff["changed"]["version"],
+        serde_json::json!({"from": "1.4.2", "to": "1.4.3"}),
+        "{diff}"
+    );
+    let checked = run
+        .journal
+        .iter()
+        .any(|e| matches!(&e.event, Event::ActionResult(r) if r.observation_content.contains(&format!("({} characters", CANARY.len()))));
+    assert!(
+        checked,
+        "check_key got the real key (its length), not a reference"
+    );
+    let deployed = std::fs::read_to_string(work.path().join("deployments.log")).expect("log");
+    assert_eq!(deployed, "production 1.4.3\n", "the edited call ran");
+
+    // The canary is nowhere: not in the journal, not in Redis, not in its AOF.
+    assert!(!journal.contains(CANARY));
+    let dump = redis_dump(&redis.url(), "dp").await;
+    assert!(dump.contains("sealed:v1:"), "the answer is stored sealed");
+    assert!(!dump.contains(CANARY), "the key is not in Redis in clear");
+    let mut aof = Vec::new();
+    for entry in std::fs::read_dir(redis.data_dir().join("appendonlydir")).expect("aof dir") {
+        aof.extend(std::fs::read(entry.expect("entry").path()).expect("read"));
+    }
+    assert!(!aof.is_empty(), "the AOF was found");
+    assert!(
+        !String::from_utf8_lossy(&aof).contains(CANARY),
+        "the key is not in the AOF"
+    );
 }

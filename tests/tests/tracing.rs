@@ -75,6 +75,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
             queue: queue::Settings::default(),
             worker_id: "traced".into(),
             grace: Duration::from_secs(5),
+            secrets_key: None,
         },
         stop.clone(),
     ));
@@ -118,7 +119,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
         },
     );
     answer.input = Some("Ada".into());
-    assert!(store.answer(id, &answer).await.expect("answer"));
+    assert!(store.answer(&req, &answer).await.expect("answer"));
     let resume = Job {
         run_id: id,
         kind: JobKind::Resume,

@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use delta_shared::secret::SecretsKey;
 
 use crate::fleet::Config;
 use crate::queue;
@@ -20,6 +23,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ("DELTA_MAX_DELIVER", "max-deliver", "5"),
     ("DELTA_WORKER_ID", "worker-id", ""),
     ("DELTA_GRACE_S", "grace-s", "20"),
+    ("DELTA_SECRETS_KEY", "secrets-key", ""),
 ];
 
 /// Builds the config from `--name value` / `--name=value` flags and an environment map.
@@ -103,6 +107,18 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     }
     let (work_dir, _) = get("DELTA_WORK_DIR");
     let (worker_id, _) = get("DELTA_WORKER_ID");
+    let (secrets_key, from) = get("DELTA_SECRETS_KEY");
+    let secrets_key = if secrets_key.is_empty() {
+        None
+    } else {
+        match SecretsKey::from_hex(&secrets_key) {
+            Ok(k) => Some(Arc::new(k)),
+            Err(e) => {
+                errors.push(format!("{from}: {e}"));
+                None
+            }
+        }
+    };
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -128,6 +144,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         },
         worker_id,
         grace: Duration::from_secs(grace),
+        secrets_key,
     })
 }
 
@@ -162,6 +179,7 @@ mod tests {
         let env: HashMap<String, String> = [
             ("DELTA_REDIS_URL", "localhost:6379"),
             ("DELTA_WORKER_CONCURRENCY", "0"),
+            ("DELTA_SECRETS_KEY", "not-hex"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -178,13 +196,14 @@ mod tests {
             &env,
         )
         .expect_err("invalid");
-        assert_eq!(errs.len(), 5, "{errs:#?}");
+        assert_eq!(errs.len(), 6, "{errs:#?}");
         for needle in [
             "--bogus",
             "DELTA_WORKER_CONCURRENCY",
             "--nats-url",
             "DELTA_REDIS_URL",
             "--agents-dir",
+            "DELTA_SECRETS_KEY: DELTA_SECRETS_KEY must be 64 hex digits",
         ] {
             assert!(
                 errs.iter().any(|e| e.contains(needle)),

@@ -158,6 +158,17 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     }
 
     /// Secrets a host kept from an earlier call (e.g. `-i` across questions).
+    /// Keeps the input of a sensitive answer for the tools, whether or not the answer is already
+    /// journaled (a redelivered resume job hands it over again).
+    pub fn remember_sensitive(&mut self, answer: &InteractionResponse) {
+        if let (Some((q, _)), Some(value)) =
+            (self.replay.interaction(answer.request_id), &answer.input)
+            && q.is_sensitive()
+        {
+            self.secrets.insert(answer.request_id, value.clone());
+        }
+    }
+
     pub fn remember_secret(&mut self, request_id: RequestId, value: String) {
         self.secrets.insert(request_id, value);
     }

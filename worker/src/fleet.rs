@@ -30,6 +30,7 @@ use crate::brain::AnyBrain;
 use crate::engine::{self, Engine, Outcome, PauseMode};
 use crate::queue::{self, Delivery, Queue};
 use delta_shared::protocol::{Event, JobKind, MessageLevel, RunId, RunStatus, SystemMessage};
+use delta_shared::secret::SecretsKey;
 use delta_shared::store::redis::RedisRunStore;
 use delta_shared::store::{self, RunStore, StatusChange, Terminal};
 
@@ -48,6 +49,8 @@ pub struct Config {
     pub worker_id: String,
     /// How long in-flight runs may take to checkpoint after shutdown is asked.
     pub grace: Duration,
+    /// Opens sensitive answers sealed by the gateway (`DELTA_SECRETS_KEY`).
+    pub secrets_key: Option<Arc<SecretsKey>>,
 }
 
 /// Why the worker could not run.
@@ -100,7 +103,10 @@ struct Shared {
 /// finish or checkpoint within the grace period.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
     let queue = Queue::connect(&config.nats_url, &config.prefix, &config.queue).await?;
-    let store = RedisRunStore::connect(&config.redis_url, &config.prefix).await?;
+    let mut store = RedisRunStore::connect(&config.redis_url, &config.prefix).await?;
+    if let Some(key) = &config.secrets_key {
+        store = store.with_secrets_key(key.clone());
+    }
     let shared = Arc::new(Shared {
         agents: Agents {
             dir: config.agents_dir.clone(),
@@ -313,6 +319,10 @@ async fn handle(shared: &Shared, d: Delivery) {
     };
     let advance = async {
         let mut engine = Engine::new(agent, brain, &store, run, settings, shared.stop.clone());
+        if let Some(a) = &answer {
+            // Even when an earlier delivery journaled this answer, its tools may need the secret.
+            engine.remember_sensitive(a);
+        }
         let first = engine.advance(answer.clone()).await;
         let out = match first {
             // The answer was applied by an earlier delivery: just go on.

@@ -23,8 +23,10 @@ use redis::aio::ConnectionManager;
 use super::{Error, RunRecord, RunStore, StatusChange, StoredRun, numbered};
 use crate::journal;
 use crate::protocol::{
-    Event, InteractionResponse, JournalEvent, RequestId, RunId, RunStatus, Timestamp,
+    Event, InteractionRequest, InteractionResponse, JournalEvent, RequestId, RunId, RunStatus,
+    Timestamp,
 };
+use crate::secret::{self, SecretsKey};
 
 /// Appends events and applies a status change, fenced. See the module docs for the keys.
 const APPEND: &str = r#"
@@ -93,6 +95,8 @@ pub struct RedisRunStore {
     create: Script,
     /// Round trips to Redis made through this handle and its clones (each method makes one).
     trips: Arc<AtomicU64>,
+    /// Seals sensitive answers at rest (`DELTA_SECRETS_KEY`); without it they are refused.
+    secrets: Option<Arc<SecretsKey>>,
 }
 
 impl RedisRunStore {
@@ -107,6 +111,7 @@ impl RedisRunStore {
             append: Script::new(APPEND),
             create: Script::new(CREATE),
             trips: Arc::new(AtomicU64::new(0)),
+            secrets: None,
         })
     }
 
@@ -115,6 +120,13 @@ impl RedisRunStore {
         let mut s = self.clone();
         s.fence = Some((stream_seq, delivery_count));
         s
+    }
+
+    /// A handle that seals sensitive answers with `key` when storing them and opens them when
+    /// reading them back (see [`crate::secret`]).
+    pub fn with_secrets_key(mut self, key: Arc<SecretsKey>) -> Self {
+        self.secrets = Some(key);
+        self
     }
 
     /// How many round trips to Redis this handle and its clones have made.
@@ -140,16 +152,25 @@ impl RedisRunStore {
         format!("{}:ix:{request_id}", self.run_key(run_id))
     }
 
-    /// Records `response` as the answer to a pending interaction, atomically: `Ok(true)` when
-    /// this answer won, `Ok(false)` when the interaction was no longer pending.
+    /// Records `response` as the answer to `request` (pending), atomically: `Ok(true)` when this
+    /// answer won, `Ok(false)` when the interaction was no longer pending. The input of a
+    /// sensitive request is stored sealed; without a secrets key it is refused.
     pub async fn answer(
         &self,
-        run_id: RunId,
+        request: &InteractionRequest,
         response: &InteractionResponse,
     ) -> Result<bool, Error> {
+        let run_id = request.run_id;
+        let mut stored = response.clone();
+        if request.is_sensitive()
+            && let Some(input) = &response.input
+        {
+            let key = self.secrets.as_ref().ok_or(Error::NoSecretsKey)?;
+            stored.input = Some(key.seal(&request.request_id.to_string(), input)?);
+        }
         let mut conn = self.connection();
         let key = self.interaction_key(run_id, &response.request_id.to_string());
-        let json = serde_json::to_string(response).unwrap_or_default();
+        let json = serde_json::to_string(&stored).unwrap_or_default();
         match Script::new(ANSWER)
             .key(key)
             .arg(json)
@@ -176,12 +197,14 @@ impl RedisRunStore {
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
-        raw.map(|r| {
-            serde_json::from_str(&r).map_err(|e| {
-                Error::Backend(format!("interaction {request_id}: bad response ({e})"))
-            })
-        })
-        .transpose()
+        let Some(raw) = raw else { return Ok(None) };
+        let mut response: InteractionResponse = serde_json::from_str(&raw)
+            .map_err(|e| Error::Backend(format!("interaction {request_id}: bad response ({e})")))?;
+        if let Some(input) = response.input.as_deref().filter(|i| secret::is_sealed(i)) {
+            let key = self.secrets.as_ref().ok_or(Error::NoSecretsKey)?;
+            response.input = Some(key.open(&request_id.to_string(), input)?);
+        }
+        Ok(Some(response))
     }
 }
 
