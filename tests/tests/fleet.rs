@@ -472,3 +472,70 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
         "the key is not in the AOF"
     );
 }
+
+#[tokio::test]
+async fn a_sealed_secret_reaches_a_tool_after_a_later_pause_on_another_worker() {
+    const CANARY: &str = "canary-2b9d-token";
+    let (nats, redis) = (
+        delta_e2e::Nats::start().expect("nats"),
+        delta_e2e::Redis::start().expect("redis"),
+    );
+    let work = tempfile::tempdir().expect("tmp");
+    let agents = work.path().join("agents");
+    let vault = agents.join("vault");
+    std::fs::create_dir_all(&vault).expect("mkdir");
+    std::fs::write(
+        vault.join("config.yaml"),
+        "name: vault\nbrain: scripted\ntools:\n  - name: measure\n    shell: 'printf %s ${key} | wc -c'\n    idempotent: true\n",
+    )
+    .expect("write");
+    std::fs::write(
+        vault.join("script.yaml"),
+        "steps:\n  - ask_human: {prompt: \"Token?\", sensitive: true}\n  - ask_human: {prompt: \"Go on?\"}\n  - tool: measure\n    args: {key: \"${secret}\"}\n  - finish: \"${observation}\"\n",
+    )
+    .expect("write");
+    let key = std::sync::Arc::new(
+        delta_shared::secret::SecretsKey::from_hex(&"ab".repeat(32)).expect("key"),
+    );
+    let store = RedisRunStore::connect(&redis.url(), "sv")
+        .await
+        .expect("redis")
+        .with_secrets_key(key.clone());
+    let q = Queue::connect(&nats.url(), "sv", &queue::Settings::default())
+        .await
+        .expect("nats");
+    let client = async_nats::connect(&nats.url()).await.expect("connect");
+    let mut questions = client
+        .subscribe("sv.interactions.requested.>")
+        .await
+        .expect("subscribe");
+    let worker = |id: &str| {
+        start(Config {
+            agents_dir: agents.clone(),
+            secrets_key: Some(key.clone()),
+            ..config(&nats, &redis, "sv", id, work.path())
+        })
+    };
+    let a = worker("worker-a");
+    let id = submit(&store, &q, "vault", "t").await;
+    let token = next_question(&mut questions).await;
+    answer(&store, &q, &token, None, Some(CANARY), None).await;
+    let go_on = next_question(&mut questions).await;
+    // The worker that received the secret is gone: the next one must open it from the store.
+    a.stop().await;
+    let b = worker("worker-b");
+    answer(&store, &q, &go_on, None, Some("yes"), None).await;
+    wait_for(&store, id, RunStatus::Completed).await;
+    b.stop().await;
+    let run = store.load(id).await.expect("load");
+    assert_eq!(
+        run.record.result.as_deref().map(str::trim),
+        Some(CANARY.len().to_string().as_str()),
+        "the tool measured the real token"
+    );
+    assert!(
+        !serde_json::to_string(&run.journal)
+            .expect("json")
+            .contains(CANARY)
+    );
+}

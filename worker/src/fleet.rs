@@ -296,6 +296,20 @@ async fn handle(shared: &Shared, d: Delivery) {
         },
         _ => None,
     };
+    // Earlier sensitive answers, sealed in the store: a tool later in the run may still use them.
+    let mut earlier = vec![];
+    for e in &run.journal {
+        if let Event::HumanInputRequest(q) = &e.event
+            && q.is_sensitive()
+            && Some(q.request_id) != job.request_id
+        {
+            match store.stored_answer(job.run_id, q.request_id).await {
+                Ok(Some(a)) => earlier.push(a),
+                Ok(None) => {}
+                Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
+            }
+        }
+    }
     let settings = engine::Settings {
         worker: shared.config.worker_id.clone(),
         work_dir: shared.config.work_dir.clone(),
@@ -319,8 +333,8 @@ async fn handle(shared: &Shared, d: Delivery) {
     };
     let advance = async {
         let mut engine = Engine::new(agent, brain, &store, run, settings, shared.stop.clone());
-        if let Some(a) = &answer {
-            // Even when an earlier delivery journaled this answer, its tools may need the secret.
+        // Even when an earlier delivery journaled this answer, its tools may need the secret.
+        for a in earlier.iter().chain(answer.as_ref()) {
             engine.remember_sensitive(a);
         }
         let first = engine.advance(answer.clone()).await;
