@@ -59,8 +59,31 @@ impl Spec {
     }
 }
 
+/// A worker process, killed on drop (a failing test leaves none behind, stopped or not).
+pub struct WorkerProcess(Child);
+
+impl std::ops::Deref for WorkerProcess {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WorkerProcess {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts a worker process as `id`, logging (at `info`) to `log` when given.
-pub fn spawn(spec: &Spec, id: &str, log: Option<&Path>) -> Child {
+pub fn spawn(spec: &Spec, id: &str, log: Option<&Path>) -> WorkerProcess {
     let spec = Spec {
         worker_id: id.to_owned(),
         ..spec.clone()
@@ -74,14 +97,15 @@ pub fn spawn(spec: &Spec, id: &str, log: Option<&Path>) -> Child {
             .expect("worker log file"),
         None => Stdio::null(),
     };
-    Command::new(std::env::current_exe().expect("test binary"))
+    let child = Command::new(std::env::current_exe().expect("test binary"))
         .args(["--ignored", "--exact", "worker_child", "--nocapture"])
         .env(CHILD, serde_json::to_string(&spec).expect("spec"))
         .env("DELTA_LOG", "info")
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
-        .expect("spawn worker")
+        .expect("spawn worker");
+    WorkerProcess(child)
 }
 
 /// Whether this process was started by [`spawn`] as a worker.

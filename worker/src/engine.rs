@@ -872,11 +872,14 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         mut values: std::collections::BTreeMap<String, String>,
     ) -> Result<std::collections::BTreeMap<String, String>, String> {
         for v in values.values_mut() {
-            while let Some(start) = v.find("{{secret:") {
-                let Some(len) = v[start..].find("}}") else {
+            // Rebuilt left to right: a secret's own text is never searched for references.
+            let mut out = String::with_capacity(v.len());
+            let mut rest = v.as_str();
+            while let Some(start) = rest.find("{{secret:") {
+                let Some(len) = rest[start..].find("}}") else {
                     break;
                 };
-                let id = &v[start + 9..start + len];
+                let id = &rest[start + 9..start + len];
                 let secret = id
                     .parse::<RequestId>()
                     .ok()
@@ -887,8 +890,12 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                              so one given before the run stopped is gone; ask for it again"
                         )
                     })?;
-                v.replace_range(start..start + len + 2, secret);
+                out.push_str(&rest[..start]);
+                out.push_str(secret);
+                rest = &rest[start + len + 2..];
             }
+            out.push_str(rest);
+            *v = out;
         }
         Ok(values)
     }

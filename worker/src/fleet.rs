@@ -28,7 +28,7 @@ use tracing::Instrument;
 use crate::agent::Agent;
 use crate::brain::AnyBrain;
 use crate::engine::{self, Engine, Outcome, PauseMode};
-use crate::queue::{self, Delivery, Queue};
+use crate::queue::{self, Delivery, Exhausted, Queue};
 use delta_shared::protocol::{Event, JobKind, MessageLevel, RunId, RunStatus, SystemMessage};
 use delta_shared::secret::SecretsKey;
 use delta_shared::store::redis::RedisRunStore;
@@ -203,14 +203,14 @@ async fn fail_run(shared: &Shared, run_id: RunId, fence: (u64, u64), reason: &st
 /// Dead-letters a delivery and terminates it; fails its run (if known) with the reason.
 async fn poison(shared: &Shared, d: &Delivery, reason: &str) {
     tracing::warn!(reason, "dead-lettering job");
-    if let Ok(job) = &d.job {
-        fail_run(shared, job.run_id, d.fence, reason).await;
-    }
+    // The copy first: should it fail, the job is redelivered with its run untouched.
     if let Err(e) = shared.queue.dead_letter(d, reason).await {
-        // Without the copy, terminating would lose the job: leave it for redelivery.
         tracing::error!(error = %e, "DLQ publish failed; job left for redelivery");
         let _ = d.nak(Some(Duration::from_secs(5))).await;
         return;
+    }
+    if let Ok(job) = &d.job {
+        fail_run(shared, job.run_id, d.fence, reason).await;
     }
     let _ = d.term().await;
 }
@@ -234,18 +234,61 @@ async fn reap_exhausted(shared: Arc<Shared>, shutdown: CancellationToken) {
             }
         };
         for x in batch {
+            settle_exhausted(&shared, &x).await;
+        }
+    }
+}
+
+/// Ends an exhausted job by what its run says: a paused run only lost its announcement (asked
+/// again), a finished one needs nothing, any other is failed and the job dead-lettered.
+async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
+    let status = match &x.job {
+        Some(job) => match shared.store.load(job.run_id).await {
+            Ok(run) => Some(run),
+            Err(store::Error::NotFound(_)) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "exhausted job left for another try");
+                return;
+            }
+        },
+        None => None,
+    };
+    let settled = match status {
+        Some(run) if run.record.status == RunStatus::WaitingForInput => {
+            let pending = delta_shared::journal::Replay::new(&run.journal)
+                .pending()
+                .cloned();
+            if let Some(q) = pending
+                && let Err(e) = shared
+                    .queue
+                    .publish_request(&q, x.traceparent.as_deref())
+                    .await
+            {
+                tracing::warn!(error = %e, "exhausted job left for another try");
+                return;
+            }
+            shared.queue.drop_exhausted(x).await
+        }
+        Some(run) if run.record.status.is_terminal() => shared.queue.drop_exhausted(x).await,
+        _ => {
             let reason = format!(
                 "the job was delivered {} times (max_deliver) and never finished: its worker crashed or hung each time",
-                x.fence.1
+                x.deliveries
             );
             tracing::warn!(seq = x.fence.0, reason, "dead-lettering exhausted job");
-            if let Some(job) = &x.job {
-                fail_run(&shared, job.run_id, x.fence, &reason).await;
-            }
-            if let Err(e) = shared.queue.dead_letter_exhausted(&x, &reason).await {
-                tracing::warn!(error = %e, "exhausted job left for another try");
+            match shared.queue.dead_letter_exhausted(x, &reason).await {
+                Ok(()) => {
+                    if let Some(job) = &x.job {
+                        fail_run(shared, job.run_id, x.fence, &reason).await;
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(e),
             }
         }
+    };
+    if let Err(e) = settled {
+        tracing::warn!(error = %e, "exhausted job left for another try");
     }
 }
 
@@ -306,6 +349,10 @@ async fn handle(shared: &Shared, d: Delivery) {
             match store.stored_answer(job.run_id, q.request_id).await {
                 Ok(Some(a)) => earlier.push(a),
                 Ok(None) => {}
+                // Wrong or missing key: a tool that needs this secret says so; the rest goes on.
+                Err(e @ (store::Error::Secret(_) | store::Error::NoSecretsKey)) => {
+                    tracing::warn!(error = %e, request = %q.request_id, "an earlier sensitive answer cannot be opened");
+                }
                 Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
             }
         }
@@ -365,6 +412,16 @@ async fn handle(shared: &Shared, d: Delivery) {
         }
         Err(engine::Error::Store(store::Error::Fenced(run))) => {
             tracing::warn!(%run, "write refused: a newer delivery owns this run; dropping the stale one");
+            // A newer *job* (another stream message) owns the run: this one is obsolete. A newer
+            // delivery of this same message is left alone: acking it would take the job away
+            // from the worker that holds it now.
+            if store
+                .owner_fence(run)
+                .await
+                .is_ok_and(|(seq, _)| seq > d.fence.0)
+            {
+                let _ = d.ack().await;
+            }
         }
         Err(engine::Error::Store(e @ store::Error::Terminal { .. })) => {
             // Finished elsewhere (a newer delivery, or cancelled): nothing left for this job.

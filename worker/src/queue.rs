@@ -127,13 +127,28 @@ pub struct Queue {
 /// crashed or hung every time). Dead-letter it with [`Queue::dead_letter_exhausted`].
 pub struct Exhausted {
     advisory: jetstream::Message,
-    /// `(stream sequence, deliveries)`: outranks every delivery the job had.
+    /// `(stream sequence, deliveries + 1)`: outranks every delivery the job had.
     pub fence: (u64, u64),
+    /// How many times the job was delivered.
+    pub deliveries: u64,
+    /// The job's `traceparent`, carried over to the DLQ copy.
+    pub traceparent: Option<String>,
     /// The job, if it is still in the stream and is one.
     pub job: Option<Job>,
     /// The agent named by the job's subject.
     pub agent: String,
     payload: Option<Vec<u8>>,
+}
+
+/// Whether a stream read failed because the message is not there (JetStream error 10037).
+fn is_no_message(kind: stream::RawMessageErrorKind) -> bool {
+    match kind {
+        stream::RawMessageErrorKind::NoMessageFound => true,
+        stream::RawMessageErrorKind::JetStream(e) => {
+            e.error_code() == jetstream::ErrorCode::NO_MESSAGE_FOUND
+        }
+        _ => false,
+    }
 }
 
 /// The part of a `MAX_DELIVERIES` advisory we need.
@@ -424,7 +439,12 @@ impl Queue {
                 let _ = advisory.ack().await;
                 continue;
             };
-            let raw = self.jobs.get_raw_message(adv.stream_seq).await.ok();
+            let raw = match self.jobs.get_raw_message(adv.stream_seq).await {
+                Ok(m) => Some(m),
+                Err(e) if is_no_message(e.kind()) => None,
+                // Not known to be gone: leave the advisory for another try.
+                Err(e) => return Err(err(format!("reading job {}: {e}", adv.stream_seq))),
+            };
             let agent = raw
                 .as_ref()
                 .and_then(|m| {
@@ -437,11 +457,18 @@ impl Queue {
             let job = raw
                 .as_ref()
                 .and_then(|m| serde_json::from_slice::<Job>(&m.payload).ok());
+            let traceparent = raw
+                .as_ref()
+                .and_then(|m| m.headers.get("traceparent"))
+                .map(|v| v.as_str().to_owned());
             out.push(Exhausted {
                 advisory,
-                fence: (adv.stream_seq, adv.deliveries),
+                // One past the last delivery: outranks a worker still holding it.
+                fence: (adv.stream_seq, adv.deliveries.saturating_add(1)),
+                deliveries: adv.deliveries,
                 job,
                 agent,
+                traceparent,
                 payload: raw.map(|m| m.payload.to_vec()),
             });
         }
@@ -458,8 +485,26 @@ impl Queue {
                 reason.replace(['\r', '\n'], " ").as_str(),
             );
             headers.insert("Delta-Stream-Seq", x.fence.0.to_string().as_str());
+            if let Some(tp) = &x.traceparent {
+                headers.insert("traceparent", tp.as_str());
+            }
             self.publish(self.names.dlq_subject(&x.agent), headers, payload.clone())
                 .await?;
+            self.jobs
+                .delete_message(x.fence.0)
+                .await
+                .map_err(|e| Error::Ack(format!("removing exhausted job {}: {e}", x.fence.0)))?;
+        }
+        x.advisory
+            .double_ack()
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
+    }
+
+    /// Removes an exhausted job that needs no dead-lettering (its run went on) and acknowledges
+    /// the advisory.
+    pub async fn drop_exhausted(&self, x: &Exhausted) -> Result<(), Error> {
+        if x.payload.is_some() {
             self.jobs
                 .delete_message(x.fence.0)
                 .await

@@ -577,6 +577,50 @@ steps:
     assert_eq!(results(&j)[2].0, ActionStatus::Success);
 }
 
+#[tokio::test]
+async fn a_secret_that_looks_like_its_own_reference_is_passed_as_is() {
+    let f = Fixture::new(
+        r#"
+steps:
+  - ask_human: {prompt: "API key?", sensitive: true}
+  - tool: use_key
+    args: {key: "${secret}"}
+  - finish: "${observation}"
+"#,
+    );
+    let id = f.start("t").await;
+    let run = f.store.load(id).await.expect("load");
+    let settings = Settings {
+        worker: "local".into(),
+        work_dir: f.work(),
+        pause: PauseMode::Hold,
+    };
+    let mut engine = Engine::new(
+        &f.agent,
+        &f.brain,
+        &f.store,
+        run,
+        settings,
+        CancellationToken::new(),
+    );
+    let q = paused(engine.advance(None).await.expect("advance"));
+    let sneaky = format!("{{{{secret:{}}}}}", q.request_id);
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        engine.advance(Some(answer(&q, None, Some(&sneaky)))),
+    )
+    .await
+    .expect("the reference inside the secret is not expanded again (no endless loop)")
+    .expect("advance");
+    assert!(matches!(out, Outcome::Completed { .. }), "{out:?}");
+    let j = f.journal(id).await;
+    assert_eq!(
+        results(&j)[1].0,
+        ActionStatus::Error,
+        "use_key got the literal text, not hunter2"
+    );
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = vec![];
     for e in std::fs::read_dir(dir).expect("read_dir").flatten() {

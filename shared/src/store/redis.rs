@@ -162,11 +162,20 @@ impl RedisRunStore {
     ) -> Result<bool, Error> {
         let run_id = request.run_id;
         let mut stored = response.clone();
-        if request.is_sensitive()
-            && let Some(input) = &response.input
-        {
+        let has_content =
+            response.input.is_some() || response.feedback.is_some() || response.data.is_some();
+        if request.is_sensitive() && has_content {
+            // Everything the person typed is sealed: input, feedback and data alike.
             let key = self.secrets.as_ref().ok_or(Error::NoSecretsKey)?;
-            stored.input = Some(key.seal(&request.request_id.to_string(), input)?);
+            let ctx = request.request_id.to_string();
+            let seal = |t: &str| key.seal(&ctx, t);
+            stored.input = response.input.as_deref().map(seal).transpose()?;
+            stored.feedback = response.feedback.as_deref().map(seal).transpose()?;
+            stored.data = response
+                .data
+                .as_ref()
+                .map(|d| seal(&d.to_string()).map(serde_json::Value::String))
+                .transpose()?;
         }
         let mut conn = self.connection();
         let key = self.interaction_key(run_id, &response.request_id.to_string());
@@ -182,6 +191,19 @@ impl RedisRunStore {
             Err(e) if e.to_string().contains("NOTFOUND") => Err(Error::NotFound(run_id)),
             Err(e) => Err(backend(e)),
         }
+    }
+
+    /// The fencing token of the delivery that last wrote to a run (`(0, 0)` before any).
+    pub async fn owner_fence(&self, run_id: RunId) -> Result<(u64, u64), Error> {
+        let mut conn = self.connection();
+        let (s, n): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+            .arg(self.run_key(run_id))
+            .arg("fence_seq")
+            .arg("fence_n")
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok((s.unwrap_or(0), n.unwrap_or(0)))
     }
 
     /// The accepted answer of an interaction, if it has one.
@@ -200,9 +222,28 @@ impl RedisRunStore {
         let Some(raw) = raw else { return Ok(None) };
         let mut response: InteractionResponse = serde_json::from_str(&raw)
             .map_err(|e| Error::Backend(format!("interaction {request_id}: bad response ({e})")))?;
-        if let Some(input) = response.input.as_deref().filter(|i| secret::is_sealed(i)) {
+        let ctx = request_id.to_string();
+        let open = |t: &str| -> Result<String, Error> {
             let key = self.secrets.as_ref().ok_or(Error::NoSecretsKey)?;
-            response.input = Some(key.open(&request_id.to_string(), input)?);
+            Ok(key.open(&ctx, t)?)
+        };
+        if let Some(t) = response.input.as_deref().filter(|t| secret::is_sealed(t)) {
+            response.input = Some(open(t)?);
+        }
+        if let Some(t) = response
+            .feedback
+            .as_deref()
+            .filter(|t| secret::is_sealed(t))
+        {
+            response.feedback = Some(open(t)?);
+        }
+        if let Some(serde_json::Value::String(t)) = &response.data
+            && secret::is_sealed(t)
+        {
+            let plain = open(t)?;
+            response.data = Some(serde_json::from_str(&plain).map_err(|e| {
+                Error::Backend(format!("interaction {request_id}: bad sealed data ({e})"))
+            })?);
         }
         Ok(Some(response))
     }
