@@ -105,6 +105,8 @@ pub struct Replay {
     /// When the brain's most recent decision is a `PLAN`: that plan, and the index in
     /// `interactions` of the request asking to confirm it, once asked.
     current_plan: Option<(Plan, Option<usize>)>,
+    /// The round of a plan whose confirmation was answered "modify", until the next plan.
+    revising: Option<u32>,
     /// The last `seq` seen.
     pub last_seq: u64,
 }
@@ -149,6 +151,7 @@ impl Replay {
                 self.turns += 1;
                 self.current_calls.clear();
                 self.current_plan = Some((p.clone(), None));
+                self.revising = None;
             }
             Event::ActionRequest(a) => {
                 self.requested.insert(a.action_id.clone(), a.clone());
@@ -171,6 +174,13 @@ impl Replay {
                     .find(|(q, a)| q.request_id == rec.request_id && a.is_none())
                 {
                     slot.1 = Some(rec.clone());
+                }
+                if let Some((plan, Some(index))) = &self.current_plan
+                    && self.interactions.get(*index).map(|(q, _)| q.request_id)
+                        == Some(rec.request_id)
+                    && rec.action == crate::protocol::OptionAction::RetryWithFeedback
+                {
+                    self.revising = Some(plan.round);
                 }
             }
             Event::SystemMessage(_) => {}
@@ -215,6 +225,12 @@ impl Replay {
     /// The plan of the brain's most recent decision, if that decision was a `PLAN`.
     pub fn current_plan(&self) -> Option<&Plan> {
         self.current_plan.as_ref().map(|(p, _)| p)
+    }
+
+    /// The round of the plan a person sent back for changes ("modify"), while no new plan has
+    /// been made: nothing should run until one is.
+    pub fn revising(&self) -> Option<u32> {
+        self.revising
     }
 
     /// The request to confirm the current plan, with its answer if it has one.

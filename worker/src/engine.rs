@@ -435,15 +435,8 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 Ok(None)
             }
             Decision::Plan { tasks, .. } => {
-                // A plan right after its confirmation was answered "modify" is its next round.
-                let round = match (self.replay.current_plan(), self.replay.plan_confirmation()) {
-                    (Some(p), Some((_, Some(a))))
-                        if a.action == OptionAction::RetryWithFeedback =>
-                    {
-                        p.round.saturating_add(1)
-                    }
-                    _ => 1,
-                };
+                // A plan made after one was sent back ("modify") is its next round.
+                let round = self.replay.revising().map_or(1, |r| r.saturating_add(1));
                 let tasks: Vec<PlanTask> = tasks
                     .into_iter()
                     .zip(1..)
@@ -607,6 +600,15 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     self.result(&req.action_id, ActionStatus::Error, msg, None, 0);
                     return Ok(None);
                 };
+                if fresh && self.plan_sent_back() {
+                    // The person asked for a different plan: nothing runs until one is confirmed.
+                    let msg =
+                        "not run: the plan was sent back for changes; propose the revised plan \
+                               (the `plan` tool) and wait for its confirmation before acting"
+                            .to_owned();
+                    self.result(&req.action_id, ActionStatus::Error, msg, None, 0);
+                    return Ok(None);
+                }
                 if fresh && tool.needs_approval(&req.args) {
                     let q = self.approval_request(&req, tool);
                     self.push(Event::HumanInputRequest(Box::new(q.clone())));
@@ -665,6 +667,12 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             },
             _ => Ok(Received::Stop(self.pause(q.clone()).await?)),
         }
+    }
+
+    /// With `confirm_plan`: whether the current plan's confirmation was answered "modify", so a
+    /// revised plan must come (and be confirmed) before any tool runs.
+    fn plan_sent_back(&self) -> bool {
+        self.agent.config.confirm_plan && self.replay.revising().is_some()
     }
 
     /// With `confirm_plan`, a plan is put to a person before the brain goes on: ask, wait for

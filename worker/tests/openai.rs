@@ -388,3 +388,73 @@ async fn the_plan_tool_is_confirmed_by_a_person_and_answers_reach_the_model() {
         std::fs::read_to_string(store.execution_dir(id).join("journal.jsonl")).expect("journal");
     assert_eq!(journal.matches("\"type\":\"PLAN\"").count(), 2);
 }
+
+#[tokio::test]
+async fn after_a_plan_is_sent_back_no_tool_runs_until_a_new_plan_is_confirmed() {
+    let plan = |tasks: Value| tool_reply(vec![call("p", "plan", json!({ "tasks": tasks }))]);
+    let (url, _fake) = serve(vec![
+        plan(json!(["echo hi"])),
+        // The model acts instead of re-planning: the call must not run.
+        tool_reply(vec![call("c0", "echo", json!({"text": "too early"}))]),
+        plan(json!(["echo hi twice"])),
+        (200, json!({"choices": [{"message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}]})),
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent = agent_with(dir.path(), &url, "confirm_plan: true\n");
+    let brain = AnyBrain::for_agent(&agent).expect("brain");
+    let store = FileRunStore::new(dir.path().join(".delta"));
+    let (id, run, settings) = new_run(dir.path(), &store, "t", PauseMode::Hold).await;
+    let mut engine = Engine::new(
+        &agent,
+        &brain,
+        &store,
+        run,
+        settings,
+        CancellationToken::new(),
+    );
+    let ask = |q: &InteractionRequest, option: &str, input: Option<&str>| {
+        let mut a = InteractionResponse::new(
+            q.request_id,
+            Responder {
+                id: "t".into(),
+                via: Via::Stdin,
+            },
+        );
+        a.option_id = Some(option.into());
+        a.input = input.map(str::to_owned);
+        a
+    };
+    let paused = |o: Outcome| match o {
+        Outcome::Paused(q) => *q,
+        other => panic!("expected a question, got {other:?}"),
+    };
+    let q1 = paused(engine.advance(None).await.expect("advance"));
+    let q2 = paused(
+        engine
+            .advance(Some(ask(&q1, "modify", Some("twice"))))
+            .await
+            .expect("advance"),
+    );
+    assert_eq!(q2.context["round"], 2, "the second plan is asked again");
+    let out = engine
+        .advance(Some(ask(&q2, "confirm", None)))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "done".into()
+        }
+    );
+    let journal =
+        std::fs::read_to_string(store.execution_dir(id).join("journal.jsonl")).expect("journal");
+    assert!(
+        journal.contains("not run: the plan was sent back"),
+        "{journal}"
+    );
+    assert!(
+        !journal.contains("too early\\n"),
+        "echo never ran: {journal}"
+    );
+}
