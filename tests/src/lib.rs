@@ -13,6 +13,31 @@ pub use nix::sys::signal::Signal;
 
 pub mod workers;
 
+/// A journal's events without what legitimately differs between two runs of the same agent
+/// with the same answers: times, durations, ids and the worker's name.
+pub fn journal_shape(journal: &[delta_shared::protocol::JournalEvent]) -> Vec<serde_json::Value> {
+    journal
+        .iter()
+        .map(|e| {
+            let mut v = serde_json::to_value(&e.event).unwrap_or_default();
+            let p = &mut v["payload"];
+            for k in [
+                "run_id",
+                "request_id",
+                "timestamp",
+                "expires_at",
+                "duration_ms",
+                "worker",
+            ] {
+                if p.get(k).is_some() {
+                    p[k] = serde_json::json!("*");
+                }
+            }
+            serde_json::json!({"seq": e.seq, "event": v})
+        })
+        .collect()
+}
+
 /// A server that could not be started.
 #[derive(Debug)]
 pub struct Error(pub String);

@@ -9,7 +9,6 @@ use delta_shared::store::{RunRecord, RunStore};
 use delta_worker::agent::Agent;
 use delta_worker::brain::AnyBrain;
 use delta_worker::engine::{Engine, Outcome, PauseMode, Settings};
-use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 async fn run_hello<S: RunStore>(
@@ -72,29 +71,6 @@ async fn run_hello<S: RunStore>(
     store.load(id).await.expect("load").journal
 }
 
-/// Events without what legitimately differs between two runs: times, durations, ids.
-fn shape(journal: &[JournalEvent]) -> Vec<Value> {
-    journal
-        .iter()
-        .map(|e| {
-            let mut v = serde_json::to_value(&e.event).expect("json");
-            let p = &mut v["payload"];
-            for k in [
-                "run_id",
-                "request_id",
-                "timestamp",
-                "expires_at",
-                "duration_ms",
-            ] {
-                if p.get(k).is_some() {
-                    p[k] = json!("*");
-                }
-            }
-            json!({"seq": e.seq, "event": v})
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn the_engine_writes_the_same_journal_to_redis_as_to_files() {
     let redis = delta_e2e::Redis::start().expect("redis-server");
@@ -117,7 +93,10 @@ async fn the_engine_writes_the_same_journal_to_redis_as_to_files() {
         work.path(),
     )
     .await;
-    assert_eq!(shape(&on_redis), shape(&on_files));
+    assert_eq!(
+        delta_e2e::journal_shape(&on_redis),
+        delta_e2e::journal_shape(&on_files)
+    );
     assert!(
         on_redis
             .iter()

@@ -166,6 +166,51 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
         .filter(|e| matches!(e.event, Event::HumanInputReceived(_)))
         .count();
     assert_eq!(received, 1, "the answer was applied once");
+
+    // The same journal as the local engine writes for the same answer.
+    let local_dir = tempfile::tempdir().expect("tmp");
+    let files = delta_shared::store::file::FileRunStore::new(local_dir.path().join(".delta"));
+    let agent = delta_worker::agent::Agent::load(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/hello"),
+    )
+    .expect("agent");
+    let brain = delta_worker::brain::AnyBrain::for_agent(&agent).expect("brain");
+    let rec = RunRecord::new(RunId::new(), "hello", "say hi", RunStatus::Queued);
+    let local = rec.run_id;
+    files.create(rec).await.expect("create");
+    let settings = delta_worker::engine::Settings {
+        worker: "local".into(),
+        work_dir: local_dir.path().to_path_buf(),
+        pause: delta_worker::engine::PauseMode::Park,
+    };
+    let engine = |run| {
+        delta_worker::engine::Engine::new(
+            &agent,
+            &brain,
+            &files,
+            run,
+            settings.clone(),
+            CancellationToken::new(),
+        )
+    };
+    let out = engine(files.load(local).await.expect("load"))
+        .advance(None)
+        .await
+        .expect("advance");
+    let delta_worker::engine::Outcome::Paused(lq) = out else {
+        panic!("the local run pauses too: {out:?}")
+    };
+    let mut same = answer.clone();
+    same.request_id = lq.request_id;
+    engine(files.load(local).await.expect("load"))
+        .advance(Some(same))
+        .await
+        .expect("advance");
+    assert_eq!(
+        delta_e2e::journal_shape(&run.journal),
+        delta_e2e::journal_shape(&files.load(local).await.expect("load").journal),
+        "the fleet journals exactly what the local engine does"
+    );
 }
 
 #[tokio::test]
