@@ -13,6 +13,32 @@ pub use nix::sys::signal::Signal;
 
 pub mod workers;
 
+/// Asserts that a run's journal requested and resulted each step once, `steps` of them.
+pub fn assert_each_step_once(run: &delta_shared::store::StoredRun, steps: usize) {
+    use delta_shared::protocol::Event;
+    let id = run.record.run_id;
+    let (mut requested, mut resulted) = (
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+    );
+    for e in &run.journal {
+        match &e.event {
+            Event::ActionRequest(a) => assert!(
+                requested.insert(a.action_id.clone()),
+                "run {id}: step {} requested twice",
+                a.action_id
+            ),
+            Event::ActionResult(r) => assert!(
+                resulted.insert(r.action_id.clone()),
+                "run {id}: step {} has two results",
+                r.action_id
+            ),
+            _ => {}
+        }
+    }
+    assert_eq!(resulted.len(), steps, "run {id}: {steps} steps");
+}
+
 /// A journal's events without what legitimately differs between two runs of the same agent
 /// with the same answers: times, durations, ids and the worker's name.
 pub fn journal_shape(journal: &[delta_shared::protocol::JournalEvent]) -> Vec<serde_json::Value> {

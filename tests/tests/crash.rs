@@ -2,12 +2,11 @@
 //!
 //! Workers are real processes (`delta_e2e::workers`) so that they can be SIGKILLed.
 
-use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use delta_e2e::workers::{Spec, spawn};
-use delta_shared::protocol::{Event, Job, JobKind, RunId, RunStatus};
+use delta_shared::protocol::{Job, JobKind, RunId, RunStatus};
 use delta_shared::store::redis::RedisRunStore;
 use delta_shared::store::{RunRecord, RunStore};
 use delta_worker::queue::Queue;
@@ -123,24 +122,7 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
     let effects = std::fs::read_to_string(work.join("effects")).expect("effects");
     for id in &ids {
         let run = store.load(*id).await.expect("load");
-        let mut requested = HashSet::new();
-        let mut resulted = HashSet::new();
-        for e in &run.journal {
-            match &e.event {
-                Event::ActionRequest(a) => assert!(
-                    requested.insert(a.action_id.clone()),
-                    "run {id}: step {} requested twice",
-                    a.action_id
-                ),
-                Event::ActionResult(r) => assert!(
-                    resulted.insert(r.action_id.clone()),
-                    "run {id}: step {} has two results",
-                    r.action_id
-                ),
-                _ => {}
-            }
-        }
-        assert_eq!(resulted.len(), 3, "run {id}: three steps");
+        delta_e2e::assert_each_step_once(&run, 3);
         for step in 1..=3 {
             let n = effects
                 .lines()

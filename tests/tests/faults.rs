@@ -154,23 +154,7 @@ impl Fleet {
         for id in ids {
             let run = self.load(*id).await;
             assert_eq!(run.record.status, RunStatus::Completed, "run {id}");
-            let (mut requested, mut resulted) = (HashSet::new(), HashSet::new());
-            for e in &run.journal {
-                match &e.event {
-                    Event::ActionRequest(a) => assert!(
-                        requested.insert(a.action_id.clone()),
-                        "run {id}: step {} requested twice",
-                        a.action_id
-                    ),
-                    Event::ActionResult(r) => assert!(
-                        resulted.insert(r.action_id.clone()),
-                        "run {id}: step {} has two results",
-                        r.action_id
-                    ),
-                    _ => {}
-                }
-            }
-            assert_eq!(resulted.len(), steps, "run {id}: {steps} steps");
+            delta_e2e::assert_each_step_once(&run, steps);
         }
     }
 }

@@ -140,6 +140,27 @@ pub struct Exhausted {
     payload: Option<Vec<u8>>,
 }
 
+/// The durable pull consumer `config` on `stream_name`, updated to `config` or created.
+async fn durable_consumer(
+    js: &jetstream::Context,
+    stream_name: &str,
+    config: consumer::pull::Config,
+) -> Result<(stream::Stream, consumer::PullConsumer), Error> {
+    let name = config.durable_name.clone().unwrap_or_default();
+    let stream = js
+        .get_stream(stream_name)
+        .await
+        .map_err(|e| setup(stream_name)(e.to_string()))?;
+    let consumer = match stream.update_consumer(config.clone()).await {
+        Ok(c) => c,
+        Err(_) => stream
+            .create_consumer(config)
+            .await
+            .map_err(|e| setup(&name)(e.to_string()))?,
+    };
+    Ok((stream, consumer))
+}
+
 /// Whether a stream read failed because the message is not there (JetStream error 10037).
 fn is_no_message(kind: stream::RawMessageErrorKind) -> bool {
     match kind {
@@ -222,25 +243,19 @@ impl Queue {
         })
         .await
         .map_err(|e| setup(&names.interactions_stream())(e.to_string()))?;
-        let stream = js
-            .get_stream(names.jobs_stream())
-            .await
-            .map_err(|e| setup(&names.jobs_stream())(e.to_string()))?;
-        let config = consumer::pull::Config {
-            durable_name: Some(names.consumer()),
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: settings.ack_wait,
-            max_deliver: settings.max_deliver,
-            max_ack_pending: settings.max_ack_pending,
-            ..Default::default()
-        };
-        let consumer: consumer::PullConsumer = match stream.update_consumer(config.clone()).await {
-            Ok(c) => c,
-            Err(_) => stream
-                .create_consumer(config)
-                .await
-                .map_err(|e| setup(&names.consumer())(e.to_string()))?,
-        };
+        let (stream, consumer) = durable_consumer(
+            &js,
+            &names.jobs_stream(),
+            consumer::pull::Config {
+                durable_name: Some(names.consumer()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: settings.ack_wait,
+                max_deliver: settings.max_deliver,
+                max_ack_pending: settings.max_ack_pending,
+                ..Default::default()
+            },
+        )
+        .await?;
         js.create_or_update_stream(stream::Config {
             name: names.exhausted_stream(),
             subjects: vec![names.exhausted_advisory()],
@@ -251,23 +266,17 @@ impl Queue {
         })
         .await
         .map_err(|e| setup(&names.exhausted_stream())(e.to_string()))?;
-        let exhausted_stream = js
-            .get_stream(names.exhausted_stream())
-            .await
-            .map_err(|e| setup(&names.exhausted_stream())(e.to_string()))?;
-        let config = consumer::pull::Config {
-            durable_name: Some(names.exhausted_consumer()),
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(30),
-            ..Default::default()
-        };
-        let exhausted = match exhausted_stream.update_consumer(config.clone()).await {
-            Ok(c) => c,
-            Err(_) => exhausted_stream
-                .create_consumer(config)
-                .await
-                .map_err(|e| setup(&names.exhausted_consumer())(e.to_string()))?,
-        };
+        let (_, exhausted) = durable_consumer(
+            &js,
+            &names.exhausted_stream(),
+            consumer::pull::Config {
+                durable_name: Some(names.exhausted_consumer()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                ..Default::default()
+            },
+        )
+        .await?;
         Ok(Queue {
             client,
             js,
