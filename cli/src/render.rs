@@ -1,6 +1,6 @@
 //! One readable line per journal event, for people watching a run on stderr.
 
-use delta_shared::protocol::{ActionStatus, Event, JournalEvent};
+use delta_shared::protocol::{ActionStatus, Event, JournalEvent, PlanTask};
 
 fn short(s: &str, n: usize) -> String {
     let one_line = s.trim().replace('\n', " | ");
@@ -23,11 +23,7 @@ pub fn line(e: &JournalEvent) -> Option<String> {
         }
         Event::Thought(_) => return None,
         Event::Plan(p) => {
-            let tasks: Vec<String> = p
-                .tasks
-                .iter()
-                .map(|t| format!("{}. {}", t.index, t.description))
-                .collect();
+            let tasks: Vec<String> = p.tasks.iter().map(PlanTask::line).collect();
             format!("[plan]  {} (risk {:?})", tasks.join("; "), p.risk_level)
         }
         Event::ActionRequest(a) => {

@@ -294,6 +294,13 @@ pub struct PlanTask {
     pub risk: RiskLevel,
 }
 
+impl PlanTask {
+    /// `"<index>. <description>"`, as a plan is listed to people and to the model.
+    pub fn line(&self) -> String {
+        format!("{}. {}", self.index, self.description)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub tasks: Vec<PlanTask>,

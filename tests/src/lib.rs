@@ -13,6 +13,27 @@ pub use nix::sys::signal::Signal;
 
 pub mod workers;
 
+/// Waits (up to 20 s) until a run in Redis has `status`; fails the test with the status it has.
+pub async fn wait_for_status(
+    store: &delta_shared::store::redis::RedisRunStore,
+    id: delta_shared::protocol::RunId,
+    status: delta_shared::protocol::RunStatus,
+) {
+    use delta_shared::store::RunStore;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = store.load(id).await.expect("load").record.status;
+        if now == status {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {id} is {now}, expected {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Asserts that a run's journal requested and resulted each step once, `steps` of them.
 pub fn assert_each_step_once(run: &delta_shared::store::StoredRun, steps: usize) {
     use delta_shared::protocol::Event;

@@ -56,21 +56,6 @@ impl Worker {
     }
 }
 
-async fn wait_for(store: &RedisRunStore, id: RunId, status: RunStatus) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let now = store.load(id).await.expect("load").record.status;
-        if now == status {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run {id} is {now}, expected {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn submit(store: &RedisRunStore, q: &Queue, agent: &str, task: &str) -> RunId {
     let rec = RunRecord::new(RunId::new(), agent, task, RunStatus::Queued);
     let id = rec.run_id;
@@ -110,7 +95,7 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
 
     let a = start(config(&nats, &redis, "fa", "worker-a", work.path()));
     let id = submit(&store, &q, "hello", "say hi").await;
-    wait_for(&store, id, RunStatus::WaitingForInput).await;
+    delta_e2e::wait_for_status(&store, id, RunStatus::WaitingForInput).await;
     let msg = tokio::time::timeout(Duration::from_secs(10), requested.next())
         .await
         .expect("announced")
@@ -146,7 +131,7 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
     q.publish_job("hello", &resume, None)
         .await
         .expect("duplicate resume is dropped");
-    wait_for(&store, id, RunStatus::Completed).await;
+    delta_e2e::wait_for_status(&store, id, RunStatus::Completed).await;
     b.stop().await;
 
     let run = store.load(id).await.expect("load");
@@ -248,7 +233,7 @@ async fn poison_jobs_are_dead_lettered_and_their_runs_failed() {
         .await
         .expect("ack");
 
-    wait_for(&store, broken, RunStatus::Failed).await;
+    delta_e2e::wait_for_status(&store, broken, RunStatus::Failed).await;
     let error = store
         .load(broken)
         .await
@@ -459,7 +444,7 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
     );
     let edited = serde_json::json!({"args": {"env": "production", "version": "1.4.3"}});
     answer(&store, &q, &approval, Some("approve"), None, Some(edited)).await;
-    wait_for(&store, id, RunStatus::Completed).await;
+    delta_e2e::wait_for_status(&store, id, RunStatus::Completed).await;
     a.stop().await;
     b.stop().await;
 
@@ -570,7 +555,7 @@ async fn a_sealed_secret_reaches_a_tool_after_a_later_pause_on_another_worker() 
     a.stop().await;
     let b = worker("worker-b");
     answer(&store, &q, &go_on, None, Some("yes"), None).await;
-    wait_for(&store, id, RunStatus::Completed).await;
+    delta_e2e::wait_for_status(&store, id, RunStatus::Completed).await;
     b.stop().await;
     let run = store.load(id).await.expect("load");
     assert_eq!(

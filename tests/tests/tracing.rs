@@ -4,7 +4,7 @@
 //! pipeline OTLP export uses, minus the network), installed as this test process's subscriber.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use delta_shared::protocol::{
     InteractionRequest, InteractionResponse, Job, JobKind, Responder, RunId, RunStatus, Via,
@@ -27,14 +27,6 @@ fn parts(traceparent: &str) -> (String, String) {
     let p: Vec<&str> = traceparent.split('-').collect();
     assert_eq!(p.len(), 4, "a W3C traceparent: {traceparent}");
     (p[1].to_owned(), p[2].to_owned())
-}
-
-async fn wait_for(store: &RedisRunStore, id: RunId, status: RunStatus) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while store.load(id).await.expect("load").record.status != status {
-        assert!(Instant::now() < deadline, "run {id} never became {status}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]
@@ -128,7 +120,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
     q.publish_job("hello", &resume, Some(&announced))
         .await
         .expect("resume");
-    wait_for(&store, id, RunStatus::Completed).await;
+    delta_e2e::wait_for_status(&store, id, RunStatus::Completed).await;
     stop.cancel();
     worker.await.expect("join").expect("worker");
 

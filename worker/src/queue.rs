@@ -351,21 +351,38 @@ impl Queue {
 
     /// Copies a delivery to the dead-letter stream with the reason in a header.
     pub async fn dead_letter(&self, d: &Delivery, reason: &str) -> Result<(), Error> {
+        let payload = d.msg.payload.to_vec();
+        self.copy_to_dlq(
+            &d.agent,
+            d.fence.0,
+            d.traceparent.as_deref(),
+            reason,
+            payload,
+        )
+        .await
+    }
+
+    /// Publishes a job's payload on `…dlq.<agent>` with `Delta-Dlq-Reason`, `Delta-Stream-Seq` and
+    /// its `traceparent`.
+    async fn copy_to_dlq(
+        &self,
+        agent: &str,
+        seq: u64,
+        traceparent: Option<&str>,
+        reason: &str,
+        payload: Vec<u8>,
+    ) -> Result<(), Error> {
         let mut headers = HeaderMap::new();
         headers.insert(
             "Delta-Dlq-Reason",
             reason.replace(['\r', '\n'], " ").as_str(),
         );
-        headers.insert("Delta-Stream-Seq", d.fence.0.to_string().as_str());
-        if let Some(tp) = &d.traceparent {
-            headers.insert("traceparent", tp.as_str());
+        headers.insert("Delta-Stream-Seq", seq.to_string().as_str());
+        if let Some(tp) = traceparent {
+            headers.insert("traceparent", tp);
         }
-        self.publish(
-            self.names.dlq_subject(&d.agent),
-            headers,
-            d.msg.payload.to_vec(),
-        )
-        .await
+        self.publish(self.names.dlq_subject(agent), headers, payload)
+            .await
     }
 
     /// Pulls up to `max` jobs, waiting at most `wait` for the first.
@@ -488,26 +505,11 @@ impl Queue {
     /// acknowledges its advisory. A job already gone (handled meanwhile) is only acknowledged.
     pub async fn dead_letter_exhausted(&self, x: &Exhausted, reason: &str) -> Result<(), Error> {
         if let Some(payload) = &x.payload {
-            let mut headers = HeaderMap::new();
-            headers.insert(
-                "Delta-Dlq-Reason",
-                reason.replace(['\r', '\n'], " ").as_str(),
-            );
-            headers.insert("Delta-Stream-Seq", x.fence.0.to_string().as_str());
-            if let Some(tp) = &x.traceparent {
-                headers.insert("traceparent", tp.as_str());
-            }
-            self.publish(self.names.dlq_subject(&x.agent), headers, payload.clone())
+            let tp = x.traceparent.as_deref();
+            self.copy_to_dlq(&x.agent, x.fence.0, tp, reason, payload.clone())
                 .await?;
-            self.jobs
-                .delete_message(x.fence.0)
-                .await
-                .map_err(|e| Error::Ack(format!("removing exhausted job {}: {e}", x.fence.0)))?;
         }
-        x.advisory
-            .double_ack()
-            .await
-            .map_err(|e| Error::Ack(e.to_string()))
+        self.drop_exhausted(x).await
     }
 
     /// Removes an exhausted job that needs no dead-lettering (its run went on) and acknowledges

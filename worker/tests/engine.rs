@@ -94,6 +94,24 @@ impl Fixture {
         Engine::new(&self.agent, &self.brain, &self.store, run, settings, cancel)
     }
 
+    /// An engine in hold mode (like `-i`): answers arrive in this process, secrets stay in it.
+    async fn holding_engine(&self, id: RunId) -> Engine<'_, FileRunStore, AnyBrain> {
+        let run = self.store.load(id).await.expect("load");
+        let settings = Settings {
+            worker: "local".into(),
+            work_dir: self.work(),
+            pause: PauseMode::Hold,
+        };
+        Engine::new(
+            &self.agent,
+            &self.brain,
+            &self.store,
+            run,
+            settings,
+            CancellationToken::new(),
+        )
+    }
+
     async fn journal(&self, id: RunId) -> Vec<JournalEvent> {
         FileRunStore::new(self.dir.path().join(".delta"))
             .load(id)
@@ -530,20 +548,7 @@ steps:
 "#,
     );
     let id = f.start("t").await;
-    let run = f.store.load(id).await.expect("load");
-    let settings = Settings {
-        worker: "local".into(),
-        work_dir: f.work(),
-        pause: PauseMode::Hold,
-    };
-    let mut engine = Engine::new(
-        &f.agent,
-        &f.brain,
-        &f.store,
-        run,
-        settings,
-        CancellationToken::new(),
-    );
+    let mut engine = f.holding_engine(id).await;
     let q = paused(engine.advance(None).await.expect("advance"));
     let q = paused(
         engine
@@ -589,20 +594,7 @@ steps:
 "#,
     );
     let id = f.start("t").await;
-    let run = f.store.load(id).await.expect("load");
-    let settings = Settings {
-        worker: "local".into(),
-        work_dir: f.work(),
-        pause: PauseMode::Hold,
-    };
-    let mut engine = Engine::new(
-        &f.agent,
-        &f.brain,
-        &f.store,
-        run,
-        settings,
-        CancellationToken::new(),
-    );
+    let mut engine = f.holding_engine(id).await;
     let q = paused(engine.advance(None).await.expect("advance"));
     let sneaky = format!("{{{{secret:{}}}}}", q.request_id);
     let out = tokio::time::timeout(

@@ -281,6 +281,27 @@ fn said(request: &Value, role: &str) -> Vec<String> {
         .collect()
 }
 
+/// A person's answer on the terminal: an option, maybe with text.
+fn ask(q: &InteractionRequest, option: &str, input: Option<&str>) -> InteractionResponse {
+    let mut a = InteractionResponse::new(
+        q.request_id,
+        Responder {
+            id: "t".into(),
+            via: Via::Stdin,
+        },
+    );
+    a.option_id = Some(option.into());
+    a.input = input.map(str::to_owned);
+    a
+}
+
+fn paused(o: Outcome) -> InteractionRequest {
+    match o {
+        Outcome::Paused(q) => *q,
+        other => panic!("expected a question, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn the_plan_tool_is_confirmed_by_a_person_and_answers_reach_the_model() {
     let plan = |tasks: Value| tool_reply(vec![call("p", "plan", json!({ "tasks": tasks }))]);
@@ -310,22 +331,6 @@ async fn the_plan_tool_is_confirmed_by_a_person_and_answers_reach_the_model() {
         settings,
         CancellationToken::new(),
     );
-    let ask = |q: &InteractionRequest, option: &str, input: Option<&str>| {
-        let mut a = InteractionResponse::new(
-            q.request_id,
-            Responder {
-                id: "t".into(),
-                via: Via::Stdin,
-            },
-        );
-        a.option_id = Some(option.into());
-        a.input = input.map(str::to_owned);
-        a
-    };
-    let paused = |o: Outcome| match o {
-        Outcome::Paused(q) => *q,
-        other => panic!("expected a question, got {other:?}"),
-    };
 
     let q1 = paused(engine.advance(None).await.expect("advance"));
     assert!(q1.is_plan_confirmation());
@@ -413,22 +418,6 @@ async fn after_a_plan_is_sent_back_no_tool_runs_until_a_new_plan_is_confirmed() 
         settings,
         CancellationToken::new(),
     );
-    let ask = |q: &InteractionRequest, option: &str, input: Option<&str>| {
-        let mut a = InteractionResponse::new(
-            q.request_id,
-            Responder {
-                id: "t".into(),
-                via: Via::Stdin,
-            },
-        );
-        a.option_id = Some(option.into());
-        a.input = input.map(str::to_owned);
-        a
-    };
-    let paused = |o: Outcome| match o {
-        Outcome::Paused(q) => *q,
-        other => panic!("expected a question, got {other:?}"),
-    };
     let q1 = paused(engine.advance(None).await.expect("advance"));
     let q2 = paused(
         engine

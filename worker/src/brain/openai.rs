@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use super::{Brain, Decision, Error, ProposedCall, View, parse_tasks};
 use crate::agent::{ASK_HUMAN, Agent, LlmConfig};
 use crate::tools::ParamType;
-use delta_shared::protocol::{ActionStatus, Event, OptionAction, RequestId};
+use delta_shared::protocol::{ActionStatus, Event, OptionAction, PlanTask, RequestId};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
@@ -266,11 +266,7 @@ pub fn messages(view: &View<'_>) -> Vec<Value> {
                 out.push(m);
             }
             Event::Plan(p) => {
-                let tasks: Vec<String> = p
-                    .tasks
-                    .iter()
-                    .map(|t| format!("{}. {}", t.index, t.description))
-                    .collect();
+                let tasks: Vec<String> = p.tasks.iter().map(PlanTask::line).collect();
                 out.push(
                     json!({"role": "assistant", "content": format!("Plan:\n{}", tasks.join("\n"))}),
                 );
@@ -298,10 +294,7 @@ pub fn messages(view: &View<'_>) -> Vec<Value> {
                             .and_then(|d| d.get("tasks"))
                             .and_then(|v| parse_tasks(v).ok())
                         {
-                            let list: Vec<String> = tasks
-                                .iter()
-                                .map(|t| format!("{}. {}", t.index, t.description))
-                                .collect();
+                            let list: Vec<String> = tasks.iter().map(PlanTask::line).collect();
                             t.push_str(&format!(
                                 "\nThe person edited the task list to:\n{}",
                                 list.join("\n")
