@@ -343,6 +343,7 @@ mod tests {
             timeout_seconds: None,
             expires_at: None,
             context: Default::default(),
+            allowed_responders: vec![],
         }
     }
 

@@ -1,3 +1,131 @@
-//! Delta Fleet's gateway: HTTP API, SSE, web inbox, bot bridge and reconcilers (to be built).
-//! It will answer interactions through the same validation the engine uses:
-//! `delta_shared::protocol::InteractionRequest::validate`.
+//! Delta Fleet's gateway: where runs are submitted and questions answered (DESIGN.md "The
+//! fleet", steps 1 and 5).
+//!
+//! - [`api`]: the HTTP API of PROTOCOL.md §6 (axum), with [`sse`] for live streams.
+//! - [`bots`]: NATS request-reply for chat bots, the same answer path as HTTP.
+//! - [`ops`]: submit, answer, cancel: every channel and the reconcilers go through these.
+//! - [`reconcile`]: timeouts, unpublished or lost resumes, lost jobs.
+//! - [`auth`], [`metrics`], [`config`].
+//!
+//! A gateway keeps no state of its own: everything is in Redis (runs, interactions, indexes)
+//! and NATS (jobs, announcements), changed by atomic scripts and idempotent publishes, so any
+//! number of gateways may run side by side.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use delta_shared::queue::{self, Queue, Role};
+use delta_shared::store::redis::RedisRunStore;
+
+pub mod api;
+pub mod auth;
+pub mod bots;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod ops;
+pub mod reconcile;
+pub mod sse;
+
+pub use config::Config;
+
+/// One gateway: its configuration and its connections.
+pub struct Gateway {
+    pub config: Config,
+    pub store: RedisRunStore,
+    pub queue: Queue,
+    pub metrics: metrics::Metrics,
+    /// Cancelled on shutdown: live streams and background tasks end.
+    pub shutdown: CancellationToken,
+    /// Every task the gateway spawns (streams, bot answers), waited for at shutdown.
+    pub tasks: TaskTracker,
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] delta_shared::store::Error),
+    #[error(transparent)]
+    Queue(#[from] queue::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot subscribe to the bots' subjects: {0}")]
+    Subscribe(String),
+}
+
+impl Gateway {
+    /// Connects to Redis and NATS (creating the streams if missing, never changing the workers'
+    /// consumer settings).
+    pub async fn connect(config: Config, shutdown: CancellationToken) -> Result<Self, Error> {
+        let mut store = RedisRunStore::connect(&config.redis_url, &config.prefix).await?;
+        if let Some(key) = &config.secrets_key {
+            store = store.with_secrets_key(key.clone());
+        }
+        let queue = Queue::connect_as(
+            &config.nats_url,
+            &config.prefix,
+            &queue::Settings::default(),
+            Role::Gateway,
+        )
+        .await?;
+        Ok(Self {
+            config,
+            store,
+            queue,
+            metrics: metrics::Metrics::new(),
+            shutdown,
+            tasks: TaskTracker::new(),
+        })
+    }
+}
+
+/// Runs a gateway until `shutdown`: the HTTP API on `config.addr`, the bot bridge and the
+/// reconcilers. Calls `ready` with the bound address once it listens.
+pub async fn run(
+    config: Config,
+    shutdown: CancellationToken,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> Result<(), Error> {
+    let addr = config.addr;
+    let gw = Arc::new(Gateway::connect(config, shutdown.clone()).await?);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Listen { addr, source })?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    let bots = {
+        let gw = gw.clone();
+        tokio::spawn(async move { bots::serve(gw).await })
+    };
+    let reconcilers = tokio::spawn(reconcile::run(gw.clone(), shutdown.clone()));
+    tracing::info!(%bound, auth = gw.config.auth.is_on(), "gateway listening");
+    ready(bound);
+    let app = api::router(gw.clone());
+    let stop = shutdown.clone();
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, "HTTP server stopped");
+    }
+    shutdown.cancel();
+    gw.tasks.close();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), gw.tasks.wait()).await;
+    match bots.await {
+        Ok(Err(e)) => tracing::warn!(error = %e, "bot bridge stopped"),
+        Err(e) => tracing::warn!(error = %e, "bot bridge task failed"),
+        Ok(Ok(())) => {}
+    }
+    let _ = reconcilers.await;
+    tracing::info!(
+        redis_round_trips = gw.store.round_trips(),
+        "gateway stopped"
+    );
+    Ok(())
+}

@@ -1,12 +1,50 @@
-//! `delta-gateway`: HTTP API, SSE, web inbox and bot bridge of the fleet.
-//!
-//! Not built yet (issue "The gateway"); until then this binary says so plainly.
+//! `delta-gateway`: configuration, logging, signals, run.
+
+use tokio_util::sync::CancellationToken;
 
 fn main() {
-    eprintln!(
-        "delta-gateway {}: the gateway is not available yet.\n\
-         Run agents locally with `delta run --agent <dir> --task \"...\"`.",
-        env!("CARGO_PKG_VERSION")
-    );
-    std::process::exit(64);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        eprint!(
+            "{}",
+            delta_shared::settings::usage("delta-gateway", delta_gateway::config::SETTINGS)
+        );
+        return;
+    }
+    let env = std::env::vars().collect();
+    let config = match delta_gateway::config::parse(&args, &env) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            std::process::exit(64);
+        }
+    };
+    let rt = delta_shared::host::runtime();
+    let telemetry = delta_shared::host::init_logging("info", "delta-gateway", &rt);
+    let code = rt.block_on(async {
+        let shutdown = CancellationToken::new();
+        let s = shutdown.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            if let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) {
+                tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
+                s.cancel();
+            }
+        });
+        let ready = |addr| eprintln!("delta-gateway listening on http://{addr}");
+        match delta_gateway::run(config, shutdown, ready).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: {e}");
+                1
+            }
+        }
+    });
+    drop(telemetry);
+    std::process::exit(code);
 }

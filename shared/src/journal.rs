@@ -23,9 +23,7 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
-    #[error(
-        "journal line {line}: seq {found} where {expected} was expected (seq must grow by 1 from 1)"
-    )]
+    #[error("journal line {line}: seq {found} where {expected} was expected (seq must grow by 1)")]
     Sequence {
         line: usize,
         expected: u64,
@@ -46,6 +44,11 @@ pub struct Parsed {
 /// Parses JSON lines, checking that `seq` grows by one from 1. Blank lines are ignored; any other
 /// bad line is an error naming its line number, except a torn last line (see [`Parsed`]).
 pub fn parse_jsonl(text: &str) -> Result<Parsed, Error> {
+    parse_jsonl_from(text, 1)
+}
+
+/// Like [`parse_jsonl`] for a part of a journal: `seq` grows by one from `first`.
+pub fn parse_jsonl_from(text: &str, first: u64) -> Result<Parsed, Error> {
     let mut parsed = Parsed::default();
     let mut offset = 0;
     for (index, raw) in text.split_inclusive('\n').enumerate() {
@@ -55,7 +58,7 @@ pub fn parse_jsonl(text: &str) -> Result<Parsed, Error> {
         if !body.is_empty() {
             match serde_json::from_str::<JournalEvent>(body) {
                 Ok(event) => {
-                    let expected = parsed.events.len() as u64 + 1;
+                    let expected = parsed.events.len() as u64 + first;
                     if event.seq != expected {
                         return Err(Error::Sequence {
                             line,

@@ -41,6 +41,11 @@ pub mod time {
             self.0
         }
 
+        /// The time `us` microseconds after the Unix epoch, if representable.
+        pub fn from_micros(us: i64) -> Option<Self> {
+            DateTime::<Utc>::from_timestamp_micros(us).map(Self)
+        }
+
         /// Microseconds since the Unix epoch.
         pub fn micros(&self) -> i64 {
             self.0.timestamp_micros()
@@ -475,6 +480,60 @@ impl Job {
     }
 }
 
+/// What `…interactions.resolved.<agent>.<run_id>` carries (PROTOCOL.md §4), plus `state`:
+/// `ANSWERED`, `EXPIRED` (the clock answered: `option_id` is the default applied, or none when
+/// the run fails) or `CANCELLED` (the run was cancelled while it waited).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Resolved {
+    pub request_id: RequestId,
+    pub run_id: RunId,
+    #[serde(default)]
+    pub option_id: Option<String>,
+    #[serde(default)]
+    pub action: Option<OptionAction>,
+    pub responder: Responder,
+    pub resolved_at: Timestamp,
+    pub state: InteractionState,
+}
+
+/// Where an interaction stands (PROTOCOL.md §5, the `state` of its hash).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum InteractionState {
+    Pending,
+    Answered,
+    Expired,
+    Cancelled,
+}
+
+impl InteractionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InteractionState::Pending => "PENDING",
+            InteractionState::Answered => "ANSWERED",
+            InteractionState::Expired => "EXPIRED",
+            InteractionState::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+impl FromStr for InteractionState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            InteractionState::Pending,
+            InteractionState::Answered,
+            InteractionState::Expired,
+            InteractionState::Cancelled,
+        ]
+        .into_iter()
+        .find(|st| st.as_str().eq_ignore_ascii_case(s))
+        .ok_or_else(|| {
+            format!("`{s}` is not an interaction state (pending, answered, expired, cancelled)")
+        })
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // §3 Interactions
 
@@ -615,6 +674,10 @@ pub struct InteractionRequest {
     pub expires_at: Option<Timestamp>,
     #[serde(default)]
     pub context: BTreeMap<String, Value>,
+    /// Who may answer (responder ids; with gateway auth on, token names). Empty: anyone allowed
+    /// to answer at all. From the agent's `interaction_defaults` or the `ask_human` call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_responders: Vec<String>,
 }
 
 impl InteractionRequest {
@@ -641,7 +704,15 @@ impl InteractionRequest {
             timeout_seconds: None,
             expires_at: None,
             context: BTreeMap::new(),
+            allowed_responders: vec![],
         }
+    }
+
+    /// Whether `responder` may answer: anyone when the list is empty, the clock always.
+    pub fn allows(&self, responder: &Responder) -> bool {
+        self.allowed_responders.is_empty()
+            || responder.via == Via::Timeout
+            || self.allowed_responders.contains(&responder.id)
     }
 
     pub fn option(&self, option_id: &str) -> Option<&InteractionOption> {
@@ -735,6 +806,8 @@ pub enum ResponseError {
     EmptyInput,
     #[error("edited arguments refused: {0}")]
     InvalidArgs(String),
+    #[error("`{0}` may not answer this request (it names who may: see allowed_responders)")]
+    NotAllowed(String),
 }
 
 impl ResponseError {
@@ -747,6 +820,7 @@ impl ResponseError {
             ResponseError::InvalidOption { .. } => "invalid_option",
             ResponseError::InputRequired(_) | ResponseError::EmptyInput => "input_required",
             ResponseError::InvalidArgs(_) => "invalid_args",
+            ResponseError::NotAllowed(_) => "forbidden",
         }
     }
 }

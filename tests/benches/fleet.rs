@@ -207,6 +207,7 @@ async fn runs(
         max_deliver: 5,
         grace_ms: 5000,
         worker_id: String::new(),
+        secrets_key_hex: None,
     };
     let logs: Vec<PathBuf> = (0..workers)
         .map(|w| work.path().join(format!("worker-{w}.log")))

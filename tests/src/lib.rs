@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 pub use nix::sys::signal::Signal;
 
+pub mod gateways;
 pub mod workers;
 
 /// Waits (up to 20 s) until a run in Redis has `status`; fails the test with the status it has.
@@ -129,7 +130,8 @@ pub fn signal(pid: u32, sig: Signal) {
     }
 }
 
-fn free_port() -> Result<u16, Error> {
+/// A port nobody listens on now.
+pub fn free_port() -> Result<u16, Error> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error(format!("no free port: {e}")))?;
     l.local_addr()
         .map(|a| a.port())

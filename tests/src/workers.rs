@@ -35,6 +35,9 @@ pub struct Spec {
     pub max_deliver: i64,
     pub grace_ms: u64,
     pub worker_id: String,
+    /// `DELTA_SECRETS_KEY`, 64 hex digits.
+    #[serde(default)]
+    pub secrets_key_hex: Option<String>,
 }
 
 impl Spec {
@@ -54,7 +57,11 @@ impl Spec {
             },
             worker_id: self.worker_id.clone(),
             grace: Duration::from_millis(self.grace_ms),
-            secrets_key: None,
+            secrets_key: self.secrets_key_hex.as_deref().map(|k| {
+                std::sync::Arc::new(
+                    delta_shared::secret::SecretsKey::from_hex(k).expect("secrets key"),
+                )
+            }),
         }
     }
 }
@@ -106,6 +113,12 @@ pub fn spawn(spec: &Spec, id: &str, log: Option<&Path>) -> WorkerProcess {
         .spawn()
         .expect("spawn worker");
     WorkerProcess(child)
+}
+
+/// Stops a worker gracefully (SIGTERM) and waits for it to exit.
+pub fn stop(worker: &mut WorkerProcess) {
+    crate::signal(worker.id(), crate::Signal::SIGTERM);
+    let _ = worker.wait();
 }
 
 /// Whether this process was started by [`spawn`] as a worker.

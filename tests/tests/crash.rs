@@ -55,6 +55,7 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
         max_deliver: 20,
         grace_ms: 2000,
         worker_id: String::new(),
+        secrets_key_hex: None,
     };
     let store = RedisRunStore::connect(&redis.url(), "kx")
         .await

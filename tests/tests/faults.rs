@@ -72,6 +72,7 @@ impl Fleet {
             max_deliver,
             grace_ms,
             worker_id: String::new(),
+            secrets_key_hex: None,
         };
         let store = RedisRunStore::connect(&redis.url(), prefix)
             .await

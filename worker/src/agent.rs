@@ -128,6 +128,10 @@ pub struct InteractionDefaults {
     pub timeout_seconds: Option<u64>,
     #[serde(default)]
     pub default_option_id: Option<String>,
+    /// Who may answer this agent's questions (responder ids, i.e. token names); empty: anyone
+    /// with the `answer` role. An `ask_human` call may name its own list.
+    #[serde(default)]
+    pub allowed_responders: Vec<String>,
 }
 
 /// `config.yaml`, as written. Unknown top-level keys (Delta Engine's `lifecycle_hooks`, …) are

@@ -3,16 +3,15 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
-use delta_shared::secret::SecretsKey;
+use delta_shared::settings::{Setting, Settings};
 
 use crate::fleet::Config;
 use crate::queue;
 
 /// The settings, by their environment names (PROTOCOL.md §9), with defaults.
-pub const SETTINGS: &[(&str, &str, &str)] = &[
+pub const SETTINGS: &[Setting] = &[
     ("DELTA_NATS_URL", "nats-url", "nats://127.0.0.1:4222"),
     ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
@@ -28,100 +27,19 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
 
 /// Builds the config from `--name value` / `--name=value` flags and an environment map.
 pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, Vec<String>> {
-    let mut errors = vec![];
-    let mut flags: HashMap<&str, String> = HashMap::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let Some(body) = a.strip_prefix("--") else {
-            errors.push(format!("unexpected argument `{a}`"));
-            continue;
-        };
-        let (name, value) = match body.split_once('=') {
-            Some((n, v)) => (n, Some(v.to_owned())),
-            None => (body, None),
-        };
-        let Some((_, flag, _)) = SETTINGS.iter().find(|(_, f, _)| *f == name) else {
-            errors.push(format!("unknown flag `--{name}` (see --help)"));
-            // Its value, if any, is part of the same mistake.
-            if value.is_none() && it.as_slice().first().is_some_and(|n| !n.starts_with("--")) {
-                it.next();
-            }
-            continue;
-        };
-        match value.or_else(|| it.next().cloned()) {
-            Some(v) => {
-                flags.insert(flag, v);
-            }
-            None => errors.push(format!("`--{name}` needs a value")),
-        }
-    }
-    let get = |env_name: &str| -> (String, String) {
-        let (_, flag, default) = SETTINGS
-            .iter()
-            .find(|(e, _, _)| *e == env_name)
-            .copied()
-            .unwrap_or(("", "", ""));
-        match (flags.get(flag), env.get(env_name)) {
-            (Some(v), _) => (v.clone(), format!("--{flag}")),
-            (None, Some(v)) => (v.clone(), env_name.to_owned()),
-            (None, None) => (default.to_owned(), format!("--{flag}")),
-        }
-    };
-    let mut number = |env_name: &str, min: u64| -> u64 {
-        let (v, from) = get(env_name);
-        match v.trim().parse::<u64>() {
-            Ok(n) if n >= min => n,
-            _ => {
-                errors.push(format!("{from}: `{v}` is not a whole number ≥ {min}"));
-                min
-            }
-        }
-    };
-    let concurrency = number("DELTA_WORKER_CONCURRENCY", 1);
-    let ack_wait = number("DELTA_ACK_WAIT_S", 1);
-    let max_deliver = number("DELTA_MAX_DELIVER", 1);
-    let grace = number("DELTA_GRACE_S", 0);
-    let (nats_url, from) = get("DELTA_NATS_URL");
-    if !nats_url.starts_with("nats://") && !nats_url.starts_with("tls://") {
-        errors.push(format!("{from}: `{nats_url}` is not a nats:// URL"));
-    }
-    let (redis_url, from) = get("DELTA_REDIS_URL");
-    if !redis_url.starts_with("redis://") && !redis_url.starts_with("rediss://") {
-        errors.push(format!("{from}: `{redis_url}` is not a redis:// URL"));
-    }
-    let (prefix, from) = get("DELTA_KEY_PREFIX");
-    if prefix.is_empty()
-        || !prefix
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        errors.push(format!(
-            "{from}: `{prefix}` must be letters, digits, `-` or `_`"
-        ));
-    }
-    let (agents_dir, from) = get("DELTA_AGENTS_DIR");
-    if !PathBuf::from(&agents_dir).is_dir() {
-        errors.push(format!(
-            "{from}: `{agents_dir}` is not a directory of agents"
-        ));
-    }
-    let (work_dir, _) = get("DELTA_WORK_DIR");
-    let (worker_id, _) = get("DELTA_WORKER_ID");
-    let (secrets_key, from) = get("DELTA_SECRETS_KEY");
-    let secrets_key = if secrets_key.is_empty() {
-        None
-    } else {
-        match SecretsKey::from_hex(&secrets_key) {
-            Ok(k) => Some(Arc::new(k)),
-            Err(e) => {
-                errors.push(format!("{from}: {e}"));
-                None
-            }
-        }
-    };
-    if !errors.is_empty() {
-        return Err(errors);
-    }
+    let mut s = Settings::parse(SETTINGS, args, env);
+    let concurrency = s.number("DELTA_WORKER_CONCURRENCY", 1);
+    let ack_wait = s.number("DELTA_ACK_WAIT_S", 1);
+    let max_deliver = s.number("DELTA_MAX_DELIVER", 1);
+    let grace = s.number("DELTA_GRACE_S", 0);
+    let nats_url = s.url("DELTA_NATS_URL", &["nats", "tls"]);
+    let redis_url = s.url("DELTA_REDIS_URL", &["redis", "rediss"]);
+    let prefix = s.prefix("DELTA_KEY_PREFIX");
+    let agents_dir = s.dir("DELTA_AGENTS_DIR", "agents");
+    let (work_dir, _) = s.get("DELTA_WORK_DIR");
+    let (worker_id, _) = s.get("DELTA_WORKER_ID");
+    let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
+    s.finish()?;
     let worker_id = if worker_id.is_empty() {
         format!(
             "worker-{}",
@@ -134,7 +52,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         nats_url,
         redis_url,
         prefix,
-        agents_dir: PathBuf::from(agents_dir),
+        agents_dir,
         work_dir: PathBuf::from(work_dir),
         concurrency: usize::try_from(concurrency).unwrap_or(usize::MAX),
         queue: queue::Settings {

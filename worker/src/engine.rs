@@ -120,6 +120,11 @@ pub struct Engine<'a, S, B> {
     secrets: HashMap<RequestId, String>,
     /// Called with every committed event (the CLI prints them).
     observer: Option<Observer>,
+    /// When the answer given to `advance` was accepted (by the gateway), if earlier than now:
+    /// its deadline is checked against that moment, not against when a worker got to it.
+    answered_at: Option<Timestamp>,
+    /// A request the store already closed as expired (the gateway's clock decided).
+    expired: Option<RequestId>,
 }
 
 /// The observation a tool sees in place of a sensitive value, should it echo one.
@@ -148,7 +153,21 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             started: false,
             secrets: HashMap::new(),
             observer: None,
+            answered_at: None,
+            expired: None,
         }
+    }
+
+    /// The answer about to be given was accepted at `at` (by a gateway): its deadline is
+    /// checked against that moment.
+    pub fn answered_at(&mut self, at: Timestamp) {
+        self.answered_at = Some(at);
+    }
+
+    /// `request_id` expired in the store: the run applies its default option (or fails) even
+    /// if this host's clock has not reached `expires_at` yet.
+    pub fn expired(&mut self, request_id: RequestId) {
+        self.expired = Some(request_id);
     }
 
     /// Calls `f` with every event as it is committed.
@@ -323,7 +342,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         else {
             return Err(self.refusal_for(resp.request_id));
         };
-        let accepted = pending.validate(resp, Timestamp::now())?;
+        let accepted = pending.validate(resp, self.answered_at.unwrap_or_else(Timestamp::now))?;
         if accepted.action == OptionAction::ApproveAndExecute
             && let Some(edited) = accepted.response.data.as_ref().and_then(|d| d.get("args"))
         {
@@ -642,30 +661,37 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     ) -> Result<Received, Error> {
         match answer.take() {
             Some(a) if a.response.request_id == q.request_id => Ok(Received::Answer(Box::new(a))),
-            _ if q.is_expired_at(Timestamp::now()) => match timeout_answer(q) {
-                Some(a) => {
-                    self.push(Event::SystemMessage(SystemMessage {
-                        level: MessageLevel::Warn,
-                        content: format!(
-                            "no answer to request {} before {}: applied the default option `{}`",
-                            q.request_id,
-                            q.expires_at.map(|t| t.to_string()).unwrap_or_default(),
-                            a.response.option_id.clone().unwrap_or_default()
-                        ),
-                    }));
-                    Ok(Received::Answer(Box::new(a)))
-                }
-                None => {
-                    let error = format!(
-                        "interaction {} expired at {} without an answer and has no default option",
-                        q.request_id,
-                        q.expires_at.map(|t| t.to_string()).unwrap_or_default()
-                    );
-                    let outcome = self.finish(Terminal::Failed, None, Some(error)).await?;
-                    Ok(Received::Stop(Some(outcome)))
-                }
-            },
+            _ if q.is_expired_at(Timestamp::now()) || self.expired == Some(q.request_id) => {
+                self.apply_timeout(q).await
+            }
             _ => Ok(Received::Stop(self.pause(q.clone()).await?)),
+        }
+    }
+
+    /// The clock's answer to `q`: its default option, or the run fails without one.
+    async fn apply_timeout(&mut self, q: &InteractionRequest) -> Result<Received, Error> {
+        match timeout_answer(q) {
+            Some(a) => {
+                self.push(Event::SystemMessage(SystemMessage {
+                    level: MessageLevel::Warn,
+                    content: format!(
+                        "no answer to request {} before {}: applied the default option `{}`",
+                        q.request_id,
+                        q.expires_at.map(|t| t.to_string()).unwrap_or_default(),
+                        a.response.option_id.clone().unwrap_or_default()
+                    ),
+                }));
+                Ok(Received::Answer(Box::new(a)))
+            }
+            None => {
+                let error = format!(
+                    "interaction {} expired at {} without an answer and has no default option",
+                    q.request_id,
+                    q.expires_at.map(|t| t.to_string()).unwrap_or_default()
+                );
+                let outcome = self.finish(Terminal::Failed, None, Some(error)).await?;
+                Ok(Received::Stop(Some(outcome)))
+            }
         }
     }
 
@@ -941,6 +967,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         q.default_option_id = default
             .or_else(|| defaults.default_option_id.clone())
             .filter(|d| q.option(d).is_some());
+        if q.allowed_responders.is_empty() {
+            q.allowed_responders
+                .clone_from(&defaults.allowed_responders);
+        }
         let chosen = q.default_option_id.clone();
         for o in &mut q.options {
             o.is_default = chosen.as_deref() == Some(o.option_id.as_str());
@@ -961,6 +991,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         q.title = ask.title.clone();
         q.details = ask.details.clone();
         q.sensitive = ask.sensitive;
+        q.allowed_responders.clone_from(&ask.allowed_responders);
         q.input_type = ask.input_type.clone().unwrap_or(if ask.options.is_empty() {
             if ask.sensitive {
                 InputType::Password

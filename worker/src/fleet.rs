@@ -29,7 +29,9 @@ use crate::agent::Agent;
 use crate::brain::AnyBrain;
 use crate::engine::{self, Engine, Outcome, PauseMode};
 use crate::queue::{self, Delivery, Exhausted, Queue};
-use delta_shared::protocol::{Event, JobKind, MessageLevel, RunId, RunStatus, SystemMessage};
+use delta_shared::protocol::{
+    Event, InteractionState, JobKind, MessageLevel, RunId, RunStatus, SystemMessage,
+};
 use delta_shared::secret::SecretsKey;
 use delta_shared::store::redis::RedisRunStore;
 use delta_shared::store::{self, RunStore, StatusChange, Terminal};
@@ -118,6 +120,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         stop: CancellationToken::new(),
     });
     let reaper = tokio::spawn(reap_exhausted(shared.clone(), shutdown.clone()));
+    let heart = tokio::spawn(heartbeat(shared.clone(), shutdown.clone()));
     let permits = Arc::new(Semaphore::new(shared.config.concurrency.max(1)));
     let tracker = TaskTracker::new();
     tracing::info!(worker = %shared.config.worker_id, "worker started");
@@ -169,11 +172,25 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
     }
     let _ = reaper.await;
+    let _ = heart.await;
     tracing::info!(
         redis_round_trips = shared.store.round_trips(),
         "worker stopped"
     );
     Ok(())
+}
+
+/// Tells the gateways (`GET /v1/queue`) this worker is alive, every few seconds until shutdown.
+async fn heartbeat(shared: Arc<Shared>, shutdown: CancellationToken) {
+    loop {
+        if let Err(e) = shared.store.heartbeat(&shared.config.worker_id).await {
+            tracing::debug!(error = %e, "heartbeat failed");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
 }
 
 /// Fails a run with `reason` (fenced by the job's token, so a newer owner is not overridden).
@@ -314,7 +331,13 @@ async fn handle(shared: &Shared, d: Delivery) {
         Ok(j) => j.clone(),
         Err(reason) => return poison(shared, &d, reason).await,
     };
-    let store = shared.store.fenced(d.fence.0, d.fence.1);
+    // The trace this job continues: stored with any question it asks, so the answer's resume
+    // continues it too.
+    let tp = crate::host::traceparent(&tracing::Span::current(), d.traceparent.as_deref());
+    let store = shared
+        .store
+        .fenced(d.fence.0, d.fence.1)
+        .owned_by(&shared.config.worker_id, tp.clone());
     let run = match store.load(job.run_id).await {
         Ok(r) => r,
         Err(store::Error::NotFound(_)) => {
@@ -332,13 +355,33 @@ async fn handle(shared: &Shared, d: Delivery) {
         Err(reason) => return poison(shared, &d, &reason).await,
     };
     let (agent, brain) = (&pair.0, &pair.1);
+    // The answer this job resumes with: accepted by a gateway (sealed parts opened), or closed
+    // by the clock (the engine applies the default option, or fails the run).
+    let mut answered_at = None;
+    let mut expired = None;
     let answer = match (job.kind, job.request_id) {
-        (JobKind::Resume, Some(rid)) => match store.stored_answer(job.run_id, rid).await {
-            Ok(a) => a,
+        (JobKind::Resume, Some(rid)) => match store.interaction(job.run_id, rid).await {
+            Ok(Some(ix)) => {
+                answered_at = ix.answered_at;
+                if ix.state == InteractionState::Expired {
+                    expired = Some(rid);
+                }
+                match ix.response.map(|r| store.open(r)).transpose() {
+                    Ok(a) => a,
+                    Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
+                }
+            }
+            Ok(None) => None,
             Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
         },
         _ => None,
     };
+    if let (Some(rid), Some(at)) = (
+        job.request_id.filter(|_| job.kind == JobKind::Resume),
+        answered_at,
+    ) {
+        shared.queue.announce_resumed(rid, at).await;
+    }
     // Earlier sensitive answers, sealed in the store: a tool later in the run may still use them.
     let mut earlier = vec![];
     for e in &run.journal {
@@ -380,6 +423,12 @@ async fn handle(shared: &Shared, d: Delivery) {
     };
     let advance = async {
         let mut engine = Engine::new(agent, brain, &store, run, settings, shared.stop.clone());
+        if let Some(at) = answered_at.filter(|_| answer.is_some()) {
+            engine.answered_at(at);
+        }
+        if let Some(rid) = expired {
+            engine.expired(rid);
+        }
         // Even when an earlier delivery journaled this answer, its tools may need the secret.
         for a in earlier.iter().chain(answer.as_ref()) {
             engine.remember_sensitive(a);
@@ -395,15 +444,12 @@ async fn handle(shared: &Shared, d: Delivery) {
     };
     let (outcome, ()) = tokio::join!(advance, heart);
     match outcome {
-        Ok(Outcome::Paused(q)) => {
-            let tp = crate::host::traceparent(&tracing::Span::current(), d.traceparent.as_deref());
-            match shared.queue.publish_request(&q, tp.as_deref()).await {
-                Ok(()) => {
-                    let _ = d.ack().await;
-                }
-                Err(e) => retry_or_poison(shared, &d, &e.to_string()).await,
+        Ok(Outcome::Paused(q)) => match shared.queue.publish_request(&q, tp.as_deref()).await {
+            Ok(()) => {
+                let _ = d.ack().await;
             }
-        }
+            Err(e) => retry_or_poison(shared, &d, &e.to_string()).await,
+        },
         Ok(Outcome::Interrupted) => {
             let _ = d.nak(None).await;
         }

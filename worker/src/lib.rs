@@ -13,7 +13,8 @@ pub mod brain;
 pub mod config;
 pub mod engine;
 pub mod fleet;
-pub mod host;
-pub mod queue;
 pub mod script;
 pub mod tools;
+
+/// The queue and the hosts' common set-up live in `delta-shared` (the gateway uses them too).
+pub use delta_shared::{host, queue};

@@ -5,10 +5,10 @@ use tokio_util::sync::CancellationToken;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        eprintln!("delta-worker [--flag value]…; flags and their DELTA_* variables (defaults):");
-        for (env, flag, default) in delta_worker::config::SETTINGS {
-            eprintln!("  --{flag:<12} {env:<26} ({default})");
-        }
+        eprint!(
+            "{}",
+            delta_shared::settings::usage("delta-worker", delta_worker::config::SETTINGS)
+        );
         return;
     }
     let env = std::env::vars().collect();

@@ -75,6 +75,9 @@ pub struct AskHuman {
     pub title: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<String>,
+    /// Who may answer (responder ids); empty: anyone the gateway lets answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_responders: Vec<String>,
 }
 
 impl AskHuman {

@@ -18,7 +18,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer, stream};
 use futures_util::StreamExt;
 
-use delta_shared::protocol::{InteractionRequest, Job};
+use crate::protocol::{InteractionRequest, Job, RequestId, Resolved, Timestamp};
 
 /// A queue operation that failed; the message says which and why.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +85,18 @@ impl Names {
     pub fn resolved_subject(&self, agent: &str, run: &str) -> String {
         format!("{}.interactions.resolved.{agent}.{run}", self.prefix)
     }
+    /// Where bots answer a request (core NATS request-reply).
+    pub fn respond_subject(&self, request_id: &str) -> String {
+        format!("{}.interactions.respond.{request_id}", self.prefix)
+    }
+    /// The queue group the gateways serve the respond subjects in.
+    pub fn gateway_group(&self) -> String {
+        format!("{}-gateway", self.prefix)
+    }
+    /// Where workers say that a run resumed on an answer (core NATS, for the gateways' metrics).
+    pub fn resumed_subject(&self) -> String {
+        format!("{}.events.resumed", self.prefix)
+    }
 }
 
 /// Consumer settings.
@@ -109,6 +121,37 @@ impl Default for Settings {
             interactions_max_age: Duration::from_secs(7 * 24 * 3600),
         }
     }
+}
+
+/// Who connects: workers set the consumers' settings, gateways leave them as they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Worker,
+    Gateway,
+}
+
+/// JetStream's figures for `GET /v1/queue`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Stats {
+    /// Jobs waiting for a worker.
+    pub pending: u64,
+    /// Jobs delivered and not yet acknowledged.
+    pub in_flight: u64,
+    /// Jobs delivered more than once and not yet acknowledged.
+    pub redelivered: u64,
+    /// Pull requests waiting for jobs (idle worker slots).
+    pub waiting_pulls: u64,
+    /// Messages in the dead-letter stream.
+    pub dead_lettered: u64,
+}
+
+/// A message of the interactions stream, for live views: its stream sequence, `requested` or
+/// `resolved`, and its JSON.
+#[derive(Clone, Debug)]
+pub struct InteractionEvent {
+    pub seq: u64,
+    pub kind: &'static str,
+    pub payload: Vec<u8>,
 }
 
 /// A connection to the fleet's streams.
@@ -145,15 +188,22 @@ async fn durable_consumer(
     js: &jetstream::Context,
     stream_name: &str,
     config: consumer::pull::Config,
+    role: Role,
 ) -> Result<(stream::Stream, consumer::PullConsumer), Error> {
     let name = config.durable_name.clone().unwrap_or_default();
     let stream = js
         .get_stream(stream_name)
         .await
         .map_err(|e| setup(stream_name)(e.to_string()))?;
-    let consumer = match stream.update_consumer(config.clone()).await {
-        Ok(c) => c,
-        Err(_) => stream
+    let existing = match role {
+        // Workers own the consumer's settings (ack_wait, max_deliver…): theirs win.
+        Role::Worker => stream.update_consumer(config.clone()).await.ok(),
+        // A gateway only reads it: it never changes what the workers set.
+        Role::Gateway => stream.get_consumer(&name).await.ok(),
+    };
+    let consumer = match existing {
+        Some(c) => c,
+        None => stream
             .create_consumer(config)
             .await
             .map_err(|e| setup(&name)(e.to_string()))?,
@@ -202,6 +252,16 @@ fn setup(what: &str) -> impl FnOnce(String) -> Error + '_ {
 impl Queue {
     /// Connects and makes sure the streams and the consumer exist with these settings.
     pub async fn connect(url: &str, prefix: &str, settings: &Settings) -> Result<Queue, Error> {
+        Self::connect_as(url, prefix, settings, Role::Worker).await
+    }
+
+    /// Connects as `role`: a gateway creates what is missing but changes no consumer settings.
+    pub async fn connect_as(
+        url: &str,
+        prefix: &str,
+        settings: &Settings,
+        role: Role,
+    ) -> Result<Queue, Error> {
         let client = async_nats::connect(url).await.map_err(|e| Error::Connect {
             url: url.to_owned(),
             message: e.to_string(),
@@ -254,6 +314,7 @@ impl Queue {
                 max_ack_pending: settings.max_ack_pending,
                 ..Default::default()
             },
+            role,
         )
         .await?;
         js.create_or_update_stream(stream::Config {
@@ -275,6 +336,7 @@ impl Queue {
                 ack_wait: Duration::from_secs(30),
                 ..Default::default()
             },
+            role,
         )
         .await?;
         Ok(Queue {
@@ -296,7 +358,7 @@ impl Queue {
         subject: String,
         headers: HeaderMap,
         payload: Vec<u8>,
-    ) -> Result<(), Error> {
+    ) -> Result<u64, Error> {
         let err = |message: String| Error::Publish {
             subject: subject.clone(),
             message,
@@ -306,19 +368,32 @@ impl Queue {
             .publish_with_headers(subject.clone(), headers, payload.into())
             .await
             .map_err(|e| err(e.to_string()))?;
-        ack.await.map_err(|e| err(e.to_string()))?;
-        Ok(())
+        let ack = ack.await.map_err(|e| err(e.to_string()))?;
+        Ok(ack.sequence)
     }
 
     /// Publishes a job for `agent`, idempotently (`Nats-Msg-Id`), and waits for the server's ack.
+    /// Returns its stream sequence (that of the first copy, for a duplicate).
     pub async fn publish_job(
         &self,
         agent: &str,
         job: &Job,
         traceparent: Option<&str>,
-    ) -> Result<(), Error> {
+    ) -> Result<u64, Error> {
+        self.publish_job_as(agent, job, &job.msg_id(), traceparent)
+            .await
+    }
+
+    /// Publishes a job under its own `Nats-Msg-Id` (a reconciler's re-enqueue of a lost job).
+    pub async fn publish_job_as(
+        &self,
+        agent: &str,
+        job: &Job,
+        msg_id: &str,
+        traceparent: Option<&str>,
+    ) -> Result<u64, Error> {
         let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", job.msg_id().as_str());
+        headers.insert("Nats-Msg-Id", msg_id);
         if let Some(tp) = traceparent {
             headers.insert("traceparent", tp);
         }
@@ -346,7 +421,132 @@ impl Queue {
         let subject = self
             .names
             .requested_subject(&q.agent, &q.run_id.to_string());
-        self.publish(subject, headers, payload).await
+        self.publish(subject, headers, payload).await.map(drop)
+    }
+
+    /// Announces that a question was settled, on `…interactions.resolved.<agent>.<run_id>`
+    /// (idempotent per request).
+    pub async fn publish_resolved(
+        &self,
+        agent: &str,
+        resolved: &Resolved,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("resolved:{}", resolved.request_id).as_str(),
+        );
+        if let Some(tp) = traceparent {
+            headers.insert("traceparent", tp);
+        }
+        let payload = serde_json::to_vec(resolved).unwrap_or_default();
+        let subject = self
+            .names
+            .resolved_subject(agent, &resolved.run_id.to_string());
+        self.publish(subject, headers, payload).await.map(drop)
+    }
+
+    /// Says (core NATS, best effort) that the answer to `request_id`, accepted at `answered_at`,
+    /// is being resumed now: the gateways' answer→resume latency.
+    pub async fn announce_resumed(&self, request_id: RequestId, answered_at: Timestamp) {
+        let event = serde_json::json!({
+            "request_id": request_id,
+            "answered_at": answered_at,
+            "resumed_at": Timestamp::now(),
+        });
+        let payload = serde_json::to_vec(&event).unwrap_or_default();
+        let _ = self
+            .client
+            .publish(self.names.resumed_subject(), payload.into())
+            .await;
+    }
+
+    /// Whether the job stream still holds message `seq` (a job not yet acknowledged).
+    pub async fn job_exists(&self, seq: u64) -> Result<bool, Error> {
+        match self.jobs.get_raw_message(seq).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_no_message(e.kind()) => Ok(false),
+            Err(e) => Err(Error::Fetch {
+                consumer: self.names.jobs_stream(),
+                message: format!("reading job {seq}: {e}"),
+            }),
+        }
+    }
+
+    /// The workers' consumer and the dead-letter stream, in figures.
+    pub async fn stats(&self) -> Result<Stats, Error> {
+        let err = |what: String, e: String| Error::Fetch {
+            consumer: what,
+            message: e,
+        };
+        let mut consumer = self.consumer.clone();
+        let info = consumer
+            .info()
+            .await
+            .map_err(|e| err(self.names.consumer(), e.to_string()))?;
+        let mut dlq = self
+            .js
+            .get_stream(self.names.dlq_stream())
+            .await
+            .map_err(|e| err(self.names.dlq_stream(), e.to_string()))?;
+        let dlq = dlq
+            .info()
+            .await
+            .map_err(|e| err(self.names.dlq_stream(), e.to_string()))?;
+        Ok(Stats {
+            pending: info.num_pending,
+            in_flight: info.num_ack_pending as u64,
+            redelivered: info.num_redelivered as u64,
+            waiting_pulls: info.num_waiting as u64,
+            dead_lettered: dlq.state.messages,
+        })
+    }
+
+    /// Interaction events (`requested`, `resolved`) from stream sequence `from` on, or only new
+    /// ones; for live views, each on its own ordered consumer.
+    pub async fn interaction_events(
+        &self,
+        from: Option<u64>,
+    ) -> Result<impl futures_util::Stream<Item = InteractionEvent> + use<>, Error> {
+        let name = self.names.interactions_stream();
+        let err = |e: String| setup(&name)(e);
+        let stream = self
+            .js
+            .get_stream(&name)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let deliver_policy = match from {
+            Some(start_sequence) => consumer::DeliverPolicy::ByStartSequence { start_sequence },
+            None => consumer::DeliverPolicy::New,
+        };
+        let messages = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| err(e.to_string()))?
+            .messages()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let requested = format!("{}.interactions.requested.", self.names.prefix);
+        Ok(messages.filter_map(move |m| {
+            let event = m.ok().and_then(|m| {
+                let seq = m.info().ok()?.stream_sequence;
+                let kind = if m.subject.as_str().starts_with(&requested) {
+                    "requested"
+                } else {
+                    "resolved"
+                };
+                Some(InteractionEvent {
+                    seq,
+                    kind,
+                    payload: m.payload.to_vec(),
+                })
+            });
+            std::future::ready(event)
+        }))
     }
 
     /// Copies a delivery to the dead-letter stream with the reason in a header.
@@ -383,6 +583,7 @@ impl Queue {
         }
         self.publish(self.names.dlq_subject(agent), headers, payload)
             .await
+            .map(drop)
     }
 
     /// Pulls up to `max` jobs, waiting at most `wait` for the first.

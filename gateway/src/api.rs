@@ -1,0 +1,509 @@
+//! The HTTP API of PROTOCOL.md §6. Every refusal is `{"error": {"code", "message"}}` with the
+//! status of its code; bodies are size-limited and parsed strictly (unknown fields refused).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use delta_shared::protocol::{
+    InteractionState, InteractionType, RequestId, RunId, RunStatus, Timestamp, Via,
+};
+use delta_shared::store::redis::Page;
+
+use crate::Gateway;
+use crate::auth::{Identity, Role};
+use crate::error::ApiError;
+use crate::ops::{AnswerBody, Submission, interaction_view};
+
+type Shared = State<Arc<Gateway>>;
+
+/// The gateway's routes.
+pub fn router(gw: Arc<Gateway>) -> Router {
+    let limit = gw.config.max_body_bytes;
+    Router::new()
+        .route("/v1/runs", post(submit).get(list_runs))
+        .route("/v1/runs/{run_id}", get(get_run))
+        .route("/v1/runs/{run_id}/journal", get(journal))
+        .route("/v1/runs/{run_id}/events", get(crate::sse::run_events))
+        .route("/v1/runs/{run_id}/cancel", post(cancel))
+        .route("/v1/interactions", get(list_interactions))
+        .route(
+            "/v1/interactions/stream",
+            get(crate::sse::interaction_events),
+        )
+        .route("/v1/interactions/{request_id}", get(get_interaction))
+        .route("/v1/interactions/{request_id}/response", post(respond))
+        .route("/v1/queue", get(queue))
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .fallback(|| async {
+            ApiError::not_found("no such endpoint; GET /openapi.json lists them")
+        })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(gw)
+}
+
+/// The caller, if it holds one of `roles`. Live streams may pass the token as
+/// `?access_token=` (a browser's EventSource cannot set headers).
+pub fn caller(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    roles: &[Role],
+    access_token: Option<&str>,
+) -> Result<Identity, ApiError> {
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| access_token.map(|t| format!("Bearer {t}")));
+    gw.config.auth.check_any(header.as_deref(), roles)
+}
+
+const READ: &[Role] = &[Role::Submit, Role::Answer, Role::Operate];
+const ANSWERERS: &[Role] = &[Role::Answer, Role::Operate];
+
+/// A JSON body, parsed strictly: the path to a wrong field is named.
+fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = bytes.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                "payload_too_large",
+                "the request body is larger than this gateway accepts (DELTA_MAX_BODY_BYTES)",
+            )
+        } else {
+            ApiError::bad_request(format!("cannot read the request body: {e}"))
+        }
+    })?;
+    if bytes.is_empty() {
+        return Err(ApiError::bad_request(
+            "the request body is empty: send a JSON object",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." || path.is_empty() {
+                ApiError::bad_request(format!("the body is not the JSON expected: {inner}"))
+            } else {
+                ApiError::bad_request(format!("`{path}`: {inner}"))
+            }
+        })
+        .and_then(|v| {
+            de.end()
+                .map_err(|e| ApiError::bad_request(format!("trailing data after the JSON: {e}")))?;
+            Ok(v)
+        })
+}
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(t)| t)
+        .map_err(|e| ApiError::bad_request(format!("bad query string: {}", e.body_text())))
+}
+
+fn run_id(raw: &str) -> Result<RunId, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::bad_request(format!("`{raw}` is not a run id (a UUID)")))
+}
+
+fn request_id(raw: &str) -> Result<RequestId, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::bad_request(format!("`{raw}` is not a request id (a UUID)")))
+}
+
+fn limit(l: Option<usize>) -> Result<usize, ApiError> {
+    match l {
+        None => Ok(50),
+        Some(n) if (1..=500).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::bad_request(format!(
+            "limit {n} is out of range 1..=500"
+        ))),
+    }
+}
+
+async fn submit(
+    State(gw): Shared,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    caller(&gw, &headers, &[Role::Submit], None)?;
+    let submission: Submission = body(bytes)?;
+    let key = match headers.get("idempotency-key") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::bad_request("Idempotency-Key must be visible ASCII"))?,
+        ),
+        None => None,
+    };
+    let accepted = gw.submit(submission, key).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"run_id": accepted.run_id, "status": accepted.status})),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunsQuery {
+    status: Option<String>,
+    agent: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+/// Walks an index page by page, keeping the entries `keep` accepts, until `want` are kept.
+async fn collect<T, F, Fut>(
+    gw: &Gateway,
+    index: &str,
+    newest_first: bool,
+    cursor: Option<String>,
+    want: usize,
+    mut load: F,
+) -> Result<(Vec<T>, Option<String>), ApiError>
+where
+    F: FnMut(Vec<(String, i64)>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<(String, i64, Option<T>)>, ApiError>>,
+{
+    let mut out = vec![];
+    let mut cursor = cursor;
+    // Bounded: a filter that matches nothing stops after this many pages with a cursor.
+    for _ in 0..20 {
+        let page = gw
+            .store
+            .index_page(index, newest_first, cursor.as_deref(), want.max(20))
+            .await?
+            .ok_or_else(|| ApiError::bad_request("the cursor is not one this API gave out"))?;
+        let more = page.more;
+        let loaded = load(page.entries).await?;
+        let mut last = None;
+        for (member, score, item) in loaded {
+            last = Some(Page::cursor(&member, score));
+            if let Some(item) = item {
+                out.push(item);
+                if out.len() == want {
+                    let next = if more || last.is_some() { last } else { None };
+                    return Ok((out, next));
+                }
+            }
+        }
+        if !more {
+            return Ok((out, None));
+        }
+        cursor = last;
+    }
+    Ok((out, cursor))
+}
+
+async fn list_runs(
+    State(gw): Shared,
+    headers: HeaderMap,
+    q: Result<Query<RunsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller(&gw, &headers, READ, None)?;
+    let q = query(q)?;
+    let want = limit(q.limit)?;
+    let index = match q.status.as_deref() {
+        None | Some("") => "runs:all".to_owned(),
+        Some(s) => {
+            let status: RunStatus = s.to_uppercase().parse().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "status `{s}` is not one of QUEUED, RUNNING, WAITING_FOR_INPUT, INTERRUPTED, COMPLETED, FAILED, CANCELLED"
+                ))
+            })?;
+            format!("runs:{}", status.as_str())
+        }
+    };
+    let agent = q.agent.clone();
+    let store = gw.store.clone();
+    let (runs, next) = collect(&gw, &index, true, q.cursor, want, |entries| {
+        let store = store.clone();
+        let agent = agent.clone();
+        async move {
+            let ids: Vec<RunId> = entries.iter().filter_map(|(m, _)| m.parse().ok()).collect();
+            let records = store.records(&ids).await?;
+            Ok(entries
+                .into_iter()
+                .map(|(m, s)| {
+                    let rec = records
+                        .iter()
+                        .find(|r| r.run_id.to_string() == m)
+                        .filter(|r| agent.as_deref().is_none_or(|a| r.agent == a))
+                        .cloned();
+                    (m, s, rec)
+                })
+                .collect())
+        }
+    })
+    .await?;
+    Ok(Json(json!({"runs": runs, "next_cursor": next})))
+}
+
+async fn get_run(
+    State(gw): Shared,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    caller(&gw, &headers, READ, None)?;
+    let id = run_id(&raw)?;
+    let record = gw.store.record(id).await?;
+    let pending = match record.pending_request_id {
+        Some(rid) => gw
+            .store
+            .interaction(id, rid)
+            .await?
+            .map(|ix| interaction_view(id, &ix)),
+        None => None,
+    };
+    let mut v = serde_json::to_value(&record).unwrap_or_default();
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("agent_dir");
+        obj.insert("pending_interaction".into(), pending.unwrap_or(Value::Null));
+    }
+    Ok(Json(v))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JournalQuery {
+    from_seq: Option<u64>,
+    limit: Option<usize>,
+}
+
+async fn journal(
+    State(gw): Shared,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    q: Result<Query<JournalQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller(&gw, &headers, READ, None)?;
+    let id = run_id(&raw)?;
+    let q = query(q)?;
+    let max = match q.limit {
+        None => 1000,
+        Some(n) if (1..=10_000).contains(&n) => n,
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "limit {n} is out of range 1..=10000"
+            )));
+        }
+    };
+    // Not found is a run that does not exist, not an empty journal.
+    let record = gw.store.record(id).await?;
+    let events = gw
+        .store
+        .journal_from(id, q.from_seq.unwrap_or(1), max)
+        .await?;
+    let next = events.last().map(|e| e.seq + 1);
+    Ok(Json(json!({
+        "run_id": id,
+        "status": record.status,
+        "events": events,
+        "next_seq": next.or(q.from_seq).unwrap_or(1),
+    })))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn cancel(
+    State(gw): Shared,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let who = caller(&gw, &headers, &[Role::Operate], None)?;
+    let id = run_id(&raw)?;
+    let b: CancelBody = match &bytes {
+        Ok(b) if b.is_empty() => CancelBody::default(),
+        _ => body(bytes)?,
+    };
+    let by = who.name.unwrap_or_else(|| "an operator".into());
+    let status = gw.cancel(id, &by, b.reason.as_deref()).await?;
+    Ok(Json(json!({"run_id": id, "status": status})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InteractionsQuery {
+    state: Option<String>,
+    agent: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+async fn list_interactions(
+    State(gw): Shared,
+    headers: HeaderMap,
+    q: Result<Query<InteractionsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller(&gw, &headers, ANSWERERS, None)?;
+    let q = query(q)?;
+    let want = limit(q.limit)?;
+    let state: Option<InteractionState> = match q.state.as_deref() {
+        None | Some("") => Some(InteractionState::Pending),
+        Some("all") => None,
+        Some(s) => Some(
+            s.parse()
+                .map_err(|e: String| ApiError::bad_request(format!("{e}, or all")))?,
+        ),
+    };
+    let kind: Option<InteractionType> = match q.kind.as_deref() {
+        None | Some("") => None,
+        Some(t) => Some(serde_json::from_value(json!(t.to_uppercase())).map_err(|_| {
+            ApiError::bad_request(format!(
+                "type `{t}` is not one of TOOL_APPROVAL, MISSING_INFO, USER_CONFIRMATION, USER_CHOICE, USER_INPUT, CUSTOM"
+            ))
+        })?),
+    };
+    let index = if state == Some(InteractionState::Pending) {
+        "interactions:pending"
+    } else {
+        "interactions:all"
+    };
+    let store = gw.store.clone();
+    let agent = q.agent.clone();
+    let (items, next) = collect(&gw, index, false, q.cursor, want, |entries| {
+        let store = store.clone();
+        let agent = agent.clone();
+        async move {
+            let ids: Vec<RequestId> = entries.iter().filter_map(|(m, _)| m.parse().ok()).collect();
+            let found = store.interactions(&ids).await?;
+            Ok(entries
+                .into_iter()
+                .map(|(m, s)| {
+                    let item = found
+                        .iter()
+                        .find(|(_, ix)| ix.request.request_id.to_string() == m)
+                        .filter(|(_, ix)| state.is_none_or(|st| ix.state == st))
+                        .filter(|(_, ix)| agent.as_deref().is_none_or(|a| ix.request.agent == a))
+                        .filter(|(_, ix)| kind.is_none_or(|k| ix.request.kind == k))
+                        .map(|(run, ix)| interaction_view(*run, ix));
+                    (m, s, item)
+                })
+                .collect())
+        }
+    })
+    .await?;
+    Ok(Json(json!({"interactions": items, "next_cursor": next})))
+}
+
+async fn get_interaction(
+    State(gw): Shared,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    caller(&gw, &headers, ANSWERERS, None)?;
+    let rid = request_id(&raw)?;
+    let (run, ix) = gw.find(rid).await?;
+    Ok(Json(interaction_view(run, &ix)))
+}
+
+async fn respond(
+    State(gw): Shared,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let who = caller(&gw, &headers, ANSWERERS, None)?;
+    let rid = request_id(&raw)?;
+    let answer: AnswerBody = body(bytes)?;
+    let responder = gw.responder(who.name.as_deref(), answer.responder.as_ref(), Via::Http)?;
+    let run_id = gw.answer(rid, answer, responder).await?;
+    Ok(Json(json!({"status": "accepted", "run_id": run_id})))
+}
+
+async fn queue(State(gw): Shared, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    caller(&gw, &headers, &[Role::Operate], None)?;
+    let stats = gw.queue.stats().await?;
+    let since = Timestamp::now().micros() / 1000 - 30_000;
+    let workers: Vec<Value> = gw
+        .store
+        .workers_seen(since)
+        .await?
+        .into_iter()
+        .map(|(id, ms)| {
+            let at = Timestamp::from_micros(ms.saturating_mul(1000));
+            json!({"worker_id": id, "last_seen": at})
+        })
+        .collect();
+    Ok(Json(json!({
+        "jobs_pending": stats.pending,
+        "jobs_in_flight": stats.in_flight,
+        "jobs_redelivered": stats.redelivered,
+        "dead_lettered": stats.dead_lettered,
+        "waiting_pulls": stats.waiting_pulls,
+        "workers": workers,
+    })))
+}
+
+async fn readyz(State(gw): Shared) -> Response {
+    let redis = gw.store.ping().await;
+    let nats = gw.queue.stats().await;
+    let ok = redis.is_ok() && nats.is_ok();
+    let body = json!({
+        "redis": if redis.is_ok() { "ok" } else { "unreachable" },
+        "nats": if nats.is_ok() { "ok" } else { "unreachable" },
+    });
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+async fn metrics(State(gw): Shared) -> Response {
+    let m = &gw.metrics;
+    if let Ok((by_status, pending)) = gw.store.counts().await {
+        for (status, n) in by_status {
+            m.runs
+                .get_or_create(&crate::metrics::StatusLabel {
+                    status: status.as_str().to_owned(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        m.pending_interactions
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+    }
+    if let Ok(s) = gw.queue.stats().await {
+        let g = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        m.jobs_pending.set(g(s.pending));
+        m.jobs_in_flight.set(g(s.in_flight));
+        m.jobs_redelivered.set(g(s.redelivered));
+        m.jobs_dead_lettered.set(g(s.dead_lettered));
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.render(),
+    )
+        .into_response()
+}
+
+/// The OpenAPI document of this API.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}

@@ -1,0 +1,235 @@
+//! Who may do what. Off by default (local use): everyone may do everything, and an answer's
+//! responder id is whatever the caller says. With a tokens file (`DELTA_GATEWAY_TOKENS_FILE`),
+//! every API call carries `Authorization: Bearer <token>` (bots over NATS: the same header on
+//! their request message), the token names an identity with roles, and that identity is the
+//! responder recorded with an answer.
+//!
+//! ```yaml
+//! - name: alice            # the responder id journaled with her answers
+//!   token: "…"             # at least 16 characters
+//!   roles: [answer]        # submit, answer, operate
+//! ```
+//!
+//! Tokens are kept as SHA-256 digests only.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ring::digest;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// What a token allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Submit runs (and read them).
+    Submit,
+    /// Answer questions (and read them and their runs).
+    Answer,
+    /// Everything: cancel runs, read the queue, and all of the above.
+    Operate,
+}
+
+/// The caller, once authenticated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The token's name; `None` with authentication off.
+    pub name: Option<String>,
+    roles: Vec<Role>,
+}
+
+impl Identity {
+    pub fn has(&self, role: Role) -> bool {
+        self.roles.contains(&role) || self.roles.contains(&Role::Operate)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenEntry {
+    name: String,
+    token: String,
+    roles: Vec<Role>,
+}
+
+/// The configured tokens; empty means authentication is off.
+#[derive(Clone, Debug, Default)]
+pub struct Auth {
+    by_digest: HashMap<Vec<u8>, Identity>,
+}
+
+fn sha256(s: &str) -> Vec<u8> {
+    digest::digest(&digest::SHA256, s.as_bytes())
+        .as_ref()
+        .to_vec()
+}
+
+impl Auth {
+    /// Authentication off.
+    pub fn off() -> Self {
+        Self::default()
+    }
+
+    pub fn is_on(&self) -> bool {
+        !self.by_digest.is_empty()
+    }
+
+    /// Reads a tokens file; every problem is named.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read the tokens file: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Parses the tokens file's YAML.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let entries: Vec<TokenEntry> = serde_yaml_ng::from_str(text).map_err(|e| {
+            format!("not a list of {{name, token, roles: [submit|answer|operate]}}: {e}")
+        })?;
+        if entries.is_empty() {
+            return Err("no tokens: list at least one, or unset the tokens file to run without authentication".into());
+        }
+        let mut by_digest = HashMap::new();
+        for e in entries {
+            if e.name.trim().is_empty() {
+                return Err("a token has an empty name".into());
+            }
+            if e.token.chars().count() < 16 {
+                return Err(format!(
+                    "the token of `{}` is shorter than 16 characters",
+                    e.name
+                ));
+            }
+            if e.roles.is_empty() {
+                return Err(format!("`{}` has no roles", e.name));
+            }
+            let identity = Identity {
+                name: Some(e.name.clone()),
+                roles: e.roles,
+            };
+            if by_digest.insert(sha256(&e.token), identity).is_some() {
+                return Err(format!("the token of `{}` is used twice", e.name));
+            }
+        }
+        Ok(Self { by_digest })
+    }
+
+    /// The caller behind an `Authorization` header value, if it has `role`.
+    pub fn check(&self, authorization: Option<&str>, role: Role) -> Result<Identity, ApiError> {
+        self.check_any(authorization, &[role])
+    }
+
+    /// The caller behind an `Authorization` header value, if it has one of `roles`.
+    pub fn check_any(
+        &self,
+        authorization: Option<&str>,
+        roles: &[Role],
+    ) -> Result<Identity, ApiError> {
+        if !self.is_on() {
+            return Ok(Identity {
+                name: None,
+                roles: vec![Role::Operate],
+            });
+        }
+        let Some(header) = authorization else {
+            return Err(ApiError::new(
+                "unauthorized",
+                "this gateway needs `Authorization: Bearer <token>`; ask an operator for a token",
+            ));
+        };
+        let token = header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))
+            .map(str::trim)
+            .unwrap_or("");
+        let Some(identity) = self.by_digest.get(&sha256(token)) else {
+            return Err(ApiError::new(
+                "unauthorized",
+                "the bearer token is not known to this gateway",
+            ));
+        };
+        if !roles.iter().any(|r| identity.has(*r)) {
+            let names: Vec<String> = roles
+                .iter()
+                .map(|r| format!("{r:?}").to_lowercase())
+                .collect();
+            return Err(ApiError::new(
+                "forbidden",
+                format!(
+                    "`{}` may not do this: it needs the role {}",
+                    identity.name.as_deref().unwrap_or("?"),
+                    names.join(" or ")
+                ),
+            ));
+        }
+        Ok(identity.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "- name: alice\n  token: alice-token-0123456789\n  roles: [answer]\n- name: ops\n  token: ops-token-0123456789ab\n  roles: [operate]\n";
+
+    #[test]
+    fn tokens_grant_their_roles_and_operate_grants_all() {
+        let auth = Auth::parse(FILE).expect("valid");
+        let alice = auth
+            .check(Some("Bearer alice-token-0123456789"), Role::Answer)
+            .expect("alice answers");
+        assert_eq!(alice.name.as_deref(), Some("alice"));
+        let e = auth
+            .check(Some("Bearer alice-token-0123456789"), Role::Submit)
+            .expect_err("alice does not submit");
+        assert_eq!(e.code, "forbidden");
+        assert!(
+            auth.check(Some("Bearer ops-token-0123456789ab"), Role::Submit)
+                .is_ok()
+        );
+        assert_eq!(
+            auth.check(None, Role::Answer).expect_err("no token").code,
+            "unauthorized"
+        );
+        assert_eq!(
+            auth.check(Some("Bearer nope"), Role::Answer)
+                .expect_err("bad")
+                .code,
+            "unauthorized"
+        );
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_reason() {
+        for (text, needle) in [
+            ("[]", "no tokens"),
+            (
+                "- name: a\n  token: short\n  roles: [answer]\n",
+                "shorter than 16",
+            ),
+            (
+                "- name: a\n  token: 0123456789abcdefg\n  roles: [admin]\n",
+                "roles",
+            ),
+            (
+                "- name: a\n  token: 0123456789abcdefg\n  roles: []\n",
+                "no roles",
+            ),
+            (
+                "- name: a\n  token: 0123456789abcdefg\n  roles: [answer]\n- name: b\n  token: 0123456789abcdefg\n  roles: [answer]\n",
+                "used twice",
+            ),
+        ] {
+            let e = Auth::parse(text).expect_err(text);
+            assert!(e.contains(needle), "{e} should mention {needle}");
+        }
+    }
+
+    #[test]
+    fn off_lets_everyone_in_anonymously() {
+        let id = Auth::off().check(None, Role::Operate).expect("off");
+        assert_eq!(id.name, None);
+    }
+}

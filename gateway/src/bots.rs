@@ -1,0 +1,105 @@
+//! The bot bridge: bots answer on `<p>.interactions.respond.<request_id>` (core NATS
+//! request-reply, served by every gateway in the queue group `<p>-gateway`), through the same
+//! code path as HTTP. The request's payload is the answer (`{"option_id", "input", "data",
+//! "feedback", "responder": {"id"}}`), with `Authorization: Bearer <token>` as a message header
+//! when the gateway has tokens. The reply is `{"ok": true, "run_id"}` or `{"ok": false,
+//! "error": {"code", "message"}}`, with the codes of the HTTP API.
+//!
+//! Also here: the workers' `resumed` notes, which feed the answer→resume latency histogram.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use serde_json::json;
+
+use delta_shared::protocol::{RequestId, Timestamp, Via};
+
+use crate::Gateway;
+use crate::auth::Role;
+use crate::error::ApiError;
+use crate::ops::AnswerBody;
+
+/// Serves the respond subjects until shutdown.
+pub async fn serve(gw: Arc<Gateway>) -> Result<(), async_nats::SubscribeError> {
+    let names = gw.queue.names().clone();
+    let client = gw.queue.client().clone();
+    let mut answers = client
+        .queue_subscribe(names.respond_subject("*"), names.gateway_group())
+        .await?;
+    let mut resumed = client
+        .queue_subscribe(names.resumed_subject(), names.gateway_group())
+        .await?;
+    loop {
+        tokio::select! {
+            msg = answers.next() => {
+                let Some(msg) = msg else { return Ok(()) };
+                let gw2 = gw.clone();
+                let client = client.clone();
+                gw.tasks.spawn(async move {
+                    let reply = handle(&gw2, &msg).await;
+                    if let Some(to) = msg.reply {
+                        let body = match reply {
+                            Ok(run_id) => json!({"ok": true, "run_id": run_id}),
+                            Err(e) => json!({"ok": false, "error": e.body()}),
+                        };
+                        let _ = client.publish(to, body.to_string().into()).await;
+                    }
+                });
+            }
+            msg = resumed.next() => {
+                let Some(msg) = msg else { return Ok(()) };
+                observe_resume(&gw, &msg.payload);
+            }
+            () = gw.shutdown.cancelled() => return Ok(()),
+        }
+    }
+}
+
+async fn handle(
+    gw: &Gateway,
+    msg: &async_nats::Message,
+) -> Result<delta_shared::protocol::RunId, ApiError> {
+    let raw = msg.subject.as_str().rsplit('.').next().unwrap_or("");
+    let request_id: RequestId = raw
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("`{raw}` is not a request id (a UUID)")))?;
+    let authorization = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Authorization"))
+        .map(|v| v.as_str().to_owned());
+    let who = gw
+        .config
+        .auth
+        .check_any(authorization.as_deref(), &[Role::Answer, Role::Operate])?;
+    if msg.payload.len() > gw.config.max_body_bytes {
+        return Err(ApiError::new(
+            "payload_too_large",
+            "the answer is larger than this gateway accepts (DELTA_MAX_BODY_BYTES)",
+        ));
+    }
+    if msg.payload.is_empty() {
+        return Err(ApiError::bad_request(
+            "the message is empty: send the answer as a JSON object",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(&msg.payload);
+    let body: AnswerBody = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::bad_request(format!("`{path}`: {}", e.into_inner()))
+    })?;
+    let responder = gw.responder(who.name.as_deref(), body.responder.as_ref(), Via::Nats)?;
+    gw.answer(request_id, body, responder).await
+}
+
+fn observe_resume(gw: &Gateway, payload: &[u8]) {
+    #[derive(serde::Deserialize)]
+    struct Resumed {
+        answered_at: Timestamp,
+        resumed_at: Timestamp,
+    }
+    if let Ok(r) = serde_json::from_slice::<Resumed>(payload) {
+        let us = r.resumed_at.micros() - r.answered_at.micros();
+        gw.metrics.answer_to_resume.observe(us.max(0) as f64 / 1e6);
+    }
+}

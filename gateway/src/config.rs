@@ -1,0 +1,155 @@
+//! `delta-gateway`'s configuration: flags win over `DELTA_*` variables; every bad value is
+//! reported at once (exit 64).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use delta_shared::secret::SecretsKey;
+use delta_shared::settings::{Setting, Settings};
+
+use crate::auth::Auth;
+
+/// The settings, by their environment names (PROTOCOL.md §9 and ours), with defaults.
+pub const SETTINGS: &[Setting] = &[
+    ("DELTA_NATS_URL", "nats-url", "nats://127.0.0.1:4222"),
+    ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),
+    ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
+    ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
+    ("DELTA_GATEWAY_ADDR", "addr", "127.0.0.1:8080"),
+    ("DELTA_GATEWAY_TOKENS_FILE", "tokens-file", ""),
+    ("DELTA_SECRETS_KEY", "secrets-key", ""),
+    ("DELTA_MAX_BODY_BYTES", "max-body-bytes", "1048576"),
+    ("DELTA_RECONCILE_MS", "reconcile-ms", "1000"),
+    ("DELTA_RESUME_CHECK_S", "resume-check-s", "5"),
+    ("DELTA_LOST_JOB_S", "lost-job-s", "60"),
+];
+
+/// How a gateway runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub nats_url: String,
+    pub redis_url: String,
+    pub prefix: String,
+    /// Where agents live: a submission must name one of them.
+    pub agents_dir: PathBuf,
+    pub addr: SocketAddr,
+    pub auth: Auth,
+    /// Seals sensitive answers (`DELTA_SECRETS_KEY`, the workers' key).
+    pub secrets_key: Option<Arc<SecretsKey>>,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// How often the reconcilers run.
+    pub reconcile_every: Duration,
+    /// How long after an answer its resume is checked for having been published.
+    pub resume_check: Duration,
+    /// How long a queued or running run may show no progress with no job in the stream before
+    /// a reconciler enqueues it again (also: how long after publishing a resume it is checked).
+    pub lost_job_after: Duration,
+}
+
+impl Config {
+    /// Local defaults with the given servers (tests).
+    pub fn local(nats_url: &str, redis_url: &str, prefix: &str, agents_dir: PathBuf) -> Self {
+        Self {
+            nats_url: nats_url.to_owned(),
+            redis_url: redis_url.to_owned(),
+            prefix: prefix.to_owned(),
+            agents_dir,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            auth: Auth::off(),
+            secrets_key: None,
+            max_body_bytes: 1 << 20,
+            reconcile_every: Duration::from_millis(1000),
+            resume_check: Duration::from_secs(5),
+            lost_job_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Builds the config from flags and an environment map.
+pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, Vec<String>> {
+    let mut s = Settings::parse(SETTINGS, args, env);
+    let nats_url = s.url("DELTA_NATS_URL", &["nats", "tls"]);
+    let redis_url = s.url("DELTA_REDIS_URL", &["redis", "rediss"]);
+    let prefix = s.prefix("DELTA_KEY_PREFIX");
+    let agents_dir = s.dir("DELTA_AGENTS_DIR", "agents");
+    let (addr_text, from) = s.get("DELTA_GATEWAY_ADDR");
+    let addr = match addr_text.parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            s.errors.push(format!(
+                "{from}: `{addr_text}` is not an address like 127.0.0.1:8080"
+            ));
+            None
+        }
+    };
+    let (tokens, _) = s.get("DELTA_GATEWAY_TOKENS_FILE");
+    let auth = if tokens.is_empty() {
+        Auth::off()
+    } else {
+        match Auth::load(std::path::Path::new(&tokens)) {
+            Ok(a) => a,
+            Err(e) => {
+                s.errors.push(e);
+                Auth::off()
+            }
+        }
+    };
+    let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
+    let max_body = s.number("DELTA_MAX_BODY_BYTES", 1024);
+    let reconcile_ms = s.number("DELTA_RECONCILE_MS", 10);
+    let resume_check = s.number("DELTA_RESUME_CHECK_S", 1);
+    let lost_job = s.number("DELTA_LOST_JOB_S", 1);
+    s.finish()?;
+    Ok(Config {
+        nats_url,
+        redis_url,
+        prefix,
+        agents_dir,
+        addr: addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
+        auth,
+        secrets_key,
+        max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
+        reconcile_every: Duration::from_millis(reconcile_ms),
+        resume_check: Duration::from_secs(resume_check),
+        lost_job_after: Duration::from_secs(lost_job),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bad_value_is_reported_at_once() {
+        let env: HashMap<String, String> = [
+            ("DELTA_GATEWAY_ADDR", "localhost"),
+            ("DELTA_GATEWAY_TOKENS_FILE", "/no/such/tokens.yaml"),
+            ("DELTA_RECONCILE_MS", "0"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let args: Vec<String> = ["--nats-url", "http://x", "--agents-dir", "/no/such"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let errs = parse(&args, &env).expect_err("invalid");
+        for needle in [
+            "--nats-url",
+            "--agents-dir",
+            "DELTA_GATEWAY_ADDR",
+            "tokens.yaml",
+            "DELTA_RECONCILE_MS",
+        ] {
+            assert!(
+                errs.iter().any(|e| e.contains(needle)),
+                "{needle} in {errs:#?}"
+            );
+        }
+        assert_eq!(errs.len(), 5, "{errs:#?}");
+    }
+}

@@ -1,0 +1,158 @@
+//! `/metrics` in Prometheus' text format. Counters and histograms are this gateway's own
+//! observations; runs by status, pending interactions and the queue's figures are read from
+//! Redis and JetStream at scrape time, so every gateway reports the same fleet-wide values.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Label set of a per-status gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct StatusLabel {
+    pub status: String,
+}
+
+/// Label set of answers by channel.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ViaLabel {
+    pub via: String,
+}
+
+/// This gateway's metrics.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub runs: Family<StatusLabel, Gauge>,
+    pub pending_interactions: Gauge,
+    pub jobs_pending: Gauge,
+    pub jobs_in_flight: Gauge,
+    pub jobs_redelivered: Gauge,
+    pub jobs_dead_lettered: Gauge,
+    pub runs_submitted: Counter,
+    pub answers_accepted: Family<ViaLabel, Counter>,
+    pub answers_refused: Family<ViaLabel, Counter>,
+    pub timeouts_applied: Counter,
+    pub resumes_republished: Counter,
+    pub jobs_requeued: Counter,
+    /// From a question being asked to its answer being accepted.
+    pub time_to_answer: Histogram,
+    /// From an answer being accepted to a worker resuming the run.
+    pub answer_to_resume: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("delta");
+        let m = Self {
+            registry: Mutex::new(Registry::default()),
+            runs: Family::default(),
+            pending_interactions: Gauge::default(),
+            jobs_pending: Gauge::default(),
+            jobs_in_flight: Gauge::default(),
+            jobs_redelivered: Gauge::default(),
+            jobs_dead_lettered: Gauge::default(),
+            runs_submitted: Counter::default(),
+            answers_accepted: Family::default(),
+            answers_refused: Family::default(),
+            timeouts_applied: Counter::default(),
+            resumes_republished: Counter::default(),
+            jobs_requeued: Counter::default(),
+            // 1 s … ~4.5 h
+            time_to_answer: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(1.0, 3.0, 10),
+            ),
+            // 0.5 ms … ~8 s
+            answer_to_resume: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.0005, 2.0, 15),
+            ),
+        };
+        r.register("runs", "Runs by status", m.runs.clone());
+        r.register(
+            "interactions_pending",
+            "Questions waiting for an answer",
+            m.pending_interactions.clone(),
+        );
+        r.register(
+            "jobs_pending",
+            "Jobs waiting for a worker",
+            m.jobs_pending.clone(),
+        );
+        r.register(
+            "jobs_in_flight",
+            "Jobs delivered and not yet acknowledged",
+            m.jobs_in_flight.clone(),
+        );
+        r.register(
+            "jobs_redelivered",
+            "Jobs delivered more than once and not yet acknowledged",
+            m.jobs_redelivered.clone(),
+        );
+        r.register(
+            "jobs_dead_lettered",
+            "Messages in the dead-letter stream",
+            m.jobs_dead_lettered.clone(),
+        );
+        r.register(
+            "runs_submitted",
+            "Runs submitted here",
+            m.runs_submitted.clone(),
+        );
+        r.register(
+            "answers_accepted",
+            "Answers accepted here, by channel",
+            m.answers_accepted.clone(),
+        );
+        r.register(
+            "answers_refused",
+            "Answers refused here, by channel",
+            m.answers_refused.clone(),
+        );
+        r.register(
+            "timeouts_applied",
+            "Questions closed by their deadline here",
+            m.timeouts_applied.clone(),
+        );
+        r.register(
+            "resumes_republished",
+            "Resume jobs published by the reconciler",
+            m.resumes_republished.clone(),
+        );
+        r.register(
+            "jobs_requeued",
+            "Lost jobs enqueued again by the reconciler",
+            m.jobs_requeued.clone(),
+        );
+        r.register(
+            "time_to_answer_seconds",
+            "From a question being asked to its answer being accepted",
+            m.time_to_answer.clone(),
+        );
+        r.register(
+            "answer_to_resume_seconds",
+            "From an answer being accepted to a worker resuming its run",
+            m.answer_to_resume.clone(),
+        );
+        *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = r;
+        m
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        if encode(&mut out, &registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,571 @@
+//! What the gateway does, whatever the channel: submit a run, answer a question, cancel a run.
+//! HTTP handlers, the NATS bot bridge and the reconcilers all call these, so the rules of
+//! PROTOCOL.md §3 are enforced in one place.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use delta_shared::protocol::{
+    Event, InteractionResponse, InteractionState, Job, JobKind, MessageLevel, REDACTED, RequestId,
+    Resolved, Responder, RunId, RunStatus, SystemMessage, Timestamp, Via,
+};
+use delta_shared::store::redis::{Resolution, StoredInteraction, Submitted};
+use delta_shared::store::{RunRecord, RunStore, StatusChange, Terminal};
+
+use crate::Gateway;
+use crate::error::ApiError;
+
+/// `POST /v1/runs`' body.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submission {
+    pub agent: String,
+    pub task: String,
+    #[serde(default)]
+    pub input: Option<Value>,
+}
+
+/// An answer as a channel receives it: the response fields a person or bot sets.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerBody {
+    /// Optional; must match the request named by the path or subject.
+    #[serde(default)]
+    pub request_id: Option<RequestId>,
+    #[serde(default)]
+    pub option_id: Option<String>,
+    #[serde(default)]
+    pub input: Option<String>,
+    #[serde(default)]
+    pub data: Option<Value>,
+    #[serde(default)]
+    pub feedback: Option<String>,
+    /// Who answers. With authentication on, the token decides and a different id is refused.
+    #[serde(default)]
+    pub responder: Option<ClaimedResponder>,
+}
+
+/// The responder a caller names.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimedResponder {
+    #[serde(default)]
+    pub id: Option<String>,
+    /// `http` or `cli` over HTTP (the CLI says so); bots are always `nats`.
+    #[serde(default)]
+    pub via: Option<Via>,
+}
+
+/// A submission accepted: its run (made now, or earlier with the same `Idempotency-Key`).
+pub struct RunAccepted {
+    pub run_id: RunId,
+    pub status: RunStatus,
+}
+
+fn valid_agent_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl Gateway {
+    /// Stores a run `QUEUED` and publishes its start job (DESIGN.md "The fleet", step 1).
+    pub async fn submit(
+        &self,
+        s: Submission,
+        idempotency_key: Option<&str>,
+    ) -> Result<RunAccepted, ApiError> {
+        if !valid_agent_name(&s.agent) {
+            return Err(ApiError::new(
+                "invalid_args",
+                format!(
+                    "`{}` is not an agent name (letters, digits, `-`, `_`)",
+                    s.agent
+                ),
+            ));
+        }
+        if !self
+            .config
+            .agents_dir
+            .join(&s.agent)
+            .join("config.yaml")
+            .is_file()
+        {
+            return Err(ApiError::new(
+                "invalid_args",
+                format!(
+                    "no agent `{}` in this fleet's agents directory; GET /v1/runs shows the agents in use",
+                    s.agent
+                ),
+            ));
+        }
+        if s.task.trim().is_empty() {
+            return Err(ApiError::new("invalid_args", "`task` must not be empty"));
+        }
+        let fingerprint = sha256_hex(
+            serde_json::json!({"agent": s.agent, "task": s.task, "input": s.input})
+                .to_string()
+                .as_bytes(),
+        );
+        let key = match idempotency_key {
+            Some(k) if k.is_empty() || k.len() > 255 => {
+                return Err(ApiError::bad_request(
+                    "Idempotency-Key must be 1 to 255 characters",
+                ));
+            }
+            Some(k) => Some(sha256_hex(k.as_bytes())),
+            None => None,
+        };
+        let mut record = RunRecord::new(RunId::new(), &s.agent, &s.task, RunStatus::Queued);
+        record.input = s.input;
+        let submitted = self
+            .store
+            .create_indexed(&record, key.as_deref().map(|k| (k, fingerprint.as_str())))
+            .await?;
+        if let Submitted::Existing {
+            run_id,
+            fingerprint: earlier,
+        } = submitted
+        {
+            if earlier != fingerprint {
+                return Err(ApiError::new(
+                    "invalid_args",
+                    "this Idempotency-Key was used for a different submission; use a new key for a new run",
+                ));
+            }
+            let status = self.store.record(run_id).await?.status;
+            return Ok(RunAccepted { run_id, status });
+        }
+        self.metrics.runs_submitted.inc();
+        let job = Job {
+            run_id: record.run_id,
+            kind: JobKind::Start,
+            request_id: None,
+        };
+        // Should this fail, the run stays QUEUED with no job: the lost-job reconciler sends it.
+        match self.queue.publish_job(&s.agent, &job, None).await {
+            Ok(seq) => self.store.set_job_seq(record.run_id, seq).await?,
+            Err(e) => {
+                tracing::warn!(error = %e, run = %record.run_id, "start job not published; the reconciler will")
+            }
+        }
+        Ok(RunAccepted {
+            run_id: record.run_id,
+            status: RunStatus::Queued,
+        })
+    }
+
+    /// The responder of an answer arriving on `via`, from the caller's identity and claim.
+    pub fn responder(
+        &self,
+        identity: Option<&str>,
+        claimed: Option<&ClaimedResponder>,
+        via: Via,
+    ) -> Result<Responder, ApiError> {
+        let claimed_id = claimed
+            .and_then(|c| c.id.clone())
+            .filter(|s| !s.trim().is_empty());
+        let via = match (via, claimed.and_then(|c| c.via)) {
+            (Via::Http, Some(Via::Cli)) => Via::Cli,
+            (Via::Http, Some(Via::Http) | None) => Via::Http,
+            (Via::Http, Some(other)) => {
+                return Err(ApiError::bad_request(format!(
+                    "responder.via `{}` cannot be claimed over HTTP (use http or cli)",
+                    serde_json::to_value(other)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                )));
+            }
+            (v, _) => v,
+        };
+        let id = match (identity, claimed_id) {
+            (Some(name), Some(c)) if c != name => {
+                return Err(ApiError::new(
+                    "forbidden",
+                    format!("you are `{name}`: you cannot answer as `{c}`"),
+                ));
+            }
+            (Some(name), _) => name.to_owned(),
+            (None, Some(c)) => c,
+            (None, None) => "anonymous".to_owned(),
+        };
+        if id.len() > 200 {
+            return Err(ApiError::bad_request(
+                "responder.id is longer than 200 characters",
+            ));
+        }
+        Ok(Responder { id, via })
+    }
+
+    /// Answers `request_id` (PROTOCOL.md §3, DESIGN.md "The fleet" step 5): validate, flip
+    /// `PENDING → ANSWERED` atomically (first answer wins; an identical repeat is acknowledged),
+    /// publish the resume job, announce `resolved`. Returns the run.
+    pub async fn answer(
+        &self,
+        request_id: RequestId,
+        body: AnswerBody,
+        responder: Responder,
+    ) -> Result<RunId, ApiError> {
+        let via = responder.via;
+        let result = self.answer_inner(request_id, body, responder).await;
+        let label = crate::metrics::ViaLabel {
+            via: format!("{via:?}").to_lowercase(),
+        };
+        match &result {
+            Ok(_) => self.metrics.answers_accepted.get_or_create(&label).inc(),
+            Err(_) => self.metrics.answers_refused.get_or_create(&label).inc(),
+        };
+        result
+    }
+
+    async fn answer_inner(
+        &self,
+        request_id: RequestId,
+        body: AnswerBody,
+        responder: Responder,
+    ) -> Result<RunId, ApiError> {
+        if body.request_id.is_some_and(|r| r != request_id) {
+            return Err(ApiError::bad_request(format!(
+                "the body's request_id is not {request_id}, the request being answered"
+            )));
+        }
+        if let Some(data) = &body.data {
+            check_data_shape(data)?;
+        }
+        let response = InteractionResponse {
+            request_id,
+            option_id: body.option_id,
+            input: body.input,
+            data: body.data,
+            feedback: body.feedback,
+            responder,
+        };
+        let (run_id, ix) = self.find(request_id).await?;
+        if ix.state != InteractionState::Pending {
+            return self.settled(run_id, &ix, &response);
+        }
+        if !ix.request.allows(&response.responder) {
+            return Err(delta_shared::protocol::ResponseError::NotAllowed(
+                response.responder.id.clone(),
+            )
+            .into());
+        }
+        let accepted = ix.request.validate(response.clone(), Timestamp::now())?;
+        let won = self
+            .store
+            .resolve(
+                &ix.request,
+                Resolution::Answer(&response),
+                self.config.resume_check,
+            )
+            .await?;
+        if won.is_some() {
+            // Someone else settled it between our read and our write.
+            let (_, now) = self.find(request_id).await?;
+            return self.settled(run_id, &now, &response);
+        }
+        let waited = Timestamp::now().micros() - ix.request.timestamp.micros();
+        self.metrics
+            .time_to_answer
+            .observe(waited.max(0) as f64 / 1e6);
+        failpoint("answer:before-publish");
+        let resolved = Resolved {
+            request_id,
+            run_id,
+            option_id: response.option_id.clone(),
+            action: Some(accepted.action),
+            responder: response.responder.clone(),
+            resolved_at: Timestamp::now(),
+            state: InteractionState::Answered,
+        };
+        self.resume(&ix, resolved).await;
+        Ok(run_id)
+    }
+
+    /// The run and stored interaction of a request, or `not_found`.
+    pub async fn find(
+        &self,
+        request_id: RequestId,
+    ) -> Result<(RunId, StoredInteraction), ApiError> {
+        let missing = || {
+            ApiError::not_found(format!(
+                "no interaction request {request_id}; GET /v1/interactions lists the pending ones"
+            ))
+        };
+        let run_id = self
+            .store
+            .interaction_run(request_id)
+            .await?
+            .ok_or_else(missing)?;
+        let ix = self
+            .store
+            .interaction(run_id, request_id)
+            .await?
+            .ok_or_else(missing)?;
+        Ok((run_id, ix))
+    }
+
+    /// The reply to an answer for a request that is no longer pending: acknowledged again when
+    /// it is the accepted answer itself, refused otherwise.
+    fn settled(
+        &self,
+        run_id: RunId,
+        ix: &StoredInteraction,
+        response: &InteractionResponse,
+    ) -> Result<RunId, ApiError> {
+        let rid = ix.request.request_id;
+        match ix.state {
+            InteractionState::Answered => {
+                let same = ix
+                    .response
+                    .clone()
+                    .and_then(|r| self.store.open(r).ok())
+                    .is_some_and(|accepted| accepted == *response);
+                if same {
+                    return Ok(run_id);
+                }
+                let by = ix
+                    .response
+                    .as_ref()
+                    .map(|r| format!(" by {}", r.responder.id))
+                    .unwrap_or_default();
+                let at = ix
+                    .answered_at
+                    .map(|t| format!(" at {t}"))
+                    .unwrap_or_default();
+                Err(ApiError::new(
+                    "already_resolved",
+                    format!("request {rid} was already answered{by}{at}"),
+                ))
+            }
+            InteractionState::Expired => Err(ApiError::new(
+                "expired",
+                format!(
+                    "request {rid} expired{}; its default was applied or its run failed",
+                    ix.request
+                        .expires_at
+                        .map(|t| format!(" at {t}"))
+                        .unwrap_or_default()
+                ),
+            )),
+            InteractionState::Cancelled => Err(ApiError::new(
+                "already_resolved",
+                format!("request {rid} was closed: its run was cancelled"),
+            )),
+            InteractionState::Pending => Err(ApiError::unavailable("try again")),
+        }
+    }
+
+    /// After an interaction was settled: publish its run's resume job (idempotent), note it,
+    /// announce `resolved`. A failure here is left to the resume reconciler.
+    pub async fn resume(&self, ix: &StoredInteraction, resolved: Resolved) {
+        let q = &ix.request;
+        let job = Job {
+            run_id: q.run_id,
+            kind: JobKind::Resume,
+            request_id: Some(q.request_id),
+        };
+        let tp = ix.traceparent.as_deref();
+        match self.queue.publish_job(&q.agent, &job, tp).await {
+            Ok(seq) => {
+                let recheck = Timestamp::now().micros()
+                    + i64::try_from(self.config.lost_job_after.as_micros()).unwrap_or(i64::MAX);
+                if let Err(e) = self
+                    .store
+                    .resume_published(q.run_id, q.request_id, seq, recheck)
+                    .await
+                {
+                    tracing::warn!(error = %e, request = %q.request_id, "resume published but not noted; the reconciler will check it");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, request = %q.request_id, "resume not published; the reconciler will");
+                return;
+            }
+        }
+        if let Err(e) = self.queue.publish_resolved(&q.agent, &resolved, tp).await {
+            tracing::warn!(error = %e, request = %q.request_id, "`resolved` not announced");
+        }
+    }
+
+    /// Closes an expired question (the deadline reconciler): the run resumes and applies the
+    /// default option, or fails without one. `false` when it was no longer pending.
+    pub async fn expire(&self, run_id: RunId, request_id: RequestId) -> Result<bool, ApiError> {
+        let Some(ix) = self.store.interaction(run_id, request_id).await? else {
+            self.store.drop_deadline(request_id).await?;
+            return Ok(false);
+        };
+        if ix.state != InteractionState::Pending {
+            self.store.drop_deadline(request_id).await?;
+            return Ok(false);
+        }
+        if !ix.request.is_expired_at(Timestamp::now()) {
+            return Ok(false);
+        }
+        let won = self
+            .store
+            .resolve(&ix.request, Resolution::Expired, self.config.resume_check)
+            .await?;
+        if won.is_some() {
+            return Ok(false);
+        }
+        self.metrics.timeouts_applied.inc();
+        let default = ix
+            .request
+            .default_option_id
+            .as_deref()
+            .and_then(|d| ix.request.option(d));
+        let resolved = Resolved {
+            request_id,
+            run_id,
+            option_id: default.map(|o| o.option_id.clone()),
+            action: default.map(|o| o.action),
+            responder: Responder {
+                id: "timeout".into(),
+                via: Via::Timeout,
+            },
+            resolved_at: Timestamp::now(),
+            state: InteractionState::Expired,
+        };
+        self.resume(&ix, resolved).await;
+        Ok(true)
+    }
+
+    /// Cancels a run that is not final: journals who cancelled it and ends it `CANCELLED`; a
+    /// question it waited on is closed. A worker still holding the run has its next write
+    /// refused and drops the job.
+    pub async fn cancel(
+        &self,
+        run_id: RunId,
+        by: &str,
+        reason: Option<&str>,
+    ) -> Result<RunStatus, ApiError> {
+        let record = self.store.record(run_id).await?;
+        if record.status.is_terminal() {
+            return Err(ApiError::new(
+                "already_resolved",
+                format!("run {run_id} is already {}", record.status),
+            ));
+        }
+        let why = match reason {
+            Some(r) if !r.trim().is_empty() => format!("cancelled by {by}: {r}"),
+            _ => format!("cancelled by {by}"),
+        };
+        let events = vec![
+            Event::SystemMessage(SystemMessage {
+                level: MessageLevel::Warn,
+                content: why.clone(),
+            }),
+            Event::EngineEnd(delta_shared::protocol::EngineEnd {
+                status: RunStatus::Cancelled,
+                result: None,
+                error: Some(why.clone()),
+            }),
+        ];
+        let change = StatusChange::Finished {
+            status: Terminal::Cancelled,
+            result: None,
+            error: Some(why),
+        };
+        self.store.append(run_id, events, Some(change)).await?;
+        if let Some(rid) = record.pending_request_id {
+            let resolved = Resolved {
+                request_id: rid,
+                run_id,
+                option_id: None,
+                action: None,
+                responder: Responder {
+                    id: by.to_owned(),
+                    via: Via::Http,
+                },
+                resolved_at: Timestamp::now(),
+                state: InteractionState::Cancelled,
+            };
+            if let Err(e) = self
+                .queue
+                .publish_resolved(&record.agent, &resolved, None)
+                .await
+            {
+                tracing::warn!(error = %e, "`resolved` of a cancelled run's question not announced");
+            }
+        }
+        Ok(RunStatus::Cancelled)
+    }
+}
+
+/// `data` of an answer: an object; `args` (edited tool arguments) an object, `tasks` (an edited
+/// plan) a list. The worker checks them against the agent's tools.
+fn check_data_shape(data: &Value) -> Result<(), ApiError> {
+    let Some(obj) = data.as_object() else {
+        return Err(ApiError::new(
+            "invalid_args",
+            "`data` must be a JSON object (e.g. {\"args\": {…}} to edit a tool call's arguments)",
+        ));
+    };
+    if obj.get("args").is_some_and(|a| !a.is_object()) {
+        return Err(ApiError::new(
+            "invalid_args",
+            "`data.args` must be a JSON object of arguments",
+        ));
+    }
+    if obj.get("tasks").is_some_and(|t| !t.is_array()) {
+        return Err(ApiError::new(
+            "invalid_args",
+            "`data.tasks` must be a list of tasks",
+        ));
+    }
+    Ok(())
+}
+
+/// How an interaction is shown in listings and the API: the request, its state, and its answer
+/// with sensitive parts as `"***"` (PROTOCOL.md §3 rule 5).
+pub fn interaction_view(run_id: RunId, ix: &StoredInteraction) -> Value {
+    let response = ix.response.as_ref().map(|r| {
+        let mut r = r.clone();
+        if ix.request.is_sensitive() {
+            let hide = |s: &mut Option<String>| {
+                if s.is_some() {
+                    *s = Some(REDACTED.to_owned());
+                }
+            };
+            hide(&mut r.input);
+            hide(&mut r.feedback);
+            if r.data.is_some() {
+                r.data = Some(Value::String(REDACTED.into()));
+            }
+        }
+        r
+    });
+    serde_json::json!({
+        "request_id": ix.request.request_id,
+        "run_id": run_id,
+        "agent": ix.request.agent,
+        "type": ix.request.kind,
+        "state": ix.state,
+        "created_at": ix.request.timestamp,
+        "expires_at": ix.request.expires_at,
+        "answered_at": ix.answered_at,
+        "request": ix.request,
+        "response": response,
+    })
+}
+
+/// A test hook: `DELTA_FAILPOINT=<name>` makes the process exit hard at that point (as a crash
+/// would), so tests can prove a reconciler mends what was left half done.
+pub fn failpoint(name: &str) {
+    if std::env::var("DELTA_FAILPOINT").is_ok_and(|f| f == name) {
+        eprintln!("failpoint {name}: exiting");
+        std::process::exit(86);
+    }
+}

@@ -1,0 +1,181 @@
+//! The reconcilers (DESIGN.md "What can go wrong, and who mends it"). They run periodically in
+//! every gateway, take no input, and make every change through the same atomic scripts and
+//! idempotent publishes as the request path, so several gateways may run them at once:
+//!
+//! - **deadlines**: a question past `expires_at` is closed `EXPIRED` (first one wins against a
+//!   late human) and its run resumed: the worker applies the default option or fails the run;
+//! - **resumes**: a question answered whose resume job was not published (gateway died between
+//!   `ANSWERED` and the publish) is published again with the same `Nats-Msg-Id`; one published
+//!   whose job vanished from the stream while the run still waits is enqueued again;
+//! - **lost jobs**: a `QUEUED`, `RUNNING` or `INTERRUPTED` run with no progress for
+//!   `lost_job_after` whose job is no longer in the stream (NATS lost it, or the gateway died
+//!   before publishing it) is enqueued again. A job still in the stream is JetStream's to
+//!   redeliver, so a long step on a live worker is never doubled.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio_util::sync::CancellationToken;
+
+use delta_shared::protocol::{InteractionState, Job, JobKind, RunStatus, Timestamp};
+
+use crate::Gateway;
+use crate::error::ApiError;
+
+/// Where the lost-job walk goes on next time, per status.
+#[derive(Default)]
+pub struct Cursors {
+    queued: AtomicUsize,
+    running: AtomicUsize,
+    interrupted: AtomicUsize,
+}
+
+/// Runs the reconcilers every `reconcile_every` until `shutdown`.
+pub async fn run(gw: std::sync::Arc<Gateway>, shutdown: CancellationToken) {
+    let cursors = Cursors::default();
+    let mut ticks: u64 = 0;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(gw.config.reconcile_every) => {}
+            () = shutdown.cancelled() => return,
+        }
+        if let Err(e) = deadlines(&gw).await {
+            tracing::warn!(error = %e, "deadline reconciler");
+        }
+        if let Err(e) = resumes(&gw).await {
+            tracing::warn!(error = %e, "resume reconciler");
+        }
+        // The lost-job walk reads every queued/running run: less often.
+        if ticks % 10 == 0
+            && let Err(e) = lost_jobs(&gw, &cursors).await
+        {
+            tracing::warn!(error = %e, "lost-job reconciler");
+        }
+        ticks += 1;
+    }
+}
+
+/// Closes the questions whose deadline passed. Returns how many it closed.
+pub async fn deadlines(gw: &Gateway) -> Result<usize, ApiError> {
+    let due = gw
+        .store
+        .due_deadlines(Timestamp::now().micros(), 200)
+        .await?;
+    let mut closed = 0;
+    for (run_id, request_id) in due {
+        if gw.expire(run_id, request_id).await? {
+            closed += 1;
+        }
+    }
+    Ok(closed)
+}
+
+/// Looks after answered questions whose run has not resumed yet. Returns how many resume jobs
+/// it published.
+pub async fn resumes(gw: &Gateway) -> Result<usize, ApiError> {
+    let now = Timestamp::now().micros();
+    let due = gw.store.due_resumes(now, 200).await?;
+    let mut published = 0;
+    for (run_id, request_id) in due {
+        let record = match gw.store.record(run_id).await {
+            Ok(r) => r,
+            Err(delta_shared::store::Error::NotFound(_)) => {
+                gw.store.drop_resume(run_id, request_id).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let ix = gw.store.interaction(run_id, request_id).await?;
+        let still_waiting = record.status == RunStatus::WaitingForInput
+            && record.pending_request_id == Some(request_id);
+        let Some(ix) = ix.filter(|ix| still_waiting && ix.state != InteractionState::Pending)
+        else {
+            // The run went on (or the question is open again): nothing to mend.
+            gw.store.drop_resume(run_id, request_id).await?;
+            continue;
+        };
+        let job = Job {
+            run_id,
+            kind: JobKind::Resume,
+            request_id: Some(request_id),
+        };
+        let tp = ix.traceparent.as_deref();
+        let msg_id = match ix.resume_seq {
+            // Never published (or not noted): the same id, so a publish that did happen dedupes.
+            None => job.msg_id(),
+            Some(seq) if gw.queue.job_exists(seq).await? => {
+                // Still queued (a backlog): look again later.
+                let later = now + micros(gw.config.lost_job_after);
+                gw.store
+                    .reschedule_resume(run_id, request_id, later)
+                    .await?;
+                continue;
+            }
+            // Published, gone from the stream, and the run still waits: lost.
+            Some(seq) => format!("requeue:{request_id}:{seq}"),
+        };
+        let seq = gw
+            .queue
+            .publish_job_as(&record.agent, &job, &msg_id, tp)
+            .await?;
+        let later = Timestamp::now().micros() + micros(gw.config.lost_job_after);
+        gw.store
+            .resume_published(run_id, request_id, seq, later)
+            .await?;
+        gw.metrics.resumes_republished.inc();
+        tracing::info!(run = %run_id, request = %request_id, msg_id, "resume job published by the reconciler");
+        published += 1;
+    }
+    Ok(published)
+}
+
+/// Enqueues again the runs whose job was lost. Returns how many.
+pub async fn lost_jobs(gw: &Gateway, cursors: &Cursors) -> Result<usize, ApiError> {
+    let cutoff = Timestamp::now().micros() - micros(gw.config.lost_job_after);
+    let mut requeued = 0;
+    for (status, cursor) in [
+        (RunStatus::Queued, &cursors.queued),
+        (RunStatus::Running, &cursors.running),
+        (RunStatus::Interrupted, &cursors.interrupted),
+    ] {
+        let (runs, next) = gw
+            .store
+            .queue_runs(status, cursor.load(Ordering::Relaxed), 200)
+            .await?;
+        cursor.store(next, Ordering::Relaxed);
+        for run in runs {
+            let idle = run.updated_at.is_none_or(|t| t.micros() < cutoff);
+            if !idle || run.status != status {
+                continue;
+            }
+            let seq = run.job_seq.max(run.fence_seq);
+            if seq > 0 && gw.queue.job_exists(seq).await? {
+                continue;
+            }
+            let job = Job {
+                run_id: run.run_id,
+                kind: JobKind::Start,
+                request_id: None,
+            };
+            // Never published: `start:<run>` dedupes with a publish that did happen. Lost: a
+            // new id per lost job, the same for every gateway that notices.
+            let msg_id = if seq == 0 {
+                job.msg_id()
+            } else {
+                format!("requeue:{}:{seq}", run.run_id)
+            };
+            let new_seq = gw
+                .queue
+                .publish_job_as(&run.agent, &job, &msg_id, None)
+                .await?;
+            gw.store.set_job_seq(run.run_id, new_seq).await?;
+            gw.metrics.jobs_requeued.inc();
+            tracing::warn!(run = %run.run_id, status = %status, lost_seq = seq, "job lost; enqueued again");
+            requeued += 1;
+        }
+    }
+    Ok(requeued)
+}
+
+fn micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}

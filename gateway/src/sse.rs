@@ -1,0 +1,217 @@
+//! Server-sent events.
+//!
+//! - `GET /v1/runs/{run_id}/events`: the run's journal, each event with `id` = its `seq`, from
+//!   `Last-Event-ID` + 1 (or `?from_seq=`) on, live; after the terminal `ENGINE_END`, one
+//!   `status` event (`{"status", "result", "error"}`) and the stream ends. A client that
+//!   reconnects with the last id it saw gets every later event exactly once.
+//! - `GET /v1/interactions/stream`: `requested` and `resolved` events, live, each with `id` =
+//!   its sequence in the interactions stream, so a reconnect with `Last-Event-ID` catches up
+//!   on what it missed (for as long as the stream keeps it, 7 days by default).
+//!
+//! Both end when the gateway shuts down. Browsers' `EventSource` cannot send headers, so with
+//! authentication on these take `?access_token=` as well.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use delta_shared::protocol::{Event as JournalEventKind, RunId};
+
+use crate::Gateway;
+use crate::api::caller;
+use crate::auth::Role;
+use crate::error::ApiError;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamQuery {
+    from_seq: Option<u64>,
+    access_token: Option<String>,
+    agent: Option<String>,
+}
+
+fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    match headers.get("last-event-id") {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .map(Some)
+            .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be a whole number")),
+    }
+}
+
+/// A stream fed by a task that stops when the client goes or the gateway shuts down.
+fn channel_stream(rx: mpsc::Receiver<Event>) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures_util::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) },
+    )
+}
+
+pub async fn run_events(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    q: Result<Query<StreamQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = q
+        .map(|Query(q)| q)
+        .map_err(|e| ApiError::bad_request(format!("bad query string: {}", e.body_text())))?;
+    caller(
+        &gw,
+        &headers,
+        &[Role::Submit, Role::Answer, Role::Operate],
+        q.access_token.as_deref(),
+    )?;
+    let run_id: RunId = raw
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("`{raw}` is not a run id (a UUID)")))?;
+    // 404 now rather than an empty stream.
+    gw.store.record(run_id).await?;
+    let after = match last_event_id(&headers)? {
+        Some(id) => id,
+        None => q.from_seq.map(|s| s.saturating_sub(1)).unwrap_or(0),
+    };
+    let (tx, rx) = mpsc::channel(64);
+    let gw2 = gw.clone();
+    gw.tasks.spawn(async move {
+        let shutdown = gw2.shutdown.clone();
+        tokio::select! {
+            () = follow_journal(&gw2, run_id, after, tx) => {}
+            () = shutdown.cancelled() => {}
+        }
+    });
+    Ok(Sse::new(channel_stream(rx))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// Sends journal events after `after` until the run ends (then its status) or the client goes.
+async fn follow_journal(gw: &Gateway, run_id: RunId, mut after: u64, tx: mpsc::Sender<Event>) {
+    let mut tail = match gw.store.journal_tail(run_id).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "journal stream: no Redis connection");
+            return;
+        }
+    };
+    let mut caught_up = false;
+    loop {
+        // First what is there already, then live (blocking reads on the tail's own connection).
+        let read = if caught_up {
+            tail.next(after, 10_000).await
+        } else {
+            gw.store.journal_from(run_id, after + 1, 1000).await
+        };
+        let events = match read {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(error = %e, "journal stream read failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        if events.is_empty() {
+            caught_up = true;
+            if tx.is_closed() {
+                return;
+            }
+            // Nothing new: a run that is over says so and the stream ends.
+            if let Ok(r) = gw.store.record(run_id).await
+                && r.status.is_terminal()
+            {
+                let status = json!({"status": r.status, "result": r.result, "error": r.error});
+                let _ = tx
+                    .send(Event::default().event("status").data(status.to_string()))
+                    .await;
+                return;
+            }
+            continue;
+        }
+        for e in events {
+            after = e.seq;
+            let end = match &e.event {
+                JournalEventKind::EngineEnd(end) if end.status.is_terminal() => Some(end.clone()),
+                _ => None,
+            };
+            let data = serde_json::to_string(&e).unwrap_or_default();
+            let event = Event::default()
+                .id(e.seq.to_string())
+                .event("journal")
+                .data(data);
+            if tx.send(event).await.is_err() {
+                return;
+            }
+            if let Some(end) = end {
+                let status =
+                    json!({"status": end.status, "result": end.result, "error": end.error});
+                let _ = tx
+                    .send(Event::default().event("status").data(status.to_string()))
+                    .await;
+                return;
+            }
+        }
+    }
+}
+
+pub async fn interaction_events(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    q: Result<Query<StreamQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = q
+        .map(|Query(q)| q)
+        .map_err(|e| ApiError::bad_request(format!("bad query string: {}", e.body_text())))?;
+    caller(
+        &gw,
+        &headers,
+        &[Role::Answer, Role::Operate],
+        q.access_token.as_deref(),
+    )?;
+    let from = last_event_id(&headers)?.map(|id| id + 1).or(q.from_seq);
+    let mut events = gw.queue.interaction_events(from).await?.boxed();
+    let agent = q.agent.clone();
+    let (tx, rx) = mpsc::channel(64);
+    let shutdown = gw.shutdown.clone();
+    gw.tasks.spawn(async move {
+        loop {
+            let next = tokio::select! {
+                e = events.next() => e,
+                () = shutdown.cancelled() => return,
+                () = tx.closed() => return,
+            };
+            let Some(e) = next else { return };
+            if let Some(a) = &agent {
+                let of_agent = serde_json::from_slice::<serde_json::Value>(&e.payload)
+                    .ok()
+                    .and_then(|v| v.get("agent").and_then(|x| x.as_str()).map(str::to_owned));
+                // `resolved` carries no agent: it is sent to everyone, harmlessly.
+                if of_agent.is_some_and(|x| x != *a) {
+                    continue;
+                }
+            }
+            let event = Event::default()
+                .id(e.seq.to_string())
+                .event(e.kind)
+                .data(String::from_utf8_lossy(&e.payload));
+            if tx.send(event).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(Sse::new(channel_stream(rx))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}

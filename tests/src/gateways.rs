@@ -1,0 +1,321 @@
+//! Gateways as real processes (so tests can kill them), and a small HTTP client for their API.
+//!
+//! Like [`crate::workers`], a test binary re-runs itself: each test file that uses this declares
+//!
+//! ```ignore
+//! #[tokio::test(flavor = "multi_thread")]
+//! #[ignore = "a gateway process started by the tests"]
+//! async fn gateway_child() { delta_e2e::gateways::child_main().await }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use delta_gateway::Config;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+const CHILD: &str = "DELTA_E2E_GATEWAY";
+
+/// What a gateway process is started with.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Spec {
+    pub nats_url: String,
+    pub redis_url: String,
+    pub prefix: String,
+    pub agents_dir: PathBuf,
+    pub port: u16,
+    /// A tokens file: authentication on.
+    pub tokens_file: Option<PathBuf>,
+    pub secrets_key_hex: Option<String>,
+    pub reconcile_ms: u64,
+    pub resume_check_s: u64,
+    pub lost_job_s: u64,
+    pub max_body_bytes: usize,
+    /// `DELTA_FAILPOINT` for the child.
+    pub failpoint: Option<String>,
+}
+
+impl Spec {
+    /// A gateway on a free port with fast reconcilers, for the servers and prefix given.
+    pub fn new(nats: &crate::Nats, redis: &crate::Redis, prefix: &str) -> Self {
+        Self {
+            nats_url: nats.url(),
+            redis_url: redis.url(),
+            prefix: prefix.to_owned(),
+            agents_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
+            port: crate::free_port().expect("free port"),
+            tokens_file: None,
+            secrets_key_hex: None,
+            reconcile_ms: 200,
+            resume_check_s: 1,
+            lost_job_s: 3,
+            max_body_bytes: 64 * 1024,
+            failpoint: None,
+        }
+    }
+
+    pub fn config(&self) -> Config {
+        let mut c = Config::local(
+            &self.nats_url,
+            &self.redis_url,
+            &self.prefix,
+            self.agents_dir.clone(),
+        );
+        c.addr = ([127, 0, 0, 1], self.port).into();
+        if let Some(f) = &self.tokens_file {
+            c.auth = delta_gateway::auth::Auth::load(f).expect("tokens file");
+        }
+        c.secrets_key = self.secrets_key_hex.as_deref().map(|k| {
+            std::sync::Arc::new(delta_shared::secret::SecretsKey::from_hex(k).expect("key"))
+        });
+        c.reconcile_every = Duration::from_millis(self.reconcile_ms);
+        c.resume_check = Duration::from_secs(self.resume_check_s);
+        c.lost_job_after = Duration::from_secs(self.lost_job_s);
+        c.max_body_bytes = self.max_body_bytes;
+        c
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+/// A gateway process, killed on drop.
+pub struct GatewayProcess {
+    child: Child,
+    pub url: String,
+}
+
+impl GatewayProcess {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit by itself (a failpoint) and returns its code.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a gateway process and waits until it answers `/healthz`.
+pub async fn spawn(spec: &Spec, log: Option<&Path>) -> GatewayProcess {
+    // `DELTA_E2E_GATEWAY_LOG=<file>` keeps every gateway's log when none is given (debugging).
+    let env_log = std::env::var_os("DELTA_E2E_GATEWAY_LOG").map(PathBuf::from);
+    let stderr = match log.or(env_log.as_deref()) {
+        Some(p) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .map(Stdio::from)
+            .expect("gateway log file"),
+        None => Stdio::null(),
+    };
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args(["--ignored", "--exact", "gateway_child", "--nocapture"])
+        .env(CHILD, serde_json::to_string(spec).expect("spec"))
+        .env("DELTA_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    match &spec.failpoint {
+        Some(f) => cmd.env("DELTA_FAILPOINT", f),
+        None => cmd.env_remove("DELTA_FAILPOINT"),
+    };
+    let child = cmd.spawn().expect("spawn gateway");
+    let gw = GatewayProcess {
+        child,
+        url: spec.url(),
+    };
+    let client = Client::new(&gw.url, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok((200, _)) = client.get("/healthz").await {
+            return gw;
+        }
+        assert!(Instant::now() < deadline, "gateway did not start");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+}
+
+/// The body of a test binary's `gateway_child`.
+pub async fn child_main() {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return;
+    };
+    let spec: Spec = serde_json::from_str(&spec).expect("gateway spec");
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DELTA_LOG"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let shutdown = CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            term.recv().await;
+            s.cancel();
+        }
+    });
+    delta_gateway::run(spec.config(), shutdown, |_| {})
+        .await
+        .expect("gateway");
+}
+
+/// Whether this process was started by [`spawn`] as a gateway.
+pub fn is_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+/// A small JSON client of the gateway's API: `(status, body)` for every call.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Client {
+    pub fn new(base: &str, token: Option<&str>) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Self {
+            http: reqwest::Client::new(),
+            base: base.trim_end_matches('/').to_owned(),
+            token: token.map(str::to_owned),
+        }
+    }
+
+    /// The same gateway with another token (or none).
+    pub fn with_token(&self, token: Option<&str>) -> Self {
+        Self {
+            token: token.map(str::to_owned),
+            ..self.clone()
+        }
+    }
+
+    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    async fn send(r: reqwest::RequestBuilder) -> Result<(u16, Value), reqwest::Error> {
+        let resp = r.send().await?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
+    }
+
+    pub async fn get(&self, path: &str) -> Result<(u16, Value), reqwest::Error> {
+        Self::send(self.req(reqwest::Method::GET, path)).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Result<(u16, Value), reqwest::Error> {
+        Self::send(self.req(reqwest::Method::POST, path).json(body)).await
+    }
+
+    /// POSTs raw bytes (malformed bodies).
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, Value), reqwest::Error> {
+        let mut r = self
+            .req(reqwest::Method::POST, path)
+            .header("content-type", "application/json")
+            .body(body);
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        Self::send(r).await
+    }
+
+    /// An SSE stream: the response, to be read with [`SseReader`].
+    pub async fn sse(
+        &self,
+        path: &str,
+        last_event_id: Option<u64>,
+    ) -> Result<SseReader, reqwest::Error> {
+        let mut r = self
+            .req(reqwest::Method::GET, path)
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            r = r.header("last-event-id", id.to_string());
+        }
+        Ok(SseReader {
+            resp: r.send().await?,
+            buf: String::new(),
+        })
+    }
+}
+
+/// One server-sent event.
+#[derive(Clone, Debug, Default)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub event: String,
+    pub data: String,
+}
+
+/// Reads events off an SSE response.
+pub struct SseReader {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl SseReader {
+    pub fn status(&self) -> u16 {
+        self.resp.status().as_u16()
+    }
+
+    /// The next event (comments skipped), or `None` at the end of the stream or after `within`.
+    pub async fn next(&mut self, within: Duration) -> Option<SseEvent> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let mut ev = SseEvent::default();
+                let mut data = vec![];
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        ev.id = Some(v.trim().to_owned());
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        ev.event = v.trim().to_owned();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+                    }
+                }
+                if ev.event.is_empty() && data.is_empty() {
+                    continue;
+                }
+                ev.data = data.join("\n");
+                return Some(ev);
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.resp.chunk()).await;
+            match chunk {
+                Ok(Ok(Some(bytes))) => self.buf.push_str(&String::from_utf8_lossy(&bytes)),
+                _ => return None,
+            }
+        }
+    }
+}

@@ -1,0 +1,1227 @@
+//! The gateway against real nats-server, redis-server, gateway and worker processes: submit and
+//! answer over HTTP and NATS, races, timeouts, a gateway crash between `ANSWERED` and the
+//! resume, SSE resumption, bad input on every channel, auth, and two gateways at once.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use delta_e2e::gateways::{self, Client, GatewayProcess};
+use delta_e2e::workers::{self, WorkerProcess};
+use delta_shared::protocol::{Event, RunId, RunStatus};
+use delta_shared::store::RunStore;
+use delta_shared::store::redis::RedisRunStore;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a worker process started by the tests"]
+async fn worker_child() {
+    delta_e2e::workers::child_main().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a gateway process started by the tests"]
+async fn gateway_child() {
+    delta_e2e::gateways::child_main().await
+}
+
+/// Agents for these tests: the examples plus a few with deadlines and responders.
+fn agents_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    for name in ["hello", "chooser"] {
+        let to = dir.path().join(name);
+        std::fs::create_dir_all(&to).expect("mkdir");
+        for f in ["config.yaml", "script.yaml"] {
+            std::fs::copy(examples.join(name).join(f), to.join(f)).expect("copy");
+        }
+    }
+    let agent = |name: &str, ask: &str| {
+        let to = dir.path().join(name);
+        std::fs::create_dir_all(&to).expect("mkdir");
+        std::fs::write(
+            to.join("config.yaml"),
+            format!(
+                "name: {name}\nbrain: scripted\ntools:\n  - name: echo\n    exec: \"echo ${{text}}\"\n    idempotent: true\n"
+            ),
+        )
+        .expect("config");
+        std::fs::write(
+            to.join("script.yaml"),
+            format!(
+                "steps:\n  - ask_human:\n{ask}\n  - tool: echo\n    args: {{text: \"got ${{answer}}\"}}\n  - finish: \"done: ${{answer}}\"\n"
+            ),
+        )
+        .expect("script");
+    };
+    agent(
+        "timed",
+        "      prompt: \"Go?\"\n      timeout_seconds: 2\n      default_option_id: later\n      options:\n        - {id: now, label: Now}\n        - {id: later, label: Later}",
+    );
+    agent(
+        "timed_nodefault",
+        "      prompt: \"Name?\"\n      timeout_seconds: 2",
+    );
+    agent(
+        "guarded",
+        "      prompt: \"Approve the budget?\"\n      allowed_responders: [alice]",
+    );
+    agent(
+        "secret",
+        "      prompt: \"API key?\"\n      sensitive: true",
+    );
+    dir
+}
+
+struct Fleet {
+    // Field order is drop order: processes before the servers they use.
+    gateways: Vec<GatewayProcess>,
+    workers: Vec<WorkerProcess>,
+    client: Client,
+    store: RedisRunStore,
+    worker_spec: workers::Spec,
+    gateway_spec: gateways::Spec,
+    _work: tempfile::TempDir,
+    _agents: tempfile::TempDir,
+    nats: delta_e2e::Nats,
+    _redis: delta_e2e::Redis,
+}
+
+impl Fleet {
+    /// Servers, `gateways` gateways and `workers` workers, all processes.
+    async fn start(prefix: &str, gateways: usize, workers: usize) -> Fleet {
+        Self::start_with(prefix, gateways, workers, |_| {}).await
+    }
+
+    async fn start_with(
+        prefix: &str,
+        n_gateways: usize,
+        n_workers: usize,
+        tweak: impl Fn(&mut gateways::Spec),
+    ) -> Fleet {
+        let redis = delta_e2e::Redis::start().expect("redis");
+        let nats = delta_e2e::Nats::start().expect("nats");
+        let agents = agents_dir();
+        let work = tempfile::tempdir().expect("work");
+        let mut gateway_spec = gateways::Spec::new(&nats, &redis, prefix);
+        gateway_spec.agents_dir = agents.path().to_path_buf();
+        tweak(&mut gateway_spec);
+        let worker_spec = workers::Spec {
+            nats_url: nats.url(),
+            redis_url: redis.url(),
+            prefix: prefix.into(),
+            agents_dir: agents.path().to_path_buf(),
+            work_dir: work.path().to_path_buf(),
+            concurrency: 8,
+            ack_wait_ms: 5000,
+            max_deliver: 3,
+            grace_ms: 2000,
+            worker_id: String::new(),
+            secrets_key_hex: gateway_spec.secrets_key_hex.clone(),
+        };
+        let mut fleet = Fleet {
+            gateways: vec![],
+            workers: vec![],
+            client: Client::new(&gateway_spec.url(), None),
+            store: RedisRunStore::connect(&redis.url(), prefix)
+                .await
+                .expect("store"),
+            worker_spec,
+            gateway_spec,
+            _work: work,
+            _agents: agents,
+            nats,
+            _redis: redis,
+        };
+        for _ in 0..n_gateways {
+            fleet.add_gateway(None).await;
+        }
+        for i in 0..n_workers {
+            fleet.add_worker(&format!("w{i}"));
+        }
+        fleet
+    }
+
+    /// Another gateway on its own port (a failpoint makes it exit there).
+    async fn add_gateway(&mut self, failpoint: Option<&str>) -> Client {
+        let mut spec = self.gateway_spec.clone();
+        if !self.gateways.is_empty() || failpoint.is_some() {
+            spec.port = delta_e2e::free_port().expect("port");
+        }
+        spec.failpoint = failpoint.map(str::to_owned);
+        let gw = gateways::spawn(&spec, None).await;
+        let client = Client::new(&gw.url, None);
+        self.gateways.push(gw);
+        client
+    }
+
+    fn add_worker(&mut self, id: &str) {
+        self.workers
+            .push(workers::spawn(&self.worker_spec, id, None));
+    }
+
+    async fn submit(&self, agent: &str, task: &str) -> RunId {
+        let (status, body) = self
+            .client
+            .post("/v1/runs", &json!({"agent": agent, "task": task}))
+            .await
+            .expect("submit");
+        assert_eq!(status, 202, "{body}");
+        assert_eq!(body["status"], "QUEUED");
+        body["run_id"]
+            .as_str()
+            .expect("run_id")
+            .parse()
+            .expect("uuid")
+    }
+
+    /// Waits for the run to pause and returns its pending request id.
+    async fn pending(&self, run: RunId) -> String {
+        pending(&self.client, run).await
+    }
+
+    async fn wait_status(&self, run: RunId, status: RunStatus) {
+        delta_e2e::wait_for_status(&self.store, run, status).await;
+    }
+
+    async fn answer(&self, rid: &str, body: Value) -> (u16, Value) {
+        self.client
+            .post(&format!("/v1/interactions/{rid}/response"), &body)
+            .await
+            .expect("answer")
+    }
+
+    async fn nats(&self) -> async_nats::Client {
+        async_nats::connect(self.nats.url()).await.expect("nats")
+    }
+}
+
+/// Waits (through the API) for a run to pause and returns its pending request id.
+async fn pending(client: &Client, run: RunId) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, body) = client
+            .get(&format!("/v1/runs/{run}"))
+            .await
+            .expect("get run");
+        if body["status"] == "WAITING_FOR_INPUT" && body["pending_interaction"].is_object() {
+            return body["pending_interaction"]["request_id"]
+                .as_str()
+                .expect("request id")
+                .to_owned();
+        }
+        assert!(Instant::now() < deadline, "run never paused: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A bot's request-reply answer: the reply JSON.
+async fn bot_answer(
+    nc: &async_nats::Client,
+    prefix: &str,
+    rid: &str,
+    body: Vec<u8>,
+    token: Option<&str>,
+) -> Value {
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some(t) = token {
+        headers.insert("Authorization", format!("Bearer {t}").as_str());
+    }
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        nc.request_with_headers(
+            format!("{prefix}.interactions.respond.{rid}"),
+            headers,
+            body.into(),
+        ),
+    )
+    .await
+    .expect("reply in time")
+    .expect("reply");
+    serde_json::from_slice(&reply.payload).expect("reply JSON")
+}
+
+fn count<F: Fn(&Event) -> bool>(run: &delta_shared::store::StoredRun, f: F) -> usize {
+    run.journal.iter().filter(|e| f(&e.event)).count()
+}
+
+fn workers_of(run: &delta_shared::store::StoredRun) -> Vec<String> {
+    run.journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::EngineStart(s) => Some(s.worker.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_submit_pause_answer_resumes_on_another_worker() {
+    let mut fleet = Fleet::start("gwa", 1, 0).await;
+    fleet.add_worker("first");
+    let run = fleet.submit("hello", "greet").await;
+    let rid = fleet.pending(run).await;
+    // The first worker goes away; another picks the run up after the answer.
+    workers::stop(&mut fleet.workers[0]);
+    fleet.add_worker("second");
+    let (status, body) = fleet
+        .answer(&rid, json!({"input": "Ada", "responder": {"id": "ada"}}))
+        .await;
+    assert_eq!(
+        (status, &body["status"]),
+        (200, &json!("accepted")),
+        "{body}"
+    );
+    assert_eq!(body["run_id"], json!(run.to_string()));
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(workers_of(&stored), ["first", "second"]);
+    let received: Vec<_> = stored
+        .journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::HumanInputReceived(h) => Some(h.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].responder.id, "ada");
+    assert_eq!(received[0].input.as_deref(), Some("Ada"));
+    assert_eq!(stored.record.result.as_deref(), Some("Greeted Ada."));
+    // The interaction shows its answer and who gave it.
+    let (_, ix) = fleet
+        .client
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(ix["state"], "ANSWERED");
+    assert_eq!(
+        ix["response"]["responder"],
+        json!({"id": "ada", "via": "http"})
+    );
+    // Listings: not pending any more, and the run is among the completed ones.
+    let (_, pending) = fleet.client.get("/v1/interactions").await.expect("list");
+    assert_eq!(pending["interactions"], json!([]));
+    let (_, done) = fleet
+        .client
+        .get("/v1/runs?status=COMPLETED")
+        .await
+        .expect("list");
+    assert_eq!(done["runs"][0]["run_id"], json!(run.to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nats_bot_answers_and_the_run_completes() {
+    let fleet = Fleet::start("gwb", 1, 2).await;
+    let nc = fleet.nats().await;
+    // A bot watches questions on the interactions stream, like any durable consumer would.
+    let mut asked = nc
+        .subscribe("gwb.interactions.requested.>")
+        .await
+        .expect("sub");
+    let run = fleet.submit("chooser", "deploy").await;
+    let msg = tokio::time::timeout(Duration::from_secs(20), asked.next())
+        .await
+        .expect("a question in time")
+        .expect("message");
+    let q: Value = serde_json::from_slice(&msg.payload).expect("request JSON");
+    assert_eq!(q["run_id"], json!(run.to_string()));
+    let rid = q["request_id"].as_str().expect("rid").to_owned();
+    let reply = bot_answer(
+        &nc,
+        "gwb",
+        &rid,
+        br#"{"option_id": "staging", "responder": {"id": "slackbot"}}"#.to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(reply, json!({"ok": true, "run_id": run.to_string()}));
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    let h = stored
+        .journal
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::HumanInputReceived(h) => Some(h.clone()),
+            _ => None,
+        })
+        .expect("answer journaled");
+    assert_eq!(h.responder.id, "slackbot");
+    assert_eq!(
+        serde_json::to_value(h.responder.via).expect("via"),
+        json!("nats")
+    );
+    assert_eq!(stored.record.result.as_deref(), Some("staging is ready"));
+    // The same answer again is acknowledged (idempotent); a different one is refused.
+    let again = bot_answer(
+        &nc,
+        "gwb",
+        &rid,
+        br#"{"option_id": "staging", "responder": {"id": "slackbot"}}"#.to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(again["ok"], true, "{again}");
+    let other = bot_answer(
+        &nc,
+        "gwb",
+        &rid,
+        br#"{"option_id": "production"}"#.to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(other["error"]["code"], "already_resolved", "{other}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_concurrent_answers_one_wins_and_the_run_resumes_once() {
+    let fleet = Fleet::start("gwc", 1, 2).await;
+    let run = fleet.submit("hello", "race").await;
+    let rid = fleet.pending(run).await;
+    let mut tasks = vec![];
+    for i in 0..50 {
+        let client = fleet.client.clone();
+        let rid = rid.clone();
+        tasks.push(tokio::spawn(async move {
+            client
+                .post(
+                    &format!("/v1/interactions/{rid}/response"),
+                    &json!({"input": format!("name {i}"), "responder": {"id": format!("p{i}")}}),
+                )
+                .await
+                .expect("answer")
+        }));
+    }
+    let mut accepted = vec![];
+    let mut refused = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (status, body) = t.await.expect("join");
+        match status {
+            200 => accepted.push(i),
+            409 => {
+                assert_eq!(body["error"]["code"], "already_resolved");
+                refused += 1;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!((accepted.len(), refused), (1, 49));
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(
+        count(&stored, |e| matches!(e, Event::HumanInputReceived(_))),
+        1
+    );
+    // Started once, resumed once.
+    assert_eq!(workers_of(&stored).len(), 2);
+    let winner = accepted[0];
+    assert_eq!(
+        stored.record.result.as_deref(),
+        Some(format!("Greeted name {winner}.").as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deadlines_apply_the_default_or_fail_the_run() {
+    let fleet = Fleet::start("gwd", 1, 1).await;
+    let with_default = fleet.submit("timed", "wait").await;
+    let without = fleet.submit("timed_nodefault", "wait").await;
+    let rid = fleet.pending(with_default).await;
+    fleet.pending(without).await;
+    fleet.wait_status(with_default, RunStatus::Completed).await;
+    fleet.wait_status(without, RunStatus::Failed).await;
+    let done = fleet.store.load(with_default).await.expect("load");
+    assert_eq!(done.record.result.as_deref(), Some("done: later"));
+    let h = done
+        .journal
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::HumanInputReceived(h) => Some(h.clone()),
+            _ => None,
+        })
+        .expect("the clock's answer is journaled");
+    assert_eq!(
+        (h.responder.id.as_str(), h.option_id.as_deref()),
+        ("timeout", Some("later"))
+    );
+    let failed = fleet.store.load(without).await.expect("load");
+    assert!(
+        failed
+            .record
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("expired")),
+        "{:?}",
+        failed.record.error
+    );
+    // An answer after the deadline is refused as expired, and changes nothing.
+    let (status, body) = fleet.answer(&rid, json!({"option_id": "now"})).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (410, &json!("expired")),
+        "{body}"
+    );
+    let after = fleet.store.load(with_default).await.expect("load");
+    assert_eq!(after.journal.len(), done.journal.len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_killed_between_answered_and_publish_is_mended_by_a_reconciler() {
+    let mut fleet = Fleet::start("gwe", 0, 1).await;
+    let doomed = fleet.add_gateway(Some("answer:before-publish")).await;
+    let run = {
+        let (status, body) = doomed
+            .post("/v1/runs", &json!({"agent": "hello", "task": "crash"}))
+            .await
+            .expect("submit");
+        assert_eq!(status, 202);
+        body["run_id"]
+            .as_str()
+            .expect("id")
+            .parse::<RunId>()
+            .expect("uuid")
+    };
+    let rid = pending(&doomed, run).await;
+    // The answer is stored, then the gateway dies before publishing the resume.
+    let reply = doomed
+        .post(
+            &format!("/v1/interactions/{rid}/response"),
+            &json!({"input": "Grace"}),
+        )
+        .await;
+    assert!(
+        reply.is_err(),
+        "the connection drops with the gateway: {reply:?}"
+    );
+    assert_eq!(
+        fleet.gateways[0].wait_exit(Duration::from_secs(10)),
+        Some(86)
+    );
+    let ix = fleet
+        .store
+        .interaction(run, rid.parse().expect("rid"))
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(ix.state, delta_shared::protocol::InteractionState::Answered);
+    assert_eq!(ix.resume_seq, None, "no resume was published");
+    assert_eq!(
+        fleet.store.load(run).await.expect("load").record.status,
+        RunStatus::WaitingForInput
+    );
+    // A healthy gateway's reconciler publishes the resume.
+    fleet.add_gateway(None).await;
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(stored.record.result.as_deref(), Some("Greeted Grace."));
+    assert_eq!(
+        count(&stored, |e| matches!(e, Event::HumanInputReceived(_))),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sse_reconnect_with_last_event_id_yields_every_event_once() {
+    let fleet = Fleet::start("gwf", 1, 1).await;
+    let run = fleet.submit("hello", "stream").await;
+    let path = format!("/v1/runs/{run}/events");
+    let mut first = fleet.client.sse(&path, None).await.expect("sse");
+    assert_eq!(first.status(), 200);
+    let mut seen: Vec<u64> = vec![];
+    // Read until the pause, then drop the connection.
+    while let Some(e) = first.next(Duration::from_secs(20)).await {
+        assert_eq!(e.event, "journal");
+        let ev: Value = serde_json::from_str(&e.data).expect("event JSON");
+        assert_eq!(e.id.as_deref(), Some(ev["seq"].to_string().as_str()));
+        seen.push(ev["seq"].as_u64().expect("seq"));
+        if ev["type"] == "ENGINE_END" {
+            break;
+        }
+    }
+    drop(first);
+    let rid = fleet.pending(run).await;
+    fleet.answer(&rid, json!({"input": "Lin"})).await;
+    let last = *seen.last().expect("some events");
+    let mut second = fleet.client.sse(&path, Some(last)).await.expect("sse");
+    let mut status = None;
+    while let Some(e) = second.next(Duration::from_secs(20)).await {
+        if e.event == "status" {
+            status = Some(serde_json::from_str::<Value>(&e.data).expect("status"));
+            break;
+        }
+        let ev: Value = serde_json::from_str(&e.data).expect("event JSON");
+        seen.push(ev["seq"].as_u64().expect("seq"));
+    }
+    assert_eq!(
+        status.expect("a status event at the end")["status"],
+        "COMPLETED"
+    );
+    let journal = fleet.store.load(run).await.expect("load").journal;
+    let all: Vec<u64> = journal.iter().map(|e| e.seq).collect();
+    assert_eq!(seen, all, "every event exactly once, in order");
+    // A finished run's stream replays and ends by itself.
+    let mut replay = fleet.client.sse(&path, Some(3)).await.expect("sse");
+    let mut n = 0;
+    while let Some(e) = replay.next(Duration::from_secs(10)).await {
+        if e.event == "status" {
+            break;
+        }
+        n += 1;
+    }
+    assert_eq!(n, all.len() - 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_interactions_stream_shows_requested_and_resolved_and_catches_up() {
+    let fleet = Fleet::start("gwg", 1, 1).await;
+    let mut live = fleet
+        .client
+        .sse("/v1/interactions/stream", None)
+        .await
+        .expect("sse");
+    let run = fleet.submit("hello", "x").await;
+    let asked = live.next(Duration::from_secs(20)).await.expect("requested");
+    assert_eq!(asked.event, "requested");
+    let q: Value = serde_json::from_str(&asked.data).expect("json");
+    let rid = q["request_id"].as_str().expect("rid").to_owned();
+    assert_eq!(q["run_id"], json!(run.to_string()));
+    fleet.answer(&rid, json!({"input": "Kim"})).await;
+    let resolved = live.next(Duration::from_secs(20)).await.expect("resolved");
+    assert_eq!(resolved.event, "resolved");
+    let r: Value = serde_json::from_str(&resolved.data).expect("json");
+    assert_eq!(
+        (r["request_id"].as_str(), r["state"].as_str()),
+        (Some(rid.as_str()), Some("ANSWERED"))
+    );
+    // Reconnecting after the first event catches up on the second.
+    let first_id: u64 = asked.id.expect("id").parse().expect("number");
+    let mut again = fleet
+        .client
+        .sse("/v1/interactions/stream", Some(first_id))
+        .await
+        .expect("sse");
+    let next = again
+        .next(Duration::from_secs(10))
+        .await
+        .expect("caught up");
+    assert_eq!((next.event.as_str(), next.id), ("resolved", resolved.id));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_refused_with_its_code_over_http_and_nats_and_changes_nothing() {
+    let fleet = Fleet::start("gwh", 1, 1).await;
+    let run = fleet.submit("chooser", "bad input").await;
+    let rid = fleet.pending(run).await;
+    let before = fleet.store.load(run).await.expect("load");
+    let path = format!("/v1/interactions/{rid}/response");
+    let unknown = RunId::new();
+    let raw = |s: &str| s.as_bytes().to_vec();
+    let big = vec![b' '; 70 * 1024];
+    let cases: Vec<(&str, String, Vec<u8>, u16, &str)> = vec![
+        (
+            "malformed JSON",
+            path.clone(),
+            raw("{\"option_id\": "),
+            400,
+            "bad_request",
+        ),
+        (
+            "wrong type",
+            path.clone(),
+            raw(r#"{"option_id": 7}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "unknown field",
+            path.clone(),
+            raw(r#"{"option": "staging"}"#),
+            400,
+            "bad_request",
+        ),
+        ("empty body", path.clone(), vec![], 400, "bad_request"),
+        (
+            "oversized",
+            path.clone(),
+            big.clone(),
+            413,
+            "payload_too_large",
+        ),
+        (
+            "invalid option",
+            path.clone(),
+            raw(r#"{"option_id": "moon"}"#),
+            422,
+            "invalid_option",
+        ),
+        (
+            "missing option",
+            path.clone(),
+            raw(r#"{"input": "x"}"#),
+            422,
+            "invalid_option",
+        ),
+        (
+            "missing input",
+            path.clone(),
+            raw(r#"{"option_id": "other"}"#),
+            422,
+            "input_required",
+        ),
+        (
+            "bad data",
+            path.clone(),
+            raw(r#"{"option_id": "staging", "data": [1]}"#),
+            422,
+            "invalid_args",
+        ),
+        (
+            "unknown request",
+            format!("/v1/interactions/{unknown}/response"),
+            raw(r#"{"option_id": "staging"}"#),
+            404,
+            "not_found",
+        ),
+        (
+            "not a request id",
+            "/v1/interactions/nope/response".into(),
+            raw(r#"{"option_id": "staging"}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "unknown run",
+            format!("/v1/runs/{unknown}/cancel"),
+            vec![],
+            404,
+            "not_found",
+        ),
+        (
+            "submit unknown agent",
+            "/v1/runs".into(),
+            raw(r#"{"agent": "ghost", "task": "t"}"#),
+            422,
+            "invalid_args",
+        ),
+        (
+            "submit wrong type",
+            "/v1/runs".into(),
+            raw(r#"{"agent": "hello", "task": 1}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "submit unknown field",
+            "/v1/runs".into(),
+            raw(r#"{"agent": "hello", "task": "t", "prio": 1}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "submit empty task",
+            "/v1/runs".into(),
+            raw(r#"{"agent": "hello", "task": " "}"#),
+            422,
+            "invalid_args",
+        ),
+    ];
+    for (what, path, body, status, code) in &cases {
+        let (got, reply) = fleet
+            .client
+            .post_raw(path, body.clone(), &[])
+            .await
+            .expect("request");
+        assert_eq!(
+            (got, reply["error"]["code"].as_str()),
+            (*status, Some(*code)),
+            "{what}: {reply}"
+        );
+        assert!(
+            reply["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{what}: a message"
+        );
+    }
+    for (what, path, status, code) in [
+        (
+            "unknown run",
+            format!("/v1/runs/{unknown}"),
+            404,
+            "not_found",
+        ),
+        (
+            "unknown journal",
+            format!("/v1/runs/{unknown}/journal"),
+            404,
+            "not_found",
+        ),
+        (
+            "unknown interaction",
+            format!("/v1/interactions/{unknown}"),
+            404,
+            "not_found",
+        ),
+        (
+            "bad status filter",
+            "/v1/runs?status=SLEEPING".into(),
+            400,
+            "bad_request",
+        ),
+        (
+            "bad cursor",
+            "/v1/runs?cursor=zzz".into(),
+            400,
+            "bad_request",
+        ),
+        ("bad limit", "/v1/runs?limit=0".into(), 400, "bad_request"),
+        (
+            "unknown query",
+            "/v1/interactions?stat=pending".into(),
+            400,
+            "bad_request",
+        ),
+        ("no such endpoint", "/v2/nothing".into(), 404, "not_found"),
+    ] {
+        let (got, reply) = fleet.client.get(&path).await.expect("request");
+        assert_eq!(
+            (got, reply["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{what}: {reply}"
+        );
+    }
+    // The same refusals over NATS, with the same codes.
+    let nc = fleet.nats().await;
+    for (what, rid, body, code) in [
+        ("malformed JSON", rid.clone(), raw("{"), "bad_request"),
+        (
+            "unknown field",
+            rid.clone(),
+            raw(r#"{"option": "x"}"#),
+            "bad_request",
+        ),
+        ("empty", rid.clone(), vec![], "bad_request"),
+        ("oversized", rid.clone(), big.clone(), "payload_too_large"),
+        (
+            "invalid option",
+            rid.clone(),
+            raw(r#"{"option_id": "moon"}"#),
+            "invalid_option",
+        ),
+        (
+            "missing input",
+            rid.clone(),
+            raw(r#"{"option_id": "other"}"#),
+            "input_required",
+        ),
+        (
+            "unknown request",
+            unknown.to_string(),
+            raw(r#"{"option_id": "staging"}"#),
+            "not_found",
+        ),
+        (
+            "not a request id",
+            "nope".into(),
+            raw(r#"{"option_id": "staging"}"#),
+            "bad_request",
+        ),
+    ] {
+        let reply = bot_answer(&nc, "gwh", &rid, body, None).await;
+        assert_eq!(reply["ok"], false, "{what}: {reply}");
+        assert_eq!(reply["error"]["code"], code, "{what}: {reply}");
+    }
+    // Nothing changed: the run still waits on the same question with the same journal.
+    let after = fleet.store.load(run).await.expect("load");
+    assert_eq!(after.journal, before.journal);
+    assert_eq!(after.record.status, RunStatus::WaitingForInput);
+    let (_, ix) = fleet
+        .client
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(ix["state"], "PENDING");
+    // Then a good answer goes through, and answers after it are refused.
+    let (status, _) = fleet
+        .answer(&rid, json!({"option_id": "other", "input": "qa"}))
+        .await;
+    assert_eq!(status, 200);
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let (status, body) = fleet.answer(&rid, json!({"option_id": "staging"})).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (409, &json!("already_resolved"))
+    );
+    let reply = bot_answer(&nc, "gwh", &rid, raw(r#"{"option_id": "staging"}"#), None).await;
+    assert_eq!(reply["error"]["code"], "already_resolved");
+    // Cancel a finished run: refused.
+    let (status, body) = fleet
+        .client
+        .post(&format!("/v1/runs/{run}/cancel"), &json!({}))
+        .await
+        .expect("cancel");
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (409, &json!("already_resolved"))
+    );
+}
+
+fn tokens_file(dir: &Path) -> PathBuf {
+    let f = dir.join("tokens.yaml");
+    std::fs::write(
+        &f,
+        "- name: alice\n  token: alice-token-0123456789\n  roles: [answer]\n\
+         - name: bob\n  token: bob-token-0123456789ab\n  roles: [answer]\n\
+         - name: ci\n  token: ci-token-0123456789abcd\n  roles: [submit]\n\
+         - name: ops\n  token: ops-token-0123456789abc\n  roles: [operate]\n",
+    )
+    .expect("tokens");
+    f
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_roles_and_allowed_responders_on_every_channel() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = tokens_file(dir.path());
+    let fleet = Fleet::start_with("gwi", 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    let anon = fleet.client.clone();
+    let ci = anon.with_token(Some("ci-token-0123456789abcd"));
+    let alice = anon.with_token(Some("alice-token-0123456789"));
+    let bob = anon.with_token(Some("bob-token-0123456789ab"));
+    let ops = anon.with_token(Some("ops-token-0123456789abc"));
+    let submit = json!({"agent": "guarded", "task": "budget"});
+    let (s, b) = anon.post("/v1/runs", &submit).await.expect("r");
+    assert_eq!((s, &b["error"]["code"]), (401, &json!("unauthorized")));
+    let (s, b) = anon
+        .with_token(Some("wrong-token-0123456789"))
+        .post("/v1/runs", &submit)
+        .await
+        .expect("r");
+    assert_eq!((s, &b["error"]["code"]), (401, &json!("unauthorized")));
+    let (s, b) = alice.post("/v1/runs", &submit).await.expect("r");
+    assert_eq!(
+        (s, &b["error"]["code"]),
+        (403, &json!("forbidden")),
+        "answerers do not submit"
+    );
+    let (s, b) = ci.post("/v1/runs", &submit).await.expect("r");
+    assert_eq!(s, 202, "{b}");
+    let run: RunId = b["run_id"].as_str().expect("id").parse().expect("uuid");
+    let rid = pending(&ops, run).await;
+    let path = format!("/v1/interactions/{rid}/response");
+    let (s, b) = ci.get("/v1/interactions").await.expect("r");
+    assert_eq!(
+        (s, &b["error"]["code"]),
+        (403, &json!("forbidden")),
+        "submitters do not read questions"
+    );
+    let (s, b) = ci
+        .post(&format!("/v1/runs/{run}/cancel"), &json!({}))
+        .await
+        .expect("r");
+    assert_eq!((s, &b["error"]["code"]), (403, &json!("forbidden")));
+    // Only alice may answer this one: bob is refused over HTTP, and over NATS.
+    let (s, b) = bob.post(&path, &json!({"input": "yes"})).await.expect("r");
+    assert_eq!((s, &b["error"]["code"]), (403, &json!("forbidden")), "{b}");
+    let nc = fleet.nats().await;
+    let reply = bot_answer(
+        &nc,
+        "gwi",
+        &rid,
+        br#"{"input": "yes"}"#.to_vec(),
+        Some("bob-token-0123456789ab"),
+    )
+    .await;
+    assert_eq!(reply["error"]["code"], "forbidden", "{reply}");
+    let reply = bot_answer(&nc, "gwi", &rid, br#"{"input": "yes"}"#.to_vec(), None).await;
+    assert_eq!(reply["error"]["code"], "unauthorized", "{reply}");
+    let reply = bot_answer(
+        &nc,
+        "gwi",
+        &rid,
+        br#"{"input": "yes"}"#.to_vec(),
+        Some("nope-nope-nope-nope"),
+    )
+    .await;
+    assert_eq!(reply["error"]["code"], "unauthorized", "{reply}");
+    // Alice cannot pretend to be someone else.
+    let (s, b) = alice
+        .post(&path, &json!({"input": "yes", "responder": {"id": "bob"}}))
+        .await
+        .expect("r");
+    assert_eq!((s, &b["error"]["code"]), (403, &json!("forbidden")), "{b}");
+    // Her bot, with her token, answers: her identity is journaled.
+    let reply = bot_answer(
+        &nc,
+        "gwi",
+        &rid,
+        br#"{"input": "approved"}"#.to_vec(),
+        Some("alice-token-0123456789"),
+    )
+    .await;
+    assert_eq!(reply["ok"], true, "{reply}");
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    let h = stored
+        .journal
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::HumanInputReceived(h) => Some(h.clone()),
+            _ => None,
+        })
+        .expect("journaled");
+    assert_eq!(h.responder.id, "alice");
+    // Operators see the queue; others do not.
+    let (s, q) = ops.get("/v1/queue").await.expect("queue");
+    assert_eq!(s, 200, "{q}");
+    assert!(
+        q["workers"].as_array().is_some_and(|w| !w.is_empty()),
+        "{q}"
+    );
+    let (s, _) = alice.get("/v1/queue").await.expect("queue");
+    assert_eq!(s, 403);
+    // Open endpoints stay open.
+    for p in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+        let (s, _) = anon.get(p).await.expect("open");
+        assert_eq!(s, 200, "{p}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_gateways_never_double_apply_answers_timeouts_or_reconciles() {
+    let mut fleet = Fleet::start("gwj", 2, 2).await;
+    let second = Client::new(&fleet.gateways[1].url, None);
+    // Answers racing through both gateways: one wins per request.
+    let mut runs = vec![];
+    for i in 0..10 {
+        runs.push(fleet.submit("hello", &format!("race {i}")).await);
+    }
+    let mut wins = 0;
+    for run in &runs {
+        let rid = fleet.pending(*run).await;
+        let p = format!("/v1/interactions/{rid}/response");
+        let (one, two) = (
+            json!({"input": "one", "responder": {"id": "x"}}),
+            json!({"input": "two", "responder": {"id": "y"}}),
+        );
+        let (a, b) = tokio::join!(fleet.client.post(&p, &one), second.post(&p, &two));
+        let codes = [a.expect("a").0, b.expect("b").0];
+        assert!(codes.contains(&200) && codes.contains(&409), "{codes:?}");
+        wins += 1;
+    }
+    assert_eq!(wins, 10);
+    // Deadlines with both reconcilers running: each applied once.
+    let timed: Vec<RunId> = {
+        let mut v = vec![];
+        for _ in 0..5 {
+            v.push(fleet.submit("timed", "t").await);
+        }
+        v
+    };
+    for run in runs.iter().chain(&timed) {
+        fleet.wait_status(*run, RunStatus::Completed).await;
+    }
+    for run in runs.iter().chain(&timed) {
+        let stored = fleet.store.load(*run).await.expect("load");
+        assert_eq!(
+            count(&stored, |e| matches!(e, Event::HumanInputReceived(_))),
+            1,
+            "{run}"
+        );
+        assert_eq!(
+            workers_of(&stored).len(),
+            2,
+            "started and resumed once: {run}"
+        );
+    }
+    // A crash between ANSWERED and the publish, with two healthy gateways reconciling.
+    let doomed = fleet.add_gateway(Some("answer:before-publish")).await;
+    let run = fleet.submit("hello", "crash").await;
+    let rid = fleet.pending(run).await;
+    let _ = doomed
+        .post(
+            &format!("/v1/interactions/{rid}/response"),
+            &json!({"input": "Z"}),
+        )
+        .await;
+    fleet.wait_status(run, RunStatus::Completed).await;
+    // Let both reconcilers have several goes at it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(
+        count(&stored, |e| matches!(e, Event::HumanInputReceived(_))),
+        1
+    );
+    assert_eq!(workers_of(&stored).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn submit_is_idempotent_lists_page_and_cancel_closes_the_question() {
+    let fleet = Fleet::start("gwk", 1, 1).await;
+    let body = json!({"agent": "hello", "task": "once"});
+    let key = [("idempotency-key", "order-42")];
+    let bytes = serde_json::to_vec(&body).expect("json");
+    let (s1, a) = fleet
+        .client
+        .post_raw("/v1/runs", bytes.clone(), &key)
+        .await
+        .expect("r");
+    let (s2, b) = fleet
+        .client
+        .post_raw("/v1/runs", bytes, &key)
+        .await
+        .expect("r");
+    assert_eq!((s1, s2), (202, 202));
+    assert_eq!(a["run_id"], b["run_id"], "the same key makes one run");
+    let other = serde_json::to_vec(&json!({"agent": "hello", "task": "twice"})).expect("json");
+    let (s, c) = fleet
+        .client
+        .post_raw("/v1/runs", other, &key)
+        .await
+        .expect("r");
+    assert_eq!(
+        (s, &c["error"]["code"]),
+        (422, &json!("invalid_args")),
+        "{c}"
+    );
+    // Pages of runs, newest first, without repeats or gaps.
+    let mut made = vec![a["run_id"].as_str().expect("id").to_owned()];
+    for i in 0..6 {
+        made.push(fleet.submit("hello", &format!("p{i}")).await.to_string());
+    }
+    let mut listed = vec![];
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/runs?limit=3&cursor={c}"),
+            None => "/v1/runs?limit=3".into(),
+        };
+        let (s, page) = fleet.client.get(&path).await.expect("list");
+        assert_eq!(s, 200, "{page}");
+        for r in page["runs"].as_array().expect("runs") {
+            listed.push(r["run_id"].as_str().expect("id").to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    made.reverse();
+    assert_eq!(listed, made);
+    // Cancel a waiting run: the question closes, the run ends CANCELLED.
+    let run: RunId = made[0].parse().expect("id");
+    let rid = fleet.pending(run).await;
+    let (s, r) = fleet
+        .client
+        .post(
+            &format!("/v1/runs/{run}/cancel"),
+            &json!({"reason": "not needed"}),
+        )
+        .await
+        .expect("cancel");
+    assert_eq!((s, &r["status"]), (200, &json!("CANCELLED")), "{r}");
+    let (_, ix) = fleet
+        .client
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(ix["state"], "CANCELLED");
+    let (s, b) = fleet.answer(&rid, json!({"input": "late"})).await;
+    assert_eq!((s, &b["error"]["code"]), (409, &json!("already_resolved")));
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(stored.record.status, RunStatus::Cancelled);
+    assert!(
+        stored
+            .record
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("not needed"))
+    );
+    // Journal paging and the metrics.
+    let (_, j) = fleet
+        .client
+        .get(&format!("/v1/runs/{run}/journal?from_seq=2&limit=2"))
+        .await
+        .expect("journal");
+    assert_eq!(j["events"].as_array().map(Vec::len), Some(2), "{j}");
+    assert_eq!(j["events"][0]["seq"], 2);
+    assert_eq!(j["next_seq"], 4);
+    let (_, m) = fleet.client.get("/metrics").await.expect("metrics");
+    let text = m.as_str().expect("text");
+    for needle in [
+        "delta_runs{status=\"CANCELLED\"} 1",
+        "delta_interactions_pending",
+        "delta_answer_to_resume_seconds_bucket",
+        "delta_time_to_answer_seconds_count",
+        "delta_jobs_redelivered",
+    ] {
+        assert!(text.contains(needle), "{needle} in\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sensitive_answers_need_the_key_and_never_show() {
+    let key = "ab".repeat(32);
+    let fleet = Fleet::start_with("gwl", 1, 1, |s| s.secrets_key_hex = Some(key.clone())).await;
+    let run = fleet.submit("secret", "key").await;
+    let rid = fleet.pending(run).await;
+    let canary = "canary-5e1f-9a7c";
+    let (s, b) = fleet.answer(&rid, json!({"input": canary})).await;
+    assert_eq!(s, 200, "{b}");
+    fleet.wait_status(run, RunStatus::Completed).await;
+    for path in [
+        format!("/v1/interactions/{rid}"),
+        "/v1/interactions?state=all".into(),
+        format!("/v1/runs/{run}"),
+        format!("/v1/runs/{run}/journal"),
+    ] {
+        let (_, body) = fleet.client.get(&path).await.expect("get");
+        assert!(
+            !body.to_string().contains(canary),
+            "{path} shows the secret: {body}"
+        );
+    }
+    let (_, ix) = fleet
+        .client
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(ix["response"]["input"], "***");
+    // A gateway without the key refuses sensitive answers instead of storing them in clear.
+    let spec = gateways::Spec {
+        port: delta_e2e::free_port().expect("port"),
+        secrets_key_hex: None,
+        ..fleet.gateway_spec.clone()
+    };
+    let gw = gateways::spawn(&spec, None).await;
+    let c = Client::new(&gw.url, None);
+    let run2 = {
+        let (_, b) = c
+            .post("/v1/runs", &json!({"agent": "secret", "task": "k"}))
+            .await
+            .expect("r");
+        b["run_id"]
+            .as_str()
+            .expect("id")
+            .parse::<RunId>()
+            .expect("uuid")
+    };
+    let rid2 = pending(&c, run2).await;
+    let (s, b) = c
+        .post(
+            &format!("/v1/interactions/{rid2}/response"),
+            &json!({"input": canary}),
+        )
+        .await
+        .expect("r");
+    assert_eq!(
+        (s, &b["error"]["code"]),
+        (503, &json!("unavailable")),
+        "{b}"
+    );
+    let (_, ix) = c
+        .get(&format!("/v1/interactions/{rid2}"))
+        .await
+        .expect("get");
+    assert_eq!(ix["state"], "PENDING");
+}
