@@ -11,6 +11,9 @@ fi
 echo "== servers for the tests (redis-server, nats-server)"
 deploy/install-servers.sh
 
+echo "== docker-compose.yml and its configs (no container engine needed)"
+scripts/validate-compose.sh
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
