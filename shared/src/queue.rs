@@ -424,6 +424,28 @@ impl Queue {
         self.publish(subject, headers, payload).await.map(drop)
     }
 
+    /// Announces a question again after it was reopened (a new `Nats-Msg-Id`, so it is not
+    /// dropped as a duplicate of the first announcement).
+    pub async fn publish_request_again(
+        &self,
+        q: &InteractionRequest,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("requested:{}:{}", q.request_id, Timestamp::now().micros()).as_str(),
+        );
+        if let Some(tp) = traceparent {
+            headers.insert("traceparent", tp);
+        }
+        let payload = serde_json::to_vec(q).unwrap_or_default();
+        let subject = self
+            .names
+            .requested_subject(&q.agent, &q.run_id.to_string());
+        self.publish(subject, headers, payload).await.map(drop)
+    }
+
     /// Announces that a question was settled, on `…interactions.resolved.<agent>.<run_id>`
     /// (idempotent per request).
     pub async fn publish_resolved(

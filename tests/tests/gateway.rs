@@ -70,6 +70,18 @@ fn agents_dir() -> tempfile::TempDir {
         "secret",
         "      prompt: \"API key?\"\n      sensitive: true",
     );
+    let gated = dir.path().join("gated");
+    std::fs::create_dir_all(&gated).expect("mkdir");
+    std::fs::write(
+        gated.join("config.yaml"),
+        "name: gated\nbrain: scripted\ntools:\n  - name: shout\n    exec: \"echo ${text}\"\n    approval: always\n",
+    )
+    .expect("config");
+    std::fs::write(
+        gated.join("script.yaml"),
+        "steps:\n  - tool: shout\n    args: {text: \"hello\"}\n  - finish: \"shouted\"\n",
+    )
+    .expect("script");
     dir
 }
 
@@ -1224,4 +1236,91 @@ async fn sensitive_answers_need_the_key_and_never_show() {
         .await
         .expect("get");
     assert_eq!(ix["state"], "PENDING");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_the_engine_refuses_reopens_the_question() {
+    let fleet = Fleet::start("gwm", 1, 1).await;
+    let run = fleet.submit("gated", "shout").await;
+    let rid = fleet.pending(run).await;
+    // The gateway cannot know the tool's parameters: it accepts, the worker refuses.
+    let (s, b) = fleet
+        .answer(
+            &rid,
+            json!({"option_id": "approve", "data": {"args": {"volume": 11}}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, ix) = fleet
+            .client
+            .get(&format!("/v1/interactions/{rid}"))
+            .await
+            .expect("get");
+        if ix["state"] == "PENDING" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never reopened: {ix}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(stored.record.status, RunStatus::WaitingForInput);
+    assert!(
+        stored
+            .journal
+            .iter()
+            .any(|e| matches!(&e.event, Event::SystemMessage(m)
+            if m.content.contains("refused (invalid_args)") && m.content.contains("volume"))),
+        "the refusal is journaled"
+    );
+    let (_, listed) = fleet.client.get("/v1/interactions").await.expect("list");
+    assert_eq!(
+        listed["interactions"][0]["request_id"],
+        json!(rid),
+        "pending again"
+    );
+    // A good answer now goes through.
+    let (s, b) = fleet
+        .answer(
+            &rid,
+            json!({"option_id": "approve", "data": {"args": {"text": "HELLO"}}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    assert!(
+        stored
+            .journal
+            .iter()
+            .any(|e| matches!(&e.event, Event::ActionResult(r)
+        if r.observation_content.contains("HELLO")))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_whose_job_was_lost_is_enqueued_again() {
+    let mut fleet = Fleet::start("gwn", 1, 0).await;
+    let run = fleet.submit("hello", "lost").await;
+    // NATS loses the job (as an unsynced write would be on a crash): the stream is emptied.
+    let js = async_nats::jetstream::new(fleet.nats().await);
+    js.get_stream("GWN_JOBS")
+        .await
+        .expect("stream")
+        .purge()
+        .await
+        .expect("purge");
+    fleet.add_worker("late");
+    // Past `lost_job_s` (3 s here) with no job left for it, a reconciler sends it again.
+    let rid = fleet.pending(run).await;
+    assert!(!rid.is_empty());
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(workers_of(&stored), ["late"], "started once");
+    let (_, m) = fleet.client.get("/metrics").await.expect("metrics");
+    assert!(
+        m.as_str()
+            .is_some_and(|t| t.contains("delta_jobs_requeued_total 1")),
+        "{m}"
+    );
 }

@@ -158,6 +158,19 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         }
     }
 
+    /// Journals (with the next commit) that `answer`, accepted elsewhere, was refused here.
+    pub fn note_refusal(&mut self, answer: &InteractionResponse, why: &ResponseError) {
+        self.push(Event::SystemMessage(SystemMessage {
+            level: MessageLevel::Warn,
+            content: format!(
+                "the answer by {} to request {} was refused ({}): {why}; the question is open again",
+                answer.responder.id,
+                answer.request_id,
+                why.code()
+            ),
+        }));
+    }
+
     /// The answer about to be given was accepted at `at` (by a gateway): its deadline is
     /// checked against that moment.
     pub fn answered_at(&mut self, at: Timestamp) {

@@ -30,7 +30,7 @@ use crate::brain::AnyBrain;
 use crate::engine::{self, Engine, Outcome, PauseMode};
 use crate::queue::{self, Delivery, Exhausted, Queue};
 use delta_shared::protocol::{
-    Event, InteractionState, JobKind, MessageLevel, RunId, RunStatus, SystemMessage,
+    Event, InteractionState, JobKind, MessageLevel, ResponseError, RunId, RunStatus, SystemMessage,
 };
 use delta_shared::secret::SecretsKey;
 use delta_shared::store::redis::RedisRunStore;
@@ -421,6 +421,7 @@ async fn handle(shared: &Shared, d: Delivery) {
             }
         }
     };
+    let mut reopened = false;
     let advance = async {
         let mut engine = Engine::new(agent, brain, &store, run, settings, shared.stop.clone());
         if let Some(at) = answered_at.filter(|_| answer.is_some()) {
@@ -434,10 +435,23 @@ async fn handle(shared: &Shared, d: Delivery) {
             engine.remember_sensitive(a);
         }
         let first = engine.advance(answer.clone()).await;
-        let out = match first {
+        let out = match (first, &answer) {
             // The answer was applied by an earlier delivery: just go on.
-            Err(engine::Error::Answer(_)) if answer.is_some() => engine.advance(None).await,
-            other => other,
+            (Err(engine::Error::Answer(ResponseError::AlreadyResolved(_))), Some(_)) => {
+                engine.advance(None).await
+            }
+            // Accepted by a gateway, refused by the engine (e.g. edited arguments that fail the
+            // tool's parameters): the question is opened again, the refusal journaled, and the
+            // run waits for a better answer instead of staying stuck on this one.
+            (Err(engine::Error::Answer(why)), Some(a)) => {
+                if let Err(e) = store.reopen(job.run_id, a.request_id).await {
+                    tracing::warn!(error = %e, "could not reopen a refused answer's question");
+                }
+                engine.note_refusal(a, &why);
+                reopened = true;
+                engine.advance(None).await
+            }
+            (other, _) => other,
         };
         beat.cancel();
         out

@@ -149,6 +149,19 @@ redis.call('ZADD', ARGV[4] .. ':resumes', ARGV[7], ARGV[6])
 return 'WON'
 "#;
 
+/// Opens an answered interaction again (its answer was refused by the engine): `PENDING`,
+/// answer removed, back in the pending and deadline indexes. KEYS: the interaction. ARGV:
+/// prefix, request id, request time (µs), deadline (µs or ''), resume member.
+const REOPEN: &str = r#"
+if redis.call('HGET', KEYS[1], 'state') ~= 'ANSWERED' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'PENDING')
+redis.call('HDEL', KEYS[1], 'response', 'answered_at', 'resume_seq')
+redis.call('ZADD', ARGV[1] .. ':interactions:pending', ARGV[3], ARGV[2])
+if ARGV[4] ~= '' then redis.call('ZADD', ARGV[1] .. ':interactions:deadlines', ARGV[4], ARGV[2]) end
+redis.call('ZREM', ARGV[1] .. ':resumes', ARGV[5])
+return 1
+"#;
+
 /// Runs in Redis, optionally fenced.
 #[derive(Clone)]
 pub struct RedisRunStore {
@@ -384,6 +397,31 @@ impl RedisRunStore {
             })?);
         }
         Ok(response)
+    }
+
+    /// Opens an answered question again: its answer could not be applied. `false` when it was
+    /// not answered (nothing changed).
+    pub async fn reopen(&self, run_id: RunId, request_id: RequestId) -> Result<bool, Error> {
+        let Some(ix) = self.interaction(run_id, request_id).await? else {
+            return Ok(false);
+        };
+        let q = &ix.request;
+        let mut conn = self.connection();
+        let n: i64 = Script::new(REOPEN)
+            .key(self.interaction_key(run_id, &request_id.to_string()))
+            .arg(&self.prefix)
+            .arg(request_id.to_string())
+            .arg(q.timestamp.micros())
+            .arg(
+                q.expires_at
+                    .map(|t| t.micros().to_string())
+                    .unwrap_or_default(),
+            )
+            .arg(format!("{run_id}/{request_id}"))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(n == 1)
     }
 
     /// The fencing token of the delivery that last wrote to a run (`(0, 0)` before any).
