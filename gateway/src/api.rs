@@ -241,7 +241,7 @@ async fn list_runs(
                         .iter()
                         .find(|r| r.run_id.to_string() == m)
                         .filter(|r| agent.as_deref().is_none_or(|a| r.agent == a))
-                        .cloned();
+                        .map(run_summary);
                     (m, s, rec)
                 })
                 .collect())
@@ -249,6 +249,16 @@ async fn list_runs(
     })
     .await?;
     Ok(Json(json!({"runs": runs, "next_cursor": next})))
+}
+
+/// A run in listings: the record without its (possibly large) structured input.
+fn run_summary(r: &delta_shared::store::RunRecord) -> Value {
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("agent_dir");
+        obj.remove("input");
+    }
+    v
 }
 
 async fn get_run(

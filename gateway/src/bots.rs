@@ -33,9 +33,14 @@ pub async fn serve(gw: Arc<Gateway>) -> Result<(), async_nats::SubscribeError> {
         tokio::select! {
             msg = answers.next() => {
                 let Some(msg) = msg else { return Ok(()) };
+                // Bounded: when all slots are busy, the next message waits here.
+                let Ok(permit) = gw.bot_answers.clone().acquire_owned().await else {
+                    return Ok(());
+                };
                 let gw2 = gw.clone();
                 let client = client.clone();
                 gw.tasks.spawn(async move {
+                    let _permit = permit;
                     let reply = handle(&gw2, &msg).await;
                     if let Some(to) = msg.reply {
                         let body = match reply {

@@ -41,7 +41,16 @@ pub struct Gateway {
     pub shutdown: CancellationToken,
     /// Every task the gateway spawns (streams, bot answers), waited for at shutdown.
     pub tasks: TaskTracker,
+    /// Live streams open at once (each holds a Redis connection or a NATS consumer).
+    pub streams: Arc<tokio::sync::Semaphore>,
+    /// Bot answers handled at once.
+    pub bot_answers: Arc<tokio::sync::Semaphore>,
 }
+
+/// Live streams one gateway serves at once.
+pub const MAX_STREAMS: usize = 512;
+/// Bot answers one gateway handles at once (more wait in NATS' buffers).
+pub const MAX_BOT_ANSWERS: usize = 64;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +91,8 @@ impl Gateway {
             metrics: metrics::Metrics::new(),
             shutdown,
             tasks: TaskTracker::new(),
+            streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+            bot_answers: Arc::new(tokio::sync::Semaphore::new(MAX_BOT_ANSWERS)),
         })
     }
 }

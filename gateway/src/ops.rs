@@ -261,12 +261,13 @@ impl Gateway {
             )
             .into());
         }
-        let accepted = ix.request.validate(response.clone(), Timestamp::now())?;
+        let now = Timestamp::now();
+        let accepted = ix.request.validate(response.clone(), now)?;
         let won = self
             .store
             .resolve(
                 &ix.request,
-                Resolution::Answer(&response),
+                Resolution::Answer(&response, now),
                 self.config.resume_check,
             )
             .await?;
@@ -327,17 +328,22 @@ impl Gateway {
         let rid = ix.request.request_id;
         match ix.state {
             InteractionState::Answered => {
-                let same = ix
-                    .response
-                    .clone()
-                    .and_then(|r| self.store.open(r).ok())
-                    .is_some_and(|accepted| accepted == *response);
+                // A sensitive answer is never compared for anyone who cannot prove they gave
+                // it: with authentication off, "identical or not" would let anyone test guesses.
+                let may_compare = !ix.request.is_sensitive() || self.config.auth.is_on();
+                let same = may_compare
+                    && ix
+                        .response
+                        .clone()
+                        .and_then(|r| self.store.open(r).ok())
+                        .is_some_and(|accepted| accepted == *response);
                 if same {
                     return Ok(run_id);
                 }
                 let by = ix
                     .response
                     .as_ref()
+                    .filter(|_| !ix.request.is_sensitive())
                     .map(|r| format!(" by {}", r.responder.id))
                     .unwrap_or_default();
                 let at = ix
@@ -397,6 +403,41 @@ impl Gateway {
         if let Err(e) = self.queue.publish_resolved(&q.agent, &resolved, tp).await {
             tracing::warn!(error = %e, request = %q.request_id, "`resolved` not announced");
         }
+    }
+
+    /// The `resolved` announcement of a settled interaction, rebuilt from what is stored.
+    pub fn resolved_of(&self, run_id: RunId, ix: &StoredInteraction) -> Option<Resolved> {
+        let q = &ix.request;
+        let (option, responder) = match (ix.state, &ix.response) {
+            (InteractionState::Answered, Some(r)) => (
+                r.option_id.as_deref().and_then(|o| q.option(o)),
+                r.responder.clone(),
+            ),
+            (InteractionState::Expired, _) => (
+                q.default_option_id.as_deref().and_then(|d| q.option(d)),
+                Responder {
+                    id: "timeout".into(),
+                    via: Via::Timeout,
+                },
+            ),
+            _ => return None,
+        };
+        let action = match (ix.state, option) {
+            (_, Some(o)) => Some(o.action),
+            (InteractionState::Answered, None) => {
+                Some(delta_shared::protocol::OptionAction::ProvideInfo)
+            }
+            _ => None,
+        };
+        Some(Resolved {
+            request_id: q.request_id,
+            run_id,
+            option_id: option.map(|o| o.option_id.clone()),
+            action,
+            responder,
+            resolved_at: ix.answered_at.unwrap_or_else(Timestamp::now),
+            state: ix.state,
+        })
     }
 
     /// Closes an expired question (the deadline reconciler): the run resumes and applies the

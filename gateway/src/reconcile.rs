@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
-use delta_shared::protocol::{InteractionState, Job, JobKind, RunStatus, Timestamp};
+use delta_shared::protocol::{
+    InteractionState, Job, JobKind, RequestId, RunId, RunStatus, Timestamp,
+};
 
 use crate::Gateway;
 use crate::error::ApiError;
@@ -54,7 +56,8 @@ pub async fn run(gw: std::sync::Arc<Gateway>, shutdown: CancellationToken) {
     }
 }
 
-/// Closes the questions whose deadline passed. Returns how many it closed.
+/// Closes the questions whose deadline passed. Returns how many it closed. One entry's failure
+/// is logged and does not hold up the others.
 pub async fn deadlines(gw: &Gateway) -> Result<usize, ApiError> {
     let due = gw
         .store
@@ -62,8 +65,12 @@ pub async fn deadlines(gw: &Gateway) -> Result<usize, ApiError> {
         .await?;
     let mut closed = 0;
     for (run_id, request_id) in due {
-        if gw.expire(run_id, request_id).await? {
-            closed += 1;
+        match gw.expire(run_id, request_id).await {
+            Ok(true) => closed += 1,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, run = %run_id, request = %request_id, "deadline not applied; will retry")
+            }
         }
     }
     Ok(closed)
@@ -76,56 +83,84 @@ pub async fn resumes(gw: &Gateway) -> Result<usize, ApiError> {
     let due = gw.store.due_resumes(now, 200).await?;
     let mut published = 0;
     for (run_id, request_id) in due {
-        let record = match gw.store.record(run_id).await {
-            Ok(r) => r,
-            Err(delta_shared::store::Error::NotFound(_)) => {
-                gw.store.drop_resume(run_id, request_id).await?;
-                continue;
+        match resume_one(gw, run_id, request_id, now).await {
+            Ok(true) => published += 1,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, run = %run_id, request = %request_id, "resume not checked; will retry")
             }
-            Err(e) => return Err(e.into()),
-        };
-        let ix = gw.store.interaction(run_id, request_id).await?;
-        let still_waiting = record.status == RunStatus::WaitingForInput
-            && record.pending_request_id == Some(request_id);
-        let Some(ix) = ix.filter(|ix| still_waiting && ix.state != InteractionState::Pending)
-        else {
-            // The run went on (or the question is open again): nothing to mend.
-            gw.store.drop_resume(run_id, request_id).await?;
-            continue;
-        };
-        let job = Job {
-            run_id,
-            kind: JobKind::Resume,
-            request_id: Some(request_id),
-        };
-        let tp = ix.traceparent.as_deref();
-        let msg_id = match ix.resume_seq {
-            // Never published (or not noted): the same id, so a publish that did happen dedupes.
-            None => job.msg_id(),
-            Some(seq) if gw.queue.job_exists(seq).await? => {
-                // Still queued (a backlog): look again later.
-                let later = now + micros(gw.config.lost_job_after);
-                gw.store
-                    .reschedule_resume(run_id, request_id, later)
-                    .await?;
-                continue;
-            }
-            // Published, gone from the stream, and the run still waits: lost.
-            Some(seq) => format!("requeue:{request_id}:{seq}"),
-        };
-        let seq = gw
-            .queue
-            .publish_job_as(&record.agent, &job, &msg_id, tp)
-            .await?;
-        let later = Timestamp::now().micros() + micros(gw.config.lost_job_after);
-        gw.store
-            .resume_published(run_id, request_id, seq, later)
-            .await?;
-        gw.metrics.resumes_republished.inc();
-        tracing::info!(run = %run_id, request = %request_id, msg_id, "resume job published by the reconciler");
-        published += 1;
+        }
     }
     Ok(published)
+}
+
+async fn resume_one(
+    gw: &Gateway,
+    run_id: RunId,
+    request_id: RequestId,
+    now: i64,
+) -> Result<bool, ApiError> {
+    // The stream first, the run second: a job taken and finished between the two reads shows
+    // as a run that moved on, never as a lost job.
+    let before = gw.store.interaction(run_id, request_id).await?;
+    if let Some(seq) = before.as_ref().and_then(|ix| ix.resume_seq)
+        && gw.queue.job_exists(seq).await?
+    {
+        // Still queued (a backlog): look again later.
+        let later = now + micros(gw.config.lost_job_after);
+        gw.store
+            .reschedule_resume(run_id, request_id, later)
+            .await?;
+        return Ok(false);
+    }
+    let record = match gw.store.record(run_id).await {
+        Ok(r) => r,
+        Err(delta_shared::store::Error::NotFound(_)) => {
+            gw.store.drop_resume(run_id, request_id).await?;
+            return Ok(false);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let ix = gw.store.interaction(run_id, request_id).await?;
+    let still_waiting = record.status == RunStatus::WaitingForInput
+        && record.pending_request_id == Some(request_id);
+    let Some(ix) = ix.filter(|ix| still_waiting && ix.state != InteractionState::Pending) else {
+        // The run went on (or the question is open again): nothing to mend.
+        gw.store.drop_resume(run_id, request_id).await?;
+        return Ok(false);
+    };
+    let job = Job {
+        run_id,
+        kind: JobKind::Resume,
+        request_id: Some(request_id),
+    };
+    let tp = ix.traceparent.as_deref();
+    let msg_id = match ix.resume_seq {
+        // Never published (or not noted): the same id, so a publish that did happen dedupes.
+        None => job.msg_id(),
+        // Published, gone from the stream, and the run still waits: lost.
+        Some(seq) => format!("requeue:{request_id}:{seq}"),
+    };
+    let seq = gw
+        .queue
+        .publish_job_as(&record.agent, &job, &msg_id, tp)
+        .await?;
+    let later = Timestamp::now().micros() + micros(gw.config.lost_job_after);
+    gw.store
+        .resume_published(run_id, request_id, seq, later)
+        .await?;
+    // Whoever settled it may have died before announcing it (same id: announced once).
+    if let Some(resolved) = gw.resolved_of(run_id, &ix)
+        && let Err(e) = gw
+            .queue
+            .publish_resolved(&record.agent, &resolved, tp)
+            .await
+    {
+        tracing::warn!(error = %e, request = %request_id, "`resolved` not announced");
+    }
+    gw.metrics.resumes_republished.inc();
+    tracing::info!(run = %run_id, request = %request_id, msg_id, "resume job published by the reconciler");
+    Ok(true)
 }
 
 /// Enqueues again the runs whose job was lost. Returns how many.
@@ -147,33 +182,58 @@ pub async fn lost_jobs(gw: &Gateway, cursors: &Cursors) -> Result<usize, ApiErro
             if !idle || run.status != status {
                 continue;
             }
-            let seq = run.job_seq.max(run.fence_seq);
-            if seq > 0 && gw.queue.job_exists(seq).await? {
-                continue;
+            match requeue_if_lost(gw, &run, cutoff).await {
+                Ok(true) => requeued += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, run = %run.run_id, "lost-job check failed; will retry")
+                }
             }
-            let job = Job {
-                run_id: run.run_id,
-                kind: JobKind::Start,
-                request_id: None,
-            };
-            // Never published: `start:<run>` dedupes with a publish that did happen. Lost: a
-            // new id per lost job, the same for every gateway that notices.
-            let msg_id = if seq == 0 {
-                job.msg_id()
-            } else {
-                format!("requeue:{}:{seq}", run.run_id)
-            };
-            let new_seq = gw
-                .queue
-                .publish_job_as(&run.agent, &job, &msg_id, None)
-                .await?;
-            gw.store.set_job_seq(run.run_id, new_seq).await?;
-            gw.metrics.jobs_requeued.inc();
-            tracing::warn!(run = %run.run_id, status = %status, lost_seq = seq, "job lost; enqueued again");
-            requeued += 1;
         }
     }
     Ok(requeued)
+}
+
+async fn requeue_if_lost(
+    gw: &Gateway,
+    run: &delta_shared::store::redis::QueueRun,
+    cutoff: i64,
+) -> Result<bool, ApiError> {
+    let seq = run.job_seq.max(run.fence_seq);
+    if seq > 0 && gw.queue.job_exists(seq).await? {
+        return Ok(false);
+    }
+    // The stream had no job for it: read the run again, in case a job ran (and was acked)
+    // between the first read and the stream check.
+    let again = gw.store.queue_run(run.run_id).await?;
+    let unchanged = again.as_ref().is_some_and(|a| {
+        a.status == run.status
+            && a.job_seq.max(a.fence_seq) == seq
+            && a.updated_at.is_none_or(|t| t.micros() < cutoff)
+    });
+    if !unchanged {
+        return Ok(false);
+    }
+    let job = Job {
+        run_id: run.run_id,
+        kind: JobKind::Start,
+        request_id: None,
+    };
+    // Never published: `start:<run>` dedupes with a publish that did happen. Lost: a new id
+    // per lost job, the same for every gateway that notices.
+    let msg_id = if seq == 0 {
+        job.msg_id()
+    } else {
+        format!("requeue:{}:{seq}", run.run_id)
+    };
+    let new_seq = gw
+        .queue
+        .publish_job_as(&run.agent, &job, &msg_id, None)
+        .await?;
+    gw.store.set_job_seq(run.run_id, new_seq).await?;
+    gw.metrics.jobs_requeued.inc();
+    tracing::warn!(run = %run.run_id, status = %run.status, lost_seq = seq, "job lost; enqueued again");
+    Ok(true)
 }
 
 fn micros(d: std::time::Duration) -> i64 {

@@ -52,6 +52,13 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     }
 }
 
+/// One of the gateway's live-stream slots (each holds a Redis connection or a NATS consumer).
+fn stream_permit(gw: &Gateway) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    gw.streams.clone().try_acquire_owned().map_err(|_| {
+        ApiError::unavailable("this gateway serves as many live streams as it can; try again shortly or use another gateway")
+    })
+}
+
 /// A stream fed by a task that stops when the client goes or the gateway shuts down.
 fn channel_stream(rx: mpsc::Receiver<Event>) -> impl Stream<Item = Result<Event, Infallible>> {
     futures_util::stream::unfold(
@@ -84,9 +91,11 @@ pub async fn run_events(
         Some(id) => id,
         None => q.from_seq.map(|s| s.saturating_sub(1)).unwrap_or(0),
     };
+    let permit = stream_permit(&gw)?;
     let (tx, rx) = mpsc::channel(64);
     let gw2 = gw.clone();
     gw.tasks.spawn(async move {
+        let _permit = permit;
         let shutdown = gw2.shutdown.clone();
         tokio::select! {
             () = follow_journal(&gw2, run_id, after, tx) => {}
@@ -100,25 +109,44 @@ pub async fn run_events(
 
 /// Sends journal events after `after` until the run ends (then its status) or the client goes.
 async fn follow_journal(gw: &Gateway, run_id: RunId, mut after: u64, tx: mpsc::Sender<Event>) {
-    let mut tail = match gw.store.journal_tail(run_id).await {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!(error = %e, "journal stream: no Redis connection");
-            return;
-        }
-    };
+    let mut tail: Option<delta_shared::store::redis::JournalTail> = None;
+    let mut failures = 0u32;
     let mut caught_up = false;
     loop {
         // First what is there already, then live (blocking reads on the tail's own connection).
-        let read = if caught_up {
-            tail.next(after, 10_000).await
-        } else {
-            gw.store.journal_from(run_id, after + 1, 1000).await
+        if tx.is_closed() {
+            return;
+        }
+        let read = match (&mut tail, caught_up) {
+            (_, false) => {
+                gw.store
+                    .journal_from(run_id, after.saturating_add(1), 1000)
+                    .await
+            }
+            (Some(t), true) => t.next(after, 10_000).await,
+            (None, true) => match gw.store.journal_tail(run_id).await {
+                Ok(t) => {
+                    tail = Some(t);
+                    continue;
+                }
+                Err(e) => Err(e),
+            },
         };
         let events = match read {
-            Ok(e) => e,
+            Ok(e) => {
+                failures = 0;
+                e
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "journal stream read failed; retrying");
+                // The tail's own connection does not reconnect: drop it and catch up afresh.
+                // After a while the stream ends; the client reconnects with Last-Event-ID.
+                failures += 1;
+                tracing::warn!(error = %e, failures, "journal stream read failed");
+                if failures >= 20 {
+                    return;
+                }
+                tail = None;
+                caught_up = false;
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
@@ -180,12 +208,16 @@ pub async fn interaction_events(
         &[Role::Answer, Role::Operate],
         q.access_token.as_deref(),
     )?;
-    let from = last_event_id(&headers)?.map(|id| id + 1).or(q.from_seq);
+    let from = last_event_id(&headers)?
+        .map(|id| id.saturating_add(1))
+        .or(q.from_seq);
+    let permit = stream_permit(&gw)?;
     let mut events = gw.queue.interaction_events(from).await?.boxed();
     let agent = q.agent.clone();
     let (tx, rx) = mpsc::channel(64);
     let shutdown = gw.shutdown.clone();
     gw.tasks.spawn(async move {
+        let _permit = permit;
         loop {
             let next = tokio::select! {
                 e = events.next() => e,

@@ -980,9 +980,17 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         q.default_option_id = default
             .or_else(|| defaults.default_option_id.clone())
             .filter(|d| q.option(d).is_some());
+        // The agent's list bounds any list the call names: a call (an LLM's, perhaps) may
+        // narrow who answers, never widen it.
+        let agent_list = &defaults.allowed_responders;
         if q.allowed_responders.is_empty() {
-            q.allowed_responders
-                .clone_from(&defaults.allowed_responders);
+            q.allowed_responders.clone_from(agent_list);
+        } else if !agent_list.is_empty() {
+            q.allowed_responders.retain(|r| agent_list.contains(r));
+            if q.allowed_responders.is_empty() {
+                // Nobody in both lists: the agent's list stands.
+                q.allowed_responders.clone_from(agent_list);
+            }
         }
         let chosen = q.default_option_id.clone();
         for o in &mut q.options {

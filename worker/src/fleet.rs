@@ -357,10 +357,19 @@ async fn handle(shared: &Shared, d: Delivery) {
     let (agent, brain) = (&pair.0, &pair.1);
     // The answer this job resumes with: accepted by a gateway (sealed parts opened), or closed
     // by the clock (the engine applies the default option, or fails the run).
+    // Whatever brought this job (a resume, a redelivered pause, a re-enqueued lost job), a run
+    // waiting on a question that was answered resumes with that answer: the clock never
+    // overrides an accepted answer.
     let mut answered_at = None;
     let mut expired = None;
-    let answer = match (job.kind, job.request_id) {
-        (JobKind::Resume, Some(rid)) => match store.interaction(job.run_id, rid).await {
+    let asked = match (job.kind, job.request_id) {
+        (JobKind::Resume, Some(rid)) => Some(rid),
+        _ if run.record.status == RunStatus::WaitingForInput => run.record.pending_request_id,
+        _ => None,
+    };
+    let status_at_load = run.record.status;
+    let answer = match asked {
+        Some(rid) => match store.interaction(job.run_id, rid).await {
             Ok(Some(ix)) => {
                 answered_at = ix.answered_at;
                 if ix.state == InteractionState::Expired {
@@ -374,13 +383,12 @@ async fn handle(shared: &Shared, d: Delivery) {
             Ok(None) => None,
             Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
         },
-        _ => None,
+        None => None,
     };
-    if let (Some(rid), Some(at)) = (
-        job.request_id.filter(|_| job.kind == JobKind::Resume),
-        answered_at,
-    ) {
-        shared.queue.announce_resumed(rid, at).await;
+    if let (Some(rid), Some(at), true) = (asked, answered_at, answer.is_some()) {
+        if status_at_load == RunStatus::WaitingForInput {
+            shared.queue.announce_resumed(rid, at).await;
+        }
     }
     // Earlier sensitive answers, sealed in the store: a tool later in the run may still use them.
     let mut earlier = vec![];
@@ -422,6 +430,7 @@ async fn handle(shared: &Shared, d: Delivery) {
         }
     };
     let mut reopened = false;
+    let mut stale = false;
     let advance = async {
         let mut engine = Engine::new(agent, brain, &store, run, settings, shared.stop.clone());
         if let Some(at) = answered_at.filter(|_| answer.is_some()) {
@@ -438,7 +447,20 @@ async fn handle(shared: &Shared, d: Delivery) {
         let out = match (first, &answer) {
             // The answer was applied by an earlier delivery: just go on.
             (Err(engine::Error::Answer(ResponseError::AlreadyResolved(_))), Some(_)) => {
-                engine.advance(None).await
+                // Applied already. Go on only if this job owns the run (an earlier delivery of
+                // it applied the answer) or the run waits anyway; a stale resume job must not
+                // become a second executor of a run another job is running.
+                let owns = status_at_load == RunStatus::WaitingForInput
+                    || store
+                        .owner_fence(job.run_id)
+                        .await
+                        .is_ok_and(|(seq, _)| seq == d.fence.0);
+                if owns {
+                    engine.advance(None).await
+                } else {
+                    stale = true;
+                    Ok(Outcome::Interrupted)
+                }
             }
             // Accepted by a gateway, refused by the engine (e.g. edited arguments that fail the
             // tool's parameters): the question is opened again, the refusal journaled, and the
@@ -457,6 +479,11 @@ async fn handle(shared: &Shared, d: Delivery) {
         out
     };
     let (outcome, ()) = tokio::join!(advance, heart);
+    if stale {
+        tracing::info!("a stale resume job for a run another job is running; dropped");
+        let _ = d.ack().await;
+        return;
+    }
     match outcome {
         Ok(Outcome::Paused(q)) => match shared.queue.publish_request(&q, tp.as_deref()).await {
             Ok(()) => {

@@ -203,8 +203,9 @@ pub struct StoredInteraction {
 
 /// How a pending interaction is settled.
 pub enum Resolution<'a> {
-    /// A person's (or bot's) answer, validated.
-    Answer(&'a InteractionResponse),
+    /// A person's (or bot's) answer, validated at the instant given (stored as `answered_at`,
+    /// so that a worker checks the deadline against the same instant).
+    Answer(&'a InteractionResponse, Timestamp),
     /// Its deadline passed: the run applies the default option, or fails.
     Expired,
 }
@@ -297,7 +298,7 @@ impl RedisRunStore {
         let won = self
             .resolve(
                 request,
-                Resolution::Answer(response),
+                Resolution::Answer(response, Timestamp::now()),
                 Duration::from_secs(5),
             )
             .await?;
@@ -313,18 +314,18 @@ impl RedisRunStore {
         check_after: Duration,
     ) -> Result<Option<InteractionState>, Error> {
         let run_id = request.run_id;
-        let (state, json) = match how {
-            Resolution::Answer(response) => {
+        let (state, json, now) = match how {
+            Resolution::Answer(response, at) => {
                 let stored = self.seal(request, response)?;
                 (
                     InteractionState::Answered,
                     serde_json::to_string(&stored).unwrap_or_default(),
+                    at,
                 )
             }
-            Resolution::Expired => (InteractionState::Expired, String::new()),
+            Resolution::Expired => (InteractionState::Expired, String::new(), Timestamp::now()),
         };
         let rid = request.request_id.to_string();
-        let now = Timestamp::now();
         let check_at = now.micros() + i64::try_from(check_after.as_micros()).unwrap_or(0);
         let mut conn = self.connection();
         let reply: Result<String, _> = self

@@ -59,6 +59,19 @@ pub struct QueueRun {
     pub fence_seq: u64,
 }
 
+/// A row of `HMGET agent status updated_at job_seq fence_seq`.
+fn queue_row(run_id: RunId, row: &[Option<String>]) -> Option<QueueRun> {
+    let get = |i: usize| row.get(i).cloned().flatten();
+    Some(QueueRun {
+        run_id,
+        agent: get(0)?,
+        status: get(1)?.parse().ok()?,
+        updated_at: get(2).and_then(|t| t.parse().ok()),
+        job_seq: get(3).and_then(|s| s.parse().ok()).unwrap_or(0),
+        fence_seq: get(4).and_then(|s| s.parse().ok()).unwrap_or(0),
+    })
+}
+
 /// A live view of one run's journal on a connection of its own (blocking reads).
 pub struct JournalTail {
     conn: MultiplexedConnection,
@@ -89,7 +102,7 @@ impl JournalTail {
                 }
             }
         }
-        Ok(journal::parse_jsonl_from(&text, after_seq + 1)?.events)
+        Ok(journal::parse_jsonl_from(&text, after_seq.saturating_add(1))?.events)
     }
 }
 
@@ -261,22 +274,35 @@ impl RedisRunStore {
             )
             .await
             .map_err(backend)?;
-        let ids: Vec<RequestId> = ids.iter().filter_map(|i| i.parse().ok()).collect();
         if ids.is_empty() {
             return Ok(vec![]);
         }
         let mut conn = self.connection();
         let runs: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(self.index("interactions:runs"))
-            .arg(ids.iter().map(ToString::to_string).collect::<Vec<_>>())
+            .arg(&ids)
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
-        Ok(ids
-            .into_iter()
-            .zip(runs)
-            .filter_map(|(rid, run)| Some((run?.parse().ok()?, rid)))
-            .collect())
+        let mut due = vec![];
+        let mut junk = vec![];
+        for (raw, run) in ids.iter().zip(runs) {
+            match (
+                raw.parse::<RequestId>(),
+                run.and_then(|r| r.parse::<RunId>().ok()),
+            ) {
+                (Ok(rid), Some(run)) => due.push((run, rid)),
+                // Not a request of any run: it would sit at the front of the index forever.
+                _ => junk.push(raw.clone()),
+            }
+        }
+        if !junk.is_empty() {
+            let mut conn = self.connection();
+            conn.zrem::<_, _, ()>(self.index("interactions:deadlines"), junk)
+                .await
+                .map_err(backend)?;
+        }
+        Ok(due)
     }
 
     /// Drops a deadline that needs no action (its interaction is no longer pending).
@@ -498,19 +524,21 @@ impl RedisRunStore {
         let runs = ids
             .into_iter()
             .zip(rows)
-            .filter_map(|(run_id, row)| {
-                let get = |i: usize| row.get(i).cloned().flatten();
-                Some(QueueRun {
-                    run_id,
-                    agent: get(0)?,
-                    status: get(1)?.parse().ok()?,
-                    updated_at: get(2).and_then(|t| t.parse().ok()),
-                    job_seq: get(3).and_then(|s| s.parse().ok()).unwrap_or(0),
-                    fence_seq: get(4).and_then(|s| s.parse().ok()).unwrap_or(0),
-                })
-            })
+            .filter_map(|(run_id, row)| queue_row(run_id, &row))
             .collect();
         Ok((runs, next))
+    }
+
+    /// What the lost-job reconciler needs of one run, read afresh.
+    pub async fn queue_run(&self, run_id: RunId) -> Result<Option<QueueRun>, Error> {
+        let mut conn = self.connection();
+        let row: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(self.run_key(run_id))
+            .arg(&["agent", "status", "updated_at", "job_seq", "fence_seq"])
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(queue_row(run_id, &row))
     }
 
     /// Whether Redis answers (`PING`).
