@@ -499,6 +499,8 @@ async fn follow(
     let mut last: Option<u64> = None;
     let mut retries = 0u32;
     let mut connected_once = false;
+    // One note per outage, not one per attempt.
+    let mut noted = false;
     loop {
         let opened = tokio::select! {
             r = client.sse(&path, last) => r,
@@ -507,15 +509,19 @@ async fn follow(
         match opened {
             Ok(mut stream) => {
                 connected_once = true;
+                noted = false;
+                retries = 0;
                 loop {
                     let next = tokio::select! {
                         e = stream.next() => e,
                         () = cancel.cancelled() => return Err(Failure::Interrupted),
                     };
-                    let Some(ev) = next else { break };
+                    let Some(ev) = next else {
+                        eprintln!("note: the event stream of run {run_id} ended; reconnecting");
+                        break;
+                    };
                     match ev.event.as_str() {
                         "journal" => {
-                            retries = 0;
                             let v: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
                             if let Some(seq) = ev
                                 .id
@@ -548,8 +554,9 @@ async fn follow(
             Err(e @ client::Error::Unreachable { .. })
                 if connected_once && retries < MAX_RETRIES =>
             {
-                if retries == 0 {
-                    eprintln!("note: {e}; reconnecting");
+                if !noted {
+                    eprintln!("note: {e}; retrying");
+                    noted = true;
                 }
             }
             Err(e) => return Err(e.into()),
@@ -725,10 +732,13 @@ async fn read_hidden(prompt: &str) -> Result<String> {
             return rpassword::read_password().ok();
         }
         let mut s = String::new();
-        match std::io::stdin().lock().read_line(&mut s) {
+        let line = match std::io::stdin().lock().read_line(&mut s) {
             Ok(0) | Err(_) => None,
             Ok(_) => Some(s.trim_end_matches(['\n', '\r']).to_owned()),
-        }
+        };
+        // Nothing was echoed: end the prompt's line.
+        eprintln!();
+        line
     })
     .await
     .ok()

@@ -5,7 +5,7 @@ use chrono::{DateTime, Local, Utc};
 use serde_json::Value;
 
 use delta_shared::protocol::{
-    ActionStatus, Event, InteractionRequest, InteractionType, JournalEvent, PlanTask,
+    ActionStatus, Event, InteractionRequest, InteractionType, JournalEvent, OptionAction, PlanTask,
 };
 
 use crate::table::{ago, short, table, until};
@@ -140,16 +140,14 @@ pub fn run(r: &Value, now: DateTime<Utc>) -> String {
         field("pending:", line);
         field("", format!("request {rid}"));
         field("", format!("see it:   delta pending show {rid}"));
-        field(
-            "",
-            format!("answer:   delta answer {rid} {}", answer_hint(ix)),
-        );
+        field("", format!("answer:   {}", answer_hint(ix)));
     }
     s
 }
 
-/// The flags an answer to this interaction view needs, as an example.
+/// The command that answers this interaction view, as an example.
 fn answer_hint(ix: &Value) -> String {
+    let rid = text(ix, "request_id");
     let options = ix["request"]["options"]
         .as_array()
         .cloned()
@@ -157,9 +155,12 @@ fn answer_hint(ix: &Value) -> String {
     let sensitive = ix["request"]["sensitive"].as_bool().unwrap_or(false)
         || ix["request"]["input_type"] == "password";
     match options.first() {
-        Some(o) => format!("--option {}", o["option_id"].as_str().unwrap_or("ID")),
-        None if sensitive => "(you are asked for it, hidden)".into(),
-        None => "--input TEXT".into(),
+        Some(o) => format!(
+            "delta answer {rid} --option {}",
+            o["option_id"].as_str().unwrap_or("ID")
+        ),
+        None if sensitive => format!("delta answer {rid}   (asks for it without echo)"),
+        None => format!("delta answer {rid} --input TEXT"),
     }
 }
 
@@ -274,13 +275,18 @@ pub fn interaction(view: &Value, now: DateTime<Utc>) -> String {
     }
     match state {
         "PENDING" => {
-            s.push_str(&format!(
-                "\nanswer:   delta answer {rid} {}\n",
-                answer_hint(view)
-            ));
-            if q.kind == InteractionType::ToolApproval && ctx.contains_key("args") {
+            s.push_str(&format!("\nanswer:   {}\n", answer_hint(view)));
+            let approve = q
+                .options
+                .iter()
+                .find(|o| o.action == OptionAction::ApproveAndExecute);
+            if q.kind == InteractionType::ToolApproval
+                && ctx.contains_key("args")
+                && let Some(o) = approve
+            {
                 s.push_str(&format!(
-                    "          edited args: delta answer {rid} --option <id> --data '{{\"args\": {{…}}}}'\n"
+                    "          with edited args: delta answer {rid} --option {} --data '{{\"args\": {{…}}}}'\n",
+                    o.option_id
                 ));
             }
         }
@@ -359,6 +365,9 @@ fn summary(e: &Event) -> String {
             }
             if let Some(i) = &r.input {
                 s.push_str(&format!(", input {}", short(i, 60)));
+            }
+            if let Some(edits) = &r.edited_args {
+                s.push_str(&format!(", edited args {}", short(&edits.to_string(), 60)));
             }
             s
         }
