@@ -277,21 +277,30 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
         }
     };
     let json = remote.json;
-    let outcome = match cmd {
-        Command::Submit(a) => submit(&client, a, json, &cancel).await,
-        Command::Runs(RunsCommand::Ls(a)) => runs_ls(&client, a, json).await,
-        Command::Runs(RunsCommand::Show(a)) => runs_show(&client, a.run_id, json).await,
-        Command::Runs(RunsCommand::Journal(a)) if a.follow => {
-            follow(&client, a.run_id, json, &cancel).await
+    let work = async {
+        match cmd {
+            Command::Submit(a) => submit(&client, a, json, &cancel).await,
+            Command::Runs(RunsCommand::Ls(a)) => runs_ls(&client, a, json).await,
+            Command::Runs(RunsCommand::Show(a)) => runs_show(&client, a.run_id, json).await,
+            Command::Runs(RunsCommand::Journal(a)) if a.follow => {
+                follow(&client, a.run_id, json, &cancel).await
+            }
+            Command::Runs(RunsCommand::Journal(a)) => journal(&client, a.run_id, json).await,
+            Command::Pending(PendingCommand::Ls(a)) => pending_ls(&client, a, json).await,
+            Command::Pending(PendingCommand::Show(a)) => {
+                pending_show(&client, a.request_id, json).await
+            }
+            Command::Answer(a) => answer(&client, a, json).await,
+            Command::Cancel(a) => cancel_run(&client, a, json).await,
+            Command::Queue(_) => queue(&client, json).await,
         }
-        Command::Runs(RunsCommand::Journal(a)) => journal(&client, a.run_id, json).await,
-        Command::Pending(PendingCommand::Ls(a)) => pending_ls(&client, a, json).await,
-        Command::Pending(PendingCommand::Show(a)) => {
-            pending_show(&client, a.request_id, json).await
-        }
-        Command::Answer(a) => answer(&client, a, json).await,
-        Command::Cancel(a) => cancel_run(&client, a, json).await,
-        Command::Queue(_) => queue(&client, json).await,
+    };
+    // Ctrl+C stops any command at once. Waits and streams watch for it themselves (to clear
+    // the spinner), so they are polled first.
+    let outcome = tokio::select! {
+        biased;
+        o = work => o,
+        () = cancel.cancelled() => Err(Failure::Interrupted),
     };
     match outcome {
         Ok(()) => EXIT_OK,
@@ -306,7 +315,7 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
         Err(Failure::Gateway(e)) => {
             eprintln!("error: {e}");
             if json {
-                println!("{}", e.json());
+                out(&format!("{}\n", e.json()));
             }
             match e {
                 client::Error::Refused { .. } => EXIT_REFUSED,
@@ -317,9 +326,19 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
     }
 }
 
+/// Writes to stdout. A reader that went away (`| head`) is not an error: the caller just
+/// stops (`false`), where `print!` would panic.
+fn out(text: &str) -> bool {
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .is_ok()
+}
+
 /// Prints a JSON document on one line.
-fn print_json(v: &Value) {
-    println!("{v}");
+fn print_json(v: &Value) -> bool {
+    out(&format!("{v}\n"))
 }
 
 async fn submit(
@@ -344,7 +363,10 @@ async fn submit(
         if json {
             print_json(&accepted);
         } else {
-            println!("run {run_id} {}", accepted["status"].as_str().unwrap_or(""));
+            out(&format!(
+                "run {run_id} {}\n",
+                accepted["status"].as_str().unwrap_or("")
+            ));
             eprintln!("follow it: delta runs journal {run_id} --follow");
         }
         return Ok(());
@@ -353,7 +375,7 @@ async fn submit(
     if json {
         print_json(&record);
     } else {
-        print!("{}", show::run(&record, Utc::now()));
+        out(&show::run(&record, Utc::now()));
     }
     Ok(())
 }
@@ -371,7 +393,7 @@ async fn wait_for_pause(
     let mut tick = 0usize;
     let result = loop {
         // Poll every 5th frame (0.5 s); draw a frame every 100 ms.
-        if tick.is_multiple_of(5) {
+        if tick % 5 == 0 {
             record = match client.get(&path, &[]).await {
                 Ok(r) => r,
                 Err(e) => break Err(e.into()),
@@ -427,7 +449,7 @@ async fn runs_ls(client: &Client, a: RunsLsArgs, json: bool) -> Result<()> {
         eprintln!("no runs");
         return Ok(());
     }
-    print!("{}", show::runs_table(&runs, Utc::now()));
+    out(&show::runs_table(&runs, Utc::now()));
     if let Some(c) = page["next_cursor"].as_str() {
         eprintln!("more: delta runs ls --cursor {c}");
     }
@@ -439,7 +461,7 @@ async fn runs_show(client: &Client, run_id: RunId, json: bool) -> Result<()> {
     if json {
         print_json(&record);
     } else {
-        print!("{}", show::run(&record, Utc::now()));
+        out(&show::run(&record, Utc::now()));
     }
     Ok(())
 }
@@ -460,7 +482,9 @@ async fn journal(client: &Client, run_id: RunId, json: bool) -> Result<()> {
         let events = page["events"].as_array().cloned().unwrap_or_default();
         if !json {
             for e in &events {
-                println!("{}", show::journal_line(e));
+                if !out(&format!("{}\n", show::journal_line(e))) {
+                    return Ok(());
+                }
             }
         }
         let n = events.len();
@@ -531,10 +555,13 @@ async fn follow(
                             {
                                 last = Some(seq);
                             }
-                            if json {
-                                print_json(&v);
+                            let written = if json {
+                                print_json(&v)
                             } else {
-                                println!("{}", show::journal_line(&v));
+                                out(&format!("{}\n", show::journal_line(&v)))
+                            };
+                            if !written {
+                                return Ok(());
                             }
                         }
                         "status" => {
@@ -542,7 +569,7 @@ async fn follow(
                             if json {
                                 print_json(&v);
                             } else {
-                                println!("{}", show::final_status(&v));
+                                out(&format!("{}\n", show::final_status(&v)));
                             }
                             return Ok(());
                         }
@@ -635,7 +662,7 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
         eprintln!("no pending questions");
         return Ok(());
     }
-    print!("{}", show::pending_table(&items, Utc::now()));
+    out(&show::pending_table(&items, Utc::now()));
     if let Some(c) = doc["next_cursor"].as_str() {
         eprintln!("more: delta pending ls --cursor {c}");
     }
@@ -647,7 +674,7 @@ async fn pending_show(client: &Client, rid: RequestId, json: bool) -> Result<()>
     if json {
         print_json(&view);
     } else {
-        print!("{}", show::interaction(&view, Utc::now()));
+        out(&show::interaction(&view, Utc::now()));
     }
     Ok(())
 }
@@ -710,10 +737,10 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
     if json {
         print_json(&reply);
     } else {
-        println!(
-            "accepted: run {} resumes",
+        out(&format!(
+            "accepted: run {} resumes\n",
             reply["run_id"].as_str().unwrap_or("")
-        );
+        ));
     }
     Ok(())
 }
@@ -764,11 +791,11 @@ async fn cancel_run(client: &Client, a: CancelArgs, json: bool) -> Result<()> {
     if json {
         print_json(&reply);
     } else {
-        println!(
-            "run {} {}",
+        out(&format!(
+            "run {} {}\n",
             a.run_id,
             reply["status"].as_str().unwrap_or("")
-        );
+        ));
     }
     Ok(())
 }
@@ -778,7 +805,7 @@ async fn queue(client: &Client, json: bool) -> Result<()> {
     if json {
         print_json(&q);
     } else {
-        print!("{}", show::queue(&q, Utc::now()));
+        out(&show::queue(&q, Utc::now()));
     }
     Ok(())
 }

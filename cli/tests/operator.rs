@@ -564,7 +564,7 @@ async fn pending_ls_show_answer_cancel_and_queue() {
         .delta(&["pending", "ls", "--agent", "chooser", "--json"])
         .await
         .json();
-    assert_eq!(only(&doc), [chooser_q.clone()]);
+    assert_eq!(only(&doc), [chooser_q.as_str()]);
     let item = &doc["interactions"][0];
     for field in [
         "request_id",
@@ -586,7 +586,7 @@ async fn pending_ls_show_answer_cancel_and_queue() {
         .delta(&["pending", "ls", "--type", "user_input", "--json"])
         .await
         .json();
-    assert_eq!(only(&doc), [hello_q.clone()]);
+    assert_eq!(only(&doc), [hello_q.as_str()]);
     let doc = fleet
         .delta(&["pending", "ls", "--older-than", "1h", "--json"])
         .await
