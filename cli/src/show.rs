@@ -367,7 +367,7 @@ fn summary(e: &Event) -> String {
                 s.push_str(&format!(", input {}", short(i, 60)));
             }
             if let Some(edits) = &r.edited_args {
-                s.push_str(&format!(", edited args {}", short(&edits.to_string(), 60)));
+                s.push_str(&format!(", edited args: {}", short(&edits_line(edits), 80)));
             }
             s
         }
@@ -387,6 +387,22 @@ fn summary(e: &Event) -> String {
             s
         }
     }
+}
+
+/// `edited_args` (`{"changed": {k: {"from", "to"}}, "added": {k: v}, "removed": [k]}`) as
+/// `env: "production" → "prod-eu", +region: "eu", -dry_run`.
+fn edits_line(edits: &Value) -> String {
+    let mut parts = vec![];
+    for (k, d) in edits["changed"].as_object().into_iter().flatten() {
+        parts.push(format!("{k}: {} → {}", d["from"], d["to"]));
+    }
+    for (k, v) in edits["added"].as_object().into_iter().flatten() {
+        parts.push(format!("+{k}: {v}"));
+    }
+    for k in edits["removed"].as_array().into_iter().flatten() {
+        parts.push(format!("-{}", k.as_str().unwrap_or("?")));
+    }
+    parts.join(", ")
 }
 
 /// The last line of `--follow`: the run's final status.
@@ -416,6 +432,16 @@ mod tests {
         assert!(line.starts_with("   7  "), "{line}");
         assert!(line.contains("ACTION_REQUEST"), "{line}");
         assert!(line.ends_with(r#"echo {"text":"hi"}"#), "{line}");
+    }
+
+    #[test]
+    fn edited_args_read_as_changes() {
+        let e = json!({"changed": {"env": {"from": "production", "to": "prod-eu"}},
+                       "added": {"region": "eu"}, "removed": ["dry_run"]});
+        assert_eq!(
+            edits_line(&e),
+            r#"env: "production" → "prod-eu", +region: "eu", -dry_run"#
+        );
     }
 
     #[test]
