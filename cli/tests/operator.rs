@@ -207,6 +207,67 @@ async fn delta(url: &str, token: Option<&str>, args: &[&str], stdin: Option<&str
     Run::from(out)
 }
 
+/// A `delta … --follow` running in the background; its stdout collected as it comes.
+struct Follower {
+    child: tokio::process::Child,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Follower {
+    fn spawn(url: &str, args: &[&str]) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let mut cmd = command(url, None, args);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn delta");
+        let pipe = child.stdout.take().expect("stdout");
+        let stdout = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let into = stdout.clone();
+        let reader = tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(pipe).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut s = into.lock().expect("lock");
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Self {
+            child,
+            stdout,
+            reader,
+        }
+    }
+
+    fn seen(&self) -> String {
+        self.stdout.lock().expect("lock").clone()
+    }
+
+    /// Waits until it has printed `needle` (it is connected and caught up to there).
+    async fn wait_for(&self, needle: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !self.seen().contains(needle) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{needle} never printed: {}",
+                self.seen()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits for it to stop by itself (at most 30 s) and returns what it did.
+    async fn finish(self) -> Run {
+        let out = tokio::time::timeout(Duration::from_secs(30), self.child.wait_with_output())
+            .await
+            .expect("--follow stops when the run ends")
+            .expect("output");
+        let _ = self.reader.await;
+        let mut run = Run::from(out);
+        run.stdout = self.stdout.lock().expect("lock").clone();
+        run
+    }
+}
+
 /// Submits with `--wait --json` and returns the paused run's record.
 async fn submit_and_wait(fleet: &Fleet, agent: &str, task: &str) -> Value {
     let rec = fleet
@@ -444,17 +505,10 @@ async fn submit_runs_ls_show_and_journal_follow_a_run_to_completed() {
 
     // runs journal --follow, human and --json, started before the answer: they print what
     // is there, then what comes, and stop at the end of the run.
-    let mut human = command(&fleet.url, None, &["runs", "journal", &run, "--follow"]);
-    human.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let human = human.spawn().expect("follow");
-    let mut json = command(
-        &fleet.url,
-        None,
-        &["runs", "journal", &run, "--follow", "--json"],
-    );
-    json.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let json = json.spawn().expect("follow --json");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let human = Follower::spawn(&fleet.url, &["runs", "journal", &run, "--follow"]);
+    let json = Follower::spawn(&fleet.url, &["runs", "journal", &run, "--follow", "--json"]);
+    human.wait_for("HUMAN_INPUT_REQUEST").await;
+    json.wait_for("HUMAN_INPUT_REQUEST").await;
     // The gateway goes away mid-stream: the followers reconnect with Last-Event-ID.
     fleet.restart_gateway().await;
     let answered = fleet.delta(&["answer", &rid, "--input", "Ada"]).await;
@@ -463,15 +517,7 @@ async fn submit_runs_ls_show_and_journal_follow_a_run_to_completed() {
         "{}",
         answered.stdout
     );
-    let wait = |c: tokio::process::Child| async move {
-        Run::from(
-            tokio::time::timeout(Duration::from_secs(30), c.wait_with_output())
-                .await
-                .expect("--follow stops when the run ends")
-                .expect("output"),
-        )
-    };
-    let human = wait(human).await;
+    let human = human.finish().await;
     let out = human.ok();
     assert!(human.stderr.contains("reconnecting"), "{}", human.stderr);
     assert!(
@@ -484,7 +530,7 @@ async fn submit_runs_ls_show_and_journal_follow_a_run_to_completed() {
         Some("run COMPLETED: Greeted Ada."),
         "{out}"
     );
-    let json = wait(json).await;
+    let json = json.finish().await;
     let lines: Vec<Value> = json
         .ok()
         .lines()
