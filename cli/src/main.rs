@@ -1,18 +1,35 @@
-//! `delta`: run agents locally (Delta Engine v1.2 compatible) and, later, operate the fleet.
+//! `delta`: run agents locally (Delta Engine v1.2 compatible) and operate the fleet through its
+//! gateway.
 
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+mod client;
 mod mailbox;
+mod ops;
 mod render;
 mod run;
+mod show;
+mod table;
 mod terminal;
 
 #[derive(Parser)]
 #[command(
     name = "delta",
     version,
-    about = "Delta Fleet: AI-agent runs that stop to ask people things"
+    about = "Delta Fleet: AI-agent runs that stop to ask people things",
+    after_help = "\
+Operator commands (submit, runs, pending, answer, cancel, queue) talk to a gateway:
+DELTA_GATEWAY_URL or --gateway-url (default http://127.0.0.1:8080), DELTA_TOKEN or --token.
+--json prints the gateway's JSON as is.
+
+Exit codes of the operator commands:
+  0  ok
+  1  refused by the gateway (any 4xx but not_found): `error: <code>: <message>`
+  2  usage (bad flags or arguments)
+  4  not found (no such run or request)
+  5  gateway unreachable (no connection, timeout, or 5xx `unavailable`)
+`delta run` has its own exit codes (delta run --help)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,6 +41,8 @@ enum Command {
     /// Run an agent on a task here, or resume the latest run (exit 0 completed, 1 failed,
     /// 2 usage, 3 cancelled, 101 waiting for input, 130 interrupted).
     Run(run::RunArgs),
+    #[command(flatten)]
+    Ops(ops::Command),
 }
 
 fn main() {
@@ -35,6 +54,7 @@ fn main() {
         watch_signals(cancel.clone());
         match cli.command {
             Command::Run(args) => run::run(args, cancel).await,
+            Command::Ops(cmd) => ops::run(cmd, cancel).await,
         }
     });
     // Do not wait for a blocked stdin reader (an abandoned `-i` prompt).
@@ -42,7 +62,6 @@ fn main() {
     rt.shutdown_background();
     std::process::exit(code);
 }
-
 /// SIGINT/SIGTERM cancel the token (the run checkpoints as INTERRUPTED); a second one exits now.
 fn watch_signals(cancel: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};

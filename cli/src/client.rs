@@ -1,0 +1,301 @@
+//! A small client of the gateway's HTTP API (PROTOCOL.md §6) for the operator commands.
+//!
+//! Every call returns the gateway's JSON as is, or an [`Error`] that already says which exit code
+//! it means: the gateway refused (its `{"error": {"code", "message"}}`), the thing asked for does
+//! not exist, or the gateway could not be reached (connection refused, timeout, a 5xx).
+
+use std::time::Duration;
+
+use reqwest::{Method, RequestBuilder, StatusCode, Url};
+use serde_json::Value;
+
+/// How long a plain call may take (streams have no limit).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a call to the gateway did not give an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The gateway refused: a 4xx other than `not_found`.
+    #[error("{code}: {message}")]
+    Refused {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// A 404: no such run, request or endpoint.
+    #[error("not_found: {message}")]
+    NotFound { message: String },
+    /// No connection, a timeout, or a 5xx (`unavailable`).
+    #[error("{what}")]
+    Unreachable {
+        /// The gateway's base URL.
+        url: String,
+        /// What happened, for people.
+        what: String,
+        /// The gateway's error body, when it answered at all.
+        body: Option<Value>,
+    },
+}
+
+impl Error {
+    /// The `{"error": {"code", "message"}}` document printed with `--json`.
+    pub fn json(&self) -> Value {
+        let (code, message) = match self {
+            Error::Refused { code, message, .. } => (code.as_str(), message.clone()),
+            Error::NotFound { message } => ("not_found", message.clone()),
+            Error::Unreachable { body: Some(b), .. } if b.get("error").is_some() => {
+                return b.clone();
+            }
+            Error::Unreachable { what, .. } => ("unreachable", what.clone()),
+        };
+        serde_json::json!({"error": {"code": code, "message": message}})
+    }
+}
+
+/// A handle on one gateway, with the caller's token.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: Url,
+    token: Option<String>,
+}
+
+impl Client {
+    /// A client of the gateway at `base` (`http://host:port`, maybe with a path prefix).
+    pub fn new(base: &str, token: Option<String>) -> Result<Self, String> {
+        let mut url = Url::parse(base).map_err(|e| {
+            format!("--gateway-url / DELTA_GATEWAY_URL `{base}` is not a URL ({e}); e.g. http://127.0.0.1:8080")
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "--gateway-url / DELTA_GATEWAY_URL `{base}` must start with http:// or https://"
+            ));
+        }
+        // Paths are joined below the base: make it a directory.
+        if !url.path().ends_with('/') {
+            let path = format!("{}/", url.path());
+            url.set_path(&path);
+        }
+        // The workspace builds reqwest with rustls but no crypto provider: install ring once.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(concat!("delta-cli/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
+        Ok(Self {
+            http,
+            base: url,
+            token: token.filter(|t| !t.trim().is_empty()),
+        })
+    }
+
+    /// The gateway's base URL as given (for messages).
+    pub fn url(&self) -> String {
+        self.base.as_str().trim_end_matches('/').to_owned()
+    }
+
+    /// Whether calls carry a bearer token.
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<RequestBuilder, Error> {
+        let mut url =
+            self.base
+                .join(path.trim_start_matches('/'))
+                .map_err(|e| Error::Unreachable {
+                    url: self.url(),
+                    what: format!("cannot build the URL of {path}: {e}"),
+                    body: None,
+                })?;
+        if !query.is_empty() {
+            url.query_pairs_mut()
+                .extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+        }
+        let r = self.http.request(method, url);
+        Ok(match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        })
+    }
+
+    /// `GET path?query`: the JSON body.
+    pub async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value, Error> {
+        let r = self
+            .request(Method::GET, path, query)?
+            .timeout(CALL_TIMEOUT);
+        self.send(r).await
+    }
+
+    /// `POST path` with a JSON body and extra headers: the JSON body.
+    pub async fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> Result<Value, Error> {
+        let mut r = self
+            .request(Method::POST, path, &[])?
+            .json(body)
+            .timeout(CALL_TIMEOUT);
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        self.send(r).await
+    }
+
+    /// Opens a server-sent events stream, resuming after `last_event_id` when given.
+    pub async fn sse(&self, path: &str, last_event_id: Option<u64>) -> Result<SseStream, Error> {
+        let mut r = self
+            .request(Method::GET, path, &[])?
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            r = r.header("last-event-id", id.to_string());
+        }
+        let resp = r.send().await.map_err(|e| self.transport(e))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            return Err(self.refusal(status, &text));
+        }
+        Ok(SseStream { resp, buf: vec![] })
+    }
+
+    async fn send(&self, r: RequestBuilder) -> Result<Value, Error> {
+        let resp = r.send().await.map_err(|e| self.transport(e))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| self.transport(e))?;
+        if !status.is_success() {
+            return Err(self.refusal(status, &text));
+        }
+        serde_json::from_str(&text).map_err(|e| Error::Unreachable {
+            url: self.url(),
+            what: format!(
+                "the gateway at {} answered {status} with a body that is not JSON ({e}); is DELTA_GATEWAY_URL a Delta gateway?",
+                self.url()
+            ),
+            body: None,
+        })
+    }
+
+    fn transport(&self, e: reqwest::Error) -> Error {
+        let url = self.url();
+        let why = if e.is_timeout() {
+            "it did not answer in time".to_owned()
+        } else if e.is_connect() {
+            // The innermost cause says it best ("Connection refused", "dns error…").
+            let mut source: &dyn std::error::Error = &e;
+            while let Some(s) = source.source() {
+                source = s;
+            }
+            source.to_string()
+        } else {
+            e.to_string()
+        };
+        Error::Unreachable {
+            what: format!(
+                "cannot reach the gateway at {url}: {why}. Is it running? Set DELTA_GATEWAY_URL (or --gateway-url) to where it listens"
+            ),
+            url,
+            body: None,
+        }
+    }
+
+    fn refusal(&self, status: StatusCode, text: &str) -> Error {
+        let body: Option<Value> = serde_json::from_str(text).ok();
+        let field = |k: &str| {
+            body.as_ref()
+                .and_then(|b| b["error"][k].as_str())
+                .map(str::to_owned)
+        };
+        let code = field("code");
+        let message = field("message").unwrap_or_else(|| {
+            let t = text.trim();
+            if t.is_empty() {
+                status.to_string()
+            } else {
+                t.chars().take(300).collect()
+            }
+        });
+        if status.is_server_error() {
+            return Error::Unreachable {
+                url: self.url(),
+                what: format!(
+                    "{}: {message} (gateway at {}; DELTA_GATEWAY_URL / --gateway-url)",
+                    code.as_deref().unwrap_or("unavailable"),
+                    self.url()
+                ),
+                body,
+            };
+        }
+        if status == StatusCode::NOT_FOUND {
+            return Error::NotFound { message };
+        }
+        Error::Refused {
+            status: status.as_u16(),
+            code: code.unwrap_or_else(|| format!("http_{}", status.as_u16())),
+            message,
+        }
+    }
+}
+
+/// One server-sent event.
+#[derive(Clone, Debug, Default)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub event: String,
+    pub data: String,
+}
+
+/// Reads events off an SSE response.
+pub struct SseStream {
+    resp: reqwest::Response,
+    /// Bytes received and not yet parsed (a chunk may end inside a character or an event).
+    buf: Vec<u8>,
+}
+
+impl SseStream {
+    /// The next event (comments and keep-alives skipped); `None` when the stream ends or breaks.
+    pub async fn next(&mut self) -> Option<SseEvent> {
+        loop {
+            if let Some(ev) = self.take_event() {
+                return Some(ev);
+            }
+            match self.resp.chunk().await {
+                Ok(Some(bytes)) => self.buf.extend(bytes.iter().filter(|b| **b != b'\r')),
+                _ => return None,
+            }
+        }
+    }
+
+    fn take_event(&mut self) -> Option<SseEvent> {
+        loop {
+            let end = self.buf.windows(2).position(|w| w == b"\n\n")?;
+            let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+            let block = String::from_utf8_lossy(&block);
+            let mut ev = SseEvent::default();
+            let mut data = vec![];
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    ev.id = Some(v.trim().to_owned());
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    ev.event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+                }
+            }
+            if ev.event.is_empty() && data.is_empty() {
+                continue;
+            }
+            ev.data = data.join("\n");
+            return Some(ev);
+        }
+    }
+}

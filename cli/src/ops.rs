@@ -1,0 +1,811 @@
+//! The operator commands: `delta submit`, `runs ls|show|journal`, `pending ls|show`, `answer`,
+//! `cancel`, `queue`. Each is one or a few calls to the gateway's HTTP API (PROTOCOL.md §6).
+//!
+//! Output: tables and relative times for people on stdout (hints and spinners on stderr);
+//! `--json` prints the gateway's JSON as is, one document per command (with `--follow`, one JSON
+//! event per line). Exit codes: [`EXIT_OK`], [`EXIT_REFUSED`], 2 (usage, clap's or ours),
+//! [`EXIT_NOT_FOUND`], [`EXIT_UNREACHABLE`]; 130 when interrupted during a wait.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use delta_shared::protocol::{InteractionRequest, RequestId, RunId};
+
+use crate::client::{self, Client};
+use crate::mailbox::find_option;
+use crate::show;
+use crate::table::parse_duration;
+
+pub const EXIT_OK: i32 = 0;
+/// The gateway refused: any 4xx other than `not_found`.
+pub const EXIT_REFUSED: i32 = 1;
+pub const EXIT_USAGE: i32 = 2;
+/// No such run, request or endpoint.
+pub const EXIT_NOT_FOUND: i32 = 4;
+/// No connection, a timeout, or a 5xx (`unavailable`).
+pub const EXIT_UNREACHABLE: i32 = 5;
+/// Ctrl+C during `--wait` or `--follow`.
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+const RUN_STATUSES: [&str; 7] = [
+    "QUEUED",
+    "RUNNING",
+    "WAITING_FOR_INPUT",
+    "INTERRUPTED",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+];
+const INTERACTION_TYPES: [&str; 6] = [
+    "TOOL_APPROVAL",
+    "MISSING_INFO",
+    "USER_CONFIRMATION",
+    "USER_CHOICE",
+    "USER_INPUT",
+    "CUSTOM",
+];
+
+/// Where the gateway is, who is calling, and how to print: on every operator command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Remote {
+    /// The gateway's URL.
+    #[arg(
+        long,
+        env = "DELTA_GATEWAY_URL",
+        default_value = "http://127.0.0.1:8080",
+        value_name = "URL"
+    )]
+    pub gateway_url: String,
+    /// Bearer token for a gateway with authentication on (prefer DELTA_TOKEN: `ps` shows flags).
+    #[arg(
+        long,
+        env = "DELTA_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Print the gateway's JSON as is: one document (`--follow`: one JSON event per line).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The operator commands (they go through a gateway).
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Submit a run to the fleet; prints its id (and, with --wait, where it paused or ended).
+    Submit(SubmitArgs),
+    /// Runs in the fleet: list, show one, read or follow its journal.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// Questions waiting for a person: list them, show one.
+    #[command(subcommand)]
+    Pending(PendingCommand),
+    /// Answer a pending question (asks for a sensitive answer without echoing it).
+    Answer(AnswerArgs),
+    /// Cancel a run that has not ended (its pending question is closed).
+    Cancel(CancelArgs),
+    /// The job queue: jobs pending, in flight, redelivered, dead-lettered; workers seen.
+    Queue(QueueArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SubmitArgs {
+    /// The agent's name (a directory of the fleet's agents directory).
+    #[arg(short, long)]
+    pub agent: String,
+    /// What the agent should do.
+    #[arg(short, long)]
+    pub task: String,
+    /// Structured input for the run, as JSON.
+    #[arg(long, value_name = "JSON", value_parser = parse_json)]
+    pub input: Option<Value>,
+    /// Submitting again with the same key returns the same run instead of starting another.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+    /// Wait (spinner on stderr) until the run pauses for a question or ends, then show it.
+    #[arg(long)]
+    pub wait: bool,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum RunsCommand {
+    /// List runs, newest first.
+    Ls(RunsLsArgs),
+    /// Show a run and its pending question.
+    Show(RunArg),
+    /// A run's journal, one line per event; --follow streams it live until the run ends.
+    Journal(JournalArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunsLsArgs {
+    /// Only runs with this status.
+    #[arg(long, ignore_case = true, value_parser = clap::builder::PossibleValuesParser::new(RUN_STATUSES))]
+    pub status: Option<String>,
+    /// Only runs of this agent.
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// At most this many runs.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=500))]
+    pub limit: u16,
+    /// Go on from where an earlier listing stopped (its `next_cursor`).
+    #[arg(long)]
+    pub cursor: Option<String>,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArg {
+    pub run_id: RunId,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct JournalArgs {
+    pub run_id: RunId,
+    /// Stream events live (reconnecting where it left off) and stop when the run ends.
+    #[arg(short, long)]
+    pub follow: bool,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum PendingCommand {
+    /// List pending questions, oldest first.
+    Ls(PendingLsArgs),
+    /// Show one question as a person would answer it.
+    Show(RequestArg),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct PendingLsArgs {
+    /// Only questions of this agent.
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// Only questions of this type.
+    #[arg(long = "type", ignore_case = true, value_parser = clap::builder::PossibleValuesParser::new(INTERACTION_TYPES))]
+    pub kind: Option<String>,
+    /// Only questions asked at least this long ago: 90s, 5m, 2h, 1d.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub older_than: Option<Duration>,
+    /// At most this many questions.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=500))]
+    pub limit: u16,
+    /// Go on from where an earlier listing stopped (its `next_cursor`).
+    #[arg(long)]
+    pub cursor: Option<String>,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RequestArg {
+    pub request_id: RequestId,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct AnswerArgs {
+    pub request_id: RequestId,
+    /// The option chosen: its id, label or number (as `delta pending show` lists them).
+    #[arg(long, value_name = "ID")]
+    pub option: Option<String>,
+    /// Free text: the answer, or what an option asks for. Left out for a sensitive question,
+    /// it is asked for on the terminal without echo (a flag would show in `ps` and history).
+    #[arg(long, value_name = "TEXT")]
+    pub input: Option<String>,
+    /// Why (e.g. the reason of a rejection).
+    #[arg(long, value_name = "TEXT")]
+    pub feedback: Option<String>,
+    /// Structured data as JSON, e.g. '{"args": {...}}' to edit a tool call's arguments.
+    #[arg(long, value_name = "JSON", value_parser = parse_json)]
+    pub data: Option<Value>,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct CancelArgs {
+    pub run_id: RunId,
+    /// Why: journaled with the cancellation.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct QueueArgs {
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+fn parse_json(s: &str) -> Result<Value, String> {
+    serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))
+}
+
+impl Command {
+    fn remote(&self) -> &Remote {
+        match self {
+            Command::Submit(a) => &a.remote,
+            Command::Runs(RunsCommand::Ls(a)) => &a.remote,
+            Command::Runs(RunsCommand::Show(a)) => &a.remote,
+            Command::Runs(RunsCommand::Journal(a)) => &a.remote,
+            Command::Pending(PendingCommand::Ls(a)) => &a.remote,
+            Command::Pending(PendingCommand::Show(a)) => &a.remote,
+            Command::Answer(a) => &a.remote,
+            Command::Cancel(a) => &a.remote,
+            Command::Queue(a) => &a.remote,
+        }
+    }
+}
+
+/// Why a command stopped short.
+enum Failure {
+    Gateway(client::Error),
+    Usage(String),
+    Interrupted,
+}
+
+impl From<client::Error> for Failure {
+    fn from(e: client::Error) -> Self {
+        Failure::Gateway(e)
+    }
+}
+
+type Result<T, E = Failure> = std::result::Result<T, E>;
+
+/// Runs an operator command; returns its exit code. Errors are printed here: `error: …` on
+/// stderr and, with `--json`, the error document on stdout.
+pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
+    let remote = cmd.remote().clone();
+    let client = match Client::new(&remote.gateway_url, remote.token.clone()) {
+        Ok(c) => c,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            return EXIT_USAGE;
+        }
+    };
+    let json = remote.json;
+    let work = async {
+        match cmd {
+            Command::Submit(a) => submit(&client, a, json, &cancel).await,
+            Command::Runs(RunsCommand::Ls(a)) => runs_ls(&client, a, json).await,
+            Command::Runs(RunsCommand::Show(a)) => runs_show(&client, a.run_id, json).await,
+            Command::Runs(RunsCommand::Journal(a)) if a.follow => {
+                follow(&client, a.run_id, json, &cancel).await
+            }
+            Command::Runs(RunsCommand::Journal(a)) => journal(&client, a.run_id, json).await,
+            Command::Pending(PendingCommand::Ls(a)) => pending_ls(&client, a, json).await,
+            Command::Pending(PendingCommand::Show(a)) => {
+                pending_show(&client, a.request_id, json).await
+            }
+            Command::Answer(a) => answer(&client, a, json).await,
+            Command::Cancel(a) => cancel_run(&client, a, json).await,
+            Command::Queue(_) => queue(&client, json).await,
+        }
+    };
+    // Ctrl+C stops any command at once. Waits and streams watch for it themselves (to clear
+    // the spinner), so they are polled first.
+    let outcome = tokio::select! {
+        biased;
+        o = work => o,
+        () = cancel.cancelled() => Err(Failure::Interrupted),
+    };
+    match outcome {
+        Ok(()) => EXIT_OK,
+        Err(Failure::Usage(msg)) => {
+            eprintln!("error: {msg}");
+            EXIT_USAGE
+        }
+        Err(Failure::Interrupted) => {
+            eprintln!("interrupted");
+            EXIT_INTERRUPTED
+        }
+        Err(Failure::Gateway(e)) => {
+            eprintln!("error: {e}");
+            if json {
+                out(&format!("{}\n", e.json()));
+            }
+            match e {
+                client::Error::Refused { .. } => EXIT_REFUSED,
+                client::Error::NotFound { .. } => EXIT_NOT_FOUND,
+                client::Error::Unreachable { .. } => EXIT_UNREACHABLE,
+            }
+        }
+    }
+}
+
+/// Writes to stdout. A reader that went away (`| head`) is not an error: the caller just
+/// stops (`false`), where `print!` would panic.
+fn out(text: &str) -> bool {
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .is_ok()
+}
+
+/// Prints a JSON document on one line.
+fn print_json(v: &Value) -> bool {
+    out(&format!("{v}\n"))
+}
+
+async fn submit(
+    client: &Client,
+    a: SubmitArgs,
+    json: bool,
+    cancel: &CancellationToken,
+) -> Result<()> {
+    let mut body = json!({"agent": a.agent, "task": a.task});
+    if let Some(input) = a.input {
+        body["input"] = input;
+    }
+    let headers: Vec<(&str, &str)> = a
+        .idempotency_key
+        .as_deref()
+        .map(|k| ("idempotency-key", k))
+        .into_iter()
+        .collect();
+    let accepted = client.post("v1/runs", &body, &headers).await?;
+    let run_id = accepted["run_id"].as_str().unwrap_or("").to_owned();
+    if !a.wait {
+        if json {
+            print_json(&accepted);
+        } else {
+            out(&format!(
+                "run {run_id} {}\n",
+                accepted["status"].as_str().unwrap_or("")
+            ));
+            eprintln!("follow it: delta runs journal {run_id} --follow");
+        }
+        return Ok(());
+    }
+    let record = wait_for_pause(client, &run_id, cancel).await?;
+    if json {
+        print_json(&record);
+    } else {
+        out(&show::run(&record, Utc::now()));
+    }
+    Ok(())
+}
+
+/// Polls the run until it waits for a person or ends; a spinner on stderr when it is a terminal.
+async fn wait_for_pause(
+    client: &Client,
+    run_id: &str,
+    cancel: &CancellationToken,
+) -> Result<Value> {
+    const FRAMES: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+    let tty = std::io::stderr().is_terminal();
+    let path = format!("v1/runs/{run_id}");
+    let mut record = Value::Null;
+    let mut tick = 0usize;
+    let result = loop {
+        // Poll every 5th frame (0.5 s); draw a frame every 100 ms.
+        if tick % 5 == 0 {
+            record = match client.get(&path, &[]).await {
+                Ok(r) => r,
+                Err(e) => break Err(e.into()),
+            };
+            let status = record["status"].as_str().unwrap_or("");
+            if matches!(
+                status,
+                "WAITING_FOR_INPUT" | "COMPLETED" | "FAILED" | "CANCELLED"
+            ) {
+                break Ok(());
+            }
+        }
+        if tty {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(
+                err,
+                "\r{} run {run_id}: {}   ",
+                FRAMES[tick % FRAMES.len()],
+                record["status"].as_str().unwrap_or("")
+            );
+            let _ = err.flush();
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            () = cancel.cancelled() => break Err(Failure::Interrupted),
+        }
+        tick += 1;
+    };
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
+    result.map(|()| record)
+}
+
+async fn runs_ls(client: &Client, a: RunsLsArgs, json: bool) -> Result<()> {
+    let mut query = vec![("limit", a.limit.to_string())];
+    if let Some(s) = a.status {
+        query.push(("status", s.to_uppercase()));
+    }
+    if let Some(ag) = a.agent {
+        query.push(("agent", ag));
+    }
+    if let Some(c) = a.cursor {
+        query.push(("cursor", c));
+    }
+    let page = client.get("v1/runs", &query).await?;
+    if json {
+        print_json(&page);
+        return Ok(());
+    }
+    let runs = page["runs"].as_array().cloned().unwrap_or_default();
+    if runs.is_empty() {
+        eprintln!("no runs");
+        return Ok(());
+    }
+    out(&show::runs_table(&runs, Utc::now()));
+    if let Some(c) = page["next_cursor"].as_str() {
+        eprintln!("more: delta runs ls --cursor {c}");
+    }
+    Ok(())
+}
+
+async fn runs_show(client: &Client, run_id: RunId, json: bool) -> Result<()> {
+    let record = client.get(&format!("v1/runs/{run_id}"), &[]).await?;
+    if json {
+        print_json(&record);
+    } else {
+        out(&show::run(&record, Utc::now()));
+    }
+    Ok(())
+}
+
+/// The whole journal, page by page; with `--json` one document with every event.
+async fn journal(client: &Client, run_id: RunId, json: bool) -> Result<()> {
+    const PAGE: usize = 1000;
+    let path = format!("v1/runs/{run_id}/journal");
+    let mut from = 1u64;
+    let mut all: Option<Value> = None;
+    loop {
+        let page = client
+            .get(
+                &path,
+                &[("from_seq", from.to_string()), ("limit", PAGE.to_string())],
+            )
+            .await?;
+        let events = page["events"].as_array().cloned().unwrap_or_default();
+        if !json {
+            for e in &events {
+                if !out(&format!("{}\n", show::journal_line(e))) {
+                    return Ok(());
+                }
+            }
+        }
+        let n = events.len();
+        from = page["next_seq"].as_u64().unwrap_or(from);
+        match &mut all {
+            None => all = Some(page),
+            Some(doc) => {
+                if let Some(list) = doc["events"].as_array_mut() {
+                    list.extend(events);
+                }
+                doc["next_seq"] = json!(from);
+                doc["status"] = page["status"].clone();
+            }
+        }
+        if n < PAGE {
+            break;
+        }
+    }
+    if json && let Some(doc) = all {
+        print_json(&doc);
+    }
+    Ok(())
+}
+
+/// `--follow`: the SSE stream of the run's journal, reconnecting with `Last-Event-ID` after a
+/// drop, until the `status` event that ends it.
+async fn follow(
+    client: &Client,
+    run_id: RunId,
+    json: bool,
+    cancel: &CancellationToken,
+) -> Result<()> {
+    /// Reconnects in a row without an event before giving up (about a minute of backoff).
+    const MAX_RETRIES: u32 = 15;
+    let path = format!("v1/runs/{run_id}/events");
+    let mut last: Option<u64> = None;
+    let mut retries = 0u32;
+    let mut connected_once = false;
+    // One note per outage, not one per attempt.
+    let mut noted = false;
+    loop {
+        let opened = tokio::select! {
+            r = client.sse(&path, last) => r,
+            () = cancel.cancelled() => return Err(Failure::Interrupted),
+        };
+        match opened {
+            Ok(mut stream) => {
+                connected_once = true;
+                noted = false;
+                retries = 0;
+                loop {
+                    let next = tokio::select! {
+                        e = stream.next() => e,
+                        () = cancel.cancelled() => return Err(Failure::Interrupted),
+                    };
+                    let Some(ev) = next else {
+                        eprintln!("note: the event stream of run {run_id} ended; reconnecting");
+                        break;
+                    };
+                    match ev.event.as_str() {
+                        "journal" => {
+                            let v: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+                            if let Some(seq) = ev
+                                .id
+                                .as_deref()
+                                .and_then(|i| i.parse().ok())
+                                .or_else(|| v["seq"].as_u64())
+                            {
+                                last = Some(seq);
+                            }
+                            let written = if json {
+                                print_json(&v)
+                            } else {
+                                out(&format!("{}\n", show::journal_line(&v)))
+                            };
+                            if !written {
+                                return Ok(());
+                            }
+                        }
+                        "status" => {
+                            let v: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+                            if json {
+                                print_json(&v);
+                            } else {
+                                out(&format!("{}\n", show::final_status(&v)));
+                            }
+                            return Ok(());
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            // The first connection fails fast: a wrong URL should not hang.
+            Err(e @ client::Error::Unreachable { .. })
+                if connected_once && retries < MAX_RETRIES =>
+            {
+                if !noted {
+                    eprintln!("note: {e}; retrying");
+                    noted = true;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        retries += 1;
+        if retries > MAX_RETRIES {
+            return Err(Failure::Gateway(client::Error::Unreachable {
+                url: client.url(),
+                what: format!(
+                    "the event stream of run {run_id} at {} kept breaking; gave up after {MAX_RETRIES} reconnects",
+                    client.url()
+                ),
+                body: None,
+            }));
+        }
+        let pause = Duration::from_millis(250u64 << retries.min(5)).min(Duration::from_secs(5));
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = cancel.cancelled() => return Err(Failure::Interrupted),
+        }
+    }
+}
+
+async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()> {
+    let want = usize::from(a.limit);
+    let mut query = vec![("state", "pending".to_owned())];
+    if let Some(ag) = &a.agent {
+        query.push(("agent", ag.clone()));
+    }
+    if let Some(k) = &a.kind {
+        query.push(("type", k.to_uppercase()));
+    }
+    let doc = match a.older_than {
+        // The gateway's page as is.
+        None => {
+            query.push(("limit", want.to_string()));
+            if let Some(c) = a.cursor {
+                query.push(("cursor", c));
+            }
+            client.get("v1/interactions", &query).await?
+        }
+        // Filtered here, on `created_at`, over as many pages as it takes.
+        Some(age) => {
+            let cutoff =
+                Utc::now() - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
+            let mut kept = vec![];
+            let mut cursor = a.cursor;
+            loop {
+                let mut q = query.clone();
+                q.push(("limit", "500".into()));
+                if let Some(c) = &cursor {
+                    q.push(("cursor", c.clone()));
+                }
+                let page = client.get("v1/interactions", &q).await?;
+                for ix in page["interactions"].as_array().into_iter().flatten() {
+                    if show::time(&ix["created_at"]).is_some_and(|t| t <= cutoff)
+                        && kept.len() < want
+                    {
+                        kept.push(ix.clone());
+                    }
+                }
+                cursor = page["next_cursor"].as_str().map(str::to_owned);
+                if cursor.is_none() || kept.len() >= want {
+                    break;
+                }
+            }
+            json!({"interactions": kept, "next_cursor": cursor})
+        }
+    };
+    if json {
+        print_json(&doc);
+        return Ok(());
+    }
+    let items = doc["interactions"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        eprintln!("no pending questions");
+        return Ok(());
+    }
+    out(&show::pending_table(&items, Utc::now()));
+    if let Some(c) = doc["next_cursor"].as_str() {
+        eprintln!("more: delta pending ls --cursor {c}");
+    }
+    Ok(())
+}
+
+async fn pending_show(client: &Client, rid: RequestId, json: bool) -> Result<()> {
+    let view = client.get(&format!("v1/interactions/{rid}"), &[]).await?;
+    if json {
+        print_json(&view);
+    } else {
+        out(&show::interaction(&view, Utc::now()));
+    }
+    Ok(())
+}
+
+async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
+    let rid = a.request_id;
+    // The question first: which option a number names, and whether the answer is sensitive.
+    let view = client.get(&format!("v1/interactions/{rid}"), &[]).await?;
+    let q: Option<InteractionRequest> = serde_json::from_value(view["request"].clone()).ok();
+    let pending = view["state"] == "PENDING";
+    let option = match (&a.option, &q) {
+        (Some(o), Some(q)) => Some(find_option(q, o.trim()).unwrap_or_else(|| o.clone())),
+        (o, _) => o.clone(),
+    };
+    let mut input = a.input;
+    if input.is_none()
+        && pending
+        && let Some(q) = &q
+        && q.is_sensitive()
+    {
+        let chosen = option.as_deref().and_then(|o| q.option(o));
+        let needs_text = q.options.is_empty() || chosen.is_some_and(|o| o.requires_input);
+        if needs_text {
+            let prompt = chosen
+                .and_then(|o| o.input_prompt.clone())
+                .unwrap_or_else(|| q.prompt.clone());
+            input = Some(read_hidden(&prompt).await?);
+        }
+    }
+    if option.is_none() && input.is_none() && a.feedback.is_none() && a.data.is_none() {
+        return Err(Failure::Usage(format!(
+            "say what the answer is: --option ID or --input TEXT (`delta pending show {rid}` shows the question)"
+        )));
+    }
+    let mut responder = json!({"via": "cli"});
+    if !client.has_token() {
+        // Without a token the gateway takes the id we give; with one, it sets it itself.
+        let who = std::env::var("USER")
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+            .unwrap_or_else(|| "operator".into());
+        responder["id"] = json!(who);
+    }
+    let mut body = json!({"responder": responder});
+    if let Some(o) = option {
+        body["option_id"] = json!(o);
+    }
+    if let Some(i) = input {
+        body["input"] = json!(i);
+    }
+    if let Some(f) = a.feedback {
+        body["feedback"] = json!(f);
+    }
+    if let Some(d) = a.data {
+        body["data"] = d;
+    }
+    let reply = client
+        .post(&format!("v1/interactions/{rid}/response"), &body, &[])
+        .await?;
+    if json {
+        print_json(&reply);
+    } else {
+        out(&format!(
+            "accepted: run {} resumes\n",
+            reply["run_id"].as_str().unwrap_or("")
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a sensitive answer: without echo on a terminal, a plain line from a pipe. It is never
+/// printed or logged.
+async fn read_hidden(prompt: &str) -> Result<String> {
+    let prompt = format!("{} (hidden) > ", prompt.trim());
+    let read = tokio::task::spawn_blocking(move || -> Option<String> {
+        {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "{prompt}");
+            let _ = err.flush();
+        }
+        if std::io::stdin().is_terminal() {
+            return rpassword::read_password().ok();
+        }
+        let mut s = String::new();
+        let line = match std::io::stdin().lock().read_line(&mut s) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(s.trim_end_matches(['\n', '\r']).to_owned()),
+        };
+        // Nothing was echoed: end the prompt's line.
+        eprintln!();
+        line
+    })
+    .await
+    .ok()
+    .flatten();
+    match read {
+        Some(s) if !s.trim().is_empty() => Ok(s),
+        _ => Err(Failure::Usage(
+            "this question is sensitive and no answer was typed: run the command on a terminal \
+             and type it at the prompt (or pipe it on stdin)"
+                .into(),
+        )),
+    }
+}
+
+async fn cancel_run(client: &Client, a: CancelArgs, json: bool) -> Result<()> {
+    let body = match a.reason {
+        Some(r) => json!({"reason": r}),
+        None => json!({}),
+    };
+    let reply = client
+        .post(&format!("v1/runs/{}/cancel", a.run_id), &body, &[])
+        .await?;
+    if json {
+        print_json(&reply);
+    } else {
+        out(&format!(
+            "run {} {}\n",
+            a.run_id,
+            reply["status"].as_str().unwrap_or("")
+        ));
+    }
+    Ok(())
+}
+
+async fn queue(client: &Client, json: bool) -> Result<()> {
+    let q = client.get("v1/queue", &[]).await?;
+    if json {
+        print_json(&q);
+    } else {
+        out(&show::queue(&q, Utc::now()));
+    }
+    Ok(())
+}
