@@ -189,12 +189,14 @@ where
         let more = page.more;
         let loaded = load(page.entries).await?;
         let mut last = None;
-        for (member, score, item) in loaded {
+        let n = loaded.len();
+        for (i, (member, score, item)) in loaded.into_iter().enumerate() {
             last = Some(Page::cursor(&member, score));
             if let Some(item) = item {
                 out.push(item);
                 if out.len() == want {
-                    let next = if more || last.is_some() { last } else { None };
+                    // A cursor only when something may follow.
+                    let next = if more || i + 1 < n { last } else { None };
                     return Ok((out, next));
                 }
             }

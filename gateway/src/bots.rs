@@ -93,6 +93,8 @@ async fn handle(
         let path = e.path().to_string();
         ApiError::bad_request(format!("`{path}`: {}", e.into_inner()))
     })?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("trailing data after the JSON: {e}")))?;
     let responder = gw.responder(who.name.as_deref(), body.responder.as_ref(), Via::Nats)?;
     gw.answer(request_id, body, responder).await
 }

@@ -104,7 +104,7 @@ impl Gateway {
             return Err(ApiError::new(
                 "invalid_args",
                 format!(
-                    "no agent `{}` in this fleet's agents directory; GET /v1/runs shows the agents in use",
+                    "no agent `{}` in this fleet's agents directory (DELTA_AGENTS_DIR of the gateway); check the name",
                     s.agent
                 ),
             ));
@@ -520,7 +520,19 @@ impl Gateway {
             error: Some(why),
         };
         self.store.append(run_id, events, Some(change)).await?;
-        if let Some(rid) = record.pending_request_id {
+        // Announced only if the cancel is what closed the question (not one answered already).
+        let closed = match record.pending_request_id {
+            Some(rid) => self
+                .store
+                .interaction(run_id, rid)
+                .await
+                .ok()
+                .flatten()
+                .filter(|ix| ix.state == InteractionState::Cancelled)
+                .map(|_| rid),
+            None => None,
+        };
+        if let Some(rid) = closed {
             let resolved = Resolved {
                 request_id: rid,
                 run_id,
