@@ -90,22 +90,25 @@ fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, 
             "the request body is empty: send a JSON object",
         ));
     }
-    let mut de = serde_json::Deserializer::from_slice(&bytes);
-    serde_path_to_error::deserialize(&mut de)
-        .map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            if path == "." || path.is_empty() {
-                ApiError::bad_request(format!("the body is not the JSON expected: {inner}"))
-            } else {
-                ApiError::bad_request(format!("`{path}`: {inner}"))
-            }
-        })
-        .and_then(|v| {
-            de.end()
-                .map_err(|e| ApiError::bad_request(format!("trailing data after the JSON: {e}")))?;
-            Ok(v)
-        })
+    strict_json(&bytes)
+}
+
+/// Parses JSON strictly: the path to a wrong field is named, trailing data refused. The bot
+/// bridge parses its messages the same way.
+pub fn strict_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || path.is_empty() {
+            ApiError::bad_request(format!("the body is not the JSON expected: {inner}"))
+        } else {
+            ApiError::bad_request(format!("`{path}`: {inner}"))
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("trailing data after the JSON: {e}")))?;
+    Ok(value)
 }
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {

@@ -88,13 +88,7 @@ async fn handle(
             "the message is empty: send the answer as a JSON object",
         ));
     }
-    let mut de = serde_json::Deserializer::from_slice(&msg.payload);
-    let body: AnswerBody = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        ApiError::bad_request(format!("`{path}`: {}", e.into_inner()))
-    })?;
-    de.end()
-        .map_err(|e| ApiError::bad_request(format!("trailing data after the JSON: {e}")))?;
+    let body: AnswerBody = crate::api::strict_json(&msg.payload)?;
     let responder = gw.responder(who.name.as_deref(), body.responder.as_ref(), Via::Nats)?;
     gw.answer(request_id, body, responder).await
 }

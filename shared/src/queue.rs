@@ -409,19 +409,8 @@ impl Queue {
         q: &InteractionRequest,
         traceparent: Option<&str>,
     ) -> Result<(), Error> {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            "Nats-Msg-Id",
-            format!("requested:{}", q.request_id).as_str(),
-        );
-        if let Some(tp) = traceparent {
-            headers.insert("traceparent", tp);
-        }
-        let payload = serde_json::to_vec(q).unwrap_or_default();
-        let subject = self
-            .names
-            .requested_subject(&q.agent, &q.run_id.to_string());
-        self.publish(subject, headers, payload).await.map(drop)
+        let msg_id = format!("requested:{}", q.request_id);
+        self.announce_request(q, &msg_id, traceparent).await
     }
 
     /// Announces a question again after it was reopened (a new `Nats-Msg-Id`, so it is not
@@ -431,11 +420,18 @@ impl Queue {
         q: &InteractionRequest,
         traceparent: Option<&str>,
     ) -> Result<(), Error> {
+        let msg_id = format!("requested:{}:{}", q.request_id, Timestamp::now().micros());
+        self.announce_request(q, &msg_id, traceparent).await
+    }
+
+    async fn announce_request(
+        &self,
+        q: &InteractionRequest,
+        msg_id: &str,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            "Nats-Msg-Id",
-            format!("requested:{}:{}", q.request_id, Timestamp::now().micros()).as_str(),
-        );
+        headers.insert("Nats-Msg-Id", msg_id);
         if let Some(tp) = traceparent {
             headers.insert("traceparent", tp);
         }
