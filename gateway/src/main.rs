@@ -1,7 +1,5 @@
 //! `delta-gateway`: configuration, logging, signals, run.
 
-use tokio_util::sync::CancellationToken;
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
@@ -24,18 +22,7 @@ fn main() {
     let rt = delta_shared::host::runtime();
     let telemetry = delta_shared::host::init_logging("info", "delta-gateway", &rt);
     let code = rt.block_on(async {
-        let shutdown = CancellationToken::new();
-        let s = shutdown.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            if let (Ok(mut int), Ok(mut term)) = (
-                signal(SignalKind::interrupt()),
-                signal(SignalKind::terminate()),
-            ) {
-                tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
-                s.cancel();
-            }
-        });
+        let shutdown = delta_shared::host::shutdown_on_signals();
         let ready = |addr| eprintln!("delta-gateway listening on http://{addr}");
         match delta_gateway::run(config, shutdown, ready).await {
             Ok(()) => 0,

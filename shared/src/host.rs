@@ -99,6 +99,24 @@ pub fn traceparent(span: &tracing::Span, incoming: Option<&str>) -> Option<Strin
         .or_else(|| incoming.map(str::to_owned))
 }
 
+/// A token cancelled on the first SIGINT or SIGTERM: a binary's shutdown trigger. Call it from
+/// within the runtime.
+pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
+            s.cancel();
+        }
+    });
+    shutdown
+}
+
 /// The multi-threaded runtime; on failure, says so and exits 1.
 pub fn runtime() -> tokio::runtime::Runtime {
     match tokio::runtime::Builder::new_multi_thread()
