@@ -132,7 +132,7 @@ async fn follow_journal(gw: &Gateway, run_id: RunId, mut after: u64, tx: mpsc::S
                 Err(e) => Err(e),
             },
         };
-        let events = match read {
+        let mut events = match read {
             Ok(e) => {
                 failures = 0;
                 e
@@ -156,17 +156,27 @@ async fn follow_journal(gw: &Gateway, run_id: RunId, mut after: u64, tx: mpsc::S
             if tx.is_closed() {
                 return;
             }
-            // Nothing new: a run that is over says so and the stream ends.
-            if let Ok(r) = gw.store.record(run_id).await
-                && r.status.is_terminal()
-            {
+            // Nothing new: a run that is over says so and the stream ends. Its last events may
+            // have landed between the read above and the record's: read what follows once more
+            // (they went in with the final status, so they are visible now).
+            let Ok(r) = gw.store.record(run_id).await else {
+                continue;
+            };
+            if !r.status.is_terminal() {
+                continue;
+            }
+            events = gw
+                .store
+                .journal_from(run_id, after.saturating_add(1), 1000)
+                .await
+                .unwrap_or_default();
+            if events.is_empty() {
                 let status = json!({"status": r.status, "result": r.result, "error": r.error});
                 let _ = tx
                     .send(Event::default().event("status").data(status.to_string()))
                     .await;
                 return;
             }
-            continue;
         }
         for e in events {
             after = e.seq;
