@@ -9,7 +9,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -440,19 +440,14 @@ async fn runs_ls(client: &Client, a: RunsLsArgs, json: bool) -> Result<()> {
         query.push(("cursor", c));
     }
     let page = client.get("v1/runs", &query).await?;
-    if json {
-        print_json(&page);
-        return Ok(());
-    }
-    let runs = page["runs"].as_array().cloned().unwrap_or_default();
-    if runs.is_empty() {
-        eprintln!("no runs");
-        return Ok(());
-    }
-    out(&show::runs_table(&runs, Utc::now()));
-    if let Some(c) = page["next_cursor"].as_str() {
-        eprintln!("more: delta runs ls --cursor {c}");
-    }
+    print_page(
+        &page,
+        json,
+        "runs",
+        "no runs",
+        "delta runs ls",
+        show::runs_table,
+    );
     Ok(())
 }
 
@@ -653,20 +648,39 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
             json!({"interactions": kept, "next_cursor": cursor})
         }
     };
-    if json {
-        print_json(&doc);
-        return Ok(());
-    }
-    let items = doc["interactions"].as_array().cloned().unwrap_or_default();
-    if items.is_empty() {
-        eprintln!("no pending questions");
-        return Ok(());
-    }
-    out(&show::pending_table(&items, Utc::now()));
-    if let Some(c) = doc["next_cursor"].as_str() {
-        eprintln!("more: delta pending ls --cursor {c}");
-    }
+    print_page(
+        &doc,
+        json,
+        "interactions",
+        "no pending questions",
+        "delta pending ls",
+        show::pending_table,
+    );
     Ok(())
+}
+
+/// A listing page: as is with `--json`, else a table of `doc[key]` and how to get the next page.
+fn print_page(
+    doc: &Value,
+    json: bool,
+    key: &str,
+    empty: &str,
+    command: &str,
+    table: fn(&[Value], DateTime<Utc>) -> String,
+) {
+    if json {
+        print_json(doc);
+        return;
+    }
+    let items = doc[key].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        eprintln!("{empty}");
+        return;
+    }
+    out(&table(&items, Utc::now()));
+    if let Some(c) = doc["next_cursor"].as_str() {
+        eprintln!("more: {command} --cursor {c}");
+    }
 }
 
 async fn pending_show(client: &Client, rid: RequestId, json: bool) -> Result<()> {

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use delta_gateway::Config;
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 const CHILD: &str = "DELTA_E2E_GATEWAY";
 
@@ -158,19 +157,7 @@ pub async fn child_main() {
         return;
     };
     let spec: Spec = serde_json::from_str(&spec).expect("gateway spec");
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DELTA_LOG"))
-        .with_writer(std::io::stderr)
-        .try_init();
-    let shutdown = CancellationToken::new();
-    let s = shutdown.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            term.recv().await;
-            s.cancel();
-        }
-    });
+    let shutdown = crate::child_process_setup();
     delta_gateway::run(spec.config(), shutdown, |_| {})
         .await
         .expect("gateway");

@@ -130,6 +130,25 @@ pub fn signal(pid: u32, sig: Signal) {
     }
 }
 
+/// What a worker or gateway child process does first: log to stderr (`DELTA_LOG`) and stop
+/// gracefully on SIGTERM (the returned token is cancelled).
+pub fn child_process_setup() -> tokio_util::sync::CancellationToken {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DELTA_LOG"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            term.recv().await;
+            s.cancel();
+        }
+    });
+    shutdown
+}
+
 /// A port nobody listens on now.
 pub fn free_port() -> Result<u16, Error> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error(format!("no free port: {e}")))?;

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use delta_worker::fleet::{self, Config};
 use delta_worker::queue;
-use tokio_util::sync::CancellationToken;
 
 const CHILD: &str = "DELTA_E2E_WORKER";
 
@@ -133,18 +132,6 @@ pub async fn child_main() {
         return;
     };
     let spec: Spec = serde_json::from_str(&spec).expect("worker spec");
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DELTA_LOG"))
-        .with_writer(std::io::stderr)
-        .try_init();
-    let shutdown = CancellationToken::new();
-    let s = shutdown.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            term.recv().await;
-            s.cancel();
-        }
-    });
+    let shutdown = crate::child_process_setup();
     fleet::run(spec.config(), shutdown).await.expect("worker");
 }

@@ -257,6 +257,19 @@ fn count<F: Fn(&Event) -> bool>(run: &delta_shared::store::StoredRun, f: F) -> u
     run.journal.iter().filter(|e| f(&e.event)).count()
 }
 
+/// The answers a run journaled, in order.
+fn answers(
+    run: &delta_shared::store::StoredRun,
+) -> Vec<delta_shared::protocol::HumanInputReceived> {
+    run.journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::HumanInputReceived(h) => Some(h.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn workers_of(run: &delta_shared::store::StoredRun) -> Vec<String> {
     run.journal
         .iter()
@@ -288,14 +301,7 @@ async fn http_submit_pause_answer_resumes_on_another_worker() {
     fleet.wait_status(run, RunStatus::Completed).await;
     let stored = fleet.store.load(run).await.expect("load");
     assert_eq!(workers_of(&stored), ["first", "second"]);
-    let received: Vec<_> = stored
-        .journal
-        .iter()
-        .filter_map(|e| match &e.event {
-            Event::HumanInputReceived(h) => Some(h.clone()),
-            _ => None,
-        })
-        .collect();
+    let received = answers(&stored);
     assert_eq!(received.len(), 1);
     assert_eq!(received[0].responder.id, "ada");
     assert_eq!(received[0].input.as_deref(), Some("Ada"));
@@ -350,13 +356,9 @@ async fn a_nats_bot_answers_and_the_run_completes() {
     assert_eq!(reply, json!({"ok": true, "run_id": run.to_string()}));
     fleet.wait_status(run, RunStatus::Completed).await;
     let stored = fleet.store.load(run).await.expect("load");
-    let h = stored
-        .journal
-        .iter()
-        .find_map(|e| match &e.event {
-            Event::HumanInputReceived(h) => Some(h.clone()),
-            _ => None,
-        })
+    let h = answers(&stored)
+        .into_iter()
+        .next()
         .expect("answer journaled");
     assert_eq!(h.responder.id, "slackbot");
     assert_eq!(
@@ -444,13 +446,9 @@ async fn deadlines_apply_the_default_or_fail_the_run() {
     fleet.wait_status(without, RunStatus::Failed).await;
     let done = fleet.store.load(with_default).await.expect("load");
     assert_eq!(done.record.result.as_deref(), Some("done: later"));
-    let h = done
-        .journal
-        .iter()
-        .find_map(|e| match &e.event {
-            Event::HumanInputReceived(h) => Some(h.clone()),
-            _ => None,
-        })
+    let h = answers(&done)
+        .into_iter()
+        .next()
         .expect("the clock's answer is journaled");
     assert_eq!(
         (h.responder.id.as_str(), h.option_id.as_deref()),
@@ -974,14 +972,7 @@ async fn tokens_roles_and_allowed_responders_on_every_channel() {
     assert_eq!(reply["ok"], true, "{reply}");
     fleet.wait_status(run, RunStatus::Completed).await;
     let stored = fleet.store.load(run).await.expect("load");
-    let h = stored
-        .journal
-        .iter()
-        .find_map(|e| match &e.event {
-            Event::HumanInputReceived(h) => Some(h.clone()),
-            _ => None,
-        })
-        .expect("journaled");
+    let h = answers(&stored).into_iter().next().expect("journaled");
     assert_eq!(h.responder.id, "alice");
     // Operators see the queue; others do not.
     let (s, q) = ops.get("/v1/queue").await.expect("queue");
