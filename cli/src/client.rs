@@ -151,6 +151,14 @@ impl Client {
         self.send(r).await
     }
 
+    /// `DELETE path`: the JSON body.
+    pub async fn delete(&self, path: &str) -> Result<Value, Error> {
+        let r = self
+            .request(Method::DELETE, path, &[])?
+            .timeout(CALL_TIMEOUT);
+        self.send(r).await
+    }
+
     /// Opens a server-sent events stream, resuming after `last_event_id` when given.
     pub async fn sse(&self, path: &str, last_event_id: Option<u64>) -> Result<SseStream, Error> {
         let mut r = self

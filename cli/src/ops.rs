@@ -90,6 +90,49 @@ pub enum Command {
     Cancel(CancelArgs),
     /// The job queue: jobs pending, in flight, redelivered, dead-lettered; workers seen.
     Queue(QueueArgs),
+    /// Dead-lettered jobs: list them, put their runs back in the queue, or drop them.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum DlqCommand {
+    /// List dead-lettered jobs, oldest first, with why and their runs' status.
+    Ls(DlqLsArgs),
+    /// Put the runs of dead letters back in the queue (FAILED → QUEUED) once the cause is mended.
+    Retry(DlqPickArgs),
+    /// Remove dead letters without retrying them.
+    Drop(DlqPickArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DlqLsArgs {
+    /// Only this agent's dead letters.
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=500))]
+    pub limit: u16,
+    /// Go on from where an earlier listing stopped (its `next_cursor`).
+    #[arg(long)]
+    pub cursor: Option<String>,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DlqPickArgs {
+    /// The dead letters' sequence numbers (the SEQ column of `delta dlq ls`).
+    #[arg(value_name = "SEQ", required_unless_present = "all", value_parser = clap::value_parser!(u64).range(1..))]
+    pub seqs: Vec<u64>,
+    /// Every dead letter (retry: every retryable one), of --agent if given.
+    #[arg(long, conflicts_with = "seqs")]
+    pub all: bool,
+    /// With --all: only this agent's dead letters.
+    #[arg(long, requires = "all")]
+    pub agent: Option<String>,
+    #[command(flatten)]
+    pub remote: Remote,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -246,6 +289,8 @@ impl Command {
             Command::Answer(a) => &a.remote,
             Command::Cancel(a) => &a.remote,
             Command::Queue(a) => &a.remote,
+            Command::Dlq(DlqCommand::Ls(a)) => &a.remote,
+            Command::Dlq(DlqCommand::Retry(a) | DlqCommand::Drop(a)) => &a.remote,
         }
     }
 }
@@ -293,6 +338,9 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
             Command::Answer(a) => answer(&client, a, json).await,
             Command::Cancel(a) => cancel_run(&client, a, json).await,
             Command::Queue(_) => queue(&client, json).await,
+            Command::Dlq(DlqCommand::Ls(a)) => dlq_ls(&client, a, json).await,
+            Command::Dlq(DlqCommand::Retry(a)) => dlq_pick(&client, a, Pick::Retry, json).await,
+            Command::Dlq(DlqCommand::Drop(a)) => dlq_pick(&client, a, Pick::Drop, json).await,
         }
     };
     // Ctrl+C stops any command at once. Waits and streams watch for it themselves (to clear
@@ -820,6 +868,135 @@ async fn queue(client: &Client, json: bool) -> Result<()> {
         print_json(&q);
     } else {
         out(&show::queue(&q, Utc::now()));
+    }
+    Ok(())
+}
+
+async fn dlq_ls(client: &Client, a: DlqLsArgs, json: bool) -> Result<()> {
+    let mut query = vec![("limit", a.limit.to_string())];
+    if let Some(ag) = a.agent {
+        query.push(("agent", ag));
+    }
+    if let Some(c) = a.cursor {
+        query.push(("cursor", c));
+    }
+    let page = client.get("v1/dlq", &query).await?;
+    print_page(
+        &page,
+        json,
+        "dead_letters",
+        "no dead letters",
+        "delta dlq ls",
+        show::dlq_table,
+    );
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pick {
+    Retry,
+    Drop,
+}
+
+/// The letters `--all` names: every one (of the agent), or for a retry every retryable one.
+async fn all_letters(client: &Client, agent: Option<&str>, pick: Pick) -> Result<Vec<u64>> {
+    let mut seqs = vec![];
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut query = vec![("limit", "500".to_owned())];
+        if let Some(ag) = agent {
+            query.push(("agent", ag.to_owned()));
+        }
+        if let Some(c) = &cursor {
+            query.push(("cursor", c.clone()));
+        }
+        let page = client.get("v1/dlq", &query).await?;
+        for l in page["dead_letters"].as_array().into_iter().flatten() {
+            if pick == Pick::Drop || l["retryable"] == true {
+                seqs.extend(l["seq"].as_u64());
+            }
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => return Ok(seqs),
+        }
+    }
+}
+
+/// `delta dlq retry|drop`: one call per letter, in order, stopping at the first refusal.
+/// People see a line per letter (and a progress bar for many); `--json` prints one document:
+/// `{"done": [replies…]}`, with `"error"` too when one was refused.
+async fn dlq_pick(client: &Client, a: DlqPickArgs, pick: Pick, json: bool) -> Result<()> {
+    let seqs = if a.all {
+        all_letters(client, a.agent.as_deref(), pick).await?
+    } else {
+        a.seqs
+    };
+    if seqs.is_empty() {
+        if json {
+            print_json(&json!({"done": []}));
+        } else {
+            eprintln!(
+                "no dead letters to {}",
+                if pick == Pick::Retry { "retry" } else { "drop" }
+            );
+        }
+        return Ok(());
+    }
+    let bar = (!json && seqs.len() > 1 && std::io::stderr().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new(seqs.len() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let mut done = vec![];
+    for seq in seqs {
+        let reply = match pick {
+            Pick::Retry => {
+                client
+                    .post(&format!("v1/dlq/{seq}/retry"), &json!({}), &[])
+                    .await
+            }
+            Pick::Drop => client.delete(&format!("v1/dlq/{seq}")).await,
+        };
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(bar) = &bar {
+                    bar.finish_and_clear();
+                }
+                if json && !done.is_empty() {
+                    print_json(&json!({"done": done}));
+                }
+                return Err(e.into());
+            }
+        };
+        let line = match pick {
+            Pick::Retry => format!(
+                "dead letter {seq}: run {} requeued\n",
+                reply["run_id"].as_str().unwrap_or("?")
+            ),
+            Pick::Drop => format!("dead letter {seq}: dropped\n"),
+        };
+        match &bar {
+            Some(bar) => {
+                bar.inc(1);
+                bar.println(line.trim_end());
+            }
+            None if !json => {
+                out(&line);
+            }
+            None => {}
+        }
+        done.push(reply);
+    }
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    if json {
+        print_json(&json!({"done": done}));
     }
     Ok(())
 }

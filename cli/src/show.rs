@@ -65,6 +65,35 @@ pub fn pending_table(items: &[Value], now: DateTime<Utc>) -> String {
     )
 }
 
+/// `delta dlq ls`: SEQ, AGENT, RUN, RUN STATUS, AGE, REASON.
+pub fn dlq_table(letters: &[Value], now: DateTime<Utc>) -> String {
+    let rows: Vec<Vec<String>> = letters
+        .iter()
+        .map(|l| {
+            let status = match (l["run_status"].as_str(), l["run_id"].is_null()) {
+                (Some(s), _) if l["retryable"] == true => format!("{s} (retryable)"),
+                (Some(s), _) => s.to_owned(),
+                (None, true) => "(not a job)".to_owned(),
+                (None, false) => "(no such run)".to_owned(),
+            };
+            vec![
+                l["seq"].as_u64().map(|n| n.to_string()).unwrap_or_default(),
+                text(l, "agent").to_owned(),
+                text(l, "run_id").to_owned(),
+                status,
+                time(&l["dead_lettered_at"])
+                    .map(|t| ago(t, now))
+                    .unwrap_or_default(),
+                short(text(l, "reason"), 60),
+            ]
+        })
+        .collect();
+    table(
+        &["SEQ", "AGENT", "RUN", "RUN STATUS", "AGE", "REASON"],
+        &rows,
+    )
+}
+
 /// `delta queue`: the JetStream figures, then the workers seen lately.
 pub fn queue(q: &Value, now: DateTime<Utc>) -> String {
     let n = |k: &str| q[k].as_u64().map(|n| n.to_string()).unwrap_or_default();

@@ -1,4 +1,4 @@
-//! The operator commands (`delta submit`, `runs`, `pending`, `answer`, `cancel`, `queue`) as a
+//! The operator commands (`delta submit`, `runs`, `pending`, `answer`, `cancel`, `queue`, `dlq`) as a
 //! person or a script runs them: the built `delta` binary as a subprocess against real
 //! nats-server, redis-server, gateway and worker processes. What is checked is what a user sees:
 //! the exit code, the table or the `--json` document, and the run's fate.
@@ -67,8 +67,8 @@ struct Fleet {
     _worker: Option<WorkerProcess>,
     url: String,
     _work: tempfile::TempDir,
-    _agents: tempfile::TempDir,
-    _nats: delta_e2e::Nats,
+    agents: tempfile::TempDir,
+    nats: delta_e2e::Nats,
     _redis: delta_e2e::Redis,
 }
 
@@ -106,8 +106,8 @@ impl Fleet {
             gateway_spec: spec,
             _worker: worker,
             _work: work,
-            _agents: agents,
-            _nats: nats,
+            agents,
+            nats,
             _redis: redis,
         }
     }
@@ -1020,4 +1020,200 @@ async fn an_unreachable_gateway_is_exit_5_with_the_url() {
     assert_eq!(r.code, 5, "{}", r.stderr);
     assert!(r.stderr.starts_with("error: unavailable:"), "{}", r.stderr);
     drop(gateway);
+}
+
+/// Polls `delta dlq ls --json` until it lists `n` dead letters; returns them.
+async fn wait_letters(fleet: &Fleet, n: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let doc = fleet.delta(&["dlq", "ls", "--json"]).await.json();
+        let letters = doc["dead_letters"].as_array().cloned().unwrap_or_default();
+        if letters.len() == n {
+            return letters;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never {n} dead letters: {doc}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dlq_ls_retry_and_drop_bring_dead_lettered_runs_back() {
+    let fleet = Fleet::start("opd", None, true).await;
+    // An agent whose config the worker cannot read (the gateway only checks that it exists):
+    // its runs are poison, dead-lettered and FAILED.
+    let dir = fleet.agents.path().join("fragile");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(dir.join("config.yaml"), "name: fragile\nbrain: [unclosed\n").expect("config");
+    let mut runs = vec![];
+    for task in ["one", "two"] {
+        let doc = fleet
+            .delta(&["submit", "--agent", "fragile", "--task", task, "--json"])
+            .await
+            .json();
+        runs.push(s(&doc["run_id"]).to_owned());
+    }
+    for run in &runs {
+        let rec = wait_status(&fleet, run, "FAILED").await;
+        assert!(s(&rec["error"]).contains("fragile"), "{rec}");
+    }
+    // And a message on the job subject that is not a job at all.
+    let nats = async_nats::connect(fleet.nats.url()).await.expect("nats");
+    let js = async_nats::jetstream::new(nats);
+    js.publish("opd.jobs.hello", "not json".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    let letters = wait_letters(&fleet, 3).await;
+
+    // ls: a table for people, the documented JSON for scripts, a filter by agent.
+    let out = fleet.delta(&["dlq", "ls"]).await.ok().to_owned();
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["SEQ", "AGENT", "RUN", "RUN", "STATUS", "AGE", "REASON"],
+        "{out}"
+    );
+    for run in &runs {
+        assert!(
+            out.lines()
+                .any(|l| l.contains(run.as_str()) && l.contains("FAILED (retryable)")),
+            "{out}"
+        );
+    }
+    assert!(out.contains("(not a job)"), "{out}");
+    let junk = letters
+        .iter()
+        .find(|l| l["run_id"].is_null())
+        .expect("the junk message is listed");
+    assert_eq!(junk["agent"], "hello");
+    assert_eq!(junk["payload"], "not json");
+    assert_eq!(junk["retryable"], false);
+    assert!(!s(&junk["reason"]).is_empty(), "{junk}");
+    for l in letters.iter().filter(|l| !l["run_id"].is_null()) {
+        assert_eq!(l["agent"], "fragile");
+        assert_eq!(l["run_status"], "FAILED");
+        assert_eq!(l["retryable"], true);
+        assert_eq!(l["kind"], "start");
+        assert!(
+            l["job_seq"].is_u64() && l["dead_lettered_at"].is_string(),
+            "{l}"
+        );
+    }
+    let fragile = fleet
+        .delta(&["dlq", "ls", "--agent", "fragile", "--json"])
+        .await
+        .json();
+    assert_eq!(fragile["dead_letters"].as_array().map(Vec::len), Some(2));
+    let page = fleet
+        .delta(&["dlq", "ls", "--limit", "1", "--json"])
+        .await
+        .json();
+    assert_eq!(page["dead_letters"].as_array().map(Vec::len), Some(1));
+    let next = s(&page["next_cursor"]).to_owned();
+    let rest = fleet
+        .delta(&["dlq", "ls", "--cursor", &next, "--json"])
+        .await
+        .json();
+    assert_eq!(rest["dead_letters"].as_array().map(Vec::len), Some(2));
+    assert_ne!(
+        rest["dead_letters"][0]["seq"],
+        page["dead_letters"][0]["seq"]
+    );
+
+    // Refusals: a letter with no run, one that does not exist, a sequence that is not one.
+    let junk_seq = junk["seq"].to_string();
+    fleet
+        .delta(&["dlq", "retry", &junk_seq])
+        .await
+        .refused(1, "not_retryable");
+    fleet
+        .delta(&["dlq", "retry", "999"])
+        .await
+        .refused(4, "not_found");
+    assert_eq!(fleet.delta(&["dlq", "retry", "0"]).await.code, 2);
+    assert_eq!(fleet.delta(&["dlq", "retry"]).await.code, 2);
+    assert_eq!(
+        wait_letters(&fleet, 3).await.len(),
+        3,
+        "refusals change nothing"
+    );
+
+    // The cause mended, a retry puts the run back in the queue and it completes.
+    std::fs::write(dir.join("config.yaml"), "name: fragile\nbrain: scripted\n").expect("config");
+    std::fs::write(dir.join("script.yaml"), "steps:\n  - finish: \"mended\"\n").expect("script");
+    let first = letters
+        .iter()
+        .find(|l| l["run_id"] == runs[0].as_str())
+        .expect("listed");
+    let seq = first["seq"].to_string();
+    let reply = fleet.delta(&["dlq", "retry", &seq]).await;
+    assert!(
+        reply
+            .ok()
+            .contains(&format!("dead letter {seq}: run {} requeued", runs[0])),
+        "{}",
+        reply.stdout
+    );
+    let rec = wait_status(&fleet, &runs[0], "COMPLETED").await;
+    assert_eq!(rec["result"], "mended");
+    let journal = fleet
+        .delta(&["runs", "journal", &runs[0], "--json"])
+        .await
+        .json();
+    let events = journal["events"].as_array().cloned().unwrap_or_default();
+    let retried = events
+        .iter()
+        .position(|e| {
+            e["type"] == "SYSTEM_MESSAGE"
+                && s(&e["payload"]["content"]).starts_with("retried from the dead-letter queue by")
+        })
+        .expect("the retry is journaled");
+    assert!(
+        events[retried + 1..]
+            .iter()
+            .any(|e| e["type"] == "ENGINE_START"),
+        "a new attempt starts after the retry: {journal}"
+    );
+    assert_eq!(
+        events.last().map(|e| &e["type"]),
+        Some(&Value::from("ENGINE_END"))
+    );
+    // The letter is gone: a second retry finds nothing.
+    fleet
+        .delta(&["dlq", "retry", &seq])
+        .await
+        .refused(4, "not_found");
+
+    // --all retries every retryable letter (not the junk), --json for scripts.
+    let doc = fleet
+        .delta(&["dlq", "retry", "--all", "--json"])
+        .await
+        .json();
+    let done = doc["done"].as_array().cloned().unwrap_or_default();
+    assert_eq!(done.len(), 1, "{doc}");
+    assert_eq!(done[0]["run_id"], runs[1].as_str());
+    assert_eq!(done[0]["status"], "requeued");
+    wait_status(&fleet, &runs[1], "COMPLETED").await;
+
+    // drop removes what cannot be retried.
+    let out = fleet.delta(&["dlq", "drop", &junk_seq]).await;
+    assert_eq!(out.ok(), format!("dead letter {junk_seq}: dropped\n"));
+    fleet
+        .delta(&["dlq", "drop", &junk_seq])
+        .await
+        .refused(4, "not_found");
+    let empty = fleet.delta(&["dlq", "ls"]).await;
+    assert_eq!(empty.ok(), "");
+    assert!(empty.stderr.contains("no dead letters"), "{}", empty.stderr);
+    let q = fleet.delta(&["queue", "--json"]).await.json();
+    assert_eq!(q["dead_lettered"], 0, "{q}");
 }

@@ -8,7 +8,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -43,6 +43,9 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/interactions/{request_id}", get(get_interaction))
         .route("/v1/interactions/{request_id}/response", post(respond))
         .route("/v1/queue", get(queue))
+        .route("/v1/dlq", get(list_dlq))
+        .route("/v1/dlq/{seq}", delete(drop_dlq))
+        .route("/v1/dlq/{seq}/retry", post(retry_dlq))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -468,6 +471,78 @@ async fn queue(State(gw): Shared, headers: HeaderMap) -> Result<Json<Value>, Api
         "waiting_pulls": stats.waiting_pulls,
         "workers": workers,
     })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DlqQuery {
+    agent: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+fn dlq_seq(raw: &str) -> Result<u64, ApiError> {
+    raw.parse::<u64>().ok().filter(|s| *s > 0).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "`{raw}` is not a dead letter's sequence (a number from 1); GET /v1/dlq lists them"
+        ))
+    })
+}
+
+async fn list_dlq(
+    State(gw): Shared,
+    headers: HeaderMap,
+    q: Result<Query<DlqQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller(&gw, &headers, &[Role::Operate], None)?;
+    let q = query(q)?;
+    let want = limit(q.limit)?;
+    let agent = match q.agent.as_deref() {
+        None | Some("") => None,
+        Some(a) if crate::ops::valid_agent_name(a) => Some(a),
+        Some(a) => {
+            return Err(ApiError::bad_request(format!(
+                "`{a}` is not an agent name (letters, digits, `-`, `_`)"
+            )));
+        }
+    };
+    let from = match q.cursor.as_deref() {
+        None | Some("") => 1,
+        Some(c) => dlq_seq(c).map_err(|_| {
+            ApiError::bad_request(format!("bad cursor `{c}`; pass next_cursor back as it was"))
+        })?,
+    };
+    let (letters, next) = gw.dead_letters(agent, from, want).await?;
+    Ok(Json(json!({"dead_letters": letters, "next_cursor": next})))
+}
+
+async fn retry_dlq(
+    State(gw): Shared,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let who = caller(&gw, &headers, &[Role::Operate], None)?;
+    let seq = dlq_seq(&raw)?;
+    let by = who.name.unwrap_or_else(|| "an operator".into());
+    let r = gw.retry_dead_letter(seq, &by).await?;
+    Ok(Json(json!({
+        "seq": seq,
+        "status": "requeued",
+        "run_id": r.run_id,
+        "job_seq": r.job_seq,
+    })))
+}
+
+async fn drop_dlq(
+    State(gw): Shared,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let who = caller(&gw, &headers, &[Role::Operate], None)?;
+    let seq = dlq_seq(&raw)?;
+    let by = who.name.unwrap_or_else(|| "an operator".into());
+    gw.drop_dead_letter(seq, &by).await?;
+    Ok(Json(json!({"seq": seq, "status": "dropped"})))
 }
 
 async fn readyz(State(gw): Shared) -> Response {

@@ -39,7 +39,7 @@ impl ApiError {
             "unauthorized" => StatusCode::UNAUTHORIZED,
             "forbidden" => StatusCode::FORBIDDEN,
             "not_found" => StatusCode::NOT_FOUND,
-            "already_resolved" => StatusCode::CONFLICT,
+            "already_resolved" | "not_retryable" => StatusCode::CONFLICT,
             "expired" => StatusCode::GONE,
             "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_option" | "input_required" | "invalid_args" => {

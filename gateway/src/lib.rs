@@ -23,6 +23,7 @@ pub mod api;
 pub mod auth;
 pub mod bots;
 pub mod config;
+pub mod dlq;
 pub mod error;
 pub mod metrics;
 pub mod ops;

@@ -62,7 +62,8 @@ pub struct RunAccepted {
     pub status: RunStatus,
 }
 
-fn valid_agent_name(name: &str) -> bool {
+/// Letters, digits, `-` and `_` (an agent's name is part of NATS subjects).
+pub fn valid_agent_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 128
         && name

@@ -191,6 +191,14 @@ impl Replay {
         }
     }
 
+    /// Forgets a terminal end: the run was put back in the queue (a dead-lettered job retried),
+    /// so it goes on from here.
+    pub fn reopen(&mut self) {
+        if self.terminal().is_some() {
+            self.end = None;
+        }
+    }
+
     /// Whether the run reached a terminal status.
     pub fn terminal(&self) -> Option<&EngineEnd> {
         self.end.as_ref().filter(|e| e.status.is_terminal())

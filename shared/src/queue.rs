@@ -154,6 +154,68 @@ pub struct InteractionEvent {
     pub payload: Vec<u8>,
 }
 
+/// A job in the dead-letter stream: why it was put there and what it was.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    /// Its sequence in the dead-letter stream (what `retry` and `drop` name).
+    pub seq: u64,
+    /// The agent its subject names.
+    pub agent: String,
+    /// Why it was dead-lettered (`Delta-Dlq-Reason`).
+    pub reason: String,
+    /// Its sequence in the job stream (`Delta-Stream-Seq`).
+    pub job_seq: Option<u64>,
+    /// When it was dead-lettered.
+    pub at: Timestamp,
+    /// The job, when the payload is one (a poison job may be anything).
+    pub job: Option<Job>,
+    /// The payload as it was, lossily decoded and cut to 1 KiB.
+    pub payload: String,
+    pub traceparent: Option<String>,
+}
+
+impl DeadLetter {
+    fn from_parts(
+        seq: u64,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        payload: &[u8],
+        at_nanos: i128,
+        prefix: &str,
+    ) -> Self {
+        let header = |name: &str| {
+            headers
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+        };
+        let mut text = String::from_utf8_lossy(payload).into_owned();
+        if text.len() > 1024 {
+            let mut cut = 1024;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+            text.push('…');
+        }
+        DeadLetter {
+            seq,
+            agent: subject
+                .strip_prefix(&format!("{prefix}.dlq."))
+                .unwrap_or(subject)
+                .to_owned(),
+            reason: header("Delta-Dlq-Reason").unwrap_or_default(),
+            job_seq: header("Delta-Stream-Seq").and_then(|s| s.parse().ok()),
+            at: i64::try_from(at_nanos / 1000)
+                .ok()
+                .and_then(Timestamp::from_micros)
+                .unwrap_or_else(Timestamp::now),
+            job: serde_json::from_slice(payload).ok(),
+            payload: text,
+            traceparent: header("traceparent"),
+        }
+    }
+}
+
 /// A connection to the fleet's streams.
 #[derive(Clone)]
 pub struct Queue {
@@ -519,6 +581,109 @@ impl Queue {
             waiting_pulls: info.num_waiting as u64,
             dead_lettered: dlq.state.messages,
         })
+    }
+
+    /// Up to `limit` dead-lettered jobs from stream sequence `from` on, oldest first, of one
+    /// agent or all; and whether more follow.
+    pub async fn dead_letters(
+        &self,
+        agent: Option<&str>,
+        from: u64,
+        limit: usize,
+    ) -> Result<(Vec<DeadLetter>, bool), Error> {
+        let name = self.names.dlq_stream();
+        let err = |e: String| Error::Fetch {
+            consumer: name.clone(),
+            message: e,
+        };
+        let stream = self
+            .js
+            .get_stream(&name)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from.max(1),
+                },
+                filter_subject: agent.map(|a| self.names.dlq_subject(a)).unwrap_or_default(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let mut left = consumer.cached_info().num_pending;
+        let mut out = vec![];
+        if left == 0 || limit == 0 {
+            return Ok((out, left > 0));
+        }
+        let mut messages = consumer.messages().await.map_err(|e| err(e.to_string()))?;
+        while out.len() < limit && left > 0 {
+            let next = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+            let m = match next {
+                Ok(Some(Ok(m))) => m,
+                Ok(Some(Err(e))) => return Err(err(e.to_string())),
+                Ok(None) | Err(_) => break,
+            };
+            let Ok(info) = m.info() else { break };
+            left = info.pending;
+            out.push(DeadLetter::from_parts(
+                info.stream_sequence,
+                m.subject.as_str(),
+                m.headers.as_ref(),
+                &m.payload,
+                info.published.unix_timestamp_nanos(),
+                &self.names.prefix,
+            ));
+        }
+        Ok((out, left > 0))
+    }
+
+    /// One dead-lettered job, if the stream holds it.
+    pub async fn dead_letter_at(&self, seq: u64) -> Result<Option<DeadLetter>, Error> {
+        let name = self.names.dlq_stream();
+        let err = |e: String| Error::Fetch {
+            consumer: name.clone(),
+            message: e,
+        };
+        let stream = self
+            .js
+            .get_stream(&name)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        match stream.get_raw_message(seq).await {
+            Ok(m) => Ok(Some(DeadLetter::from_parts(
+                m.sequence,
+                m.subject.as_str(),
+                Some(&m.headers),
+                &m.payload,
+                m.time.unix_timestamp_nanos(),
+                &self.names.prefix,
+            ))),
+            Err(e) if is_no_message(e.kind()) => Ok(None),
+            Err(e) => Err(err(format!("reading {seq}: {e}"))),
+        }
+    }
+
+    /// Removes a dead-lettered job (retried or given up on); `false` when it was gone already.
+    pub async fn drop_dead_letter(&self, seq: u64) -> Result<bool, Error> {
+        let name = self.names.dlq_stream();
+        let err = |e: String| Error::Fetch {
+            consumer: name.clone(),
+            message: e,
+        };
+        let stream = self
+            .js
+            .get_stream(&name)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        match stream.delete_message(seq).await {
+            Ok(deleted) => Ok(deleted),
+            // The server says "delete failed" for a message that is not there (any more) too.
+            Err(e) => match stream.get_raw_message(seq).await {
+                Err(gone) if is_no_message(gone.kind()) => Ok(false),
+                _ => Err(err(format!("deleting {seq}: {e}"))),
+            },
+        }
     }
 
     /// Interaction events (`requested`, `resolved`) from stream sequence `from` on, or only new

@@ -139,7 +139,12 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         settings: Settings,
         cancel: CancellationToken,
     ) -> Self {
-        let replay = Replay::new(&run.journal);
+        let mut replay = Replay::new(&run.journal);
+        if !run.record.status.is_terminal() {
+            // The run's status is the source of truth: a failed run an operator put back in the
+            // queue (a dead-lettered job retried) goes on from where its journal stops.
+            replay.reopen();
+        }
         Self {
             agent,
             brain,

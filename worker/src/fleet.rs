@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use delta_shared::journal::Replay;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -365,6 +366,9 @@ async fn handle(shared: &Shared, d: Delivery) {
     let asked = match (job.kind, job.request_id) {
         (JobKind::Resume, Some(rid)) => Some(rid),
         _ if run.record.status == RunStatus::WaitingForInput => run.record.pending_request_id,
+        // A run put back in the queue (a dead-lettered resume retried) with a question its
+        // journal asked and did not yet apply: it resumes with that question's answer.
+        _ if !run.journal.is_empty() => Replay::new(&run.journal).pending().map(|q| q.request_id),
         _ => None,
     };
     let status_at_load = run.record.status;

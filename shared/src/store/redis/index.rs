@@ -9,8 +9,30 @@ use redis::aio::MultiplexedConnection;
 
 use super::{Fields, RedisRunStore, StoredInteraction, backend, parse_interaction, parse_record};
 use crate::journal;
-use crate::protocol::{JournalEvent, RequestId, RunId, RunStatus, Timestamp};
+use crate::protocol::{
+    Event, JournalEvent, MessageLevel, RequestId, RunId, RunStatus, SystemMessage, Timestamp,
+};
 use crate::store::{Error, RunRecord};
+
+/// Puts a run that dead-lettering failed back in the queue: `FAILED` → `QUEUED`, its error
+/// cleared, a journal note appended. Returns `{'QUEUED', seq}` or `{'STATUS', status}` when the
+/// run is not `FAILED` (nothing changed). KEYS: run, journal. ARGV: prefix, now, now µs, the
+/// note's JSON without its opening brace.
+const REQUEUE: &str = r#"
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return redis.error_reply('NOTFOUND') end
+if st ~= 'FAILED' then return {'STATUS', st} end
+local run = redis.call('HGET', KEYS[1], 'run_id')
+local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') + 1
+redis.call('XADD', KEYS[2], seq .. '-0', 'e',
+  '{"seq":' .. seq .. ',"timestamp":"' .. ARGV[2] .. '",' .. ARGV[4])
+redis.call('HSET', KEYS[1], 'seq', seq, 'updated_at', ARGV[2], 'status', 'QUEUED')
+redis.call('HDEL', KEYS[1], 'error', 'result', 'pending_request_id')
+local score = redis.call('ZSCORE', ARGV[1] .. ':runs:all', run) or ARGV[3]
+redis.call('ZREM', ARGV[1] .. ':runs:FAILED', run)
+redis.call('ZADD', ARGV[1] .. ':runs:QUEUED', score, run)
+return {'QUEUED', tostring(seq)}
+"#;
 
 /// How long a submission's `Idempotency-Key` is remembered.
 const IDEMPOTENCY_TTL_S: u64 = 24 * 3600;
@@ -539,6 +561,37 @@ impl RedisRunStore {
             .await
             .map_err(backend)?;
         Ok(queue_row(run_id, &row))
+    }
+
+    /// Puts a `FAILED` run back to `QUEUED` with `note` journaled (a dead-lettered job retried by
+    /// an operator). `Err(status)` inside `Ok` when the run is not `FAILED`: nothing changed.
+    pub async fn requeue_failed(
+        &self,
+        run_id: RunId,
+        note: &str,
+    ) -> Result<Result<(), RunStatus>, Error> {
+        let now = Timestamp::now();
+        let event = Event::SystemMessage(SystemMessage {
+            level: MessageLevel::Info,
+            content: note.to_owned(),
+        });
+        let json = serde_json::to_string(&event).unwrap_or_default();
+        let mut conn = self.connection();
+        let reply: Result<(String, String), _> = redis::Script::new(REQUEUE)
+            .key(self.run_key(run_id))
+            .key(self.journal_key(run_id))
+            .arg(&self.prefix)
+            .arg(now.to_string())
+            .arg(now.micros())
+            .arg(json.strip_prefix('{').unwrap_or(&json))
+            .invoke_async(&mut conn)
+            .await;
+        match reply {
+            Ok((kind, _)) if kind == "QUEUED" => Ok(Ok(())),
+            Ok((_, status)) => Ok(Err(status.parse().map_err(Error::Backend)?)),
+            Err(e) if e.to_string().contains("NOTFOUND") => Err(Error::NotFound(run_id)),
+            Err(e) => Err(backend(e)),
+        }
     }
 
     /// Whether Redis answers (`PING`).

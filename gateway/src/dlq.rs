@@ -1,0 +1,158 @@
+//! The dead-letter queue, for operators: list the jobs that were given up on, put one back in the
+//! queue once its cause is mended (`FAILED` → `QUEUED`, a journal note, a new start job), or drop
+//! it. A retried run goes on from where its journal stops: an unfinished idempotent tool is run
+//! again, another becomes an approval question, an answered question is applied.
+
+use serde_json::{Value, json};
+
+use delta_shared::protocol::{Job, JobKind, RunId, RunStatus};
+use delta_shared::queue::DeadLetter;
+
+use crate::Gateway;
+use crate::error::ApiError;
+
+/// What a retry did.
+pub struct Retried {
+    pub run_id: RunId,
+    /// The new start job's sequence in the job stream.
+    pub job_seq: u64,
+}
+
+impl Gateway {
+    /// Up to `limit` dead letters from `from` on (of one agent, or all), each with its run's
+    /// status and whether it can be retried; and the cursor that continues, if more follow.
+    pub async fn dead_letters(
+        &self,
+        agent: Option<&str>,
+        from: u64,
+        limit: usize,
+    ) -> Result<(Vec<Value>, Option<String>), ApiError> {
+        let (letters, more) = self.queue.dead_letters(agent, from, limit).await?;
+        let ids: Vec<RunId> = letters
+            .iter()
+            .filter_map(|l| l.job.as_ref().map(|j| j.run_id))
+            .collect();
+        let records = self.store.records(&ids).await?;
+        let next = more
+            .then(|| letters.last().map(|l| (l.seq + 1).to_string()))
+            .flatten();
+        let views = letters
+            .iter()
+            .map(|l| {
+                let status = l.job.as_ref().and_then(|j| {
+                    records
+                        .iter()
+                        .find(|r| r.run_id == j.run_id)
+                        .map(|r| r.status)
+                });
+                view(l, status)
+            })
+            .collect();
+        Ok((views, next))
+    }
+
+    /// Puts the run of dead letter `seq` back in the queue and removes the letter.
+    ///
+    /// Crash-safe in this order: the run is `QUEUED` first (a crash here leaves a queued run with
+    /// no job, which the lost-job reconciler sends), then its job is published (deduplicated by
+    /// `retry:<seq>`), then the letter is removed (a crash before leaves it listed, and a second
+    /// retry is refused because the run is no longer `FAILED`).
+    pub async fn retry_dead_letter(&self, seq: u64, by: &str) -> Result<Retried, ApiError> {
+        let letter = self.letter(seq).await?;
+        let Some(job) = &letter.job else {
+            return Err(ApiError::new(
+                "not_retryable",
+                format!(
+                    "dead letter {seq} holds no job (its payload is not one), so there is no run to retry; drop it"
+                ),
+            ));
+        };
+        let run_id = job.run_id;
+        let note = format!(
+            "retried from the dead-letter queue by {by} (it was dead-lettered: {})",
+            letter.reason
+        );
+        match self.store.requeue_failed(run_id, &note).await {
+            Ok(Ok(())) => {}
+            Ok(Err(status)) => {
+                return Err(ApiError::new(
+                    "not_retryable",
+                    format!(
+                        "run {run_id} is {status}; only a FAILED run can be retried (drop this letter if the run went on)"
+                    ),
+                ));
+            }
+            Err(delta_shared::store::Error::NotFound(_)) => {
+                return Err(ApiError::new(
+                    "not_retryable",
+                    format!("run {run_id} of dead letter {seq} does not exist; drop the letter"),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        // A start job whatever the letter held: the worker resumes a run from its journal and
+        // applies an answered question it finds there.
+        let start = Job {
+            run_id,
+            kind: JobKind::Start,
+            request_id: None,
+        };
+        let job_seq = self
+            .queue
+            .publish_job_as(
+                &letter.agent,
+                &start,
+                &format!("retry:{seq}"),
+                letter.traceparent.as_deref(),
+            )
+            .await?;
+        self.store.set_job_seq(run_id, job_seq).await?;
+        self.queue.drop_dead_letter(seq).await?;
+        tracing::info!(%run_id, seq, by, "dead letter retried");
+        Ok(Retried { run_id, job_seq })
+    }
+
+    /// Removes dead letter `seq` without retrying it.
+    pub async fn drop_dead_letter(&self, seq: u64, by: &str) -> Result<(), ApiError> {
+        if !self.queue.drop_dead_letter(seq).await? {
+            return Err(no_letter(seq));
+        }
+        tracing::info!(seq, by, "dead letter dropped");
+        Ok(())
+    }
+
+    async fn letter(&self, seq: u64) -> Result<DeadLetter, ApiError> {
+        self.queue
+            .dead_letter_at(seq)
+            .await?
+            .ok_or_else(|| no_letter(seq))
+    }
+}
+
+fn no_letter(seq: u64) -> ApiError {
+    ApiError::not_found(format!(
+        "no dead letter {seq} (retried or dropped already?); GET /v1/dlq lists them"
+    ))
+}
+
+/// A dead letter as the API shows it.
+pub fn view(l: &DeadLetter, run_status: Option<RunStatus>) -> Value {
+    let mut v = json!({
+        "seq": l.seq,
+        "agent": l.agent,
+        "reason": l.reason,
+        "job_seq": l.job_seq,
+        "dead_lettered_at": l.at,
+        "run_id": l.job.as_ref().map(|j| j.run_id),
+        "kind": l.job.as_ref().map(|j| j.kind),
+        "request_id": l.job.as_ref().and_then(|j| j.request_id),
+        "run_status": run_status,
+        "retryable": run_status == Some(RunStatus::Failed),
+    });
+    if l.job.is_none()
+        && let Some(obj) = v.as_object_mut()
+    {
+        obj.insert("payload".into(), Value::String(l.payload.clone()));
+    }
+    v
+}
