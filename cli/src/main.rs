@@ -5,6 +5,8 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 mod client;
+mod dev;
+mod local;
 mod mailbox;
 mod ops;
 mod render;
@@ -41,12 +43,33 @@ enum Command {
     /// Run an agent on a task here, or resume the latest run (exit 0 completed, 1 failed,
     /// 2 usage, 3 cancelled, 101 waiting for input, 130 interrupted).
     Run(run::RunArgs),
+    /// The whole fleet on this machine for trying it: servers, a gateway, two workers and demo
+    /// runs that ask questions; prints the web inbox URL and CLI commands. Ctrl+C stops it.
+    Dev(dev::DevArgs),
     #[command(flatten)]
     Ops(ops::Command),
+    /// Run a gateway (as `delta-gateway`; `delta gateway --help` lists its settings).
+    #[command(hide = true, disable_help_flag = true)]
+    Gateway {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run a worker (as `delta-worker`; `delta worker --help` lists its settings).
+    #[command(hide = true, disable_help_flag = true)]
+    Worker {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() {
     let cli = Cli::parse();
+    // The fleet's own programs, in this binary so that `delta dev` needs nothing else built.
+    match cli.command {
+        Command::Gateway { args } => std::process::exit(delta_gateway::cli_main(args)),
+        Command::Worker { args } => std::process::exit(delta_worker::cli_main(args)),
+        _ => {}
+    }
     let rt = delta_worker::host::runtime();
     let telemetry = delta_worker::host::init_logging("warn", "delta", &rt);
     let code = rt.block_on(async {
@@ -54,7 +77,9 @@ fn main() {
         watch_signals(cancel.clone());
         match cli.command {
             Command::Run(args) => run::run(args, cancel).await,
+            Command::Dev(args) => dev::run(args, cancel).await,
             Command::Ops(cmd) => ops::run(cmd, cancel).await,
+            Command::Gateway { .. } | Command::Worker { .. } => 2,
         }
     });
     // Do not wait for a blocked stdin reader (an abandoned `-i` prompt).

@@ -141,3 +141,40 @@ pub async fn run(
     );
     Ok(())
 }
+
+/// The `delta-gateway` program (also `delta gateway`): configuration from `args` and the environment,
+/// logging, signals, run. Returns the exit code: 0, 1 on a failure, 64 on bad configuration.
+pub fn cli_main(args: Vec<String>) -> i32 {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        eprint!(
+            "{}",
+            delta_shared::settings::usage("delta-gateway", crate::config::SETTINGS)
+        );
+        return 0;
+    }
+    let env = std::env::vars().collect();
+    let config = match crate::config::parse(&args, &env) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            return 64;
+        }
+    };
+    let rt = delta_shared::host::runtime();
+    let telemetry = delta_shared::host::init_logging("info", "delta-gateway", &rt);
+    let code = rt.block_on(async {
+        let shutdown = delta_shared::host::shutdown_on_signals();
+        let ready = |addr| eprintln!("delta-gateway listening on http://{addr}");
+        match crate::run(config, shutdown, ready).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: {e}");
+                1
+            }
+        }
+    });
+    drop(telemetry);
+    code
+}
