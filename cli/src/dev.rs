@@ -90,6 +90,8 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         worker_env: vec![("DELTA_SECRETS_KEY".into(), key.clone())],
         gateway_env: vec![("DELTA_SECRETS_KEY".into(), key)],
         cwd: root.clone(),
+        redis_fsync: "everysec".into(),
+        log_level: "info".into(),
     };
     eprintln!(
         "starting redis-server, nats-server, a gateway and {} worker(s)…",

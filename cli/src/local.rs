@@ -138,6 +138,10 @@ pub struct Options {
     pub gateway_env: Vec<(String, String)>,
     /// Working directory of the workers (tools run in their work dir; this is for relative paths).
     pub cwd: Option<PathBuf>,
+    /// Redis's `appendfsync`: `everysec` (what docker-compose.yml runs) or `always`.
+    pub redis_fsync: String,
+    /// `DELTA_LOG` of the gateway and workers when the caller's environment sets none.
+    pub log_level: String,
 }
 
 /// One child process.
@@ -179,8 +183,10 @@ impl LocalFleet {
             dir: o.dir.clone(),
             procs: vec![],
         };
+        let level = o.log_level.as_str();
         let redis = fleet.spawn(
             "redis",
+            level,
             Command::new(&o.servers.redis).args([
                 "--port",
                 &redis_port.to_string(),
@@ -191,7 +197,7 @@ impl LocalFleet {
                 "--appendonly",
                 "yes",
                 "--appendfsync",
-                "everysec",
+                &o.redis_fsync,
                 "--save",
                 "",
                 "--maxmemory-policy",
@@ -201,6 +207,7 @@ impl LocalFleet {
         fleet.adopt(redis?);
         let nats = fleet.spawn(
             "nats",
+            level,
             Command::new(&o.servers.nats).args([
                 "-a",
                 "127.0.0.1",
@@ -225,7 +232,7 @@ impl LocalFleet {
             .envs(common_env(&fleet, o))
             .env("DELTA_GATEWAY_ADDR", format!("127.0.0.1:{gateway_port}"))
             .envs(o.gateway_env.iter().map(|(k, v)| (k, v)));
-        let gw = fleet.spawn("gateway", &mut gw)?;
+        let gw = fleet.spawn("gateway", level, &mut gw)?;
         fleet.adopt(gw);
         let client = Client::new(&fleet.gateway_url, None).map_err(anyhow::Error::msg)?;
         let ready = async {
@@ -249,7 +256,7 @@ impl LocalFleet {
             if let Some(cwd) = &o.cwd {
                 w.current_dir(cwd);
             }
-            let w = fleet.spawn(&format!("worker-{i}"), &mut w)?;
+            let w = fleet.spawn(&format!("worker-{i}"), level, &mut w)?;
             // Workers are stopped first: they go to the front.
             fleet.procs.insert(0, w);
         }
@@ -261,13 +268,13 @@ impl LocalFleet {
     }
 
     /// Starts `cmd` in its own process group with stdout and stderr in `logs/<name>.log`.
-    fn spawn(&self, name: &str, cmd: &mut Command) -> anyhow::Result<Proc> {
+    fn spawn(&self, name: &str, level: &str, cmd: &mut Command) -> anyhow::Result<Proc> {
         let log = self.dir.join("logs").join(format!("{name}.log"));
         let file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = file.try_clone().context("log file")?;
-        if std::env::var_os("RUST_LOG").is_none() {
-            cmd.env("RUST_LOG", "info");
+        if std::env::var_os("DELTA_LOG").is_none() {
+            cmd.env("DELTA_LOG", level);
         }
         let child = cmd
             .stdin(Stdio::null())
@@ -330,6 +337,14 @@ impl LocalFleet {
             }
         }
         out
+    }
+
+    /// The process id of `name` (`worker-1`, `gateway`, `nats`, `redis`) while it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.procs
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.child.id())
     }
 
     /// Stops everything in order: SIGTERM, then SIGKILL after `grace` for one that lingers.

@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+mod bench;
 mod client;
 mod dev;
 mod local;
@@ -46,6 +47,9 @@ enum Command {
     /// The whole fleet on this machine for trying it: servers, a gateway, two workers and demo
     /// runs that ask questions; prints the web inbox URL and CLI commands. Ctrl+C stops it.
     Dev(dev::DevArgs),
+    /// Benchmarks against a fleet started on this machine; each prints one JSON line.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     #[command(flatten)]
     Ops(ops::Command),
     /// Run a gateway (as `delta-gateway`; `delta gateway --help` lists its settings).
@@ -78,6 +82,7 @@ fn main() {
         match cli.command {
             Command::Run(args) => run::run(args, cancel).await,
             Command::Dev(args) => dev::run(args, cancel).await,
+            Command::Bench(cmd) => bench::run(cmd, cancel).await,
             Command::Ops(cmd) => ops::run(cmd, cancel).await,
             Command::Gateway { .. } | Command::Worker { .. } => 2,
         }

@@ -594,6 +594,38 @@ impl RedisRunStore {
         }
     }
 
+    /// The statuses of `ids` in one round trip (`None` for a run that does not exist).
+    pub async fn statuses(&self, ids: &[RunId]) -> Result<Vec<Option<RunStatus>>, Error> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hget(self.run_key(*id), "status");
+        }
+        let mut conn = self.connection();
+        let raw: Vec<Option<String>> = pipe.query_async(&mut conn).await.map_err(backend)?;
+        Ok(raw
+            .into_iter()
+            .map(|s| s.and_then(|s| s.parse().ok()))
+            .collect())
+    }
+
+    /// `INFO <section>` as `field → value` (for benchmarks and diagnostics).
+    pub async fn info(&self, section: &str) -> Result<HashMap<String, String>, Error> {
+        let mut conn = self.connection();
+        let text: String = redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+            .collect())
+    }
+
     /// Whether Redis answers (`PING`).
     pub async fn ping(&self) -> Result<(), Error> {
         let mut conn = self.connection();

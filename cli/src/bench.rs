@@ -1,0 +1,787 @@
+//! `delta bench hitl-basic`: the reference workload of `../shared/bench/hitl-basic.md` against a
+//! real fleet started on this machine (redis-server, nats-server, a gateway, K workers).
+//!
+//! N runs, at most C in flight; each is a scripted agent (think, echo, echo, ask_human, echo with
+//! the answer, finish), every step journaled in Redis before the next. The "human" sees each
+//! question on the interactions subjects (a core NATS subscription to
+//! `delta.interactions.requested.<agent>.>`, the subjects the gateway's live stream relays) and
+//! answers `yes` at once, through the gateway's HTTP API or as a bot over NATS request-reply.
+//!
+//! What is timed comes from the journals, not from polling: resume latency is step 5's
+//! `ACTION_REQUEST` timestamp minus the instant the answer was sent; the wall time runs from the
+//! first submission to the last `ENGINE_END`. Completions are noticed by polling the statuses
+//! of the runs being resumed (one pipelined read), which only paces the load, not the figures.
+//! Every journal is checked at the end: a lost, failed or duplicated step fails the bench.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, oneshot};
+
+use delta_shared::protocol::{
+    ActionStatus, Event, InteractionRequest, RunId, RunStatus, Timestamp,
+};
+use delta_shared::store::RunStore;
+use delta_shared::store::redis::RedisRunStore;
+
+use crate::client::Client;
+use crate::local::{LocalFleet, Options, Servers, repo_root};
+
+const AGENT: &str = "hitl-basic";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AnswerVia {
+    Http,
+    Nats,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BenchCommand {
+    /// The hitl-basic workload (../shared/bench/hitl-basic.md): prints one JSON line.
+    HitlBasic(BenchArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// How many runs.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub runs: u64,
+    /// At most this many runs in flight (a run holds its slot from submission to COMPLETED).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub concurrency: u64,
+    /// Workers to start.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=32))]
+    pub workers: u16,
+    /// How the human answers: the gateway's HTTP API, or a bot over NATS.
+    #[arg(long, value_enum, default_value_t = AnswerVia::Http)]
+    pub answer_via: AnswerVia,
+    /// Extra THOUGHT events each run journals before it pauses (to see a resume's cost grow).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub journal_len: u64,
+    /// Redis AOF fsync policy: everysec (as docker-compose.yml) or always (fsync every write).
+    #[arg(long, default_value = "everysec", value_parser = ["everysec", "always"])]
+    pub fsync: String,
+    /// Before the timed runs, pause this many runs at once to measure what a paused run costs
+    /// (Redis bytes, worker memory); they are answered before the timed runs start.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub paused_probe: u64,
+    /// Keep the fleet's data and logs (printed on stderr).
+    #[arg(long)]
+    pub keep: bool,
+    /// Install a missing redis-server or nats-server first.
+    #[arg(long)]
+    pub install: bool,
+}
+
+pub async fn run(cmd: BenchCommand, cancel: tokio_util::sync::CancellationToken) -> i32 {
+    let BenchCommand::HitlBasic(a) = cmd;
+    let work = hitl_basic(a);
+    tokio::select! {
+        r = work => match r {
+            Ok(true) => 0,
+            Ok(false) => 1,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                1
+            }
+        },
+        () = cancel.cancelled() => {
+            eprintln!("interrupted");
+            130
+        }
+    }
+}
+
+/// The agent of the workload, with `extra` thoughts before the question.
+fn write_agent(dir: &Path, extra: u64) -> anyhow::Result<()> {
+    let agent = dir.join(AGENT);
+    std::fs::create_dir_all(&agent)?;
+    std::fs::write(
+        agent.join("config.yaml"),
+        format!(
+            "name: {AGENT}\nbrain: scripted\nmax_iterations: {}\ntools:\n  - name: echo\n    description: Returns its input.\n    exec: \"echo ${{text}}\"\n    idempotent: true\n",
+            extra + 20
+        ),
+    )?;
+    let mut script = String::from("steps:\n  - think: \"run ${task}: starting\"\n");
+    for i in 0..extra {
+        script.push_str(&format!("  - think: \"filler {i}\"\n"));
+    }
+    script.push_str(
+        "  - tool: echo\n    args: {text: \"run ${task} step 2\"}\n  - tool: echo\n    args: {text: \"run ${task} step 3\"}\n  - ask_human: {prompt: \"approve deploy of run ${task}?\"}\n  - tool: echo\n    args: {text: \"${answer}\"}\n  - finish: \"done\"\n",
+    );
+    std::fs::write(agent.join("script.yaml"), script)?;
+    Ok(())
+}
+
+/// Questions seen on NATS, by run: the waiter registers first, or the question arrives first.
+#[derive(Default)]
+struct Questions {
+    slots: Mutex<HashMap<RunId, Slot>>,
+}
+
+enum Slot {
+    Waiting(oneshot::Sender<InteractionRequest>),
+    Arrived(Box<InteractionRequest>),
+}
+
+impl Questions {
+    fn arrived(&self, q: InteractionRequest) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        match slots.remove(&q.run_id) {
+            Some(Slot::Waiting(tx)) => {
+                let _ = tx.send(q);
+            }
+            Some(Slot::Arrived(first)) => {
+                // A repeat announcement (the question asked again): keep the first.
+                slots.insert(first.run_id, Slot::Arrived(first));
+            }
+            None => {
+                slots.insert(q.run_id, Slot::Arrived(Box::new(q)));
+            }
+        }
+    }
+
+    fn wait(&self, run: RunId) -> oneshot::Receiver<InteractionRequest> {
+        let (tx, rx) = oneshot::channel();
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        match slots.remove(&run) {
+            Some(Slot::Arrived(q)) => {
+                let _ = tx.send(*q);
+            }
+            _ => {
+                slots.insert(run, Slot::Waiting(tx));
+            }
+        }
+        rx
+    }
+}
+
+/// Runs being resumed, whose completion the poller watches.
+#[derive(Default)]
+struct Resuming {
+    runs: Mutex<HashMap<RunId, oneshot::Sender<RunStatus>>>,
+}
+
+/// One timed run's client-side instants.
+struct Timing {
+    run: RunId,
+    submitted: Timestamp,
+    answered: Timestamp,
+}
+
+async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
+    let root = repo_root();
+    let servers = match Servers::find(root.as_deref()) {
+        Ok(s) => s,
+        Err(_) if a.install => Servers::install(root.as_deref()).await?,
+        Err(e) => return Err(e),
+    };
+    let data = tempfile::Builder::new()
+        .prefix("delta-bench-")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    let agents = data.path().join("agents");
+    write_agent(&agents, a.journal_len)?;
+    let opts = Options {
+        servers,
+        dir: data.path().join("fleet"),
+        agents_dir: agents,
+        workers: usize::from(a.workers),
+        gateway_port: None,
+        worker_env: vec![
+            ("DELTA_WORKER_CONCURRENCY".into(), "64".into()),
+            ("DELTA_SECRETS_KEY".into(), "ab".repeat(32)),
+        ],
+        gateway_env: vec![("DELTA_SECRETS_KEY".into(), "ab".repeat(32))],
+        cwd: None,
+        redis_fsync: a.fsync.clone(),
+        // Quiet, but for each process's Redis round trips, logged as it stops.
+        log_level: "warn,delta_stats=info".into(),
+    };
+    eprintln!(
+        "starting redis-server (appendfsync {}), nats-server, a gateway and {} worker(s)…",
+        a.fsync, a.workers
+    );
+    let fleet = LocalFleet::start(&opts).await?;
+    let outcome = measure(&a, &fleet).await;
+    fleet.stop(Duration::from_secs(10)).await;
+    let (mut line, ok) = outcome?;
+    // Each process logged its round trips to Redis as it stopped.
+    let logs = data.path().join("fleet/logs");
+    let workers: u64 = (1..=a.workers)
+        .map(|i| logged_round_trips(&logs.join(format!("worker-{i}.log"))))
+        .sum();
+    let gateway = logged_round_trips(&logs.join("gateway.log"));
+    let runs = (a.runs + a.paused_probe) as f64;
+    if let Some(obj) = line.as_object_mut() {
+        obj.insert(
+            "redis_round_trips_per_run_workers".into(),
+            json!(round(workers as f64 / runs, 2)),
+        );
+        obj.insert(
+            "redis_round_trips_per_run_gateway".into(),
+            json!(round(gateway as f64 / runs, 2)),
+        );
+    }
+    println!("{line}");
+    if a.keep {
+        eprintln!("data and logs kept in {}", data.keep().display());
+    }
+    Ok(ok)
+}
+
+/// The `redis_round_trips=N` a process logged as it stopped (0 if it did not).
+fn logged_round_trips(log: &Path) -> u64 {
+    let raw = std::fs::read_to_string(log).unwrap_or_default();
+    // Without the terminal colour codes (`ESC [ … m`), whose digits would mislead.
+    let mut text = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|d| *d == 'm');
+        } else {
+            text.push(c);
+        }
+    }
+    text.rsplit("redis_round_trips=")
+        .next()
+        .filter(|_| text.contains("redis_round_trips="))
+        .map(|rest| {
+            rest.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bool)> {
+    let store = RedisRunStore::connect(&fleet.redis_url, "delta")
+        .await
+        .context("connecting to Redis")?;
+    let nats = async_nats::connect(fleet.nats_url.as_str())
+        .await
+        .context("connecting to NATS")?;
+    let http = Client::new(&fleet.gateway_url, None).map_err(anyhow::Error::msg)?;
+    let questions = Arc::new(Questions::default());
+    let mut sub = nats
+        .subscribe(format!("delta.interactions.requested.{AGENT}.>"))
+        .await
+        .context("subscribing to the questions")?;
+    let listener = {
+        let questions = questions.clone();
+        tokio::spawn(async move {
+            while let Some(m) = sub.next().await {
+                if let Ok(q) = serde_json::from_slice::<InteractionRequest>(&m.payload) {
+                    questions.arrived(q);
+                }
+            }
+        })
+    };
+    let resuming = Arc::new(Resuming::default());
+    let poller = tokio::spawn(poll_completions(store.clone(), resuming.clone()));
+    let ctx = Ctx {
+        http,
+        nats,
+        via: a.answer_via,
+        questions,
+        resuming,
+    };
+    let rss = Arc::new(RssSampler::new(fleet, usize::from(a.workers)));
+    let sampler = {
+        let rss = rss.clone();
+        tokio::spawn(async move {
+            loop {
+                rss.sample();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    let mut report = serde_json::Map::new();
+    if a.paused_probe > 0 {
+        probe_paused(&ctx, &store, &rss, a.paused_probe, &mut report).await?;
+    }
+
+    let before = store.info("commandstats").await?;
+    let before_mem = used_memory(&store).await?;
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressBar::new(a.runs)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} runs completed  {per_sec}  {elapsed}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let bar = Arc::new(bar);
+    let slots = Arc::new(Semaphore::new(usize::try_from(a.concurrency).unwrap_or(64)));
+    let ctx = Arc::new(ctx);
+    let mut tasks = Vec::new();
+    for i in 0..a.runs {
+        let permit = slots.clone().acquire_owned().await?;
+        let ctx = ctx.clone();
+        let bar = bar.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = one_run(&ctx, i).await;
+            bar.inc(1);
+            drop(permit);
+            r
+        }));
+    }
+    let mut timings = Vec::new();
+    let mut errors = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(timing)) => timings.push(timing),
+            Ok(Err(e)) => errors.push(format!("{e:#}")),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    bar.finish_and_clear();
+    let after = store.info("commandstats").await?;
+    let after_mem = used_memory(&store).await?;
+    sampler.abort();
+    listener.abort();
+    poller.abort();
+
+    // The checker: every journal read back, its shape checked, the instants taken.
+    let mut resume_ms = Vec::new();
+    let mut pause_ms = Vec::new();
+    let (mut completed, mut failed, mut bad) = (0u64, 0u64, Vec::new());
+    let first = timings
+        .iter()
+        .map(|t| t.submitted.micros())
+        .min()
+        .unwrap_or(0);
+    let mut last_end = first;
+    for t in &timings {
+        let run = store.load(t.run).await?;
+        match check_journal(&run.journal, a.journal_len) {
+            Ok(c) => {
+                completed += 1;
+                resume_ms.push((c.step5.micros() - t.answered.micros()) as f64 / 1000.0);
+                pause_ms.push((c.asked.micros() - t.submitted.micros()) as f64 / 1000.0);
+                last_end = last_end.max(c.end.micros());
+            }
+            Err(why) => {
+                if run.record.status == RunStatus::Failed {
+                    failed += 1;
+                }
+                bad.push(format!("run {}: {why}", t.run));
+            }
+        }
+    }
+    let lost = a.runs - timings.len() as u64;
+    let wall_s = (last_end - first) as f64 / 1e6;
+    let commands = commands_between(&before, &after);
+    // The bench's own reads (status polls) are not the fleet's: they are HGETs and nothing else
+    // the fleet sends, so they are left out of the per-run figure.
+    let fleet_commands: u64 = commands
+        .iter()
+        .filter(|(k, _)| k.as_str() != "hget")
+        .map(|(_, v)| v)
+        .sum();
+    resume_ms.sort_by(f64::total_cmp);
+    pause_ms.sort_by(f64::total_cmp);
+    let line = json!({
+        "workload": "hitl-basic",
+        "runs": a.runs,
+        "concurrency": a.concurrency,
+        "wall_s": round(wall_s, 3),
+        "runs_per_s": round(if wall_s > 0.0 { completed as f64 / wall_s } else { 0.0 }, 1),
+        "resume_p50_ms": round(pct(&resume_ms, 0.50), 3),
+        "resume_p95_ms": round(pct(&resume_ms, 0.95), 3),
+        "resume_p99_ms": round(pct(&resume_ms, 0.99), 3),
+        "submit_to_pause_p50_ms": round(pct(&pause_ms, 0.50), 3),
+        "completed": completed,
+        "failed": failed,
+        "lost": lost,
+        "workers": a.workers,
+        "answer_via": match a.answer_via { AnswerVia::Http => "http", AnswerVia::Nats => "nats" },
+        "human_sees": "nats-subscription",
+        "journal_len": a.journal_len,
+        "redis_appendfsync": a.fsync,
+        "redis_commands_per_run": round(fleet_commands as f64 / a.runs as f64, 2),
+        "redis_commands": commands.into_iter().filter(|(k, _)| k != "hget").collect::<HashMap<_, _>>(),
+        "redis_bytes_per_completed_run": (after_mem.saturating_sub(before_mem)) / a.runs.max(1),
+        "worker_rss_max_mib": round(rss.max_worker() as f64 / 1024.0, 1),
+        "gateway_rss_max_mib": round(rss.max_gateway() as f64 / 1024.0, 1),
+    });
+    let mut line = line;
+    if let Some(obj) = line.as_object_mut() {
+        obj.extend(report);
+    }
+    for e in errors.iter().chain(bad.iter()).take(10) {
+        eprintln!("error: {e}");
+    }
+    let ok = errors.is_empty() && bad.is_empty() && lost == 0 && completed == a.runs;
+    if !ok {
+        eprintln!(
+            "FAILED: {completed} of {} runs completed as the workload says ({} errors, {} bad journals, {lost} lost)",
+            a.runs,
+            errors.len(),
+            bad.len()
+        );
+    }
+    Ok((line, ok))
+}
+
+/// What the load needs.
+struct Ctx {
+    http: Client,
+    nats: async_nats::Client,
+    via: AnswerVia,
+    questions: Arc<Questions>,
+    resuming: Arc<Resuming>,
+}
+
+const STEP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Submits run `i`, answers its question `yes` when it comes, and waits for its end.
+async fn one_run(ctx: &Ctx, i: u64) -> anyhow::Result<Timing> {
+    let submitted = Timestamp::now();
+    let accepted = ctx
+        .http
+        .post(
+            "v1/runs",
+            &json!({"agent": AGENT, "task": i.to_string()}),
+            &[],
+        )
+        .await
+        .with_context(|| format!("submitting run {i}"))?;
+    let run: RunId = accepted["run_id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("run {i}: no run_id in {accepted}"))?;
+    let q = tokio::time::timeout(STEP_TIMEOUT, ctx.questions.wait(run))
+        .await
+        .with_context(|| format!("run {run} never asked its question"))?
+        .context("the question listener stopped")?;
+    let (tx, done) = oneshot::channel();
+    ctx.resuming
+        .runs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(run, tx);
+    let answered = Timestamp::now();
+    answer(ctx, &q).await?;
+    let status = tokio::time::timeout(STEP_TIMEOUT, done)
+        .await
+        .with_context(|| format!("run {run} did not end after its answer"))?
+        .context("the completion poller stopped")?;
+    if status != RunStatus::Completed {
+        bail!("run {run} ended {status}");
+    }
+    Ok(Timing {
+        run,
+        submitted,
+        answered,
+    })
+}
+
+async fn answer(ctx: &Ctx, q: &InteractionRequest) -> anyhow::Result<()> {
+    let body = json!({"input": "yes", "responder": {"id": "bench"}});
+    match ctx.via {
+        AnswerVia::Http => {
+            ctx.http
+                .post(
+                    &format!("v1/interactions/{}/response", q.request_id),
+                    &body,
+                    &[],
+                )
+                .await
+                .with_context(|| format!("answering {}", q.request_id))?;
+        }
+        AnswerVia::Nats => {
+            let reply = ctx
+                .nats
+                .request(
+                    format!("delta.interactions.respond.{}", q.request_id),
+                    body.to_string().into(),
+                )
+                .await
+                .with_context(|| format!("answering {} over NATS", q.request_id))?;
+            let v: Value = serde_json::from_slice(&reply.payload).unwrap_or(Value::Null);
+            if v["ok"] != true {
+                bail!("answer to {} refused: {v}", q.request_id);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every 2 ms, the statuses of the runs being resumed, in one pipelined read; those that ended
+/// are told so.
+async fn poll_completions(store: RedisRunStore, resuming: Arc<Resuming>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let ids: Vec<RunId> = resuming
+            .runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let Ok(statuses) = store.statuses(&ids).await else {
+            continue;
+        };
+        let mut runs = resuming.runs.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, status) in ids.into_iter().zip(statuses) {
+            if let Some(s) = status.filter(|s| s.is_terminal())
+                && let Some(tx) = runs.remove(&id)
+            {
+                let _ = tx.send(s);
+            }
+        }
+    }
+}
+
+/// The instants a correct journal yields.
+struct Checked {
+    asked: Timestamp,
+    step5: Timestamp,
+    end: Timestamp,
+}
+
+/// Checks a run's journal against the workload: one pass through think, echo, echo, the
+/// question, `yes`, echo of `yes`, `COMPLETED`; each tool call requested and done once.
+fn check_journal(
+    journal: &[delta_shared::protocol::JournalEvent],
+    extra: u64,
+) -> Result<Checked, String> {
+    let mut thoughts = 0u64;
+    let mut requests = Vec::new();
+    let mut echo_ids = Vec::new();
+    let mut results = 0usize;
+    let mut asked = None;
+    let mut received = 0;
+    let mut end = None;
+    for (n, e) in journal.iter().enumerate() {
+        if e.seq != n as u64 + 1 {
+            return Err(format!("seq {} at position {}", e.seq, n + 1));
+        }
+        match &e.event {
+            Event::Thought(_) => thoughts += 1,
+            Event::ActionRequest(r) if r.tool == "echo" => {
+                echo_ids.push(r.action_id.clone());
+                requests.push((r.args.clone(), e.timestamp));
+            }
+            Event::ActionResult(r) if echo_ids.contains(&r.action_id) => {
+                if r.status != ActionStatus::Success {
+                    return Err(format!("a tool call ended {:?}", r.status));
+                }
+                results += 1;
+            }
+            Event::HumanInputRequest(q) => {
+                if asked.is_some() {
+                    return Err("asked twice".into());
+                }
+                asked = Some(q.timestamp);
+            }
+            Event::HumanInputReceived(_) => received += 1,
+            Event::EngineEnd(x) if x.status == RunStatus::Completed => end = Some(e.timestamp),
+            _ => {}
+        }
+    }
+    // think + filler + one THOUGHT per tool call (3) + the finish's.
+    let want_thoughts = 1 + extra + 4;
+    if thoughts != want_thoughts {
+        return Err(format!("{thoughts} THOUGHT events, not {want_thoughts}"));
+    }
+    if requests.len() != 3 || results != 3 {
+        return Err(format!(
+            "{} tool calls requested and {results} done, not 3 and 3",
+            requests.len()
+        ));
+    }
+    if received != 1 {
+        return Err(format!("{received} answers journaled, not 1"));
+    }
+    if requests[2].0["text"] != "yes" {
+        return Err(format!("step 5 echoed {}, not the answer", requests[2].0));
+    }
+    Ok(Checked {
+        asked: asked.ok_or("never asked")?,
+        step5: requests[2].1,
+        end: end.ok_or("not COMPLETED")?,
+    })
+}
+
+/// Pauses `n` runs at once, then measures what they cost while paused; answers them after.
+async fn probe_paused(
+    ctx: &Ctx,
+    store: &RedisRunStore,
+    rss: &RssSampler,
+    n: u64,
+    report: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    eprintln!("probe: pausing {n} runs at once…");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mem_before = used_memory(store).await?;
+    let rss_before = rss.workers_now();
+    let mut waiting = Vec::new();
+    for i in 0..n {
+        let accepted = ctx
+            .http
+            .post(
+                "v1/runs",
+                &json!({"agent": AGENT, "task": format!("probe-{i}")}),
+                &[],
+            )
+            .await?;
+        let run: RunId = accepted["run_id"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .context("no run_id")?;
+        waiting.push(ctx.questions.wait(run));
+    }
+    let mut asked = Vec::new();
+    for w in waiting {
+        asked.push(tokio::time::timeout(STEP_TIMEOUT, w).await??);
+    }
+    // Let the workers settle (freed buffers, finished jobs).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let mem_paused = used_memory(store).await?;
+    let rss_paused = rss.workers_now();
+    report.insert("paused_probe_runs".into(), json!(n));
+    report.insert(
+        "redis_bytes_per_paused_run".into(),
+        json!(mem_paused.saturating_sub(mem_before) / n),
+    );
+    report.insert("worker_rss_kib_before_probe".into(), json!(rss_before));
+    report.insert("worker_rss_kib_with_probe_paused".into(), json!(rss_paused));
+    report.insert(
+        "worker_bytes_per_paused_run".into(),
+        json!((rss_paused.saturating_sub(rss_before) * 1024) / n),
+    );
+    for q in &asked {
+        answer(ctx, q).await?;
+    }
+    // Wait until they are all over, so the timed runs start on an idle fleet.
+    let ids: Vec<RunId> = asked.iter().map(|q| q.run_id).collect();
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    loop {
+        let statuses = store.statuses(&ids).await?;
+        if statuses.iter().all(|s| s.is_some_and(|s| s.is_terminal())) {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the probe's runs did not end");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+async fn used_memory(store: &RedisRunStore) -> anyhow::Result<u64> {
+    let info = store.info("memory").await?;
+    info.get("used_memory")
+        .and_then(|v| v.parse().ok())
+        .context("INFO memory has no used_memory")
+}
+
+/// `cmdstat_<name>:calls=N,…` lines: calls by command between two readings.
+fn commands_between(
+    before: &HashMap<String, String>,
+    after: &HashMap<String, String>,
+) -> Vec<(String, u64)> {
+    let calls = |v: &str| {
+        v.split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let mut out: Vec<(String, u64)> = after
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = k.strip_prefix("cmdstat_")?;
+            let was = before.get(k).map(|b| calls(b)).unwrap_or(0);
+            let n = calls(v).saturating_sub(was);
+            (n > 0 && name != "info").then(|| (name.to_owned(), n))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Resident memory of the fleet's processes, sampled.
+struct RssSampler {
+    workers: Vec<u32>,
+    gateway: Option<u32>,
+    max_worker: std::sync::atomic::AtomicU64,
+    max_gateway: std::sync::atomic::AtomicU64,
+}
+
+impl RssSampler {
+    fn new(fleet: &LocalFleet, workers: usize) -> Self {
+        RssSampler {
+            workers: (1..=workers)
+                .filter_map(|i| fleet.pid(&format!("worker-{i}")))
+                .collect(),
+            gateway: fleet.pid("gateway"),
+            max_worker: Default::default(),
+            max_gateway: Default::default(),
+        }
+    }
+
+    fn sample(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        for pid in &self.workers {
+            self.max_worker.fetch_max(rss_kib(*pid), Relaxed);
+        }
+        if let Some(pid) = self.gateway {
+            self.max_gateway.fetch_max(rss_kib(pid), Relaxed);
+        }
+    }
+
+    /// The workers' resident memory now, in KiB, summed.
+    fn workers_now(&self) -> u64 {
+        self.workers.iter().map(|p| rss_kib(*p)).sum()
+    }
+
+    fn max_worker(&self) -> u64 {
+        self.max_worker.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn max_gateway(&self) -> u64 {
+        self.max_gateway.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// `VmRSS` of a process in KiB (0 when it cannot be read).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
