@@ -40,6 +40,12 @@ pub enum AnswerVia {
     Nats,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Echo {
+    Builtin,
+    Process,
+}
+
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum BenchCommand {
     /// The hitl-basic workload (../shared/bench/hitl-basic.md): prints one JSON line.
@@ -70,6 +76,10 @@ pub struct BenchArgs {
     /// (Redis bytes, worker memory); they are answered before the timed runs start.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub paused_probe: u64,
+    /// How the `echo` tool runs: in the worker (`builtin: echo`, as a Python function tool in
+    /// other frameworks) or as a process per call (`exec: "echo ${text}"`).
+    #[arg(long, value_enum, default_value_t = Echo::Builtin)]
+    pub echo: Echo,
     /// Keep the fleet's data and logs (printed on stderr).
     #[arg(long)]
     pub keep: bool,
@@ -98,14 +108,18 @@ pub async fn run(cmd: BenchCommand, cancel: tokio_util::sync::CancellationToken)
 }
 
 /// The agent of the workload, with `extra` thoughts before the question.
-fn write_agent(dir: &Path, extra: u64) -> anyhow::Result<()> {
+fn write_agent(dir: &Path, extra: u64, echo: Echo) -> anyhow::Result<()> {
     let agent = dir.join(AGENT);
     std::fs::create_dir_all(&agent)?;
     std::fs::write(
         agent.join("config.yaml"),
         format!(
-            "name: {AGENT}\nbrain: scripted\nmax_iterations: {}\ntools:\n  - name: echo\n    description: Returns its input.\n    exec: \"echo ${{text}}\"\n    idempotent: true\n",
-            extra + 20
+            "name: {AGENT}\nbrain: scripted\nmax_iterations: {}\ntools:\n  - name: echo\n    description: Returns its input.\n    {}\n    idempotent: true\n",
+            extra + 20,
+            match echo {
+                Echo::Builtin => "builtin: echo",
+                Echo::Process => "exec: \"echo ${text}\"",
+            }
         ),
     )?;
     let mut script = String::from("steps:\n  - think: \"run ${task}: starting\"\n");
@@ -187,7 +201,7 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
         .tempdir()
         .context("creating a temporary directory")?;
     let agents = data.path().join("agents");
-    write_agent(&agents, a.journal_len)?;
+    write_agent(&agents, a.journal_len, a.echo)?;
     let opts = Options {
         servers,
         dir: data.path().join("fleet"),
@@ -309,6 +323,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         probe_paused(&ctx, &store, &rss, a.paused_probe, &mut report).await?;
     }
 
+    let cpu_before = CpuTimes::read(fleet, usize::from(a.workers));
     let before = store.info("commandstats").await?;
     let before_mem = used_memory(&store).await?;
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -348,6 +363,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     }
     bar.finish_and_clear();
     let after = store.info("commandstats").await?;
+    let cpu = CpuTimes::read(fleet, usize::from(a.workers)).since(&cpu_before);
     let after_mem = used_memory(&store).await?;
     sampler.abort();
     listener.abort();
@@ -409,11 +425,16 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         "answer_via": match a.answer_via { AnswerVia::Http => "http", AnswerVia::Nats => "nats" },
         "human_sees": "nats-subscription",
         "journal_len": a.journal_len,
+        "echo": match a.echo { Echo::Builtin => "builtin", Echo::Process => "process" },
         "redis_appendfsync": a.fsync,
         "redis_commands_per_run": round(fleet_commands as f64 / a.runs as f64, 2),
         "redis_commands": commands.into_iter().filter(|(k, _)| k != "hget").collect::<HashMap<_, _>>(),
         "redis_bytes_per_completed_run": (after_mem.saturating_sub(before_mem)) / a.runs.max(1),
         "worker_rss_max_mib": round(rss.max_worker() as f64 / 1024.0, 1),
+        "cpu_ms_per_run": cpu
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(round(*v as f64 * 10.0 / a.runs as f64, 3))))
+            .collect::<serde_json::Map<_, _>>(),
         "gateway_rss_max_mib": round(rss.max_gateway() as f64 / 1024.0, 1),
     });
     let mut line = line;
@@ -714,6 +735,57 @@ fn commands_between(
         .collect();
     out.sort();
     out
+}
+
+/// CPU time used by each part of the fleet (and by this bench), in clock ticks (1/100 s):
+/// user + system, and for workers also their finished children (the tools they ran).
+struct CpuTimes(Vec<(String, u64)>);
+
+impl CpuTimes {
+    fn read(fleet: &LocalFleet, workers: usize) -> Self {
+        let mut parts = vec![];
+        let mut worker_ticks = 0;
+        let mut tool_ticks = 0;
+        for i in 1..=workers {
+            if let Some((own, children)) = fleet.pid(&format!("worker-{i}")).and_then(ticks) {
+                worker_ticks += own;
+                tool_ticks += children;
+            }
+        }
+        parts.push(("workers".to_owned(), worker_ticks));
+        parts.push(("tools".to_owned(), tool_ticks));
+        for name in ["gateway", "redis", "nats"] {
+            let t = fleet.pid(name).and_then(ticks).map_or(0, |(own, _)| own);
+            parts.push((name.to_owned(), t));
+        }
+        let me = ticks(std::process::id()).map_or(0, |(own, _)| own);
+        parts.push(("bench".to_owned(), me));
+        CpuTimes(parts)
+    }
+
+    fn since(&self, before: &CpuTimes) -> Vec<(String, u64)> {
+        self.0
+            .iter()
+            .map(|(k, v)| {
+                let was = before.0.iter().find(|(b, _)| b == k).map_or(0, |(_, b)| *b);
+                (k.clone(), v.saturating_sub(was))
+            })
+            .collect()
+    }
+}
+
+/// `(utime + stime, cutime + cstime)` of a process from `/proc/<pid>/stat`, in clock ticks.
+fn ticks(pid: u32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    (f.len() == 4).then(|| (f[0] + f[1], f[2] + f[3]))
 }
 
 /// Resident memory of the fleet's processes, sampled.

@@ -887,14 +887,19 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let inv = tool.invocation(&values, &env);
         // The request must be durable before the side effect.
         self.commit(None).await?;
-        let ex = tools::execute(
-            &inv,
-            &env,
-            tool.timeout,
-            tool.max_output_bytes,
-            &self.cancel,
-        )
-        .await;
+        let ex = match tool.run_builtin(&values) {
+            Some(ex) => ex,
+            None => {
+                tools::execute(
+                    &inv,
+                    &env,
+                    tool.timeout,
+                    tool.max_output_bytes,
+                    &self.cancel,
+                )
+                .await
+            }
+        };
         if ex.exit == tools::Exit::Cancelled {
             // Left unfinished on purpose: the resume decides (re-run if idempotent, else ask).
             return self.interrupt().await.map(Some);

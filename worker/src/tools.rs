@@ -95,6 +95,9 @@ pub struct ToolConfig {
     pub exec: Option<String>,
     #[serde(default)]
     pub shell: Option<String>,
+    /// A tool that runs inside the worker, with no process: `echo` (returns its `text`).
+    #[serde(default)]
+    pub builtin: Option<String>,
     /// With `exec:`/`shell:`, the parameter fed to standard input.
     #[serde(default)]
     pub stdin: Option<String>,
@@ -121,8 +124,10 @@ pub struct ToolConfig {
 /// A declaration that cannot work.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
-    #[error("give exactly one of `command`, `exec` or `shell`")]
+    #[error("give exactly one of `command`, `exec`, `shell` or `builtin`")]
     Form,
+    #[error("no built-in tool `{0}`: the built-ins are `echo` (returns its `text` parameter)")]
+    UnknownBuiltin(String),
     #[error("`command` must not be empty")]
     EmptyCommand,
     #[error("`exec` cannot contain shell syntax (`{0}`): use `shell:` for pipes and redirects")]
@@ -164,6 +169,8 @@ enum Form {
         script: String,
         positional: Vec<String>,
     },
+    /// `builtin: echo`: returns its `text` parameter, in the worker (no process).
+    Echo,
 }
 
 /// A checked tool, ready to build invocations.
@@ -289,7 +296,12 @@ fn rewrite_shell(template: &str) -> (String, Vec<String>) {
 impl Tool {
     /// Checks a declaration and turns it into a tool. `agent_dir` is `${AGENT_HOME}`.
     pub fn from_config(c: &ToolConfig, _agent_dir: &Path) -> Result<Tool, ToolError> {
-        let forms = [c.command.is_some(), c.exec.is_some(), c.shell.is_some()];
+        let forms = [
+            c.command.is_some(),
+            c.exec.is_some(),
+            c.shell.is_some(),
+            c.builtin.is_some(),
+        ];
         if forms.iter().filter(|f| **f).count() != 1 {
             return Err(ToolError::Form);
         }
@@ -345,6 +357,12 @@ impl Tool {
                 }
             }
             Form::Exec(words)
+        } else if let Some(b) = &c.builtin {
+            if b != "echo" {
+                return Err(ToolError::UnknownBuiltin(b.clone()));
+            }
+            infer("text", InjectAs::Argument, &mut params);
+            Form::Echo
         } else {
             let template = c.shell.clone().unwrap_or_default();
             let (script, positional) = rewrite_shell(&template);
@@ -528,8 +546,25 @@ impl Tool {
                 );
                 argv
             }
+            Form::Echo => vec![
+                "echo".to_owned(),
+                values.get("text").cloned().unwrap_or_default(),
+            ],
         };
         Invocation { argv, stdin }
+    }
+
+    /// The outcome of a built-in tool, run here and now; `None` for a tool that is a process.
+    pub fn run_builtin(&self, values: &BTreeMap<String, String>) -> Option<Execution> {
+        match self.form {
+            Form::Echo => Some(Execution {
+                exit: Exit::Code(0),
+                stdout: values.get("text").cloned().unwrap_or_default(),
+                stderr: String::new(),
+                duration: Duration::ZERO,
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -791,6 +826,44 @@ mod tests {
             ["grep", "/agent/x", "-e", "a b", "--expr", "s/x//g", "f.txt"]
         );
         assert_eq!(inv.stdin.as_deref(), Some("hello"));
+    }
+
+    #[test]
+    fn builtin_echo_returns_its_text_without_a_process_and_unknown_builtins_are_refused() {
+        let t = tool("name: echo\nbuiltin: echo\n");
+        let values = t
+            .check_args(&json!({"text": "run 7 step 2"}))
+            .expect("args");
+        let ex = t.run_builtin(&values).expect("a built-in");
+        assert!(ex.success());
+        assert_eq!(ex.stdout, "run 7 step 2");
+        assert_eq!(
+            t.invocation(&values, &env(Path::new("/work"))).argv,
+            ["echo", "run 7 step 2"],
+            "shown as what it does"
+        );
+        assert!(
+            t.check_args(&json!({"txt": "x"})).is_err(),
+            "its one parameter is `text`"
+        );
+        let c: ToolConfig = serde_yaml_ng::from_str("name: t\nbuiltin: sleep\n").expect("yaml");
+        let e = Tool::from_config(&c, Path::new(".")).expect_err("unknown");
+        assert!(
+            matches!(e, ToolError::UnknownBuiltin(ref b) if b == "sleep"),
+            "{e}"
+        );
+        let c: ToolConfig =
+            serde_yaml_ng::from_str("name: t\nbuiltin: echo\nexec: \"echo\"\n").expect("yaml");
+        assert!(matches!(
+            Tool::from_config(&c, Path::new(".")),
+            Err(ToolError::Form)
+        ));
+        let exec = tool("name: e\nexec: \"echo ${text}\"\n");
+        let v = exec.check_args(&json!({"text": "x"})).expect("args");
+        assert!(
+            exec.run_builtin(&v).is_none(),
+            "a process tool is not a built-in"
+        );
     }
 
     #[test]
