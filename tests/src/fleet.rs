@@ -162,6 +162,14 @@ impl Fleet {
         client
     }
 
+    /// Adds an agent to the fleet's agents directory (gateways and workers read it per run).
+    pub fn add_agent(&self, name: &str, config_yaml: &str, script_yaml: &str) {
+        let dir = self._agents.path().join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("config.yaml"), config_yaml).expect("config");
+        std::fs::write(dir.join("script.yaml"), script_yaml).expect("script");
+    }
+
     /// Another worker process, named `id`.
     pub fn add_worker(&mut self, id: &str) {
         self.workers
