@@ -355,7 +355,8 @@ impl Browser {
             .await;
     }
 
-    async fn cdp(&self, cmd: &str, params: Value) {
+    /// Runs a Chrome DevTools protocol command (`Network.…`, `Emulation.…`) in this session.
+    pub async fn cdp(&self, cmd: &str, params: Value) {
         let session = self
             .client
             .session_id()

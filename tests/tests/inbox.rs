@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use delta_e2e::browser::{Browser, Screen};
 use delta_e2e::fleet::{Fleet, pending};
+use delta_e2e::gateways::Client;
 use delta_shared::protocol::{ActionStatus, Event, HumanInputReceived, RunId, RunStatus};
 use delta_shared::store::RunStore;
 use serde_json::{Value, json};
@@ -127,9 +128,8 @@ async fn wait_gone(browser: &Browser, rid: &str, within: Duration) {
         .await;
 }
 
-async fn interaction_state(fleet: &Fleet, rid: &str) -> Value {
-    let (_, ix) = fleet
-        .client
+async fn interaction_state(client: &Client, rid: &str) -> Value {
+    let (_, ix) = client
         .get(&format!("/v1/interactions/{rid}"))
         .await
         .expect("get interaction");
@@ -309,7 +309,7 @@ async fn approving_a_tool_call_runs_it_with_or_without_edited_args() {
                 )
                 .await;
             assert!(error.as_str().unwrap_or_default().contains("JSON object"), "{error}");
-            assert_eq!(interaction_state(&fleet, &edited_rid).await, "PENDING");
+            assert_eq!(interaction_state(&fleet.client, &edited_rid).await, "PENDING");
             browser.find(&editor).await.clear().await.expect("clear");
             browser
                 .type_into(&editor, "{\"text\": \"edited hello\"}")
@@ -359,7 +359,7 @@ async fn rejecting_a_tool_call_journals_the_reason() {
             // Sending without a reason is refused in the page.
             browser.click(&format!("{c} [data-confirm=reject]")).await;
             wait_outcome(&browser, &rid, "needs text").await;
-            assert_eq!(interaction_state(&fleet, &rid).await, "PENDING");
+            assert_eq!(interaction_state(&fleet.client, &rid).await, "PENDING");
             browser
                 .type_into(&format!("{c} .step textarea[name=input]"), "not on a Friday")
                 .await;
@@ -421,7 +421,7 @@ async fn a_dangerous_option_is_confirmed_in_the_page_first() {
                 )
                 .await;
             assert_eq!(back, json!([true, "production"]));
-            assert_eq!(interaction_state(&fleet, &rid).await, "PENDING");
+            assert_eq!(interaction_state(&fleet.client, &rid).await, "PENDING");
 
             // The same with the keyboard only: Tab from the run link goes through the options
             // in reading order, Enter opens the confirmation with the focus on its button,
@@ -654,6 +654,7 @@ fn tokens_file(dir: &Path) -> PathBuf {
     std::fs::write(
         &f,
         "- name: alice\n  token: alice-token-0123456789\n  roles: [answer]\n\
+         - name: bob\n  token: bob-token-0123456789ab\n  roles: [answer]\n\
          - name: ci\n  token: ci-token-0123456789abcd\n  roles: [submit]\n\
          - name: ops\n  token: ops-token-0123456789abc\n  roles: [operate]\n",
     )
@@ -706,6 +707,14 @@ async fn with_tokens_the_page_asks_for_one_and_refuses_a_wrong_one() {
             assert_eq!(status, 202, "{body}");
             let run: RunId = body["run_id"].as_str().expect("id").parse().expect("uuid");
             let rid = pending(&ops, run).await;
+            // Only alice may answer this one.
+            let (status, body) = ci
+                .post("/v1/runs", &json!({"agent": "guarded", "task": "budget"}))
+                .await
+                .expect("submit");
+            assert_eq!(status, 202, "{body}");
+            let guarded: RunId = body["run_id"].as_str().expect("id").parse().expect("uuid");
+            let guarded_rid = pending(&ops, guarded).await;
 
             open_inbox(&browser, &fleet).await;
             let reason = browser
@@ -730,11 +739,31 @@ async fn with_tokens_the_page_asks_for_one_and_refuses_a_wrong_one() {
                 )
                 .await;
             assert!(browser.text(&card(&rid)).await.is_none());
-            // The right one: the question shows, live, and is answered as alice.
+            // Bob's: the questions show, live; the one only alice may answer refuses him (403).
             browser.find("#token").await.clear().await.expect("clear");
-            browser.type_into("#token", "alice-token-0123456789\u{E007}").await;
+            browser.type_into("#token", "bob-token-0123456789ab\u{E007}").await;
             browser.find(&card(&rid)).await;
             wait_live(&browser).await;
+            browser
+                .wait_for(
+                    "the settings to close",
+                    "return document.getElementById('settings').hidden;",
+                    vec![],
+                )
+                .await;
+            browser
+                .type_into(
+                    &format!("{} textarea[name=input]", card(&guarded_rid)),
+                    "Bob here\u{E007}",
+                )
+                .await;
+            let said = wait_outcome(&browser, &guarded_rid, "Not allowed").await;
+            assert!(said.contains("`bob` may not answer"), "{said}");
+            assert_eq!(interaction_state(&ops, &guarded_rid).await, "PENDING");
+            // Alice's (through the Token button): answered as alice.
+            browser.click("#settings-toggle").await;
+            browser.find("#token").await.clear().await.expect("clear");
+            browser.type_into("#token", "alice-token-0123456789\u{E007}").await;
             browser
                 .wait_for(
                     "the settings to close",
@@ -813,7 +842,7 @@ async fn refusals_are_shown_plainly_on_the_card() {
 
             // Past its deadline (the reconciler applied the default): 410, "expired".
             let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            while interaction_state(&fleet, &expiring_rid).await != "EXPIRED" {
+            while interaction_state(&fleet.client, &expiring_rid).await != "EXPIRED" {
                 assert!(std::time::Instant::now() < deadline, "never expired");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
