@@ -202,6 +202,13 @@
     lastTokenAsk = '';
   }
 
+  /** After a token check failed other than by 401 (e.g. 403): say so where it was asked. */
+  function tokenFailed(text) {
+    if (!settings.hidden && $('settings-reason').textContent === 'Checking…') {
+      $('settings-reason').textContent = text;
+    }
+  }
+
   // ---------------------------------------------------------------------------------------
   // Connection indicator
 
@@ -672,9 +679,10 @@
     renderCount();
   }
 
-  function describeResolved(r) {
+  function describeResolved(r, q) {
     const who = r.responder ? `${r.responder.id} (${r.responder.via})` : 'someone';
-    if (r.state === 'EXPIRED') return r.option_id ? `expired: its default “${r.option_id}” applied` : 'expired: its run fails';
+    const option = r.option_id ? optionOf(q, r.option_id) : null;
+    if (r.state === 'EXPIRED') return r.option_id ? `expired: its default “${option ? option.label : r.option_id}” applied` : 'expired: its run fails';
     if (r.state === 'CANCELLED') return `closed: its run was cancelled by ${r.responder ? r.responder.id : 'an operator'}`;
     return `answered by ${who}`;
   }
@@ -686,7 +694,7 @@
     // Our own answer in flight: its reply says how it went (accepted, or who was first).
     if (!card || card.sent || card.busy) return;
     removeCard(r.request_id);
-    toast(`“${card.q.title || card.q.prompt}” was ${describeResolved(r)}.`);
+    toast(`“${card.q.title || card.q.prompt}” was ${describeResolved(r, card.q)}.`);
   }
 
   async function loadPending() {
@@ -731,6 +739,8 @@
       ? `Not allowed to see questions: ${err.message}`
       : `Cannot load the questions: ${err.message}`;
     b.hidden = false;
+    $('empty').hidden = true;
+    tokenFailed(b.textContent);
   }
 
   function openInboxStream() {
@@ -782,7 +792,6 @@
     QUEUED: 'neutral', RUNNING: 'info', WAITING_FOR_INPUT: 'warn', INTERRUPTED: 'warn',
     COMPLETED: 'ok', FAILED: 'bad', CANCELLED: 'neutral',
   };
-  const TERMINAL = new Set(['COMPLETED', 'FAILED', 'CANCELLED']);
 
   function setRunStatus(status) {
     const s = $('run-status');
@@ -834,6 +843,7 @@
       }
       else b.textContent = `Cannot load the run: ${err.message}`;
       b.hidden = false;
+      if (err.status !== 401) tokenFailed(b.textContent);
       return;
     }
     tokenWorks();
