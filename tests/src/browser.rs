@@ -128,6 +128,11 @@ impl Browser {
     }
 
     async fn try_start(test: &str, screen: Screen) -> Result<Browser, Error> {
+        // A failure's artifacts from an earlier run would mislead: they go now.
+        let old = artifacts_dir().join(test);
+        for ext in ["png", "html", "console.txt"] {
+            let _ = std::fs::remove_file(old.with_extension(ext));
+        }
         let driver_bin = find("chromedriver", "DELTA_CHROMEDRIVER")?;
         let chromium = find("chromium", "DELTA_CHROMIUM")?;
         let _ = rustls::crypto::ring::default_provider().install_default();
