@@ -11,6 +11,9 @@ fi
 echo "== servers for the tests (redis-server, nats-server)"
 deploy/install-servers.sh
 
+echo "== browser for the web inbox's tests (chromium, chromedriver)"
+deploy/install-browser.sh
+
 echo "== docker-compose.yml and its configs (no container engine needed)"
 scripts/validate-compose.sh
 

@@ -50,6 +50,10 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .route("/", get(crate::inbox::page))
+        .route("/runs/{run_id}", get(crate::inbox::page))
+        .route("/inbox.js", get(crate::inbox::script))
+        .route("/inbox.css", get(crate::inbox::style))
         .fallback(|| async {
             ApiError::not_found("no such endpoint; GET /openapi.json lists them")
         })

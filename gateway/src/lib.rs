@@ -2,6 +2,7 @@
 //! fleet", steps 1 and 5).
 //!
 //! - [`api`]: the HTTP API of PROTOCOL.md §6 (axum), with [`sse`] for live streams.
+//! - [`inbox`]: the web inbox at `GET /`, static files that use the API.
 //! - [`bots`]: NATS request-reply for chat bots, the same answer path as HTTP.
 //! - [`ops`]: submit, answer, cancel: every channel and the reconcilers go through these.
 //! - [`reconcile`]: timeouts, unpublished or lost resumes, lost jobs.
@@ -25,6 +26,7 @@ pub mod bots;
 pub mod config;
 pub mod dlq;
 pub mod error;
+pub mod inbox;
 pub mod metrics;
 pub mod ops;
 pub mod reconcile;

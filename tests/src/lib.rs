@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 pub use nix::sys::signal::Signal;
 
+pub mod browser;
+pub mod fleet;
 pub mod gateways;
 pub mod workers;
 

@@ -1,0 +1,999 @@
+// Delta Fleet's web inbox: plain JavaScript, no build step, no dependencies.
+//
+// `/`              the pending questions: GET /v1/interactions (every page), then live through
+//                  the `requested` / `resolved` events of GET /v1/interactions/stream.
+// `/runs/<run_id>` one run: status, journal live (GET /v1/runs/<id>/events), its question.
+//
+// Everything the server sends is written with textContent (never as markup). The token, when
+// there is one, lives in localStorage and goes out as `Authorization: Bearer`, or as
+// `?access_token=` on the live streams (EventSource cannot send headers).
+(() => {
+  'use strict';
+
+  const TOKEN_KEY = 'delta.inbox.token';
+  const NAME_KEY = 'delta.inbox.responder';
+  const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+  const $ = (id) => document.getElementById(id);
+
+  // ---------------------------------------------------------------------------------------
+  // Small helpers
+
+  /** An element: `attrs` are properties (`text`, `class`, `dataset`, or attributes); children
+   * are nodes or strings (as text). */
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === 'text') node.textContent = String(v);
+      else if (k === 'class') node.className = v;
+      else if (k === 'dataset') {
+        for (const [dk, dv] of Object.entries(v)) if (dv !== undefined && dv !== null) node.dataset[dk] = String(dv);
+      }
+      else if (k === 'on') for (const [ev, fn] of Object.entries(v)) node.addEventListener(ev, fn);
+      else if (v === true) node.setAttribute(k, '');
+      else node.setAttribute(k, String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === undefined || c === null || c === false) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+
+  function storageGet(key) {
+    try { return localStorage.getItem(key) || ''; } catch (_) { return ''; }
+  }
+  function storageSet(key, value) {
+    try {
+      if (value) localStorage.setItem(key, value); else localStorage.removeItem(key);
+    } catch (_) { /* private mode: kept for this page only */ }
+  }
+  let token = storageGet(TOKEN_KEY);
+  let responderName = storageGet(NAME_KEY);
+
+  /** Milliseconds since the epoch of an RFC 3339 time (microseconds cut to milliseconds). */
+  function parseTime(s) {
+    if (typeof s !== 'string') return NaN;
+    return Date.parse(s.replace(/(\.\d{3})\d+/, '$1'));
+  }
+
+  function span(ms) {
+    const s = Math.max(0, Math.round(ms / 1000));
+    if (s < 60) return `${s} s`;
+    const m = Math.floor(s / 60);
+    if (m < 60) return `${m} min ${s % 60} s`;
+    const h = Math.floor(m / 60);
+    if (h < 48) return `${h} h ${m % 60} min`;
+    return `${Math.floor(h / 24)} d ${h % 24} h`;
+  }
+
+  function ago(t) {
+    const ms = Date.now() - t;
+    return ms < 1000 ? 'just now' : `${span(ms).replace(/ \d+ (s|min)$/, '')} ago`;
+  }
+
+  function clock(t) {
+    const d = new Date(t);
+    return Number.isNaN(d.getTime()) ? '' : d.toLocaleTimeString([], { hour12: false });
+  }
+
+  function shortId(id) { return String(id || '').slice(0, 8); }
+
+  function pretty(value) {
+    try { return JSON.stringify(value, null, 2); } catch (_) { return String(value); }
+  }
+
+  function parseJson(text) {
+    try { return JSON.parse(text); } catch (_) { return null; }
+  }
+
+  function withToken(path) {
+    if (!token) return path;
+    return path + (path.includes('?') ? '&' : '?') + 'access_token=' + encodeURIComponent(token);
+  }
+
+  let toastTimer = 0;
+  function toast(text) {
+    const t = $('toast');
+    t.textContent = text;
+    t.hidden = false;
+    clearTimeout(toastTimer);
+    toastTimer = setTimeout(() => { t.hidden = true; }, 6000);
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // The API
+
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  async function api(method, path, body) {
+    const headers = { Accept: 'application/json' };
+    if (token) headers.Authorization = `Bearer ${token}`;
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
+    let resp;
+    try {
+      resp = await fetch(path, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        cache: 'no-store',
+        credentials: 'omit',
+      });
+    } catch (_) {
+      throw new ApiError(0, 'unreachable', 'The gateway cannot be reached; check the connection and try again.');
+    }
+    const data = await resp.json().catch(() => null);
+    if (!resp.ok) {
+      const e = (data && data.error) || {};
+      const err = new ApiError(resp.status, e.code || `http_${resp.status}`,
+        e.message || `${resp.status} ${resp.statusText}`);
+      if (resp.status === 401) askForToken(err);
+      throw err;
+    }
+    return data;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Settings: the token and the name
+
+  const settings = $('settings');
+
+  function openSettings(reason) {
+    settings.hidden = false;
+    $('settings-toggle').setAttribute('aria-expanded', 'true');
+    $('settings-reason').textContent = reason || '';
+    $('settings-reason').hidden = !reason;
+    $('token').value = token;
+    $('responder').value = responderName;
+    $('token').focus();
+  }
+
+  function closeSettings() {
+    settings.hidden = true;
+    $('settings-toggle').setAttribute('aria-expanded', 'false');
+  }
+
+  let lastTokenAsk = '';
+  function askForToken(err) {
+    const reason = token
+      ? `This token was refused (${err.message}). Enter another one.`
+      : 'This gateway needs a token: enter the one an operator gave you.';
+    setConn('locked');
+    if (!settings.hidden && lastTokenAsk === reason) return;
+    lastTokenAsk = reason;
+    openSettings(reason);
+  }
+
+  $('settings-toggle').addEventListener('click', () => {
+    if (settings.hidden) openSettings(''); else closeSettings();
+  });
+  $('settings-close').addEventListener('click', closeSettings);
+  $('settings-forget').addEventListener('click', () => {
+    $('token').value = '';
+    token = '';
+    storageSet(TOKEN_KEY, '');
+    restart();
+  });
+  $('settings-form').addEventListener('submit', (e) => {
+    e.preventDefault();
+    token = $('token').value.trim();
+    responderName = $('responder').value.trim();
+    storageSet(TOKEN_KEY, token);
+    storageSet(NAME_KEY, responderName);
+    lastTokenAsk = '';
+    $('settings-reason').textContent = 'Checking…';
+    $('settings-reason').hidden = false;
+    restart(true);
+  });
+  settings.addEventListener('keydown', (e) => {
+    if (e.key === 'Escape') { closeSettings(); $('settings-toggle').focus(); }
+  });
+
+  /** After a token check succeeded: close the settings if they were opened for it. */
+  function tokenWorks() {
+    if (!settings.hidden && $('settings-reason').textContent === 'Checking…') closeSettings();
+    lastTokenAsk = '';
+  }
+
+  /** After a token check failed other than by 401 (e.g. 403): say so where it was asked. */
+  function tokenFailed(text) {
+    if (!settings.hidden && $('settings-reason').textContent === 'Checking…') {
+      $('settings-reason').textContent = text;
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Connection indicator
+
+  const CONN = {
+    idle: '',
+    connecting: 'Connecting…',
+    live: 'Live',
+    reconnecting: 'Reconnecting…',
+    offline: 'Offline: retrying',
+    locked: 'Needs a token',
+    ended: 'Run ended',
+  };
+  function setConn(state) {
+    const c = $('conn');
+    c.dataset.state = state;
+    c.textContent = CONN[state] || '';
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Question cards (shared by the inbox and the run page)
+
+  const TYPE_NAMES = {
+    TOOL_APPROVAL: 'Tool approval',
+    MISSING_INFO: 'Missing information',
+    USER_CONFIRMATION: 'Confirmation',
+    USER_CHOICE: 'Choice',
+    USER_INPUT: 'Question',
+    CUSTOM: 'Question',
+  };
+
+  function isSensitive(q) { return Boolean(q.sensitive) || q.input_type === 'password'; }
+  function ctx(q) { return (q && typeof q.context === 'object' && q.context) || {}; }
+  function optionOf(q, id) { return (q.options || []).find((o) => o.option_id === id); }
+  function needsText(o) { return Boolean(o.requires_input || o.input_prompt); }
+
+  /** A text field for an answer: a password box for sensitive questions, else a textarea where
+   * Enter sends (Shift+Enter is a new line). */
+  function answerField(q, id, labelText, required) {
+    const sensitive = isSensitive(q);
+    const label = el('label', { for: id, text: labelText });
+    const input = sensitive
+      ? el('input', { id, type: 'password', autocomplete: 'off', spellcheck: 'false', name: 'input' })
+      : el('textarea', { id, rows: '2', name: 'input', spellcheck: 'true' });
+    if (required) input.required = true;
+    if (!sensitive) {
+      input.addEventListener('keydown', (e) => {
+        if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+          e.preventDefault();
+          input.form && input.form.requestSubmit();
+        }
+      });
+    }
+    const hint = el('p', {
+      class: 'hint',
+      text: sensitive ? 'Hidden as you type; never shown again, here or anywhere.' : 'Enter sends · Shift+Enter starts a new line',
+    });
+    return { field: el('div', { class: 'field' }, label, input, hint), input };
+  }
+
+  /**
+   * One question as a card. `place` is 'inbox' or 'run'. Returns the card object: {q, node,
+   * settled, ...}. The node carries `data-request-id`; option buttons `data-option-id`.
+   */
+  function makeCard(q, place, onDone) {
+    const card = { q, node: null, settled: false, busy: false, sent: false, addedAt: Date.now() };
+    const rid = q.request_id;
+    const c = ctx(q);
+    const sensitive = isSensitive(q);
+    const created = parseTime(q.timestamp);
+    const expires = parseTime(q.expires_at);
+    const def = q.default_option_id ? optionOf(q, q.default_option_id) : null;
+    const isPlan = Array.isArray(c.plan);
+    const typeName = isPlan ? 'Plan confirmation' : (TYPE_NAMES[q.type] || 'Question');
+    const headingId = `h-${rid}`;
+
+    // Head: type, agent, run, age, time left.
+    const deadline = el('span', { class: 'deadline' });
+    if (!Number.isNaN(expires)) {
+      deadline.dataset.until = String(expires);
+      deadline.dataset.then = def ? `then “${def.label}” applies` : 'then the run fails';
+    } else {
+      deadline.textContent = 'No deadline';
+    }
+    const head = el('div', { class: 'card-head' },
+      el('span', { class: `type type-${String(q.type || '').toLowerCase()}`, text: typeName }),
+      el('span', { class: 'agent', title: 'Agent', text: q.agent }),
+      place === 'inbox'
+        ? el('a', { class: 'run-link', href: `/runs/${encodeURIComponent(q.run_id)}`, text: `run ${shortId(q.run_id)}`, title: `Run ${q.run_id}` })
+        : null,
+      el('span', { class: 'age', dataset: { since: String(created) }, title: clock(created) }),
+      deadline);
+
+    const body = [];
+    body.push(el('h2', { id: headingId, class: 'title', text: q.title || q.prompt }));
+    if (q.title) body.push(el('p', { class: 'prompt', text: q.prompt }));
+    if (isPlan) {
+      if (c.round && c.max_rounds > 1 && c.round >= c.max_rounds) {
+        body.push(el('p', { class: 'meta', text: 'This is the last round: the plan can be confirmed or cancelled.' }));
+      }
+      const list = el('ol', { class: 'plan' });
+      for (const t of c.plan) {
+        const task = (t && typeof t === 'object') ? t : { description: String(t) };
+        list.append(el('li', {},
+          el('span', { class: 'plan-desc', text: task.description || '' }),
+          task.tool ? el('span', { class: 'chip', text: task.tool }) : null,
+          task.risk ? el('span', { class: `chip risk-${task.risk}`, text: `risk ${task.risk}` }) : null));
+      }
+      body.push(list);
+    } else if (q.details) {
+      body.push(el('p', { class: 'details', text: q.details }));
+    }
+
+    // A tool call: what would run, with its arguments (editable when approving allows it).
+    let argsEditor = null;
+    if (q.type === 'TOOL_APPROVAL' && (c.tool || c.args !== undefined)) {
+      const facts = el('dl', { class: 'tool-facts' });
+      const fact = (k, v, cls) => {
+        if (v === undefined || v === null || v === '') return;
+        facts.append(el('dt', { text: k }), el('dd', { class: cls }, v));
+      };
+      fact('Tool', c.tool ? el('code', { text: c.tool }) : null);
+      fact('Command', c.command_line ? el('code', { class: 'wrap', text: c.command_line }) : null);
+      fact('Risk', c.risk_level ? el('span', { class: `chip risk-${c.risk_level}`, text: c.risk_level }) : null);
+      body.push(facts);
+      const argsId = `args-${rid}`;
+      const shown = el('pre', { class: 'args', id: `${argsId}-view`, tabindex: '0', 'aria-label': 'Arguments' }, pretty(c.args ?? {}));
+      const canEdit = c.args && typeof c.args === 'object' && !Array.isArray(c.args)
+        && (q.options || []).some((o) => o.action === 'APPROVE_AND_EXECUTE');
+      const argsBlock = el('div', { class: 'args-block' },
+        el('div', { class: 'args-head' }, el('span', { class: 'label', text: 'Arguments' })), shown);
+      if (canEdit) {
+        const area = el('textarea', { id: argsId, class: 'args-edit', rows: '6', spellcheck: 'false', name: 'args', 'aria-describedby': `${argsId}-err` });
+        area.value = pretty(c.args);
+        const areaLabel = el('label', { for: argsId, class: 'label', text: 'Arguments (JSON, sent with an approval)' });
+        const err = el('p', { id: `${argsId}-err`, class: 'field-error', role: 'alert' });
+        const editWrap = el('div', { class: 'args-editor', hidden: true }, areaLabel, area, err);
+        const toggle = el('button', { type: 'button', class: 'btn btn-small', 'aria-expanded': 'false', 'aria-controls': `${argsId}-editor`, text: 'Edit arguments' });
+        editWrap.id = `${argsId}-editor`;
+        toggle.addEventListener('click', () => {
+          const open = editWrap.hidden;
+          editWrap.hidden = !open;
+          shown.hidden = open;
+          toggle.textContent = open ? 'Keep original arguments' : 'Edit arguments';
+          toggle.setAttribute('aria-expanded', String(open));
+          if (open) area.focus(); else { area.value = pretty(c.args); err.textContent = ''; }
+        });
+        argsBlock.querySelector('.args-head').append(toggle);
+        argsBlock.append(editWrap);
+        argsEditor = {
+          /** The edited arguments: undefined when not edited, null (with the error shown)
+           * when they are not a JSON object. */
+          read() {
+            if (editWrap.hidden) return undefined;
+            const v = parseJson(area.value);
+            if (!v || typeof v !== 'object' || Array.isArray(v)) {
+              err.textContent = 'The arguments must be a JSON object, e.g. {"name": "value"}. Fix them or keep the original arguments.';
+              area.setAttribute('aria-invalid', 'true');
+              area.focus();
+              return null;
+            }
+            err.textContent = '';
+            area.removeAttribute('aria-invalid');
+            return JSON.stringify(v) === JSON.stringify(c.args) ? undefined : v;
+          },
+        };
+      }
+      body.push(argsBlock);
+    }
+
+    const outcome = el('p', { class: 'outcome', role: 'alert', hidden: true });
+    const form = el('form', { class: 'answer', novalidate: true, 'aria-labelledby': headingId });
+
+    function setOutcome(text, kind, ...extra) {
+      outcome.replaceChildren(text, ...extra);
+      outcome.className = `outcome outcome-${kind}`;
+      outcome.hidden = !text && !extra.length;
+    }
+
+    function controls() { return form.querySelectorAll('button, input, textarea'); }
+    function setBusy(busy) {
+      card.busy = busy;
+      form.setAttribute('aria-busy', String(busy));
+      for (const c2 of controls()) c2.disabled = busy || card.settled;
+    }
+
+    /** Ends the card: it can no longer be answered from here. */
+    function settle(kind, text, ...extra) {
+      card.settled = true;
+      card.node.classList.add('settled', `settled-${kind}`);
+      for (const c2 of card.node.querySelectorAll('button, input, textarea')) c2.disabled = true;
+      setOutcome(text, kind, ...extra);
+      if (kind !== 'ok') {
+        const dismiss = el('button', { type: 'button', class: 'btn btn-small dismiss', text: 'Dismiss' });
+        dismiss.addEventListener('click', () => onDone(card, 'dismissed'));
+        outcome.append(' ', dismiss);
+        dismiss.focus();
+        onDone(card, 'refused');
+      }
+    }
+
+    async function send(answer, fields) {
+      if (card.busy || card.settled) return;
+      const bodyOut = { ...answer };
+      if (!token && responderName) bodyOut.responder = { id: responderName };
+      // A sensitive answer leaves the page now: it is never kept or shown again.
+      if (sensitive) for (const f of fields || []) f.value = '';
+      setBusy(true);
+      setOutcome('Sending…', 'info');
+      try {
+        await api('POST', `/v1/interactions/${encodeURIComponent(rid)}/response`, bodyOut);
+        card.sent = true;
+        settle('ok', 'Answer sent: the run resumes.');
+        onDone(card, 'sent');
+      } catch (err) {
+        setBusy(false);
+        await refusal(err);
+      }
+    }
+
+    async function refusal(err) {
+      switch (err.status) {
+        case 401:
+          setOutcome('Not signed in: enter a token (top right), then answer again.', 'error');
+          return;
+        case 403:
+          settle('error', `Not allowed: ${err.message}`);
+          return;
+        case 404:
+          settle('error', 'This question no longer exists.');
+          return;
+        case 410:
+          settle('error', 'Expired: the deadline passed, so its default was applied (or the run failed).');
+          return;
+        case 409: {
+          const since = el('span', { class: 'ago' });
+          let text = 'Already answered elsewhere.';
+          try {
+            const ix = await api('GET', `/v1/interactions/${encodeURIComponent(rid)}`);
+            const who = ix.response && ix.response.responder;
+            const at = parseTime(ix.answered_at);
+            if (ix.state === 'ANSWERED' && who) {
+              text = `Already answered by ${who.id} (${who.via})`;
+              if (!Number.isNaN(at)) { since.dataset.since = String(at); since.textContent = ` ${ago(at)}`; }
+            } else if (ix.state === 'CANCELLED') {
+              text = 'Closed: its run was cancelled.';
+            } else if (ix.state === 'EXPIRED') {
+              text = 'Expired: the deadline passed, so its default was applied (or the run failed).';
+            }
+          } catch (_) {
+            text = err.message;
+          }
+          settle('error', text, since, '.');
+          return;
+        }
+        case 422:
+        case 400:
+        case 413:
+          setOutcome(`Not accepted: ${err.message}`, 'error');
+          return;
+        default:
+          setOutcome(err.status === 0 ? err.message : `The gateway could not take the answer (${err.message}). Try again.`, 'error');
+      }
+    }
+
+    if (!(q.options || []).length) {
+      // Free text.
+      const { field, input } = answerField(q, `in-${rid}`, sensitive ? 'Your answer (hidden)' : 'Your answer', true);
+      const submit = el('button', { type: 'submit', class: 'btn btn-primary', text: 'Send answer' });
+      form.append(field, el('div', { class: 'actions' }, submit));
+      form.addEventListener('submit', (e) => {
+        e.preventDefault();
+        if (!input.value.trim()) {
+          setOutcome('Type an answer first.', 'error');
+          input.focus();
+          return;
+        }
+        send({ input: input.value }, [input]);
+      });
+    } else {
+      // Options: safe ones first, dangerous ones apart and confirmed in a second step.
+      const safe = el('div', { class: 'options', role: 'group', 'aria-label': 'Options' });
+      const risky = el('div', { class: 'options options-danger', role: 'group', 'aria-labelledby': `dz-${rid}` },
+        el('p', { id: `dz-${rid}`, class: 'danger-title', text: 'Dangerous: asks you to confirm' }));
+      const step = el('div', { class: 'step', hidden: true });
+      let stepFor = null;
+
+      const markChosen = (o) => {
+        for (const b of form.querySelectorAll('.option')) {
+          const on = Boolean(o) && b.dataset.optionId === o.option_id;
+          b.classList.toggle('chosen', on);
+          if (b.dataset.step) b.setAttribute('aria-expanded', String(on));
+        }
+      };
+
+      const closeStep = () => {
+        const back = stepFor && form.querySelector(`[data-option-id="${CSS.escape(stepFor.option_id)}"]`);
+        markChosen(null);
+        step.hidden = true;
+        step.replaceChildren();
+        stepFor = null;
+        if (back) back.focus();
+      };
+
+      const answerWith = (o, text, fields) => {
+        const answer = { option_id: o.option_id };
+        if (text !== undefined && text.trim()) answer.input = text;
+        if (argsEditor && o.action === 'APPROVE_AND_EXECUTE') {
+          const edited = argsEditor.read();
+          if (edited === null) return;
+          if (edited !== undefined) answer.data = { args: edited };
+        }
+        send(answer, fields);
+      };
+
+      const openStep = (o, index) => {
+        stepFor = o;
+        markChosen(o);
+        const parts = [el('p', { class: 'step-title', text: o.is_dangerous ? `Confirm: ${o.label}` : o.label })];
+        if (o.description) parts.push(el('p', { class: 'hint', text: o.description }));
+        if (o.is_dangerous) parts.push(el('p', { class: 'warning', text: 'This option is marked dangerous. Make sure before you go on.' }));
+        let input = null;
+        if (needsText(o)) {
+          const f = answerField(q, `in-${rid}-${index}`, o.input_prompt || 'Your text', Boolean(o.requires_input));
+          input = f.input;
+          parts.push(f.field);
+        }
+        const go = el('button', {
+          type: 'submit',
+          class: o.is_dangerous ? 'btn btn-danger' : 'btn btn-primary',
+          dataset: { confirm: o.option_id },
+          text: o.is_dangerous ? `Yes, ${o.label.charAt(0).toLowerCase()}${o.label.slice(1)}` : `Send “${o.label}”`,
+        });
+        const back = el('button', { type: 'button', class: 'btn', text: 'Back' });
+        back.addEventListener('click', closeStep);
+        parts.push(el('div', { class: 'actions' }, go, back));
+        step.replaceChildren(...parts);
+        step.hidden = false;
+        (input || go).focus();
+      };
+
+      form.addEventListener('submit', (e) => {
+        e.preventDefault();
+        if (!stepFor) return;
+        const o = stepFor;
+        const input = step.querySelector('[name="input"]');
+        if (input && o.requires_input && !input.value.trim()) {
+          setOutcome(`“${o.label}” needs text: ${o.input_prompt || 'type it first'}.`, 'error');
+          input.focus();
+          return;
+        }
+        answerWith(o, input ? input.value : undefined, input ? [input] : []);
+      });
+      step.addEventListener('keydown', (e) => {
+        if (e.key === 'Escape') { e.stopPropagation(); closeStep(); }
+      });
+
+      q.options.forEach((o, index) => {
+        const isDefault = o.option_id === q.default_option_id;
+        const b = el('button', {
+          type: 'button',
+          class: o.is_dangerous ? 'btn option option-danger' : 'btn option',
+          dataset: { optionId: o.option_id, step: (o.is_dangerous || needsText(o)) ? 'yes' : undefined },
+          'aria-expanded': (o.is_dangerous || needsText(o)) ? 'false' : undefined,
+          'aria-describedby': o.description ? `d-${rid}-${index}` : undefined,
+        },
+        el('span', { class: 'option-label' }, o.label,
+          isDefault ? el('span', { class: 'chip chip-default', text: 'default' }) : null),
+        o.description ? el('span', { class: 'option-desc', id: `d-${rid}-${index}`, text: o.description }) : null);
+        b.addEventListener('click', () => {
+          setOutcome('', 'info');
+          if (o.is_dangerous || needsText(o)) openStep(o, index);
+          else { step.hidden = true; stepFor = null; markChosen(o); answerWith(o, undefined, []); }
+        });
+        (o.is_dangerous ? risky : safe).append(b);
+      });
+      form.append(safe);
+      if (risky.childElementCount > 1) form.append(risky);
+      form.append(step);
+    }
+
+    card.node = el('article', {
+      class: `card${sensitive ? ' card-sensitive' : ''}`,
+      dataset: { requestId: rid, runId: q.run_id },
+      'aria-labelledby': headingId,
+    }, head, ...body, form, outcome);
+    card.settle = settle;
+    return card;
+  }
+
+  /** Refreshes every relative time and countdown on the page (once a second). */
+  function tick() {
+    const now = Date.now();
+    for (const n of document.querySelectorAll('[data-since]')) {
+      const t = Number(n.dataset.since);
+      if (Number.isNaN(t)) continue;
+      const text = n.classList.contains('age') ? `asked ${ago(t)}` : ` ${ago(t)}`;
+      if (n.textContent !== text) n.textContent = text;
+    }
+    for (const n of document.querySelectorAll('[data-until]')) {
+      const left = Number(n.dataset.until) - now;
+      const text = left > 0 ? `${span(left)} left, ${n.dataset.then}` : `Deadline passed: ${n.dataset.then.replace(/^then /, '')}`;
+      if (n.textContent !== text) n.textContent = text;
+      n.classList.toggle('soon', left <= 60000);
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // The inbox: `/`
+
+  const inbox = {
+    cards: new Map(), // request_id -> card
+    gone: new Map(), // request_id -> when it was settled (a stale listing must not bring it back)
+    stream: null,
+    retry: 1000,
+    timer: 0,
+  };
+
+  function renderCount() {
+    const n = [...inbox.cards.values()].filter((c) => !c.settled).length;
+    $('count').textContent = n ? `${n} waiting` : '';
+    $('empty').hidden = inbox.cards.size > 0 || !$('inbox-error').hidden;
+    document.title = n ? `(${n}) Delta inbox` : 'Delta inbox';
+  }
+
+  function inboxDone(card, why) {
+    const rid = card.q.request_id;
+    inbox.gone.set(rid, Date.now());
+    if (why === 'refused') {
+      renderCount();
+    } else if (why === 'sent') {
+      setTimeout(() => { if (inbox.cards.get(rid) === card) removeCard(rid); }, 4000);
+      renderCount();
+    } else {
+      removeCard(rid);
+    }
+  }
+
+  function addCard(q) {
+    if (!q || !q.request_id) return;
+    const shown = inbox.cards.get(q.request_id);
+    if (shown && !shown.settled) return;
+    if (shown) removeCard(q.request_id); // asked again after an answer the engine refused
+    const card = makeCard(q, 'inbox', inboxDone);
+    const at = parseTime(q.timestamp);
+    const list = $('cards');
+    let before = null;
+    for (const other of inbox.cards.values()) {
+      const t = parseTime(other.q.timestamp);
+      if (t > at && (!before || t < parseTime(before.q.timestamp))) before = other;
+    }
+    list.insertBefore(card.node, before ? before.node : null);
+    inbox.cards.set(q.request_id, card);
+    tick();
+    renderCount();
+  }
+
+  function removeCard(rid) {
+    const card = inbox.cards.get(rid);
+    if (!card) return;
+    const hadFocus = card.node.contains(document.activeElement);
+    const next = card.node.nextElementSibling || card.node.previousElementSibling;
+    card.node.remove();
+    inbox.cards.delete(rid);
+    if (hadFocus) {
+      const target = next && next.querySelector('button:not([disabled]), textarea, input');
+      (target || $('main')).focus();
+    }
+    renderCount();
+  }
+
+  function describeResolved(r, q) {
+    const who = r.responder ? `${r.responder.id} (${r.responder.via})` : 'someone';
+    const option = r.option_id ? optionOf(q, r.option_id) : null;
+    if (r.state === 'EXPIRED') return r.option_id ? `expired: its default “${option ? option.label : r.option_id}” applied` : 'expired: its run fails';
+    if (r.state === 'CANCELLED') return `closed: its run was cancelled by ${r.responder ? r.responder.id : 'an operator'}`;
+    return `answered by ${who}`;
+  }
+
+  function onResolved(r) {
+    if (!r || !r.request_id) return;
+    inbox.gone.set(r.request_id, Date.now());
+    const card = inbox.cards.get(r.request_id);
+    // Our own answer in flight: its reply says how it went (accepted, or who was first).
+    if (!card || card.sent || card.busy) return;
+    removeCard(r.request_id);
+    toast(`“${card.q.title || card.q.prompt}” was ${describeResolved(r, card.q)}.`);
+  }
+
+  async function loadPending() {
+    const started = Date.now();
+    const found = [];
+    let cursor = null;
+    let pages = 0;
+    do {
+      const qs = new URLSearchParams({ state: 'pending', limit: '100' });
+      if (cursor) qs.set('cursor', cursor);
+      const page = await api('GET', `/v1/interactions?${qs}`);
+      found.push(...(page.interactions || []));
+      cursor = page.next_cursor;
+      pages += 1;
+    } while (cursor && pages < 50);
+    tokenWorks();
+    $('inbox-error').hidden = true;
+    const ids = new Set(found.map((v) => v.request_id));
+    for (const [rid, card] of inbox.cards) {
+      // Settled while we were not listening; cards shown after this listing began stay.
+      if (!ids.has(rid) && !card.settled && card.addedAt < started) removeCard(rid);
+    }
+    for (const v of found) {
+      if (!inbox.gone.has(v.request_id) && v.request) addCard(v.request);
+    }
+    const old = Date.now() - 10 * 60 * 1000;
+    for (const [rid, t] of inbox.gone) if (t < old) inbox.gone.delete(rid);
+    renderCount();
+  }
+
+  function showInboxError(err) {
+    const b = $('inbox-error');
+    b.classList.toggle('banner-info', err.status === 401);
+    if (err.status === 401) {
+      // The token prompt says why; this says what is missing.
+      b.textContent = 'Enter a token to see the questions waiting here.';
+      b.hidden = false;
+      $('empty').hidden = true;
+      return;
+    }
+    b.textContent = err.status === 403
+      ? `Not allowed to see questions: ${err.message}`
+      : `Cannot load the questions: ${err.message}`;
+    b.hidden = false;
+    $('empty').hidden = true;
+    tokenFailed(b.textContent);
+  }
+
+  function openInboxStream() {
+    clearTimeout(inbox.timer);
+    if (inbox.stream) inbox.stream.close();
+    setConn('connecting');
+    const es = new EventSource(withToken('/v1/interactions/stream'));
+    inbox.stream = es;
+    es.addEventListener('open', () => {
+      setConn('live');
+      inbox.retry = 1000;
+      loadPending().catch(showInboxError);
+    });
+    es.addEventListener('requested', (e) => {
+      const q = parseJson(e.data);
+      if (!q || !q.request_id) return;
+      inbox.gone.delete(q.request_id); // asked again (an answer the engine refused)
+      addCard(q);
+    });
+    es.addEventListener('resolved', (e) => onResolved(parseJson(e.data)));
+    es.addEventListener('error', () => {
+      if (es.readyState !== EventSource.CLOSED) { setConn('reconnecting'); return; }
+      // Refused (401, 403, 503) or unreachable: a plain call says why (the token prompt, a
+      // banner); the list itself is brought up to date when the stream opens again.
+      es.close();
+      setConn('offline');
+      api('GET', '/v1/interactions?state=pending&limit=1').then(() => {
+        $('inbox-error').hidden = true;
+      }, showInboxError);
+      inbox.timer = setTimeout(openInboxStream, inbox.retry);
+      inbox.retry = Math.min(inbox.retry * 2, 30000);
+    });
+  }
+
+  function startInbox() {
+    $('inbox-view').hidden = false;
+    renderCount();
+    $('empty').hidden = true;
+    loadPending().then(renderCount, showInboxError);
+    openInboxStream();
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // A run: `/runs/<run_id>`
+
+  const run = { id: '', stream: null, lastSeq: 0, card: null, ended: false, timer: 0, retry: 1000, refreshTimer: 0 };
+
+  const STATUS_CLASS = {
+    QUEUED: 'neutral', RUNNING: 'info', WAITING_FOR_INPUT: 'warn', INTERRUPTED: 'warn',
+    COMPLETED: 'ok', FAILED: 'bad', CANCELLED: 'neutral',
+  };
+
+  function setRunStatus(status) {
+    const s = $('run-status');
+    s.textContent = status || '';
+    s.className = `status status-${STATUS_CLASS[status] || 'neutral'}`;
+    s.dataset.status = status || '';
+  }
+
+  function renderFacts(r) {
+    const dl = $('run-facts');
+    const rows = [];
+    const row = (k, v, cls) => {
+      if (v === undefined || v === null || v === '') return;
+      rows.push(el('div', { class: 'fact' }, el('dt', { text: k }), el('dd', { class: cls, text: v })));
+    };
+    row('Agent', r.agent);
+    row('Task', r.task);
+    const created = parseTime(r.created_at);
+    const updated = parseTime(r.updated_at);
+    if (!Number.isNaN(created)) row('Started', `${new Date(created).toLocaleString()}`);
+    if (!Number.isNaN(updated)) row('Updated', `${new Date(updated).toLocaleString()}`);
+    row('Result', r.result, 'result');
+    row('Error', r.error, 'error');
+    dl.replaceChildren(...rows);
+  }
+
+  function runDone(card, why) {
+    if (why === 'refused') return;
+    if (why === 'sent') { scheduleRunRefresh(600); return; }
+    card.node.remove();
+    run.card = null;
+  }
+
+  async function refreshRun() {
+    let r;
+    try {
+      r = await api('GET', `/v1/runs/${encodeURIComponent(run.id)}`);
+    } catch (err) {
+      const b = $('run-error');
+      b.classList.toggle('banner-info', err.status === 401);
+      if (err.status === 401) b.textContent = 'Enter a token to see this run.';
+      else if (err.status === 404) {
+        b.textContent = `There is no run ${run.id}.`;
+        run.ended = true; // nothing to follow
+        if (run.stream) run.stream.close();
+        clearTimeout(run.timer);
+        setConn('idle');
+        $('journal-state').textContent = '';
+      }
+      else b.textContent = `Cannot load the run: ${err.message}`;
+      b.hidden = false;
+      if (err.status !== 401) tokenFailed(b.textContent);
+      return;
+    }
+    tokenWorks();
+    $('run-error').hidden = true;
+    setRunStatus(r.status);
+    renderFacts(r);
+    const p = r.pending_interaction;
+    const pending = p && p.state === 'PENDING' && p.request ? p.request : null;
+    if (run.card && (!pending || run.card.q.request_id !== pending.request_id)) {
+      if (!run.card.settled || run.card.sent) { run.card.node.remove(); run.card = null; }
+    }
+    if (pending && !run.card) {
+      run.card = makeCard(pending, 'run', runDone);
+      $('run-question').replaceChildren(run.card.node);
+      tick();
+    }
+  }
+
+  function scheduleRunRefresh(ms) {
+    clearTimeout(run.refreshTimer);
+    run.refreshTimer = setTimeout(refreshRun, ms);
+  }
+
+  /** One line of the journal: what happened, in a few words. */
+  function summary(e) {
+    const p = e.payload || {};
+    const cut = (s, n) => { const t = String(s ?? ''); return t.length > n ? `${t.slice(0, n - 1)}…` : t; };
+    switch (e.type) {
+      case 'ENGINE_START': return `worker ${p.worker ?? '?'}, attempt ${p.attempt ?? '?'}`;
+      case 'THOUGHT': return cut(p.content, 300);
+      case 'PLAN': return `${(p.tasks || []).length} task(s), risk ${p.risk_level ?? '?'}` + (p.round ? `, round ${p.round}` : '');
+      case 'ACTION_REQUEST': return `${p.tool}(${cut(JSON.stringify(p.args ?? {}), 200)})`;
+      case 'ACTION_RESULT': return `${p.status}${p.duration_ms !== undefined ? ` (${p.duration_ms} ms)` : ''}: ${cut(p.observation_content, 300)}`;
+      case 'HUMAN_INPUT_REQUEST': return cut(p.prompt, 300);
+      case 'HUMAN_INPUT_RECEIVED': {
+        const who = p.responder ? `${p.responder.id} via ${p.responder.via}` : 'someone';
+        const parts = [];
+        if (p.option_id) parts.push(`option ${p.option_id}`);
+        if (p.input !== undefined) parts.push(`“${cut(p.input, 200)}”`);
+        if (p.feedback) parts.push(`feedback “${cut(p.feedback, 200)}”`);
+        if (p.edited_args) parts.push('edited arguments');
+        return `from ${who}${parts.length ? `: ${parts.join(', ')}` : ''}`;
+      }
+      case 'SYSTEM_MESSAGE': return `${p.level ?? 'info'}: ${cut(p.content, 300)}`;
+      case 'ENGINE_END': return `${p.status}${p.result ? `: ${cut(p.result, 300)}` : ''}${p.error ? `: ${cut(p.error, 300)}` : ''}`;
+      default: return cut(JSON.stringify(p), 300);
+    }
+  }
+
+  function appendJournal(e) {
+    if (!e || typeof e.seq !== 'number' || e.seq <= run.lastSeq) return;
+    run.lastSeq = e.seq;
+    const t = parseTime(e.timestamp);
+    const li = el('li', { class: `jl jl-${String(e.type || '').toLowerCase()}`, dataset: { seq: String(e.seq), type: e.type } },
+      el('span', { class: 'jl-seq', text: e.seq }),
+      el('time', { class: 'jl-time', datetime: e.timestamp, text: clock(t) }),
+      el('span', { class: 'jl-type', text: e.type }),
+      el('span', { class: 'jl-text', text: summary(e) }));
+    $('journal').append(li);
+    if (['ENGINE_START', 'ENGINE_END', 'HUMAN_INPUT_REQUEST', 'HUMAN_INPUT_RECEIVED'].includes(e.type)) {
+      scheduleRunRefresh(150);
+    }
+  }
+
+  function openRunStream() {
+    clearTimeout(run.timer);
+    if (run.stream) run.stream.close();
+    if (run.ended) return;
+    $('journal-state').textContent = 'connecting…';
+    const es = new EventSource(withToken(`/v1/runs/${encodeURIComponent(run.id)}/events?from_seq=${run.lastSeq + 1}`));
+    run.stream = es;
+    es.addEventListener('open', () => {
+      setConn('live');
+      run.retry = 1000;
+      $('journal-state').textContent = 'live';
+    });
+    es.addEventListener('journal', (m) => appendJournal(parseJson(m.data)));
+    es.addEventListener('status', (m) => {
+      const s = parseJson(m.data) || {};
+      run.ended = true;
+      es.close();
+      setRunStatus(s.status);
+      setConn('ended');
+      $('journal-state').textContent = 'run ended';
+      refreshRun();
+    });
+    es.addEventListener('error', () => {
+      if (run.ended) return;
+      if (es.readyState !== EventSource.CLOSED) {
+        setConn('reconnecting');
+        $('journal-state').textContent = 'reconnecting…';
+        return;
+      }
+      es.close();
+      setConn('offline');
+      $('journal-state').textContent = 'offline: retrying';
+      refreshRun();
+      run.timer = setTimeout(openRunStream, run.retry);
+      run.retry = Math.min(run.retry * 2, 30000);
+    });
+  }
+
+  function startRun(id) {
+    $('run-view').hidden = false;
+    $('run-id').textContent = id;
+    run.id = id;
+    document.title = `Run ${shortId(id)} · Delta`;
+    if (!UUID.test(id)) {
+      const b = $('run-error');
+      b.textContent = `“${id}” is not a run id.`;
+      b.hidden = false;
+      return;
+    }
+    refreshRun();
+    openRunStream();
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Start
+
+  function route() {
+    const m = /^\/runs\/([^/]+)\/?$/.exec(location.pathname);
+    if (m) return { view: 'run', id: decodeURIComponent(m[1]) };
+    return { view: 'inbox' };
+  }
+
+  /** Starts (or, after a token change, restarts) the view from scratch. */
+  function restart(fromSettings) {
+    if (!fromSettings) lastTokenAsk = '';
+    const r = route();
+    if (r.view === 'run') {
+      run.ended = false;
+      clearTimeout(run.timer);
+      if (run.stream) run.stream.close();
+      refreshRun();
+      openRunStream();
+    } else {
+      clearTimeout(inbox.timer);
+      inbox.retry = 1000;
+      loadPending().catch(showInboxError);
+      openInboxStream();
+    }
+  }
+
+  function start() {
+    const r = route();
+    if (r.view === 'run') startRun(r.id); else startInbox();
+    setInterval(tick, 1000);
+    tick();
+  }
+
+  start();
+})();

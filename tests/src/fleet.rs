@@ -1,0 +1,236 @@
+//! A whole fleet for end-to-end tests: `redis-server` and `nats-server` on free ports, gateway
+//! and worker processes (see [`crate::gateways`], [`crate::workers`]) under one key prefix, a
+//! temporary agents directory, and the calls tests make most (submit, wait for the question,
+//! answer, wait for a status). A test binary that uses it declares `worker_child` and
+//! `gateway_child` (see those modules).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use delta_shared::protocol::RunId;
+use delta_shared::protocol::RunStatus;
+use delta_shared::store::redis::RedisRunStore;
+use serde_json::{Value, json};
+
+use crate::gateways::{self, Client, GatewayProcess};
+use crate::workers::{self, WorkerProcess};
+
+/// Agents for fleet tests: the examples `hello` and `chooser`, plus `timed` (a choice with a
+/// 2 s deadline and a default), `timed_nodefault`, `guarded` (only `alice` may answer), `secret`
+/// (a sensitive question) and `gated` (a tool that always needs approval).
+pub fn agents_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    for name in ["hello", "chooser"] {
+        let to = dir.path().join(name);
+        std::fs::create_dir_all(&to).expect("mkdir");
+        for f in ["config.yaml", "script.yaml"] {
+            std::fs::copy(examples.join(name).join(f), to.join(f)).expect("copy");
+        }
+    }
+    let agent = |name: &str, ask: &str| {
+        let to = dir.path().join(name);
+        std::fs::create_dir_all(&to).expect("mkdir");
+        std::fs::write(
+            to.join("config.yaml"),
+            format!(
+                "name: {name}\nbrain: scripted\ntools:\n  - name: echo\n    exec: \"echo ${{text}}\"\n    idempotent: true\n"
+            ),
+        )
+        .expect("config");
+        std::fs::write(
+            to.join("script.yaml"),
+            format!(
+                "steps:\n  - ask_human:\n{ask}\n  - tool: echo\n    args: {{text: \"got ${{answer}}\"}}\n  - finish: \"done: ${{answer}}\"\n"
+            ),
+        )
+        .expect("script");
+    };
+    agent(
+        "timed",
+        "      prompt: \"Go?\"\n      timeout_seconds: 2\n      default_option_id: later\n      options:\n        - {id: now, label: Now}\n        - {id: later, label: Later}",
+    );
+    agent(
+        "timed_nodefault",
+        "      prompt: \"Name?\"\n      timeout_seconds: 2",
+    );
+    agent(
+        "guarded",
+        "      prompt: \"Approve the budget?\"\n      allowed_responders: [alice]",
+    );
+    agent(
+        "secret",
+        "      prompt: \"API key?\"\n      sensitive: true",
+    );
+    let gated = dir.path().join("gated");
+    std::fs::create_dir_all(&gated).expect("mkdir");
+    std::fs::write(
+        gated.join("config.yaml"),
+        "name: gated\nbrain: scripted\ntools:\n  - name: shout\n    exec: \"echo ${text}\"\n    approval: always\n",
+    )
+    .expect("config");
+    std::fs::write(
+        gated.join("script.yaml"),
+        "steps:\n  - tool: shout\n    args: {text: \"hello\"}\n  - finish: \"shouted\"\n",
+    )
+    .expect("script");
+    dir
+}
+
+/// Real servers and gateway and worker processes under one key prefix, all stopped on drop.
+pub struct Fleet {
+    // Field order is drop order: processes before the servers they use.
+    pub gateways: Vec<GatewayProcess>,
+    pub workers: Vec<WorkerProcess>,
+    /// A client of the first gateway (no token).
+    pub client: Client,
+    pub store: RedisRunStore,
+    pub worker_spec: workers::Spec,
+    pub gateway_spec: gateways::Spec,
+    _work: tempfile::TempDir,
+    _agents: tempfile::TempDir,
+    pub nats: crate::Nats,
+    _redis: crate::Redis,
+}
+
+impl Fleet {
+    /// Servers, `gateways` gateways and `workers` workers, all processes.
+    pub async fn start(prefix: &str, gateways: usize, workers: usize) -> Fleet {
+        Self::start_with(prefix, gateways, workers, |_| {}).await
+    }
+
+    /// As [`Fleet::start`], with the gateway spec changed by `tweak` first (tokens, key…).
+    pub async fn start_with(
+        prefix: &str,
+        n_gateways: usize,
+        n_workers: usize,
+        tweak: impl Fn(&mut gateways::Spec),
+    ) -> Fleet {
+        let redis = crate::Redis::start().expect("redis");
+        let nats = crate::Nats::start().expect("nats");
+        let agents = agents_dir();
+        let work = tempfile::tempdir().expect("work");
+        let mut gateway_spec = gateways::Spec::new(&nats, &redis, prefix);
+        gateway_spec.agents_dir = agents.path().to_path_buf();
+        tweak(&mut gateway_spec);
+        let worker_spec = workers::Spec {
+            nats_url: nats.url(),
+            redis_url: redis.url(),
+            prefix: prefix.into(),
+            agents_dir: agents.path().to_path_buf(),
+            work_dir: work.path().to_path_buf(),
+            concurrency: 8,
+            ack_wait_ms: 5000,
+            max_deliver: 3,
+            grace_ms: 2000,
+            worker_id: String::new(),
+            secrets_key_hex: gateway_spec.secrets_key_hex.clone(),
+        };
+        let mut fleet = Fleet {
+            gateways: vec![],
+            workers: vec![],
+            client: Client::new(&gateway_spec.url(), None),
+            store: RedisRunStore::connect(&redis.url(), prefix)
+                .await
+                .expect("store"),
+            worker_spec,
+            gateway_spec,
+            _work: work,
+            _agents: agents,
+            nats,
+            _redis: redis,
+        };
+        for _ in 0..n_gateways {
+            fleet.add_gateway(None).await;
+        }
+        for i in 0..n_workers {
+            fleet.add_worker(&format!("w{i}"));
+        }
+        fleet
+    }
+
+    /// Another gateway on its own port (a failpoint makes it exit there).
+    pub async fn add_gateway(&mut self, failpoint: Option<&str>) -> Client {
+        let mut spec = self.gateway_spec.clone();
+        if !self.gateways.is_empty() || failpoint.is_some() {
+            spec.port = crate::free_port().expect("port");
+        }
+        spec.failpoint = failpoint.map(str::to_owned);
+        let gw = gateways::spawn(&spec, None).await;
+        let client = Client::new(&gw.url, None);
+        self.gateways.push(gw);
+        client
+    }
+
+    /// Adds an agent to the fleet's agents directory (gateways and workers read it per run).
+    pub fn add_agent(&self, name: &str, config_yaml: &str, script_yaml: &str) {
+        let dir = self._agents.path().join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("config.yaml"), config_yaml).expect("config");
+        std::fs::write(dir.join("script.yaml"), script_yaml).expect("script");
+    }
+
+    /// Another worker process, named `id`.
+    pub fn add_worker(&mut self, id: &str) {
+        self.workers
+            .push(workers::spawn(&self.worker_spec, id, None));
+    }
+
+    /// Submits a run over HTTP and returns its id.
+    pub async fn submit(&self, agent: &str, task: &str) -> RunId {
+        let (status, body) = self
+            .client
+            .post("/v1/runs", &json!({"agent": agent, "task": task}))
+            .await
+            .expect("submit");
+        assert_eq!(status, 202, "{body}");
+        assert_eq!(body["status"], "QUEUED");
+        body["run_id"]
+            .as_str()
+            .expect("run_id")
+            .parse()
+            .expect("uuid")
+    }
+
+    /// Waits for the run to pause and returns its pending request id.
+    pub async fn pending(&self, run: RunId) -> String {
+        pending(&self.client, run).await
+    }
+
+    /// Waits (up to 20 s) until the run has `status` in Redis.
+    pub async fn wait_status(&self, run: RunId, status: RunStatus) {
+        crate::wait_for_status(&self.store, run, status).await;
+    }
+
+    /// Answers a question over HTTP (no token): the status and body.
+    pub async fn answer(&self, rid: &str, body: Value) -> (u16, Value) {
+        self.client
+            .post(&format!("/v1/interactions/{rid}/response"), &body)
+            .await
+            .expect("answer")
+    }
+
+    /// A NATS client of the fleet's server (bots).
+    pub async fn nats(&self) -> async_nats::Client {
+        async_nats::connect(self.nats.url()).await.expect("nats")
+    }
+}
+
+/// Waits (through the API) for a run to pause and returns its pending request id.
+pub async fn pending(client: &Client, run: RunId) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, body) = client
+            .get(&format!("/v1/runs/{run}"))
+            .await
+            .expect("get run");
+        if body["status"] == "WAITING_FOR_INPUT" && body["pending_interaction"].is_object() {
+            return body["pending_interaction"]["request_id"]
+                .as_str()
+                .expect("request id")
+                .to_owned();
+        }
+        assert!(Instant::now() < deadline, "run never paused: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

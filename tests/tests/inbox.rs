@@ -1,0 +1,980 @@
+//! The web inbox in a real browser: headless Chromium driven over WebDriver, against real
+//! nats-server, redis-server, gateway and worker processes (one fleet and key prefix per test).
+//!
+//! Every wait polls a condition with a timeout; nothing sleeps to assert. A failing test leaves
+//! a screenshot and the page source in `<target>/browser-artifacts/` (or `DELTA_ARTIFACTS_DIR`);
+//! `DELTA_INBOX_SCREENSHOTS=1` saves screenshots of passing tests too. Chromium and chromedriver
+//! come from `deploy/install-browser.sh`: without them these tests fail, naming it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use delta_e2e::browser::{Browser, Screen};
+use delta_e2e::fleet::{Fleet, pending};
+use delta_e2e::gateways::Client;
+use delta_shared::protocol::{ActionStatus, Event, HumanInputReceived, RunId, RunStatus};
+use delta_shared::store::RunStore;
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a worker process started by the tests"]
+async fn worker_child() {
+    delta_e2e::workers::child_main().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a gateway process started by the tests"]
+async fn gateway_child() {
+    delta_e2e::gateways::child_main().await
+}
+
+/// WebDriver's codes for keys.
+const TAB: &str = "\u{E004}";
+const ENTER: &str = "\u{E007}";
+const ESCAPE: &str = "\u{E00C}";
+
+/// The CSS selector of a question's card.
+fn card(rid: &str) -> String {
+    format!(r#"article[data-request-id="{rid}"]"#)
+}
+
+/// An agent that asks (`ask` is the YAML of its `ask_human` step, indented six spaces), echoes
+/// the answer and finishes with it.
+fn add_asker(fleet: &Fleet, name: &str, ask: &str) {
+    fleet.add_agent(
+        name,
+        &format!(
+            "name: {name}\nbrain: scripted\ntools:\n  - name: echo\n    exec: \"echo ${{text}}\"\n    idempotent: true\n"
+        ),
+        &format!(
+            "steps:\n  - ask_human:\n{ask}\n  - tool: echo\n    args: {{text: \"got ${{answer}}\"}}\n  - finish: \"done: ${{answer}}\"\n"
+        ),
+    );
+}
+
+/// Copies one of `examples/agents` into the fleet's agents directory.
+fn add_example(fleet: &Fleet, name: &str) {
+    let from = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/agents")
+        .join(name);
+    let read = |f: &str| std::fs::read_to_string(from.join(f)).expect("example agent file");
+    fleet.add_agent(name, &read("config.yaml"), &read("script.yaml"));
+    let to = fleet.gateway_spec.agents_dir.join(name);
+    for entry in std::fs::read_dir(&from).expect("example agent dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "sh") {
+            std::fs::copy(&path, to.join(path.file_name().expect("name"))).expect("copy");
+        }
+    }
+}
+
+fn answers(run: &delta_shared::store::StoredRun) -> Vec<HumanInputReceived> {
+    run.journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::HumanInputReceived(h) => Some(h.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn results(run: &delta_shared::store::StoredRun) -> Vec<(ActionStatus, String)> {
+    run.journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ActionResult(r) => Some((r.status, r.observation_content.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn open_inbox(browser: &Browser, fleet: &Fleet) {
+    browser.goto(&format!("{}/", fleet.gateways[0].url)).await;
+}
+
+async fn wait_live(browser: &Browser) {
+    browser
+        .wait_for(
+            "the live stream to connect",
+            "return document.getElementById('conn').dataset.state === 'live';",
+            vec![],
+        )
+        .await;
+}
+
+/// Waits until the card of `rid` says `text` in its outcome line; returns that line.
+async fn wait_outcome(browser: &Browser, rid: &str, text: &str) -> String {
+    browser
+        .wait_for(
+            &format!("the card of {rid} to say {text:?}"),
+            "const o = document.querySelector(arguments[0] + ' .outcome'); \
+             return o && !o.hidden && o.textContent.includes(arguments[1]) ? o.textContent : null;",
+            vec![json!(card(rid)), json!(text)],
+        )
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn wait_gone(browser: &Browser, rid: &str, within: Duration) {
+    browser
+        .wait_for_within(
+            within,
+            &format!("the card of {rid} to leave the page"),
+            "return document.querySelector(arguments[0]) === null;",
+            vec![json!(card(rid))],
+        )
+        .await;
+}
+
+async fn interaction_state(client: &Client, rid: &str) -> Value {
+    let (_, ix) = client
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get interaction");
+    ix["state"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_free_text_answer_in_the_inbox_completes_the_run() {
+    let fleet = Fleet::start("iba", 1, 1).await;
+    add_asker(
+        &fleet,
+        "asker",
+        "      prompt: \"What is your name?\"\n      timeout_seconds: 600",
+    );
+    let browser = Browser::start(
+        "a_free_text_answer_in_the_inbox_completes_the_run",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let run = fleet.submit("asker", "greet").await;
+            let rid = fleet.pending(run).await;
+            open_inbox(&browser, &fleet).await;
+            let c = card(&rid);
+            browser.find(&c).await;
+            // What the card shows: agent, a link to its run, its age, the time left (ticking).
+            let head = browser
+                .text(&format!("{c} .card-head"))
+                .await
+                .expect("card head");
+            let short = &run.to_string()[..8];
+            for part in [
+                "Question",
+                "asker",
+                &format!("run {short}"),
+                "asked",
+                "left, then the run fails",
+            ] {
+                assert!(head.contains(part), "{part:?} not in {head:?}");
+            }
+            let href = browser
+                .js(
+                    "return document.querySelector(arguments[0] + ' .run-link').getAttribute('href');",
+                    vec![json!(c)],
+                )
+                .await;
+            assert_eq!(href, json!(format!("/runs/{run}")));
+            let left = browser
+                .text(&format!("{c} .deadline"))
+                .await
+                .expect("deadline");
+            assert!(left.starts_with("9 min") || left.starts_with("10 min"), "{left}");
+            browser
+                .wait_for(
+                    "the time left to tick",
+                    "return document.querySelector(arguments[0] + ' .deadline').textContent !== arguments[1];",
+                    vec![json!(c), json!(left)],
+                )
+                .await;
+            // A name for answers (the gateway has no tokens), then the answer: Enter sends.
+            browser.click("#settings-toggle").await;
+            browser.type_into("#responder", "Ada Lovelace").await;
+            browser.click("#settings-save").await;
+            browser
+                .wait_for(
+                    "the settings to close",
+                    "return document.getElementById('settings').hidden;",
+                    vec![],
+                )
+                .await;
+            browser
+                .type_into(&format!("{c} textarea[name=input]"), "Ada\u{E007}")
+                .await;
+            wait_outcome(&browser, &rid, "Answer sent").await;
+            fleet.wait_status(run, RunStatus::Completed).await;
+            let stored = fleet.store.load(run).await.expect("load");
+            assert_eq!(stored.record.result.as_deref(), Some("done: Ada"));
+            let got = answers(&stored);
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].input.as_deref(), Some("Ada"));
+            assert_eq!(
+                (got[0].responder.id.as_str(), got[0].responder.via),
+                ("Ada Lovelace", delta_shared::protocol::Via::Http)
+            );
+            // Answered: the card leaves, and the inbox says nothing is waiting.
+            wait_gone(&browser, &rid, Duration::from_secs(10)).await;
+            browser
+                .wait_for(
+                    "the empty inbox",
+                    "return !document.getElementById('empty').hidden;",
+                    vec![],
+                )
+                .await;
+        })
+        .await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn approving_a_tool_call_runs_it_with_or_without_edited_args() {
+    let fleet = Fleet::start("ibb", 1, 1).await;
+    let browser = Browser::start(
+        "approving_a_tool_call_runs_it_with_or_without_edited_args",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let plain = fleet.submit("gated", "shout").await;
+            let plain_rid = fleet.pending(plain).await;
+            let edited = fleet.submit("gated", "shout").await;
+            let edited_rid = fleet.pending(edited).await;
+            open_inbox(&browser, &fleet).await;
+            let c = card(&plain_rid);
+            browser.find(&c).await;
+            browser.find(&card(&edited_rid)).await;
+            // Oldest first.
+            let order = browser
+                .js(
+                    "return [...document.querySelectorAll('#cards article')].map(a => a.dataset.requestId);",
+                    vec![],
+                )
+                .await;
+            assert_eq!(order, json!([plain_rid, edited_rid]));
+            // The call: tool, command, arguments as JSON; terminate set apart as dangerous.
+            let facts = browser
+                .text(&format!("{c} .tool-facts"))
+                .await
+                .expect("facts");
+            assert!(facts.contains("shout") && facts.contains("echo hello"), "{facts}");
+            let args = browser.text(&format!("{c} pre.args")).await.expect("args");
+            assert_eq!(
+                serde_json::from_str::<Value>(&args).expect("args JSON"),
+                json!({"text": "hello"})
+            );
+            let grouped = browser
+                .js(
+                    "const c = document.querySelector(arguments[0]); \
+                     return [!!c.querySelector('.options-danger [data-option-id=terminate]'), \
+                             !!c.querySelector('.options-danger [data-option-id=approve]')];",
+                    vec![json!(c)],
+                )
+                .await;
+            assert_eq!(grouped, json!([true, false]));
+            browser.snapshot("-desktop").await;
+
+            // As asked.
+            browser
+                .click(&format!("{c} [data-option-id=approve]"))
+                .await;
+            wait_outcome(&browser, &plain_rid, "Answer sent").await;
+            fleet.wait_status(plain, RunStatus::Completed).await;
+            let stored = fleet.store.load(plain).await.expect("load");
+            assert_eq!(
+                results(&stored),
+                [(ActionStatus::Success, "hello\n".to_owned())]
+            );
+            assert_eq!(answers(&stored)[0].option_id.as_deref(), Some("approve"));
+
+            // With edited arguments: JSON that is not an object is refused in the page.
+            let c = card(&edited_rid);
+            browser
+                .click(&format!("{c} .args-head button"))
+                .await;
+            let editor = format!("{c} textarea.args-edit");
+            browser.find(&editor).await.clear().await.expect("clear");
+            browser.type_into(&editor, "{\"text\": ").await;
+            browser
+                .click(&format!("{c} [data-option-id=approve]"))
+                .await;
+            let error = browser
+                .wait_for(
+                    "the JSON error",
+                    "return document.querySelector(arguments[0] + ' .field-error').textContent;",
+                    vec![json!(c)],
+                )
+                .await;
+            assert!(error.as_str().unwrap_or_default().contains("JSON object"), "{error}");
+            assert_eq!(interaction_state(&fleet.client, &edited_rid).await, "PENDING");
+            browser.find(&editor).await.clear().await.expect("clear");
+            browser
+                .type_into(&editor, "{\"text\": \"edited hello\"}")
+                .await;
+            browser
+                .click(&format!("{c} [data-option-id=approve]"))
+                .await;
+            wait_outcome(&browser, &edited_rid, "Answer sent").await;
+            fleet.wait_status(edited, RunStatus::Completed).await;
+            let stored = fleet.store.load(edited).await.expect("load");
+            assert_eq!(
+                results(&stored),
+                [(ActionStatus::Success, "edited hello\n".to_owned())]
+            );
+            let got = answers(&stored);
+            assert_eq!(
+                got[0].data.as_ref().map(|d| d["args"].clone()),
+                Some(json!({"text": "edited hello"}))
+            );
+            assert!(got[0].edited_args.is_some(), "{:?}", got[0]);
+        })
+        .await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rejecting_a_tool_call_journals_the_reason() {
+    let fleet = Fleet::start("ibc", 1, 1).await;
+    let browser =
+        Browser::start("rejecting_a_tool_call_journals_the_reason", Screen::Desktop).await;
+    browser
+        .checked(async {
+            let run = fleet.submit("gated", "shout").await;
+            let rid = fleet.pending(run).await;
+            open_inbox(&browser, &fleet).await;
+            let c = card(&rid);
+            browser.click(&format!("{c} [data-option-id=reject]")).await;
+            // The reason's box, labelled with the option's prompt, has the focus.
+            let focused = browser
+                .js(
+                    "const a = document.activeElement; \
+                     return [a.name, document.querySelector('label[for=\"' + a.id + '\"]').textContent];",
+                    vec![],
+                )
+                .await;
+            assert_eq!(focused, json!(["input", "Why is it rejected?"]));
+            // Sending without a reason is refused in the page.
+            browser.click(&format!("{c} [data-confirm=reject]")).await;
+            wait_outcome(&browser, &rid, "needs text").await;
+            assert_eq!(interaction_state(&fleet.client, &rid).await, "PENDING");
+            browser
+                .type_into(&format!("{c} .step textarea[name=input]"), "not on a Friday")
+                .await;
+            browser.click(&format!("{c} [data-confirm=reject]")).await;
+            wait_outcome(&browser, &rid, "Answer sent").await;
+            fleet.wait_status(run, RunStatus::Completed).await;
+            let stored = fleet.store.load(run).await.expect("load");
+            let got = answers(&stored);
+            assert_eq!(got[0].option_id.as_deref(), Some("reject"));
+            assert_eq!(got[0].input.as_deref(), Some("not on a Friday"));
+            assert_eq!(
+                results(&stored),
+                [(
+                    ActionStatus::Rejected,
+                    "rejected: not on a Friday".to_owned()
+                )]
+            );
+        })
+        .await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dangerous_option_is_confirmed_in_the_page_first() {
+    let fleet = Fleet::start("ibd", 1, 1).await;
+    let browser = Browser::start(
+        "a_dangerous_option_is_confirmed_in_the_page_first",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let run = fleet.submit("chooser", "Q4 report").await;
+            let rid = fleet.pending(run).await;
+            open_inbox(&browser, &fleet).await;
+            let c = card(&rid);
+            // Production is dangerous: set apart, and a click only asks for confirmation.
+            browser
+                .find(&format!("{c} .options-danger [data-option-id=production]"))
+                .await;
+            browser
+                .click(&format!("{c} [data-option-id=production]"))
+                .await;
+            let step = browser
+                .wait_for(
+                    "the confirmation step",
+                    "const s = document.querySelector(arguments[0] + ' .step'); return s && !s.hidden ? s.textContent : null;",
+                    vec![json!(c)],
+                )
+                .await;
+            assert!(step.as_str().unwrap_or_default().contains("Confirm: Production"), "{step}");
+            browser.snapshot("-confirm").await;
+            // Back: nothing was sent, the step is gone and the focus is back on the option.
+            browser.click(&format!("{c} .step .btn:not([data-confirm])")).await;
+            let back = browser
+                .js(
+                    "return [document.querySelector(arguments[0] + ' .step').hidden, document.activeElement.dataset.optionId];",
+                    vec![json!(c)],
+                )
+                .await;
+            assert_eq!(back, json!([true, "production"]));
+            assert_eq!(interaction_state(&fleet.client, &rid).await, "PENDING");
+
+            // The same with the keyboard only: Tab from the run link goes through the options
+            // in reading order, Enter opens the confirmation with the focus on its button,
+            // Escape closes it (the focus back on the option), Enter twice sends.
+            browser
+                .js(
+                    "document.querySelector(arguments[0] + ' .run-link').focus(); return true;",
+                    vec![json!(c)],
+                )
+                .await;
+            let mut order = vec![];
+            for _ in 0..4 {
+                browser.press(TAB).await;
+                order.push(
+                    browser
+                        .js("return document.activeElement.dataset.optionId || null;", vec![])
+                        .await,
+                );
+            }
+            assert_eq!(order, [json!("staging"), json!("other"), json!("stop"), json!("production")]);
+            let focus_ring = browser
+                .js(
+                    "return getComputedStyle(document.activeElement).outlineStyle;",
+                    vec![],
+                )
+                .await;
+            assert_eq!(focus_ring, json!("solid"), "the focus is visible");
+            browser.press(ENTER).await;
+            let focused = browser
+                .js("return document.activeElement.dataset.confirm || null;", vec![])
+                .await;
+            assert_eq!(focused, json!("production"));
+            browser.press(ESCAPE).await;
+            let back = browser
+                .js(
+                    "return [document.querySelector(arguments[0] + ' .step').hidden, document.activeElement.dataset.optionId];",
+                    vec![json!(c)],
+                )
+                .await;
+            assert_eq!(back, json!([true, "production"]));
+            browser.press(ENTER).await;
+            browser.press(ENTER).await;
+            wait_outcome(&browser, &rid, "Answer sent").await;
+            fleet.wait_status(run, RunStatus::Completed).await;
+            let stored = fleet.store.load(run).await.expect("load");
+            assert_eq!(
+                stored.record.result.as_deref(),
+                Some("production is ready")
+            );
+        })
+        .await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_answered_elsewhere_leaves_the_open_inbox() {
+    let fleet = Fleet::start("ibe", 1, 1).await;
+    let browser = Browser::start(
+        "a_question_answered_elsewhere_leaves_the_open_inbox",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let by_bot = fleet.submit("hello", "one").await;
+            let bot_rid = fleet.pending(by_bot).await;
+            let by_http = fleet.submit("hello", "two").await;
+            let http_rid = fleet.pending(by_http).await;
+            open_inbox(&browser, &fleet).await;
+            browser.find(&card(&bot_rid)).await;
+            browser.find(&card(&http_rid)).await;
+            wait_live(&browser).await;
+            // A bot answers over NATS: the card leaves within a few seconds, the other stays.
+            let nc = fleet.nats().await;
+            let reply = nc
+                .request(
+                    format!("ibe.interactions.respond.{bot_rid}"),
+                    json!({"input": "Robo", "responder": {"id": "robo"}})
+                        .to_string()
+                        .into(),
+                )
+                .await
+                .expect("bot reply");
+            let reply: Value = serde_json::from_slice(&reply.payload).expect("reply JSON");
+            assert_eq!(reply["ok"], json!(true), "{reply}");
+            wait_gone(&browser, &bot_rid, Duration::from_secs(3)).await;
+            assert!(
+                browser.text(&card(&http_rid)).await.is_some(),
+                "the other question stays"
+            );
+            let toast = browser
+                .wait_for(
+                    "a note of who answered",
+                    "const t = document.getElementById('toast'); return t.hidden ? null : t.textContent;",
+                    vec![],
+                )
+                .await;
+            assert!(
+                toast.as_str().unwrap_or_default().contains("answered by robo (nats)"),
+                "{toast}"
+            );
+            // An HTTP answer from outside the page, the same.
+            let (status, body) = fleet
+                .answer(&http_rid, json!({"input": "Curl", "responder": {"id": "carol"}}))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            wait_gone(&browser, &http_rid, Duration::from_secs(3)).await;
+            fleet.wait_status(by_bot, RunStatus::Completed).await;
+            fleet.wait_status(by_http, RunStatus::Completed).await;
+        })
+        .await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_run_page_follows_the_run_live() {
+    let fleet = Fleet::start("ibf", 1, 1).await;
+    let browser = Browser::start("the_run_page_follows_the_run_live", Screen::Desktop).await;
+    browser
+        .checked(async {
+            let run = fleet.submit("hello", "greet").await;
+            let rid = fleet.pending(run).await;
+            browser
+                .goto(&format!("{}/runs/{run}", fleet.gateways[0].url))
+                .await;
+            browser
+                .wait_for(
+                    "the run to show as waiting",
+                    "return document.getElementById('run-status').textContent === 'WAITING_FOR_INPUT';",
+                    vec![],
+                )
+                .await;
+            browser.find(&card(&rid)).await;
+            let lines = browser
+                .wait_for(
+                    "the journal up to the pause",
+                    "const l = document.querySelectorAll('#journal li'); \
+                     return l.length && l[l.length - 1].dataset.type === 'ENGINE_END' ? l.length : 0;",
+                    vec![],
+                )
+                .await;
+            browser.snapshot("-waiting").await;
+            // Marks this page: a reload would lose it.
+            browser.js("window.deltaNoReload = true; return true;", vec![]).await;
+            let (status, body) = fleet
+                .answer(&rid, json!({"input": "Zed", "responder": {"id": "zoe"}}))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            browser
+                .wait_for(
+                    "the run to show as completed",
+                    "return document.getElementById('run-status').textContent === 'COMPLETED';",
+                    vec![],
+                )
+                .await;
+            let after = browser
+                .wait_for(
+                    "the journal to the end",
+                    "const l = document.querySelectorAll('#journal li'); \
+                     return l.length > arguments[0] && l[l.length - 1].dataset.type === 'ENGINE_END' ? \
+                       [...l].map(x => x.dataset.type) : null;",
+                    vec![lines.clone()],
+                )
+                .await;
+            let types: Vec<&str> = after
+                .as_array()
+                .expect("types")
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            assert!(types.contains(&"HUMAN_INPUT_RECEIVED"), "{types:?}");
+            // Every event once, in order.
+            let seqs = browser
+                .js(
+                    "return [...document.querySelectorAll('#journal li')].map(x => Number(x.dataset.seq));",
+                    vec![],
+                )
+                .await;
+            let stored = fleet.store.load(run).await.expect("load");
+            let expected: Vec<u64> = stored.journal.iter().map(|e| e.seq).collect();
+            assert_eq!(seqs, json!(expected));
+            let page = browser
+                .js(
+                    "return [window.deltaNoReload === true, document.getElementById('conn').dataset.state, \
+                             document.querySelector(arguments[0]) === null, document.getElementById('run-facts').textContent];",
+                    vec![json!(card(&rid))],
+                )
+                .await;
+            assert_eq!(page[0], json!(true), "the page was not reloaded");
+            assert_eq!(page[1], json!("ended"));
+            assert_eq!(page[2], json!(true), "the question left the run page");
+            assert!(page[3].as_str().unwrap_or_default().contains("Greeted Zed."), "{page}");
+            browser.snapshot("-completed").await;
+        })
+        .await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_page_answers_its_own_question() {
+    let fleet = Fleet::start("ibg", 1, 1).await;
+    let browser = Browser::start("a_run_page_answers_its_own_question", Screen::Desktop).await;
+    browser
+        .checked(async {
+            let run = fleet.submit("chooser", "Q1").await;
+            let rid = fleet.pending(run).await;
+            browser
+                .goto(&format!("{}/runs/{run}", fleet.gateways[0].url))
+                .await;
+            browser
+                .click(&format!("{} [data-option-id=staging]", card(&rid)))
+                .await;
+            browser
+                .wait_for(
+                    "the run to complete",
+                    "return document.getElementById('run-status').textContent === 'COMPLETED';",
+                    vec![],
+                )
+                .await;
+            let stored = fleet.store.load(run).await.expect("load");
+            assert_eq!(stored.record.result.as_deref(), Some("staging is ready"));
+            assert_eq!(answers(&stored)[0].option_id.as_deref(), Some("staging"));
+        })
+        .await;
+    browser.close().await;
+}
+
+fn tokens_file(dir: &Path) -> PathBuf {
+    let f = dir.join("tokens.yaml");
+    std::fs::write(
+        &f,
+        "- name: alice\n  token: alice-token-0123456789\n  roles: [answer]\n\
+         - name: bob\n  token: bob-token-0123456789ab\n  roles: [answer]\n\
+         - name: ci\n  token: ci-token-0123456789abcd\n  roles: [submit]\n\
+         - name: ops\n  token: ops-token-0123456789abc\n  roles: [operate]\n",
+    )
+    .expect("tokens");
+    f
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_tokens_the_page_asks_for_one_and_refuses_a_wrong_one() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = tokens_file(dir.path());
+    let fleet = Fleet::start_with("ibh", 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    let browser = Browser::start(
+        "with_tokens_the_page_asks_for_one_and_refuses_a_wrong_one",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            // The static files need no token; the API does.
+            let http = reqwest::Client::new();
+            for (path, kind) in [
+                ("/", "text/html"),
+                ("/inbox.js", "text/javascript"),
+                ("/inbox.css", "text/css"),
+                ("/runs/0196d3c8-0000-7000-8000-000000000000", "text/html"),
+            ] {
+                let r = http
+                    .get(format!("{}{path}", fleet.gateways[0].url))
+                    .send()
+                    .await
+                    .expect("get");
+                assert_eq!(r.status(), 200, "{path}");
+                let h = |k: &str| {
+                    r.headers()
+                        .get(k)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                assert!(h("content-type").starts_with(kind), "{path}: {}", h("content-type"));
+                assert_eq!(h("cache-control"), "no-cache", "{path}");
+            }
+            let ci = fleet.client.with_token(Some("ci-token-0123456789abcd"));
+            let ops = fleet.client.with_token(Some("ops-token-0123456789abc"));
+            let (status, body) = ci
+                .post("/v1/runs", &json!({"agent": "hello", "task": "t"}))
+                .await
+                .expect("submit");
+            assert_eq!(status, 202, "{body}");
+            let run: RunId = body["run_id"].as_str().expect("id").parse().expect("uuid");
+            let rid = pending(&ops, run).await;
+            // Only alice may answer this one.
+            let (status, body) = ci
+                .post("/v1/runs", &json!({"agent": "guarded", "task": "budget"}))
+                .await
+                .expect("submit");
+            assert_eq!(status, 202, "{body}");
+            let guarded: RunId = body["run_id"].as_str().expect("id").parse().expect("uuid");
+            let guarded_rid = pending(&ops, guarded).await;
+
+            open_inbox(&browser, &fleet).await;
+            let reason = browser
+                .wait_for(
+                    "the token prompt",
+                    "const s = document.getElementById('settings'); \
+                     return s.hidden ? null : document.getElementById('settings-reason').textContent;",
+                    vec![],
+                )
+                .await;
+            assert!(reason.as_str().unwrap_or_default().contains("needs a token"), "{reason}");
+            let focus = browser.js("return document.activeElement.id;", vec![]).await;
+            assert_eq!(focus, json!("token"), "the token box has the focus");
+            browser.snapshot("-prompt").await;
+            // A wrong token (Enter saves): refused, and said so.
+            browser.type_into("#token", "wrong-token-00000000\u{E007}").await;
+            browser
+                .wait_for(
+                    "the refusal of the wrong token",
+                    "return document.getElementById('settings-reason').textContent.includes('refused');",
+                    vec![],
+                )
+                .await;
+            assert!(browser.text(&card(&rid)).await.is_none());
+            // Bob's: the questions show, live; the one only alice may answer refuses him (403).
+            browser.find("#token").await.clear().await.expect("clear");
+            browser.type_into("#token", "bob-token-0123456789ab\u{E007}").await;
+            browser.find(&card(&rid)).await;
+            wait_live(&browser).await;
+            browser
+                .wait_for(
+                    "the settings to close",
+                    "return document.getElementById('settings').hidden;",
+                    vec![],
+                )
+                .await;
+            browser
+                .type_into(
+                    &format!("{} textarea[name=input]", card(&guarded_rid)),
+                    "Bob here\u{E007}",
+                )
+                .await;
+            let said = wait_outcome(&browser, &guarded_rid, "Not allowed").await;
+            assert!(said.contains("`bob` may not answer"), "{said}");
+            assert_eq!(interaction_state(&ops, &guarded_rid).await, "PENDING");
+            // Alice's (through the Token button): answered as alice.
+            browser.click("#settings-toggle").await;
+            browser.find("#token").await.clear().await.expect("clear");
+            browser.type_into("#token", "alice-token-0123456789\u{E007}").await;
+            browser
+                .wait_for(
+                    "the settings to close",
+                    "return document.getElementById('settings').hidden;",
+                    vec![],
+                )
+                .await;
+            browser
+                .type_into(
+                    &format!("{} textarea[name=input]", card(&rid)),
+                    "Alice here\u{E007}",
+                )
+                .await;
+            wait_outcome(&browser, &rid, "Answer sent").await;
+            fleet.wait_status(run, RunStatus::Completed).await;
+            let stored = fleet.store.load(run).await.expect("load");
+            assert_eq!(answers(&stored)[0].responder.id, "alice");
+            // The token stays in this browser: a reload goes straight to the questions.
+            let stored_token = browser
+                .js("return localStorage.getItem('delta.inbox.token');", vec![])
+                .await;
+            assert_eq!(stored_token, json!("alice-token-0123456789"));
+        })
+        .await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_are_shown_plainly_on_the_card() {
+    let fleet = Fleet::start("ibi", 1, 1).await;
+    add_asker(
+        &fleet,
+        "soon",
+        "      prompt: \"Go?\"\n      timeout_seconds: 5\n      default_option_id: later\n      options:\n        - {id: now, label: Now}\n        - {id: later, label: Later}",
+    );
+    let browser = Browser::start("refusals_are_shown_plainly_on_the_card", Screen::Desktop).await;
+    browser
+        .checked(async {
+            let answered = fleet.submit("hello", "one").await;
+            let answered_rid = fleet.pending(answered).await;
+            let expiring = fleet.submit("soon", "two").await;
+            let expiring_rid = fleet.pending(expiring).await;
+            // This page's live stream cannot connect, so it keeps showing what it first loaded
+            // (as a page on a broken connection would) and learns the news only by answering.
+            browser.block_urls(&["*/v1/interactions/stream*"]).await;
+            open_inbox(&browser, &fleet).await;
+            browser.find(&card(&answered_rid)).await;
+            browser.find(&card(&expiring_rid)).await;
+            let conn = browser
+                .js("return document.getElementById('conn').dataset.state;", vec![])
+                .await;
+            assert_ne!(conn, json!("live"));
+
+            // Answered elsewhere first: 409, shown with who answered and when.
+            let (status, body) = fleet
+                .answer(&answered_rid, json!({"input": "Bob", "responder": {"id": "bob"}}))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            let c = card(&answered_rid);
+            browser
+                .type_into(&format!("{c} textarea[name=input]"), "Me")
+                .await;
+            browser.click(&format!("{c} button[type=submit]")).await;
+            let said = wait_outcome(&browser, &answered_rid, "Already answered by bob (http)").await;
+            assert!(said.contains(" ago") || said.contains("just now"), "{said}");
+            browser.snapshot("-409").await;
+            let disabled = browser
+                .js(
+                    "return [...document.querySelectorAll(arguments[0] + ' form button, ' + arguments[0] + ' form textarea')].every(b => b.disabled);",
+                    vec![json!(c)],
+                )
+                .await;
+            assert_eq!(disabled, json!(true), "a settled card cannot be sent again");
+            browser.click(&format!("{c} .dismiss")).await;
+            wait_gone(&browser, &answered_rid, Duration::from_secs(3)).await;
+
+            // Past its deadline (the reconciler applied the default): 410, "expired".
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while interaction_state(&fleet.client, &expiring_rid).await != "EXPIRED" {
+                assert!(std::time::Instant::now() < deadline, "never expired");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            browser
+                .click(&format!("{} [data-option-id=now]", card(&expiring_rid)))
+                .await;
+            wait_outcome(&browser, &expiring_rid, "Expired").await;
+        })
+        .await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sensitive_answer_is_a_password_box_cleared_after_sending() {
+    let key = "5f2b9c0e7a1d4f8b3c6e9a2d5f8b1c4e7a0d3f6b9c2e5a8d1f4b7c0e3a6d9f2b".to_owned();
+    let fleet = Fleet::start_with("ibj", 1, 1, |s| s.secrets_key_hex = Some(key.clone())).await;
+    let browser = Browser::start(
+        "a_sensitive_answer_is_a_password_box_cleared_after_sending",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let run = fleet.submit("secret", "key").await;
+            let rid = fleet.pending(run).await;
+            open_inbox(&browser, &fleet).await;
+            let c = card(&rid);
+            let input = format!("{c} input[name=input]");
+            browser.find(&input).await;
+            let attrs = browser
+                .js(
+                    "const i = document.querySelector(arguments[0]); return [i.type, i.getAttribute('autocomplete')];",
+                    vec![json!(input)],
+                )
+                .await;
+            assert_eq!(attrs, json!(["password", "off"]));
+            let canary = "canary-9f8e7d6c5b4a";
+            browser.type_into(&input, canary).await;
+            browser.click(&format!("{c} button[type=submit]")).await;
+            let after = browser
+                .wait_for(
+                    "the answer to be sent",
+                    "const o = document.querySelector(arguments[0] + ' .outcome'); \
+                     const i = document.querySelector(arguments[0] + ' input[name=input]'); \
+                     return o && o.textContent.includes('Answer sent') ? [i.value] : null;",
+                    vec![json!(c)],
+                )
+                .await;
+            assert_eq!(after, json!([""]), "the secret is cleared from the box");
+            let source = browser.client.source().await.expect("source");
+            assert!(!source.contains(canary), "the secret is nowhere in the page");
+            fleet.wait_status(run, RunStatus::Completed).await;
+            let stored = fleet.store.load(run).await.expect("load");
+            assert_eq!(answers(&stored)[0].input.as_deref(), Some("***"));
+        })
+        .await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_phone_width_nothing_overflows() {
+    let fleet = Fleet::start("ibk", 1, 1).await;
+    add_example(&fleet, "deployer");
+    let browser = Browser::start("at_phone_width_nothing_overflows", Screen::Phone).await;
+    browser
+        .checked(async {
+            let plan = fleet.submit("deployer", "1.4.2").await;
+            let approval = fleet.submit("gated", "shout").await;
+            let choice = fleet
+                .submit("chooser", "a rather long task name for a phone")
+                .await;
+            let free = fleet.submit("hello", "greet").await;
+            let mut rids = vec![];
+            for run in [plan, approval, choice, free] {
+                rids.push(fleet.pending(run).await);
+            }
+            open_inbox(&browser, &fleet).await;
+            for rid in &rids {
+                browser.find(&card(rid)).await;
+            }
+            let width = browser.js("return window.innerWidth;", vec![]).await;
+            assert_eq!(
+                width,
+                json!(Screen::Phone.size().0),
+                "the viewport is a phone's"
+            );
+            let overflow = "return [document.documentElement.scrollWidth, window.innerWidth];";
+            let fits = |v: &Value| v[0].as_u64() <= v[1].as_u64();
+            let inbox = browser.js(overflow, vec![]).await;
+            assert!(fits(&inbox), "the inbox overflows: {inbox}");
+            // The plan is an ordered list of its tasks.
+            let tasks = browser
+                .js(
+                    "return document.querySelectorAll(arguments[0] + ' ol.plan li').length;",
+                    vec![json!(card(&rids[0]))],
+                )
+                .await;
+            assert_eq!(tasks, json!(3));
+            for (i, rid) in rids.iter().enumerate() {
+                browser
+                    .js(
+                        "document.querySelector(arguments[0]).scrollIntoView({block: 'center'}); return true;",
+                        vec![json!(card(rid))],
+                    )
+                    .await;
+                browser.snapshot(&format!("-card{i}")).await;
+            }
+            // Open states too: the argument editor and a confirmation step.
+            browser
+                .click(&format!("{} .args-head button", card(&rids[1])))
+                .await;
+            browser
+                .click(&format!("{} [data-option-id=production]", card(&rids[2])))
+                .await;
+            let open = browser.js(overflow, vec![]).await;
+            assert!(fits(&open), "the inbox overflows with editors open: {open}");
+            browser.snapshot("-inbox").await;
+            browser
+                .goto(&format!("{}/runs/{approval}", fleet.gateways[0].url))
+                .await;
+            browser.find(&card(&rids[1])).await;
+            browser
+                .wait_for(
+                    "the journal",
+                    "return document.querySelectorAll('#journal li').length > 2;",
+                    vec![],
+                )
+                .await;
+            let run_page = browser.js(overflow, vec![]).await;
+            assert!(fits(&run_page), "the run page overflows: {run_page}");
+            browser.snapshot("-run").await;
+        })
+        .await;
+    browser.close().await;
+}
