@@ -683,10 +683,6 @@ async fn probe_paused(
     );
     report.insert("worker_rss_kib_before_probe".into(), json!(rss_before));
     report.insert("worker_rss_kib_with_probe_paused".into(), json!(rss_paused));
-    report.insert(
-        "worker_bytes_per_paused_run".into(),
-        json!((rss_paused.saturating_sub(rss_before) * 1024) / n),
-    );
     for q in &asked {
         answer(ctx, q).await?;
     }
@@ -703,6 +699,18 @@ async fn probe_paused(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The same workers with none of these runs paused: what a worker keeps per paused run is
+    // the difference (allocator high-water marks are in both readings).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let rss_after = rss.workers_now();
+    report.insert(
+        "worker_rss_kib_after_probe_completed".into(),
+        json!(rss_after),
+    );
+    report.insert(
+        "worker_bytes_per_paused_run".into(),
+        json!((rss_paused.saturating_sub(rss_after) * 1024) / n),
+    );
     Ok(())
 }
 

@@ -226,7 +226,7 @@ fn print_banner(fleet: &LocalFleet, agents: &Path, runs: &[(String, String)], ke
     if !runs.is_empty() {
         s.push_str("\nDemo runs (each stops to ask you something):\n");
         for (agent, run) in runs {
-            s.push_str(&format!("  {agent:<9} {run}\n"));
+            s.push_str(&format!("  {agent:<9} {run}   {url}/runs/{run}\n"));
         }
     }
     s.push_str("\nAnswer in the web inbox, or from another terminal:\n");

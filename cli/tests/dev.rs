@@ -119,6 +119,20 @@ async fn delta(url: &str, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
+/// A plain `GET path` over HTTP/1.1: the whole response, headers and body.
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("response");
+    out
+}
+
 /// Whether something still listens on `host:port`.
 async fn listening(addr: &str) -> bool {
     tokio::net::TcpStream::connect(addr).await.is_ok()

@@ -102,6 +102,9 @@ struct Shared {
     stop: CancellationToken,
 }
 
+/// Jobs taken in one pull at most (bounded by the free slots).
+const FETCH_BATCH: usize = 16;
+
 /// Runs the worker until `shutdown` is cancelled, then stops pulling and lets in-flight runs
 /// finish or checkpoint within the grace period.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
@@ -126,12 +129,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let tracker = TaskTracker::new();
     tracing::info!(worker = %shared.config.worker_id, "worker started");
     loop {
-        let permit = tokio::select! {
+        let first = tokio::select! {
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             () = shutdown.cancelled() => break,
         };
+        // One pull for as many jobs as there are free slots (up to a batch): under load that
+        // is one round trip to NATS for several jobs; idle, the pull waits for the first.
+        let mut slots = vec![first];
+        while slots.len() < FETCH_BATCH {
+            match permits.clone().try_acquire_owned() {
+                Ok(p) => slots.push(p),
+                Err(_) => break,
+            }
+        }
         let fetched = tokio::select! {
-            f = shared.queue.fetch(1, Duration::from_secs(1)) => f,
+            f = shared.queue.fetch(slots.len(), Duration::from_secs(1)) => f,
             () = shutdown.cancelled() => break,
         };
         let deliveries = match fetched {
@@ -142,26 +154,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
                 continue;
             }
         };
-        let Some(delivery) = deliveries.into_iter().next() else {
-            continue;
-        };
-        let shared = shared.clone();
-        let run_id = delivery.job.as_ref().map(|j| j.run_id.to_string()).ok();
-        let span = tracing::info_span!(
-            "job",
-            run_id = run_id.as_deref().unwrap_or("?"),
-            agent = %delivery.agent,
-            seq = delivery.fence.0,
-            delivery = delivery.fence.1,
-        );
-        crate::host::continue_trace(&span, delivery.traceparent.as_deref());
-        tracker.spawn(
-            async move {
-                handle(&shared, delivery).await;
-                drop(permit);
-            }
-            .instrument(span),
-        );
+        // Slots left over go back as `slots` drops.
+        for (delivery, permit) in deliveries.into_iter().zip(slots.drain(..)) {
+            let shared = shared.clone();
+            let run_id = delivery.job.as_ref().map(|j| j.run_id.to_string()).ok();
+            let span = tracing::info_span!(
+                "job",
+                run_id = run_id.as_deref().unwrap_or("?"),
+                agent = %delivery.agent,
+                seq = delivery.fence.0,
+                delivery = delivery.fence.1,
+            );
+            crate::host::continue_trace(&span, delivery.traceparent.as_deref());
+            tracker.spawn(
+                async move {
+                    handle(&shared, delivery).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+        }
     }
     tracker.close();
     if tokio::time::timeout(shared.config.grace, tracker.wait())
