@@ -171,6 +171,11 @@ async fn delta_dev_runs_the_demo_and_ctrl_c_stops_and_cleans_everything() {
             .is_file()
     );
 
+    // The web inbox answers at the printed URL.
+    let html = http_get(&host_port(&url), "/").await;
+    assert!(html.starts_with("HTTP/1.1 200"), "{html:.300}");
+    assert!(html.contains("<title>Delta inbox</title>"), "{html:.600}");
+
     // The three demo runs pause on their questions, shown in the live log.
     for kind in ["USER_INPUT", "USER_CHOICE", "USER_CONFIRMATION"] {
         dev.wait_for(&format!("asks ({kind})")).await;
