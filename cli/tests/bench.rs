@@ -1,0 +1,93 @@
+//! `delta bench hitl-basic` runs end to end on a small scale and prints the workload's JSON line
+//! (what BENCHMARKS.md and the README promise), for both ways the human answers. Its figures
+//! are not judged here: performance lives in the benchmark, not in tests.
+
+use serde_json::Value;
+
+async fn bench(args: &[&str]) -> (i32, Value, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_delta"))
+        .args(["bench", "hitl-basic"])
+        .args(args)
+        .output()
+        .await
+        .expect("delta bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one JSON line on stdout: {stdout}\nstderr: {stderr}"
+    );
+    let line =
+        serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    (out.status.code().unwrap_or(-1), line, stderr)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_bench_prints_the_workload_line_with_every_run_checked() {
+    for via in ["http", "nats"] {
+        let (code, line, stderr) = bench(&[
+            "--runs",
+            "24",
+            "--concurrency",
+            "4",
+            "--workers",
+            "2",
+            "--answer-via",
+            via,
+            "--journal-len",
+            "3",
+            "--paused-probe",
+            "5",
+        ])
+        .await;
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(line["workload"], "hitl-basic");
+        assert_eq!(line["runs"], 24);
+        assert_eq!(line["concurrency"], 4);
+        assert_eq!(line["workers"], 2);
+        assert_eq!(line["answer_via"], via);
+        assert_eq!(line["journal_len"], 3);
+        assert_eq!(line["completed"], 24, "{line}");
+        assert_eq!(line["failed"], 0);
+        assert_eq!(line["lost"], 0);
+        for field in [
+            "wall_s",
+            "runs_per_s",
+            "resume_p50_ms",
+            "resume_p95_ms",
+            "resume_p99_ms",
+            "submit_to_pause_p50_ms",
+            "redis_commands_per_run",
+            "redis_round_trips_per_run_workers",
+            "redis_round_trips_per_run_gateway",
+            "worker_rss_max_mib",
+            "gateway_rss_max_mib",
+        ] {
+            let v = line[field]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{field}: {line}"));
+            assert!(v > 0.0, "{field} is measured: {line}");
+        }
+        let p50 = line["resume_p50_ms"].as_f64().unwrap_or_default();
+        let p99 = line["resume_p99_ms"].as_f64().unwrap_or_default();
+        assert!(p50 <= p99, "percentiles in order: {line}");
+        assert!(
+            line["redis_bytes_per_paused_run"].as_u64().is_some(),
+            "{line}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_bench_flags_are_usage_errors() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_delta"))
+        .args(["bench", "hitl-basic", "--runs", "0"])
+        .output()
+        .await
+        .expect("delta bench");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--runs"));
+    assert!(out.stdout.is_empty());
+}
