@@ -468,7 +468,26 @@ pub struct Job {
     pub request_id: Option<RequestId>,
 }
 
+/// A payload on `delta.jobs.<agent>` that is not a job message: why, and the start of what came.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not a job message ({reason}): {preview}")]
+pub struct JobError {
+    /// What the JSON parser refused (the field and the line/column).
+    pub reason: String,
+    /// The first 200 characters of the payload (lossy UTF-8), for the DLQ reason and the logs.
+    pub preview: String,
+}
+
 impl Job {
+    /// Decodes a job message's payload: strict JSON (no unknown fields, no trailing data). Every
+    /// host decodes jobs here, so the fuzzers test what the workers run.
+    pub fn decode(payload: &[u8]) -> Result<Job, JobError> {
+        serde_json::from_slice(payload).map_err(|e| JobError {
+            reason: e.to_string(),
+            preview: String::from_utf8_lossy(payload).chars().take(200).collect(),
+        })
+    }
+
     /// The `Nats-Msg-Id` that makes publishing this job idempotent: `start:<run_id>` or
     /// `resume:<request_id>`.
     pub fn msg_id(&self) -> String {
@@ -953,6 +972,14 @@ mod tests {
         assert_eq!(job.msg_id(), format!("resume:{req}"));
         assert!(serde_json::from_value::<Job>(json!({"run_id": run, "kind": "stop"})).is_err());
         assert!(serde_json::from_str::<Job>("not json").is_err());
+        let e = Job::decode(b"{\"run_id\": 1}").unwrap_err();
+        assert!(
+            e.to_string().starts_with("not a job message (invalid type"),
+            "{e}"
+        );
+        assert_eq!(e.preview, "{\"run_id\": 1}");
+        let ok = Job::decode(format!(r#"{{"run_id": "{run}", "kind": "start"}}"#).as_bytes());
+        assert_eq!(ok.map(|j| j.kind), Ok(JobKind::Start));
     }
 
     #[test]
