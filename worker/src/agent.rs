@@ -187,16 +187,24 @@ pub struct Agent {
 
 pub const DEFAULT_MAX_ITERATIONS: u32 = 30;
 
-impl Agent {
-    /// Loads and checks the agent in `dir`.
-    pub fn load(dir: &Path) -> Result<Agent, Error> {
-        let config_path = dir.join("config.yaml");
-        let text = read(&config_path)?;
-        let config: AgentConfig = parse_yaml(&config_path, &text)?;
+/// `config.yaml` parsed and checked: the config, the brain it picks and its tools.
+#[derive(Clone, Debug)]
+pub struct CheckedConfig {
+    pub config: AgentConfig,
+    pub brain: BrainKind,
+    pub tools: BTreeMap<String, Tool>,
+}
+
+impl CheckedConfig {
+    /// Parses and checks the text of `config.yaml` (`config_path` names it in errors) of the
+    /// agent in `dir`. Pure: no file is read, so fuzzers and property tests run exactly what
+    /// [`Agent::load`] runs.
+    pub fn parse(config_path: &Path, text: &str, dir: &Path) -> Result<CheckedConfig, Error> {
+        let config: AgentConfig = parse_yaml(config_path, text)?;
         if config.name.trim().is_empty() {
             return Err(Error::invalid(
-                &config_path,
-                &text,
+                config_path,
+                text,
                 "name",
                 Some("name:"),
                 "must not be empty",
@@ -207,8 +215,8 @@ impl Agent {
             (None, Some(_)) => BrainKind::Openai,
             (None, None) => {
                 return Err(Error::invalid(
-                    &config_path,
-                    &text,
+                    config_path,
+                    text,
                     "brain",
                     None,
                     "no brain: set `brain: scripted` (with a script.yaml) or an `llm:` section",
@@ -217,8 +225,8 @@ impl Agent {
         };
         if brain == BrainKind::Openai && config.llm.is_none() {
             return Err(Error::invalid(
-                &config_path,
-                &text,
+                config_path,
+                text,
                 "llm",
                 Some("brain:"),
                 "`brain: openai` needs an `llm:` section with at least `model`",
@@ -228,8 +236,8 @@ impl Agent {
             && !PLAN_OPTIONS.contains(&d.as_str())
         {
             return Err(Error::invalid(
-                &config_path,
-                &text,
+                config_path,
+                text,
                 "plan_default",
                 Some("plan_default:"),
                 format!("`{d}` is not a plan option: use confirm, modify or cancel"),
@@ -237,8 +245,8 @@ impl Agent {
         }
         if config.max_plan_rounds == Some(0) {
             return Err(Error::invalid(
-                &config_path,
-                &text,
+                config_path,
+                text,
                 "max_plan_rounds",
                 Some("max_plan_rounds:"),
                 "must be at least 1 (the first confirmation is a round)",
@@ -251,8 +259,8 @@ impl Agent {
             let needle = format!("name: {}", tc.name);
             if tc.name == ASK_HUMAN {
                 return Err(Error::invalid(
-                    &config_path,
-                    &text,
+                    config_path,
+                    text,
                     field,
                     Some(&needle),
                     "`ask_human` is built in: remove this tool or rename it",
@@ -265,7 +273,7 @@ impl Agent {
                     .count();
                 return Err(Error::Invalid {
                     path: config_path.display().to_string(),
-                    line: nth_line_of(&text, &needle, earlier),
+                    line: nth_line_of(text, &needle, earlier),
                     field,
                     message: format!(
                         "a second tool named `{}`: tool names must be unique",
@@ -274,10 +282,28 @@ impl Agent {
                 });
             }
             let tool = Tool::from_config(tc, dir).map_err(|e: ToolError| {
-                Error::invalid(&config_path, &text, field, Some(&needle), e.to_string())
+                Error::invalid(config_path, text, field, Some(&needle), e.to_string())
             })?;
             tools.insert(tool.name.clone(), tool);
         }
+        Ok(CheckedConfig {
+            config,
+            brain,
+            tools,
+        })
+    }
+}
+
+impl Agent {
+    /// Loads and checks the agent in `dir`.
+    pub fn load(dir: &Path) -> Result<Agent, Error> {
+        let config_path = dir.join("config.yaml");
+        let text = read(&config_path)?;
+        let CheckedConfig {
+            config,
+            brain,
+            tools,
+        } = CheckedConfig::parse(&config_path, &text, dir)?;
         let system_prompt = ["system_prompt.md", "system_prompt.txt"]
             .iter()
             .map(|f| dir.join(f))
