@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 mod client;
-mod mailbox;
+use delta_cli::mailbox;
 mod ops;
 mod render;
 mod run;
