@@ -25,25 +25,37 @@ pub mod time {
 
     const FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
 
+    /// `0000-01-01T00:00:00.000000Z` and `9999-12-31T23:59:59.999999Z` in microseconds since the
+    /// Unix epoch: what RFC 3339's four-digit years can write. Every timestamp is kept inside, so
+    /// that what is written always parses back (a later time is "never" anyway).
+    const MIN_MICROS: i64 = -62_167_219_200_000_000;
+    const MAX_MICROS: i64 = 253_402_300_799_999_999;
+
     impl Timestamp {
         /// The current time, truncated to microseconds so that it survives a round trip.
         pub fn now() -> Self {
             Self::from_datetime(Utc::now())
         }
 
-        /// Truncates to microseconds.
+        /// Truncates to microseconds, and clamps to the years 0000–9999.
         pub fn from_datetime(t: DateTime<Utc>) -> Self {
-            let micros = t.timestamp_micros();
-            Self(DateTime::from_timestamp_micros(micros).unwrap_or(t))
+            Self::clamped(t.timestamp_micros())
+        }
+
+        fn clamped(micros: i64) -> Self {
+            let micros = micros.clamp(MIN_MICROS, MAX_MICROS);
+            // Every microsecond of the years 0000–9999 is a valid chrono time.
+            Self(DateTime::from_timestamp_micros(micros).unwrap_or(DateTime::UNIX_EPOCH))
         }
 
         pub fn as_datetime(&self) -> DateTime<Utc> {
             self.0
         }
 
-        /// The time `us` microseconds after the Unix epoch, if representable.
+        /// The time `us` microseconds after the Unix epoch, if chrono can represent it (clamped
+        /// to the years 0000–9999).
         pub fn from_micros(us: i64) -> Option<Self> {
-            DateTime::<Utc>::from_timestamp_micros(us).map(Self)
+            DateTime::<Utc>::from_timestamp_micros(us).map(Self::from_datetime)
         }
 
         /// Microseconds since the Unix epoch.
@@ -51,14 +63,15 @@ pub mod time {
             self.0.timestamp_micros()
         }
 
-        /// This time plus whole seconds (saturating at the far future).
+        /// This time plus whole seconds, saturating at `9999-12-31T23:59:59.999999Z` (so a
+        /// `timeout_seconds` of any size gives an `expires_at` that can be written and read).
         pub fn plus_seconds(&self, secs: u64) -> Self {
-            let d = chrono::Duration::seconds(i64::try_from(secs).unwrap_or(i64::MAX / 1000));
-            Self(
-                self.0
-                    .checked_add_signed(d)
-                    .unwrap_or(DateTime::<Utc>::MAX_UTC),
-            )
+            let later = i64::try_from(secs)
+                .ok()
+                .and_then(|s| s.checked_mul(1_000_000))
+                .and_then(|d| self.micros().checked_add(d))
+                .unwrap_or(i64::MAX);
+            Self::clamped(later)
         }
     }
 
@@ -989,6 +1002,37 @@ mod tests {
         let t: Timestamp = "2026-11-20T11:00:00+01:00".parse().expect("valid");
         assert_eq!(t.to_string(), "2026-11-20T10:00:00.000000Z");
         assert_eq!(Timestamp::now().to_string().len(), 27);
+    }
+
+    #[test]
+    fn every_timestamp_written_parses_back() {
+        // Found while writing the fuzz properties (huge numbers): `timeout_seconds` above 2^63 / 10^6 panicked in
+        // `plus_seconds`, and a smaller huge one wrote an `expires_at` in year +262142 that the
+        // journal could not read back ("the journal is corrupt").
+        let t: Timestamp = "2026-11-20T10:00:00.123456Z".parse().expect("valid");
+        for secs in [10_000_000_000_000_000, 9_000_000_000_000_000, u64::MAX] {
+            let later = t.plus_seconds(secs);
+            assert_eq!(later.to_string(), "9999-12-31T23:59:59.999999Z");
+            assert_eq!(later.to_string().parse::<Timestamp>(), Ok(later));
+        }
+        assert_eq!(
+            t.plus_seconds(900).to_string(),
+            "2026-11-20T10:15:00.123456Z"
+        );
+        // Offsets that move a time out of the years 0000–9999 are clamped.
+        for (given, kept) in [
+            ("9999-12-31T23:59:59-01:00", "9999-12-31T23:59:59.999999Z"),
+            ("0000-01-01T00:00:00+01:00", "0000-01-01T00:00:00.000000Z"),
+        ] {
+            let t: Timestamp = given.parse().expect("valid RFC 3339");
+            assert_eq!(t.to_string(), kept);
+            assert_eq!(kept.parse::<Timestamp>(), Ok(t));
+        }
+        for us in [i64::MIN, i64::MAX] {
+            if let Some(t) = Timestamp::from_micros(us) {
+                assert_eq!(t.to_string().parse::<Timestamp>(), Ok(t));
+            }
+        }
     }
 
     #[test]
