@@ -381,6 +381,21 @@ mod tests {
     }
 
     #[test]
+    fn floats_read_back_bit_for_bit() {
+        // Found by the journal round-trip property: without serde_json's `float_roundtrip`,
+        // -2.16833424327429e-54 came back as -2.1683342432742902e-54.
+        let mut events = sample();
+        let args = json!({"x": -2.16833424327429e-54, "y": 0.1, "z": 1.7976931348623157e308});
+        events[2].event = Event::ActionRequest(ActionRequest {
+            action_id: "a1".into(),
+            tool: "echo".into(),
+            args,
+        });
+        let text: String = events.iter().map(to_line).collect();
+        assert_eq!(parse_jsonl(&text).expect("parses").events, events);
+    }
+
+    #[test]
     fn parse_refuses_gaps_in_seq() {
         let mut events = sample();
         events[2].seq = 5;
