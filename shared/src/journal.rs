@@ -56,7 +56,7 @@ pub fn parse_jsonl_from(text: &str, first: u64) -> Result<Parsed, Error> {
         let complete = raw.ends_with('\n');
         let body = raw.trim();
         if !body.is_empty() {
-            match serde_json::from_str::<JournalEvent>(body) {
+            match parse_line(body) {
                 Ok(event) => {
                     let expected = parsed.events.len() as u64 + first;
                     if event.seq != expected {
@@ -78,6 +78,53 @@ pub fn parse_jsonl_from(text: &str, first: u64) -> Result<Parsed, Error> {
         offset += raw.len();
     }
     Ok(parsed)
+}
+
+/// How deeply a journal line may nest. Values from outside (tool arguments, answers' `data`) are
+/// parsed with serde_json's limit of 128 levels, and a line wraps them in a few levels of its own
+/// (`payload`, `tool_calls`, `context`…), so the default limit refused lines the engine had just
+/// written. This leaves room for all of those, and still bounds recursion (and the stack) for
+/// whatever a corrupt file holds.
+pub const MAX_LINE_DEPTH: usize = 256;
+
+/// One event from one line, with the depth bound above in place of serde_json's.
+fn parse_line(body: &str) -> Result<JournalEvent, serde_json::Error> {
+    if nesting(body) > MAX_LINE_DEPTH {
+        return Err(serde::de::Error::custom(format!(
+            "nested deeper than {MAX_LINE_DEPTH} levels"
+        )));
+    }
+    let mut de = serde_json::Deserializer::from_str(body);
+    de.disable_recursion_limit();
+    let event = serde::Deserialize::deserialize(&mut de)?;
+    de.end()?;
+    Ok(event)
+}
+
+/// The deepest nesting of arrays and objects in JSON text (strings skipped).
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// One journal line, as written to `journal.jsonl` (with its newline).
@@ -378,6 +425,38 @@ mod tests {
         let parsed = parse_jsonl(&torn).expect("torn tail is not an error");
         assert_eq!(parsed.events.len(), 3);
         assert_eq!(parsed.torn_tail_at, Some(whole));
+    }
+
+    #[test]
+    fn what_the_engine_writes_reads_back_however_deep_its_values() {
+        // Found by the journal properties: arguments nested 125 to 127 levels deep (which
+        // serde_json accepts from an LLM or an HTTP body) made a line the journal refused to
+        // read back ("recursion limit exceeded"): the run could never resume.
+        // `deep(n)` is nested n + 1 levels: deep(126) is as deep as serde_json accepts.
+        let deep = |depth: usize| (0..depth).fold(json!([]), |v, _| json!([v]));
+        let mut events = sample();
+        events[2].event = Event::ActionRequest(ActionRequest {
+            action_id: "a1".into(),
+            tool: "echo".into(),
+            args: json!({"x": deep(126)}),
+        });
+        let text: String = events.iter().map(to_line).collect();
+        assert_eq!(parse_jsonl(&text).expect("parses").events, events);
+        // Deeper than any value the product accepts: refused with the line, never a stack
+        // overflow.
+        let mut text: String = sample()[..2].iter().map(to_line).collect();
+        text.push_str(&format!(
+            "{{\"seq\": 3, \"x\": {}{}}}\n",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        ));
+        let e = parse_jsonl(&text).expect_err("too deep").to_string();
+        assert!(
+            e.starts_with("journal line 3") && e.contains("nested deeper than 256 levels"),
+            "{e}"
+        );
+        // Brackets inside strings are text.
+        assert_eq!(nesting(r#"{"a": "[[[{{\"]]", "b": [[]]}"#), 3);
     }
 
     #[test]
