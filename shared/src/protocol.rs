@@ -105,7 +105,11 @@ pub mod time {
     impl<'de> Deserialize<'de> for Timestamp {
         fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
             let s = String::deserialize(d)?;
-            s.parse().map_err(serde::de::Error::custom)
+            s.parse().map_err(|e| {
+                serde::de::Error::custom(format_args!(
+                    "`{s}` is not an RFC 3339 time ({e}), e.g. 2026-11-20T10:00:00.123456Z"
+                ))
+            })
         }
     }
 }
@@ -1002,6 +1006,12 @@ mod tests {
         let t: Timestamp = "2026-11-20T11:00:00+01:00".parse().expect("valid");
         assert_eq!(t.to_string(), "2026-11-20T10:00:00.000000Z");
         assert_eq!(Timestamp::now().to_string().len(), 27);
+        let e = serde_json::from_str::<Timestamp>("\"yesterday\"").expect_err("not a time");
+        assert!(
+            e.to_string()
+                .starts_with("`yesterday` is not an RFC 3339 time ("),
+            "{e}"
+        );
     }
 
     #[test]
