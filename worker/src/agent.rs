@@ -71,13 +71,21 @@ pub(crate) fn nth_line_of(text: &str, needle: &str, n: usize) -> Option<usize> {
 pub(crate) fn parse_yaml<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, Error> {
     let de = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
+        let field = match e.path().to_string() {
+            // No field reached (a YAML syntax error): the whole file.
+            unknown if unknown == "?" => ".".to_owned(),
+            path => path,
+        };
         let inner = e.into_inner();
         let line = inner.location().map(|l| l.line());
         let mut message = inner.to_string();
-        // serde_yaml appends " at line N column M": the line is reported separately.
+        // serde_yaml appends " at line N column M" and puts the field first: both are reported
+        // separately.
         if let Some(cut) = message.find(" at line ") {
             message.truncate(cut);
+        }
+        if let Some(rest) = message.strip_prefix(&format!("{field}: ")) {
+            message = rest.to_owned();
         }
         Error::Invalid {
             path: path.display().to_string(),
@@ -391,10 +399,30 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_field_is_named_once() {
+        // Found by the config properties: the field came twice, as serde_yaml names it too
+        // (`tools[0].timeout_s: tools[0].timeout_s: invalid type…`).
+        let dir = agent_dir(
+            "name: a\nbrain: scripted\ntools:\n  - name: t\n    exec: echo\n    timeout_s: soon\n",
+            Some("steps: []\n"),
+        );
+        let err = Agent::load(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "config.yaml line 6: tools[0].timeout_s: invalid type: string \"soon\", expected u64"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn malformed_yaml_is_reported_with_its_line() {
         let dir = agent_dir("name: a\nbrain: [scripted\n", None);
         let err = Agent::load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("config.yaml line"), "{err}");
+        let dir = agent_dir("name: a\nbrain: scripted\nsteps\n", None);
+        let err = Agent::load(dir.path()).unwrap_err().to_string();
+        assert!(err.ends_with(": .: could not find expected ':'"), "{err}");
     }
 
     #[test]
