@@ -1016,9 +1016,10 @@ mod tests {
 
     #[test]
     fn every_timestamp_written_parses_back() {
-        // Found while writing the fuzz properties (huge numbers): `timeout_seconds` above 2^63 / 10^6 panicked in
-        // `plus_seconds`, and a smaller huge one wrote an `expires_at` in year +262142 that the
-        // journal could not read back ("the journal is corrupt").
+        // Found while writing the fuzz properties (huge numbers): a `timeout_seconds` between
+        // i64::MAX / 1000 and i64::MAX panicked in `plus_seconds` (chrono's TimeDelta bound),
+        // and any other one reaching past year 9999 wrote an `expires_at` in year +262142 that
+        // the journal could not read back ("the journal is corrupt").
         let t: Timestamp = "2026-11-20T10:00:00.123456Z".parse().expect("valid");
         for secs in [10_000_000_000_000_000, 9_000_000_000_000_000, u64::MAX] {
             let later = t.plus_seconds(secs);

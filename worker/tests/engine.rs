@@ -675,8 +675,9 @@ steps:
 
 #[tokio::test]
 async fn a_huge_timeout_never_expires_and_the_journal_reads_back() {
-    // Regression: `timeout_seconds` above 2^63 / 10^6 panicked the engine, and a smaller huge
-    // one journaled an `expires_at` in year +262142 that made the journal unreadable.
+    // Regression: a `timeout_seconds` between i64::MAX / 1000 and i64::MAX panicked the engine
+    // (chrono's TimeDelta bound), and any other one reaching past year 9999 journaled an
+    // `expires_at` in year +262142 that made the journal unreadable.
     for secs in [
         "10000000000000000",
         "9000000000000000",
