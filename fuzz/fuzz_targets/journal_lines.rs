@@ -36,7 +36,11 @@ fuzz_target!(|data: &[u8]| {
     for e in &parsed.events {
         let line = to_line(e);
         let back = parse_jsonl_from(&line, e.seq).expect("a written line parses");
-        assert_eq!(back.events.as_slice(), std::slice::from_ref(e), "round trip");
+        assert_eq!(
+            back.events.as_slice(),
+            std::slice::from_ref(e),
+            "round trip"
+        );
     }
     let replay = Replay::new(&parsed.events);
     let _ = replay.next_call();

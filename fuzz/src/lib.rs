@@ -117,7 +117,10 @@ pub fn check_and_assert(q: &InteractionRequest, resp: InteractionResponse, now: 
             let record = accepted.journal_record(q);
             if q.is_sensitive() {
                 for text in [&record.input, &record.feedback] {
-                    assert!(text.as_deref().is_none_or(|s| s == REDACTED), "not redacted");
+                    assert!(
+                        text.as_deref().is_none_or(|s| s == REDACTED),
+                        "not redacted"
+                    );
                 }
                 assert!(
                     record
