@@ -489,7 +489,7 @@ pub struct Job {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("not a job message ({reason}): {preview}")]
 pub struct JobError {
-    /// What the JSON parser refused (the field and the line/column).
+    /// What the JSON parser refused, and where (line and column).
     pub reason: String,
     /// The first 200 characters of the payload (lossy UTF-8), for the DLQ reason and the logs.
     pub preview: String,
