@@ -115,23 +115,40 @@ impl Mailbox {
         &self,
         q: &InteractionRequest,
     ) -> Result<Option<InteractionResponse>, Error> {
-        let (txt, json) = (self.txt_path(), self.json_path());
-        match (read_opt(&txt)?, read_opt(&json)?) {
+        let txt = read_opt(&self.txt_path())?;
+        let json = read_opt(&self.json_path())?;
+        self.parse_answer(q, txt.as_deref(), json.as_deref())
+    }
+
+    /// The answer for `q` in the contents of `response.txt` and `response.json` (`None`: the
+    /// file is absent). Pure: what [`Mailbox::read_answer`] does once the files are read.
+    pub fn parse_answer(
+        &self,
+        q: &InteractionRequest,
+        txt: Option<&[u8]>,
+        json: Option<&[u8]>,
+    ) -> Result<Option<InteractionResponse>, Error> {
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        match (txt, json) {
             (None, None) => Ok(None),
             (Some(_), Some(_)) => Err(Error::Bad {
                 path: self.dir.display().to_string(),
                 code: "bad_request",
                 message: "both response.txt and response.json are there: keep only one".into(),
             }),
-            (Some(text), None) => parse_txt(q, &text).map(Some).map_err(|r| r.at(&txt)),
-            (None, Some(text)) => parse_json(q, &text).map(Some).map_err(|r| r.at(&json)),
+            (Some(b), None) => parse_txt(q, &text(b))
+                .map(Some)
+                .map_err(|r| r.at(&self.txt_path())),
+            (None, Some(b)) => parse_json(q, &text(b))
+                .map(Some)
+                .map_err(|r| r.at(&self.json_path())),
         }
     }
 }
 
-fn read_opt(path: &Path) -> Result<Option<String>, Error> {
+fn read_opt(path: &Path) -> Result<Option<Vec<u8>>, Error> {
     match fs::read(path) {
-        Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+        Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::Io(path.display().to_string(), e)),
     }

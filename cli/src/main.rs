@@ -8,7 +8,7 @@ mod bench;
 mod client;
 mod dev;
 mod local;
-mod mailbox;
+use delta_cli::mailbox;
 mod ops;
 mod render;
 mod run;

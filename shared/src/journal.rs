@@ -29,6 +29,11 @@ pub enum Error {
         expected: u64,
         found: u64,
     },
+    #[error(
+        "journal line {line}: an event after seq {}, the largest seq there is",
+        u64::MAX
+    )]
+    SeqOverflow { line: usize },
 }
 
 /// The result of parsing a journal file's text.
@@ -56,9 +61,12 @@ pub fn parse_jsonl_from(text: &str, first: u64) -> Result<Parsed, Error> {
         let complete = raw.ends_with('\n');
         let body = raw.trim();
         if !body.is_empty() {
-            match serde_json::from_str::<JournalEvent>(body) {
+            match parse_line(body) {
                 Ok(event) => {
-                    let expected = parsed.events.len() as u64 + first;
+                    let expected = u64::try_from(parsed.events.len())
+                        .ok()
+                        .and_then(|n| first.checked_add(n))
+                        .ok_or(Error::SeqOverflow { line })?;
                     if event.seq != expected {
                         return Err(Error::Sequence {
                             line,
@@ -78,6 +86,53 @@ pub fn parse_jsonl_from(text: &str, first: u64) -> Result<Parsed, Error> {
         offset += raw.len();
     }
     Ok(parsed)
+}
+
+/// How deeply a journal line may nest. Values from outside (tool arguments, answers' `data`) are
+/// parsed with serde_json's limit of 128 levels, and a line wraps them in a few levels of its own
+/// (`payload`, `tool_calls`, `context`…), so the default limit refused lines the engine had just
+/// written. This leaves room for all of those, and still bounds recursion (and the stack) for
+/// whatever a corrupt file holds.
+pub const MAX_LINE_DEPTH: usize = 256;
+
+/// One event from one line, with the depth bound above in place of serde_json's.
+fn parse_line(body: &str) -> Result<JournalEvent, serde_json::Error> {
+    if nesting(body) > MAX_LINE_DEPTH {
+        return Err(serde::de::Error::custom(format!(
+            "nested deeper than {MAX_LINE_DEPTH} levels"
+        )));
+    }
+    let mut de = serde_json::Deserializer::from_str(body);
+    de.disable_recursion_limit();
+    let event = serde::Deserialize::deserialize(&mut de)?;
+    de.end()?;
+    Ok(event)
+}
+
+/// The deepest nesting of arrays and objects in JSON text (strings skipped).
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// One journal line, as written to `journal.jsonl` (with its newline).
@@ -386,6 +441,76 @@ mod tests {
         let parsed = parse_jsonl(&torn).expect("torn tail is not an error");
         assert_eq!(parsed.events.len(), 3);
         assert_eq!(parsed.torn_tail_at, Some(whole));
+    }
+
+    #[test]
+    fn what_the_engine_writes_reads_back_however_deep_its_values() {
+        // Found by the journal properties: arguments nested 125 to 127 levels deep (which
+        // serde_json accepts from an LLM or an HTTP body) made a line the journal refused to
+        // read back ("recursion limit exceeded"): the run could never resume.
+        // `deep(n)` is nested n + 1 levels: deep(126) is as deep as serde_json accepts.
+        let deep = |depth: usize| (0..depth).fold(json!([]), |v, _| json!([v]));
+        let mut events = sample();
+        events[2].event = Event::ActionRequest(ActionRequest {
+            action_id: "a1".into(),
+            tool: "echo".into(),
+            args: json!({"x": deep(126)}),
+        });
+        let text: String = events.iter().map(to_line).collect();
+        assert_eq!(parse_jsonl(&text).expect("parses").events, events);
+        // Deeper than any value the product accepts: refused with the line, never a stack
+        // overflow.
+        let mut text: String = sample()[..2].iter().map(to_line).collect();
+        text.push_str(&format!(
+            "{{\"seq\": 3, \"x\": {}{}}}\n",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        ));
+        let e = parse_jsonl(&text).expect_err("too deep").to_string();
+        assert!(
+            e.starts_with("journal line 3") && e.contains("nested deeper than 256 levels"),
+            "{e}"
+        );
+        // Brackets inside strings are text.
+        assert_eq!(nesting(r#"{"a": "[[[{{\"]]", "b": [[]]}"#), 3);
+    }
+
+    #[test]
+    fn no_seq_follows_the_largest() {
+        // Found by the journal properties: a page read from near the end of u64 overflowed
+        // (a panic in debug builds; in release, seq 0 was accepted after u64::MAX).
+        let mut events = sample();
+        events[0].seq = u64::MAX - 1;
+        events[1].seq = u64::MAX;
+        events[2].seq = 0;
+        let text: String = events.iter().map(to_line).collect();
+        assert!(matches!(
+            parse_jsonl_from(&text, u64::MAX - 1),
+            Err(Error::SeqOverflow { line: 3 })
+        ));
+        let two: String = events[..2].iter().map(to_line).collect();
+        assert_eq!(
+            parse_jsonl_from(&two, u64::MAX - 1)
+                .expect("parses")
+                .events
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn floats_read_back_bit_for_bit() {
+        // Found by the journal round-trip property: without serde_json's `float_roundtrip`,
+        // -2.16833424327429e-54 came back as -2.1683342432742902e-54.
+        let mut events = sample();
+        let args = json!({"x": -2.16833424327429e-54, "y": 0.1, "z": 1.7976931348623157e308});
+        events[2].event = Event::ActionRequest(ActionRequest {
+            action_id: "a1".into(),
+            tool: "echo".into(),
+            args,
+        });
+        let text: String = events.iter().map(to_line).collect();
+        assert_eq!(parse_jsonl(&text).expect("parses").events, events);
     }
 
     #[test]

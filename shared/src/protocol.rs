@@ -25,25 +25,37 @@ pub mod time {
 
     const FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
 
+    /// `0000-01-01T00:00:00.000000Z` and `9999-12-31T23:59:59.999999Z` in microseconds since the
+    /// Unix epoch: what RFC 3339's four-digit years can write. Every timestamp is kept inside, so
+    /// that what is written always parses back (a later time is "never" anyway).
+    const MIN_MICROS: i64 = -62_167_219_200_000_000;
+    const MAX_MICROS: i64 = 253_402_300_799_999_999;
+
     impl Timestamp {
         /// The current time, truncated to microseconds so that it survives a round trip.
         pub fn now() -> Self {
             Self::from_datetime(Utc::now())
         }
 
-        /// Truncates to microseconds.
+        /// Truncates to microseconds, and clamps to the years 0000–9999.
         pub fn from_datetime(t: DateTime<Utc>) -> Self {
-            let micros = t.timestamp_micros();
-            Self(DateTime::from_timestamp_micros(micros).unwrap_or(t))
+            Self::clamped(t.timestamp_micros())
+        }
+
+        fn clamped(micros: i64) -> Self {
+            let micros = micros.clamp(MIN_MICROS, MAX_MICROS);
+            // Every microsecond of the years 0000–9999 is a valid chrono time.
+            Self(DateTime::from_timestamp_micros(micros).unwrap_or(DateTime::UNIX_EPOCH))
         }
 
         pub fn as_datetime(&self) -> DateTime<Utc> {
             self.0
         }
 
-        /// The time `us` microseconds after the Unix epoch, if representable.
+        /// The time `us` microseconds after the Unix epoch, if chrono can represent it (clamped
+        /// to the years 0000–9999).
         pub fn from_micros(us: i64) -> Option<Self> {
-            DateTime::<Utc>::from_timestamp_micros(us).map(Self)
+            DateTime::<Utc>::from_timestamp_micros(us).map(Self::from_datetime)
         }
 
         /// Microseconds since the Unix epoch.
@@ -51,14 +63,15 @@ pub mod time {
             self.0.timestamp_micros()
         }
 
-        /// This time plus whole seconds (saturating at the far future).
+        /// This time plus whole seconds, saturating at `9999-12-31T23:59:59.999999Z` (so a
+        /// `timeout_seconds` of any size gives an `expires_at` that can be written and read).
         pub fn plus_seconds(&self, secs: u64) -> Self {
-            let d = chrono::Duration::seconds(i64::try_from(secs).unwrap_or(i64::MAX / 1000));
-            Self(
-                self.0
-                    .checked_add_signed(d)
-                    .unwrap_or(DateTime::<Utc>::MAX_UTC),
-            )
+            let later = i64::try_from(secs)
+                .ok()
+                .and_then(|s| s.checked_mul(1_000_000))
+                .and_then(|d| self.micros().checked_add(d))
+                .unwrap_or(i64::MAX);
+            Self::clamped(later)
         }
     }
 
@@ -92,7 +105,11 @@ pub mod time {
     impl<'de> Deserialize<'de> for Timestamp {
         fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
             let s = String::deserialize(d)?;
-            s.parse().map_err(serde::de::Error::custom)
+            s.parse().map_err(|e| {
+                serde::de::Error::custom(format_args!(
+                    "`{s}` is not an RFC 3339 time ({e}), e.g. 2026-11-20T10:00:00.123456Z"
+                ))
+            })
         }
     }
 }
@@ -468,7 +485,26 @@ pub struct Job {
     pub request_id: Option<RequestId>,
 }
 
+/// A payload on `delta.jobs.<agent>` that is not a job message: why, and the start of what came.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not a job message ({reason}): {preview}")]
+pub struct JobError {
+    /// What the JSON parser refused, and where (line and column).
+    pub reason: String,
+    /// The first 200 characters of the payload (lossy UTF-8), for the DLQ reason and the logs.
+    pub preview: String,
+}
+
 impl Job {
+    /// Decodes a job message's payload: strict JSON (no unknown fields, no trailing data). Every
+    /// host decodes jobs here, so the fuzzers test what the workers run.
+    pub fn decode(payload: &[u8]) -> Result<Job, JobError> {
+        serde_json::from_slice(payload).map_err(|e| JobError {
+            reason: e.to_string(),
+            preview: String::from_utf8_lossy(payload).chars().take(200).collect(),
+        })
+    }
+
     /// The `Nats-Msg-Id` that makes publishing this job idempotent: `start:<run_id>` or
     /// `resume:<request_id>`.
     pub fn msg_id(&self) -> String {
@@ -953,6 +989,14 @@ mod tests {
         assert_eq!(job.msg_id(), format!("resume:{req}"));
         assert!(serde_json::from_value::<Job>(json!({"run_id": run, "kind": "stop"})).is_err());
         assert!(serde_json::from_str::<Job>("not json").is_err());
+        let e = Job::decode(b"{\"run_id\": 1}").unwrap_err();
+        assert!(
+            e.to_string().starts_with("not a job message (invalid type"),
+            "{e}"
+        );
+        assert_eq!(e.preview, "{\"run_id\": 1}");
+        let ok = Job::decode(format!(r#"{{"run_id": "{run}", "kind": "start"}}"#).as_bytes());
+        assert_eq!(ok.map(|j| j.kind), Ok(JobKind::Start));
     }
 
     #[test]
@@ -962,6 +1006,44 @@ mod tests {
         let t: Timestamp = "2026-11-20T11:00:00+01:00".parse().expect("valid");
         assert_eq!(t.to_string(), "2026-11-20T10:00:00.000000Z");
         assert_eq!(Timestamp::now().to_string().len(), 27);
+        let e = serde_json::from_str::<Timestamp>("\"yesterday\"").expect_err("not a time");
+        assert!(
+            e.to_string()
+                .starts_with("`yesterday` is not an RFC 3339 time ("),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_timestamp_written_parses_back() {
+        // Found while writing the fuzz properties (huge numbers): a `timeout_seconds` between
+        // i64::MAX / 1000 and i64::MAX panicked in `plus_seconds` (chrono's TimeDelta bound),
+        // and any other one reaching past year 9999 wrote an `expires_at` in year +262142 that
+        // the journal could not read back ("the journal is corrupt").
+        let t: Timestamp = "2026-11-20T10:00:00.123456Z".parse().expect("valid");
+        for secs in [10_000_000_000_000_000, 9_000_000_000_000_000, u64::MAX] {
+            let later = t.plus_seconds(secs);
+            assert_eq!(later.to_string(), "9999-12-31T23:59:59.999999Z");
+            assert_eq!(later.to_string().parse::<Timestamp>(), Ok(later));
+        }
+        assert_eq!(
+            t.plus_seconds(900).to_string(),
+            "2026-11-20T10:15:00.123456Z"
+        );
+        // Offsets that move a time out of the years 0000–9999 are clamped.
+        for (given, kept) in [
+            ("9999-12-31T23:59:59-01:00", "9999-12-31T23:59:59.999999Z"),
+            ("0000-01-01T00:00:00+01:00", "0000-01-01T00:00:00.000000Z"),
+        ] {
+            let t: Timestamp = given.parse().expect("valid RFC 3339");
+            assert_eq!(t.to_string(), kept);
+            assert_eq!(kept.parse::<Timestamp>(), Ok(t));
+        }
+        for us in [i64::MIN, i64::MAX] {
+            if let Some(t) = Timestamp::from_micros(us) {
+                assert_eq!(t.to_string().parse::<Timestamp>(), Ok(t));
+            }
+        }
     }
 
     #[test]

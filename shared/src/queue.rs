@@ -802,15 +802,7 @@ impl Queue {
                     agent,
                 )
             };
-            let job = serde_json::from_slice::<Job>(&msg.payload).map_err(|e| {
-                format!(
-                    "not a job message ({e}): {}",
-                    String::from_utf8_lossy(&msg.payload)
-                        .chars()
-                        .take(200)
-                        .collect::<String>()
-                )
-            });
+            let job = Job::decode(&msg.payload).map_err(|e| e.to_string());
             let traceparent = msg
                 .headers
                 .as_ref()
@@ -864,9 +856,7 @@ impl Queue {
                         .map(str::to_owned)
                 })
                 .unwrap_or_default();
-            let job = raw
-                .as_ref()
-                .and_then(|m| serde_json::from_slice::<Job>(&m.payload).ok());
+            let job = raw.as_ref().and_then(|m| Job::decode(&m.payload).ok());
             let traceparent = raw
                 .as_ref()
                 .and_then(|m| m.headers.get("traceparent"))

@@ -71,13 +71,21 @@ pub(crate) fn nth_line_of(text: &str, needle: &str, n: usize) -> Option<usize> {
 pub(crate) fn parse_yaml<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, Error> {
     let de = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
+        let field = match e.path().to_string() {
+            // No field reached (a YAML syntax error): the whole file.
+            unknown if unknown == "?" => ".".to_owned(),
+            path => path,
+        };
         let inner = e.into_inner();
         let line = inner.location().map(|l| l.line());
         let mut message = inner.to_string();
-        // serde_yaml appends " at line N column M": the line is reported separately.
+        // serde_yaml appends " at line N column M" and puts the field first: both are reported
+        // separately.
         if let Some(cut) = message.find(" at line ") {
             message.truncate(cut);
+        }
+        if let Some(rest) = message.strip_prefix(&format!("{field}: ")) {
+            message = rest.to_owned();
         }
         Error::Invalid {
             path: path.display().to_string(),
@@ -187,16 +195,24 @@ pub struct Agent {
 
 pub const DEFAULT_MAX_ITERATIONS: u32 = 30;
 
-impl Agent {
-    /// Loads and checks the agent in `dir`.
-    pub fn load(dir: &Path) -> Result<Agent, Error> {
-        let config_path = dir.join("config.yaml");
-        let text = read(&config_path)?;
-        let config: AgentConfig = parse_yaml(&config_path, &text)?;
+/// `config.yaml` parsed and checked: the config, the brain it picks and its tools.
+#[derive(Clone, Debug)]
+pub struct CheckedConfig {
+    pub config: AgentConfig,
+    pub brain: BrainKind,
+    pub tools: BTreeMap<String, Tool>,
+}
+
+impl CheckedConfig {
+    /// Parses and checks the text of `config.yaml` (`config_path` names it in errors) of the
+    /// agent in `dir`. Pure: no file is read, so fuzzers and property tests run exactly what
+    /// [`Agent::load`] runs.
+    pub fn parse(config_path: &Path, text: &str, dir: &Path) -> Result<CheckedConfig, Error> {
+        let config: AgentConfig = parse_yaml(config_path, text)?;
         if config.name.trim().is_empty() {
             return Err(Error::invalid(
-                &config_path,
-                &text,
+                config_path,
+                text,
                 "name",
                 Some("name:"),
                 "must not be empty",
@@ -207,8 +223,8 @@ impl Agent {
             (None, Some(_)) => BrainKind::Openai,
             (None, None) => {
                 return Err(Error::invalid(
-                    &config_path,
-                    &text,
+                    config_path,
+                    text,
                     "brain",
                     None,
                     "no brain: set `brain: scripted` (with a script.yaml) or an `llm:` section",
@@ -217,8 +233,8 @@ impl Agent {
         };
         if brain == BrainKind::Openai && config.llm.is_none() {
             return Err(Error::invalid(
-                &config_path,
-                &text,
+                config_path,
+                text,
                 "llm",
                 Some("brain:"),
                 "`brain: openai` needs an `llm:` section with at least `model`",
@@ -228,8 +244,8 @@ impl Agent {
             && !PLAN_OPTIONS.contains(&d.as_str())
         {
             return Err(Error::invalid(
-                &config_path,
-                &text,
+                config_path,
+                text,
                 "plan_default",
                 Some("plan_default:"),
                 format!("`{d}` is not a plan option: use confirm, modify or cancel"),
@@ -237,8 +253,8 @@ impl Agent {
         }
         if config.max_plan_rounds == Some(0) {
             return Err(Error::invalid(
-                &config_path,
-                &text,
+                config_path,
+                text,
                 "max_plan_rounds",
                 Some("max_plan_rounds:"),
                 "must be at least 1 (the first confirmation is a round)",
@@ -251,8 +267,8 @@ impl Agent {
             let needle = format!("name: {}", tc.name);
             if tc.name == ASK_HUMAN {
                 return Err(Error::invalid(
-                    &config_path,
-                    &text,
+                    config_path,
+                    text,
                     field,
                     Some(&needle),
                     "`ask_human` is built in: remove this tool or rename it",
@@ -265,7 +281,7 @@ impl Agent {
                     .count();
                 return Err(Error::Invalid {
                     path: config_path.display().to_string(),
-                    line: nth_line_of(&text, &needle, earlier),
+                    line: nth_line_of(text, &needle, earlier),
                     field,
                     message: format!(
                         "a second tool named `{}`: tool names must be unique",
@@ -274,10 +290,28 @@ impl Agent {
                 });
             }
             let tool = Tool::from_config(tc, dir).map_err(|e: ToolError| {
-                Error::invalid(&config_path, &text, field, Some(&needle), e.to_string())
+                Error::invalid(config_path, text, field, Some(&needle), e.to_string())
             })?;
             tools.insert(tool.name.clone(), tool);
         }
+        Ok(CheckedConfig {
+            config,
+            brain,
+            tools,
+        })
+    }
+}
+
+impl Agent {
+    /// Loads and checks the agent in `dir`.
+    pub fn load(dir: &Path) -> Result<Agent, Error> {
+        let config_path = dir.join("config.yaml");
+        let text = read(&config_path)?;
+        let CheckedConfig {
+            config,
+            brain,
+            tools,
+        } = CheckedConfig::parse(&config_path, &text, dir)?;
         let system_prompt = ["system_prompt.md", "system_prompt.txt"]
             .iter()
             .map(|f| dir.join(f))
@@ -365,10 +399,30 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_field_is_named_once() {
+        // Found by the config properties: the field came twice, as serde_yaml names it too
+        // (`tools[0].timeout_s: tools[0].timeout_s: invalid type…`).
+        let dir = agent_dir(
+            "name: a\nbrain: scripted\ntools:\n  - name: t\n    exec: echo\n    timeout_s: soon\n",
+            Some("steps: []\n"),
+        );
+        let err = Agent::load(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "config.yaml line 6: tools[0].timeout_s: invalid type: string \"soon\", expected u64"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn malformed_yaml_is_reported_with_its_line() {
         let dir = agent_dir("name: a\nbrain: [scripted\n", None);
         let err = Agent::load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("config.yaml line"), "{err}");
+        let dir = agent_dir("name: a\nbrain: scripted\nsteps\n", None);
+        let err = Agent::load(dir.path()).unwrap_err().to_string();
+        assert!(err.ends_with(": .: could not find expected ':'"), "{err}");
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! buffered but not committed when a process dies is re-derived on replay, because every decision
 //! before a side effect is deterministic from the committed journal.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,6 +129,74 @@ pub struct Engine<'a, S, B> {
 
 /// The observation a tool sees in place of a sensitive value, should it echo one.
 const MASK: &str = "***";
+
+/// Checks an answer to the pending request `pending` as the engine applies it (at `now`): the
+/// rules of PROTOCOL.md §3 ([`InteractionRequest::validate`]), then edited tool arguments
+/// (`data.args` of an approval) against the tool's parameters among `tools`, and the edit of a
+/// plan ("modify": feedback, or `data.tasks` naming known tools). Pure, so the fuzzers and
+/// property tests run exactly the engine's checks.
+pub fn check_answer(
+    pending: &InteractionRequest,
+    tools: &BTreeMap<String, Tool>,
+    resp: InteractionResponse,
+    now: Timestamp,
+) -> Result<AcceptedAnswer, ResponseError> {
+    let accepted = pending.validate(resp, now)?;
+    if accepted.action == OptionAction::ApproveAndExecute
+        && let Some(edited) = accepted.response.data.as_ref().and_then(|d| d.get("args"))
+    {
+        let tool = pending
+            .context
+            .get("tool")
+            .and_then(Value::as_str)
+            .and_then(|t| tools.get(t))
+            .ok_or_else(|| {
+                ResponseError::InvalidArgs("this request has no tool arguments to edit".into())
+            })?;
+        tool.check_args(edited)
+            .map_err(ResponseError::InvalidArgs)?;
+    }
+    if pending.is_plan_confirmation() && accepted.action == OptionAction::RetryWithFeedback {
+        check_plan_edit(tools, &accepted.response)?;
+    }
+    Ok(accepted)
+}
+
+/// A "modify" of a plan needs feedback, or a task list in `data.tasks` naming known tools.
+fn check_plan_edit(
+    tools: &BTreeMap<String, Tool>,
+    r: &InteractionResponse,
+) -> Result<(), ResponseError> {
+    let Some(tasks) = r.data.as_ref().and_then(|d| d.get("tasks")) else {
+        let said = [&r.input, &r.feedback]
+            .into_iter()
+            .flatten()
+            .any(|s| !s.trim().is_empty());
+        return if said {
+            Ok(())
+        } else {
+            Err(ResponseError::InputRequired(
+                r.option_id.clone().unwrap_or_default(),
+            ))
+        };
+    };
+    let tasks =
+        parse_tasks(tasks).map_err(|e| ResponseError::InvalidArgs(format!("data.tasks: {e}")))?;
+    let unknown = tasks.iter().find_map(|t| {
+        t.tool
+            .as_deref()
+            .filter(|n| !tools.contains_key(*n))
+            .map(|n| (t.index, n))
+    });
+    if let Some((index, tool)) = unknown {
+        let known: Vec<&str> = tools.keys().map(String::as_str).collect();
+        return Err(ResponseError::InvalidArgs(format!(
+            "data.tasks: task {index} names the unknown tool `{tool}`; the agent's tools: {}",
+            known.join(", ")
+        )));
+    }
+    Ok(())
+}
 
 impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     pub fn new(
@@ -360,58 +428,12 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         else {
             return Err(self.refusal_for(resp.request_id));
         };
-        let accepted = pending.validate(resp, self.answered_at.unwrap_or_else(Timestamp::now))?;
-        if accepted.action == OptionAction::ApproveAndExecute
-            && let Some(edited) = accepted.response.data.as_ref().and_then(|d| d.get("args"))
-        {
-            let tool = pending
-                .context
-                .get("tool")
-                .and_then(Value::as_str)
-                .and_then(|t| self.agent.tools.get(t))
-                .ok_or_else(|| {
-                    ResponseError::InvalidArgs("this request has no tool arguments to edit".into())
-                })?;
-            tool.check_args(edited)
-                .map_err(ResponseError::InvalidArgs)?;
-        }
-        if pending.is_plan_confirmation() && accepted.action == OptionAction::RetryWithFeedback {
-            self.check_plan_edit(&accepted.response)?;
-        }
-        Ok(accepted)
-    }
-
-    /// A "modify" of a plan needs feedback, or a task list in `data.tasks` naming known tools.
-    fn check_plan_edit(&self, r: &InteractionResponse) -> Result<(), ResponseError> {
-        let Some(tasks) = r.data.as_ref().and_then(|d| d.get("tasks")) else {
-            let said = [&r.input, &r.feedback]
-                .into_iter()
-                .flatten()
-                .any(|s| !s.trim().is_empty());
-            return if said {
-                Ok(())
-            } else {
-                Err(ResponseError::InputRequired(
-                    r.option_id.clone().unwrap_or_default(),
-                ))
-            };
-        };
-        let tasks = parse_tasks(tasks)
-            .map_err(|e| ResponseError::InvalidArgs(format!("data.tasks: {e}")))?;
-        let unknown = tasks.iter().find_map(|t| {
-            t.tool
-                .as_deref()
-                .filter(|n| !self.agent.tools.contains_key(*n))
-                .map(|n| (t.index, n))
-        });
-        if let Some((index, tool)) = unknown {
-            let known: Vec<&str> = self.agent.tools.keys().map(String::as_str).collect();
-            return Err(ResponseError::InvalidArgs(format!(
-                "data.tasks: task {index} names the unknown tool `{tool}`; the agent's tools: {}",
-                known.join(", ")
-            )));
-        }
-        Ok(())
+        check_answer(
+            pending,
+            &self.agent.tools,
+            resp,
+            self.answered_at.unwrap_or_else(Timestamp::now),
+        )
     }
 
     /// Asks the brain for the next decision.

@@ -169,7 +169,13 @@ impl Script {
             path: path.display().to_string(),
             source,
         })?;
-        let script: Script = parse_yaml(path, &text).map_err(|e| match e {
+        Script::parse(path, &text, tools)
+    }
+
+    /// Parses and checks the text of `script.yaml` (`path` names it in errors) against the
+    /// agent's tools. Pure: what [`Script::load`] runs once the file is read.
+    pub fn parse(path: &Path, text: &str, tools: &BTreeMap<String, Tool>) -> Result<Script, Error> {
+        let script: Script = parse_yaml(path, text).map_err(|e| match e {
             // Untagged enums say only "did not match any variant": say what a step may be.
             Error::Invalid {
                 path,
@@ -186,7 +192,7 @@ impl Script {
             },
             other => other,
         })?;
-        check_steps(&script.steps, "steps", path, &text, tools)?;
+        check_steps(&script.steps, "steps", path, text, tools)?;
         Ok(script)
     }
 }

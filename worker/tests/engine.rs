@@ -673,6 +673,40 @@ steps:
     );
 }
 
+#[tokio::test]
+async fn a_huge_timeout_never_expires_and_the_journal_reads_back() {
+    // Regression: a `timeout_seconds` between i64::MAX / 1000 and i64::MAX panicked the engine
+    // (chrono's TimeDelta bound), and any other one reaching past year 9999 journaled an
+    // `expires_at` in year +262142 that made the journal unreadable.
+    for secs in [
+        "10000000000000000",
+        "9000000000000000",
+        "18446744073709551615",
+    ] {
+        let f = Fixture::new(&format!(
+            "steps:\n  - ask_human: {{prompt: \"x\", timeout_seconds: {secs}}}\n  - finish: \"${{answer}}\"\n"
+        ));
+        let id = f.start("t").await;
+        let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+        assert_eq!(
+            q.expires_at.map(|t| t.to_string()).as_deref(),
+            Some("9999-12-31T23:59:59.999999Z")
+        );
+        let out = f
+            .engine(id)
+            .await
+            .advance(Some(answer(&q, None, Some("Ada"))))
+            .await
+            .expect("the journal reads back and the answer is in time");
+        assert_eq!(
+            out,
+            Outcome::Completed {
+                result: "Ada".into()
+            }
+        );
+    }
+}
+
 /// The journal without what differs between an uninterrupted run and a resumed one: engine
 /// starts and non-terminal ends, system messages, times, durations and request ids.
 fn semantic(journal: &[JournalEvent]) -> Vec<Value> {

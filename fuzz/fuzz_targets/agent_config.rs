@@ -1,0 +1,58 @@
+//! An agent's `config.yaml`, parsed and checked as `Agent::load` does; for an accepted config,
+//! every tool builds an invocation from arguments of its parameters' types.
+#![no_main]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use delta_fuzz::assert_clear;
+use delta_worker::agent::CheckedConfig;
+use delta_worker::tools::{ParamType, ToolEnv};
+use libfuzzer_sys::fuzz_target;
+use serde_json::{Value, json};
+
+fuzz_target!(|data: &[u8]| {
+    // The product reads the file as UTF-8 and refuses anything else before parsing.
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let checked = match CheckedConfig::parse(Path::new("config.yaml"), text, Path::new(".")) {
+        Ok(c) => c,
+        Err(e) => {
+            assert_clear(&e);
+            assert!(e.to_string().starts_with("config.yaml"), "{e}");
+            return;
+        }
+    };
+    let env = ToolEnv {
+        work_dir: PathBuf::from("/work"),
+        agent_home: PathBuf::from("/agent"),
+        vars: vec![],
+    };
+    for tool in checked.tools.values() {
+        let args: serde_json::Map<String, Value> = tool
+            .params
+            .iter()
+            .map(|p| {
+                let v = match p.kind {
+                    ParamType::String => json!("it's a \"value\" $x"),
+                    ParamType::Number => json!(1.5),
+                    ParamType::Integer => json!(-2),
+                    ParamType::Boolean => json!(true),
+                };
+                (p.name.clone(), v)
+            })
+            .collect();
+        let args = Value::Object(args);
+        let values: BTreeMap<String, String> = tool
+            .check_args(&args)
+            .expect("arguments of the declared types are accepted");
+        let _ = tool.danger(&args);
+        let _ = tool.needs_approval(&args);
+        let invocation = tool.invocation(&values, &env);
+        let _ = invocation.display();
+        if let Err(e) = tool.check_args(&json!([1])) {
+            assert_clear(&e);
+        }
+    }
+});
