@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 pub use nix::sys::signal::Signal;
 
 pub mod browser;
+pub mod chaos;
 pub mod fleet;
 pub mod gateways;
 pub mod workers;
