@@ -1146,6 +1146,20 @@ async fn s5_poison_jobs_are_dead_lettered_after_one_delivery() {
             "the workers dead-lettered {lettered} times for {poison} poison jobs"
         ));
     }
+    let dlq_messages = js
+        .get_stream("CP_DLQ")
+        .await
+        .expect("dlq")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    if dlq_messages as usize != poison {
+        tally.problem(format!(
+            "the DLQ stream holds {dlq_messages} messages for {poison} poison jobs"
+        ));
+    }
     let (_, queue) = fleet.client.get("/v1/queue").await.expect("queue");
     if queue["dead_lettered"] != json!(poison) {
         tally.problem(format!("GET /v1/queue: {queue}"));
