@@ -147,8 +147,9 @@ pub enum Error {
     AlreadyExists(RunId),
     #[error("run {run_id} is {status}, which is final: nothing more can be written to it")]
     Terminal { run_id: RunId, status: RunStatus },
-    /// A newer owner holds the run: this writer is stale and must stop.
-    #[error("run {0}: write refused, a newer owner holds the run")]
+    /// A newer owner holds the run, or (for a writer taking the run over) the journal changed
+    /// since this writer loaded it: this writer is stale and must stop.
+    #[error("run {0}: write refused, another owner holds the run or wrote to it")]
     Fenced(RunId),
     #[error("run {run_id} is in use by another process ({detail})")]
     Locked { run_id: RunId, detail: String },

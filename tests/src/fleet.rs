@@ -87,10 +87,39 @@ pub struct Fleet {
     pub store: RedisRunStore,
     pub worker_spec: workers::Spec,
     pub gateway_spec: gateways::Spec,
+    /// Where gateways and workers started from now on report (log files, filter, spans), if
+    /// anywhere: see [`FleetLogs`].
+    pub logs: Option<FleetLogs>,
     _work: tempfile::TempDir,
     _agents: tempfile::TempDir,
     pub nats: crate::Nats,
-    _redis: crate::Redis,
+    pub redis: crate::Redis,
+}
+
+/// Log files (and optionally span files) for a fleet's processes: `<dir>/<name>.log` and
+/// `<dir>/<name>.spans`, where the name is the worker's id or `gateway-<port>`.
+#[derive(Clone, Debug)]
+pub struct FleetLogs {
+    pub dir: PathBuf,
+    /// `DELTA_LOG` of the processes (`info` when `None`).
+    pub filter: Option<String>,
+    /// Whether the processes write their spans too.
+    pub spans: bool,
+}
+
+impl FleetLogs {
+    /// The log of the process named `name`.
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.log"))
+    }
+
+    fn output(&self, name: &str) -> crate::ChildOutput {
+        crate::ChildOutput {
+            log: Some(self.log(name)),
+            filter: self.filter.clone(),
+            spans: self.spans.then(|| self.dir.join(format!("{name}.spans"))),
+        }
+    }
 }
 
 impl Fleet {
@@ -135,10 +164,11 @@ impl Fleet {
                 .expect("store"),
             worker_spec,
             gateway_spec,
+            logs: None,
             _work: work,
             _agents: agents,
             nats,
-            _redis: redis,
+            redis,
         };
         for _ in 0..n_gateways {
             fleet.add_gateway(None).await;
@@ -156,7 +186,13 @@ impl Fleet {
             spec.port = crate::free_port().expect("port");
         }
         spec.failpoint = failpoint.map(str::to_owned);
-        let gw = gateways::spawn(&spec, None).await;
+        let gw = match &self.logs {
+            Some(logs) => {
+                let output = logs.output(&format!("gateway-{}", spec.port));
+                gateways::spawn_with(&spec, &output).await
+            }
+            None => gateways::spawn(&spec, None).await,
+        };
         let client = Client::new(&gw.url, None);
         self.gateways.push(gw);
         client
@@ -172,8 +208,16 @@ impl Fleet {
 
     /// Another worker process, named `id`.
     pub fn add_worker(&mut self, id: &str) {
-        self.workers
-            .push(workers::spawn(&self.worker_spec, id, None));
+        let w = self.spawn_worker(id);
+        self.workers.push(w);
+    }
+
+    /// A worker process named `id` with the fleet's settings and logs, not (yet) in `workers`.
+    pub fn spawn_worker(&self, id: &str) -> WorkerProcess {
+        match &self.logs {
+            Some(logs) => workers::spawn_with(&self.worker_spec, id, &logs.output(id)),
+            None => workers::spawn(&self.worker_spec, id, None),
+        }
     }
 
     /// Submits a run over HTTP and returns its id.
@@ -214,6 +258,33 @@ impl Fleet {
     pub async fn nats(&self) -> async_nats::Client {
         async_nats::connect(self.nats.url()).await.expect("nats")
     }
+}
+
+/// A bot's answer over NATS request-reply (`<prefix>.interactions.respond.<rid>`, with a bearer
+/// token when given): the reply JSON.
+pub async fn bot_answer(
+    nc: &async_nats::Client,
+    prefix: &str,
+    rid: &str,
+    body: Vec<u8>,
+    token: Option<&str>,
+) -> Value {
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some(t) = token {
+        headers.insert("Authorization", format!("Bearer {t}").as_str());
+    }
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        nc.request_with_headers(
+            format!("{prefix}.interactions.respond.{rid}"),
+            headers,
+            body.into(),
+        ),
+    )
+    .await
+    .expect("reply in time")
+    .expect("reply");
+    serde_json::from_slice(&reply.payload).expect("reply JSON")
 }
 
 /// Waits (through the API) for a run to pause and returns its pending request id.

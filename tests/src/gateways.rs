@@ -116,21 +116,21 @@ impl Drop for GatewayProcess {
 pub async fn spawn(spec: &Spec, log: Option<&Path>) -> GatewayProcess {
     // `DELTA_E2E_GATEWAY_LOG=<file>` keeps every gateway's log when none is given (debugging).
     let env_log = std::env::var_os("DELTA_E2E_GATEWAY_LOG").map(PathBuf::from);
-    let stderr = match log.or(env_log.as_deref()) {
-        Some(p) => std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-            .map(Stdio::from)
-            .expect("gateway log file"),
-        None => Stdio::null(),
+    let output = crate::ChildOutput {
+        log: log.map(Path::to_path_buf).or(env_log),
+        ..Default::default()
     };
+    spawn_with(spec, &output).await
+}
+
+/// Starts a gateway process reporting as `output` says (log file, filter, spans), and waits
+/// until it answers `/healthz`.
+pub async fn spawn_with(spec: &Spec, output: &crate::ChildOutput) -> GatewayProcess {
     let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
     cmd.args(["--ignored", "--exact", "gateway_child", "--nocapture"])
         .env(CHILD, serde_json::to_string(spec).expect("spec"))
-        .env("DELTA_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(stderr);
+        .stdout(Stdio::null());
+    output.apply(&mut cmd);
     match &spec.failpoint {
         Some(f) => cmd.env("DELTA_FAILPOINT", f),
         None => cmd.env_remove("DELTA_FAILPOINT"),

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 pub use nix::sys::signal::Signal;
 
 pub mod browser;
+pub mod chaos;
 pub mod fleet;
 pub mod gateways;
 pub mod workers;
@@ -88,6 +89,73 @@ pub fn journal_shape(journal: &[delta_shared::protocol::JournalEvent]) -> Vec<se
         .collect()
 }
 
+/// The workers that ran a run, one per session (`ENGINE_START.worker`), in order.
+pub fn workers_of(run: &delta_shared::store::StoredRun) -> Vec<String> {
+    use delta_shared::protocol::Event;
+    run.journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::EngineStart(s) => Some(s.worker.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The answers a run journaled (`HUMAN_INPUT_RECEIVED`), in order.
+pub fn answers_of(
+    run: &delta_shared::store::StoredRun,
+) -> Vec<delta_shared::protocol::HumanInputReceived> {
+    use delta_shared::protocol::Event;
+    run.journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::HumanInputReceived(h) => Some(h.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every key matching `pattern` in Redis with its value, as text: hashes, streams, sorted sets,
+/// sets, lists and strings read in clear (a `DUMP` is compressed, so a search could miss).
+pub async fn redis_dump(url: &str, pattern: &str) -> String {
+    let client = redis::Client::open(url).expect("url");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(&mut c)
+        .await
+        .expect("keys");
+    let mut out = String::new();
+    for k in keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&k)
+            .query_async(&mut c)
+            .await
+            .expect("type");
+        let read = match kind.as_str() {
+            "hash" => redis::cmd("HGETALL").arg(&k).clone(),
+            "stream" => redis::cmd("XRANGE").arg(&k).arg("-").arg("+").clone(),
+            "zset" => redis::cmd("ZRANGE")
+                .arg(&k)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .clone(),
+            "set" => redis::cmd("SMEMBERS").arg(&k).clone(),
+            "list" => redis::cmd("LRANGE").arg(&k).arg(0).arg(-1).clone(),
+            "string" => redis::cmd("GET").arg(&k).clone(),
+            _ => redis::cmd("DUMP").arg(&k).clone(),
+        };
+        let value: redis::Value = read.query_async(&mut c).await.expect("read key");
+        out.push_str(&k);
+        out.push_str(&format!(" {value:?}\n"));
+    }
+    out
+}
+
 /// A server that could not be started.
 #[derive(Debug)]
 pub struct Error(pub String);
@@ -132,12 +200,97 @@ pub fn signal(pid: u32, sig: Signal) {
     }
 }
 
-/// What a worker or gateway child process does first: log to stderr (`DELTA_LOG`) and stop
-/// gracefully on SIGTERM (the returned token is cancelled).
+/// Where a worker or gateway child process reports: its stderr log (to a file, or nowhere), the
+/// log filter (`DELTA_LOG`, `info` by default, as in production) and, optionally, a file that
+/// receives its spans (see [`child_process_setup`]).
+#[derive(Clone, Debug, Default)]
+pub struct ChildOutput {
+    /// The process's stderr log; `None` throws it away.
+    pub log: Option<PathBuf>,
+    /// `DELTA_LOG` for the child (`info` when `None`).
+    pub filter: Option<String>,
+    /// Spans go here, one line per finished span (`DELTA_E2E_SPANS`).
+    pub spans: Option<PathBuf>,
+}
+
+impl ChildOutput {
+    /// Stderr for the child: the log file (appended to), or nothing.
+    fn stderr(&self) -> Stdio {
+        match &self.log {
+            Some(p) => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map(Stdio::from)
+                .expect("child log file"),
+            None => Stdio::null(),
+        }
+    }
+
+    /// Sets the child's environment: its log filter and span file.
+    fn apply(&self, cmd: &mut Command) {
+        cmd.env("DELTA_LOG", self.filter.as_deref().unwrap_or("info"))
+            .stderr(self.stderr());
+        match &self.spans {
+            Some(p) => cmd.env(SPANS, p),
+            None => cmd.env_remove(SPANS),
+        };
+    }
+}
+
+/// The file a child writes its spans to (set by [`ChildOutput`]).
+const SPANS: &str = "DELTA_E2E_SPANS";
+
+/// Writes every finished span, as the OpenTelemetry SDK hands it to an exporter (name,
+/// attributes, events with their fields, status), as one line of text to a file: what an OTLP
+/// exporter would send, without a collector.
+#[derive(Debug)]
+struct FileSpanExporter(std::sync::Mutex<std::fs::File>);
+
+impl opentelemetry_sdk::trace::SpanExporter for FileSpanExporter {
+    fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        let mut f = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for span in batch {
+            let _ = writeln!(f, "{span:?}");
+        }
+        std::future::ready(Ok(()))
+    }
+}
+
+/// What a worker or gateway child process does first: log to stderr (`DELTA_LOG`), export its
+/// spans to a file when `DELTA_E2E_SPANS` names one (the same tracing-opentelemetry layer and
+/// `INFO` span filter as `delta_shared::host::init_logging`, with a file in place of the OTLP
+/// exporter), and stop gracefully on SIGTERM (the returned token is cancelled).
 pub fn child_process_setup() -> tokio_util::sync::CancellationToken {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DELTA_LOG"))
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(tracing_subscriber::EnvFilter::from_env("DELTA_LOG"));
+    let otel = std::env::var_os(SPANS).map(|path| {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("span file");
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_simple_exporter(FileSpanExporter(std::sync::Mutex::new(file)))
+            .build();
+        let tracer = provider.tracer("delta-e2e-child");
+        // The provider lives as long as the process: spans are written as they end.
+        std::mem::forget(provider);
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
         .try_init();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let s = shutdown.clone();
@@ -373,6 +526,11 @@ impl Nats {
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Where this server keeps its JetStream store (to search it for what must not be there).
+    pub fn data_dir(&self) -> &Path {
+        self.proc.dir.path()
     }
 
     pub fn pid(&self) -> u32 {

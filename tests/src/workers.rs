@@ -90,28 +90,25 @@ impl Drop for WorkerProcess {
 
 /// Starts a worker process as `id`, logging (at `info`) to `log` when given.
 pub fn spawn(spec: &Spec, id: &str, log: Option<&Path>) -> WorkerProcess {
+    let output = crate::ChildOutput {
+        log: log.map(Path::to_path_buf),
+        ..Default::default()
+    };
+    spawn_with(spec, id, &output)
+}
+
+/// Starts a worker process as `id`, reporting as `output` says (log file, filter, spans).
+pub fn spawn_with(spec: &Spec, id: &str, output: &crate::ChildOutput) -> WorkerProcess {
     let spec = Spec {
         worker_id: id.to_owned(),
         ..spec.clone()
     };
-    let stderr = match log {
-        Some(p) => std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-            .map(Stdio::from)
-            .expect("worker log file"),
-        None => Stdio::null(),
-    };
-    let child = Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--ignored", "--exact", "worker_child", "--nocapture"])
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args(["--ignored", "--exact", "worker_child", "--nocapture"])
         .env(CHILD, serde_json::to_string(&spec).expect("spec"))
-        .env("DELTA_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn worker");
-    WorkerProcess(child)
+        .stdout(Stdio::null());
+    output.apply(&mut cmd);
+    WorkerProcess(cmd.spawn().expect("spawn worker"))
 }
 
 /// Stops a worker gracefully (SIGTERM) and waits for it to exit.

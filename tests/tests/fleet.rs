@@ -314,59 +314,6 @@ async fn next_question(sub: &mut async_nats::Subscriber) -> InteractionRequest {
     serde_json::from_slice(&msg.payload).expect("request JSON")
 }
 
-/// Every value under `prefix` in Redis, as text (hashes, streams, strings).
-async fn redis_dump(url: &str, prefix: &str) -> String {
-    let client = redis::Client::open(url).expect("url");
-    let mut c = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query_async(&mut c)
-        .await
-        .expect("keys");
-    let mut out = String::new();
-    for k in keys {
-        let kind: String = redis::cmd("TYPE")
-            .arg(&k)
-            .query_async(&mut c)
-            .await
-            .expect("type");
-        let text = match kind.as_str() {
-            "hash" => format!(
-                "{:?}",
-                redis::cmd("HGETALL")
-                    .arg(&k)
-                    .query_async::<Vec<String>>(&mut c)
-                    .await
-                    .expect("hgetall")
-            ),
-            "stream" => format!(
-                "{:?}",
-                redis::cmd("XRANGE")
-                    .arg(&k)
-                    .arg("-")
-                    .arg("+")
-                    .query_async::<redis::Value>(&mut c)
-                    .await
-                    .expect("xrange")
-            ),
-            _ => format!(
-                "{:?}",
-                redis::cmd("DUMP")
-                    .arg(&k)
-                    .query_async::<redis::Value>(&mut c)
-                    .await
-                    .expect("dump")
-            ),
-        };
-        out.push_str(&k);
-        out.push_str(&text);
-    }
-    out
-}
-
 #[tokio::test]
 async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
     const CANARY: &str = "canary-7f3a9c-api-key";
@@ -489,7 +436,7 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
 
     // The canary is nowhere: not in the journal, not in Redis, not in its AOF.
     assert!(!journal.contains(CANARY));
-    let dump = redis_dump(&redis.url(), "dp").await;
+    let dump = delta_e2e::redis_dump(&redis.url(), "dp:*").await;
     assert!(dump.contains("sealed:v1:"), "the answer is stored sealed");
     assert!(!dump.contains(CANARY), "the key is not in Redis in clear");
     let mut aof = Vec::new();

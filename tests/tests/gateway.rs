@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use delta_e2e::fleet::{Fleet, pending};
+use delta_e2e::fleet::{Fleet, bot_answer, pending};
 use delta_e2e::gateways::{self, Client};
 use delta_e2e::workers;
+use delta_e2e::{answers_of, workers_of};
 use delta_shared::protocol::{Event, RunId, RunStatus};
 use delta_shared::store::RunStore;
 use futures_util::StreamExt;
@@ -25,57 +26,8 @@ async fn gateway_child() {
     delta_e2e::gateways::child_main().await
 }
 
-/// A bot's request-reply answer: the reply JSON.
-async fn bot_answer(
-    nc: &async_nats::Client,
-    prefix: &str,
-    rid: &str,
-    body: Vec<u8>,
-    token: Option<&str>,
-) -> Value {
-    let mut headers = async_nats::HeaderMap::new();
-    if let Some(t) = token {
-        headers.insert("Authorization", format!("Bearer {t}").as_str());
-    }
-    let reply = tokio::time::timeout(
-        Duration::from_secs(10),
-        nc.request_with_headers(
-            format!("{prefix}.interactions.respond.{rid}"),
-            headers,
-            body.into(),
-        ),
-    )
-    .await
-    .expect("reply in time")
-    .expect("reply");
-    serde_json::from_slice(&reply.payload).expect("reply JSON")
-}
-
 fn count<F: Fn(&Event) -> bool>(run: &delta_shared::store::StoredRun, f: F) -> usize {
     run.journal.iter().filter(|e| f(&e.event)).count()
-}
-
-/// The answers a run journaled, in order.
-fn answers(
-    run: &delta_shared::store::StoredRun,
-) -> Vec<delta_shared::protocol::HumanInputReceived> {
-    run.journal
-        .iter()
-        .filter_map(|e| match &e.event {
-            Event::HumanInputReceived(h) => Some(h.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn workers_of(run: &delta_shared::store::StoredRun) -> Vec<String> {
-    run.journal
-        .iter()
-        .filter_map(|e| match &e.event {
-            Event::EngineStart(s) => Some(s.worker.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -99,7 +51,7 @@ async fn http_submit_pause_answer_resumes_on_another_worker() {
     fleet.wait_status(run, RunStatus::Completed).await;
     let stored = fleet.store.load(run).await.expect("load");
     assert_eq!(workers_of(&stored), ["first", "second"]);
-    let received = answers(&stored);
+    let received = answers_of(&stored);
     assert_eq!(received.len(), 1);
     assert_eq!(received[0].responder.id, "ada");
     assert_eq!(received[0].input.as_deref(), Some("Ada"));
@@ -154,7 +106,7 @@ async fn a_nats_bot_answers_and_the_run_completes() {
     assert_eq!(reply, json!({"ok": true, "run_id": run.to_string()}));
     fleet.wait_status(run, RunStatus::Completed).await;
     let stored = fleet.store.load(run).await.expect("load");
-    let h = answers(&stored)
+    let h = answers_of(&stored)
         .into_iter()
         .next()
         .expect("answer journaled");
@@ -244,7 +196,7 @@ async fn deadlines_apply_the_default_or_fail_the_run() {
     fleet.wait_status(without, RunStatus::Failed).await;
     let done = fleet.store.load(with_default).await.expect("load");
     assert_eq!(done.record.result.as_deref(), Some("done: later"));
-    let h = answers(&done)
+    let h = answers_of(&done)
         .into_iter()
         .next()
         .expect("the clock's answer is journaled");
@@ -770,7 +722,7 @@ async fn tokens_roles_and_allowed_responders_on_every_channel() {
     assert_eq!(reply["ok"], true, "{reply}");
     fleet.wait_status(run, RunStatus::Completed).await;
     let stored = fleet.store.load(run).await.expect("load");
-    let h = answers(&stored).into_iter().next().expect("journaled");
+    let h = answers_of(&stored).into_iter().next().expect("journaled");
     assert_eq!(h.responder.id, "alice");
     // Operators see the queue; others do not.
     let (s, q) = ops.get("/v1/queue").await.expect("queue");

@@ -68,6 +68,66 @@ async fn a_stale_delivery_cannot_write_after_a_newer_one_took_the_run() {
 }
 
 #[tokio::test]
+async fn a_new_owner_cannot_write_on_a_journal_that_moved_since_it_loaded_it() {
+    // The old owner (delivery 1) froze past ack_wait and is still alive; the job went to a new
+    // owner (delivery 2), which loads the run. Before the new owner's first write, the old one
+    // wakes up and journals its step's result: legal, the run is still its own. The new owner
+    // must not then write on top of a journal it did not see: it would run that step again
+    // and journal a second result for it.
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "t5")
+        .await
+        .expect("connect");
+    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    let old = store.fenced(7, 1);
+    old.load(id).await.expect("old owner loads");
+    old.append(id, vec![msg("step 1 requested")], None)
+        .await
+        .expect("old owner writes");
+
+    let new = store.fenced(7, 2);
+    let seen = new.load(id).await.expect("new owner loads").journal;
+    assert_eq!(seen.len(), 1);
+    old.append(id, vec![msg("step 1 result")], None)
+        .await
+        .expect("the old owner still owns the run: its write is accepted");
+    let before = store.load(id).await.expect("load");
+    let err = new
+        .append(id, vec![msg("taking over from seq 1")], None)
+        .await
+        .expect_err("the new owner's view is stale");
+    assert!(matches!(err, Error::Fenced(r) if r == id), "{err}");
+    assert_eq!(
+        store.load(id).await.expect("load"),
+        before,
+        "the refused write changed nothing"
+    );
+
+    // A later delivery that loads the journal as it is now takes the run over, and from then
+    // on the old owner is fenced off.
+    let newer = store.fenced(7, 3);
+    let seen = newer.load(id).await.expect("load").journal;
+    assert_eq!(seen.len(), 2);
+    newer
+        .append(id, vec![msg("taking over from seq 2")], None)
+        .await
+        .expect("takeover");
+    let err = old
+        .append(id, vec![msg("late")], None)
+        .await
+        .expect_err("stale");
+    assert!(matches!(err, Error::Fenced(_)), "{err}");
+    // Its own writes follow one another without reloading.
+    newer
+        .append(id, vec![msg("next")], None)
+        .await
+        .expect("the owner goes on");
+    assert_eq!(store.load(id).await.expect("load").journal.len(), 4);
+}
+
+#[tokio::test]
 async fn runs_of_different_prefixes_do_not_see_each_other() {
     let redis = delta_e2e::Redis::start().expect("redis-server");
     let a = RedisRunStore::connect(&redis.url(), "ns-a")

@@ -516,15 +516,18 @@ async fn handle(shared: &Shared, d: Delivery) {
             let _ = d.ack().await;
         }
         Err(engine::Error::Store(store::Error::Fenced(run))) => {
-            tracing::warn!(%run, "write refused: a newer delivery owns this run; dropping the stale one");
             // A newer *job* (another stream message) owns the run: this one is obsolete. A newer
             // delivery of this same message is left alone: acking it would take the job away
             // from the worker that holds it now.
-            if store
-                .owner_fence(run)
-                .await
-                .is_ok_and(|(seq, _)| seq > d.fence.0)
-            {
+            let owner = store.owner_fence(run).await;
+            if owner.as_ref().is_ok_and(|o| *o <= d.fence) {
+                // Not newer: an older delivery of this job, still alive, wrote after this one
+                // loaded the run. It keeps the job; should it die, JetStream redelivers.
+                tracing::warn!(%run, "write refused: the journal moved since this delivery loaded the run (an older owner is still writing); leaving the job to it");
+            } else {
+                tracing::warn!(%run, "write refused: a newer delivery owns this run; dropping the stale one");
+            }
+            if owner.is_ok_and(|(seq, _)| seq > d.fence.0) {
                 let _ = d.ack().await;
             }
         }

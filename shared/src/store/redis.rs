@@ -20,7 +20,11 @@
 //! JetStream delivery it works for: a write with an older token than the run's is refused
 //! (`Error::Fenced`) and changes nothing; a newer one takes the run over. So a worker that stalled
 //! past `ack_wait` cannot overwrite the journal of the worker that took its job, whatever NATS
-//! later accepts from it.
+//! later accepts from it. The takeover itself is checked too: a fenced handle remembers how long
+//! the journal was when it loaded the run, and its first write with the newer token is refused
+//! (`Error::Fenced`) if the journal grew since, because the old owner, still alive, wrote in
+//! between. Otherwise the new owner would act on a journal it did not see (run a finished step
+//! again and journal a second result for it).
 //!
 //! The indexes (`runs:*`, `interactions:*`, `resumes`) are updated inside the same scripts as the
 //! run's state, so on one Redis they are never stale. On Redis Cluster those scripts would touch
@@ -48,23 +52,29 @@ use crate::protocol::{
 use crate::secret::{self, SecretsKey};
 
 /// Appends events and applies a status change, fenced, keeping the indexes. KEYS: run, journal,
-/// the interaction paused on (or a dummy). ARGV: see [`RedisRunStore::append`].
+/// the interaction paused on (or a dummy). ARGV: see [`RedisRunStore::append`]; ARGV[16] is the
+/// journal length the writer saw (or ''): a takeover (a newer token) is refused when the journal
+/// has grown since.
 const APPEND: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return redis.error_reply('NOTFOUND') end
 if st == 'COMPLETED' or st == 'FAILED' or st == 'CANCELLED' then
   return redis.error_reply('TERMINAL ' .. st)
 end
+local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 if ARGV[1] ~= '' then
   local fs = tonumber(redis.call('HGET', KEYS[1], 'fence_seq') or '0')
   local fn = tonumber(redis.call('HGET', KEYS[1], 'fence_n') or '0')
   local s, n = tonumber(ARGV[1]), tonumber(ARGV[2])
   if fs > s or (fs == s and fn > n) then return redis.error_reply('FENCED') end
+  local takeover = fs < s or fn < n
+  if takeover and ARGV[16] ~= '' and tonumber(ARGV[16]) ~= seq then
+    return redis.error_reply('FENCED moved')
+  end
   redis.call('HSET', KEYS[1], 'fence_seq', s, 'fence_n', n)
 end
 if ARGV[12] ~= '' then redis.call('HSET', KEYS[1], 'owner', ARGV[12]) end
-local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
-for i = 16, #ARGV do
+for i = 17, #ARGV do
   seq = seq + 1
   redis.call('XADD', KEYS[2], seq .. '-0', 'e',
     '{"seq":' .. seq .. ',"timestamp":"' .. ARGV[3] .. '",' .. ARGV[i])
@@ -184,6 +194,9 @@ pub struct RedisRunStore {
     trips: Arc<AtomicU64>,
     /// Seals sensitive answers at rest (`DELTA_SECRETS_KEY`); without it they are refused.
     secrets: Option<Arc<SecretsKey>>,
+    /// For a fenced handle: the run it loaded or wrote last, and its journal length then, so that
+    /// its takeover write is refused if someone wrote in between (see the module doc).
+    seen: Arc<std::sync::Mutex<Option<(RunId, u64)>>>,
 }
 
 /// An interaction as stored: the request, where it stands, and its (still sealed) answer.
@@ -229,6 +242,7 @@ impl RedisRunStore {
             resolve: Script::new(RESOLVE),
             trips: Arc::new(AtomicU64::new(0)),
             secrets: None,
+            seen: Arc::default(),
         })
     }
 
@@ -236,7 +250,24 @@ impl RedisRunStore {
     pub fn fenced(&self, stream_seq: u64, delivery_count: u64) -> Self {
         let mut s = self.clone();
         s.fence = Some((stream_seq, delivery_count));
+        s.seen = Arc::default();
         s
+    }
+
+    /// Notes (on a fenced handle) that `run_id`'s journal is `len` events long as far as this
+    /// handle knows.
+    fn saw(&self, run_id: RunId, len: u64) {
+        if self.fence.is_some() {
+            *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some((run_id, len));
+        }
+    }
+
+    /// The journal length this handle last saw for `run_id`, as the script's argument.
+    fn seen_len(&self, run_id: RunId) -> String {
+        match *self.seen.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((r, len)) if r == run_id => len.to_string(),
+            _ => String::new(),
+        }
     }
 
     /// A handle whose writes name `worker` as the run's owner and store `traceparent` with any
@@ -602,6 +633,7 @@ impl RunStore for RedisRunStore {
             text.push('\n');
         }
         let parsed = journal::parse_jsonl(&text)?;
+        self.saw(run_id, parsed.events.last().map_or(0, |e| e.seq));
         Ok(StoredRun {
             record,
             journal: parsed.events,
@@ -673,7 +705,8 @@ impl RunStore for RedisRunStore {
             .arg(self.owner.clone().unwrap_or_default())
             .arg(asked_us)
             .arg(expires_us)
-            .arg(self.traceparent.clone().unwrap_or_default());
+            .arg(self.traceparent.clone().unwrap_or_default())
+            .arg(self.seen_len(run_id));
         for e in &events {
             // `{"type":…,"payload":…}` without its opening brace: the script puts seq and
             // timestamp in front.
@@ -700,6 +733,7 @@ impl RunStore for RedisRunStore {
                 });
             }
         };
+        self.saw(run_id, last);
         let first = last + 1 - events.len() as u64;
         Ok(numbered(events, first, now))
     }
