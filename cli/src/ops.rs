@@ -963,6 +963,21 @@ async fn dlq_pick(client: &Client, a: DlqPickArgs, pick: Pick, json: bool) -> Re
         };
         let reply = match reply {
             Ok(r) => r,
+            // With --all, a letter that turned out not retryable (a second letter of a run
+            // already retried, say) is skipped, not the end of the batch.
+            Err(client::Error::Refused { code, message, .. })
+                if a.all && code == "not_retryable" =>
+            {
+                let note = format!("dead letter {seq}: skipped: {message}");
+                match &bar {
+                    Some(bar) => bar.println(&note),
+                    None => eprintln!("{note}"),
+                }
+                if let Some(bar) = &bar {
+                    bar.inc(1);
+                }
+                continue;
+            }
             Err(e) => {
                 if let Some(bar) = &bar {
                     bar.finish_and_clear();

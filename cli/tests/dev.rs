@@ -29,7 +29,6 @@ impl Dev {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn delta dev");
         let collect = |pipe: Box<dyn tokio::io::AsyncRead + Unpin + Send>| {
@@ -90,6 +89,16 @@ impl Dev {
         // The readers get the last lines.
         tokio::time::sleep(Duration::from_millis(100)).await;
         status.code().unwrap_or(-1)
+    }
+}
+
+impl Drop for Dev {
+    /// A test that fails midway still stops the fleet: Ctrl+C makes `delta dev` stop its
+    /// children (killing `delta dev` itself would leave them running).
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGINT);
+        }
     }
 }
 

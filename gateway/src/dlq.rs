@@ -5,8 +5,11 @@
 
 use serde_json::{Value, json};
 
+use delta_shared::journal::Replay;
 use delta_shared::protocol::{Job, JobKind, RunId, RunStatus};
 use delta_shared::queue::DeadLetter;
+use delta_shared::store::RunStore;
+use delta_shared::store::redis::Requeue;
 
 use crate::Gateway;
 use crate::error::ApiError;
@@ -39,13 +42,16 @@ impl Gateway {
         let views = letters
             .iter()
             .map(|l| {
-                let status = l.job.as_ref().and_then(|j| {
-                    records
-                        .iter()
-                        .find(|r| r.run_id == j.run_id)
-                        .map(|r| r.status)
+                let record = l
+                    .job
+                    .as_ref()
+                    .and_then(|j| records.iter().find(|r| r.run_id == j.run_id));
+                let retryable = record.is_some_and(|r| {
+                    r.status == RunStatus::Failed
+                        && r.error.as_deref().map(|e| e.replace(['\r', '\n'], " "))
+                            == Some(l.reason.clone())
                 });
-                view(l, status)
+                view(l, record.map(|r| r.status), retryable)
             })
             .collect();
         Ok((views, next))
@@ -53,10 +59,11 @@ impl Gateway {
 
     /// Puts the run of dead letter `seq` back in the queue and removes the letter.
     ///
-    /// Crash-safe in this order: the run is `QUEUED` first (a crash here leaves a queued run with
-    /// no job, which the lost-job reconciler sends), then its job is published (deduplicated by
-    /// `retry:<seq>`), then the letter is removed (a crash before leaves it listed, and a second
-    /// retry is refused because the run is no longer `FAILED`).
+    /// Only a run that this dead-lettering failed (its error is the letter's reason), so a stale
+    /// letter never revives a run that failed otherwise. Crash-safe in this order: the run is
+    /// `QUEUED` first (a crash here leaves a queued run with no job, which the lost-job
+    /// reconciler sends), then its job is published, then the letter is removed (a crash before
+    /// leaves it listed, and a second retry is refused because the run is no longer `FAILED`).
     pub async fn retry_dead_letter(&self, seq: u64, by: &str) -> Result<Retried, ApiError> {
         let letter = self.letter(seq).await?;
         let Some(job) = &letter.job else {
@@ -72,16 +79,9 @@ impl Gateway {
             "retried from the dead-letter queue by {by} (it was dead-lettered: {})",
             letter.reason
         );
-        match self.store.requeue_failed(run_id, &note).await {
-            Ok(Ok(())) => {}
-            Ok(Err(status)) => {
-                return Err(ApiError::new(
-                    "not_retryable",
-                    format!(
-                        "run {run_id} is {status}; only a FAILED run can be retried (drop this letter if the run went on)"
-                    ),
-                ));
-            }
+        // A question the journal left open: the failure closed it, the retry opens it again.
+        let run = match self.store.load(run_id).await {
+            Ok(r) => r,
             Err(delta_shared::store::Error::NotFound(_)) => {
                 return Err(ApiError::new(
                     "not_retryable",
@@ -89,7 +89,31 @@ impl Gateway {
                 ));
             }
             Err(e) => return Err(e.into()),
-        }
+        };
+        let open = Replay::new(&run.journal).pending().cloned();
+        let seq_note = match self
+            .store
+            .requeue_failed(run_id, &note, &letter.reason, open.as_ref())
+            .await?
+        {
+            Requeue::Queued { seq } => seq,
+            Requeue::NotFailed(status) => {
+                return Err(ApiError::new(
+                    "not_retryable",
+                    format!(
+                        "run {run_id} is {status}; only a run the dead-lettering failed can be retried (drop this letter: the run went on)"
+                    ),
+                ));
+            }
+            Requeue::FailedOtherwise(error) => {
+                return Err(ApiError::new(
+                    "not_retryable",
+                    format!(
+                        "run {run_id} failed for another reason since ({error}); drop this stale letter"
+                    ),
+                ));
+            }
+        };
         // A start job whatever the letter held: the worker resumes a run from its journal and
         // applies an answered question it finds there.
         let start = Job {
@@ -102,7 +126,8 @@ impl Gateway {
             .publish_job_as(
                 &letter.agent,
                 &start,
-                &format!("retry:{seq}"),
+                // Unique per retry (the note's journal seq), so a retry is never deduplicated.
+                &format!("retry:{run_id}:{seq_note}"),
                 letter.traceparent.as_deref(),
             )
             .await?;
@@ -136,7 +161,7 @@ fn no_letter(seq: u64) -> ApiError {
 }
 
 /// A dead letter as the API shows it.
-pub fn view(l: &DeadLetter, run_status: Option<RunStatus>) -> Value {
+pub fn view(l: &DeadLetter, run_status: Option<RunStatus>, retryable: bool) -> Value {
     let mut v = json!({
         "seq": l.seq,
         "agent": l.agent,
@@ -147,7 +172,7 @@ pub fn view(l: &DeadLetter, run_status: Option<RunStatus>) -> Value {
         "kind": l.job.as_ref().map(|j| j.kind),
         "request_id": l.job.as_ref().and_then(|j| j.request_id),
         "run_status": run_status,
-        "retryable": run_status == Some(RunStatus::Failed),
+        "retryable": retryable,
     });
     if l.job.is_none()
         && let Some(obj) = v.as_object_mut()

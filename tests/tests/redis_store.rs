@@ -222,3 +222,105 @@ async fn a_sensitive_answer_is_sealed_whole_and_opens_only_with_the_key() {
         .expect_err("wrong key");
     assert!(matches!(err, Error::Secret(_)), "{err}");
 }
+
+/// The dead-letter retry's store step: only a run failed with the letter's reason comes back,
+/// and a question the failure closed before its deadline is open again.
+#[tokio::test]
+async fn requeue_brings_back_only_a_run_the_letter_failed_and_reopens_its_question() {
+    use delta_shared::protocol::{
+        EngineEnd, InteractionRequest, InteractionState, InteractionType,
+    };
+    use delta_shared::store::redis::Requeue;
+    use delta_shared::store::{StatusChange, Terminal};
+
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "t6")
+        .await
+        .expect("connect");
+    let fail = |reason: &str| {
+        (
+            vec![Event::EngineEnd(EngineEnd {
+                status: RunStatus::Failed,
+                result: None,
+                error: Some(reason.into()),
+            })],
+            StatusChange::Finished {
+                status: Terminal::Failed,
+                result: None,
+                error: Some(reason.into()),
+            },
+        )
+    };
+    // A run failed while it waited on a question (its announcement could not be published).
+    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    let q = InteractionRequest::new(id, "a", InteractionType::UserInput, "name?");
+    store
+        .append(
+            id,
+            vec![Event::HumanInputRequest(Box::new(q.clone()))],
+            Some(StatusChange::Waiting(Box::new(q.clone()))),
+        )
+        .await
+        .expect("pause");
+    let (events, change) = fail("publish failed\non every delivery");
+    store.append(id, events, Some(change)).await.expect("fail");
+    let closed = store.interaction(id, q.request_id).await.expect("read");
+    assert_eq!(closed.map(|ix| ix.state), Some(InteractionState::Expired));
+
+    // A letter with another reason does not revive it; nothing changes.
+    let before = store.load(id).await.expect("load");
+    let other = store
+        .requeue_failed(id, "retried", "something else", Some(&q))
+        .await
+        .expect("requeue");
+    assert!(
+        matches!(other, Requeue::FailedOtherwise(ref e) if e == "publish failed on every delivery"),
+        "{other:?}"
+    );
+    assert_eq!(store.load(id).await.expect("load"), before);
+
+    // The letter's reason (headers carry it on one line) brings it back, question open again.
+    let back = store
+        .requeue_failed(
+            id,
+            "retried by ops",
+            "publish failed on every delivery",
+            Some(&q),
+        )
+        .await
+        .expect("requeue");
+    let after = store.load(id).await.expect("load");
+    assert_eq!(
+        back,
+        Requeue::Queued {
+            seq: after.journal.len() as u64
+        }
+    );
+    assert_eq!(after.record.status, RunStatus::Queued);
+    assert_eq!(after.record.error, None);
+    assert!(matches!(&after.journal.last().expect("note").event,
+        Event::SystemMessage(m) if m.content == "retried by ops"));
+    let open = store.interaction(id, q.request_id).await.expect("read");
+    assert_eq!(open.map(|ix| ix.state), Some(InteractionState::Pending));
+    let pending = store
+        .index_page("interactions:pending", false, None, 10)
+        .await
+        .expect("index")
+        .expect("a valid cursor");
+    assert!(
+        pending
+            .entries
+            .iter()
+            .any(|(m, _)| *m == q.request_id.to_string()),
+        "back in the pending index: {pending:?}"
+    );
+
+    // Once it is not FAILED, a second retry changes nothing.
+    let again = store
+        .requeue_failed(id, "again", "publish failed on every delivery", Some(&q))
+        .await
+        .expect("requeue");
+    assert_eq!(again, Requeue::NotFailed(RunStatus::Queued));
+}

@@ -557,12 +557,28 @@ impl Tool {
     /// The outcome of a built-in tool, run here and now; `None` for a tool that is a process.
     pub fn run_builtin(&self, values: &BTreeMap<String, String>) -> Option<Execution> {
         match self.form {
-            Form::Echo => Some(Execution {
-                exit: Exit::Code(0),
-                stdout: values.get("text").cloned().unwrap_or_default(),
-                stderr: String::new(),
-                duration: Duration::ZERO,
-            }),
+            Form::Echo => {
+                // What `echo` prints: the text and a newline, kept to `max_output_bytes` like a
+                // process's output.
+                let full = format!("{}\n", values.get("text").map_or("", String::as_str));
+                let mut cut = full.len().min(self.max_output_bytes);
+                while !full.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                let mut stdout = full[..cut].to_owned();
+                if cut < full.len() {
+                    stdout.push_str(&format!(
+                        "\n[output truncated: {cut} of {} bytes kept]",
+                        full.len()
+                    ));
+                }
+                Some(Execution {
+                    exit: Exit::Code(0),
+                    stdout,
+                    stderr: String::new(),
+                    duration: Duration::ZERO,
+                })
+            }
             _ => None,
         }
     }
@@ -836,7 +852,16 @@ mod tests {
             .expect("args");
         let ex = t.run_builtin(&values).expect("a built-in");
         assert!(ex.success());
-        assert_eq!(ex.stdout, "run 7 step 2");
+        assert_eq!(ex.stdout, "run 7 step 2\n", "as `echo` prints it");
+        let small = tool("name: echo\nbuiltin: echo\nmax_output_bytes: 4\n");
+        let v = small
+            .check_args(&json!({"text": "abcdefgh"}))
+            .expect("args");
+        let cut = small.run_builtin(&v).expect("a built-in").stdout;
+        assert!(
+            cut.starts_with("abcd\n[output truncated: 4 of 9 bytes kept]"),
+            "{cut}"
+        );
         assert_eq!(
             t.invocation(&values, &env(Path::new("/work"))).argv,
             ["echo", "run 7 step 2"],

@@ -41,7 +41,7 @@ use redis::aio::ConnectionManager;
 
 mod index;
 
-pub use index::{JournalTail, Page, QueueRun, Submitted};
+pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
 
 use super::{Error, RunRecord, RunStore, StatusChange, StoredRun, numbered};
 use crate::journal;

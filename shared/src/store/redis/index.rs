@@ -10,18 +10,25 @@ use redis::aio::MultiplexedConnection;
 use super::{Fields, RedisRunStore, StoredInteraction, backend, parse_interaction, parse_record};
 use crate::journal;
 use crate::protocol::{
-    Event, JournalEvent, MessageLevel, RequestId, RunId, RunStatus, SystemMessage, Timestamp,
+    Event, InteractionRequest, JournalEvent, MessageLevel, RequestId, RunId, RunStatus,
+    SystemMessage, Timestamp,
 };
 use crate::store::{Error, RunRecord};
 
 /// Puts a run that dead-lettering failed back in the queue: `FAILED` → `QUEUED`, its error
-/// cleared, a journal note appended. Returns `{'QUEUED', seq}` or `{'STATUS', status}` when the
-/// run is not `FAILED` (nothing changed). KEYS: run, journal. ARGV: prefix, now, now µs, the
-/// note's JSON without its opening brace.
+/// cleared, a journal note appended; a question its journal left open, closed `EXPIRED` by the
+/// failure before its deadline, is `PENDING` again. Only a run whose error is the letter's
+/// reason: one that failed otherwise stays as it is. Returns `{'QUEUED', seq}`, or
+/// `{'STATUS', status}` / `{'OTHER', error}` when nothing changed.
+/// KEYS: run, journal, the open question (or a dummy). ARGV: prefix, now, now µs, the note's JSON
+/// without its opening brace, the letter's reason, the question's id (or ''), when it was asked
+/// (µs), its deadline (µs or '').
 const REQUEUE: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return redis.error_reply('NOTFOUND') end
 if st ~= 'FAILED' then return {'STATUS', st} end
+local err = string.gsub(redis.call('HGET', KEYS[1], 'error') or '', '[\r\n]', ' ')
+if err ~= ARGV[5] then return {'OTHER', err} end
 local run = redis.call('HGET', KEYS[1], 'run_id')
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') + 1
 redis.call('XADD', KEYS[2], seq .. '-0', 'e',
@@ -31,8 +38,26 @@ redis.call('HDEL', KEYS[1], 'error', 'result', 'pending_request_id')
 local score = redis.call('ZSCORE', ARGV[1] .. ':runs:all', run) or ARGV[3]
 redis.call('ZREM', ARGV[1] .. ':runs:FAILED', run)
 redis.call('ZADD', ARGV[1] .. ':runs:QUEUED', score, run)
+if ARGV[6] ~= '' and redis.call('HGET', KEYS[3], 'state') == 'EXPIRED'
+  and (ARGV[8] == '' or tonumber(ARGV[8]) > tonumber(ARGV[3])) then
+  redis.call('HSET', KEYS[3], 'state', 'PENDING')
+  redis.call('HDEL', KEYS[3], 'answered_at')
+  redis.call('ZADD', ARGV[1] .. ':interactions:pending', ARGV[7], ARGV[6])
+  if ARGV[8] ~= '' then redis.call('ZADD', ARGV[1] .. ':interactions:deadlines', ARGV[8], ARGV[6]) end
+end
 return {'QUEUED', tostring(seq)}
 "#;
+
+/// What [`RedisRunStore::requeue_failed`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Requeue {
+    /// `QUEUED` again; the journal's note has this `seq`.
+    Queued { seq: u64 },
+    /// The run is not `FAILED` (it went on): nothing changed.
+    NotFailed(RunStatus),
+    /// The run failed for another reason than the letter's (this error): nothing changed.
+    FailedOtherwise(String),
+}
 
 /// How long a submission's `Idempotency-Key` is remembered.
 const IDEMPOTENCY_TTL_S: u64 = 24 * 3600;
@@ -563,32 +588,51 @@ impl RedisRunStore {
         Ok(queue_row(run_id, &row))
     }
 
-    /// Puts a `FAILED` run back to `QUEUED` with `note` journaled (a dead-lettered job retried by
-    /// an operator). `Err(status)` inside `Ok` when the run is not `FAILED`: nothing changed.
+    /// Puts a run that dead-lettering failed (its error is `reason`) back to `QUEUED` with
+    /// `note` journaled; `question` is the one its journal left open, if any, reopened when the
+    /// failure closed it before its deadline.
     pub async fn requeue_failed(
         &self,
         run_id: RunId,
         note: &str,
-    ) -> Result<Result<(), RunStatus>, Error> {
+        reason: &str,
+        question: Option<&InteractionRequest>,
+    ) -> Result<Requeue, Error> {
         let now = Timestamp::now();
         let event = Event::SystemMessage(SystemMessage {
             level: MessageLevel::Info,
             content: note.to_owned(),
         });
         let json = serde_json::to_string(&event).unwrap_or_default();
+        let rid = question
+            .map(|q| q.request_id.to_string())
+            .unwrap_or_default();
         let mut conn = self.connection();
         let reply: Result<(String, String), _> = redis::Script::new(REQUEUE)
             .key(self.run_key(run_id))
             .key(self.journal_key(run_id))
+            .key(self.interaction_key(run_id, if rid.is_empty() { "none" } else { &rid }))
             .arg(&self.prefix)
             .arg(now.to_string())
             .arg(now.micros())
             .arg(json.strip_prefix('{').unwrap_or(&json))
+            .arg(reason.replace(['\r', '\n'], " "))
+            .arg(&rid)
+            .arg(question.map(|q| q.timestamp.micros()).unwrap_or_default())
+            .arg(
+                question
+                    .and_then(|q| q.expires_at)
+                    .map(|t| t.micros().to_string())
+                    .unwrap_or_default(),
+            )
             .invoke_async(&mut conn)
             .await;
         match reply {
-            Ok((kind, _)) if kind == "QUEUED" => Ok(Ok(())),
-            Ok((_, status)) => Ok(Err(status.parse().map_err(Error::Backend)?)),
+            Ok((kind, v)) if kind == "QUEUED" => Ok(Requeue::Queued {
+                seq: v.parse().unwrap_or(0),
+            }),
+            Ok((kind, v)) if kind == "OTHER" => Ok(Requeue::FailedOtherwise(v)),
+            Ok((_, status)) => Ok(Requeue::NotFailed(status.parse().map_err(Error::Backend)?)),
             Err(e) if e.to_string().contains("NOTFOUND") => Err(Error::NotFound(run_id)),
             Err(e) => Err(backend(e)),
         }
