@@ -209,7 +209,7 @@ impl DeadLetter {
                 .ok()
                 .and_then(Timestamp::from_micros)
                 .unwrap_or_else(Timestamp::now),
-            job: serde_json::from_slice(payload).ok(),
+            job: Job::decode(payload).ok(),
             payload: text,
             traceparent: header("traceparent"),
         }
@@ -583,6 +583,21 @@ impl Queue {
         })
     }
 
+    /// The dead-letter stream.
+    async fn dlq(&self) -> Result<stream::Stream, Error> {
+        self.js
+            .get_stream(self.names.dlq_stream())
+            .await
+            .map_err(|e| self.dlq_error(e.to_string()))
+    }
+
+    fn dlq_error(&self, message: String) -> Error {
+        Error::Fetch {
+            consumer: self.names.dlq_stream(),
+            message,
+        }
+    }
+
     /// Up to `limit` dead-lettered jobs from stream sequence `from` on, oldest first, of one
     /// agent or all; and whether more follow.
     pub async fn dead_letters(
@@ -591,16 +606,8 @@ impl Queue {
         from: u64,
         limit: usize,
     ) -> Result<(Vec<DeadLetter>, bool), Error> {
-        let name = self.names.dlq_stream();
-        let err = |e: String| Error::Fetch {
-            consumer: name.clone(),
-            message: e,
-        };
-        let stream = self
-            .js
-            .get_stream(&name)
-            .await
-            .map_err(|e| err(e.to_string()))?;
+        let stream = self.dlq().await?;
+        let err = |e: String| self.dlq_error(e);
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy: consumer::DeliverPolicy::ByStartSequence {
@@ -640,16 +647,8 @@ impl Queue {
 
     /// One dead-lettered job, if the stream holds it.
     pub async fn dead_letter_at(&self, seq: u64) -> Result<Option<DeadLetter>, Error> {
-        let name = self.names.dlq_stream();
-        let err = |e: String| Error::Fetch {
-            consumer: name.clone(),
-            message: e,
-        };
-        let stream = self
-            .js
-            .get_stream(&name)
-            .await
-            .map_err(|e| err(e.to_string()))?;
+        let stream = self.dlq().await?;
+        let err = |e: String| self.dlq_error(e);
         match stream.get_raw_message(seq).await {
             Ok(m) => Ok(Some(DeadLetter::from_parts(
                 m.sequence,
@@ -666,16 +665,8 @@ impl Queue {
 
     /// Removes a dead-lettered job (retried or given up on); `false` when it was gone already.
     pub async fn drop_dead_letter(&self, seq: u64) -> Result<bool, Error> {
-        let name = self.names.dlq_stream();
-        let err = |e: String| Error::Fetch {
-            consumer: name.clone(),
-            message: e,
-        };
-        let stream = self
-            .js
-            .get_stream(&name)
-            .await
-            .map_err(|e| err(e.to_string()))?;
+        let stream = self.dlq().await?;
+        let err = |e: String| self.dlq_error(e);
         match stream.delete_message(seq).await {
             Ok(deleted) => Ok(deleted),
             // The server says "delete failed" for a message that is not there (any more) too.
