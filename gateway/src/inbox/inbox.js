@@ -78,7 +78,9 @@
     return Number.isNaN(d.getTime()) ? '' : d.toLocaleTimeString([], { hour12: false });
   }
 
-  function shortId(id) { return String(id || '').slice(0, 8); }
+  // The last characters: ids are UUIDv7, whose first ones are a timestamp shared by runs
+  // started close together.
+  function shortId(id) { return String(id || '').slice(-8); }
 
   function pretty(value) {
     try { return JSON.stringify(value, null, 2); } catch (_) { return String(value); }
