@@ -161,7 +161,8 @@ async fn a_free_text_answer_in_the_inbox_completes_the_run() {
                 .text(&format!("{c} .card-head"))
                 .await
                 .expect("card head");
-            let short = &run.to_string()[..8];
+            let id = run.to_string();
+            let short = &id[id.len() - 8..];
             for part in [
                 "Question",
                 "asker",
