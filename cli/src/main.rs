@@ -1,6 +1,10 @@
 //! `delta`: run agents locally (Delta Engine v1.2 compatible) and operate the fleet through its
 //! gateway.
 
+/// mimalloc: under load, glibc malloc took about a quarter of a worker's CPU (perf).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 

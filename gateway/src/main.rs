@@ -1,5 +1,9 @@
 //! `delta-gateway`: configuration, logging, signals, run.
 
+/// mimalloc: under load, glibc malloc took about a quarter of a worker's CPU (perf).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     std::process::exit(delta_gateway::cli_main(std::env::args().skip(1).collect()));
 }
