@@ -258,9 +258,7 @@ fn print_banner(fleet: &LocalFleet, agents: &Path, runs: &[(String, String)], ke
 
 /// Writes to stdout; a reader that went away is not an error (`print!` would panic).
 fn say(text: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    crate::ops::out(text);
 }
 
 fn now() -> String {

@@ -110,12 +110,8 @@ pub struct DlqLsArgs {
     /// Only this agent's dead letters.
     #[arg(long)]
     pub agent: Option<String>,
-    /// At most this many.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=500))]
-    pub limit: u16,
-    /// Go on from where an earlier listing stopped (its `next_cursor`).
-    #[arg(long)]
-    pub cursor: Option<String>,
+    #[command(flatten)]
+    pub page: Paging,
     #[command(flatten)]
     pub remote: Remote,
 }
@@ -166,6 +162,26 @@ pub enum RunsCommand {
     Journal(JournalArgs),
 }
 
+/// The paging flags of every `ls`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Paging {
+    /// At most this many.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=500))]
+    pub limit: u16,
+    /// Go on from where an earlier listing stopped (its `next_cursor`).
+    #[arg(long)]
+    pub cursor: Option<String>,
+}
+
+impl Paging {
+    /// `limit` and, if given, `cursor`, as query parameters.
+    fn query(self) -> Vec<(&'static str, String)> {
+        let mut q = vec![("limit", self.limit.to_string())];
+        q.extend(self.cursor.map(|c| ("cursor", c)));
+        q
+    }
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunsLsArgs {
     /// Only runs with this status.
@@ -174,12 +190,8 @@ pub struct RunsLsArgs {
     /// Only runs of this agent.
     #[arg(long)]
     pub agent: Option<String>,
-    /// At most this many runs.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=500))]
-    pub limit: u16,
-    /// Go on from where an earlier listing stopped (its `next_cursor`).
-    #[arg(long)]
-    pub cursor: Option<String>,
+    #[command(flatten)]
+    pub page: Paging,
     #[command(flatten)]
     pub remote: Remote,
 }
@@ -220,12 +232,8 @@ pub struct PendingLsArgs {
     /// Only questions asked at least this long ago: 90s, 5m, 2h, 1d.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub older_than: Option<Duration>,
-    /// At most this many questions.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..=500))]
-    pub limit: u16,
-    /// Go on from where an earlier listing stopped (its `next_cursor`).
-    #[arg(long)]
-    pub cursor: Option<String>,
+    #[command(flatten)]
+    pub page: Paging,
     #[command(flatten)]
     pub remote: Remote,
 }
@@ -376,7 +384,7 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
 
 /// Writes to stdout. A reader that went away (`| head`) is not an error: the caller just
 /// stops (`false`), where `print!` would panic.
-fn out(text: &str) -> bool {
+pub(crate) fn out(text: &str) -> bool {
     let mut stdout = std::io::stdout().lock();
     stdout
         .write_all(text.as_bytes())
@@ -477,15 +485,12 @@ async fn wait_for_pause(
 }
 
 async fn runs_ls(client: &Client, a: RunsLsArgs, json: bool) -> Result<()> {
-    let mut query = vec![("limit", a.limit.to_string())];
+    let mut query = a.page.query();
     if let Some(s) = a.status {
         query.push(("status", s.to_uppercase()));
     }
     if let Some(ag) = a.agent {
         query.push(("agent", ag));
-    }
-    if let Some(c) = a.cursor {
-        query.push(("cursor", c));
     }
     let page = client.get("v1/runs", &query).await?;
     print_page(
@@ -651,7 +656,7 @@ async fn follow(
 }
 
 async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()> {
-    let want = usize::from(a.limit);
+    let want = usize::from(a.page.limit);
     let mut query = vec![("state", "pending".to_owned())];
     if let Some(ag) = &a.agent {
         query.push(("agent", ag.clone()));
@@ -662,10 +667,7 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
     let doc = match a.older_than {
         // The gateway's page as is.
         None => {
-            query.push(("limit", want.to_string()));
-            if let Some(c) = a.cursor {
-                query.push(("cursor", c));
-            }
+            query.extend(a.page.query());
             client.get("v1/interactions", &query).await?
         }
         // Filtered here, on `created_at`, over as many pages as it takes.
@@ -673,7 +675,7 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
             let cutoff =
                 Utc::now() - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
             let mut kept = vec![];
-            let mut cursor = a.cursor;
+            let mut cursor = a.page.cursor;
             loop {
                 let mut q = query.clone();
                 q.push(("limit", "500".into()));
@@ -873,12 +875,9 @@ async fn queue(client: &Client, json: bool) -> Result<()> {
 }
 
 async fn dlq_ls(client: &Client, a: DlqLsArgs, json: bool) -> Result<()> {
-    let mut query = vec![("limit", a.limit.to_string())];
+    let mut query = a.page.query();
     if let Some(ag) = a.agent {
         query.push(("agent", ag));
-    }
-    if let Some(c) = a.cursor {
-        query.push(("cursor", c));
     }
     let page = client.get("v1/dlq", &query).await?;
     print_page(
