@@ -23,11 +23,9 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, oneshot};
 
-use delta_shared::protocol::{
-    ActionStatus, Event, InteractionRequest, RunId, RunStatus, Timestamp,
-};
-use delta_shared::store::RunStore;
-use delta_shared::store::redis::RedisRunStore;
+use delta_protocol::{ActionStatus, Event, InteractionRequest, RunId, RunStatus, Timestamp};
+use delta_store::RunStore;
+use delta_store::redis::RedisRunStore;
 
 use crate::client::Client;
 use crate::local::{LocalFleet, Options, Servers, repo_root};
@@ -610,10 +608,7 @@ struct Checked {
 
 /// Checks a run's journal against the workload: one pass through think, echo, echo, the
 /// question, `yes`, echo of `yes`, `COMPLETED`; each tool call requested and done once.
-fn check_journal(
-    journal: &[delta_shared::protocol::JournalEvent],
-    extra: u64,
-) -> Result<Checked, String> {
+fn check_journal(journal: &[delta_protocol::JournalEvent], extra: u64) -> Result<Checked, String> {
     let mut thoughts = 0u64;
     let mut requests = Vec::new();
     let mut echo_ids = Vec::new();

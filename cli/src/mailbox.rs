@@ -10,11 +10,11 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use delta_shared::protocol::{
+use delta_protocol::{
     InteractionRequest, InteractionResponse, InteractionType, OptionAction, RequestId, Responder,
     Via,
 };
-use delta_shared::store::file::write_atomically;
+use delta_store::file::write_atomically;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -84,7 +84,7 @@ impl Mailbox {
     }
 
     /// Writes `request.json` (atomically).
-    pub fn write_request(&self, q: &InteractionRequest) -> Result<(), delta_shared::store::Error> {
+    pub fn write_request(&self, q: &InteractionRequest) -> Result<(), delta_store::Error> {
         let mut bytes = serde_json::to_vec_pretty(q).unwrap_or_default();
         bytes.push(b'\n');
         write_atomically(&self.request_path(), &bytes)
@@ -336,7 +336,7 @@ pub fn parse_json(q: &InteractionRequest, text: &str) -> Result<InteractionRespo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use delta_shared::protocol::{
+    use delta_protocol::{
         InputType, InteractionOption, InteractionType, OptionAction, RunId, Timestamp,
     };
 

@@ -78,8 +78,8 @@ fn main() {
         Command::Worker { args } => std::process::exit(delta_worker::cli_main(args)),
         _ => {}
     }
-    let rt = delta_worker::host::runtime();
-    let telemetry = delta_worker::host::init_logging("warn", "delta", &rt);
+    let rt = delta_host::runtime();
+    let telemetry = delta_host::init_logging("warn", "delta", &rt);
     let code = rt.block_on(async {
         let cancel = CancellationToken::new();
         watch_signals(cancel.clone());

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use delta_shared::protocol::{InteractionRequest, RequestId, RunId};
+use delta_protocol::{InteractionRequest, RequestId, RunId};
 
 use crate::client::{self, Client};
 use crate::mailbox::find_option;

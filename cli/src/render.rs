@@ -1,6 +1,6 @@
 //! One readable line per journal event, for people watching a run on stderr.
 
-use delta_shared::protocol::{ActionStatus, Event, JournalEvent, PlanTask};
+use delta_protocol::{ActionStatus, Event, JournalEvent, PlanTask};
 
 fn short(s: &str, n: usize) -> String {
     let one_line = s.trim().replace('\n', " | ");

@@ -9,12 +9,12 @@
 
 use std::path::{Path, PathBuf};
 
-use delta_shared::protocol::{Event, InteractionRequest, InteractionType, RunId, RunStatus};
-use delta_shared::store::file::FileRunStore;
-use delta_shared::store::{self, RunRecord, RunStore};
-use delta_worker::agent::Agent;
-use delta_worker::brain::AnyBrain;
-use delta_worker::engine::{self, Engine, Outcome, PauseMode, Settings};
+use delta_engine::agent::Agent;
+use delta_engine::brain::AnyBrain;
+use delta_engine::engine::{self, Engine, Outcome, PauseMode, Settings};
+use delta_protocol::{Event, InteractionRequest, InteractionType, RunId, RunStatus};
+use delta_store::file::FileRunStore;
+use delta_store::{self as store, RunRecord, RunStore};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Local, Utc};
 use serde_json::Value;
 
-use delta_shared::protocol::{
+use delta_protocol::{
     ActionStatus, Event, InteractionRequest, InteractionType, JournalEvent, OptionAction, PlanTask,
 };
 

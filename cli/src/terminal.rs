@@ -4,11 +4,11 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use delta_shared::protocol::{InteractionRequest, InteractionResponse, Timestamp, Via};
+use delta_protocol::{InteractionRequest, InteractionResponse, Timestamp, Via};
 use tokio_util::sync::CancellationToken;
 
 use crate::mailbox::{apply_edits, editable_args, find_option, local_responder};
-use delta_shared::protocol::OptionAction;
+use delta_protocol::OptionAction;
 
 /// How a prompt ended.
 pub enum Asked {

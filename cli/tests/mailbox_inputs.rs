@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use delta_cli::mailbox::{Error, Mailbox};
-use delta_shared::protocol::{
+use delta_protocol::{
     InteractionOption, InteractionRequest, InteractionResponse, InteractionType, OptionAction,
     RequestId, Responder, RunId, Via,
 };

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use delta_fuzz::assert_clear;
-use delta_worker::agent::CheckedConfig;
-use delta_worker::tools::{ParamType, ToolEnv};
+use delta_engine::agent::CheckedConfig;
+use delta_engine::tools::{ParamType, ToolEnv};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use delta_fuzz::{assert_clear, deployer_tools};
-use delta_worker::script::Script;
+use delta_engine::script::Script;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,7 +5,7 @@
 #![no_main]
 
 use delta_fuzz::{assert_clear, check_and_assert, moment, request, split};
-use delta_shared::protocol::{InteractionRequest, InteractionResponse};
+use delta_protocol::{InteractionRequest, InteractionResponse};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

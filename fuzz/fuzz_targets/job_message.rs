@@ -2,7 +2,7 @@
 #![no_main]
 
 use delta_fuzz::assert_clear;
-use delta_shared::protocol::Job;
+use delta_protocol::Job;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

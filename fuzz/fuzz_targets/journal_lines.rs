@@ -5,7 +5,7 @@
 #![no_main]
 
 use delta_fuzz::assert_clear;
-use delta_shared::journal::{Replay, parse_jsonl_from, to_line};
+use delta_protocol::journal::{Replay, parse_jsonl_from, to_line};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

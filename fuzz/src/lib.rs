@@ -10,12 +10,12 @@ use std::fmt::Display;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use delta_shared::protocol::{
+use delta_protocol::{
     InteractionRequest, InteractionResponse, OptionAction, REDACTED, Timestamp, Via,
 };
-use delta_worker::agent::CheckedConfig;
-use delta_worker::engine::check_answer;
-use delta_worker::tools::Tool;
+use delta_engine::agent::CheckedConfig;
+use delta_engine::engine::check_answer;
+use delta_engine::tools::Tool;
 use serde_json::Value;
 
 /// "Every refusal is a clear error": its message is not blank.

@@ -14,10 +14,10 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use delta_shared::protocol::{
+use delta_protocol::{
     InteractionState, InteractionType, RequestId, RunId, RunStatus, Timestamp, Via,
 };
-use delta_shared::store::redis::Page;
+use delta_store::redis::Page;
 
 use crate::Gateway;
 use crate::auth::{Identity, Role};
@@ -264,7 +264,7 @@ async fn list_runs(
 }
 
 /// A run in listings: the record without its (possibly large) structured input.
-fn run_summary(r: &delta_shared::store::RunRecord) -> Value {
+fn run_summary(r: &delta_store::RunRecord) -> Value {
     let mut v = serde_json::to_value(r).unwrap_or_default();
     if let Some(obj) = v.as_object_mut() {
         obj.remove("agent_dir");

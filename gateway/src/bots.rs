@@ -12,7 +12,7 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use serde_json::json;
 
-use delta_shared::protocol::{RequestId, Timestamp, Via};
+use delta_protocol::{RequestId, Timestamp, Via};
 
 use crate::Gateway;
 use crate::auth::Role;
@@ -63,7 +63,7 @@ pub async fn serve(gw: Arc<Gateway>) -> Result<(), async_nats::SubscribeError> {
 async fn handle(
     gw: &Gateway,
     msg: &async_nats::Message,
-) -> Result<delta_shared::protocol::RunId, ApiError> {
+) -> Result<delta_protocol::RunId, ApiError> {
     let raw = msg.subject.as_str().rsplit('.').next().unwrap_or("");
     let request_id: RequestId = raw
         .parse()

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use delta_shared::secret::SecretsKey;
-use delta_shared::settings::{Setting, Settings};
+use delta_host::settings::{Setting, Settings};
+use delta_protocol::secret::SecretsKey;
 
 use crate::auth::Auth;
 

@@ -5,11 +5,11 @@
 
 use serde_json::{Value, json};
 
-use delta_shared::journal::Replay;
-use delta_shared::protocol::{Job, JobKind, RunId, RunStatus};
-use delta_shared::queue::DeadLetter;
-use delta_shared::store::RunStore;
-use delta_shared::store::redis::Requeue;
+use delta_protocol::journal::Replay;
+use delta_protocol::{Job, JobKind, RunId, RunStatus};
+use delta_queue::DeadLetter;
+use delta_store::RunStore;
+use delta_store::redis::Requeue;
 
 use crate::Gateway;
 use crate::error::ApiError;
@@ -82,7 +82,7 @@ impl Gateway {
         // A question the journal left open: the failure closed it, the retry opens it again.
         let run = match self.store.load(run_id).await {
             Ok(r) => r,
-            Err(delta_shared::store::Error::NotFound(_)) => {
+            Err(delta_store::Error::NotFound(_)) => {
                 return Err(ApiError::new(
                     "not_retryable",
                     format!("run {run_id} of dead letter {seq} does not exist; drop the letter"),

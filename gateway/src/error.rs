@@ -5,8 +5,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use delta_shared::protocol::ResponseError;
-use delta_shared::{queue, store};
+use delta_protocol::ResponseError;
+use delta_queue as queue;
+use delta_store as store;
 
 /// A refusal: the contract's code, and a message that says what was wrong and what to do.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use delta_shared::queue::{self, Queue, Role};
-use delta_shared::store::redis::RedisRunStore;
+use delta_queue::{self as queue, Queue, Role};
+use delta_store::redis::RedisRunStore;
 
 pub mod api;
 pub mod auth;
@@ -59,7 +59,7 @@ pub const MAX_BOT_ANSWERS: usize = 64;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Store(#[from] delta_shared::store::Error),
+    Store(#[from] delta_store::Error),
     #[error(transparent)]
     Queue(#[from] queue::Error),
     #[error("cannot listen on {addr}: {source}")]
@@ -152,7 +152,7 @@ pub fn cli_main(args: Vec<String>) -> i32 {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         eprint!(
             "{}",
-            delta_shared::settings::usage("delta-gateway", crate::config::SETTINGS)
+            delta_host::settings::usage("delta-gateway", crate::config::SETTINGS)
         );
         return 0;
     }
@@ -166,10 +166,10 @@ pub fn cli_main(args: Vec<String>) -> i32 {
             return 64;
         }
     };
-    let rt = delta_shared::host::runtime();
-    let telemetry = delta_shared::host::init_logging("info", "delta-gateway", &rt);
+    let rt = delta_host::runtime();
+    let telemetry = delta_host::init_logging("info", "delta-gateway", &rt);
     let code = rt.block_on(async {
-        let shutdown = delta_shared::host::shutdown_on_signals();
+        let shutdown = delta_host::shutdown_on_signals();
         let ready = |addr| eprintln!("delta-gateway listening on http://{addr}");
         match crate::run(config, shutdown, ready).await {
             Ok(()) => 0,

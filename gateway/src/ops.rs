@@ -5,12 +5,12 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use delta_shared::protocol::{
+use delta_protocol::{
     Event, InteractionResponse, InteractionState, Job, JobKind, MessageLevel, REDACTED, RequestId,
     Resolved, Responder, RunId, RunStatus, SystemMessage, Timestamp, Via,
 };
-use delta_shared::store::redis::{Resolution, StoredInteraction, Submitted};
-use delta_shared::store::{RunRecord, RunStore, StatusChange, Terminal};
+use delta_store::redis::{Resolution, StoredInteraction, Submitted};
+use delta_store::{RunRecord, RunStore, StatusChange, Terminal};
 
 use crate::Gateway;
 use crate::error::ApiError;
@@ -257,10 +257,9 @@ impl Gateway {
             return self.settled(run_id, &ix, &response);
         }
         if !ix.request.allows(&response.responder) {
-            return Err(delta_shared::protocol::ResponseError::NotAllowed(
-                response.responder.id.clone(),
-            )
-            .into());
+            return Err(
+                delta_protocol::ResponseError::NotAllowed(response.responder.id.clone()).into(),
+            );
         }
         let now = Timestamp::now();
         let accepted = ix.request.validate(response.clone(), now)?;
@@ -425,9 +424,7 @@ impl Gateway {
         };
         let action = match (ix.state, option) {
             (_, Some(o)) => Some(o.action),
-            (InteractionState::Answered, None) => {
-                Some(delta_shared::protocol::OptionAction::ProvideInfo)
-            }
+            (InteractionState::Answered, None) => Some(delta_protocol::OptionAction::ProvideInfo),
             _ => None,
         };
         Some(Resolved {
@@ -509,7 +506,7 @@ impl Gateway {
                 level: MessageLevel::Warn,
                 content: why.clone(),
             }),
-            Event::EngineEnd(delta_shared::protocol::EngineEnd {
+            Event::EngineEnd(delta_protocol::EngineEnd {
                 status: RunStatus::Cancelled,
                 result: None,
                 error: Some(why.clone()),

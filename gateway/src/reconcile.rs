@@ -16,9 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
-use delta_shared::protocol::{
-    InteractionState, Job, JobKind, RequestId, RunId, RunStatus, Timestamp,
-};
+use delta_protocol::{InteractionState, Job, JobKind, RequestId, RunId, RunStatus, Timestamp};
 
 use crate::Gateway;
 use crate::error::ApiError;
@@ -115,7 +113,7 @@ async fn resume_one(
     }
     let record = match gw.store.record(run_id).await {
         Ok(r) => r,
-        Err(delta_shared::store::Error::NotFound(_)) => {
+        Err(delta_store::Error::NotFound(_)) => {
             gw.store.drop_resume(run_id, request_id).await?;
             return Ok(false);
         }
@@ -196,7 +194,7 @@ pub async fn lost_jobs(gw: &Gateway, cursors: &Cursors) -> Result<usize, ApiErro
 
 async fn requeue_if_lost(
     gw: &Gateway,
-    run: &delta_shared::store::redis::QueueRun,
+    run: &delta_store::redis::QueueRun,
     cutoff: i64,
 ) -> Result<bool, ApiError> {
     let seq = run.job_seq.max(run.fence_seq);

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use delta_shared::protocol::{Event as JournalEventKind, RunId};
+use delta_protocol::{Event as JournalEventKind, RunId};
 
 use crate::Gateway;
 use crate::api::caller;
@@ -109,7 +109,7 @@ pub async fn run_events(
 
 /// Sends journal events after `after` until the run ends (then its status) or the client goes.
 async fn follow_journal(gw: &Gateway, run_id: RunId, mut after: u64, tx: mpsc::Sender<Event>) {
-    let mut tail: Option<delta_shared::store::redis::JournalTail> = None;
+    let mut tail: Option<delta_store::redis::JournalTail> = None;
     let mut failures = 0u32;
     let mut caught_up = false;
     loop {

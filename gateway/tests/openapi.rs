@@ -10,7 +10,7 @@ const API_RS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/api.
 const ERROR_RS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/error.rs"));
 const PROTOCOL_RS: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/src/protocol.rs"
+    "/../shared/protocol/src/lib.rs"
 ));
 
 const METHODS: &[&str] = &[

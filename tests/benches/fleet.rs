@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use delta_e2e::workers::Spec;
-use delta_shared::protocol::{
+use delta_protocol::{
     Event, InteractionRequest, InteractionResponse, Job, JobKind, MessageLevel, Responder, RunId,
     RunStatus, SystemMessage, Via,
 };
-use delta_shared::store::redis::RedisRunStore;
-use delta_shared::store::{RunRecord, RunStore};
-use delta_worker::queue::{self, Queue};
+use delta_queue::{self as queue, Queue};
+use delta_store::redis::RedisRunStore;
+use delta_store::{RunRecord, RunStore};
 use futures_util::StreamExt;
 
 struct Args {

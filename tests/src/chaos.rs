@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use delta_shared::protocol::{Event, RunId, RunStatus};
-use delta_shared::store::redis::RedisRunStore;
-use delta_shared::store::{RunStore, StoredRun};
+use delta_protocol::{Event, RunId, RunStatus};
+use delta_store::redis::RedisRunStore;
+use delta_store::{RunStore, StoredRun};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -175,7 +175,7 @@ pub async fn load(store: &RedisRunStore, id: RunId) -> Result<StoredRun, String>
     loop {
         match store.load(id).await {
             Ok(r) => return Ok(r),
-            Err(delta_shared::store::Error::NotFound(_)) => {
+            Err(delta_store::Error::NotFound(_)) => {
                 return Err(format!("run {id}: missing"));
             }
             Err(e) if Instant::now() > deadline => return Err(format!("run {id}: {e}")),
@@ -674,12 +674,12 @@ pub fn summary_path() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use delta_shared::protocol::{
+    use delta_protocol::{
         ActionRequest, ActionResult, ActionStatus, EngineEnd, EngineStart, HumanInputReceived,
         InteractionRequest, InteractionType, JournalEvent, MessageLevel, OptionAction, Responder,
         SystemMessage, Timestamp,
     };
-    use delta_shared::store::RunRecord;
+    use delta_store::RunRecord;
 
     const EXPECT: Expect = Expect {
         status: RunStatus::Completed,
@@ -733,7 +733,7 @@ mod tests {
             action: OptionAction::ProvideInfo,
             responder: Responder {
                 id: "human".into(),
-                via: delta_shared::protocol::Via::Http,
+                via: delta_protocol::Via::Http,
             },
             input: Some("yes".into()),
             data: None,

@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use delta_shared::protocol::RunId;
-use delta_shared::protocol::RunStatus;
-use delta_shared::store::redis::RedisRunStore;
+use delta_protocol::RunId;
+use delta_protocol::RunStatus;
+use delta_store::redis::RedisRunStore;
 use serde_json::{Value, json};
 
 use crate::gateways::{self, Client, GatewayProcess};

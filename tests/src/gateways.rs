@@ -67,7 +67,7 @@ impl Spec {
             c.auth = delta_gateway::auth::Auth::load(f).expect("tokens file");
         }
         c.secrets_key = self.secrets_key_hex.as_deref().map(|k| {
-            std::sync::Arc::new(delta_shared::secret::SecretsKey::from_hex(k).expect("key"))
+            std::sync::Arc::new(delta_protocol::secret::SecretsKey::from_hex(k).expect("key"))
         });
         c.reconcile_every = Duration::from_millis(self.reconcile_ms);
         c.resume_check = Duration::from_secs(self.resume_check_s);

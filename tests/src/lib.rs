@@ -19,11 +19,11 @@ pub mod workers;
 
 /// Waits (up to 20 s) until a run in Redis has `status`; fails the test with the status it has.
 pub async fn wait_for_status(
-    store: &delta_shared::store::redis::RedisRunStore,
-    id: delta_shared::protocol::RunId,
-    status: delta_shared::protocol::RunStatus,
+    store: &delta_store::redis::RedisRunStore,
+    id: delta_protocol::RunId,
+    status: delta_protocol::RunStatus,
 ) {
-    use delta_shared::store::RunStore;
+    use delta_store::RunStore;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let now = store.load(id).await.expect("load").record.status;
@@ -39,8 +39,8 @@ pub async fn wait_for_status(
 }
 
 /// Asserts that a run's journal requested and resulted each step once, `steps` of them.
-pub fn assert_each_step_once(run: &delta_shared::store::StoredRun, steps: usize) {
-    use delta_shared::protocol::Event;
+pub fn assert_each_step_once(run: &delta_store::StoredRun, steps: usize) {
+    use delta_protocol::Event;
     let id = run.record.run_id;
     let (mut requested, mut resulted) = (
         std::collections::HashSet::new(),
@@ -66,7 +66,7 @@ pub fn assert_each_step_once(run: &delta_shared::store::StoredRun, steps: usize)
 
 /// A journal's events without what legitimately differs between two runs of the same agent
 /// with the same answers: times, durations, ids and the worker's name.
-pub fn journal_shape(journal: &[delta_shared::protocol::JournalEvent]) -> Vec<serde_json::Value> {
+pub fn journal_shape(journal: &[delta_protocol::JournalEvent]) -> Vec<serde_json::Value> {
     journal
         .iter()
         .map(|e| {
@@ -90,8 +90,8 @@ pub fn journal_shape(journal: &[delta_shared::protocol::JournalEvent]) -> Vec<se
 }
 
 /// The workers that ran a run, one per session (`ENGINE_START.worker`), in order.
-pub fn workers_of(run: &delta_shared::store::StoredRun) -> Vec<String> {
-    use delta_shared::protocol::Event;
+pub fn workers_of(run: &delta_store::StoredRun) -> Vec<String> {
+    use delta_protocol::Event;
     run.journal
         .iter()
         .filter_map(|e| match &e.event {
@@ -102,10 +102,8 @@ pub fn workers_of(run: &delta_shared::store::StoredRun) -> Vec<String> {
 }
 
 /// The answers a run journaled (`HUMAN_INPUT_RECEIVED`), in order.
-pub fn answers_of(
-    run: &delta_shared::store::StoredRun,
-) -> Vec<delta_shared::protocol::HumanInputReceived> {
-    use delta_shared::protocol::Event;
+pub fn answers_of(run: &delta_store::StoredRun) -> Vec<delta_protocol::HumanInputReceived> {
+    use delta_protocol::Event;
     run.journal
         .iter()
         .filter_map(|e| match &e.event {
@@ -262,7 +260,7 @@ impl opentelemetry_sdk::trace::SpanExporter for FileSpanExporter {
 
 /// What a worker or gateway child process does first: log to stderr (`DELTA_LOG`), export its
 /// spans to a file when `DELTA_E2E_SPANS` names one (the same tracing-opentelemetry layer and
-/// `INFO` span filter as `delta_shared::host::init_logging`, with a file in place of the OTLP
+/// `INFO` span filter as `delta_host::init_logging`, with a file in place of the OTLP
 /// exporter), and stop gracefully on SIGTERM (the returned token is cancelled).
 pub fn child_process_setup() -> tokio_util::sync::CancellationToken {
     use opentelemetry::trace::TracerProvider as _;

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use delta_queue as queue;
 use delta_worker::fleet::{self, Config};
-use delta_worker::queue;
 
 const CHILD: &str = "DELTA_E2E_WORKER";
 
@@ -58,7 +58,7 @@ impl Spec {
             grace: Duration::from_millis(self.grace_ms),
             secrets_key: self.secrets_key_hex.as_deref().map(|k| {
                 std::sync::Arc::new(
-                    delta_shared::secret::SecretsKey::from_hex(k).expect("secrets key"),
+                    delta_protocol::secret::SecretsKey::from_hex(k).expect("secrets key"),
                 )
             }),
         }

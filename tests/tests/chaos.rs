@@ -22,8 +22,8 @@ use delta_e2e::chaos::{
 };
 use delta_e2e::fleet::{Fleet, FleetLogs, bot_answer};
 use delta_e2e::gateways::Client;
-use delta_shared::protocol::{Event, RunId, RunStatus, Via};
-use delta_shared::store::RunStore;
+use delta_protocol::{Event, RunId, RunStatus, Via};
+use delta_store::RunStore;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -693,7 +693,7 @@ fn racing_answers(kind: Question, rid: &str) -> Vec<Answer> {
 }
 
 /// Whether `a` says what the journaled answer `h` says (option, input, responder's id).
-fn same_content(a: &Answer, h: &delta_shared::protocol::HumanInputReceived) -> bool {
+fn same_content(a: &Answer, h: &delta_protocol::HumanInputReceived) -> bool {
     let Ok(body) = serde_json::from_slice::<Value>(&a.body) else {
         return false;
     };
@@ -704,7 +704,7 @@ fn same_content(a: &Answer, h: &delta_shared::protocol::HumanInputReceived) -> b
 
 /// Whether `a` is the journaled answer `h`: the same content over the same channel (the same
 /// words from a bot are another answer than from the web).
-fn is_winner(a: &Answer, h: &delta_shared::protocol::HumanInputReceived) -> bool {
+fn is_winner(a: &Answer, h: &delta_protocol::HumanInputReceived) -> bool {
     let via = match a.channel {
         Channel::Http => Via::Http,
         Channel::Nats => Via::Nats,
@@ -718,7 +718,7 @@ fn is_winner(a: &Answer, h: &delta_shared::protocol::HumanInputReceived) -> bool
 /// the run moved on (refused, or `expired` past a deadline) that change nothing either.
 async fn campaign(
     ctx: Arc<Answers>,
-    fleet_store: delta_shared::store::redis::RedisRunStore,
+    fleet_store: delta_store::redis::RedisRunStore,
     client: Client,
     run: RunId,
     kind: Question,
@@ -1235,7 +1235,7 @@ async fn s6_a_sensitive_answer_appears_nowhere_but_in_its_tool() {
     fleet.logs = Some(FleetLogs {
         dir: logs.path().to_path_buf(),
         filter: Some(
-            "info,delta_gateway=trace,delta_worker=trace,delta_shared=trace,delta_e2e=trace".into(),
+            "info,delta_gateway=trace,delta_worker=trace,delta_protocol=trace,delta_store=trace,delta_queue=trace,delta_host=trace,delta_engine=trace,delta_e2e=trace".into(),
         ),
         spans: true,
     });

@@ -6,10 +6,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use delta_e2e::workers::{Spec, spawn};
-use delta_shared::protocol::{Job, JobKind, RunId, RunStatus};
-use delta_shared::store::redis::RedisRunStore;
-use delta_shared::store::{RunRecord, RunStore};
-use delta_worker::queue::Queue;
+use delta_protocol::{Job, JobKind, RunId, RunStatus};
+use delta_queue::Queue;
+use delta_store::redis::RedisRunStore;
+use delta_store::{RunRecord, RunStore};
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "a worker process started by the crash test"]

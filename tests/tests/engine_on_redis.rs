@@ -1,14 +1,12 @@
 //! The engine over Redis writes the same journal as over local files.
 
-use delta_shared::protocol::{
-    Event, InteractionResponse, JournalEvent, Responder, RunId, RunStatus, Via,
-};
-use delta_shared::store::file::FileRunStore;
-use delta_shared::store::redis::RedisRunStore;
-use delta_shared::store::{RunRecord, RunStore};
-use delta_worker::agent::Agent;
-use delta_worker::brain::AnyBrain;
-use delta_worker::engine::{Engine, Outcome, PauseMode, Settings};
+use delta_engine::agent::Agent;
+use delta_engine::brain::AnyBrain;
+use delta_engine::engine::{Engine, Outcome, PauseMode, Settings};
+use delta_protocol::{Event, InteractionResponse, JournalEvent, Responder, RunId, RunStatus, Via};
+use delta_store::file::FileRunStore;
+use delta_store::redis::RedisRunStore;
+use delta_store::{RunRecord, RunStore};
 use tokio_util::sync::CancellationToken;
 
 async fn run_hello<S: RunStore>(

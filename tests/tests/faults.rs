@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use delta_e2e::Signal;
 use delta_e2e::workers::{Spec, WorkerProcess, spawn};
-use delta_shared::protocol::{Event, Job, JobKind, RunId, RunStatus};
-use delta_shared::store::redis::RedisRunStore;
-use delta_shared::store::{RunRecord, RunStore, StoredRun};
-use delta_worker::queue::Queue;
+use delta_protocol::{Event, Job, JobKind, RunId, RunStatus};
+use delta_queue::Queue;
+use delta_store::redis::RedisRunStore;
+use delta_store::{RunRecord, RunStore, StoredRun};
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "a worker process started by the fault tests"]

@@ -3,13 +3,13 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use delta_shared::protocol::{
+use delta_protocol::{
     Event, InteractionRequest, InteractionResponse, Job, JobKind, Responder, RunId, RunStatus, Via,
 };
-use delta_shared::store::redis::RedisRunStore;
-use delta_shared::store::{RunRecord, RunStore};
+use delta_queue::{self as queue, Queue};
+use delta_store::redis::RedisRunStore;
+use delta_store::{RunRecord, RunStore};
 use delta_worker::fleet::{self, Config};
-use delta_worker::queue::{self, Queue};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -154,22 +154,22 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
 
     // The same journal as the local engine writes for the same answer.
     let local_dir = tempfile::tempdir().expect("tmp");
-    let files = delta_shared::store::file::FileRunStore::new(local_dir.path().join(".delta"));
-    let agent = delta_worker::agent::Agent::load(
+    let files = delta_store::file::FileRunStore::new(local_dir.path().join(".delta"));
+    let agent = delta_engine::agent::Agent::load(
         &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/hello"),
     )
     .expect("agent");
-    let brain = delta_worker::brain::AnyBrain::for_agent(&agent).expect("brain");
+    let brain = delta_engine::brain::AnyBrain::for_agent(&agent).expect("brain");
     let rec = RunRecord::new(RunId::new(), "hello", "say hi", RunStatus::Queued);
     let local = rec.run_id;
     files.create(rec).await.expect("create");
-    let settings = delta_worker::engine::Settings {
+    let settings = delta_engine::engine::Settings {
         worker: "local".into(),
         work_dir: local_dir.path().to_path_buf(),
-        pause: delta_worker::engine::PauseMode::Park,
+        pause: delta_engine::engine::PauseMode::Park,
     };
     let engine = |run| {
-        delta_worker::engine::Engine::new(
+        delta_engine::engine::Engine::new(
             &agent,
             &brain,
             &files,
@@ -182,7 +182,7 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
         .advance(None)
         .await
         .expect("advance");
-    let delta_worker::engine::Outcome::Paused(lq) = out else {
+    let delta_engine::engine::Outcome::Paused(lq) = out else {
         panic!("the local run pauses too: {out:?}")
     };
     let mut same = answer.clone();
@@ -323,7 +323,7 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
     );
     let work = tempfile::tempdir().expect("tmp");
     let key = std::sync::Arc::new(
-        delta_shared::secret::SecretsKey::from_hex(
+        delta_protocol::secret::SecretsKey::from_hex(
             "8c1f0e4d2b3a69780f1e2d3c4b5a69788c1f0e4d2b3a69780f1e2d3c4b5a6978",
         )
         .expect("key"),
@@ -472,7 +472,7 @@ async fn a_sealed_secret_reaches_a_tool_after_a_later_pause_on_another_worker() 
     )
     .expect("write");
     let key = std::sync::Arc::new(
-        delta_shared::secret::SecretsKey::from_hex(&"ab".repeat(32)).expect("key"),
+        delta_protocol::secret::SecretsKey::from_hex(&"ab".repeat(32)).expect("key"),
     );
     let store = RedisRunStore::connect(&redis.url(), "sv")
         .await

@@ -9,8 +9,8 @@ use delta_e2e::fleet::{Fleet, bot_answer, pending};
 use delta_e2e::gateways::{self, Client};
 use delta_e2e::workers;
 use delta_e2e::{answers_of, workers_of};
-use delta_shared::protocol::{Event, RunId, RunStatus};
-use delta_shared::store::RunStore;
+use delta_protocol::{Event, RunId, RunStatus};
+use delta_store::RunStore;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -26,7 +26,7 @@ async fn gateway_child() {
     delta_e2e::gateways::child_main().await
 }
 
-fn count<F: Fn(&Event) -> bool>(run: &delta_shared::store::StoredRun, f: F) -> usize {
+fn count<F: Fn(&Event) -> bool>(run: &delta_store::StoredRun, f: F) -> usize {
     run.journal.iter().filter(|e| f(&e.event)).count()
 }
 
@@ -263,7 +263,7 @@ async fn a_gateway_killed_between_answered_and_publish_is_mended_by_a_reconciler
         .await
         .expect("read")
         .expect("exists");
-    assert_eq!(ix.state, delta_shared::protocol::InteractionState::Answered);
+    assert_eq!(ix.state, delta_protocol::InteractionState::Answered);
     assert_eq!(ix.resume_seq, None, "no resume was published");
     assert_eq!(
         fleet.store.load(run).await.expect("load").record.status,

@@ -12,8 +12,8 @@ use std::time::Duration;
 use delta_e2e::browser::{Browser, Screen};
 use delta_e2e::fleet::{Fleet, pending};
 use delta_e2e::gateways::Client;
-use delta_shared::protocol::{ActionStatus, Event, HumanInputReceived, RunId, RunStatus};
-use delta_shared::store::RunStore;
+use delta_protocol::{ActionStatus, Event, HumanInputReceived, RunId, RunStatus};
+use delta_store::RunStore;
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -68,7 +68,7 @@ fn add_example(fleet: &Fleet, name: &str) {
     }
 }
 
-fn answers(run: &delta_shared::store::StoredRun) -> Vec<HumanInputReceived> {
+fn answers(run: &delta_store::StoredRun) -> Vec<HumanInputReceived> {
     run.journal
         .iter()
         .filter_map(|e| match &e.event {
@@ -78,7 +78,7 @@ fn answers(run: &delta_shared::store::StoredRun) -> Vec<HumanInputReceived> {
         .collect()
 }
 
-fn results(run: &delta_shared::store::StoredRun) -> Vec<(ActionStatus, String)> {
+fn results(run: &delta_store::StoredRun) -> Vec<(ActionStatus, String)> {
     run.journal
         .iter()
         .filter_map(|e| match &e.event {
@@ -214,7 +214,7 @@ async fn a_free_text_answer_in_the_inbox_completes_the_run() {
             assert_eq!(got[0].input.as_deref(), Some("Ada"));
             assert_eq!(
                 (got[0].responder.id.as_str(), got[0].responder.via),
-                ("Ada Lovelace", delta_shared::protocol::Via::Http)
+                ("Ada Lovelace", delta_protocol::Via::Http)
             );
             // Answered: the card leaves, and the inbox says nothing is waiting.
             wait_gone(&browser, &rid, Duration::from_secs(10)).await;

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use delta_shared::protocol::{Job, JobKind, RequestId, RunId};
-use delta_worker::queue::{Queue, Settings};
+use delta_protocol::{Job, JobKind, RequestId, RunId};
+use delta_queue::{Queue, Settings};
 
 fn settings() -> Settings {
     Settings {

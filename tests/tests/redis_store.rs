@@ -1,8 +1,8 @@
 //! `RedisRunStore` against a real redis-server: the same contract as the file store, plus fencing.
 
-use delta_shared::protocol::{Event, MessageLevel, RunId, RunStatus, SystemMessage};
-use delta_shared::store::redis::RedisRunStore;
-use delta_shared::store::{Error, RunRecord, RunStore, contract};
+use delta_protocol::{Event, MessageLevel, RunId, RunStatus, SystemMessage};
+use delta_store::redis::RedisRunStore;
+use delta_store::{Error, RunRecord, RunStore, contract};
 
 fn msg(text: &str) -> Event {
     Event::SystemMessage(SystemMessage {
@@ -144,11 +144,11 @@ async fn runs_of_different_prefixes_do_not_see_each_other() {
 
 #[tokio::test]
 async fn a_sensitive_answer_is_sealed_whole_and_opens_only_with_the_key() {
-    use delta_shared::protocol::{
+    use delta_protocol::secret::SecretsKey;
+    use delta_protocol::{
         InteractionRequest, InteractionResponse, InteractionType, Responder, Via,
     };
-    use delta_shared::secret::SecretsKey;
-    use delta_shared::store::StatusChange;
+    use delta_store::StatusChange;
     use std::sync::Arc;
 
     let redis = delta_e2e::Redis::start().expect("redis-server");
@@ -227,11 +227,9 @@ async fn a_sensitive_answer_is_sealed_whole_and_opens_only_with_the_key() {
 /// and a question the failure closed before its deadline is open again.
 #[tokio::test]
 async fn requeue_brings_back_only_a_run_the_letter_failed_and_reopens_its_question() {
-    use delta_shared::protocol::{
-        EngineEnd, InteractionRequest, InteractionState, InteractionType,
-    };
-    use delta_shared::store::redis::Requeue;
-    use delta_shared::store::{StatusChange, Terminal};
+    use delta_protocol::{EngineEnd, InteractionRequest, InteractionState, InteractionType};
+    use delta_store::redis::Requeue;
+    use delta_store::{StatusChange, Terminal};
 
     let redis = delta_e2e::Redis::start().expect("redis-server");
     let store = RedisRunStore::connect(&redis.url(), "t6")

@@ -6,13 +6,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use delta_shared::protocol::{
+use delta_protocol::{
     InteractionRequest, InteractionResponse, Job, JobKind, Responder, RunId, RunStatus, Via,
 };
-use delta_shared::store::redis::RedisRunStore;
-use delta_shared::store::{RunRecord, RunStore};
+use delta_queue::{self as queue, Queue};
+use delta_store::redis::RedisRunStore;
+use delta_store::{RunRecord, RunStore};
 use delta_worker::fleet::{self, Config};
-use delta_worker::queue::{self, Queue};
 use futures_util::StreamExt;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use delta_shared::settings::{Setting, Settings};
+use delta_host::settings::{Setting, Settings};
 
 use crate::fleet::Config;
-use crate::queue;
+use delta_queue as queue;
 
 /// The settings, by their environment names (PROTOCOL.md §9), with defaults.
 pub const SETTINGS: &[Setting] = &[

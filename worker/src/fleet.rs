@@ -20,22 +20,22 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use delta_shared::journal::Replay;
+use delta_protocol::journal::Replay;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::agent::Agent;
-use crate::brain::AnyBrain;
-use crate::engine::{self, Engine, Outcome, PauseMode};
-use crate::queue::{self, Delivery, Exhausted, Queue};
-use delta_shared::protocol::{
+use delta_engine::agent::Agent;
+use delta_engine::brain::AnyBrain;
+use delta_engine::engine::{self, Engine, Outcome, PauseMode};
+use delta_protocol::secret::SecretsKey;
+use delta_protocol::{
     Event, InteractionState, JobKind, MessageLevel, ResponseError, RunId, RunStatus, SystemMessage,
 };
-use delta_shared::secret::SecretsKey;
-use delta_shared::store::redis::RedisRunStore;
-use delta_shared::store::{self, RunStore, StatusChange, Terminal};
+use delta_queue::{self as queue, Delivery, Exhausted, Queue};
+use delta_store::redis::RedisRunStore;
+use delta_store::{self as store, RunStore, StatusChange, Terminal};
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -165,7 +165,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
                 seq = delivery.fence.0,
                 delivery = delivery.fence.1,
             );
-            crate::host::continue_trace(&span, delivery.traceparent.as_deref());
+            delta_host::continue_trace(&span, delivery.traceparent.as_deref());
             tracker.spawn(
                 async move {
                     handle(&shared, delivery).await;
@@ -216,7 +216,7 @@ async fn fail_run(shared: &Shared, run_id: RunId, fence: (u64, u64), reason: &st
             level: MessageLevel::Error,
             content: format!("job dead-lettered: {reason}"),
         }),
-        Event::EngineEnd(delta_shared::protocol::EngineEnd {
+        Event::EngineEnd(delta_protocol::EngineEnd {
             status: RunStatus::Failed,
             result: None,
             error: Some(reason.to_owned()),
@@ -287,7 +287,7 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
     };
     let settled = match status {
         Some(run) if run.record.status == RunStatus::WaitingForInput => {
-            let pending = delta_shared::journal::Replay::new(&run.journal)
+            let pending = delta_protocol::journal::Replay::new(&run.journal)
                 .pending()
                 .cloned();
             if let Some(q) = pending
@@ -348,7 +348,7 @@ async fn handle(shared: &Shared, d: Delivery) {
     };
     // The trace this job continues: stored with any question it asks, so the answer's resume
     // continues it too.
-    let tp = crate::host::traceparent(&tracing::Span::current(), d.traceparent.as_deref());
+    let tp = delta_host::traceparent(&tracing::Span::current(), d.traceparent.as_deref());
     let store = shared
         .store
         .fenced(d.fence.0, d.fence.1)

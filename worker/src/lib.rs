@@ -8,16 +8,8 @@
 //! The engine writes only through the `RunStore` port and never waits for a person: the hosts
 //! (`delta run`, the fleet worker) decide what a pause means.
 
-pub mod agent;
-pub mod brain;
 pub mod config;
-pub mod engine;
 pub mod fleet;
-pub mod script;
-pub mod tools;
-
-/// The queue and the hosts' common set-up live in `delta-shared` (the gateway uses them too).
-pub use delta_shared::{host, queue};
 
 /// The `delta-worker` program (also `delta worker`): configuration from `args` and the environment,
 /// logging, signals, run. Returns the exit code: 0, 1 on a failure, 64 on bad configuration.
@@ -25,7 +17,7 @@ pub fn cli_main(args: Vec<String>) -> i32 {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         eprint!(
             "{}",
-            delta_shared::settings::usage("delta-worker", crate::config::SETTINGS)
+            delta_host::settings::usage("delta-worker", crate::config::SETTINGS)
         );
         return 0;
     }
@@ -39,10 +31,10 @@ pub fn cli_main(args: Vec<String>) -> i32 {
             return 64;
         }
     };
-    let rt = crate::host::runtime();
-    let telemetry = crate::host::init_logging("info", "delta-worker", &rt);
+    let rt = delta_host::runtime();
+    let telemetry = delta_host::init_logging("info", "delta-worker", &rt);
     let code = rt.block_on(async {
-        let shutdown = crate::host::shutdown_on_signals();
+        let shutdown = delta_host::shutdown_on_signals();
         match crate::fleet::run(config, shutdown).await {
             Ok(()) => 0,
             Err(e) => {

@@ -1,0 +1,195 @@
+//! Brains decide the next step of a run from its journal.
+//!
+//! A brain is a pure function of the journal (the scripted one exactly, the LLM one as far as the
+//! model is): it holds no per-run state, so any process can ask it about any run after a resume.
+//! It only ever sees the journal, where sensitive answers are already `"***"`.
+
+use std::future::Future;
+
+use serde_json::Value;
+
+use crate::agent::{Agent, BrainKind};
+use delta_protocol::{JournalEvent, PlanTask, RiskLevel, RunId};
+
+pub mod openai;
+pub mod scripted;
+
+/// A tool call the brain wants; the engine gives it its action id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProposedCall {
+    pub tool: String,
+    pub args: Value,
+}
+
+/// What the brain decided.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Think, and call these tools in order (none: a pure thought).
+    Act {
+        thought: String,
+        calls: Vec<ProposedCall>,
+    },
+    /// Lay out a plan (journaled as `PLAN`).
+    Plan {
+        thought: String,
+        tasks: Vec<PlanTask>,
+    },
+    Finish {
+        result: String,
+    },
+    Fail {
+        error: String,
+    },
+}
+
+/// What a brain sees of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    pub run_id: RunId,
+    pub task: &'a str,
+    pub journal: &'a [JournalEvent],
+    pub agent: &'a Agent,
+}
+
+/// A task list as a person (`data.tasks` of a plan "modify") or an LLM (the `plan` tool) writes
+/// it: a JSON list whose items are `"description"` or `{"description": "…", "tool": "…"}`.
+/// Indexes are numbered from 1; risks are left `low` for the engine to set from the tools.
+pub fn parse_tasks(v: &Value) -> Result<Vec<PlanTask>, String> {
+    const EXPECTED: &str = "a task list is a JSON list of tasks, e.g. \
+         [{\"description\": \"check the key\", \"tool\": \"check_key\"}, \"tell the team\"]";
+    let Value::Array(items) = v else {
+        return Err(format!("{EXPECTED}; got {}", short_json(v)));
+    };
+    let mut tasks = vec![];
+    for (item, index) in items.iter().zip(1..) {
+        let (description, tool) = match item {
+            Value::String(s) => (s.clone(), None),
+            Value::Object(o) => {
+                if let Some(k) = o.keys().find(|k| *k != "description" && *k != "tool") {
+                    return Err(format!("task {index}: unknown field `{k}`; {EXPECTED}"));
+                }
+                let description = o
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                let tool = match o.get("tool") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(t)) => Some(t.clone()),
+                    Some(other) => {
+                        return Err(format!(
+                            "task {index}: `tool` must be a tool name, got {}",
+                            short_json(other)
+                        ));
+                    }
+                };
+                (description, tool)
+            }
+            other => {
+                return Err(format!("task {index} is {}; {EXPECTED}", short_json(other)));
+            }
+        };
+        if description.trim().is_empty() {
+            return Err(format!("task {index} has no description; {EXPECTED}"));
+        }
+        tasks.push(PlanTask {
+            index,
+            description,
+            tool,
+            risk: RiskLevel::Low,
+        });
+    }
+    if tasks.is_empty() {
+        return Err(format!("the task list is empty; {EXPECTED}"));
+    }
+    Ok(tasks)
+}
+
+fn short_json(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 80 {
+        format!("{}…", s.chars().take(80).collect::<String>())
+    } else {
+        s
+    }
+}
+
+/// A brain that could not decide (after its own retries).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the LLM endpoint failed: {0}")]
+    Llm(String),
+    #[error("the LLM endpoint's answer could not be used: {0}")]
+    BadResponse(String),
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("the script and the journal disagree: {0}")]
+    Script(String),
+}
+
+/// Decides steps. One implementation per kind of brain.
+pub trait Brain: Send + Sync {
+    fn decide(&self, view: View<'_>) -> impl Future<Output = Result<Decision, Error>> + Send;
+}
+
+/// The brain an agent's config asks for.
+pub enum AnyBrain {
+    Scripted(scripted::ScriptedBrain),
+    Openai(Box<openai::OpenAiBrain>),
+}
+
+impl AnyBrain {
+    /// Builds the agent's brain. Fails when the OpenAI key variable is named but unset.
+    pub fn for_agent(agent: &Agent) -> Result<AnyBrain, Error> {
+        match agent.brain {
+            BrainKind::Scripted => Ok(AnyBrain::Scripted(scripted::ScriptedBrain)),
+            BrainKind::Openai => {
+                openai::OpenAiBrain::new(agent).map(|b| AnyBrain::Openai(Box::new(b)))
+            }
+        }
+    }
+}
+
+impl Brain for AnyBrain {
+    async fn decide(&self, view: View<'_>) -> Result<Decision, Error> {
+        match self {
+            AnyBrain::Scripted(b) => b.decide(view).await,
+            AnyBrain::Openai(b) => b.decide(view).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn task_lists_are_strings_or_objects() {
+        let tasks = parse_tasks(&json!(["look", {"description": "deploy", "tool": "deploy"}]))
+            .expect("valid");
+        assert_eq!(tasks.len(), 2);
+        assert_eq!(
+            (tasks[1].index, tasks[1].tool.as_deref()),
+            (2, Some("deploy"))
+        );
+        for (bad, says) in [
+            (json!("deploy it"), "a task list is a JSON list"),
+            (json!({"tasks": []}), "a task list is a JSON list"),
+            (json!([]), "empty"),
+            (json!([3]), "task 1 is 3"),
+            (json!([{"description": " "}]), "no description"),
+            (
+                json!([{"description": "x", "risk": "low"}]),
+                "unknown field `risk`",
+            ),
+            (
+                json!([{"description": "x", "tool": 1}]),
+                "must be a tool name",
+            ),
+        ] {
+            let err = parse_tasks(&bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+}

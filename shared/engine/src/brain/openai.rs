@@ -1,0 +1,387 @@
+//! The `openai` brain: any OpenAI-compatible chat-completions endpoint with tool calling.
+//!
+//! The conversation is rebuilt from the journal on every decision (system prompt, task, then each
+//! `THOUGHT` as an assistant message with its tool calls and each `ACTION_RESULT` as the matching
+//! tool message), so the brain holds nothing between calls and a run resumes anywhere. Sensitive
+//! answers are `"***"` in the journal and therefore never reach the model. 429, 5xx and connection
+//! failures are retried with exponential backoff (honouring `Retry-After`); other errors fail the
+//! decision at once with the endpoint's message.
+//!
+//! With `confirm_plan`, the model also gets a `plan` tool: calling it lays out a plan (journaled
+//! as `PLAN` and put to a person). The person's answer comes back as a user message: confirmed,
+//! or what to change (their feedback, or their own task list), after which the model plans again.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::{Brain, Decision, Error, ProposedCall, View, parse_tasks};
+use crate::agent::{ASK_HUMAN, Agent, LlmConfig};
+use crate::tools::ParamType;
+use delta_protocol::{ActionStatus, Event, OptionAction, PlanTask, RequestId};
+
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
+const DEFAULT_RETRIES: u32 = 5;
+
+/// The brain of agents with an `llm:` section.
+pub struct OpenAiBrain {
+    /// One connection pool for every call of this agent.
+    http: reqwest::Client,
+    llm: LlmConfig,
+    /// `{base_url}/chat/completions`.
+    url: String,
+    /// Bearer key, when the endpoint needs one.
+    key: Option<String>,
+    /// The `tools` array sent with every request (built once).
+    tool_specs: Value,
+    /// Whether the model is offered the `plan` tool (`confirm_plan`, and no agent tool of
+    /// that name).
+    plans: bool,
+    /// Base delay of the exponential backoff (tests shorten it).
+    backoff: Duration,
+}
+
+fn install_crypto() {
+    // reqwest is built without a default TLS provider: install ring once per process.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+impl OpenAiBrain {
+    pub fn new(agent: &Agent) -> Result<Self, Error> {
+        let llm = agent
+            .config
+            .llm
+            .clone()
+            .ok_or_else(|| Error::Config("the openai brain needs an `llm:` section".into()))?;
+        let base = llm
+            .base_url
+            .clone()
+            .unwrap_or_else(|| DEFAULT_BASE_URL.to_owned());
+        let key_env = llm
+            .api_key_env
+            .clone()
+            .unwrap_or_else(|| DEFAULT_KEY_ENV.to_owned());
+        let key = std::env::var(&key_env).ok().filter(|k| !k.is_empty());
+        if key.is_none() && llm.base_url.is_none() {
+            return Err(Error::Config(format!(
+                "{key_env} is not set: export your API key, or set `llm.base_url` to an endpoint \
+                 that needs none (and `llm.api_key_env` to name another variable)"
+            )));
+        }
+        install_crypto();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(llm.timeout_s.unwrap_or(120)))
+            .build()
+            .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            url: format!("{}/chat/completions", base.trim_end_matches('/')),
+            key,
+            tool_specs: tool_specs(agent),
+            plans: offers_plan_tool(agent),
+            llm,
+            backoff: Duration::from_millis(500),
+        })
+    }
+
+    /// Shortens the retry backoff (for tests against a local endpoint).
+    pub fn with_backoff(mut self, base: Duration) -> Self {
+        self.backoff = base;
+        self
+    }
+
+    fn body(&self, view: &View<'_>) -> Value {
+        let mut body = json!({
+            "model": self.llm.model,
+            "messages": messages(view),
+            "tools": self.tool_specs,
+        });
+        if let Some(t) = self.llm.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(m) = self.llm.max_tokens {
+            body["max_tokens"] = json!(m);
+        }
+        if let Some(p) = self.llm.top_p {
+            body["top_p"] = json!(p);
+        }
+        body
+    }
+
+    async fn call(&self, body: &Value) -> Result<Value, Error> {
+        let attempts = self.llm.max_retries.unwrap_or(DEFAULT_RETRIES).max(1);
+        let mut last = String::new();
+        for attempt in 0..attempts {
+            let mut req = self.http.post(&self.url).json(body);
+            if let Some(k) = &self.key {
+                req = req.bearer_auth(k);
+            }
+            let wait = match req.send().await {
+                Ok(resp) if resp.status().is_success() => {
+                    return resp
+                        .json::<Value>()
+                        .await
+                        .map_err(|e| Error::BadResponse(format!("not JSON: {e}")));
+                }
+                Ok(resp) => {
+                    let status = resp.status();
+                    let retry_after = resp
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(Duration::from_secs);
+                    let text = resp.text().await.unwrap_or_default();
+                    let message = serde_json::from_str::<Value>(&text)
+                        .ok()
+                        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                        .unwrap_or_else(|| text.chars().take(300).collect());
+                    last = format!("HTTP {status}: {message}");
+                    if !(status.as_u16() == 429 || status.is_server_error()) {
+                        return Err(Error::Llm(last));
+                    }
+                    retry_after
+                }
+                Err(e) => {
+                    last = format!("{}: {e}", self.url);
+                    None
+                }
+            };
+            if attempt + 1 < attempts {
+                let backoff = self.backoff * 2u32.saturating_pow(attempt).min(16);
+                let delay = wait.unwrap_or(backoff).min(Duration::from_secs(60));
+                tracing::warn!(attempt = attempt + 1, error = %last, ?delay, "LLM call failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
+        Err(Error::Llm(format!("{last} (after {attempts} attempts)")))
+    }
+}
+
+impl Brain for OpenAiBrain {
+    async fn decide(&self, view: View<'_>) -> Result<Decision, Error> {
+        let body = self.body(&view);
+        let resp = self.call(&body).await?;
+        parse_choice(&resp, self.plans)
+    }
+}
+
+/// The name of the tool an LLM lays out a plan with.
+pub const PLAN_TOOL: &str = "plan";
+
+fn offers_plan_tool(agent: &Agent) -> bool {
+    agent.config.confirm_plan && !agent.tools.contains_key(PLAN_TOOL)
+}
+
+/// Turns a chat-completions answer into a decision. With `plans`, a call of the `plan` tool
+/// with a usable task list is a plan (other calls in the same answer are dropped: the plan is
+/// confirmed before anything runs).
+pub fn parse_choice(resp: &Value, plans: bool) -> Result<Decision, Error> {
+    let msg = &resp["choices"][0]["message"];
+    if msg.is_null() {
+        return Err(Error::BadResponse(format!(
+            "no choices[0].message in {}",
+            truncate(&resp.to_string(), 300)
+        )));
+    }
+    let content = msg["content"].as_str().unwrap_or_default().to_owned();
+    let calls: Vec<ProposedCall> = msg["tool_calls"]
+        .as_array()
+        .map(|a| a.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| {
+            let f = &c["function"];
+            let tool = f["name"].as_str()?.to_owned();
+            let raw = f["arguments"].as_str().unwrap_or("{}");
+            let args = if raw.trim().is_empty() {
+                json!({})
+            } else {
+                // Unparseable arguments go to the tool check, which explains the problem back.
+                serde_json::from_str(raw).unwrap_or(Value::String(raw.to_owned()))
+            };
+            Some(ProposedCall { tool, args })
+        })
+        .collect();
+    if plans
+        && let Some(tasks) = calls
+            .iter()
+            .filter(|c| c.tool == PLAN_TOOL)
+            .find_map(|c| parse_tasks(c.args.get("tasks").unwrap_or(&Value::Null)).ok())
+    {
+        return Ok(Decision::Plan {
+            thought: content,
+            tasks,
+        });
+    }
+    if calls.is_empty() {
+        return Ok(Decision::Finish { result: content });
+    }
+    Ok(Decision::Act {
+        thought: content,
+        calls,
+    })
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+/// The conversation so far, from the journal.
+pub fn messages(view: &View<'_>) -> Vec<Value> {
+    let mut system = view.agent.system_prompt.trim().to_owned();
+    if !system.is_empty() {
+        system.push_str("\n\n");
+    }
+    system.push_str(
+        "When you need information or a decision from a person, call the `ask_human` tool. \
+         A sensitive answer is never shown to you: its result names a {{secret:…}} reference; \
+         pass that reference verbatim as a tool argument to use the value.",
+    );
+    if offers_plan_tool(view.agent) {
+        system.push_str(
+            "\n\nBefore you act, lay out your plan with the `plan` tool. A person confirms it or \
+             says what to change; when asked to change it, call `plan` again with the revised plan.",
+        );
+    }
+    let mut plan_requests: Vec<RequestId> = vec![];
+    let mut out = vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": view.task}),
+    ];
+    for e in view.journal {
+        match &e.event {
+            Event::Thought(t) => {
+                let mut m = json!({"role": "assistant", "content": t.content});
+                if let Some(calls) = t.tool_calls.as_ref().filter(|c| !c.is_empty()) {
+                    m["tool_calls"] = calls
+                        .iter()
+                        .map(|c| {
+                            json!({"id": c.id, "type": "function",
+                                   "function": {"name": c.tool, "arguments": c.args.to_string()}})
+                        })
+                        .collect();
+                }
+                out.push(m);
+            }
+            Event::Plan(p) => {
+                let tasks: Vec<String> = p.tasks.iter().map(PlanTask::line).collect();
+                out.push(
+                    json!({"role": "assistant", "content": format!("Plan:\n{}", tasks.join("\n"))}),
+                );
+            }
+            Event::HumanInputRequest(q) if q.is_plan_confirmation() => {
+                plan_requests.push(q.request_id);
+            }
+            Event::HumanInputReceived(r) if plan_requests.contains(&r.request_id) => {
+                let text = match r.action {
+                    OptionAction::ApproveAndExecute => {
+                        "The plan is confirmed. Carry it out.".to_owned()
+                    }
+                    OptionAction::RetryWithFeedback => {
+                        let mut t = String::from("Change the plan");
+                        if let Some(f) = [&r.input, &r.feedback]
+                            .into_iter()
+                            .flatten()
+                            .find(|s| !s.trim().is_empty())
+                        {
+                            t.push_str(&format!(": {f}"));
+                        }
+                        if let Some(tasks) = r
+                            .data
+                            .as_ref()
+                            .and_then(|d| d.get("tasks"))
+                            .and_then(|v| parse_tasks(v).ok())
+                        {
+                            let list: Vec<String> = tasks.iter().map(PlanTask::line).collect();
+                            t.push_str(&format!(
+                                "\nThe person edited the task list to:\n{}",
+                                list.join("\n")
+                            ));
+                        }
+                        t.push_str("\nPropose the revised plan with the `plan` tool.");
+                        t
+                    }
+                    _ => continue,
+                };
+                out.push(json!({"role": "user", "content": text}));
+            }
+            Event::ActionResult(r) => {
+                let prefix = match r.status {
+                    ActionStatus::Success => "",
+                    ActionStatus::Error => "[error] ",
+                    ActionStatus::Skipped => "[skipped] ",
+                    ActionStatus::Rejected => "[rejected] ",
+                };
+                out.push(json!({"role": "tool", "tool_call_id": r.action_id,
+                                "content": format!("{prefix}{}", r.observation_content)}));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn json_type(t: ParamType) -> &'static str {
+    match t {
+        ParamType::String => "string",
+        ParamType::Number => "number",
+        ParamType::Integer => "integer",
+        ParamType::Boolean => "boolean",
+    }
+}
+
+/// The `tools` array: the agent's tools and the built-in `ask_human`.
+fn tool_specs(agent: &Agent) -> Value {
+    let mut specs: Vec<Value> = agent
+        .tools
+        .values()
+        .map(|t| {
+            let props: serde_json::Map<String, Value> = t
+                .params
+                .iter()
+                .map(|p| {
+                    (
+                        p.name.clone(),
+                        json!({"type": json_type(p.kind),
+                               "description": p.description.clone().unwrap_or_default()}),
+                    )
+                })
+                .collect();
+            let required: Vec<&str> = t
+                .params
+                .iter()
+                .filter(|p| p.required)
+                .map(|p| p.name.as_str())
+                .collect();
+            json!({"type": "function", "function": {
+                "name": t.name, "description": t.description,
+                "parameters": {"type": "object", "properties": props, "required": required}}})
+        })
+        .collect();
+    specs.push(json!({"type": "function", "function": {
+        "name": ASK_HUMAN,
+        "description": "Ask a person for information, a choice or a decision. The run pauses until they answer.",
+        "parameters": {"type": "object", "required": ["prompt"], "properties": {
+            "prompt": {"type": "string", "description": "The question, self-contained."},
+            "input_type": {"type": "string", "enum": ["text", "password", "confirmation", "choice"]},
+            "sensitive": {"type": "boolean", "description": "True for secrets: the answer is hidden from you and from logs."},
+            "options": {"type": "array", "description": "Choices to offer, if any.", "items": {
+                "type": "object", "required": ["id", "label"],
+                "properties": {"id": {"type": "string"}, "label": {"type": "string"},
+                               "description": {"type": "string"}}}}
+        }}}}));
+    if offers_plan_tool(agent) {
+        specs.push(json!({"type": "function", "function": {
+            "name": PLAN_TOOL,
+            "description": "Lay out your plan before acting. A person confirms it, asks for changes, or cancels the run.",
+            "parameters": {"type": "object", "required": ["tasks"], "properties": {
+                "tasks": {"type": "array", "description": "The steps, in order.", "items": {
+                    "type": "object", "required": ["description"],
+                    "properties": {"description": {"type": "string"},
+                                   "tool": {"type": "string", "description": "The tool this step uses, if any."}}}}
+            }}}}));
+    }
+    Value::Array(specs)
+}

@@ -1,0 +1,1330 @@
+//! The engine: advances one run from its journal until it must stop, and says why.
+//!
+//! ```text
+//! advance(answer?) -> Outcome::{Completed, Failed, Cancelled, Paused(request), Interrupted}
+//! ```
+//!
+//! It never blocks on a human: a question is journaled and returned as `Paused`, and what happens
+//! then is the host's business (prompt on a terminal, write the mailbox, publish on NATS). Resume is
+//! replay: the journal says which call of the brain's last decision is unfinished; an unfinished
+//! `ask_human` (or gated call) takes the answer, an unfinished idempotent tool runs again, and an
+//! unfinished non-idempotent tool becomes a `TOOL_APPROVAL` ("this may already have run").
+//!
+//! Writes are batched: events are buffered and committed in one store call right before anything
+//! that must not be lost or repeated (a tool's side effect, a slow LLM call, a pause, the end), so
+//! a run costs a handful of store round trips however many events it journals. Whatever was
+//! buffered but not committed when a process dies is re-derived on replay, because every decision
+//! before a side effect is deterministic from the committed journal.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{ASK_HUMAN, Agent, BrainKind};
+use crate::brain::scripted::secret_ref;
+use crate::brain::{Brain, Decision, View, parse_tasks};
+use crate::script::AskHuman;
+use crate::tools::{self, Approval, Tool, ToolEnv};
+use delta_protocol::journal::{NextCall, Replay};
+use delta_protocol::{
+    AcceptedAnswer, ActionRequest, ActionResult, ActionStatus, EngineEnd, EngineStart, Event,
+    InputType, InteractionOption, InteractionRequest, InteractionResponse, InteractionType,
+    JournalEvent, MessageLevel, OptionAction, Plan, PlanTask, RequestId, Responder, ResponseError,
+    RiskLevel, RunStatus, SystemMessage, Thought, Timestamp, ToolCall, Via, args_diff,
+};
+use delta_store::{self as store, RunRecord, RunStore, StatusChange, StoredRun, Terminal};
+
+/// Why `advance` stopped.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Completed {
+        result: String,
+    },
+    Failed {
+        error: String,
+    },
+    Cancelled {
+        reason: String,
+    },
+    /// Waiting for a human; the request is journaled.
+    Paused(Box<InteractionRequest>),
+    /// Stopped by the host (signal); checkpointed as `INTERRUPTED`, resumable.
+    Interrupted,
+}
+
+impl Outcome {
+    /// The run status this outcome leaves behind.
+    pub fn status(&self) -> RunStatus {
+        match self {
+            Outcome::Completed { .. } => RunStatus::Completed,
+            Outcome::Failed { .. } => RunStatus::Failed,
+            Outcome::Cancelled { .. } => RunStatus::Cancelled,
+            Outcome::Paused(_) => RunStatus::WaitingForInput,
+            Outcome::Interrupted => RunStatus::Interrupted,
+        }
+    }
+}
+
+/// What stops `advance` without an outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The store refused or failed; nothing after the last committed event happened.
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    /// The answer was refused; nothing was written.
+    #[error(transparent)]
+    Answer(#[from] ResponseError),
+}
+
+/// What to do with a question.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PauseMode {
+    /// Journal `ENGINE_END(WAITING_FOR_INPUT)` and park the run (mailbox, fleet).
+    Park,
+    /// Keep the run `RUNNING`: the host asks right away and calls `advance` again (`-i`).
+    Hold,
+}
+
+/// How this host runs the engine.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `local`, or the worker's id.
+    pub worker: String,
+    /// Where tools run.
+    pub work_dir: PathBuf,
+    pub pause: PauseMode,
+}
+
+type Observer = Arc<dyn Fn(&JournalEvent) + Send + Sync>;
+
+/// One run being advanced by one process.
+pub struct Engine<'a, S, B> {
+    agent: &'a Agent,
+    brain: &'a B,
+    store: &'a S,
+    settings: Settings,
+    cancel: CancellationToken,
+    record: RunRecord,
+    /// Committed events, then the provisional (buffered) ones.
+    journal: Vec<JournalEvent>,
+    /// How many events of `journal` are committed.
+    committed: usize,
+    replay: Replay,
+    /// Whether this process has journaled its `ENGINE_START`.
+    started: bool,
+    /// Sensitive answers received by this process, by request: they reach tools, nothing else.
+    secrets: HashMap<RequestId, String>,
+    /// Called with every committed event (the CLI prints them).
+    observer: Option<Observer>,
+    /// When the answer given to `advance` was accepted (by the gateway), if earlier than now:
+    /// its deadline is checked against that moment, not against when a worker got to it.
+    answered_at: Option<Timestamp>,
+    /// A request the store already closed as expired (the gateway's clock decided).
+    expired: Option<RequestId>,
+}
+
+/// The observation a tool sees in place of a sensitive value, should it echo one.
+const MASK: &str = "***";
+
+/// Checks an answer to the pending request `pending` as the engine applies it (at `now`): the
+/// rules of PROTOCOL.md §3 ([`InteractionRequest::validate`]), then edited tool arguments
+/// (`data.args` of an approval) against the tool's parameters among `tools`, and the edit of a
+/// plan ("modify": feedback, or `data.tasks` naming known tools). Pure, so the fuzzers and
+/// property tests run exactly the engine's checks.
+pub fn check_answer(
+    pending: &InteractionRequest,
+    tools: &BTreeMap<String, Tool>,
+    resp: InteractionResponse,
+    now: Timestamp,
+) -> Result<AcceptedAnswer, ResponseError> {
+    let accepted = pending.validate(resp, now)?;
+    if accepted.action == OptionAction::ApproveAndExecute
+        && let Some(edited) = accepted.response.data.as_ref().and_then(|d| d.get("args"))
+    {
+        let tool = pending
+            .context
+            .get("tool")
+            .and_then(Value::as_str)
+            .and_then(|t| tools.get(t))
+            .ok_or_else(|| {
+                ResponseError::InvalidArgs("this request has no tool arguments to edit".into())
+            })?;
+        tool.check_args(edited)
+            .map_err(ResponseError::InvalidArgs)?;
+    }
+    if pending.is_plan_confirmation() && accepted.action == OptionAction::RetryWithFeedback {
+        check_plan_edit(tools, &accepted.response)?;
+    }
+    Ok(accepted)
+}
+
+/// A "modify" of a plan needs feedback, or a task list in `data.tasks` naming known tools.
+fn check_plan_edit(
+    tools: &BTreeMap<String, Tool>,
+    r: &InteractionResponse,
+) -> Result<(), ResponseError> {
+    let Some(tasks) = r.data.as_ref().and_then(|d| d.get("tasks")) else {
+        let said = [&r.input, &r.feedback]
+            .into_iter()
+            .flatten()
+            .any(|s| !s.trim().is_empty());
+        return if said {
+            Ok(())
+        } else {
+            Err(ResponseError::InputRequired(
+                r.option_id.clone().unwrap_or_default(),
+            ))
+        };
+    };
+    let tasks =
+        parse_tasks(tasks).map_err(|e| ResponseError::InvalidArgs(format!("data.tasks: {e}")))?;
+    let unknown = tasks.iter().find_map(|t| {
+        t.tool
+            .as_deref()
+            .filter(|n| !tools.contains_key(*n))
+            .map(|n| (t.index, n))
+    });
+    if let Some((index, tool)) = unknown {
+        let known: Vec<&str> = tools.keys().map(String::as_str).collect();
+        return Err(ResponseError::InvalidArgs(format!(
+            "data.tasks: task {index} names the unknown tool `{tool}`; the agent's tools: {}",
+            known.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
+    pub fn new(
+        agent: &'a Agent,
+        brain: &'a B,
+        store: &'a S,
+        run: StoredRun,
+        settings: Settings,
+        cancel: CancellationToken,
+    ) -> Self {
+        let mut replay = Replay::new(&run.journal);
+        if !run.record.status.is_terminal() {
+            // The run's status is the source of truth: a failed run an operator put back in the
+            // queue (a dead-lettered job retried) goes on from where its journal stops.
+            replay.reopen();
+        }
+        Self {
+            agent,
+            brain,
+            store,
+            settings,
+            cancel,
+            record: run.record,
+            committed: run.journal.len(),
+            journal: run.journal,
+            replay,
+            started: false,
+            secrets: HashMap::new(),
+            observer: None,
+            answered_at: None,
+            expired: None,
+        }
+    }
+
+    /// Journals (with the next commit) that `answer`, accepted elsewhere, was refused here.
+    pub fn note_refusal(&mut self, answer: &InteractionResponse, why: &ResponseError) {
+        self.push(Event::SystemMessage(SystemMessage {
+            level: MessageLevel::Warn,
+            content: format!(
+                "the answer by {} to request {} was refused ({}): {why}; the question is open again",
+                answer.responder.id,
+                answer.request_id,
+                why.code()
+            ),
+        }));
+    }
+
+    /// The answer about to be given was accepted at `at` (by a gateway): its deadline is
+    /// checked against that moment.
+    pub fn answered_at(&mut self, at: Timestamp) {
+        self.answered_at = Some(at);
+    }
+
+    /// `request_id` expired in the store: the run applies its default option (or fails) even
+    /// if this host's clock has not reached `expires_at` yet.
+    pub fn expired(&mut self, request_id: RequestId) {
+        self.expired = Some(request_id);
+    }
+
+    /// Calls `f` with every event as it is committed.
+    pub fn observe(mut self, f: impl Fn(&JournalEvent) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Arc::new(f));
+        self
+    }
+
+    /// Secrets a host kept from an earlier call (e.g. `-i` across questions).
+    /// Keeps the input of a sensitive answer for the tools, whether or not the answer is already
+    /// journaled (a redelivered resume job hands it over again).
+    pub fn remember_sensitive(&mut self, answer: &InteractionResponse) {
+        if let (Some((q, _)), Some(value)) =
+            (self.replay.interaction(answer.request_id), &answer.input)
+            && q.is_sensitive()
+        {
+            self.secrets.insert(answer.request_id, value.clone());
+        }
+    }
+
+    pub fn remember_secret(&mut self, request_id: RequestId, value: String) {
+        self.secrets.insert(request_id, value);
+    }
+
+    pub fn journal(&self) -> &[JournalEvent] {
+        &self.journal[..self.committed]
+    }
+
+    pub fn record(&self) -> &RunRecord {
+        &self.record
+    }
+
+    /// The interaction the run waits on, if any.
+    pub fn pending(&self) -> Option<&InteractionRequest> {
+        self.replay.pending()
+    }
+
+    // -- journal plumbing ------------------------------------------------------------------
+
+    fn push(&mut self, event: Event) {
+        if !self.started {
+            self.started = true;
+            let start = Event::EngineStart(EngineStart {
+                run_id: self.record.run_id,
+                agent: self.record.agent.clone(),
+                task: self.record.task.clone(),
+                worker: self.settings.worker.clone(),
+                attempt: self.replay.attempts + 1,
+            });
+            self.push_raw(start);
+        }
+        self.push_raw(event);
+    }
+
+    fn push_raw(&mut self, event: Event) {
+        let e = JournalEvent {
+            seq: self.journal.len() as u64 + 1,
+            timestamp: Timestamp::now(),
+            event,
+        };
+        self.replay.apply(&e);
+        self.journal.push(e);
+    }
+
+    /// Makes the buffered events durable, with `change` (or `RUNNING` if the run was not).
+    async fn commit(&mut self, change: Option<StatusChange>) -> Result<(), Error> {
+        let events: Vec<Event> = self.journal[self.committed..]
+            .iter()
+            .map(|e| e.event.clone())
+            .collect();
+        let change = change.or_else(|| {
+            (self.started && self.record.status != RunStatus::Running)
+                .then_some(StatusChange::Running)
+        });
+        if events.is_empty() && change.is_none() {
+            return Ok(());
+        }
+        let stored = self
+            .store
+            .append(self.record.run_id, events, change.clone())
+            .await?;
+        if let Some(c) = &change {
+            c.apply_to(&mut self.record, Timestamp::now());
+        }
+        self.journal.truncate(self.committed);
+        if let Some(f) = &self.observer {
+            stored.iter().for_each(|e| f(e));
+        }
+        self.committed += stored.len();
+        self.journal.extend(stored);
+        Ok(())
+    }
+
+    // -- the loop ----------------------------------------------------------------------------
+
+    /// Advances the run, applying `answer` to the pending interaction first if one is given.
+    /// A refused answer returns `Error::Answer` and writes nothing.
+    pub async fn advance(&mut self, answer: Option<InteractionResponse>) -> Result<Outcome, Error> {
+        if let Some(end) = self.replay.terminal().cloned() {
+            if let Some(resp) = answer {
+                return Err(self.refusal_for(resp.request_id).into());
+            }
+            return Ok(outcome_of(&end));
+        }
+        let mut answer = match answer {
+            Some(resp) => Some(self.check_answer(resp)?),
+            None => None,
+        };
+        loop {
+            if self.cancel.is_cancelled() {
+                return self.interrupt().await;
+            }
+            let next = match self.replay.next_call() {
+                NextCall::Fresh(call) => {
+                    let call = call.clone();
+                    let req = ActionRequest {
+                        action_id: call.id,
+                        tool: call.tool,
+                        args: call.args,
+                    };
+                    self.push(Event::ActionRequest(req.clone()));
+                    Some((req, true))
+                }
+                NextCall::Unfinished(req) => Some((req.clone(), false)),
+                NextCall::None => None,
+            };
+            let stop = match next {
+                Some((req, fresh)) => self.act(req, fresh, &mut answer).await?,
+                None => match self.plan_gate(&mut answer).await? {
+                    Some(outcome) => Some(outcome),
+                    None => self.decide().await?,
+                },
+            };
+            if let Some(outcome) = stop {
+                return Ok(outcome);
+            }
+        }
+    }
+
+    /// Parks a run held at a question (`-i` whose terminal went away): from now on it waits as
+    /// `WAITING_FOR_INPUT`, to be answered through the mailbox or any other channel.
+    pub async fn park(&mut self) -> Result<Outcome, Error> {
+        self.settings.pause = PauseMode::Park;
+        self.advance(None).await
+    }
+
+    /// Checkpoints the run as `INTERRUPTED` (the host's answer to SIGINT/SIGTERM).
+    pub async fn interrupt(&mut self) -> Result<Outcome, Error> {
+        if self.replay.terminal().is_none() {
+            self.push(Event::EngineEnd(EngineEnd {
+                status: RunStatus::Interrupted,
+                result: None,
+                error: None,
+            }));
+            self.commit(Some(StatusChange::Interrupted)).await?;
+        }
+        Ok(Outcome::Interrupted)
+    }
+
+    fn refusal_for(&self, request_id: RequestId) -> ResponseError {
+        match self.replay.interaction(request_id) {
+            Some((_, Some(_))) => ResponseError::AlreadyResolved(request_id),
+            _ => ResponseError::NotFound(request_id.to_string()),
+        }
+    }
+
+    fn check_answer(&self, resp: InteractionResponse) -> Result<AcceptedAnswer, ResponseError> {
+        let Some(pending) = self
+            .replay
+            .pending()
+            .filter(|q| q.request_id == resp.request_id)
+        else {
+            return Err(self.refusal_for(resp.request_id));
+        };
+        check_answer(
+            pending,
+            &self.agent.tools,
+            resp,
+            self.answered_at.unwrap_or_else(Timestamp::now),
+        )
+    }
+
+    /// Asks the brain for the next decision.
+    #[tracing::instrument(name = "decide", skip_all, fields(run_id = %self.record.run_id, turn = self.replay.turns))]
+    async fn decide(&mut self) -> Result<Option<Outcome>, Error> {
+        if self.replay.turns >= self.agent.max_iterations() {
+            let error = format!(
+                "reached max_iterations ({}) without finishing; raise `max_iterations` in config.yaml if the task needs more steps",
+                self.agent.max_iterations()
+            );
+            return self
+                .finish(Terminal::Failed, None, Some(error))
+                .await
+                .map(Some);
+        }
+        if self.agent.brain != BrainKind::Scripted {
+            // An LLM call is slow and not free: keep what happened so far before making it.
+            self.commit(None).await?;
+        }
+        let view = View {
+            run_id: self.record.run_id,
+            task: &self.record.task,
+            journal: &self.journal,
+            agent: self.agent,
+        };
+        let decided = tokio::select! {
+            d = self.brain.decide(view) => Some(d),
+            () = self.cancel.cancelled() => None,
+        };
+        let Some(decided) = decided else {
+            return self.interrupt().await.map(Some);
+        };
+        let decision = match decided {
+            Ok(d) => d,
+            Err(e) => {
+                return self
+                    .finish(Terminal::Failed, None, Some(e.to_string()))
+                    .await
+                    .map(Some);
+            }
+        };
+        let turn = self.replay.turns + 1;
+        match decision {
+            Decision::Act { thought, calls } => {
+                let calls: Vec<ToolCall> = calls
+                    .into_iter()
+                    .zip(1..)
+                    .map(|(c, i)| ToolCall {
+                        id: format!("a{turn}-{i}"),
+                        tool: c.tool,
+                        args: c.args,
+                    })
+                    .collect();
+                self.push(Event::Thought(Thought {
+                    content: thought,
+                    tool_calls: (!calls.is_empty()).then_some(calls),
+                }));
+                Ok(None)
+            }
+            Decision::Plan { tasks, .. } => {
+                // A plan made after one was sent back ("modify") is its next round.
+                let round = self.replay.revising().map_or(1, |r| r.saturating_add(1));
+                let tasks: Vec<PlanTask> = tasks
+                    .into_iter()
+                    .zip(1..)
+                    .map(|(mut t, index)| {
+                        t.index = index;
+                        t.risk = task_risk(t.tool.as_deref().and_then(|n| self.agent.tools.get(n)));
+                        t
+                    })
+                    .collect();
+                let risk_level = tasks.iter().map(|t| t.risk).max().unwrap_or(RiskLevel::Low);
+                self.push(Event::Plan(Plan {
+                    tasks,
+                    risk_level,
+                    round,
+                }));
+                Ok(None)
+            }
+            Decision::Finish { result } => self
+                .finish(Terminal::Completed, Some(result), None)
+                .await
+                .map(Some),
+            Decision::Fail { error } => self
+                .finish(Terminal::Failed, None, Some(error))
+                .await
+                .map(Some),
+        }
+    }
+
+    async fn finish(
+        &mut self,
+        status: Terminal,
+        result: Option<String>,
+        error: Option<String>,
+    ) -> Result<Outcome, Error> {
+        self.push(Event::EngineEnd(EngineEnd {
+            status: status.into(),
+            result: result.clone(),
+            error: error.clone(),
+        }));
+        self.commit(Some(StatusChange::Finished {
+            status,
+            result: result.clone(),
+            error: error.clone(),
+        }))
+        .await?;
+        Ok(match status {
+            Terminal::Completed => Outcome::Completed {
+                result: result.unwrap_or_default(),
+            },
+            Terminal::Failed => Outcome::Failed {
+                error: error.unwrap_or_default(),
+            },
+            Terminal::Cancelled => Outcome::Cancelled {
+                reason: error.unwrap_or_default(),
+            },
+        })
+    }
+
+    async fn pause(&mut self, q: InteractionRequest) -> Result<Option<Outcome>, Error> {
+        match self.settings.pause {
+            PauseMode::Hold => self.commit(None).await?,
+            PauseMode::Park => {
+                let parked = self.record.status == RunStatus::WaitingForInput
+                    && self.record.pending_request_id == Some(q.request_id)
+                    && self.committed == self.journal.len();
+                if !parked {
+                    self.push(Event::EngineEnd(EngineEnd {
+                        status: RunStatus::WaitingForInput,
+                        result: None,
+                        error: None,
+                    }));
+                    self.commit(Some(StatusChange::Waiting(Box::new(q.clone()))))
+                        .await?;
+                }
+            }
+        }
+        Ok(Some(Outcome::Paused(Box::new(q))))
+    }
+
+    fn result(
+        &mut self,
+        action_id: &str,
+        status: ActionStatus,
+        text: String,
+        exit: Option<i32>,
+        ms: u64,
+    ) {
+        self.push(Event::ActionResult(ActionResult {
+            action_id: action_id.to_owned(),
+            status,
+            observation_content: text,
+            exit_code: exit,
+            duration_ms: ms,
+        }));
+    }
+
+    /// Handles one journaled, unfinished action.
+    async fn act(
+        &mut self,
+        req: ActionRequest,
+        fresh: bool,
+        answer: &mut Option<AcceptedAnswer>,
+    ) -> Result<Option<Outcome>, Error> {
+        let interaction = self.replay.interaction_for(&req.action_id).cloned();
+        match interaction {
+            Some((q, Some(rec))) => {
+                // The answer is journaled but its effect is not: apply it (again).
+                let input = rec.input.clone().filter(|_| !q.is_sensitive());
+                let accepted = AcceptedAnswer {
+                    option: rec.option_id.as_deref().and_then(|o| q.option(o)).cloned(),
+                    action: rec.action,
+                    response: InteractionResponse {
+                        request_id: rec.request_id,
+                        option_id: rec.option_id.clone(),
+                        input,
+                        data: rec.data.clone(),
+                        feedback: rec.feedback.clone(),
+                        responder: rec.responder.clone(),
+                    },
+                };
+                self.apply_answer(&req, &q, accepted).await
+            }
+            Some((q, None)) => {
+                let accepted = match self.receive(&q, answer).await? {
+                    Received::Answer(a) => *a,
+                    Received::Stop(outcome) => return Ok(outcome),
+                };
+                let mut record = accepted.journal_record(&q);
+                if accepted.action == OptionAction::ApproveAndExecute
+                    && let Some(edited) =
+                        accepted.response.data.as_ref().and_then(|d| d.get("args"))
+                {
+                    record.edited_args = args_diff(&req.args, edited);
+                }
+                self.push(Event::HumanInputReceived(record));
+                if q.is_sensitive()
+                    && let Some(secret) = accepted.response.input.clone()
+                {
+                    self.secrets.insert(q.request_id, secret);
+                }
+                self.apply_answer(&req, &q, accepted).await
+            }
+            None if req.tool == ASK_HUMAN => match self.ask_request(&req) {
+                Ok(q) => {
+                    self.push(Event::HumanInputRequest(Box::new(q.clone())));
+                    self.pause(q).await
+                }
+                Err(msg) => {
+                    self.result(&req.action_id, ActionStatus::Error, msg, None, 0);
+                    Ok(None)
+                }
+            },
+            None => {
+                let Some(tool) = self.agent.tools.get(&req.tool) else {
+                    let known: Vec<&str> = self.agent.tools.keys().map(String::as_str).collect();
+                    let msg = format!(
+                        "unknown tool `{}`; available tools: {}, {ASK_HUMAN}",
+                        req.tool,
+                        known.join(", ")
+                    );
+                    self.result(&req.action_id, ActionStatus::Error, msg, None, 0);
+                    return Ok(None);
+                };
+                if fresh && self.plan_sent_back() {
+                    // The person asked for a different plan: nothing runs until one is confirmed.
+                    let msg =
+                        "not run: the plan was sent back for changes; propose the revised plan \
+                               (the `plan` tool) and wait for its confirmation before acting"
+                            .to_owned();
+                    self.result(&req.action_id, ActionStatus::Error, msg, None, 0);
+                    return Ok(None);
+                }
+                if fresh && tool.needs_approval(&req.args) {
+                    let q = self.approval_request(&req, tool);
+                    self.push(Event::HumanInputRequest(Box::new(q.clone())));
+                    return self.pause(q).await;
+                }
+                if !fresh && !tool.idempotent {
+                    let q = self.may_have_run_request(&req, tool);
+                    self.push(Event::HumanInputRequest(Box::new(q.clone())));
+                    return self.pause(q).await;
+                }
+                if !fresh {
+                    self.push(Event::SystemMessage(SystemMessage {
+                        level: MessageLevel::Info,
+                        content: format!(
+                            "re-running interrupted action {} (`{}` is idempotent)",
+                            req.action_id, req.tool
+                        ),
+                    }));
+                }
+                self.run_tool(&req, &req.args).await
+            }
+        }
+    }
+
+    /// The answer to the pending request `q`: the one given, or its default once it expired.
+    /// Otherwise the run pauses on it (or fails, expired without a default).
+    async fn receive(
+        &mut self,
+        q: &InteractionRequest,
+        answer: &mut Option<AcceptedAnswer>,
+    ) -> Result<Received, Error> {
+        match answer.take() {
+            Some(a) if a.response.request_id == q.request_id => Ok(Received::Answer(Box::new(a))),
+            _ if q.is_expired_at(Timestamp::now()) || self.expired == Some(q.request_id) => {
+                self.apply_timeout(q).await
+            }
+            _ => Ok(Received::Stop(self.pause(q.clone()).await?)),
+        }
+    }
+
+    /// The clock's answer to `q`: its default option, or the run fails without one.
+    async fn apply_timeout(&mut self, q: &InteractionRequest) -> Result<Received, Error> {
+        match timeout_answer(q) {
+            Some(a) => {
+                self.push(Event::SystemMessage(SystemMessage {
+                    level: MessageLevel::Warn,
+                    content: format!(
+                        "no answer to request {} before {}: applied the default option `{}`",
+                        q.request_id,
+                        q.expires_at.map(|t| t.to_string()).unwrap_or_default(),
+                        a.response.option_id.clone().unwrap_or_default()
+                    ),
+                }));
+                Ok(Received::Answer(Box::new(a)))
+            }
+            None => {
+                let error = format!(
+                    "interaction {} expired at {} without an answer and has no default option",
+                    q.request_id,
+                    q.expires_at.map(|t| t.to_string()).unwrap_or_default()
+                );
+                let outcome = self.finish(Terminal::Failed, None, Some(error)).await?;
+                Ok(Received::Stop(Some(outcome)))
+            }
+        }
+    }
+
+    /// With `confirm_plan`: whether the current plan's confirmation was answered "modify", so a
+    /// revised plan must come (and be confirmed) before any tool runs.
+    fn plan_sent_back(&self) -> bool {
+        self.agent.config.confirm_plan && self.replay.revising().is_some()
+    }
+
+    /// With `confirm_plan`, a plan is put to a person before the brain goes on: ask, wait for
+    /// the answer, apply it. `None`: go on and ask the brain (confirmed, or to revise the plan).
+    async fn plan_gate(
+        &mut self,
+        answer: &mut Option<AcceptedAnswer>,
+    ) -> Result<Option<Outcome>, Error> {
+        if !self.agent.config.confirm_plan {
+            return Ok(None);
+        }
+        let Some(plan) = self.replay.current_plan().cloned() else {
+            return Ok(None);
+        };
+        let record = match self.replay.plan_confirmation().cloned() {
+            None => {
+                let q = self.plan_request(&plan);
+                self.push(Event::HumanInputRequest(Box::new(q.clone())));
+                return self.pause(q).await;
+            }
+            Some((_, Some(record))) => record,
+            Some((q, None)) => {
+                let accepted = match self.receive(&q, answer).await? {
+                    Received::Answer(a) => *a,
+                    Received::Stop(outcome) => return Ok(outcome),
+                };
+                let record = accepted.journal_record(&q);
+                self.push(Event::HumanInputReceived(record.clone()));
+                record
+            }
+        };
+        if record.action != OptionAction::Terminate {
+            // Confirmed: the brain carries on. Modified: the brain sees the answer and re-plans.
+            return Ok(None);
+        }
+        let why = [&record.input, &record.feedback]
+            .into_iter()
+            .flatten()
+            .find(|s| !s.trim().is_empty())
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default();
+        let reason = format!("plan cancelled by {}{why}", record.responder.id);
+        self.finish(Terminal::Cancelled, None, Some(reason))
+            .await
+            .map(Some)
+    }
+
+    /// Applies an accepted answer to the action it belongs to.
+    async fn apply_answer(
+        &mut self,
+        req: &ActionRequest,
+        q: &InteractionRequest,
+        a: AcceptedAnswer,
+    ) -> Result<Option<Outcome>, Error> {
+        let r = &a.response;
+        let who = &r.responder.id;
+        let reason = r
+            .input
+            .clone()
+            .or_else(|| r.feedback.clone())
+            .filter(|s| !s.trim().is_empty());
+        let id = &req.action_id;
+        let is_ask = req.tool == ASK_HUMAN;
+        match a.action {
+            OptionAction::ApproveAndExecute if !is_ask => {
+                let args = r
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("args"))
+                    .cloned()
+                    .unwrap_or_else(|| req.args.clone());
+                return self.run_tool(req, &args).await;
+            }
+            OptionAction::ProvideInfo | OptionAction::ApproveAndExecute => {
+                let text = if is_ask {
+                    answer_observation(q, &a)
+                } else {
+                    // "Mark as done": the person's text is the tool's output.
+                    reason.unwrap_or_else(|| format!("marked as done by {who}"))
+                };
+                self.result(id, ActionStatus::Success, text, None, 0);
+            }
+            OptionAction::RejectWithReason => {
+                let text = format!(
+                    "rejected: {}",
+                    reason.unwrap_or_else(|| format!("by {who}"))
+                );
+                self.result(id, ActionStatus::Rejected, text, None, 0);
+            }
+            OptionAction::RetryWithFeedback => {
+                let text = format!(
+                    "not run; {who} asks you to think again: {}",
+                    reason.unwrap_or_default()
+                );
+                self.result(id, ActionStatus::Rejected, text, None, 0);
+            }
+            OptionAction::Skip => {
+                self.result(
+                    id,
+                    ActionStatus::Skipped,
+                    format!("skipped by {who}"),
+                    None,
+                    0,
+                );
+            }
+            OptionAction::Terminate => {
+                let why = format!(
+                    "terminated by {who}{}",
+                    reason.map(|r| format!(": {r}")).unwrap_or_default()
+                );
+                self.result(id, ActionStatus::Rejected, why.clone(), None, 0);
+                return self
+                    .finish(Terminal::Cancelled, None, Some(why))
+                    .await
+                    .map(Some);
+            }
+            OptionAction::Custom => {
+                let text = if q.is_sensitive() {
+                    answer_observation(q, &a)
+                } else {
+                    json!({"option_id": r.option_id, "input": r.input, "data": r.data, "feedback": r.feedback})
+                        .to_string()
+                };
+                self.result(id, ActionStatus::Success, text, None, 0);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Runs a tool call: checks its arguments, commits the journal, runs it, journals the result.
+    #[tracing::instrument(name = "tool", skip_all, fields(run_id = %self.record.run_id, tool = %req.tool, action_id = %req.action_id))]
+    async fn run_tool(
+        &mut self,
+        req: &ActionRequest,
+        args: &Value,
+    ) -> Result<Option<Outcome>, Error> {
+        let Some(tool) = self.agent.tools.get(&req.tool) else {
+            self.result(
+                &req.action_id,
+                ActionStatus::Error,
+                format!("unknown tool `{}`", req.tool),
+                None,
+                0,
+            );
+            return Ok(None);
+        };
+        let values = match tool.check_args(args) {
+            Ok(v) => v,
+            Err(msg) => {
+                self.result(
+                    &req.action_id,
+                    ActionStatus::Error,
+                    format!("invalid arguments: {msg}"),
+                    None,
+                    0,
+                );
+                return Ok(None);
+            }
+        };
+        let values = match self.reveal(values) {
+            Ok(v) => v,
+            Err(msg) => {
+                self.result(&req.action_id, ActionStatus::Error, msg, None, 0);
+                return Ok(None);
+            }
+        };
+        let env = self.tool_env();
+        let inv = tool.invocation(&values, &env);
+        // The request must be durable before the side effect.
+        self.commit(None).await?;
+        let ex = match tool.run_builtin(&values) {
+            Some(ex) => ex,
+            None => {
+                tools::execute(
+                    &inv,
+                    &env,
+                    tool.timeout,
+                    tool.max_output_bytes,
+                    &self.cancel,
+                )
+                .await
+            }
+        };
+        if ex.exit == tools::Exit::Cancelled {
+            // Left unfinished on purpose: the resume decides (re-run if idempotent, else ask).
+            return self.interrupt().await.map(Some);
+        }
+        let status = if ex.success() {
+            ActionStatus::Success
+        } else {
+            ActionStatus::Error
+        };
+        let text = self.mask(ex.observation(tool.timeout));
+        let ms = u64::try_from(ex.duration.as_millis()).unwrap_or(u64::MAX);
+        self.result(&req.action_id, status, text, ex.exit_code(), ms);
+        Ok(None)
+    }
+
+    fn tool_env(&self) -> ToolEnv {
+        ToolEnv {
+            work_dir: self.settings.work_dir.clone(),
+            agent_home: self.agent.dir.clone(),
+            vars: vec![("DELTA_RUN_ID".into(), self.record.run_id.to_string())],
+        }
+    }
+
+    /// Swaps `{{secret:<request_id>}}` references for the secrets this process holds.
+    fn reveal(
+        &self,
+        mut values: std::collections::BTreeMap<String, String>,
+    ) -> Result<std::collections::BTreeMap<String, String>, String> {
+        for v in values.values_mut() {
+            // Rebuilt left to right: a secret's own text is never searched for references.
+            let mut out = String::with_capacity(v.len());
+            let mut rest = v.as_str();
+            while let Some(start) = rest.find("{{secret:") {
+                let Some(len) = rest[start..].find("}}") else {
+                    break;
+                };
+                let id = &rest[start + 9..start + len];
+                let secret = id
+                    .parse::<RequestId>()
+                    .ok()
+                    .and_then(|id| self.secrets.get(&id))
+                    .ok_or_else(|| {
+                        format!(
+                            "the sensitive answer {{{{secret:{id}}}}} is not available: secrets are never stored, \
+                             so one given before the run stopped is gone; ask for it again"
+                        )
+                    })?;
+                out.push_str(&rest[..start]);
+                out.push_str(secret);
+                rest = &rest[start + len + 2..];
+            }
+            out.push_str(rest);
+            *v = out;
+        }
+        Ok(values)
+    }
+
+    /// Hides every secret this process holds from text bound for the journal.
+    fn mask(&self, mut text: String) -> String {
+        for s in self.secrets.values().filter(|s| !s.is_empty()) {
+            text = text.replace(s.as_str(), MASK);
+        }
+        text
+    }
+
+    // -- interaction requests -------------------------------------------------------------
+
+    fn new_request(
+        &self,
+        kind: InteractionType,
+        prompt: String,
+        action_id: &str,
+    ) -> InteractionRequest {
+        let mut q = InteractionRequest::new(self.record.run_id, &self.record.agent, kind, prompt);
+        q.context.insert("action_id".to_owned(), json!(action_id));
+        q
+    }
+
+    fn with_timeout(
+        &self,
+        q: &mut InteractionRequest,
+        timeout: Option<u64>,
+        default: Option<String>,
+    ) {
+        let defaults = &self.agent.config.interaction_defaults;
+        q.timeout_seconds = timeout.or(defaults.timeout_seconds);
+        q.expires_at = q.timeout_seconds.map(|t| q.timestamp.plus_seconds(t));
+        q.default_option_id = default
+            .or_else(|| defaults.default_option_id.clone())
+            .filter(|d| q.option(d).is_some());
+        // The agent's list bounds any list the call names: a call (an LLM's, perhaps) may
+        // narrow who answers, never widen it.
+        let agent_list = &defaults.allowed_responders;
+        if q.allowed_responders.is_empty() {
+            q.allowed_responders.clone_from(agent_list);
+        } else if !agent_list.is_empty() {
+            q.allowed_responders.retain(|r| agent_list.contains(r));
+            if q.allowed_responders.is_empty() {
+                // Nobody in both lists: the agent's list stands.
+                q.allowed_responders.clone_from(agent_list);
+            }
+        }
+        let chosen = q.default_option_id.clone();
+        for o in &mut q.options {
+            o.is_default = chosen.as_deref() == Some(o.option_id.as_str());
+        }
+    }
+
+    /// The request an `ask_human` call makes, or why its arguments are unusable.
+    fn ask_request(&self, req: &ActionRequest) -> Result<InteractionRequest, String> {
+        let ask: AskHuman = serde_json::from_value(req.args.clone())
+            .map_err(|e| format!("ask_human: invalid arguments: {e}"))?;
+        ask.check().map_err(|e| format!("ask_human: {e}"))?;
+        let kind = ask.kind.unwrap_or(if ask.options.is_empty() {
+            InteractionType::UserInput
+        } else {
+            InteractionType::UserChoice
+        });
+        let mut q = self.new_request(kind, ask.prompt.clone(), &req.action_id);
+        q.title = ask.title.clone();
+        q.details = ask.details.clone();
+        q.sensitive = ask.sensitive;
+        q.allowed_responders.clone_from(&ask.allowed_responders);
+        q.input_type = ask.input_type.clone().unwrap_or(if ask.options.is_empty() {
+            if ask.sensitive {
+                InputType::Password
+            } else {
+                InputType::Text
+            }
+        } else {
+            InputType::Choice
+        });
+        q.options = ask
+            .options
+            .iter()
+            .map(|o| {
+                let mut opt = InteractionOption::new(
+                    o.id.clone(),
+                    o.label.clone().unwrap_or_else(|| o.id.clone()),
+                    o.action.unwrap_or(OptionAction::ProvideInfo),
+                );
+                opt.description = o.description.clone();
+                opt.requires_input = o.requires_input;
+                opt.input_prompt = o.input_prompt.clone();
+                opt.is_dangerous = o.dangerous;
+                opt
+            })
+            .collect();
+        q.context.insert("tool".into(), json!(ASK_HUMAN));
+        self.with_timeout(&mut q, ask.timeout_seconds, ask.default_option_id.clone());
+        Ok(q)
+    }
+
+    fn command_line(&self, tool: &Tool, args: &Value) -> String {
+        match tool.check_args(args) {
+            Ok(values) => tool.invocation(&values, &self.tool_env()).display(),
+            Err(e) => format!("({e})"),
+        }
+    }
+
+    /// `context` of a request about a tool call: the tool, its args, the command line that would
+    /// run, the risk level and, when dangerous, why.
+    fn tool_context(&self, q: &mut InteractionRequest, req: &ActionRequest, tool: &Tool) {
+        q.context.insert("tool".into(), json!(req.tool));
+        q.context.insert("args".into(), req.args.clone());
+        q.context.insert(
+            "command_line".into(),
+            json!(self.command_line(tool, &req.args)),
+        );
+        q.context
+            .insert("risk_level".into(), json!(call_risk(tool, &req.args)));
+        if let Some(why) = tool.danger(&req.args) {
+            q.context.insert("dangerous_because".into(), json!(why));
+        }
+    }
+
+    /// `approval: always` (or `when_dangerous` on a dangerous tool): ask before running.
+    fn approval_request(&self, req: &ActionRequest, tool: &Tool) -> InteractionRequest {
+        let cmd = self.command_line(tool, &req.args);
+        let mut q = self.new_request(
+            InteractionType::ToolApproval,
+            format!("Run `{cmd}`?"),
+            &req.action_id,
+        );
+        q.title = Some(format!("Approve tool call: {}", tool.name));
+        q.input_type = InputType::Confirmation;
+        let mut approve =
+            InteractionOption::new("approve", "Approve", OptionAction::ApproveAndExecute);
+        let danger = tool.danger(&req.args);
+        approve.is_dangerous = danger.is_some();
+        q.details = danger.map(|why| format!("Dangerous: {why}."));
+        approve.description =
+            Some("Run the call (optionally with edited arguments in data.args)".into());
+        let mut retry = InteractionOption::new(
+            "retry",
+            "Retry with feedback",
+            OptionAction::RetryWithFeedback,
+        );
+        retry.requires_input = true;
+        retry.input_prompt = Some("What should the agent do instead?".into());
+        let mut reject = InteractionOption::new("reject", "Reject", OptionAction::RejectWithReason);
+        reject.requires_input = true;
+        reject.input_prompt = Some("Why is it rejected?".into());
+        let mut terminate =
+            InteractionOption::new("terminate", "Terminate the run", OptionAction::Terminate);
+        terminate.is_dangerous = true;
+        q.options = vec![approve, retry, reject, terminate];
+        self.tool_context(&mut q, req, tool);
+        self.with_timeout(&mut q, None, None);
+        q
+    }
+
+    /// `confirm_plan`: confirm / modify / cancel the plan, with `plan_timeout_seconds` and
+    /// `plan_default`. The last allowed round cannot be modified any more.
+    fn plan_request(&self, plan: &Plan) -> InteractionRequest {
+        let max = self.agent.max_plan_rounds();
+        let last = plan.round >= max;
+        let mut q = InteractionRequest::new(
+            self.record.run_id,
+            &self.record.agent,
+            InteractionType::UserConfirmation,
+            format!(
+                "Carry out this plan of {} step(s) (risk: {})?",
+                plan.tasks.len(),
+                risk_name(plan.risk_level)
+            ),
+        );
+        q.title = Some(format!("Confirm the plan (round {} of {max})", plan.round));
+        let mut details: Vec<String> = plan
+            .tasks
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}. {}{} [risk {}]",
+                    t.index,
+                    t.description,
+                    t.tool
+                        .as_deref()
+                        .map(|n| format!(" (tool {n})"))
+                        .unwrap_or_default(),
+                    risk_name(t.risk)
+                )
+            })
+            .collect();
+        if last && max > 1 {
+            details.push("This is the last round: the plan can be confirmed or cancelled.".into());
+        }
+        q.details = Some(details.join("\n"));
+        q.input_type = InputType::Confirmation;
+        let mut confirm =
+            InteractionOption::new("confirm", "Confirm", OptionAction::ApproveAndExecute);
+        confirm.description = Some("Carry out the plan as shown".into());
+        confirm.is_dangerous = plan.risk_level == RiskLevel::High;
+        let mut modify =
+            InteractionOption::new("modify", "Modify", OptionAction::RetryWithFeedback);
+        modify.description = Some(
+            "Say what should change (input), or send the edited task list in data.tasks".into(),
+        );
+        modify.input_prompt = Some("What should change?".into());
+        let mut cancel =
+            InteractionOption::new("cancel", "Cancel the run", OptionAction::Terminate);
+        cancel.description = Some("Stop here; nothing of the plan is done".into());
+        q.options = if last {
+            vec![confirm, cancel]
+        } else {
+            vec![confirm, modify, cancel]
+        };
+        q.context.insert(
+            "plan".into(),
+            serde_json::to_value(&plan.tasks).unwrap_or_default(),
+        );
+        q.context
+            .insert("risk_level".into(), json!(plan.risk_level));
+        q.context.insert("round".into(), json!(plan.round));
+        q.context.insert("max_rounds".into(), json!(max));
+        self.with_timeout(
+            &mut q,
+            self.agent.config.plan_timeout_seconds,
+            self.agent.config.plan_default.clone(),
+        );
+        q
+    }
+
+    /// A non-idempotent call found unfinished on replay: a person decides.
+    fn may_have_run_request(&self, req: &ActionRequest, tool: &Tool) -> InteractionRequest {
+        let cmd = self.command_line(tool, &req.args);
+        let mut q = self.new_request(
+            InteractionType::ToolApproval,
+            format!(
+                "The run stopped while `{cmd}` was running, so it may already have run. \
+                 Run it again, skip it, or mark it as done?"
+            ),
+            &req.action_id,
+        );
+        q.title = Some("This action may already have run".into());
+        q.input_type = InputType::Confirmation;
+        let mut rerun =
+            InteractionOption::new("rerun", "Run it again", OptionAction::ApproveAndExecute);
+        rerun.is_dangerous = true;
+        let skip = InteractionOption::new("skip", "Skip it", OptionAction::Skip);
+        let mut done =
+            InteractionOption::new("mark_done", "Mark as done", OptionAction::ProvideInfo);
+        done.requires_input = true;
+        done.input_prompt = Some("The output to record for it".into());
+        let mut terminate =
+            InteractionOption::new("terminate", "Terminate the run", OptionAction::Terminate);
+        terminate.is_dangerous = true;
+        q.options = vec![rerun, skip, done, terminate];
+        self.tool_context(&mut q, req, tool);
+        q.context.insert("may_have_run".into(), json!(true));
+        q
+    }
+}
+
+/// What [`Engine::receive`] got.
+enum Received {
+    Answer(Box<AcceptedAnswer>),
+    /// Paused, or ended: return this from the loop.
+    Stop(Option<Outcome>),
+}
+
+fn risk_name(r: RiskLevel) -> &'static str {
+    match r {
+        RiskLevel::Low => "low",
+        RiskLevel::Medium => "medium",
+        RiskLevel::High => "high",
+    }
+}
+
+/// The risk of one call: high when dangerous, medium when it needs approval anyway, else low.
+fn call_risk(tool: &Tool, args: &Value) -> RiskLevel {
+    if tool.danger(args).is_some() {
+        RiskLevel::High
+    } else if tool.approval == Approval::Always {
+        RiskLevel::Medium
+    } else {
+        RiskLevel::Low
+    }
+}
+
+/// The risk of a plan task using `tool`, decided before its arguments are known: a tool that is
+/// or may be dangerous makes it high, one that always asks for approval medium.
+fn task_risk(tool: Option<&Tool>) -> RiskLevel {
+    match tool {
+        Some(t) if t.may_be_dangerous() => RiskLevel::High,
+        Some(t) if t.approval == Approval::Always => RiskLevel::Medium,
+        _ => RiskLevel::Low,
+    }
+}
+
+/// What the brain is told of an answer to `ask_human`.
+fn answer_observation(q: &InteractionRequest, a: &AcceptedAnswer) -> String {
+    if q.is_sensitive() {
+        return format!(
+            "(a sensitive answer was given; it is hidden from you. To use it, pass {} as a tool argument)",
+            secret_ref(q.request_id)
+        );
+    }
+    let input = a.response.input.clone().filter(|s| !s.trim().is_empty());
+    match (&a.option, input) {
+        (None, Some(text)) => text,
+        (None, None) => String::new(),
+        (Some(o), None) => format!("chose \"{}\" (option {})", o.label, o.option_id),
+        (Some(o), Some(text)) => format!("chose \"{}\" (option {}): {text}", o.label, o.option_id),
+    }
+}
+
+/// The answer the clock gives when a request expires: its default option, if it has one.
+pub fn timeout_answer(q: &InteractionRequest) -> Option<AcceptedAnswer> {
+    let option = q.option(q.default_option_id.as_deref()?)?;
+    let mut resp = InteractionResponse::new(
+        q.request_id,
+        Responder {
+            id: "timeout".into(),
+            via: Via::Timeout,
+        },
+    );
+    resp.option_id = Some(option.option_id.clone());
+    // Options that want text (a reason, feedback) get one that says what happened.
+    resp.input = (option.requires_input || option.action == OptionAction::RetryWithFeedback)
+        .then(|| "no answer before the timeout".to_owned());
+    q.validate(resp, Timestamp::now()).ok()
+}
+
+fn outcome_of(end: &EngineEnd) -> Outcome {
+    match end.status {
+        RunStatus::Completed => Outcome::Completed {
+            result: end.result.clone().unwrap_or_default(),
+        },
+        RunStatus::Cancelled => Outcome::Cancelled {
+            reason: end.error.clone().unwrap_or_default(),
+        },
+        _ => Outcome::Failed {
+            error: end.error.clone().unwrap_or_default(),
+        },
+    }
+}
+
+/// A duration for humans: `850ms`, `3.2s`.
+pub fn human_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}

@@ -1,0 +1,18 @@
+//! Delta Fleet's agent engine: everything that decides what a run does next, and nothing about
+//! where it runs.
+//!
+//! - [`agent`]: loading and checking an agent directory (`config.yaml`, `script.yaml`).
+//! - [`tools`]: Delta Engine's tool forms, run as child processes with timeouts.
+//! - [`brain`]: the scripted and the OpenAI-compatible brains.
+//! - [`engine`]: the Thought-Action-Observation loop, resumable from its journal, and
+//!   [`engine::check_answer`], the one check of an answer that the gateway and the engine share.
+//!
+//! The engine writes only through the `RunStore` port (`delta-store`) and never waits for a
+//! person: the hosts (`delta run`, the fleet worker) decide what a pause means. It is a library of
+//! its own so that every host, the gateway and the fuzzers use one definition.
+
+pub mod agent;
+pub mod brain;
+pub mod engine;
+pub mod script;
+pub mod tools;

@@ -1,0 +1,288 @@
+//! `script.yaml`: the scripted brain's deterministic program.
+//!
+//! ```yaml
+//! steps:
+//!   - think: "Greeting the user"
+//!   - tool: echo
+//!     args: {text: "hello ${task}"}
+//!   - ask_human: {prompt: "Your name?"}
+//!   - ask_human:
+//!       prompt: "Colour?"
+//!       options: [{id: red, label: Red}, {id: blue, label: Blue}]
+//!   - branch:                   # on the last answer's option id (or its text)
+//!       red:  [{finish: "red it is"}]
+//!       default: [{fail: "no colour"}]
+//!   - plan: [{description: "deploy", tool: deploy}]
+//!     revise: [{description: "deploy, then ${answer}", tool: deploy}]   # after "modify"
+//!   - finish: "done, ${answer}"
+//! ```
+//!
+//! Templates: `${task}`, `${run_id}`, `${answer}` (the last answer's text, else its option id),
+//! `${option}` (its option id), `${observation}` (the last tool result), `${secret}` (the latest
+//! sensitive answer, however many questions ago). A sensitive answer is never put in a template:
+//! `${answer}` and `${secret}` become a `{{secret:…}}` reference that only the tool runner
+//! resolves, so a tool parameter is bound to the answer without the brain ever holding it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::agent::{ASK_HUMAN, Error, parse_yaml};
+use crate::tools::Tool;
+use delta_protocol::{InputType, InteractionType, OptionAction};
+
+/// One option of a scripted `ask_human`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptOption {
+    #[serde(alias = "option_id")]
+    pub id: String,
+    #[serde(default)]
+    pub label: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Default `PROVIDE_INFO`.
+    #[serde(default)]
+    pub action: Option<OptionAction>,
+    #[serde(default)]
+    pub requires_input: bool,
+    #[serde(default)]
+    pub input_prompt: Option<String>,
+    #[serde(default, alias = "is_dangerous")]
+    pub dangerous: bool,
+}
+
+/// The arguments of an `ask_human` call (a scripted step, or the brain's tool call).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AskHuman {
+    pub prompt: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_type: Option<InputType>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sensitive: bool,
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<InteractionType>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<ScriptOption>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_option_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<String>,
+    /// Who may answer (responder ids); empty: anyone the gateway lets answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_responders: Vec<String>,
+}
+
+impl AskHuman {
+    /// Checks what serde cannot: options unique, the default one of them.
+    pub fn check(&self) -> Result<(), String> {
+        if self.prompt.trim().is_empty() {
+            return Err("`prompt` must not be empty".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for o in &self.options {
+            if !seen.insert(&o.id) {
+                return Err(format!("option `{}` appears twice", o.id));
+            }
+        }
+        if let Some(d) = &self.default_option_id
+            && !self.options.iter().any(|o| &o.id == d)
+        {
+            return Err(format!(
+                "`default_option_id: {d}` is not one of the options"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A tool call step.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ToolStep {
+    pub tool: String,
+    #[serde(default)]
+    pub args: BTreeMap<String, Value>,
+    /// The thought journaled with the call.
+    #[serde(default)]
+    pub thought: Option<String>,
+}
+
+/// A task of a scripted plan.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PlanStep {
+    pub description: String,
+    #[serde(default)]
+    pub tool: Option<String>,
+}
+
+/// One step of the script.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Step {
+    Tool(ToolStep),
+    Think {
+        think: String,
+    },
+    Ask {
+        ask_human: AskHuman,
+    },
+    /// A plan (journaled as `PLAN`; with `confirm_plan`, put to a person). After a "modify"
+    /// answer the step plans again: the person's edited tasks if they sent some, else
+    /// `revise` (where `${answer}` is their feedback), else the same tasks.
+    Plan {
+        plan: Vec<PlanStep>,
+        #[serde(default)]
+        revise: Option<Vec<PlanStep>>,
+    },
+    /// Cases keyed by option id or answer text; `default` when none matches.
+    Branch {
+        branch: BTreeMap<String, Vec<Step>>,
+    },
+    Finish {
+        finish: String,
+    },
+    Fail {
+        fail: String,
+    },
+}
+
+/// A checked `script.yaml`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Script {
+    pub steps: Vec<Step>,
+}
+
+impl Script {
+    /// Loads and checks `path` against the agent's tools.
+    pub fn load(path: &Path, tools: &BTreeMap<String, Tool>) -> Result<Script, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Script::parse(path, &text, tools)
+    }
+
+    /// Parses and checks the text of `script.yaml` (`path` names it in errors) against the
+    /// agent's tools. Pure: what [`Script::load`] runs once the file is read.
+    pub fn parse(path: &Path, text: &str, tools: &BTreeMap<String, Tool>) -> Result<Script, Error> {
+        let script: Script = parse_yaml(path, text).map_err(|e| match e {
+            // Untagged enums say only "did not match any variant": say what a step may be.
+            Error::Invalid {
+                path,
+                line,
+                field,
+                message,
+            } if message.contains("untagged enum Step") => Error::Invalid {
+                path,
+                line,
+                field,
+                message: "not a step: a step is one of `think`, `tool` (+ `args`, `thought`), \
+                          `ask_human`, `plan`, `branch`, `finish` or `fail`, with only its own fields"
+                    .into(),
+            },
+            other => other,
+        })?;
+        check_steps(&script.steps, "steps", path, text, tools)?;
+        Ok(script)
+    }
+}
+
+fn check_steps(
+    steps: &[Step],
+    at: &str,
+    path: &Path,
+    text: &str,
+    tools: &BTreeMap<String, Tool>,
+) -> Result<(), Error> {
+    for (i, step) in steps.iter().enumerate() {
+        let field = format!("{at}[{i}]");
+        match step {
+            Step::Tool(t) => {
+                if t.tool == ASK_HUMAN {
+                    return Err(Error::invalid(
+                        path,
+                        text,
+                        format!("{field}.tool"),
+                        Some(&format!("tool: {ASK_HUMAN}")),
+                        "use an `ask_human:` step to ask a person",
+                    ));
+                }
+                let Some(tool) = tools.get(&t.tool) else {
+                    let known: Vec<&str> = tools.keys().map(String::as_str).collect();
+                    return Err(Error::invalid(
+                        path,
+                        text,
+                        format!("{field}.tool"),
+                        Some(&format!("tool: {}", t.tool)),
+                        format!(
+                            "unknown tool `{}`; config.yaml declares: {}",
+                            t.tool,
+                            if known.is_empty() {
+                                "no tools".into()
+                            } else {
+                                known.join(", ")
+                            }
+                        ),
+                    ));
+                };
+                for key in t.args.keys() {
+                    if !tool.params.iter().any(|p| &p.name == key) {
+                        return Err(Error::invalid(
+                            path,
+                            text,
+                            format!("{field}.args.{key}"),
+                            Some(&format!("{key}:")),
+                            format!("tool `{}` has no parameter `{key}`", t.tool),
+                        ));
+                    }
+                }
+            }
+            Step::Ask { ask_human } => {
+                ask_human.check().map_err(|m| {
+                    Error::invalid(
+                        path,
+                        text,
+                        format!("{field}.ask_human"),
+                        Some(&ask_human.prompt),
+                        m,
+                    )
+                })?;
+            }
+            Step::Branch { branch } => {
+                for (case, steps) in branch {
+                    check_steps(steps, &format!("{field}.branch.{case}"), path, text, tools)?;
+                }
+            }
+            Step::Plan { plan, revise } => {
+                let lists = [("plan", Some(plan)), ("revise", revise.as_ref())];
+                for (key, list) in lists {
+                    for (k, task) in list.into_iter().flatten().enumerate() {
+                        if let Some(name) = &task.tool
+                            && !tools.contains_key(name)
+                        {
+                            return Err(Error::invalid(
+                                path,
+                                text,
+                                format!("{field}.{key}[{k}].tool"),
+                                Some(&format!("tool: {name}")),
+                                format!("unknown tool `{name}`"),
+                            ));
+                        }
+                    }
+                }
+            }
+            Step::Think { .. } | Step::Finish { .. } | Step::Fail { .. } => {}
+        }
+    }
+    Ok(())
+}

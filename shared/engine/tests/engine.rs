@@ -1,0 +1,1295 @@
+//! The engine against the real file store: pauses, answers, every option action, replay after a
+//! crash at every event, secrets.
+
+use std::path::{Path, PathBuf};
+
+use delta_engine::agent::Agent;
+use delta_engine::brain::AnyBrain;
+use delta_engine::engine::{Engine, Error, Outcome, PauseMode, Settings};
+use delta_protocol::{
+    ActionStatus, Event, HumanInputReceived, InteractionRequest, InteractionResponse,
+    InteractionType, JournalEvent, OptionAction, Plan, Responder, RiskLevel, RunId, RunStatus, Via,
+};
+use delta_store::file::FileRunStore;
+use delta_store::{RunRecord, RunStore, StoredRun};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    agent: Agent,
+    brain: AnyBrain,
+    store: FileRunStore,
+}
+
+const TOOLS: &str = r#"
+tools:
+  - name: echo
+    exec: "echo ${text}"
+    idempotent: true
+  - name: count
+    shell: "echo x >> counter; echo counted ${label}"
+    idempotent: true
+  - name: record
+    shell: "echo ${line} >> records; echo recorded"
+  - name: deploy
+    exec: "echo deploying ${target}"
+    approval: always
+    dangerous: true
+  - name: use_key
+    shell: "echo using ${key}; test ${key} = hunter2"
+  - name: slow
+    exec: "sleep ${secs}"
+    idempotent: true
+"#;
+
+impl Fixture {
+    fn new(script: &str) -> Fixture {
+        Self::with_config(&format!("name: t\nbrain: scripted\n{TOOLS}"), script)
+    }
+
+    fn with_config(config: &str, script: &str) -> Fixture {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let agent_dir = dir.path().join("agent");
+        std::fs::create_dir_all(&agent_dir).expect("mkdir");
+        std::fs::write(agent_dir.join("config.yaml"), config).expect("write");
+        std::fs::write(agent_dir.join("script.yaml"), script).expect("write");
+        let agent = Agent::load(&agent_dir).expect("agent loads");
+        let brain = AnyBrain::for_agent(&agent).expect("brain");
+        let store = FileRunStore::new(dir.path().join(".delta"));
+        Fixture {
+            dir,
+            agent,
+            brain,
+            store,
+        }
+    }
+
+    fn work(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    async fn start(&self, task: &str) -> RunId {
+        let rec = RunRecord::new(RunId::new(), self.agent.name(), task, RunStatus::Running);
+        let id = rec.run_id;
+        self.store.create(rec).await.expect("create");
+        id
+    }
+
+    async fn engine(&self, id: RunId) -> Engine<'_, FileRunStore, AnyBrain> {
+        let run = self.store.load(id).await.expect("load");
+        self.engine_for(run, CancellationToken::new())
+    }
+
+    fn engine_for(
+        &self,
+        run: StoredRun,
+        cancel: CancellationToken,
+    ) -> Engine<'_, FileRunStore, AnyBrain> {
+        let settings = Settings {
+            worker: "local".into(),
+            work_dir: self.work(),
+            pause: PauseMode::Park,
+        };
+        Engine::new(&self.agent, &self.brain, &self.store, run, settings, cancel)
+    }
+
+    /// An engine in hold mode (like `-i`): answers arrive in this process, secrets stay in it.
+    async fn holding_engine(&self, id: RunId) -> Engine<'_, FileRunStore, AnyBrain> {
+        let run = self.store.load(id).await.expect("load");
+        let settings = Settings {
+            worker: "local".into(),
+            work_dir: self.work(),
+            pause: PauseMode::Hold,
+        };
+        Engine::new(
+            &self.agent,
+            &self.brain,
+            &self.store,
+            run,
+            settings,
+            CancellationToken::new(),
+        )
+    }
+
+    async fn journal(&self, id: RunId) -> Vec<JournalEvent> {
+        FileRunStore::new(self.dir.path().join(".delta"))
+            .load(id)
+            .await
+            .expect("load")
+            .journal
+    }
+
+    fn counter(&self, file: &str) -> usize {
+        std::fs::read_to_string(self.dir.path().join(file))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+}
+
+fn answer(
+    q: &InteractionRequest,
+    option: Option<&str>,
+    input: Option<&str>,
+) -> InteractionResponse {
+    InteractionResponse {
+        request_id: q.request_id,
+        option_id: option.map(str::to_owned),
+        input: input.map(str::to_owned),
+        data: None,
+        feedback: None,
+        responder: Responder {
+            id: "tester".into(),
+            via: Via::File,
+        },
+    }
+}
+
+fn paused(o: Outcome) -> InteractionRequest {
+    match o {
+        Outcome::Paused(q) => *q,
+        other => panic!("expected a pause, got {other:?}"),
+    }
+}
+
+fn types(journal: &[JournalEvent]) -> Vec<&'static str> {
+    journal.iter().map(|e| e.event.type_name()).collect()
+}
+
+fn received(journal: &[JournalEvent]) -> Vec<HumanInputReceived> {
+    journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::HumanInputReceived(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn plans(journal: &[JournalEvent]) -> Vec<Plan> {
+    journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Plan(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn results(journal: &[JournalEvent]) -> Vec<(ActionStatus, String)> {
+    journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ActionResult(r) => Some((r.status, r.observation_content.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+const HELLO: &str = r#"
+steps:
+  - think: "task: ${task}"
+  - tool: echo
+    args: {text: "hello ${task}"}
+  - ask_human: {prompt: "name?"}
+  - tool: echo
+    args: {text: "hi ${answer}"}
+  - finish: "greeted ${answer}"
+"#;
+
+#[tokio::test]
+async fn a_run_pauses_for_a_human_and_completes_with_the_answer() {
+    let f = Fixture::new(HELLO);
+    let id = f.start("world").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert_eq!(q.kind, InteractionType::UserInput);
+    assert_eq!(q.prompt, "name?");
+    assert_eq!(q.run_id, id);
+    let rec = f.store.load(id).await.expect("load").record;
+    assert_eq!(rec.status, RunStatus::WaitingForInput);
+    assert_eq!(rec.pending_request_id, Some(q.request_id));
+
+    // Re-running without an answer changes nothing.
+    let before = f.journal(id).await;
+    let again = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert_eq!(again.request_id, q.request_id);
+    assert_eq!(f.journal(id).await, before);
+
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, None, Some("Ada"))))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "greeted Ada".into()
+        }
+    );
+    let j = f.journal(id).await;
+    assert_eq!(
+        types(&j),
+        [
+            "ENGINE_START",
+            "THOUGHT",
+            "THOUGHT",
+            "ACTION_REQUEST",
+            "ACTION_RESULT",
+            "THOUGHT",
+            "ACTION_REQUEST",
+            "HUMAN_INPUT_REQUEST",
+            "ENGINE_END",
+            "ENGINE_START",
+            "HUMAN_INPUT_RECEIVED",
+            "ACTION_RESULT",
+            "THOUGHT",
+            "ACTION_REQUEST",
+            "ACTION_RESULT",
+            "ENGINE_END"
+        ]
+    );
+    let r = results(&j);
+    assert_eq!(r[0], (ActionStatus::Success, "hello world\n".into()));
+    assert_eq!(r[1], (ActionStatus::Success, "Ada".into()));
+    assert_eq!(r[2], (ActionStatus::Success, "hi Ada\n".into()));
+    assert!(j.iter().zip(1..).all(|(e, s)| e.seq == s));
+    assert_eq!(
+        f.store.load(id).await.expect("load").record.status,
+        RunStatus::Completed
+    );
+}
+
+#[tokio::test]
+async fn refused_answers_write_nothing() {
+    let f = Fixture::new(
+        r#"
+steps:
+  - ask_human:
+      prompt: "pick"
+      options:
+        - {id: a, label: A}
+        - {id: b, label: B, requires_input: true}
+  - finish: "${answer}"
+"#,
+    );
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert_eq!(q.kind, InteractionType::UserChoice);
+    let before = f.journal(id).await;
+    for (resp, code) in [
+        (answer(&q, Some("zzz"), None), "invalid_option"),
+        (answer(&q, None, Some("a")), "invalid_option"),
+        (answer(&q, Some("b"), Some(" ")), "input_required"),
+    ] {
+        match f.engine(id).await.advance(Some(resp)).await {
+            Err(Error::Answer(e)) => assert_eq!(e.code(), code),
+            other => panic!("expected {code}, got {other:?}"),
+        }
+    }
+    let mut stranger = answer(&q, Some("a"), None);
+    stranger.request_id = delta_protocol::RequestId::new();
+    assert!(matches!(
+        f.engine(id).await.advance(Some(stranger)).await,
+        Err(Error::Answer(e)) if e.code() == "not_found"
+    ));
+    assert_eq!(f.journal(id).await, before);
+    let status = f.store.load(id).await.expect("load").record.status;
+    assert_eq!(status, RunStatus::WaitingForInput);
+
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, Some("b"), Some("because"))))
+        .await;
+    assert_eq!(
+        out.expect("ok"),
+        Outcome::Completed {
+            result: "because".into()
+        }
+    );
+    // A second answer to the same request is refused.
+    assert!(matches!(
+        f.engine(id).await.advance(Some(answer(&q, Some("a"), None))).await,
+        Err(Error::Answer(e)) if e.code() == "already_resolved"
+    ));
+}
+
+const ACTIONS: &str = r#"
+steps:
+  - ask_human:
+      prompt: "how?"
+      options:
+        - {id: info, label: Info}
+        - {id: reject, label: Reject, action: REJECT_WITH_REASON, requires_input: true}
+        - {id: retry, label: Retry, action: RETRY_WITH_FEEDBACK}
+        - {id: skip, label: Skip, action: SKIP}
+        - {id: stop, label: Stop, action: TERMINATE}
+        - {id: custom, label: Custom, action: CUSTOM}
+  - finish: "${observation}"
+"#;
+
+async fn one_answer(
+    f: &Fixture,
+    option: &str,
+    input: Option<&str>,
+    feedback: Option<&str>,
+) -> (Outcome, Vec<JournalEvent>) {
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let mut a = answer(&q, Some(option), input);
+    a.feedback = feedback.map(str::to_owned);
+    a.data = (option == "custom").then(|| json!({"k": 1}));
+    let out = f.engine(id).await.advance(Some(a)).await.expect("advance");
+    (out, f.journal(id).await)
+}
+
+#[tokio::test]
+async fn every_option_action_drives_the_loop() {
+    let f = Fixture::new(ACTIONS);
+
+    let (out, j) = one_answer(&f, "info", None, None).await;
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "chose \"Info\" (option info)".into()
+        }
+    );
+    assert_eq!(results(&j)[0].0, ActionStatus::Success);
+
+    let (out, j) = one_answer(&f, "reject", Some("too risky"), None).await;
+    assert_eq!(
+        results(&j)[0],
+        (ActionStatus::Rejected, "rejected: too risky".into())
+    );
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "rejected: too risky".into()
+        }
+    );
+
+    let (_, j) = one_answer(&f, "retry", None, Some("use staging")).await;
+    let (status, text) = &results(&j)[0];
+    assert_eq!(*status, ActionStatus::Rejected);
+    assert!(text.contains("think again: use staging"), "{text}");
+
+    let (_, j) = one_answer(&f, "skip", None, None).await;
+    assert_eq!(
+        results(&j)[0],
+        (ActionStatus::Skipped, "skipped by tester".into())
+    );
+
+    let (out, j) = one_answer(&f, "stop", None, None).await;
+    assert_eq!(
+        out,
+        Outcome::Cancelled {
+            reason: "terminated by tester".into()
+        }
+    );
+    assert_eq!(results(&j)[0].0, ActionStatus::Rejected);
+    let last = j.last().expect("events");
+    assert!(matches!(&last.event, Event::EngineEnd(e) if e.status == RunStatus::Cancelled));
+
+    let (_, j) = one_answer(&f, "custom", Some("x"), None).await;
+    let v: Value = serde_json::from_str(&results(&j)[0].1).expect("custom observation is JSON");
+    assert_eq!(v["option_id"], "custom");
+    assert_eq!(v["data"], json!({"k": 1}));
+    let rec = j.iter().find_map(|e| match &e.event {
+        Event::HumanInputReceived(r) => Some(r.clone()),
+        _ => None,
+    });
+    assert_eq!(rec.expect("received").action, OptionAction::Custom);
+}
+
+#[tokio::test]
+async fn choices_branch_the_script() {
+    let f = Fixture::with_config(
+        &std::fs::read_to_string("../../examples/agents/chooser/config.yaml").expect("example"),
+        &std::fs::read_to_string("../../examples/agents/chooser/script.yaml").expect("example"),
+    );
+    let (out, _) = one_answer(&f, "staging", None, None).await;
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "staging is ready".into()
+        }
+    );
+    let (out, j) = one_answer(&f, "other", Some("qa-east"), None).await;
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "qa-east is ready".into()
+        }
+    );
+    assert!(results(&j).iter().any(|(_, o)| o == "preparing qa-east\n"));
+    let (out, _) = one_answer(&f, "stop", None, None).await;
+    assert!(matches!(out, Outcome::Cancelled { .. }));
+}
+
+#[tokio::test]
+async fn gated_tools_ask_for_approval_and_run_only_when_approved() {
+    let script = r#"
+steps:
+  - tool: deploy
+    args: {target: prod}
+  - finish: "${observation}"
+"#;
+    let f = Fixture::new(script);
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert_eq!(q.kind, InteractionType::ToolApproval);
+    assert_eq!(q.context["command_line"], "echo deploying prod");
+    assert_eq!(q.context["risk_level"], "high");
+    let ids: Vec<&str> = q.options.iter().map(|o| o.option_id.as_str()).collect();
+    assert_eq!(ids, ["approve", "retry", "reject", "terminate"]);
+
+    // Edited arguments are checked before anything is written.
+    let mut bad = answer(&q, Some("approve"), None);
+    bad.data = Some(json!({"args": {"target": "x", "force": true}}));
+    let before = f.journal(id).await;
+    assert!(matches!(
+        f.engine(id).await.advance(Some(bad)).await,
+        Err(Error::Answer(e)) if e.code() == "invalid_args"
+    ));
+    assert_eq!(f.journal(id).await, before);
+
+    let mut edited = answer(&q, Some("approve"), None);
+    edited.data = Some(json!({"args": {"target": "staging"}}));
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(edited))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "deploying staging\n".into()
+        }
+    );
+    // The edit is journaled as a diff; the request keeps the call as the brain made it.
+    let j = f.journal(id).await;
+    let rec = received(&j).pop().expect("answer journaled");
+    assert_eq!(
+        rec.edited_args,
+        Some(
+            json!({"changed": {"target": {"from": "prod", "to": "staging"}}, "added": {}, "removed": []})
+        )
+    );
+    assert!(j.iter().any(
+        |e| matches!(&e.event, Event::ActionRequest(a) if a.args == json!({"target": "prod"}))
+    ));
+
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, Some("reject"), Some("not today"))))
+        .await;
+    assert_eq!(
+        out.expect("ok"),
+        Outcome::Completed {
+            result: "rejected: not today".into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn sensitive_answers_reach_tools_but_never_the_journal() {
+    let script = r#"
+steps:
+  - ask_human: {prompt: "API key?", sensitive: true}
+  - tool: use_key
+    args: {key: "${answer}"}
+  - finish: "${observation}"
+"#;
+    let f = Fixture::new(script);
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert!(q.is_sensitive());
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, None, Some("hunter2"))))
+        .await
+        .expect("advance");
+    // The tool saw the real key (its test passed) and echoed it; the journal shows "***".
+    let r = results(&f.journal(id).await);
+    assert_eq!(r[1], (ActionStatus::Success, "using ***\n".into()));
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "using ***\n".into()
+        }
+    );
+    for entry in walk(&f.dir.path().join(".delta")) {
+        let text = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains("hunter2"),
+            "secret found in {}",
+            entry.display()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_tool_parameter_is_bound_to_an_earlier_sensitive_answer() {
+    // Hold mode (like -i): the secret stays in this process while another question is asked.
+    let f = Fixture::new(
+        r#"
+steps:
+  - ask_human: {prompt: "API key?", sensitive: true}
+  - ask_human: {prompt: "which env?", options: [{id: staging, label: Staging}]}
+  - tool: use_key
+    args: {key: "${secret}"}
+  - finish: "${observation}"
+"#,
+    );
+    let id = f.start("t").await;
+    let mut engine = f.holding_engine(id).await;
+    let q = paused(engine.advance(None).await.expect("advance"));
+    let q = paused(
+        engine
+            .advance(Some(answer(&q, None, Some("hunter2"))))
+            .await
+            .expect("advance"),
+    );
+    let out = engine
+        .advance(Some(answer(&q, Some("staging"), None)))
+        .await
+        .expect("advance");
+    // use_key checked the real key (exit 0) and echoed it, masked.
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "using ***\n".into()
+        }
+    );
+    let j = f.journal(id).await;
+    let call = j
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::ActionRequest(a) if a.tool == "use_key" => Some(a.args.clone()),
+            _ => None,
+        })
+        .expect("use_key called");
+    assert!(
+        call["key"].as_str().unwrap_or("").starts_with("{{secret:"),
+        "{call}"
+    );
+    assert_eq!(results(&j)[2].0, ActionStatus::Success);
+}
+
+#[tokio::test]
+async fn a_secret_that_looks_like_its_own_reference_is_passed_as_is() {
+    let f = Fixture::new(
+        r#"
+steps:
+  - ask_human: {prompt: "API key?", sensitive: true}
+  - tool: use_key
+    args: {key: "${secret}"}
+  - finish: "${observation}"
+"#,
+    );
+    let id = f.start("t").await;
+    let mut engine = f.holding_engine(id).await;
+    let q = paused(engine.advance(None).await.expect("advance"));
+    let sneaky = format!("{{{{secret:{}}}}}", q.request_id);
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        engine.advance(Some(answer(&q, None, Some(&sneaky)))),
+    )
+    .await
+    .expect("the reference inside the secret is not expanded again (no endless loop)")
+    .expect("advance");
+    assert!(matches!(out, Outcome::Completed { .. }), "{out:?}");
+    let j = f.journal(id).await;
+    assert_eq!(
+        results(&j)[1].0,
+        ActionStatus::Error,
+        "use_key got the literal text, not hunter2"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn expiry_applies_the_default_or_fails_the_run() {
+    let script = r#"
+steps:
+  - ask_human:
+      prompt: "go?"
+      timeout_seconds: 0
+      default_option_id: no
+      options: [{id: yes, label: Yes}, {id: no, label: No, action: REJECT_WITH_REASON, requires_input: true}]
+  - finish: "${observation}"
+"#;
+    let f = Fixture::new(script);
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert!(q.expires_at.is_some());
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert!(matches!(
+        f.engine(id).await.advance(Some(answer(&q, Some("yes"), None))).await,
+        Err(Error::Answer(e)) if e.code() == "expired"
+    ));
+    let out = f.engine(id).await.advance(None).await.expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "rejected: no answer before the timeout".into()
+        }
+    );
+    let j = f.journal(id).await;
+    let rec = j.iter().find_map(|e| match &e.event {
+        Event::HumanInputReceived(r) => Some(r.clone()),
+        _ => None,
+    });
+    assert_eq!(rec.expect("received").responder.via, Via::Timeout);
+
+    let f = Fixture::new(
+        "steps:\n  - ask_human: {prompt: \"x\", timeout_seconds: 0}\n  - finish: done\n",
+    );
+    let id = f.start("t").await;
+    paused(f.engine(id).await.advance(None).await.expect("advance"));
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let out = f.engine(id).await.advance(None).await.expect("advance");
+    assert!(
+        matches!(out, Outcome::Failed { ref error } if error.contains("expired")),
+        "{out:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_huge_timeout_never_expires_and_the_journal_reads_back() {
+    // Regression: a `timeout_seconds` between i64::MAX / 1000 and i64::MAX panicked the engine
+    // (chrono's TimeDelta bound), and any other one reaching past year 9999 journaled an
+    // `expires_at` in year +262142 that made the journal unreadable.
+    for secs in [
+        "10000000000000000",
+        "9000000000000000",
+        "18446744073709551615",
+    ] {
+        let f = Fixture::new(&format!(
+            "steps:\n  - ask_human: {{prompt: \"x\", timeout_seconds: {secs}}}\n  - finish: \"${{answer}}\"\n"
+        ));
+        let id = f.start("t").await;
+        let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+        assert_eq!(
+            q.expires_at.map(|t| t.to_string()).as_deref(),
+            Some("9999-12-31T23:59:59.999999Z")
+        );
+        let out = f
+            .engine(id)
+            .await
+            .advance(Some(answer(&q, None, Some("Ada"))))
+            .await
+            .expect("the journal reads back and the answer is in time");
+        assert_eq!(
+            out,
+            Outcome::Completed {
+                result: "Ada".into()
+            }
+        );
+    }
+}
+
+/// The journal without what differs between an uninterrupted run and a resumed one: engine
+/// starts and non-terminal ends, system messages, times, durations and request ids.
+fn semantic(journal: &[JournalEvent]) -> Vec<Value> {
+    let mut ids = vec![];
+    journal
+        .iter()
+        .filter(|e| match &e.event {
+            Event::EngineStart(_) | Event::SystemMessage(_) => false,
+            Event::EngineEnd(end) => end.status.is_terminal(),
+            _ => true,
+        })
+        .map(|e| {
+            let mut v = serde_json::to_value(&e.event).expect("json");
+            let p = &mut v["payload"];
+            for key in ["timestamp", "expires_at"] {
+                if p.get(key).is_some() {
+                    p[key] = json!("T");
+                }
+            }
+            if p.get("duration_ms").is_some() {
+                p["duration_ms"] = json!(0);
+            }
+            if let Some(id) = p
+                .get("request_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+            {
+                let n = ids.iter().position(|i| i == &id).unwrap_or_else(|| {
+                    ids.push(id.clone());
+                    ids.len() - 1
+                });
+                p["request_id"] = json!(n);
+            }
+            v
+        })
+        .collect()
+}
+
+const REPLAY: &str = r#"
+steps:
+  - think: "start"
+  - tool: count
+    args: {label: one}
+  - ask_human: {prompt: "name?"}
+  - tool: count
+    args: {label: "${answer}"}
+  - ask_human:
+      prompt: "colour?"
+      options: [{id: red, label: Red}, {id: blue, label: Blue}]
+  - branch:
+      red:
+        - tool: count
+          args: {label: red}
+      blue:
+        - tool: echo
+          args: {text: blue}
+  - finish: "done ${answer}"
+"#;
+
+/// Drives a run to its end, answering each question the same way.
+async fn drive(f: &Fixture, id: RunId) -> Outcome {
+    for _ in 0..10 {
+        let out = f.engine(id).await.advance(None).await.expect("advance");
+        let Outcome::Paused(q) = out else { return out };
+        let a = if q.options.is_empty() {
+            answer(&q, None, Some("Ada"))
+        } else {
+            answer(&q, Some("red"), None)
+        };
+        let out = f.engine(id).await.advance(Some(a)).await.expect("advance");
+        if !matches!(out, Outcome::Paused(_)) {
+            return out;
+        }
+    }
+    panic!("run did not finish");
+}
+
+#[tokio::test]
+async fn a_run_cut_after_any_event_resumes_to_the_same_journal_without_extra_effects() {
+    let f = Fixture::new(REPLAY);
+    let id = f.start("t").await;
+    let out = drive(&f, id).await;
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "done red".into()
+        }
+    );
+    let full = f.journal(id).await;
+    let reference = semantic(&full);
+    let total_counts = f.counter("counter");
+    assert_eq!(total_counts, 3);
+
+    for cut in 1..full.len() {
+        let g = Fixture::new(REPLAY);
+        let rec = RunRecord::new(id, "t", "t", RunStatus::Running);
+        g.store.create(rec).await.expect("create");
+        // What a crash right after event `cut` leaves on disk: the journal prefix.
+        let exec = g.store.execution_dir(id);
+        let prefix: String = full[..cut]
+            .iter()
+            .map(delta_protocol::journal::to_line)
+            .collect();
+        std::fs::write(exec.join("journal.jsonl"), prefix).expect("write prefix");
+        // Count tool runs already journaled as done in the prefix.
+        let done_before = full[..cut]
+            .iter()
+            .filter(|e| matches!(&e.event, Event::ActionResult(r) if r.observation_content.starts_with("counted")))
+            .count();
+        let out = drive(&g, id).await;
+        assert_eq!(
+            out,
+            Outcome::Completed {
+                result: "done red".into()
+            },
+            "cut at {cut}"
+        );
+        let resumed = g.journal(id).await;
+        assert_eq!(semantic(&resumed), reference, "cut after event {cut}");
+        assert_eq!(
+            g.counter("counter"),
+            total_counts - done_before,
+            "cut after event {cut}: only steps without a journaled result run again"
+        );
+        // Replaying a finished run again has no effect at all.
+        let again = g.engine(id).await.advance(None).await.expect("advance");
+        assert_eq!(again, out);
+        assert_eq!(g.journal(id).await, resumed);
+        assert_eq!(g.counter("counter"), total_counts - done_before);
+    }
+}
+
+#[tokio::test]
+async fn an_unfinished_non_idempotent_action_asks_whether_it_already_ran() {
+    let f = Fixture::new(
+        "steps:\n  - tool: record\n    args: {line: once}\n  - finish: \"${observation}\"\n",
+    );
+    let id = f.start("t").await;
+    f.engine(id).await.advance(None).await.expect("advance");
+    let full = f.journal(id).await;
+    let cut = full
+        .iter()
+        .position(|e| matches!(e.event, Event::ActionRequest(_)))
+        .expect("request")
+        + 1;
+
+    for (option, input, status, result) in [
+        ("skip", None, ActionStatus::Skipped, "skipped by tester"),
+        ("mark_done", Some("it ran"), ActionStatus::Success, "it ran"),
+        ("rerun", None, ActionStatus::Success, "recorded\n"),
+    ] {
+        let g = Fixture::new(
+            "steps:\n  - tool: record\n    args: {line: once}\n  - finish: \"${observation}\"\n",
+        );
+        g.store
+            .create(RunRecord::new(id, "t", "t", RunStatus::Running))
+            .await
+            .expect("create");
+        let prefix: String = full[..cut]
+            .iter()
+            .map(delta_protocol::journal::to_line)
+            .collect();
+        std::fs::write(g.store.execution_dir(id).join("journal.jsonl"), prefix).expect("write");
+        let q = paused(g.engine(id).await.advance(None).await.expect("advance"));
+        assert_eq!(q.kind, InteractionType::ToolApproval);
+        assert_eq!(q.context["may_have_run"], true);
+        let out = g
+            .engine(id)
+            .await
+            .advance(Some(answer(&q, Some(option), input)))
+            .await
+            .expect("ok");
+        assert_eq!(
+            out,
+            Outcome::Completed {
+                result: result.into()
+            },
+            "{option}"
+        );
+        assert_eq!(results(&g.journal(id).await)[0].0, status);
+        assert_eq!(g.counter("records"), usize::from(option == "rerun"));
+    }
+}
+
+#[tokio::test]
+async fn cancellation_interrupts_a_running_tool_and_the_resume_runs_it_again() {
+    let f = Fixture::new("steps:\n  - tool: slow\n    args: {secs: \"30\"}\n  - finish: ok\n");
+    let id = f.start("t").await;
+    let cancel = CancellationToken::new();
+    let run = f.store.load(id).await.expect("load");
+    let mut engine = f.engine_for(run, cancel.clone());
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        c.cancel();
+    });
+    let started = std::time::Instant::now();
+    assert_eq!(
+        engine.advance(None).await.expect("advance"),
+        Outcome::Interrupted
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let rec = f.store.load(id).await.expect("load").record;
+    assert_eq!(rec.status, RunStatus::Interrupted);
+    let j = f.journal(id).await;
+    assert!(
+        results(&j).is_empty(),
+        "the interrupted action has no result"
+    );
+    assert!(
+        matches!(&j.last().expect("end").event, Event::EngineEnd(e) if e.status == RunStatus::Interrupted)
+    );
+}
+
+#[tokio::test]
+async fn max_iterations_fails_the_run() {
+    let f = Fixture::with_config(
+        &format!("name: t\nbrain: scripted\nmax_iterations: 2\n{TOOLS}"),
+        "steps:\n  - think: a\n  - think: b\n  - think: c\n  - finish: never\n",
+    );
+    let id = f.start("t").await;
+    let out = f.engine(id).await.advance(None).await.expect("advance");
+    assert!(
+        matches!(out, Outcome::Failed { ref error } if error.contains("max_iterations (2)")),
+        "{out:?}"
+    );
+}
+
+#[tokio::test]
+async fn bad_tool_arguments_become_an_error_observation() {
+    let f = Fixture::new("steps:\n  - tool: echo\n    args: {}\n  - finish: \"${observation}\"\n");
+    let id = f.start("t").await;
+    let out = f.engine(id).await.advance(None).await.expect("advance");
+    assert!(
+        matches!(out, Outcome::Completed { ref result } if result.contains("missing required parameter `text`")),
+        "{out:?}"
+    );
+    assert_eq!(results(&f.journal(id).await)[0].0, ActionStatus::Error);
+}
+
+#[tokio::test]
+async fn a_hanging_tool_is_killed_at_its_timeout_and_journaled_as_error() {
+    let f = Fixture::with_config(
+        "name: t\nbrain: scripted\ntools:\n  - name: hang\n    exec: \"sleep 30\"\n    timeout_s: 1\n",
+        "steps:\n  - tool: hang\n  - finish: \"${observation}\"\n",
+    );
+    let id = f.start("t").await;
+    let started = std::time::Instant::now();
+    let out = f.engine(id).await.advance(None).await.expect("advance");
+    assert!(started.elapsed() < std::time::Duration::from_secs(15));
+    let r = results(&f.journal(id).await);
+    assert_eq!(r[0].0, ActionStatus::Error);
+    assert!(r[0].1.contains("timed out after 1s"), "{}", r[0].1);
+    assert!(matches!(out, Outcome::Completed { .. }));
+}
+
+#[tokio::test]
+async fn a_scripted_plan_is_journaled_with_its_risk() {
+    let f = Fixture::new(
+        "steps:\n  - plan:\n      - {description: \"say hello\", tool: echo}\n      - {description: \"ship it\", tool: deploy}\n  - finish: planned\n",
+    );
+    let id = f.start("t").await;
+    let out = f.engine(id).await.advance(None).await.expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "planned".into()
+        }
+    );
+    let plan = f
+        .journal(id)
+        .await
+        .into_iter()
+        .find_map(|e| match e.event {
+            Event::Plan(p) => Some(p),
+            _ => None,
+        })
+        .expect("a PLAN event");
+    let risks: Vec<_> = plan.tasks.iter().map(|t| (t.index, t.risk)).collect();
+    assert_eq!(risks, [(1, RiskLevel::Low), (2, RiskLevel::High)]);
+    assert_eq!(plan.risk_level, RiskLevel::High);
+}
+
+#[tokio::test]
+async fn dangerous_if_decides_approval_per_call() {
+    let f = Fixture::with_config(
+        "name: t\nbrain: scripted\ntools:\n  - name: ship\n    exec: \"echo shipping ${env}\"\n    \
+         approval: when_dangerous\n    dangerous_if: {env: \"^prod\"}\n",
+        "steps:\n  - tool: ship\n    args: {env: staging}\n  - tool: ship\n    args: {env: prod-eu}\n  - finish: \"${observation}\"\n",
+    );
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    // The staging call ran without a question; the prod one waits for approval.
+    assert_eq!(
+        results(&f.journal(id).await),
+        [(ActionStatus::Success, "shipping staging\n".to_owned())]
+    );
+    assert_eq!(q.kind, InteractionType::ToolApproval);
+    assert_eq!(q.context["tool"], "ship");
+    assert_eq!(q.context["args"], json!({"env": "prod-eu"}));
+    assert_eq!(q.context["command_line"], "echo shipping prod-eu");
+    assert_eq!(q.context["risk_level"], "high");
+    assert_eq!(q.context["dangerous_because"], "`env` matches /^prod/");
+    assert!(q.option("approve").expect("approve").is_dangerous);
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, Some("approve"), None)))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "shipping prod-eu\n".into()
+        }
+    );
+}
+
+const PLANNED: &str = r#"
+steps:
+  - plan:
+      - {description: "say hello", tool: echo}
+      - {description: "ship ${task}", tool: deploy}
+    revise:
+      - {description: "say hello", tool: echo}
+      - {description: "ship ${task} after ${answer}", tool: deploy}
+  - tool: echo
+    args: {text: "carrying out the plan"}
+  - finish: "${observation}"
+"#;
+
+fn planned(extra: &str) -> Fixture {
+    Fixture::with_config(
+        &format!("name: t\nbrain: scripted\nconfirm_plan: true\n{extra}{TOOLS}"),
+        PLANNED,
+    )
+}
+
+#[tokio::test]
+async fn a_plan_is_confirmed_before_the_run_goes_on() {
+    let f = planned("");
+    let id = f.start("v2").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert_eq!(q.kind, InteractionType::UserConfirmation);
+    assert!(q.is_plan_confirmation());
+    let ids: Vec<&str> = q.options.iter().map(|o| o.option_id.as_str()).collect();
+    assert_eq!(ids, ["confirm", "modify", "cancel"]);
+    assert_eq!(q.context["risk_level"], "high", "deploy is dangerous");
+    assert_eq!(q.context["plan"][1]["description"], "ship v2");
+    assert_eq!(q.context["plan"][1]["risk"], "high");
+    assert_eq!(q.context["round"], 1);
+    assert!(
+        q.details
+            .as_deref()
+            .unwrap_or("")
+            .contains("2. ship v2 (tool deploy) [risk high]")
+    );
+    let before = f.journal(id).await;
+    assert!(
+        results(&before).is_empty(),
+        "nothing runs before the plan is confirmed"
+    );
+
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, Some("confirm"), None)))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "carrying out the plan\n".into()
+        }
+    );
+    let j = f.journal(id).await;
+    assert_eq!(received(&j)[0].action, OptionAction::ApproveAndExecute);
+    assert_eq!(plans(&j).len(), 1);
+}
+
+#[tokio::test]
+async fn modifying_a_plan_asks_the_brain_again_up_to_max_plan_rounds() {
+    let f = planned("max_plan_rounds: 3\n");
+    let id = f.start("v2").await;
+    let q1 = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let before = f.journal(id).await;
+
+    // Bad edits are refused and change nothing.
+    let mut no_feedback = answer(&q1, Some("modify"), None);
+    no_feedback.input = Some("  ".into());
+    let mut not_a_list = answer(&q1, Some("modify"), None);
+    not_a_list.data = Some(json!({"tasks": "deploy it all"}));
+    let mut unknown_tool = answer(&q1, Some("modify"), None);
+    unknown_tool.data = Some(json!({"tasks": [{"description": "x", "tool": "rm_rf"}]}));
+    for (bad, code, says) in [
+        (no_feedback, "input_required", "modify"),
+        (not_a_list, "invalid_args", "a task list is a JSON list"),
+        (unknown_tool, "invalid_args", "unknown tool `rm_rf`"),
+    ] {
+        match f.engine(id).await.advance(Some(bad)).await {
+            Err(Error::Answer(e)) => {
+                assert_eq!(e.code(), code);
+                assert!(e.to_string().contains(says), "{e}");
+            }
+            other => panic!("expected {code}, got {other:?}"),
+        }
+    }
+    assert_eq!(f.journal(id).await, before);
+
+    // Feedback: the script's `revise` plan, round 2.
+    let q2 = paused(
+        f.engine(id)
+            .await
+            .advance(Some(answer(&q1, Some("modify"), Some("the smoke tests"))))
+            .await
+            .expect("advance"),
+    );
+    let j = f.journal(id).await;
+    let p = plans(&j);
+    assert_eq!(p.len(), 2);
+    assert_eq!(p[1].round, 2);
+    assert_eq!(p[1].tasks[1].description, "ship v2 after the smoke tests");
+    assert_eq!(q2.context["round"], 2);
+    assert!(q2.option("modify").is_some());
+
+    // An edited task list: the plan becomes the person's, round 3, the last one.
+    let mut edit = answer(&q2, Some("modify"), None);
+    edit.data = Some(json!({"tasks": ["look around", {"description": "ship", "tool": "deploy"}]}));
+    let q3 = paused(
+        f.engine(id)
+            .await
+            .advance(Some(edit))
+            .await
+            .expect("advance"),
+    );
+    let p = plans(&f.journal(id).await);
+    assert_eq!(p[2].round, 3);
+    let tasks: Vec<(&str, Option<&str>, RiskLevel)> = p[2]
+        .tasks
+        .iter()
+        .map(|t| (t.description.as_str(), t.tool.as_deref(), t.risk))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            ("look around", None, RiskLevel::Low),
+            ("ship", Some("deploy"), RiskLevel::High)
+        ]
+    );
+    let ids: Vec<&str> = q3.options.iter().map(|o| o.option_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["confirm", "cancel"],
+        "the last round cannot be modified"
+    );
+    assert!(matches!(
+        f.engine(id).await.advance(Some(answer(&q3, Some("modify"), Some("again")))).await,
+        Err(Error::Answer(e)) if e.code() == "invalid_option"
+    ));
+
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q3, Some("confirm"), None)))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "carrying out the plan\n".into()
+        }
+    );
+    // The script went on from the step after the plan, once.
+    let j = f.journal(id).await;
+    assert_eq!(
+        results(&j),
+        [(ActionStatus::Success, "carrying out the plan\n".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn cancelling_a_plan_cancels_the_run() {
+    let f = planned("");
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, Some("cancel"), None)))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Cancelled {
+            reason: "plan cancelled by tester".into()
+        }
+    );
+    let j = f.journal(id).await;
+    assert!(results(&j).is_empty());
+    assert!(
+        matches!(&j.last().expect("end").event, Event::EngineEnd(e) if e.status == RunStatus::Cancelled)
+    );
+}
+
+#[tokio::test]
+async fn an_unanswered_plan_takes_plan_default_at_its_timeout() {
+    for (default, confirmed) in [("confirm", true), ("cancel", false)] {
+        let f = planned(&format!(
+            "plan_timeout_seconds: 0\nplan_default: {default}\ninteraction_defaults: {{timeout_seconds: 900}}\n"
+        ));
+        let id = f.start("t").await;
+        let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+        assert_eq!(q.timeout_seconds, Some(0), "plan_timeout_seconds wins");
+        assert_eq!(q.default_option_id.as_deref(), Some(default));
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let out = f.engine(id).await.advance(None).await.expect("advance");
+        assert_eq!(
+            matches!(out, Outcome::Completed { .. }),
+            confirmed,
+            "{out:?}"
+        );
+        assert_eq!(
+            matches!(out, Outcome::Cancelled { .. }),
+            !confirmed,
+            "{out:?}"
+        );
+        let rec = received(&f.journal(id).await)
+            .pop()
+            .expect("the default was journaled");
+        assert_eq!(rec.option_id.as_deref(), Some(default));
+        assert_eq!(rec.responder.via, Via::Timeout);
+    }
+}
+
+#[tokio::test]
+async fn a_plan_cut_after_any_event_resumes_to_the_same_journal() {
+    // Confirm after one modify: every prefix of that journal resumes to the same end.
+    let f = planned("");
+    let id = f.start("v2").await;
+    let q1 = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let q2 = paused(
+        f.engine(id)
+            .await
+            .advance(Some(answer(&q1, Some("modify"), Some("tests"))))
+            .await
+            .expect("advance"),
+    );
+    f.engine(id)
+        .await
+        .advance(Some(answer(&q2, Some("confirm"), None)))
+        .await
+        .expect("advance");
+    let full = f.journal(id).await;
+    let reference = semantic(&full);
+    for cut in 1..full.len() {
+        let g = planned("");
+        g.store
+            .create(RunRecord::new(id, "t", "v2", RunStatus::Running))
+            .await
+            .expect("create");
+        let prefix: String = full[..cut]
+            .iter()
+            .map(delta_protocol::journal::to_line)
+            .collect();
+        std::fs::write(g.store.execution_dir(id).join("journal.jsonl"), prefix).expect("write");
+        let mut out = g.engine(id).await.advance(None).await.expect("advance");
+        for _ in 0..4 {
+            let Outcome::Paused(q) = out else { break };
+            let a = if q.context["round"] == 1 {
+                answer(&q, Some("modify"), Some("tests"))
+            } else {
+                answer(&q, Some("confirm"), None)
+            };
+            out = g.engine(id).await.advance(Some(a)).await.expect("advance");
+        }
+        assert!(
+            matches!(out, Outcome::Completed { .. }),
+            "cut {cut}: {out:?}"
+        );
+        assert_eq!(
+            semantic(&g.journal(id).await),
+            reference,
+            "cut after event {cut}"
+        );
+    }
+}

@@ -1,0 +1,148 @@
+//! What every binary's `main` does the same way: logging, tracing export and the async runtime.
+//!
+//! Logs go to stderr, filtered by `DELTA_LOG`. When `OTEL_EXPORTER_OTLP_ENDPOINT` is set, spans
+//! are also exported over OTLP (gRPC) to that collector; otherwise nothing is exported and no
+//! exporter runs. Either way a run's W3C `traceparent` travels on its NATS messages: with export on
+//! the worker's own span becomes the parent of the next hop, with it off the incoming one is passed
+//! through unchanged, so a trace is never cut by a host that does not export.
+
+pub mod settings;
+
+use std::collections::HashMap;
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Flushes exported spans when dropped (at the end of `main`).
+#[must_use = "dropping it at once stops the span export"]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take()
+            && let Err(e) = p.shutdown()
+        {
+            eprintln!("warning: could not flush traces: {e}");
+        }
+    }
+}
+
+/// Installs logging (`DELTA_LOG`, else `default`) and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is
+/// set, OTLP span export as `service`. Call it once, with the runtime the binary will use.
+pub fn init_logging(default: &str, service: &str, rt: &tokio::runtime::Runtime) -> Telemetry {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DELTA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or_default();
+    let provider = if endpoint.trim().is_empty() {
+        None
+    } else {
+        // tonic's channel needs the runtime to exist when it is built.
+        let _entered = rt.enter();
+        match opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()
+        {
+            Ok(exporter) => Some(
+                SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(
+                        opentelemetry_sdk::Resource::builder()
+                            .with_service_name(service.to_owned())
+                            .build(),
+                    )
+                    .build(),
+            ),
+            Err(e) => {
+                eprintln!(
+                    "warning: OTEL_EXPORTER_OTLP_ENDPOINT={endpoint}: cannot export traces ({e}); \
+                     going on without"
+                );
+                None
+            }
+        }
+    };
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer(service.to_owned()))
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
+    use tracing_subscriber::Layer as _;
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(otel)
+        .try_init();
+    Telemetry { provider }
+}
+
+/// Makes `span` a child of the trace in `traceparent` (a W3C header value), when there is one.
+pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>) {
+    let Some(tp) = traceparent else { return };
+    let carrier = HashMap::from([("traceparent".to_owned(), tp.to_owned())]);
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    // Fails only when the span is not exported (no OpenTelemetry layer): nothing to link then.
+    let _ = span.set_parent(cx);
+}
+
+/// The `traceparent` to write on messages sent from within `span`: the span itself when it is
+/// exported, else `incoming` unchanged.
+pub fn traceparent(span: &tracing::Span, incoming: Option<&str>) -> Option<String> {
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
+    carrier
+        .remove("traceparent")
+        .or_else(|| incoming.map(str::to_owned))
+}
+
+/// A token cancelled on the first SIGINT or SIGTERM: a binary's shutdown trigger. Call it from
+/// within the runtime.
+pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
+            s.cancel();
+        }
+    });
+    shutdown
+}
+
+/// The multi-threaded runtime; on failure, says so and exits 1.
+pub fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_export_the_incoming_traceparent_passes_through() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let span = tracing::info_span!("job");
+        continue_trace(&span, Some(tp));
+        assert_eq!(traceparent(&span, Some(tp)).as_deref(), Some(tp));
+        assert_eq!(traceparent(&span, None), None);
+    }
+}

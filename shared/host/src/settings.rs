@@ -1,0 +1,159 @@
+//! Settings of the fleet's binaries: `--name value` / `--name=value` flags win over `DELTA_*`
+//! environment variables (PROTOCOL.md §9), which win over defaults. Every bad value is collected
+//! so that a binary reports them all at once (and exits 64) instead of the first one only.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use delta_protocol::secret::SecretsKey;
+
+/// One setting: its environment name, its flag (without `--`) and its default.
+pub type Setting = (&'static str, &'static str, &'static str);
+
+/// Flags and environment read against a table of settings, with the errors found so far.
+pub struct Settings<'a> {
+    table: &'a [Setting],
+    flags: HashMap<&'static str, String>,
+    env: &'a HashMap<String, String>,
+    /// Every problem found, in the words a user needs to fix it.
+    pub errors: Vec<String>,
+}
+
+impl<'a> Settings<'a> {
+    /// Reads `args` (flags only) against `table`; unknown flags and missing values are errors.
+    pub fn parse(table: &'a [Setting], args: &[String], env: &'a HashMap<String, String>) -> Self {
+        let mut errors = vec![];
+        let mut flags = HashMap::new();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let Some(body) = a.strip_prefix("--") else {
+                errors.push(format!("unexpected argument `{a}`"));
+                continue;
+            };
+            let (name, value) = match body.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_owned())),
+                None => (body, None),
+            };
+            let Some((_, flag, _)) = table.iter().find(|(_, f, _)| *f == name) else {
+                errors.push(format!("unknown flag `--{name}` (see --help)"));
+                // Its value, if any, is part of the same mistake.
+                if value.is_none() && it.as_slice().first().is_some_and(|n| !n.starts_with("--")) {
+                    it.next();
+                }
+                continue;
+            };
+            match value.or_else(|| it.next().cloned()) {
+                Some(v) => {
+                    flags.insert(*flag, v);
+                }
+                None => errors.push(format!("`--{name}` needs a value")),
+            }
+        }
+        Self {
+            table,
+            flags,
+            env,
+            errors,
+        }
+    }
+
+    /// The value of a setting and where it came from (`--flag` or the variable's name).
+    pub fn get(&self, env_name: &str) -> (String, String) {
+        let (_, flag, default) = self
+            .table
+            .iter()
+            .find(|(e, _, _)| *e == env_name)
+            .copied()
+            .unwrap_or(("", "", ""));
+        match (self.flags.get(flag), self.env.get(env_name)) {
+            (Some(v), _) => (v.clone(), format!("--{flag}")),
+            (None, Some(v)) => (v.clone(), env_name.to_owned()),
+            (None, None) => (default.to_owned(), format!("--{flag}")),
+        }
+    }
+
+    /// A whole number ≥ `min`.
+    pub fn number(&mut self, env_name: &str, min: u64) -> u64 {
+        let (v, from) = self.get(env_name);
+        match v.trim().parse::<u64>() {
+            Ok(n) if n >= min => n,
+            _ => {
+                self.errors
+                    .push(format!("{from}: `{v}` is not a whole number ≥ {min}"));
+                min
+            }
+        }
+    }
+
+    /// A URL with one of `schemes` (e.g. `["nats", "tls"]`).
+    pub fn url(&mut self, env_name: &str, schemes: &[&str]) -> String {
+        let (v, from) = self.get(env_name);
+        if !schemes.iter().any(|s| v.starts_with(&format!("{s}://"))) {
+            let want = schemes
+                .iter()
+                .map(|s| format!("{s}://"))
+                .collect::<Vec<_>>()
+                .join(" or ");
+            self.errors
+                .push(format!("{from}: `{v}` is not a {want} URL"));
+        }
+        v
+    }
+
+    /// The key prefix: letters, digits, `-` or `_`.
+    pub fn prefix(&mut self, env_name: &str) -> String {
+        let (v, from) = self.get(env_name);
+        let valid = !v.is_empty()
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            self.errors
+                .push(format!("{from}: `{v}` must be letters, digits, `-` or `_`"));
+        }
+        v
+    }
+
+    /// A directory that must exist.
+    pub fn dir(&mut self, env_name: &str, what: &str) -> std::path::PathBuf {
+        let (v, from) = self.get(env_name);
+        if !std::path::Path::new(&v).is_dir() {
+            self.errors
+                .push(format!("{from}: `{v}` is not a directory of {what}"));
+        }
+        v.into()
+    }
+
+    /// The secrets key (64 hex digits), or none when the setting is empty.
+    pub fn secrets_key(&mut self, env_name: &str) -> Option<Arc<SecretsKey>> {
+        let (v, from) = self.get(env_name);
+        if v.is_empty() {
+            return None;
+        }
+        match SecretsKey::from_hex(&v) {
+            Ok(k) => Some(Arc::new(k)),
+            Err(e) => {
+                self.errors.push(format!("{from}: {e}"));
+                None
+            }
+        }
+    }
+
+    /// The errors, if any: `Err` with all of them.
+    pub fn finish(self) -> Result<(), Vec<String>> {
+        if self.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(self.errors)
+        }
+    }
+}
+
+/// Prints a binary's flags, their variables and defaults (for `--help`).
+pub fn usage(binary: &str, table: &[Setting]) -> String {
+    let mut s =
+        format!("{binary} [--flag value]…; flags and their DELTA_* variables (defaults):\n");
+    for (env, flag, default) in table {
+        s.push_str(&format!("  --{flag:<16} {env:<28} ({default})\n"));
+    }
+    s
+}

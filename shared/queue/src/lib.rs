@@ -1,0 +1,933 @@
+//! The fleet's queue: NATS JetStream (PROTOCOL.md §4). The only module that speaks async-nats.
+//!
+//! At start it creates or updates, idempotently, the job stream (work-queue retention, file
+//! storage, `discard: new`), the dead-letter stream, the interactions stream (limits retention,
+//! 7 days) and the durable pull consumer shared by all workers (explicit ack, `ack_wait`,
+//! `max_deliver`, `max_ack_pending`). Jobs are published with `Nats-Msg-Id` so that a repeat
+//! inside the duplicate window is dropped by the server. A delivery carries its fencing token,
+//! `(stream sequence, delivery count)`, for the run store.
+//!
+//! A job whose worker dies on its last delivery would otherwise stay in the work queue forever:
+//! JetStream only announces it with a `MAX_DELIVERIES` advisory on core NATS. A small stream,
+//! `<P>_EXHAUSTED`, keeps those advisories (so none is lost while no worker listens), and workers
+//! take them from the durable consumer `<p>-exhausted` to dead-letter the job ([`Exhausted`]).
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, AckKind, consumer, stream};
+use futures_util::StreamExt;
+
+use delta_protocol::{InteractionRequest, Job, RequestId, Resolved, Timestamp};
+
+/// A queue operation that failed; the message says which and why.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot connect to NATS at {url}: {message}")]
+    Connect { url: String, message: String },
+    #[error("JetStream setup of {what}: {message}")]
+    Setup { what: String, message: String },
+    #[error("publish to {subject}: {message}")]
+    Publish { subject: String, message: String },
+    #[error("fetch from {consumer}: {message}")]
+    Fetch { consumer: String, message: String },
+    #[error("acknowledging a job: {0}")]
+    Ack(String),
+}
+
+/// Stream, subject and consumer names under one prefix (`DELTA_KEY_PREFIX`, default `delta`).
+#[derive(Clone, Debug)]
+pub struct Names {
+    prefix: String,
+}
+
+impl Names {
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+    pub fn jobs_stream(&self) -> String {
+        format!("{}_JOBS", self.prefix.to_uppercase())
+    }
+    pub fn dlq_stream(&self) -> String {
+        format!("{}_DLQ", self.prefix.to_uppercase())
+    }
+    pub fn interactions_stream(&self) -> String {
+        format!("{}_INTERACTIONS", self.prefix.to_uppercase())
+    }
+    pub fn consumer(&self) -> String {
+        format!("{}-workers", self.prefix)
+    }
+    pub fn exhausted_stream(&self) -> String {
+        format!("{}_EXHAUSTED", self.prefix.to_uppercase())
+    }
+    pub fn exhausted_consumer(&self) -> String {
+        format!("{}-exhausted", self.prefix)
+    }
+    /// Where JetStream announces a job that used up `max_deliver` on the workers' consumer.
+    pub fn exhausted_advisory(&self) -> String {
+        format!(
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
+            self.jobs_stream(),
+            self.consumer()
+        )
+    }
+    pub fn jobs_subject(&self, agent: &str) -> String {
+        format!("{}.jobs.{agent}", self.prefix)
+    }
+    pub fn dlq_subject(&self, agent: &str) -> String {
+        format!("{}.dlq.{agent}", self.prefix)
+    }
+    pub fn requested_subject(&self, agent: &str, run: &str) -> String {
+        format!("{}.interactions.requested.{agent}.{run}", self.prefix)
+    }
+    pub fn resolved_subject(&self, agent: &str, run: &str) -> String {
+        format!("{}.interactions.resolved.{agent}.{run}", self.prefix)
+    }
+    /// Where bots answer a request (core NATS request-reply).
+    pub fn respond_subject(&self, request_id: &str) -> String {
+        format!("{}.interactions.respond.{request_id}", self.prefix)
+    }
+    /// The queue group the gateways serve the respond subjects in.
+    pub fn gateway_group(&self) -> String {
+        format!("{}-gateway", self.prefix)
+    }
+    /// Where workers say that a run resumed on an answer (core NATS, for the gateways' metrics).
+    pub fn resumed_subject(&self) -> String {
+        format!("{}.events.resumed", self.prefix)
+    }
+}
+
+/// Consumer settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How long a delivery may stay unacknowledged (heartbeats extend it).
+    pub ack_wait: Duration,
+    /// Deliveries of one job before it is dead-lettered.
+    pub max_deliver: i64,
+    /// Unacknowledged jobs in flight across all workers.
+    pub max_ack_pending: i64,
+    /// How long interaction events are kept for bots that catch up.
+    pub interactions_max_age: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            ack_wait: Duration::from_secs(30),
+            max_deliver: 5,
+            max_ack_pending: 10_000,
+            interactions_max_age: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// Who connects: workers set the consumers' settings, gateways leave them as they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Worker,
+    Gateway,
+}
+
+/// JetStream's figures for `GET /v1/queue`.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Stats {
+    /// Jobs waiting for a worker.
+    pub pending: u64,
+    /// Jobs delivered and not yet acknowledged.
+    pub in_flight: u64,
+    /// Jobs delivered more than once and not yet acknowledged.
+    pub redelivered: u64,
+    /// Pull requests waiting for jobs (idle worker slots).
+    pub waiting_pulls: u64,
+    /// Messages in the dead-letter stream.
+    pub dead_lettered: u64,
+}
+
+/// A message of the interactions stream, for live views: its stream sequence, `requested` or
+/// `resolved`, and its JSON.
+#[derive(Clone, Debug)]
+pub struct InteractionEvent {
+    pub seq: u64,
+    pub kind: &'static str,
+    pub payload: Vec<u8>,
+}
+
+/// A job in the dead-letter stream: why it was put there and what it was.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    /// Its sequence in the dead-letter stream (what `retry` and `drop` name).
+    pub seq: u64,
+    /// The agent its subject names.
+    pub agent: String,
+    /// Why it was dead-lettered (`Delta-Dlq-Reason`).
+    pub reason: String,
+    /// Its sequence in the job stream (`Delta-Stream-Seq`).
+    pub job_seq: Option<u64>,
+    /// When it was dead-lettered.
+    pub at: Timestamp,
+    /// The job, when the payload is one (a poison job may be anything).
+    pub job: Option<Job>,
+    /// The payload as it was, lossily decoded and cut to 1 KiB.
+    pub payload: String,
+    pub traceparent: Option<String>,
+}
+
+impl DeadLetter {
+    fn from_parts(
+        seq: u64,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        payload: &[u8],
+        at_nanos: i128,
+        prefix: &str,
+    ) -> Self {
+        let header = |name: &str| {
+            headers
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+        };
+        let mut text = String::from_utf8_lossy(payload).into_owned();
+        if text.len() > 1024 {
+            let mut cut = 1024;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+            text.push('…');
+        }
+        DeadLetter {
+            seq,
+            agent: subject
+                .strip_prefix(&format!("{prefix}.dlq."))
+                .unwrap_or(subject)
+                .to_owned(),
+            reason: header("Delta-Dlq-Reason").unwrap_or_default(),
+            job_seq: header("Delta-Stream-Seq").and_then(|s| s.parse().ok()),
+            at: i64::try_from(at_nanos / 1000)
+                .ok()
+                .and_then(Timestamp::from_micros)
+                .unwrap_or_else(Timestamp::now),
+            job: Job::decode(payload).ok(),
+            payload: text,
+            traceparent: header("traceparent"),
+        }
+    }
+}
+
+/// A connection to the fleet's streams.
+#[derive(Clone)]
+pub struct Queue {
+    /// The core client (interaction events, later request-reply).
+    client: async_nats::Client,
+    js: jetstream::Context,
+    names: Names,
+    consumer: consumer::PullConsumer,
+    jobs: stream::Stream,
+    exhausted: consumer::PullConsumer,
+}
+
+/// A job that used up its deliveries without being acknowledged or terminated (its workers
+/// crashed or hung every time). Dead-letter it with [`Queue::dead_letter_exhausted`].
+pub struct Exhausted {
+    advisory: jetstream::Message,
+    /// `(stream sequence, deliveries + 1)`: outranks every delivery the job had.
+    pub fence: (u64, u64),
+    /// How many times the job was delivered.
+    pub deliveries: u64,
+    /// The job's `traceparent`, carried over to the DLQ copy.
+    pub traceparent: Option<String>,
+    /// The job, if it is still in the stream and is one.
+    pub job: Option<Job>,
+    /// The agent named by the job's subject.
+    pub agent: String,
+    payload: Option<Vec<u8>>,
+}
+
+/// The durable pull consumer `config` on `stream_name`, updated to `config` or created.
+async fn durable_consumer(
+    js: &jetstream::Context,
+    stream_name: &str,
+    config: consumer::pull::Config,
+    role: Role,
+) -> Result<(stream::Stream, consumer::PullConsumer), Error> {
+    let name = config.durable_name.clone().unwrap_or_default();
+    let stream = js
+        .get_stream(stream_name)
+        .await
+        .map_err(|e| setup(stream_name)(e.to_string()))?;
+    let existing = match role {
+        // Workers own the consumer's settings (ack_wait, max_deliver…): theirs win.
+        Role::Worker => stream.update_consumer(config.clone()).await.ok(),
+        // A gateway only reads it: it never changes what the workers set.
+        Role::Gateway => stream.get_consumer(&name).await.ok(),
+    };
+    let consumer = match existing {
+        Some(c) => c,
+        None => stream
+            .create_consumer(config)
+            .await
+            .map_err(|e| setup(&name)(e.to_string()))?,
+    };
+    Ok((stream, consumer))
+}
+
+/// Whether a stream read failed because the message is not there (JetStream error 10037).
+fn is_no_message(kind: stream::RawMessageErrorKind) -> bool {
+    match kind {
+        stream::RawMessageErrorKind::NoMessageFound => true,
+        stream::RawMessageErrorKind::JetStream(e) => {
+            e.error_code() == jetstream::ErrorCode::NO_MESSAGE_FOUND
+        }
+        _ => false,
+    }
+}
+
+/// The part of a `MAX_DELIVERIES` advisory we need.
+#[derive(serde::Deserialize)]
+struct MaxDeliveries {
+    stream_seq: u64,
+    deliveries: u64,
+}
+
+/// One delivered job.
+pub struct Delivery {
+    msg: jetstream::Message,
+    /// The job, or why its payload is not one (a poison message).
+    pub job: Result<Job, String>,
+    /// `(stream sequence, delivery count)`: newer deliveries outrank older ones.
+    pub fence: (u64, u64),
+    /// The agent named by the subject.
+    pub agent: String,
+    /// The W3C `traceparent` header, if the publisher sent one.
+    pub traceparent: Option<String>,
+}
+
+fn setup(what: &str) -> impl FnOnce(String) -> Error + '_ {
+    move |message| Error::Setup {
+        what: what.to_owned(),
+        message,
+    }
+}
+
+impl Queue {
+    /// Connects and makes sure the streams and the consumer exist with these settings.
+    pub async fn connect(url: &str, prefix: &str, settings: &Settings) -> Result<Queue, Error> {
+        Self::connect_as(url, prefix, settings, Role::Worker).await
+    }
+
+    /// Connects as `role`: a gateway creates what is missing but changes no consumer settings.
+    pub async fn connect_as(
+        url: &str,
+        prefix: &str,
+        settings: &Settings,
+        role: Role,
+    ) -> Result<Queue, Error> {
+        let client = async_nats::connect(url).await.map_err(|e| Error::Connect {
+            url: url.to_owned(),
+            message: e.to_string(),
+        })?;
+        let js = jetstream::new(client.clone());
+        let names = Names::new(prefix);
+        let p = prefix;
+        js.create_or_update_stream(stream::Config {
+            name: names.jobs_stream(),
+            subjects: vec![format!("{p}.jobs.>")],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| setup(&names.jobs_stream())(e.to_string()))?;
+        js.create_or_update_stream(stream::Config {
+            name: names.dlq_stream(),
+            subjects: vec![format!("{p}.dlq.>")],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| setup(&names.dlq_stream())(e.to_string()))?;
+        js.create_or_update_stream(stream::Config {
+            name: names.interactions_stream(),
+            subjects: vec![
+                format!("{p}.interactions.requested.>"),
+                format!("{p}.interactions.resolved.>"),
+            ],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            max_age: settings.interactions_max_age,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| setup(&names.interactions_stream())(e.to_string()))?;
+        let (stream, consumer) = durable_consumer(
+            &js,
+            &names.jobs_stream(),
+            consumer::pull::Config {
+                durable_name: Some(names.consumer()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: settings.ack_wait,
+                max_deliver: settings.max_deliver,
+                max_ack_pending: settings.max_ack_pending,
+                ..Default::default()
+            },
+            role,
+        )
+        .await?;
+        js.create_or_update_stream(stream::Config {
+            name: names.exhausted_stream(),
+            subjects: vec![names.exhausted_advisory()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            max_age: settings.interactions_max_age,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| setup(&names.exhausted_stream())(e.to_string()))?;
+        let (_, exhausted) = durable_consumer(
+            &js,
+            &names.exhausted_stream(),
+            consumer::pull::Config {
+                durable_name: Some(names.exhausted_consumer()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                ..Default::default()
+            },
+            role,
+        )
+        .await?;
+        Ok(Queue {
+            client,
+            js,
+            names,
+            consumer,
+            jobs: stream,
+            exhausted,
+        })
+    }
+
+    pub fn names(&self) -> &Names {
+        &self.names
+    }
+
+    async fn publish(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Vec<u8>,
+    ) -> Result<u64, Error> {
+        let err = |message: String| Error::Publish {
+            subject: subject.clone(),
+            message,
+        };
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), headers, payload.into())
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let ack = ack.await.map_err(|e| err(e.to_string()))?;
+        Ok(ack.sequence)
+    }
+
+    /// Publishes a job for `agent`, idempotently (`Nats-Msg-Id`), and waits for the server's ack.
+    /// Returns its stream sequence (that of the first copy, for a duplicate).
+    pub async fn publish_job(
+        &self,
+        agent: &str,
+        job: &Job,
+        traceparent: Option<&str>,
+    ) -> Result<u64, Error> {
+        self.publish_job_as(agent, job, &job.msg_id(), traceparent)
+            .await
+    }
+
+    /// Publishes a job under its own `Nats-Msg-Id` (a reconciler's re-enqueue of a lost job).
+    pub async fn publish_job_as(
+        &self,
+        agent: &str,
+        job: &Job,
+        msg_id: &str,
+        traceparent: Option<&str>,
+    ) -> Result<u64, Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", msg_id);
+        if let Some(tp) = traceparent {
+            headers.insert("traceparent", tp);
+        }
+        let payload = serde_json::to_vec(job).unwrap_or_default();
+        self.publish(self.names.jobs_subject(agent), headers, payload)
+            .await
+    }
+
+    /// Announces a question on `…interactions.requested.<agent>.<run_id>` (idempotent per request),
+    /// with the run's trace context so that whoever answers continues the same trace.
+    pub async fn publish_request(
+        &self,
+        q: &InteractionRequest,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
+        let msg_id = format!("requested:{}", q.request_id);
+        self.announce_request(q, &msg_id, traceparent).await
+    }
+
+    /// Announces a question again after it was reopened (a new `Nats-Msg-Id`, so it is not
+    /// dropped as a duplicate of the first announcement).
+    pub async fn publish_request_again(
+        &self,
+        q: &InteractionRequest,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
+        let msg_id = format!("requested:{}:{}", q.request_id, Timestamp::now().micros());
+        self.announce_request(q, &msg_id, traceparent).await
+    }
+
+    async fn announce_request(
+        &self,
+        q: &InteractionRequest,
+        msg_id: &str,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", msg_id);
+        if let Some(tp) = traceparent {
+            headers.insert("traceparent", tp);
+        }
+        let payload = serde_json::to_vec(q).unwrap_or_default();
+        let subject = self
+            .names
+            .requested_subject(&q.agent, &q.run_id.to_string());
+        self.publish(subject, headers, payload).await.map(drop)
+    }
+
+    /// Announces that a question was settled, on `…interactions.resolved.<agent>.<run_id>`
+    /// (idempotent per request).
+    pub async fn publish_resolved(
+        &self,
+        agent: &str,
+        resolved: &Resolved,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("resolved:{}", resolved.request_id).as_str(),
+        );
+        if let Some(tp) = traceparent {
+            headers.insert("traceparent", tp);
+        }
+        let payload = serde_json::to_vec(resolved).unwrap_or_default();
+        let subject = self
+            .names
+            .resolved_subject(agent, &resolved.run_id.to_string());
+        self.publish(subject, headers, payload).await.map(drop)
+    }
+
+    /// Says (core NATS, best effort) that the answer to `request_id`, accepted at `answered_at`,
+    /// is being resumed now: the gateways' answer→resume latency.
+    pub async fn announce_resumed(&self, request_id: RequestId, answered_at: Timestamp) {
+        let event = serde_json::json!({
+            "request_id": request_id,
+            "answered_at": answered_at,
+            "resumed_at": Timestamp::now(),
+        });
+        let payload = serde_json::to_vec(&event).unwrap_or_default();
+        let _ = self
+            .client
+            .publish(self.names.resumed_subject(), payload.into())
+            .await;
+    }
+
+    /// Whether the job stream still holds message `seq` (a job not yet acknowledged).
+    pub async fn job_exists(&self, seq: u64) -> Result<bool, Error> {
+        match self.jobs.get_raw_message(seq).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_no_message(e.kind()) => Ok(false),
+            Err(e) => Err(Error::Fetch {
+                consumer: self.names.jobs_stream(),
+                message: format!("reading job {seq}: {e}"),
+            }),
+        }
+    }
+
+    /// The workers' consumer and the dead-letter stream, in figures.
+    pub async fn stats(&self) -> Result<Stats, Error> {
+        let err = |what: String, e: String| Error::Fetch {
+            consumer: what,
+            message: e,
+        };
+        let mut consumer = self.consumer.clone();
+        let info = consumer
+            .info()
+            .await
+            .map_err(|e| err(self.names.consumer(), e.to_string()))?;
+        let mut dlq = self
+            .js
+            .get_stream(self.names.dlq_stream())
+            .await
+            .map_err(|e| err(self.names.dlq_stream(), e.to_string()))?;
+        let dlq = dlq
+            .info()
+            .await
+            .map_err(|e| err(self.names.dlq_stream(), e.to_string()))?;
+        Ok(Stats {
+            pending: info.num_pending,
+            in_flight: info.num_ack_pending as u64,
+            redelivered: info.num_redelivered as u64,
+            waiting_pulls: info.num_waiting as u64,
+            dead_lettered: dlq.state.messages,
+        })
+    }
+
+    /// The dead-letter stream.
+    async fn dlq(&self) -> Result<stream::Stream, Error> {
+        self.js
+            .get_stream(self.names.dlq_stream())
+            .await
+            .map_err(|e| self.dlq_error(e.to_string()))
+    }
+
+    fn dlq_error(&self, message: String) -> Error {
+        Error::Fetch {
+            consumer: self.names.dlq_stream(),
+            message,
+        }
+    }
+
+    /// Up to `limit` dead-lettered jobs from stream sequence `from` on, oldest first, of one
+    /// agent or all; and whether more follow.
+    pub async fn dead_letters(
+        &self,
+        agent: Option<&str>,
+        from: u64,
+        limit: usize,
+    ) -> Result<(Vec<DeadLetter>, bool), Error> {
+        let stream = self.dlq().await?;
+        let err = |e: String| self.dlq_error(e);
+        let consumer = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from.max(1),
+                },
+                filter_subject: agent.map(|a| self.names.dlq_subject(a)).unwrap_or_default(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let mut left = consumer.cached_info().num_pending;
+        let mut out = vec![];
+        if left == 0 || limit == 0 {
+            return Ok((out, left > 0));
+        }
+        let mut messages = consumer.messages().await.map_err(|e| err(e.to_string()))?;
+        while out.len() < limit && left > 0 {
+            let next = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+            let m = match next {
+                Ok(Some(Ok(m))) => m,
+                Ok(Some(Err(e))) => return Err(err(e.to_string())),
+                Ok(None) | Err(_) => break,
+            };
+            let Ok(info) = m.info() else { break };
+            left = info.pending;
+            out.push(DeadLetter::from_parts(
+                info.stream_sequence,
+                m.subject.as_str(),
+                m.headers.as_ref(),
+                &m.payload,
+                info.published.unix_timestamp_nanos(),
+                &self.names.prefix,
+            ));
+        }
+        Ok((out, left > 0))
+    }
+
+    /// One dead-lettered job, if the stream holds it.
+    pub async fn dead_letter_at(&self, seq: u64) -> Result<Option<DeadLetter>, Error> {
+        let stream = self.dlq().await?;
+        let err = |e: String| self.dlq_error(e);
+        match stream.get_raw_message(seq).await {
+            Ok(m) => Ok(Some(DeadLetter::from_parts(
+                m.sequence,
+                m.subject.as_str(),
+                Some(&m.headers),
+                &m.payload,
+                m.time.unix_timestamp_nanos(),
+                &self.names.prefix,
+            ))),
+            Err(e) if is_no_message(e.kind()) => Ok(None),
+            Err(e) => Err(err(format!("reading {seq}: {e}"))),
+        }
+    }
+
+    /// Removes a dead-lettered job (retried or given up on); `false` when it was gone already.
+    pub async fn drop_dead_letter(&self, seq: u64) -> Result<bool, Error> {
+        let stream = self.dlq().await?;
+        let err = |e: String| self.dlq_error(e);
+        match stream.delete_message(seq).await {
+            Ok(deleted) => Ok(deleted),
+            // The server says "delete failed" for a message that is not there (any more) too.
+            Err(e) => match stream.get_raw_message(seq).await {
+                Err(gone) if is_no_message(gone.kind()) => Ok(false),
+                _ => Err(err(format!("deleting {seq}: {e}"))),
+            },
+        }
+    }
+
+    /// Interaction events (`requested`, `resolved`) from stream sequence `from` on, or only new
+    /// ones; for live views, each on its own ordered consumer.
+    pub async fn interaction_events(
+        &self,
+        from: Option<u64>,
+    ) -> Result<impl futures_util::Stream<Item = InteractionEvent> + use<>, Error> {
+        let name = self.names.interactions_stream();
+        let err = |e: String| setup(&name)(e);
+        let stream = self
+            .js
+            .get_stream(&name)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let deliver_policy = match from {
+            Some(start_sequence) => consumer::DeliverPolicy::ByStartSequence { start_sequence },
+            None => consumer::DeliverPolicy::New,
+        };
+        let messages = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| err(e.to_string()))?
+            .messages()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let requested = format!("{}.interactions.requested.", self.names.prefix);
+        Ok(messages.filter_map(move |m| {
+            let event = m.ok().and_then(|m| {
+                let seq = m.info().ok()?.stream_sequence;
+                let kind = if m.subject.as_str().starts_with(&requested) {
+                    "requested"
+                } else {
+                    "resolved"
+                };
+                Some(InteractionEvent {
+                    seq,
+                    kind,
+                    payload: m.payload.to_vec(),
+                })
+            });
+            std::future::ready(event)
+        }))
+    }
+
+    /// Copies a delivery to the dead-letter stream with the reason in a header.
+    pub async fn dead_letter(&self, d: &Delivery, reason: &str) -> Result<(), Error> {
+        let payload = d.msg.payload.to_vec();
+        self.copy_to_dlq(
+            &d.agent,
+            d.fence.0,
+            d.traceparent.as_deref(),
+            reason,
+            payload,
+        )
+        .await
+    }
+
+    /// Publishes a job's payload on `…dlq.<agent>` with `Delta-Dlq-Reason`, `Delta-Stream-Seq` and
+    /// its `traceparent`.
+    async fn copy_to_dlq(
+        &self,
+        agent: &str,
+        seq: u64,
+        traceparent: Option<&str>,
+        reason: &str,
+        payload: Vec<u8>,
+    ) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Delta-Dlq-Reason",
+            reason.replace(['\r', '\n'], " ").as_str(),
+        );
+        headers.insert("Delta-Stream-Seq", seq.to_string().as_str());
+        if let Some(tp) = traceparent {
+            headers.insert("traceparent", tp);
+        }
+        self.publish(self.names.dlq_subject(agent), headers, payload)
+            .await
+            .map(drop)
+    }
+
+    /// Pulls up to `max` jobs, waiting at most `wait` for the first.
+    pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, Error> {
+        let err = |message: String| Error::Fetch {
+            consumer: self.names.consumer(),
+            message,
+        };
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(max)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let mut out = vec![];
+        while let Some(msg) = batch.next().await {
+            let msg = msg.map_err(|e| err(e.to_string()))?;
+            let (fence, agent) = {
+                let info = msg.info().map_err(|e| err(e.to_string()))?;
+                let agent = msg
+                    .subject
+                    .as_str()
+                    .strip_prefix(&format!("{}.jobs.", self.names.prefix))
+                    .unwrap_or("")
+                    .to_owned();
+                (
+                    (
+                        info.stream_sequence,
+                        u64::try_from(info.delivered).unwrap_or(0),
+                    ),
+                    agent,
+                )
+            };
+            let job = Job::decode(&msg.payload).map_err(|e| e.to_string());
+            let traceparent = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("traceparent"))
+                .map(|v| v.as_str().to_owned());
+            out.push(Delivery {
+                msg,
+                job,
+                fence,
+                agent,
+                traceparent,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Takes the jobs that used up `max_deliver`, waiting at most `wait` for one.
+    pub async fn fetch_exhausted(&self, wait: Duration) -> Result<Vec<Exhausted>, Error> {
+        let err = |message: String| Error::Fetch {
+            consumer: self.names.exhausted_consumer(),
+            message,
+        };
+        let mut batch = self
+            .exhausted
+            .fetch()
+            .max_messages(16)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let mut out = vec![];
+        while let Some(msg) = batch.next().await {
+            let advisory = msg.map_err(|e| err(e.to_string()))?;
+            let Ok(adv) = serde_json::from_slice::<MaxDeliveries>(&advisory.payload) else {
+                tracing::warn!("ignoring an advisory that is not MAX_DELIVERIES");
+                let _ = advisory.ack().await;
+                continue;
+            };
+            let raw = match self.jobs.get_raw_message(adv.stream_seq).await {
+                Ok(m) => Some(m),
+                Err(e) if is_no_message(e.kind()) => None,
+                // Not known to be gone: leave the advisory for another try.
+                Err(e) => return Err(err(format!("reading job {}: {e}", adv.stream_seq))),
+            };
+            let agent = raw
+                .as_ref()
+                .and_then(|m| {
+                    m.subject
+                        .as_str()
+                        .strip_prefix(&format!("{}.jobs.", self.names.prefix))
+                        .map(str::to_owned)
+                })
+                .unwrap_or_default();
+            let job = raw.as_ref().and_then(|m| Job::decode(&m.payload).ok());
+            let traceparent = raw
+                .as_ref()
+                .and_then(|m| m.headers.get("traceparent"))
+                .map(|v| v.as_str().to_owned());
+            out.push(Exhausted {
+                advisory,
+                // One past the last delivery: outranks a worker still holding it.
+                fence: (adv.stream_seq, adv.deliveries.saturating_add(1)),
+                deliveries: adv.deliveries,
+                job,
+                agent,
+                traceparent,
+                payload: raw.map(|m| m.payload.to_vec()),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Copies an exhausted job to the dead-letter stream, removes it from the job stream and
+    /// acknowledges its advisory. A job already gone (handled meanwhile) is only acknowledged.
+    pub async fn dead_letter_exhausted(&self, x: &Exhausted, reason: &str) -> Result<(), Error> {
+        if let Some(payload) = &x.payload {
+            let tp = x.traceparent.as_deref();
+            self.copy_to_dlq(&x.agent, x.fence.0, tp, reason, payload.clone())
+                .await?;
+        }
+        self.drop_exhausted(x).await
+    }
+
+    /// Removes an exhausted job that needs no dead-lettering (its run went on) and acknowledges
+    /// the advisory.
+    pub async fn drop_exhausted(&self, x: &Exhausted) -> Result<(), Error> {
+        if x.payload.is_some() {
+            self.jobs
+                .delete_message(x.fence.0)
+                .await
+                .map_err(|e| Error::Ack(format!("removing exhausted job {}: {e}", x.fence.0)))?;
+        }
+        x.advisory
+            .double_ack()
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
+    }
+
+    /// The core NATS client, for subscribers.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+}
+
+impl Delivery {
+    /// Done: the server confirms before this returns (a lost ack would redeliver a finished job).
+    pub async fn ack(&self) -> Result<(), Error> {
+        self.msg
+            .double_ack()
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
+    }
+
+    /// Not now: redeliver after `delay`.
+    pub async fn nak(&self, delay: Option<Duration>) -> Result<(), Error> {
+        self.msg
+            .ack_with(AckKind::Nak(delay))
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
+    }
+
+    /// Still working: restart the `ack_wait` clock.
+    pub async fn progress(&self) -> Result<(), Error> {
+        self.msg
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
+    }
+
+    /// Never again (after a copy went to the dead-letter stream): work queues delete it.
+    pub async fn term(&self) -> Result<(), Error> {
+        self.msg
+            .double_ack_with(AckKind::Term)
+            .await
+            .map_err(|e| Error::Ack(e.to_string()))
+    }
+}

@@ -1,0 +1,196 @@
+//! The run store: the engine's one port to durable state, and its adapters.
+//!
+//! The engine never writes anything but through [`RunStore::append`]: journal events plus, in the
+//! same atomic step, the run's status change. Locally that is [`file::FileRunStore`] (Delta Engine
+//! v1.2's `.delta/` layout); in the fleet it is the Redis store, fenced per delivery. Both pass the
+//! same [`contract`] suite.
+
+use std::future::Future;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use delta_protocol::{
+    Event, InteractionRequest, JournalEvent, RequestId, RunId, RunStatus, Timestamp,
+};
+
+pub mod contract;
+pub mod file;
+pub mod redis;
+
+/// A run's record (`metadata.json` locally, a hash in Redis).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: RunId,
+    pub agent: String,
+    pub task: String,
+    pub status: RunStatus,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub pending_request_id: Option<RequestId>,
+    /// Structured input given at submission, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Locally: the agent directory the run was started with, so that a resume finds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_dir: Option<String>,
+}
+
+impl RunRecord {
+    /// A fresh record, `QUEUED` in the fleet or `RUNNING` locally.
+    pub fn new(run_id: RunId, agent: &str, task: &str, status: RunStatus) -> Self {
+        let now = Timestamp::now();
+        Self {
+            run_id,
+            agent: agent.to_owned(),
+            task: task.to_owned(),
+            status,
+            created_at: now,
+            updated_at: now,
+            pending_request_id: None,
+            input: None,
+            result: None,
+            error: None,
+            agent_dir: None,
+        }
+    }
+}
+
+/// A status change committed in the same atomic step as the events it accompanies.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StatusChange {
+    Running,
+    /// Paused on this request: the store keeps it as the run's pending interaction.
+    Waiting(Box<InteractionRequest>),
+    Interrupted,
+    /// Terminal: `COMPLETED` with a result, `FAILED` with an error, or `CANCELLED`.
+    Finished {
+        status: Terminal,
+        result: Option<String>,
+        error: Option<String>,
+    },
+}
+
+/// The three terminal statuses; a `Finished` change cannot name another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Terminal {
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl From<Terminal> for RunStatus {
+    fn from(t: Terminal) -> Self {
+        match t {
+            Terminal::Completed => RunStatus::Completed,
+            Terminal::Failed => RunStatus::Failed,
+            Terminal::Cancelled => RunStatus::Cancelled,
+        }
+    }
+}
+
+impl StatusChange {
+    pub fn status(&self) -> RunStatus {
+        match self {
+            StatusChange::Running => RunStatus::Running,
+            StatusChange::Waiting(_) => RunStatus::WaitingForInput,
+            StatusChange::Interrupted => RunStatus::Interrupted,
+            StatusChange::Finished { status, .. } => (*status).into(),
+        }
+    }
+
+    /// Applies this change to a record (the part every store does the same way).
+    pub fn apply_to(&self, record: &mut RunRecord, now: Timestamp) {
+        record.status = self.status();
+        record.updated_at = now;
+        record.pending_request_id = match self {
+            StatusChange::Waiting(req) => Some(req.request_id),
+            _ => None,
+        };
+        if let StatusChange::Finished { result, error, .. } = self {
+            record.result.clone_from(result);
+            record.error.clone_from(error);
+        }
+    }
+}
+
+/// Numbers `events` from `first` and stamps them all with `now`: how every store journals a batch.
+pub fn numbered(events: Vec<Event>, first: u64, now: Timestamp) -> Vec<JournalEvent> {
+    events
+        .into_iter()
+        .zip(first..)
+        .map(|(event, seq)| JournalEvent {
+            seq,
+            timestamp: now,
+            event,
+        })
+        .collect()
+}
+
+/// A run as stored: its record and its whole journal.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredRun {
+    pub record: RunRecord,
+    pub journal: Vec<JournalEvent>,
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("run {0} not found")]
+    NotFound(RunId),
+    #[error("run {0} already exists")]
+    AlreadyExists(RunId),
+    #[error("run {run_id} is {status}, which is final: nothing more can be written to it")]
+    Terminal { run_id: RunId, status: RunStatus },
+    /// A newer owner holds the run, or (for a writer taking the run over) the journal changed
+    /// since this writer loaded it: this writer is stale and must stop.
+    #[error("run {0}: write refused, another owner holds the run or wrote to it")]
+    Fenced(RunId),
+    #[error("run {run_id} is in use by another process ({detail})")]
+    Locked { run_id: RunId, detail: String },
+    #[error(transparent)]
+    Journal(#[from] delta_protocol::journal::Error),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid run record ({source})")]
+    Record {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("store backend: {0}")]
+    Backend(String),
+    #[error(transparent)]
+    Secret(#[from] delta_protocol::secret::Error),
+    #[error(
+        "a sensitive answer cannot be stored without DELTA_SECRETS_KEY (it would sit in Redis in clear); set the same key on gateways and workers"
+    )]
+    NoSecretsKey,
+}
+
+/// Durable runs and journals. Every call is atomic: either all of it is stored or none.
+pub trait RunStore: Send + Sync {
+    /// Stores a new run record with an empty journal.
+    fn create(&self, record: RunRecord) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// The run's record and whole journal.
+    fn load(&self, run_id: RunId) -> impl Future<Output = Result<StoredRun, Error>> + Send;
+
+    /// Appends `events` (numbered from the journal's last `seq` + 1, stamped now) and applies
+    /// `change`, atomically. Refused once the run is terminal. Returns the events as stored.
+    fn append(
+        &self,
+        run_id: RunId,
+        events: Vec<Event>,
+        change: Option<StatusChange>,
+    ) -> impl Future<Output = Result<Vec<JournalEvent>, Error>> + Send;
+}

@@ -1,0 +1,682 @@
+//! What the gateway and its reconcilers read and write in Redis beside the engine's port: the
+//! indexes (runs by status, interactions by state and deadline, resumes to check), submissions
+//! with their idempotency keys, worker heartbeats and the journal tail for live streams.
+
+use std::collections::HashMap;
+
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+
+use super::{Fields, RedisRunStore, StoredInteraction, backend, parse_interaction, parse_record};
+use crate::{Error, RunRecord};
+use delta_protocol::journal;
+use delta_protocol::{
+    Event, InteractionRequest, JournalEvent, MessageLevel, RequestId, RunId, RunStatus,
+    SystemMessage, Timestamp,
+};
+
+/// Puts a run that dead-lettering failed back in the queue: `FAILED` → `QUEUED`, its error
+/// cleared, a journal note appended; a question its journal left open, closed `EXPIRED` by the
+/// failure before its deadline, is `PENDING` again. Only a run whose error is the letter's
+/// reason: one that failed otherwise stays as it is. Returns `{'QUEUED', seq}`, or
+/// `{'STATUS', status}` / `{'OTHER', error}` when nothing changed.
+/// KEYS: run, journal, the open question (or a dummy). ARGV: prefix, now, now µs, the note's JSON
+/// without its opening brace, the letter's reason, the question's id (or ''), when it was asked
+/// (µs), its deadline (µs or '').
+const REQUEUE: &str = r#"
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return redis.error_reply('NOTFOUND') end
+if st ~= 'FAILED' then return {'STATUS', st} end
+local err = string.gsub(redis.call('HGET', KEYS[1], 'error') or '', '[\r\n]', ' ')
+if err ~= ARGV[5] then return {'OTHER', err} end
+local run = redis.call('HGET', KEYS[1], 'run_id')
+local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') + 1
+redis.call('XADD', KEYS[2], seq .. '-0', 'e',
+  '{"seq":' .. seq .. ',"timestamp":"' .. ARGV[2] .. '",' .. ARGV[4])
+redis.call('HSET', KEYS[1], 'seq', seq, 'updated_at', ARGV[2], 'status', 'QUEUED')
+redis.call('HDEL', KEYS[1], 'error', 'result', 'pending_request_id')
+local score = redis.call('ZSCORE', ARGV[1] .. ':runs:all', run) or ARGV[3]
+redis.call('ZREM', ARGV[1] .. ':runs:FAILED', run)
+redis.call('ZADD', ARGV[1] .. ':runs:QUEUED', score, run)
+if ARGV[6] ~= '' and redis.call('HGET', KEYS[3], 'state') == 'EXPIRED'
+  and (ARGV[8] == '' or tonumber(ARGV[8]) > tonumber(ARGV[3])) then
+  redis.call('HSET', KEYS[3], 'state', 'PENDING')
+  redis.call('HDEL', KEYS[3], 'answered_at')
+  redis.call('ZADD', ARGV[1] .. ':interactions:pending', ARGV[7], ARGV[6])
+  if ARGV[8] ~= '' then redis.call('ZADD', ARGV[1] .. ':interactions:deadlines', ARGV[8], ARGV[6]) end
+end
+return {'QUEUED', tostring(seq)}
+"#;
+
+/// What [`RedisRunStore::requeue_failed`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Requeue {
+    /// `QUEUED` again; the journal's note has this `seq`.
+    Queued { seq: u64 },
+    /// The run is not `FAILED` (it went on): nothing changed.
+    NotFailed(RunStatus),
+    /// The run failed for another reason than the letter's (this error): nothing changed.
+    FailedOtherwise(String),
+}
+
+/// How long a submission's `Idempotency-Key` is remembered.
+const IDEMPOTENCY_TTL_S: u64 = 24 * 3600;
+
+/// What a submission did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Submitted {
+    Created,
+    /// The idempotency key was used before: the run it made, and the fingerprint of its body.
+    Existing {
+        run_id: RunId,
+        fingerprint: String,
+    },
+}
+
+/// One page of an index: `(member, score)` in index order, after the cursor given.
+#[derive(Clone, Debug, Default)]
+pub struct Page {
+    pub entries: Vec<(String, i64)>,
+    /// Whether the index holds more after these.
+    pub more: bool,
+}
+
+impl Page {
+    /// The cursor that continues after `(member, score)`.
+    pub fn cursor(member: &str, score: i64) -> String {
+        format!("{score}_{member}")
+    }
+
+    fn parse_cursor(cursor: &str) -> Option<(i64, &str)> {
+        let (score, member) = cursor.split_once('_')?;
+        Some((score.parse().ok()?, member))
+    }
+}
+
+/// What the lost-job reconciler needs of a run.
+#[derive(Clone, Debug)]
+pub struct QueueRun {
+    pub run_id: RunId,
+    pub agent: String,
+    pub status: RunStatus,
+    pub updated_at: Option<Timestamp>,
+    /// The stream sequence of the last job published for the run (by the gateway).
+    pub job_seq: u64,
+    /// The stream sequence of the job whose delivery last wrote to the run (the fence).
+    pub fence_seq: u64,
+}
+
+/// A row of `HMGET agent status updated_at job_seq fence_seq`.
+fn queue_row(run_id: RunId, row: &[Option<String>]) -> Option<QueueRun> {
+    let get = |i: usize| row.get(i).cloned().flatten();
+    Some(QueueRun {
+        run_id,
+        agent: get(0)?,
+        status: get(1)?.parse().ok()?,
+        updated_at: get(2).and_then(|t| t.parse().ok()),
+        job_seq: get(3).and_then(|s| s.parse().ok()).unwrap_or(0),
+        fence_seq: get(4).and_then(|s| s.parse().ok()).unwrap_or(0),
+    })
+}
+
+/// A live view of one run's journal on a connection of its own (blocking reads).
+pub struct JournalTail {
+    conn: MultiplexedConnection,
+    key: String,
+}
+
+impl JournalTail {
+    /// Events after `after_seq`, waiting up to `block_ms` for the first one.
+    pub async fn next(
+        &mut self,
+        after_seq: u64,
+        block_ms: u64,
+    ) -> Result<Vec<JournalEvent>, Error> {
+        let opts = redis::streams::StreamReadOptions::default()
+            .block(usize::try_from(block_ms).unwrap_or(usize::MAX))
+            .count(500);
+        let reply: Option<redis::streams::StreamReadReply> = self
+            .conn
+            .xread_options(&[&self.key], &[format!("{after_seq}-0")], &opts)
+            .await
+            .map_err(backend)?;
+        let mut text = String::new();
+        for key in reply.map(|r| r.keys).unwrap_or_default() {
+            for id in key.ids {
+                if let Some(redis::Value::BulkString(b)) = id.map.get("e") {
+                    text.push_str(&String::from_utf8_lossy(b));
+                    text.push('\n');
+                }
+            }
+        }
+        Ok(journal::parse_jsonl_from(&text, after_seq.saturating_add(1))?.events)
+    }
+}
+
+impl RedisRunStore {
+    /// Stores a new run (indexed by creation time and status). With `idempotency` (the key's
+    /// hash, the body's fingerprint), a key seen in the last 24 h returns the run it made.
+    pub async fn create_indexed(
+        &self,
+        record: &RunRecord,
+        idempotency: Option<(&str, &str)>,
+    ) -> Result<Submitted, Error> {
+        let mut conn = self.connection();
+        let mut inv = self.create.key(self.run_key(record.run_id));
+        let (idem_key, idem_value) = match idempotency {
+            Some((key, fingerprint)) => (
+                self.index(&format!("idempotency:{key}")),
+                format!("{} {fingerprint}", record.run_id),
+            ),
+            None => Default::default(),
+        };
+        inv.arg(&self.prefix)
+            .arg(record.created_at.micros())
+            .arg(idem_key)
+            .arg(idem_value)
+            .arg(IDEMPOTENCY_TTL_S);
+        for (k, v) in super::record_fields(record) {
+            inv.arg(k).arg(v);
+        }
+        match inv.invoke_async::<(String, String)>(&mut conn).await {
+            Ok((outcome, prior)) if outcome == "IDEMPOTENT" => {
+                let (run, fingerprint) = prior.split_once(' ').unwrap_or((&prior, ""));
+                let run_id = run
+                    .parse()
+                    .map_err(|_| Error::Backend(format!("idempotency record `{prior}`")))?;
+                Ok(Submitted::Existing {
+                    run_id,
+                    fingerprint: fingerprint.to_owned(),
+                })
+            }
+            Ok(_) => Ok(Submitted::Created),
+            Err(e) if e.to_string().contains("EXISTS") => Err(Error::AlreadyExists(record.run_id)),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// Remembers the stream sequence of the job just published for a run.
+    pub async fn set_job_seq(&self, run_id: RunId, seq: u64) -> Result<(), Error> {
+        let mut conn = self.connection();
+        conn.hset::<_, _, _, ()>(self.run_key(run_id), "job_seq", seq)
+            .await
+            .map_err(backend)
+    }
+
+    /// A run's record alone (no journal).
+    pub async fn record(&self, run_id: RunId) -> Result<RunRecord, Error> {
+        let mut conn = self.connection();
+        let h: Fields = conn.hgetall(self.run_key(run_id)).await.map_err(backend)?;
+        if h.is_empty() {
+            return Err(Error::NotFound(run_id));
+        }
+        parse_record(run_id, &h)
+    }
+
+    /// The records of `ids`, in order, skipping any that vanished.
+    pub async fn records(&self, ids: &[RunId]) -> Result<Vec<RunRecord>, Error> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hgetall(self.run_key(*id));
+        }
+        let mut conn = self.connection();
+        let hashes: Vec<Fields> = pipe.query_async(&mut conn).await.map_err(backend)?;
+        ids.iter()
+            .zip(hashes)
+            .filter(|(_, h)| !h.is_empty())
+            .map(|(id, h)| parse_record(*id, &h))
+            .collect()
+    }
+
+    /// The run a request belongs to, if the request exists.
+    pub async fn interaction_run(&self, request_id: RequestId) -> Result<Option<RunId>, Error> {
+        let mut conn = self.connection();
+        let run: Option<String> = conn
+            .hget(self.index("interactions:runs"), request_id.to_string())
+            .await
+            .map_err(backend)?;
+        Ok(run.and_then(|r| r.parse().ok()))
+    }
+
+    /// Interactions by id (each with its run), skipping unknown ones; two round trips.
+    pub async fn interactions(
+        &self,
+        ids: &[RequestId],
+    ) -> Result<Vec<(RunId, StoredInteraction)>, Error> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut conn = self.connection();
+        let runs: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(self.index("interactions:runs"))
+            .arg(ids.iter().map(ToString::to_string).collect::<Vec<_>>())
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        let known: Vec<(RequestId, RunId)> = ids
+            .iter()
+            .zip(runs)
+            .filter_map(|(rid, run)| Some((*rid, run?.parse().ok()?)))
+            .collect();
+        let mut pipe = redis::pipe();
+        for (rid, run) in &known {
+            pipe.hgetall(self.interaction_key(*run, &rid.to_string()));
+        }
+        let mut conn = self.connection();
+        let hashes: Vec<Fields> = pipe.query_async(&mut conn).await.map_err(backend)?;
+        let mut out = vec![];
+        for ((rid, run), h) in known.into_iter().zip(hashes) {
+            if let Some(ix) = parse_interaction(rid, &h)? {
+                out.push((run, ix));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Notes that the resume job of an answered interaction went out as stream message `seq`;
+    /// its run is looked at again after `recheck_us` unless it resumed meanwhile.
+    pub async fn resume_published(
+        &self,
+        run_id: RunId,
+        request_id: RequestId,
+        seq: u64,
+        recheck_us: i64,
+    ) -> Result<(), Error> {
+        let mut conn = self.connection();
+        redis::pipe()
+            .hset(
+                self.interaction_key(run_id, &request_id.to_string()),
+                "resume_seq",
+                seq,
+            )
+            .ignore()
+            .cmd("ZADD")
+            .arg(self.index("resumes"))
+            .arg("XX")
+            .arg(recheck_us)
+            .arg(format!("{run_id}/{request_id}"))
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(backend)
+    }
+
+    /// Pending interactions whose deadline is at or before `now_us`: `(run, request)`.
+    pub async fn due_deadlines(
+        &self,
+        now_us: i64,
+        max: usize,
+    ) -> Result<Vec<(RunId, RequestId)>, Error> {
+        let mut conn = self.connection();
+        let ids: Vec<String> = conn
+            .zrangebyscore_limit(
+                self.index("interactions:deadlines"),
+                "-inf",
+                now_us,
+                0,
+                max as isize,
+            )
+            .await
+            .map_err(backend)?;
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut conn = self.connection();
+        let runs: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(self.index("interactions:runs"))
+            .arg(&ids)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        let mut due = vec![];
+        let mut junk = vec![];
+        for (raw, run) in ids.iter().zip(runs) {
+            match (
+                raw.parse::<RequestId>(),
+                run.and_then(|r| r.parse::<RunId>().ok()),
+            ) {
+                (Ok(rid), Some(run)) => due.push((run, rid)),
+                // Not a request of any run: it would sit at the front of the index forever.
+                _ => junk.push(raw.clone()),
+            }
+        }
+        if !junk.is_empty() {
+            let mut conn = self.connection();
+            conn.zrem::<_, _, ()>(self.index("interactions:deadlines"), junk)
+                .await
+                .map_err(backend)?;
+        }
+        Ok(due)
+    }
+
+    /// Drops a deadline that needs no action (its interaction is no longer pending).
+    pub async fn drop_deadline(&self, request_id: RequestId) -> Result<(), Error> {
+        let mut conn = self.connection();
+        conn.zrem::<_, _, ()>(self.index("interactions:deadlines"), request_id.to_string())
+            .await
+            .map_err(backend)
+    }
+
+    /// Answered interactions whose run has not resumed, due for a look at `now_us`.
+    pub async fn due_resumes(
+        &self,
+        now_us: i64,
+        max: usize,
+    ) -> Result<Vec<(RunId, RequestId)>, Error> {
+        let mut conn = self.connection();
+        let members: Vec<String> = conn
+            .zrangebyscore_limit(self.index("resumes"), "-inf", now_us, 0, max as isize)
+            .await
+            .map_err(backend)?;
+        Ok(members
+            .iter()
+            .filter_map(|m| {
+                let (run, rid) = m.split_once('/')?;
+                Some((run.parse().ok()?, rid.parse().ok()?))
+            })
+            .collect())
+    }
+
+    /// Looks at a resume again at `at_us` (only while it is still awaited).
+    pub async fn reschedule_resume(
+        &self,
+        run_id: RunId,
+        request_id: RequestId,
+        at_us: i64,
+    ) -> Result<(), Error> {
+        let mut conn = self.connection();
+        redis::cmd("ZADD")
+            .arg(self.index("resumes"))
+            .arg("XX")
+            .arg(at_us)
+            .arg(format!("{run_id}/{request_id}"))
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(backend)
+    }
+
+    /// Forgets a resume that needs no more looking after.
+    pub async fn drop_resume(&self, run_id: RunId, request_id: RequestId) -> Result<(), Error> {
+        let mut conn = self.connection();
+        conn.zrem::<_, _, ()>(self.index("resumes"), format!("{run_id}/{request_id}"))
+            .await
+            .map_err(backend)
+    }
+
+    /// Up to `max` entries of the index `name` (`runs:all`, `runs:QUEUED`, `interactions:pending`,
+    /// …) after `cursor`, newest or oldest first. A bad cursor is `Ok(None)`.
+    pub async fn index_page(
+        &self,
+        name: &str,
+        newest_first: bool,
+        cursor: Option<&str>,
+        max: usize,
+    ) -> Result<Option<Page>, Error> {
+        let after = match cursor {
+            Some(c) => match Page::parse_cursor(c) {
+                Some(a) => Some(a),
+                None => return Ok(None),
+            },
+            None => None,
+        };
+        // Entries at the cursor's own score may repeat: fetch a little more and skip them.
+        let want = max + 1;
+        let slack = 64;
+        let mut conn = self.connection();
+        let key = self.index(name);
+        let raw: Vec<(String, f64)> = match (newest_first, after) {
+            (true, None) => conn.zrevrange_withscores(&key, 0, want as isize - 1).await,
+            (false, None) => conn.zrange_withscores(&key, 0, want as isize - 1).await,
+            (true, Some((s, _))) => {
+                conn.zrevrangebyscore_limit_withscores(&key, s, "-inf", 0, (want + slack) as isize)
+                    .await
+            }
+            (false, Some((s, _))) => {
+                conn.zrangebyscore_limit_withscores(&key, s, "+inf", 0, (want + slack) as isize)
+                    .await
+            }
+        }
+        .map_err(backend)?;
+        let mut entries: Vec<(String, i64)> = raw
+            .into_iter()
+            // Scores are µs timestamps: exact in an f64.
+            .map(|(m, s)| (m, s as i64))
+            .filter(|(m, s)| match after {
+                None => true,
+                Some((cs, cm)) if newest_first => *s < cs || (*s == cs && m.as_str() < cm),
+                Some((cs, cm)) => *s > cs || (*s == cs && m.as_str() > cm),
+            })
+            .collect();
+        let more = entries.len() > max;
+        entries.truncate(max);
+        Ok(Some(Page { entries, more }))
+    }
+
+    /// Journal events from `from_seq` on (at most `max`).
+    pub async fn journal_from(
+        &self,
+        run_id: RunId,
+        from_seq: u64,
+        max: usize,
+    ) -> Result<Vec<JournalEvent>, Error> {
+        let mut conn = self.connection();
+        let entries: Vec<(String, Fields)> = redis::cmd("XRANGE")
+            .arg(self.journal_key(run_id))
+            .arg(format!("{}-0", from_seq.max(1)))
+            .arg("+")
+            .arg("COUNT")
+            .arg(max)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        let mut text = String::new();
+        for (_, fields) in &entries {
+            text.push_str(fields.get("e").map(String::as_str).unwrap_or("{}"));
+            text.push('\n');
+        }
+        Ok(journal::parse_jsonl_from(&text, from_seq.max(1))?.events)
+    }
+
+    /// A blocking reader of one run's journal, on a connection of its own.
+    pub async fn journal_tail(&self, run_id: RunId) -> Result<JournalTail, Error> {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(backend)?;
+        Ok(JournalTail {
+            conn,
+            key: self.journal_key(run_id),
+        })
+    }
+
+    /// Runs by status and interactions pending, for `/metrics`.
+    pub async fn counts(&self) -> Result<(HashMap<RunStatus, u64>, u64), Error> {
+        let mut pipe = redis::pipe();
+        for s in RunStatus::ALL {
+            pipe.zcard(self.index(&format!("runs:{}", s.as_str())));
+        }
+        pipe.zcard(self.index("interactions:pending"));
+        let mut conn = self.connection();
+        let n: Vec<u64> = pipe.query_async(&mut conn).await.map_err(backend)?;
+        let by_status = RunStatus::ALL.into_iter().zip(n.iter().copied()).collect();
+        Ok((by_status, n.last().copied().unwrap_or(0)))
+    }
+
+    /// Records that `worker` is alive (and forgets workers silent for an hour).
+    pub async fn heartbeat(&self, worker: &str) -> Result<(), Error> {
+        let now_ms = Timestamp::now().micros() / 1000;
+        let mut conn = self.connection();
+        redis::pipe()
+            .zadd(self.index("workers"), worker, now_ms)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(self.index("workers"))
+            .arg("-inf")
+            .arg(now_ms - 3_600_000)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(backend)
+    }
+
+    /// Workers heard from since `since_ms` (ms since the epoch), with when they last were.
+    pub async fn workers_seen(&self, since_ms: i64) -> Result<Vec<(String, i64)>, Error> {
+        let mut conn = self.connection();
+        let seen: Vec<(String, f64)> = conn
+            .zrangebyscore_withscores(self.index("workers"), since_ms, "+inf")
+            .await
+            .map_err(backend)?;
+        Ok(seen.into_iter().map(|(w, s)| (w, s as i64)).collect())
+    }
+
+    /// Up to `max` runs of `status`, oldest first from `offset`, with what the lost-job
+    /// reconciler needs; the offset to continue from (0 when the index was walked through).
+    pub async fn queue_runs(
+        &self,
+        status: RunStatus,
+        offset: usize,
+        max: usize,
+    ) -> Result<(Vec<QueueRun>, usize), Error> {
+        let mut conn = self.connection();
+        let ids: Vec<String> = conn
+            .zrange(
+                self.index(&format!("runs:{}", status.as_str())),
+                offset as isize,
+                (offset + max) as isize - 1,
+            )
+            .await
+            .map_err(backend)?;
+        let next = if ids.len() < max { 0 } else { offset + max };
+        let ids: Vec<RunId> = ids.iter().filter_map(|i| i.parse().ok()).collect();
+        if ids.is_empty() {
+            return Ok((vec![], next));
+        }
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.cmd("HMGET").arg(self.run_key(*id)).arg(&[
+                "agent",
+                "status",
+                "updated_at",
+                "job_seq",
+                "fence_seq",
+            ]);
+        }
+        let mut conn = self.connection();
+        let rows: Vec<Vec<Option<String>>> = pipe.query_async(&mut conn).await.map_err(backend)?;
+        let runs = ids
+            .into_iter()
+            .zip(rows)
+            .filter_map(|(run_id, row)| queue_row(run_id, &row))
+            .collect();
+        Ok((runs, next))
+    }
+
+    /// What the lost-job reconciler needs of one run, read afresh.
+    pub async fn queue_run(&self, run_id: RunId) -> Result<Option<QueueRun>, Error> {
+        let mut conn = self.connection();
+        let row: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(self.run_key(run_id))
+            .arg(&["agent", "status", "updated_at", "job_seq", "fence_seq"])
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(queue_row(run_id, &row))
+    }
+
+    /// Puts a run that dead-lettering failed (its error is `reason`) back to `QUEUED` with
+    /// `note` journaled; `question` is the one its journal left open, if any, reopened when the
+    /// failure closed it before its deadline.
+    pub async fn requeue_failed(
+        &self,
+        run_id: RunId,
+        note: &str,
+        reason: &str,
+        question: Option<&InteractionRequest>,
+    ) -> Result<Requeue, Error> {
+        let now = Timestamp::now();
+        let event = Event::SystemMessage(SystemMessage {
+            level: MessageLevel::Info,
+            content: note.to_owned(),
+        });
+        let json = serde_json::to_string(&event).unwrap_or_default();
+        let rid = question
+            .map(|q| q.request_id.to_string())
+            .unwrap_or_default();
+        let mut conn = self.connection();
+        let reply: Result<(String, String), _> = redis::Script::new(REQUEUE)
+            .key(self.run_key(run_id))
+            .key(self.journal_key(run_id))
+            .key(self.interaction_key(run_id, if rid.is_empty() { "none" } else { &rid }))
+            .arg(&self.prefix)
+            .arg(now.to_string())
+            .arg(now.micros())
+            .arg(json.strip_prefix('{').unwrap_or(&json))
+            .arg(reason.replace(['\r', '\n'], " "))
+            .arg(&rid)
+            .arg(question.map(|q| q.timestamp.micros()).unwrap_or_default())
+            .arg(
+                question
+                    .and_then(|q| q.expires_at)
+                    .map(|t| t.micros().to_string())
+                    .unwrap_or_default(),
+            )
+            .invoke_async(&mut conn)
+            .await;
+        match reply {
+            Ok((kind, v)) if kind == "QUEUED" => Ok(Requeue::Queued {
+                seq: v.parse().unwrap_or(0),
+            }),
+            Ok((kind, v)) if kind == "OTHER" => Ok(Requeue::FailedOtherwise(v)),
+            Ok((_, status)) => Ok(Requeue::NotFailed(status.parse().map_err(Error::Backend)?)),
+            Err(e) if e.to_string().contains("NOTFOUND") => Err(Error::NotFound(run_id)),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    /// The statuses of `ids` in one round trip (`None` for a run that does not exist).
+    pub async fn statuses(&self, ids: &[RunId]) -> Result<Vec<Option<RunStatus>>, Error> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hget(self.run_key(*id), "status");
+        }
+        let mut conn = self.connection();
+        let raw: Vec<Option<String>> = pipe.query_async(&mut conn).await.map_err(backend)?;
+        Ok(raw
+            .into_iter()
+            .map(|s| s.and_then(|s| s.parse().ok()))
+            .collect())
+    }
+
+    /// `INFO <section>` as `field → value` (for benchmarks and diagnostics).
+    pub async fn info(&self, section: &str) -> Result<HashMap<String, String>, Error> {
+        let mut conn = self.connection();
+        let text: String = redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+            .collect())
+    }
+
+    /// Whether Redis answers (`PING`).
+    pub async fn ping(&self) -> Result<(), Error> {
+        let mut conn = self.connection();
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(backend)
+    }
+}
