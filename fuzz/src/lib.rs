@@ -14,7 +14,7 @@ use delta_protocol::{
     InteractionRequest, InteractionResponse, OptionAction, REDACTED, Timestamp, Via,
 };
 use delta_engine::agent::CheckedConfig;
-use delta_engine::engine::check_answer;
+use delta_engine::engine::{AnswerSchema, check_answer};
 use delta_engine::tools::Tool;
 use serde_json::Value;
 
@@ -93,7 +93,7 @@ pub fn moment(selector: u8) -> Timestamp {
 /// must hold of its outcome: an accepted answer obeys PROTOCOL.md §3 and its journal record hides
 /// a sensitive answer; a refusal has a code and a message.
 pub fn check_and_assert(q: &InteractionRequest, resp: InteractionResponse, now: Timestamp) {
-    match check_answer(q, deployer_tools(), resp.clone(), now) {
+    match check_answer(q, &AnswerSchema::of_tools(deployer_tools()), resp.clone(), now) {
         Ok(accepted) => {
             assert_eq!(accepted.response, resp, "the answer is kept as given");
             assert_eq!(accepted.response.request_id, q.request_id);

@@ -5,6 +5,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use delta_engine::engine::{AnswerSchema, check_answer};
 use delta_protocol::{
     Event, InteractionResponse, InteractionState, Job, JobKind, MessageLevel, REDACTED, RequestId,
     Resolved, Responder, RunId, RunStatus, SystemMessage, Timestamp, Via,
@@ -262,7 +263,14 @@ impl Gateway {
             );
         }
         let now = Timestamp::now();
-        let accepted = ix.request.validate(response.clone(), now)?;
+        // The engine's own check, with what the question carries (the tool's parameters, the
+        // agent's tool names): a bad answer is refused here and the question stays pending.
+        // A question from a worker that did not yet carry them gets the protocol's rules only;
+        // the engine checks the rest when it applies the answer.
+        let accepted = match AnswerSchema::of_request(&ix.request) {
+            Some(schema) => check_answer(&ix.request, &schema, response.clone(), now)?,
+            None => ix.request.validate(response.clone(), now)?,
+        };
         let won = self
             .store
             .resolve(
@@ -290,7 +298,7 @@ impl Gateway {
             resolved_at: Timestamp::now(),
             state: InteractionState::Answered,
         };
-        self.resume(&ix, resolved).await;
+        self.resume(&ix, resolved, Some(now)).await;
         Ok(run_id)
     }
 
@@ -375,7 +383,12 @@ impl Gateway {
 
     /// After an interaction was settled: publish its run's resume job (idempotent), note it,
     /// announce `resolved`. A failure here is left to the resume reconciler.
-    pub async fn resume(&self, ix: &StoredInteraction, resolved: Resolved) {
+    pub async fn resume(
+        &self,
+        ix: &StoredInteraction,
+        resolved: Resolved,
+        answered_at: Option<Timestamp>,
+    ) {
         let q = &ix.request;
         let job = Job {
             run_id: q.run_id,
@@ -383,7 +396,8 @@ impl Gateway {
             request_id: Some(q.request_id),
         };
         let tp = ix.traceparent.as_deref();
-        match self.queue.publish_job(&q.agent, &job, tp).await {
+        let msg_id = job.resume_msg_id(answered_at);
+        match self.queue.publish_job_as(&q.agent, &job, &msg_id, tp).await {
             Ok(seq) => {
                 let recheck = Timestamp::now().micros()
                     + i64::try_from(self.config.lost_job_after.as_micros()).unwrap_or(i64::MAX);
@@ -477,7 +491,7 @@ impl Gateway {
             resolved_at: Timestamp::now(),
             state: InteractionState::Expired,
         };
-        self.resume(&ix, resolved).await;
+        self.resume(&ix, resolved, None).await;
         Ok(true)
     }
 

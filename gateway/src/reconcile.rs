@@ -135,7 +135,10 @@ async fn resume_one(
     let tp = ix.traceparent.as_deref();
     let msg_id = match ix.resume_seq {
         // Never published (or not noted): the same id, so a publish that did happen dedupes.
-        None => job.msg_id(),
+        None => job.resume_msg_id(
+            ix.answered_at
+                .filter(|_| ix.state == InteractionState::Answered),
+        ),
         // Published, gone from the stream, and the run still waits: lost.
         Some(seq) => format!("requeue:{request_id}:{seq}"),
     };

@@ -979,12 +979,126 @@ async fn sensitive_answers_need_the_key_and_never_show() {
     assert_eq!(ix["state"], "PENDING");
 }
 
+/// Messages in the fleet's jobs stream (a work queue: a job taken and acked is gone).
+async fn jobs_in_stream(fleet: &Fleet, stream: &str) -> u64 {
+    let js = async_nats::jetstream::new(fleet.nats().await);
+    let mut stream = js.get_stream(stream).await.expect("stream");
+    stream.info().await.expect("info").state.messages
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn an_answer_the_engine_refuses_reopens_the_question() {
+async fn invalid_edited_arguments_are_refused_at_the_gateway_over_http_and_nats() {
     let fleet = Fleet::start("gwm", 1, 1).await;
     let run = fleet.submit("gated", "shout").await;
     let rid = fleet.pending(run).await;
-    // The gateway cannot know the tool's parameters: it accepts, the worker refuses.
+    let before = fleet.store.load(run).await.expect("load");
+    // The question carries the tool's parameters, so the gateway checks edited arguments itself.
+    let (_, ix) = fleet
+        .client
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(
+        ix["request"]["context"]["parameters"],
+        json!([{"name": "text", "type": "string", "required": true}]),
+        "{ix}"
+    );
+    let (s, b) = fleet
+        .answer(
+            &rid,
+            json!({"option_id": "approve", "data": {"args": {"volume": 11}}}),
+        )
+        .await;
+    assert_eq!(s, 422, "{b}");
+    assert_eq!(b["error"]["code"], "invalid_args", "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unknown parameter `volume`")),
+        "{b}"
+    );
+    let nc = fleet.nats().await;
+    let reply = bot_answer(
+        &nc,
+        "gwm",
+        &rid,
+        br#"{"option_id": "approve", "data": {"args": {"text": 5, "loud": true}}, "responder": {"id": "bot"}}"#.to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(reply["error"]["code"], "invalid_args", "{reply}");
+    // Still pending, nothing stored, no resume job published: no worker is involved.
+    let (_, ix) = fleet
+        .client
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(ix["state"], "PENDING", "{ix}");
+    assert_eq!(jobs_in_stream(&fleet, "GWM_JOBS").await, 0);
+    let after = fleet.store.load(run).await.expect("load");
+    assert_eq!(after.record.status, RunStatus::WaitingForInput);
+    assert_eq!(
+        after.journal.len(),
+        before.journal.len(),
+        "journal unchanged"
+    );
+    // A good answer goes through.
+    let (s, b) = fleet
+        .answer(
+            &rid,
+            json!({"option_id": "approve", "data": {"args": {"text": "HELLO"}}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    assert!(
+        stored
+            .journal
+            .iter()
+            .any(|e| matches!(&e.event, Event::ActionResult(r)
+        if r.observation_content.contains("HELLO")))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_the_engine_refuses_reopens_the_question_everywhere_and_a_corrected_one_resumes()
+{
+    let fleet = Fleet::start("gwr", 1, 1).await;
+    let mut live = fleet
+        .client
+        .sse("/v1/interactions/stream", None)
+        .await
+        .expect("sse");
+    let run = fleet.submit("gated", "shout").await;
+    let rid = fleet.pending(run).await;
+    // A question as a worker that predates `context.parameters` asked it (or an agent changed
+    // between the answer and the resume): the gateway can check only the protocol's rules, and
+    // the engine's check at resume is the defence.
+    let key = fleet.store.interaction_key(run, &rid);
+    let mut redis = redis::Client::open(fleet.redis.url())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let stored: String = redis::cmd("HGET")
+        .arg(&key)
+        .arg("request")
+        .query_async(&mut redis)
+        .await
+        .expect("hget");
+    let mut request: Value = serde_json::from_str(&stored).expect("request JSON");
+    request["context"]
+        .as_object_mut()
+        .expect("context")
+        .remove("parameters");
+    let () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("request")
+        .arg(request.to_string())
+        .query_async(&mut redis)
+        .await
+        .expect("hset");
     let (s, b) = fleet
         .answer(
             &rid,
@@ -1021,7 +1135,17 @@ async fn an_answer_the_engine_refuses_reopens_the_question() {
         json!(rid),
         "pending again"
     );
-    // A good answer now goes through.
+    // The live stream saw it asked, resolved, and asked again.
+    let mut events = vec![];
+    while events.len() < 3 {
+        let e = live.next(Duration::from_secs(20)).await.expect("an event");
+        let v: Value = serde_json::from_str(&e.data).expect("json");
+        assert_eq!(v["request_id"], json!(rid), "{v}");
+        events.push(e.event);
+    }
+    assert_eq!(events, ["requested", "resolved", "requested"]);
+    // A corrected answer resumes the run at once: its resume job has an id of its own, not the
+    // refused answer's (which NATS would drop as a duplicate).
     let (s, b) = fleet
         .answer(
             &rid,

@@ -503,7 +503,13 @@ async fn handle(shared: &Shared, d: Delivery) {
         return;
     }
     match outcome {
-        Ok(Outcome::Paused(q)) => match shared.queue.publish_request(&q, tp.as_deref()).await {
+        Ok(Outcome::Paused(q)) => match if reopened {
+            // The question was announced (and then resolved) before: a new announcement, so
+            // that every channel (SSE, the inbox, bots) shows it open again.
+            shared.queue.publish_request_again(&q, tp.as_deref()).await
+        } else {
+            shared.queue.publish_request(&q, tp.as_deref()).await
+        } {
             Ok(()) => {
                 let _ = d.ack().await;
             }

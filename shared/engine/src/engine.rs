@@ -130,14 +130,61 @@ pub struct Engine<'a, S, B> {
 /// The observation a tool sees in place of a sensitive value, should it echo one.
 const MASK: &str = "***";
 
+/// What an answer is checked against beyond the question's own rules: the tools it may name, each
+/// with its parameters. The engine takes it from the agent ([`AnswerSchema::of_tools`]); the
+/// gateway from the question itself ([`AnswerSchema::of_request`]), which carries what it needs:
+/// an approval its tool's `context.parameters`, a plan confirmation the agent's tool names in
+/// `context.tools`. Both then run the same [`check_answer`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AnswerSchema {
+    tools: BTreeMap<String, Vec<tools::ParamSpec>>,
+}
+
+impl AnswerSchema {
+    /// The schema of an agent's tools.
+    pub fn of_tools(tools: &BTreeMap<String, Tool>) -> Self {
+        AnswerSchema {
+            tools: tools
+                .iter()
+                .map(|(name, t)| (name.clone(), t.specs.clone()))
+                .collect(),
+        }
+    }
+
+    /// The schema a question carries, or `None` when it carries none it would need (a question
+    /// asked by a worker older than these fields): then only the protocol's rules can be checked
+    /// without the agent, and the engine's own check at resume is the only one of the rest.
+    pub fn of_request(q: &InteractionRequest) -> Option<Self> {
+        let mut tools = BTreeMap::new();
+        if q.is_plan_confirmation() {
+            let names = q.context.get("tools")?.as_array()?;
+            for n in names {
+                tools.insert(n.as_str()?.to_owned(), vec![]);
+            }
+        } else if q.kind == InteractionType::ToolApproval {
+            let tool = q.context.get("tool")?.as_str()?;
+            let params = q.context.get("parameters")?;
+            let params: Vec<tools::ParamSpec> = serde_json::from_value(params.clone()).ok()?;
+            tools.insert(tool.to_owned(), params);
+        }
+        Some(AnswerSchema { tools })
+    }
+
+    /// The tools' names, for an approval's or a plan's context.
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.tools.keys().map(String::as_str)
+    }
+}
+
 /// Checks an answer to the pending request `pending` as the engine applies it (at `now`): the
-/// rules of PROTOCOL.md §3 ([`InteractionRequest::validate`]), then edited tool arguments
-/// (`data.args` of an approval) against the tool's parameters among `tools`, and the edit of a
-/// plan ("modify": feedback, or `data.tasks` naming known tools). Pure, so the fuzzers and
-/// property tests run exactly the engine's checks.
+/// rules of the protocol ([`InteractionRequest::validate`]: the option, required input, the
+/// deadline), then edited tool arguments (`data.args` of an approval) against the tool's
+/// parameters in `schema`, and the edit of a plan ("modify": feedback, or `data.tasks` naming
+/// known tools). Pure: the gateway runs it before it accepts an answer, the engine again when it
+/// applies one (the agent may have changed in between), and the fuzzers run exactly this.
 pub fn check_answer(
     pending: &InteractionRequest,
-    tools: &BTreeMap<String, Tool>,
+    schema: &AnswerSchema,
     resp: InteractionResponse,
     now: Timestamp,
 ) -> Result<AcceptedAnswer, ResponseError> {
@@ -145,28 +192,25 @@ pub fn check_answer(
     if accepted.action == OptionAction::ApproveAndExecute
         && let Some(edited) = accepted.response.data.as_ref().and_then(|d| d.get("args"))
     {
-        let tool = pending
+        let params = pending
             .context
             .get("tool")
             .and_then(Value::as_str)
-            .and_then(|t| tools.get(t))
+            .and_then(|t| schema.tools.get(t))
+            .filter(|_| pending.kind == InteractionType::ToolApproval)
             .ok_or_else(|| {
                 ResponseError::InvalidArgs("this request has no tool arguments to edit".into())
             })?;
-        tool.check_args(edited)
-            .map_err(ResponseError::InvalidArgs)?;
+        tools::check_args(params, edited).map_err(ResponseError::InvalidArgs)?;
     }
     if pending.is_plan_confirmation() && accepted.action == OptionAction::RetryWithFeedback {
-        check_plan_edit(tools, &accepted.response)?;
+        check_plan_edit(schema, &accepted.response)?;
     }
     Ok(accepted)
 }
 
 /// A "modify" of a plan needs feedback, or a task list in `data.tasks` naming known tools.
-fn check_plan_edit(
-    tools: &BTreeMap<String, Tool>,
-    r: &InteractionResponse,
-) -> Result<(), ResponseError> {
+fn check_plan_edit(schema: &AnswerSchema, r: &InteractionResponse) -> Result<(), ResponseError> {
     let Some(tasks) = r.data.as_ref().and_then(|d| d.get("tasks")) else {
         let said = [&r.input, &r.feedback]
             .into_iter()
@@ -185,11 +229,11 @@ fn check_plan_edit(
     let unknown = tasks.iter().find_map(|t| {
         t.tool
             .as_deref()
-            .filter(|n| !tools.contains_key(*n))
+            .filter(|n| !schema.tools.contains_key(*n))
             .map(|n| (t.index, n))
     });
     if let Some((index, tool)) = unknown {
-        let known: Vec<&str> = tools.keys().map(String::as_str).collect();
+        let known: Vec<&str> = schema.names().collect();
         return Err(ResponseError::InvalidArgs(format!(
             "data.tasks: task {index} names the unknown tool `{tool}`; the agent's tools: {}",
             known.join(", ")
@@ -430,7 +474,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         };
         check_answer(
             pending,
-            &self.agent.tools,
+            &AnswerSchema::of_tools(&self.agent.tools),
             resp,
             self.answered_at.unwrap_or_else(Timestamp::now),
         )
@@ -1087,6 +1131,8 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     fn tool_context(&self, q: &mut InteractionRequest, req: &ActionRequest, tool: &Tool) {
         q.context.insert("tool".into(), json!(req.tool));
         q.context.insert("args".into(), req.args.clone());
+        // What edited arguments are checked against, by the gateway before it accepts them.
+        q.context.insert("parameters".into(), json!(tool.specs));
         q.context.insert(
             "command_line".into(),
             json!(self.command_line(tool, &req.args)),
@@ -1197,6 +1243,11 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             .insert("risk_level".into(), json!(plan.risk_level));
         q.context.insert("round".into(), json!(plan.round));
         q.context.insert("max_rounds".into(), json!(max));
+        // The tools an edited task list may name, checked by the gateway before it accepts one.
+        q.context.insert(
+            "tools".into(),
+            json!(self.agent.tools.keys().collect::<Vec<_>>()),
+        );
         self.with_timeout(
             &mut q,
             self.agent.config.plan_timeout_seconds,

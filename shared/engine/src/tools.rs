@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -35,7 +35,7 @@ pub enum InjectAs {
 }
 
 /// A parameter's declared type; values are checked against it before the tool runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ParamType {
     #[default]
@@ -70,6 +70,63 @@ pub struct ParamConfig {
 
 fn yes() -> bool {
     true
+}
+
+/// What arguments are checked against: a parameter's name, type and whether it is required.
+/// An approval question carries its tool's list in `context.parameters`, so that the gateway
+/// checks edited arguments with [`check_args`] before it accepts an answer, as the engine does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamSpec {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: ParamType,
+    pub required: bool,
+}
+
+impl From<&ParamConfig> for ParamSpec {
+    fn from(p: &ParamConfig) -> Self {
+        ParamSpec {
+            name: p.name.clone(),
+            kind: p.kind,
+            required: p.required,
+        }
+    }
+}
+
+/// Checks arguments against parameters: an object, no unknown names, every required parameter
+/// present, values of the declared type. Returns each given value as the text the tool receives.
+pub fn check_args(params: &[ParamSpec], args: &Value) -> Result<BTreeMap<String, String>, String> {
+    let obj = match args {
+        Value::Object(o) => o,
+        Value::Null if params.is_empty() => return Ok(BTreeMap::new()),
+        other => return Err(format!("arguments must be a JSON object, got {other}")),
+    };
+    let mut out = BTreeMap::new();
+    for key in obj.keys() {
+        if !params.iter().any(|p| &p.name == key) {
+            let known: Vec<&str> = params.iter().map(|p| p.name.as_str()).collect();
+            return Err(format!(
+                "unknown parameter `{key}` (parameters: {})",
+                if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                }
+            ));
+        }
+    }
+    for p in params {
+        let text = match obj.get(&p.name) {
+            None | Some(Value::Null) if p.required => {
+                return Err(format!("missing required parameter `{}`", p.name));
+            }
+            None | Some(Value::Null) => continue,
+            Some(v) => typed(p, v)?,
+        };
+        out.insert(p.name.clone(), text);
+    }
+    Ok(out)
 }
 
 /// `approval:` of a tool.
@@ -179,6 +236,8 @@ pub struct Tool {
     pub name: String,
     pub description: String,
     pub params: Vec<ParamConfig>,
+    /// `params` as arguments are checked against them (and as approval questions carry them).
+    pub specs: Vec<ParamSpec>,
     form: Form,
     pub approval: Approval,
     pub dangerous: bool,
@@ -406,6 +465,7 @@ impl Tool {
         Ok(Tool {
             name: c.name.clone(),
             description: c.description.clone().unwrap_or_default(),
+            specs: params.iter().map(ParamSpec::from).collect(),
             params,
             form,
             approval: c.approval,
@@ -450,39 +510,9 @@ impl Tool {
         }
     }
 
-    /// Checks arguments against the parameters: an object, no unknown names, every required
-    /// parameter present, values of the declared type.
+    /// Checks arguments against the tool's parameters ([`check_args`]).
     pub fn check_args(&self, args: &Value) -> Result<BTreeMap<String, String>, String> {
-        let obj = match args {
-            Value::Object(o) => o,
-            Value::Null if self.params.is_empty() => return Ok(BTreeMap::new()),
-            other => return Err(format!("arguments must be a JSON object, got {other}")),
-        };
-        let mut out = BTreeMap::new();
-        for key in obj.keys() {
-            if !self.params.iter().any(|p| &p.name == key) {
-                let known: Vec<&str> = self.params.iter().map(|p| p.name.as_str()).collect();
-                return Err(format!(
-                    "unknown parameter `{key}` (parameters: {})",
-                    if known.is_empty() {
-                        "none".into()
-                    } else {
-                        known.join(", ")
-                    }
-                ));
-            }
-        }
-        for p in &self.params {
-            let text = match obj.get(&p.name) {
-                None | Some(Value::Null) if p.required => {
-                    return Err(format!("missing required parameter `{}`", p.name));
-                }
-                None | Some(Value::Null) => continue,
-                Some(v) => typed(p, v)?,
-            };
-            out.insert(p.name.clone(), text);
-        }
-        Ok(out)
+        check_args(&self.specs, args)
     }
 
     /// The argv and stdin for checked arguments.
@@ -584,7 +614,7 @@ impl Tool {
     }
 }
 
-fn typed(p: &ParamConfig, v: &Value) -> Result<String, String> {
+fn typed(p: &ParamSpec, v: &Value) -> Result<String, String> {
     let wrong = |want: &str| Err(format!("parameter `{}` must be {want}, got {v}", p.name));
     match (p.kind, v) {
         (ParamType::String, Value::String(s)) => Ok(s.clone()),

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use delta_engine::agent::{CheckedConfig, Error};
-use delta_engine::engine::check_answer;
+use delta_engine::engine::{AnswerSchema, check_answer};
 use delta_engine::script::{AskHuman, PlanStep, Script, ScriptOption, Step, ToolStep};
 use delta_engine::tools::Tool;
 use delta_protocol::{
@@ -651,6 +651,9 @@ fn approval() -> InteractionRequest {
         "args".into(),
         json!({"env": "production", "version": "1.4.2"}),
     );
+    // What the engine puts there (`tool_context`): the tool's parameters, for the gateway.
+    q.context
+        .insert("parameters".into(), json!(deployer_tools()["deploy"].specs));
     q
 }
 
@@ -670,6 +673,10 @@ fn plan_confirmation() -> InteractionRequest {
         delta_protocol::InteractionOption::new("modify", "Modify", OptionAction::RetryWithFeedback),
     ];
     q.context.insert("plan".into(), json!([]));
+    q.context.insert(
+        "tools".into(),
+        json!(deployer_tools().keys().collect::<Vec<_>>()),
+    );
     q
 }
 
@@ -731,7 +738,16 @@ proptest! {
         let q = approval();
         let tools = deployer_tools();
         let edited = json!({"args": args});
-        match check_answer(&q, &tools, answer(&q, "approve", Some(edited)), Timestamp::now()) {
+        let now = Timestamp::now();
+        let r = answer(&q, "approve", Some(edited));
+        // The gateway checks with what the question carries, the engine with the agent's tools:
+        // the same verdict either way.
+        let carried = AnswerSchema::of_request(&q).expect("the question carries its schema");
+        prop_assert_eq!(
+            check_answer(&q, &carried, r.clone(), now).map(|a| a.action),
+            check_answer(&q, &AnswerSchema::of_tools(&tools), r.clone(), now).map(|a| a.action)
+        );
+        match check_answer(&q, &carried, r, now) {
             Ok(_) => {
                 let o = args.as_object().expect("accepted arguments are an object");
                 prop_assert!(o.keys().all(|k| k == "env" || k == "version"));
@@ -750,7 +766,13 @@ proptest! {
         let tools = deployer_tools();
         let mut r = answer(&q, "modify", Some(json!({"tasks": tasks})));
         r.feedback = feedback;
-        match check_answer(&q, &tools, r, Timestamp::now()) {
+        let now = Timestamp::now();
+        let carried = AnswerSchema::of_request(&q).expect("the question carries its schema");
+        prop_assert_eq!(
+            check_answer(&q, &carried, r.clone(), now).map(|a| a.action),
+            check_answer(&q, &AnswerSchema::of_tools(&tools), r.clone(), now).map(|a| a.action)
+        );
+        match check_answer(&q, &carried, r, now) {
             Ok(_) => {
                 let list = tasks.as_array().expect("accepted tasks are a list");
                 prop_assert!(!list.is_empty());

@@ -517,6 +517,18 @@ impl Job {
             (JobKind::Start, _) => format!("start:{}", self.run_id),
         }
     }
+
+    /// The `Nats-Msg-Id` of the resume job for one answer: `resume:<request_id>:<micros>` for the
+    /// answer accepted at `answered_at`, `resume:<request_id>` when the clock closed the question
+    /// (`None`; that happens once). Per answer, not per question: a question the engine reopened
+    /// (its answer refused at resume) gets a new answer, and that answer's job must not be
+    /// dropped as a duplicate of the refused one's.
+    pub fn resume_msg_id(&self, answered_at: Option<Timestamp>) -> String {
+        match answered_at {
+            Some(at) => format!("{}:{}", self.msg_id(), at.micros()),
+            None => self.msg_id(),
+        }
+    }
 }
 
 /// What `…interactions.resolved.<agent>.<run_id>` carries (PROTOCOL.md §4), plus `state`:
