@@ -69,7 +69,7 @@ fn store_err(e: store::Error) -> Stop {
         }
         _ => EXIT_FAILED,
     };
-    Stop(code, e.to_string())
+    Stop(code, delta_host::Chain(&e).to_string())
 }
 
 /// Runs `delta run`; returns the exit code. Errors are printed here.
@@ -156,7 +156,7 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
             ));
         }
     };
-    let agent = Agent::load(&agent_dir).map_err(|e| usage(e.to_string()))?;
+    let agent = Agent::load(&agent_dir).map_err(|e| usage(delta_host::Chain(&e).to_string()))?;
     if let Some(run) = &resumable
         && run.record.agent != agent.name()
     {
@@ -172,7 +172,8 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
         }
         resumable = None;
     }
-    let brain = AnyBrain::for_agent(&agent).map_err(|e| usage(e.to_string()))?;
+    let brain =
+        AnyBrain::for_agent(&agent).map_err(|e| usage(delta_host::Chain(&e).to_string()))?;
 
     let run = match resumable {
         Some(run) => {

@@ -94,7 +94,7 @@ impl From<store::Error> for ApiError {
                 "this answer is sensitive and the gateway has no DELTA_SECRETS_KEY to seal it with; an operator must set the same key on gateways and workers",
             ),
             other => {
-                tracing::error!(error = %other, "store failure");
+                tracing::error!(error = %delta_host::Chain(&other), "store failure");
                 Self::unavailable("the run store (Redis) is unavailable; try again shortly")
             }
         }
@@ -103,7 +103,7 @@ impl From<store::Error> for ApiError {
 
 impl From<queue::Error> for ApiError {
     fn from(e: queue::Error) -> Self {
-        tracing::error!(error = %e, "queue failure");
+        tracing::error!(error = %delta_host::Chain(&e), "queue failure");
         Self::unavailable("the queue (NATS JetStream) is unavailable; try again shortly")
     }
 }

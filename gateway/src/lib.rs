@@ -126,14 +126,14 @@ pub async fn run(
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await;
     if let Err(e) = served {
-        tracing::error!(error = %e, "HTTP server stopped");
+        tracing::error!(error = %delta_host::Chain(&e), "HTTP server stopped");
     }
     shutdown.cancel();
     gw.tasks.close();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), gw.tasks.wait()).await;
     match bots.await {
-        Ok(Err(e)) => tracing::warn!(error = %e, "bot bridge stopped"),
-        Err(e) => tracing::warn!(error = %e, "bot bridge task failed"),
+        Ok(Err(e)) => tracing::warn!(error = %delta_host::Chain(&e), "bot bridge stopped"),
+        Err(e) => tracing::warn!(error = %delta_host::Chain(&e), "bot bridge task failed"),
         Ok(Ok(())) => {}
     }
     let _ = reconcilers.await;

@@ -158,7 +158,7 @@ impl Gateway {
         match self.queue.publish_job(&s.agent, &job, None).await {
             Ok(seq) => self.store.set_job_seq(record.run_id, seq).await?,
             Err(e) => {
-                tracing::warn!(error = %e, run = %record.run_id, "start job not published; the reconciler will")
+                tracing::warn!(error = %delta_host::Chain(&e), run = %record.run_id, "start job not published; the reconciler will")
             }
         }
         Ok(RunAccepted {
@@ -406,16 +406,16 @@ impl Gateway {
                     .resume_published(q.run_id, q.request_id, seq, recheck)
                     .await
                 {
-                    tracing::warn!(error = %e, request = %q.request_id, "resume published but not noted; the reconciler will check it");
+                    tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "resume published but not noted; the reconciler will check it");
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, request = %q.request_id, "resume not published; the reconciler will");
+                tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "resume not published; the reconciler will");
                 return;
             }
         }
         if let Err(e) = self.queue.publish_resolved(&q.agent, &resolved, tp).await {
-            tracing::warn!(error = %e, request = %q.request_id, "`resolved` not announced");
+            tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "`resolved` not announced");
         }
     }
 
@@ -562,7 +562,7 @@ impl Gateway {
                 .publish_resolved(&record.agent, &resolved, None)
                 .await
             {
-                tracing::warn!(error = %e, "`resolved` of a cancelled run's question not announced");
+                tracing::warn!(error = %delta_host::Chain(&e), "`resolved` of a cancelled run's question not announced");
             }
         }
         Ok(RunStatus::Cancelled)

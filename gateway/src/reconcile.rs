@@ -157,7 +157,7 @@ async fn resume_one(
             .publish_resolved(&record.agent, &resolved, tp)
             .await
     {
-        tracing::warn!(error = %e, request = %request_id, "`resolved` not announced");
+        tracing::warn!(error = %delta_host::Chain(&e), request = %request_id, "`resolved` not announced");
     }
     gw.metrics.resumes_republished.inc();
     tracing::info!(run = %run_id, request = %request_id, msg_id, "resume job published by the reconciler");

@@ -141,7 +141,7 @@ async fn follow_journal(gw: &Gateway, run_id: RunId, mut after: u64, tx: mpsc::S
                 // The tail's own connection does not reconnect: drop it and catch up afresh.
                 // After a while the stream ends; the client reconnects with Last-Event-ID.
                 failures += 1;
-                tracing::warn!(error = %e, failures, "journal stream read failed");
+                tracing::warn!(error = %delta_host::Chain(&e), failures, "journal stream read failed");
                 if failures >= 20 {
                     return;
                 }

@@ -70,7 +70,7 @@ async fn appends(redis: &delta_e2e::Redis, total: usize) -> (f64, f64) {
         .expect("redis");
     let one = RunRecord::new(RunId::new(), "bench", "t", RunStatus::Running);
     store.create(one.clone()).await.expect("create");
-    let fenced = store.fenced(1, 1);
+    let fenced = store.fenced(delta_protocol::Fence::new(1, 1));
     let sequential = total / 4;
     let t = Instant::now();
     for i in 0..sequential {
@@ -94,7 +94,7 @@ async fn appends(redis: &delta_e2e::Redis, total: usize) -> (f64, f64) {
         .into_iter()
         .enumerate()
         .map(|(w, id)| {
-            let s = store.fenced(w as u64 + 1, 1);
+            let s = store.fenced(delta_protocol::Fence::new(w as u64 + 1, 1));
             tokio::spawn(async move {
                 for i in 0..per {
                     s.append(id, note(i), None).await.expect("append");

@@ -60,7 +60,7 @@ async fn setup_is_idempotent_and_duplicate_jobs_are_dropped() {
     let d = &got[0];
     assert_eq!(d.job.as_ref().expect("a job"), &job);
     assert_eq!(d.agent, "hello");
-    assert_eq!(d.fence.1, 1);
+    assert_eq!(d.fence.delivery, 1);
     assert_eq!(
         d.traceparent.as_deref(),
         Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
@@ -98,7 +98,10 @@ async fn a_nak_redelivers_with_a_higher_fence_and_poison_goes_to_the_dlq() {
         .expect("fetch")
         .pop()
         .expect("redelivery");
-    assert_eq!(second.fence.0, first.fence.0, "same message");
+    assert_eq!(
+        second.fence.stream_seq, first.fence.stream_seq,
+        "same message"
+    );
     assert!(
         second.fence > first.fence,
         "a redelivery outranks the first delivery"

@@ -30,13 +30,13 @@ async fn a_stale_delivery_cannot_write_after_a_newer_one_took_the_run() {
     let id = rec.run_id;
     store.create(rec).await.expect("create");
 
-    let first = store.fenced(7, 1);
+    let first = store.fenced(delta_protocol::Fence::new(7, 1));
     first
         .append(id, vec![msg("first owner")], None)
         .await
         .expect("first write");
     // The job is redelivered (delivery 2): the new owner writes, the old one is now stale.
-    let second = store.fenced(7, 2);
+    let second = store.fenced(delta_protocol::Fence::new(7, 2));
     second
         .append(id, vec![msg("second owner")], None)
         .await
@@ -54,7 +54,7 @@ async fn a_stale_delivery_cannot_write_after_a_newer_one_took_the_run() {
     );
     // A resume job (a later stream sequence) outranks both.
     store
-        .fenced(9, 1)
+        .fenced(delta_protocol::Fence::new(9, 1))
         .append(id, vec![msg("resume job")], None)
         .await
         .expect("newer job");
@@ -81,13 +81,13 @@ async fn a_new_owner_cannot_write_on_a_journal_that_moved_since_it_loaded_it() {
     let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
     let id = rec.run_id;
     store.create(rec).await.expect("create");
-    let old = store.fenced(7, 1);
+    let old = store.fenced(delta_protocol::Fence::new(7, 1));
     old.load(id).await.expect("old owner loads");
     old.append(id, vec![msg("step 1 requested")], None)
         .await
         .expect("old owner writes");
 
-    let new = store.fenced(7, 2);
+    let new = store.fenced(delta_protocol::Fence::new(7, 2));
     let seen = new.load(id).await.expect("new owner loads").journal;
     assert_eq!(seen.len(), 1);
     old.append(id, vec![msg("step 1 result")], None)
@@ -107,7 +107,7 @@ async fn a_new_owner_cannot_write_on_a_journal_that_moved_since_it_loaded_it() {
 
     // A later delivery that loads the journal as it is now takes the run over, and from then
     // on the old owner is fenced off.
-    let newer = store.fenced(7, 3);
+    let newer = store.fenced(delta_protocol::Fence::new(7, 3));
     let seen = newer.load(id).await.expect("load").journal;
     assert_eq!(seen.len(), 2);
     newer

@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use delta_protocol::journal::Replay;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -29,10 +28,9 @@ use tracing::Instrument;
 use delta_engine::agent::Agent;
 use delta_engine::brain::AnyBrain;
 use delta_engine::engine::{self, Engine, Outcome, PauseMode};
+use delta_engine::resume::{Answers, Resumed};
 use delta_protocol::secret::SecretsKey;
-use delta_protocol::{
-    Event, InteractionState, JobKind, MessageLevel, ResponseError, RunId, RunStatus, SystemMessage,
-};
+use delta_protocol::{Event, Fence, MessageLevel, RunId, RunStatus, SystemMessage};
 use delta_queue::{self as queue, Delivery, Exhausted, Queue};
 use delta_store::redis::RedisRunStore;
 use delta_store::{self as store, RunStore, StatusChange, Terminal};
@@ -84,9 +82,10 @@ impl Agents {
         if !valid {
             return Err(format!("`{name}` is not a valid agent name"));
         }
-        let agent =
-            Agent::load(&self.dir.join(name)).map_err(|e| format!("agent `{name}`: {e}"))?;
-        let brain = AnyBrain::for_agent(&agent).map_err(|e| format!("agent `{name}`: {e}"))?;
+        let agent = Agent::load(&self.dir.join(name))
+            .map_err(|e| format!("agent `{name}`: {}", delta_host::Chain(&e)))?;
+        let brain = AnyBrain::for_agent(&agent)
+            .map_err(|e| format!("agent `{name}`: {}", delta_host::Chain(&e)))?;
         let pair = Arc::new((agent, brain));
         loaded.insert(name.to_owned(), pair.clone());
         Ok(pair)
@@ -149,7 +148,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         let deliveries = match fetched {
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!(error = %e, "fetch failed; retrying");
+                tracing::warn!(error = %delta_host::Chain(&e), "fetch failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
@@ -162,8 +161,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
                 "job",
                 run_id = run_id.as_deref().unwrap_or("?"),
                 agent = %delivery.agent,
-                seq = delivery.fence.0,
-                delivery = delivery.fence.1,
+                seq = delivery.fence.stream_seq,
+                delivery = delivery.fence.delivery,
             );
             delta_host::continue_trace(&span, delivery.traceparent.as_deref());
             tracker.spawn(
@@ -199,7 +198,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
 async fn heartbeat(shared: Arc<Shared>, shutdown: CancellationToken) {
     loop {
         if let Err(e) = shared.store.heartbeat(&shared.config.worker_id).await {
-            tracing::debug!(error = %e, "heartbeat failed");
+            tracing::debug!(error = %delta_host::Chain(&e), "heartbeat failed");
         }
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(5)) => {}
@@ -209,8 +208,8 @@ async fn heartbeat(shared: Arc<Shared>, shutdown: CancellationToken) {
 }
 
 /// Fails a run with `reason` (fenced by the job's token, so a newer owner is not overridden).
-async fn fail_run(shared: &Shared, run_id: RunId, fence: (u64, u64), reason: &str) {
-    let store = shared.store.fenced(fence.0, fence.1);
+async fn fail_run(shared: &Shared, run_id: RunId, fence: Fence, reason: &str) {
+    let store = shared.store.fenced(fence);
     let events = vec![
         Event::SystemMessage(SystemMessage {
             level: MessageLevel::Error,
@@ -228,7 +227,7 @@ async fn fail_run(shared: &Shared, run_id: RunId, fence: (u64, u64), reason: &st
         error: Some(reason.to_owned()),
     };
     if let Err(e) = store.append(run_id, events, Some(change)).await {
-        tracing::debug!(error = %e, "could not mark the run failed");
+        tracing::debug!(error = %delta_host::Chain(&e), "could not mark the run failed");
     }
 }
 
@@ -237,7 +236,7 @@ async fn poison(shared: &Shared, d: &Delivery, reason: &str) {
     tracing::warn!(reason, "dead-lettering job");
     // The copy first: should it fail, the job is redelivered with its run untouched.
     if let Err(e) = shared.queue.dead_letter(d, reason).await {
-        tracing::error!(error = %e, "DLQ publish failed; job left for redelivery");
+        tracing::error!(error = %delta_host::Chain(&e), "DLQ publish failed; job left for redelivery");
         let _ = d.nak(Some(Duration::from_secs(5))).await;
         return;
     }
@@ -258,7 +257,7 @@ async fn reap_exhausted(shared: Arc<Shared>, shutdown: CancellationToken) {
         let batch = match fetched {
             Ok(b) => b,
             Err(e) => {
-                tracing::debug!(error = %e, "exhausted-jobs fetch failed; retrying");
+                tracing::debug!(error = %delta_host::Chain(&e), "exhausted-jobs fetch failed; retrying");
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_secs(1)) => continue,
                     () = shutdown.cancelled() => return,
@@ -279,7 +278,7 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
             Ok(run) => Some(run),
             Err(store::Error::NotFound(_)) => None,
             Err(e) => {
-                tracing::warn!(error = %e, "exhausted job left for another try");
+                tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
                 return;
             }
         },
@@ -296,7 +295,7 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
                     .publish_request(&q, x.traceparent.as_deref())
                     .await
             {
-                tracing::warn!(error = %e, "exhausted job left for another try");
+                tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
                 return;
             }
             shared.queue.drop_exhausted(x).await
@@ -307,7 +306,11 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
                 "the job was delivered {} times (max_deliver) and never finished: its worker crashed or hung each time",
                 x.deliveries
             );
-            tracing::warn!(seq = x.fence.0, reason, "dead-lettering exhausted job");
+            tracing::warn!(
+                seq = x.fence.stream_seq,
+                reason,
+                "dead-lettering exhausted job"
+            );
             match shared.queue.dead_letter_exhausted(x, &reason).await {
                 Ok(()) => {
                     if let Some(job) = &x.job {
@@ -320,22 +323,23 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
         }
     };
     if let Err(e) = settled {
-        tracing::warn!(error = %e, "exhausted job left for another try");
+        tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
     }
 }
 
 /// A failure that may pass: nak with backoff, or dead-letter on the last delivery.
 async fn retry_or_poison(shared: &Shared, d: &Delivery, reason: &str) {
-    if i64::try_from(d.fence.1).unwrap_or(i64::MAX) >= shared.config.queue.max_deliver {
+    if i64::try_from(d.fence.delivery).unwrap_or(i64::MAX) >= shared.config.queue.max_deliver {
         poison(
             shared,
             d,
-            &format!("{reason} (after {} deliveries)", d.fence.1),
+            &format!("{reason} (after {} deliveries)", d.fence.delivery),
         )
         .await;
     } else {
-        let delay =
-            Duration::from_millis(200 * 2u64.pow(u32::try_from(d.fence.1).unwrap_or(8).min(8)));
+        let delay = Duration::from_millis(
+            200 * 2u64.pow(u32::try_from(d.fence.delivery).unwrap_or(8).min(8)),
+        );
         tracing::warn!(reason, ?delay, "job failed; will be redelivered");
         let _ = d.nak(Some(delay)).await;
     }
@@ -351,14 +355,14 @@ async fn handle(shared: &Shared, d: Delivery) {
     let tp = delta_host::traceparent(&tracing::Span::current(), d.traceparent.as_deref());
     let store = shared
         .store
-        .fenced(d.fence.0, d.fence.1)
+        .fenced(d.fence)
         .owned_by(&shared.config.worker_id, tp.clone());
     let run = match store.load(job.run_id).await {
         Ok(r) => r,
         Err(store::Error::NotFound(_)) => {
             return poison(shared, &d, &format!("unknown run {}", job.run_id)).await;
         }
-        Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
+        Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
     };
     if run.record.status.is_terminal() {
         // A duplicate or late job: nothing to do.
@@ -370,61 +374,14 @@ async fn handle(shared: &Shared, d: Delivery) {
         Err(reason) => return poison(shared, &d, &reason).await,
     };
     let (agent, brain) = (&pair.0, &pair.1);
-    // The answer this job resumes with: accepted by a gateway (sealed parts opened), or closed
-    // by the clock (the engine applies the default option, or fails the run).
-    // Whatever brought this job (a resume, a redelivered pause, a re-enqueued lost job), a run
-    // waiting on a question that was answered resumes with that answer: the clock never
-    // overrides an accepted answer.
-    let mut answered_at = None;
-    let mut expired = None;
-    let asked = match (job.kind, job.request_id) {
-        (JobKind::Resume, Some(rid)) => Some(rid),
-        _ if run.record.status == RunStatus::WaitingForInput => run.record.pending_request_id,
-        // A run put back in the queue (a dead-lettered resume retried) with a question its
-        // journal asked and did not yet apply: it resumes with that question's answer.
-        _ if !run.journal.is_empty() => Replay::new(&run.journal).pending().map(|q| q.request_id),
-        _ => None,
+    // The question this job resumes, its answer and the earlier secrets: read by the engine.
+    let answers = match Answers::load(&store, &run, job.request_id).await {
+        Ok(a) => a,
+        Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
     };
     let status_at_load = run.record.status;
-    let answer = match asked {
-        Some(rid) => match store.interaction(job.run_id, rid).await {
-            Ok(Some(ix)) => {
-                answered_at = ix.answered_at;
-                if ix.state == InteractionState::Expired {
-                    expired = Some(rid);
-                }
-                match ix.response.map(|r| store.open(r)).transpose() {
-                    Ok(a) => a,
-                    Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
-                }
-            }
-            Ok(None) => None,
-            Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
-        },
-        None => None,
-    };
-    if let (Some(rid), Some(at), true) = (asked, answered_at, answer.is_some()) {
-        if status_at_load == RunStatus::WaitingForInput {
-            shared.queue.announce_resumed(rid, at).await;
-        }
-    }
-    // Earlier sensitive answers, sealed in the store: a tool later in the run may still use them.
-    let mut earlier = vec![];
-    for e in &run.journal {
-        if let Event::HumanInputRequest(q) = &e.event
-            && q.is_sensitive()
-            && Some(q.request_id) != job.request_id
-        {
-            match store.stored_answer(job.run_id, q.request_id).await {
-                Ok(Some(a)) => earlier.push(a),
-                Ok(None) => {}
-                // Wrong or missing key: a tool that needs this secret says so; the rest goes on.
-                Err(e @ (store::Error::Secret(_) | store::Error::NoSecretsKey)) => {
-                    tracing::warn!(error = %e, request = %q.request_id, "an earlier sensitive answer cannot be opened");
-                }
-                Err(e) => return retry_or_poison(shared, &d, &e.to_string()).await,
-            }
-        }
+    if let (Some((rid, at)), RunStatus::WaitingForInput) = (answers.applying(), status_at_load) {
+        shared.queue.announce_resumed(rid, at).await;
     }
     let settings = engine::Settings {
         worker: shared.config.worker_id.clone(),
@@ -450,29 +407,32 @@ async fn handle(shared: &Shared, d: Delivery) {
     let mut reopened = false;
     let mut stale = false;
     let advance = async {
-        let mut engine = Engine::new(agent, brain, &store, run, settings, shared.stop.clone());
-        if let Some(at) = answered_at.filter(|_| answer.is_some()) {
-            engine.answered_at(at);
-        }
-        if let Some(rid) = expired {
-            engine.expired(rid);
-        }
-        // Even when an earlier delivery journaled this answer, its tools may need the secret.
-        for a in earlier.iter().chain(answer.as_ref()) {
-            engine.remember_sensitive(a);
-        }
-        let first = engine.advance(answer.clone()).await;
-        let out = match (first, &answer) {
-            // The answer was applied by an earlier delivery: just go on.
-            (Err(engine::Error::Answer(ResponseError::AlreadyResolved(_))), Some(_)) => {
-                // Applied already. Go on only if this job owns the run (an earlier delivery of
-                // it applied the answer) or the run waits anyway; a stale resume job must not
-                // become a second executor of a run another job is running.
+        let mut engine = Engine::resumed(
+            agent,
+            brain,
+            &store,
+            run,
+            answers,
+            settings,
+            shared.stop.clone(),
+        );
+        let out = match engine.advance_resumed().await {
+            Ok(Resumed::Advanced {
+                outcome,
+                reopened: r,
+            }) => {
+                reopened = r;
+                Ok(outcome)
+            }
+            // Applied already. Go on only if this job owns the run (an earlier delivery of it
+            // applied the answer) or the run waits anyway; a stale resume job must not become
+            // a second executor of a run another job is running.
+            Ok(Resumed::AlreadyApplied) => {
                 let owns = status_at_load == RunStatus::WaitingForInput
                     || store
                         .owner_fence(job.run_id)
                         .await
-                        .is_ok_and(|(seq, _)| seq == d.fence.0);
+                        .is_ok_and(|f| f.stream_seq == d.fence.stream_seq);
                 if owns {
                     engine.advance(None).await
                 } else {
@@ -480,18 +440,7 @@ async fn handle(shared: &Shared, d: Delivery) {
                     Ok(Outcome::Interrupted)
                 }
             }
-            // Accepted by a gateway, refused by the engine (e.g. edited arguments that fail the
-            // tool's parameters): the question is opened again, the refusal journaled, and the
-            // run waits for a better answer instead of staying stuck on this one.
-            (Err(engine::Error::Answer(why)), Some(a)) => {
-                if let Err(e) = store.reopen(job.run_id, a.request_id).await {
-                    tracing::warn!(error = %e, "could not reopen a refused answer's question");
-                }
-                engine.note_refusal(a, &why);
-                reopened = true;
-                engine.advance(None).await
-            }
-            (other, _) => other,
+            Err(e) => Err(e),
         };
         beat.cancel();
         out
@@ -513,7 +462,7 @@ async fn handle(shared: &Shared, d: Delivery) {
             Ok(()) => {
                 let _ = d.ack().await;
             }
-            Err(e) => retry_or_poison(shared, &d, &e.to_string()).await,
+            Err(e) => retry_or_poison(shared, &d, &why(&e)).await,
         },
         Ok(Outcome::Interrupted) => {
             let _ = d.nak(None).await;
@@ -533,15 +482,20 @@ async fn handle(shared: &Shared, d: Delivery) {
             } else {
                 tracing::warn!(%run, "write refused: a newer delivery owns this run; dropping the stale one");
             }
-            if owner.is_ok_and(|(seq, _)| seq > d.fence.0) {
+            if owner.is_ok_and(|o| o.stream_seq > d.fence.stream_seq) {
                 let _ = d.ack().await;
             }
         }
         Err(engine::Error::Store(e @ store::Error::Terminal { .. })) => {
             // Finished elsewhere (a newer delivery, or cancelled): nothing left for this job.
-            tracing::warn!(error = %e, "write refused: the run is already final; dropping this job");
+            tracing::warn!(error = %delta_host::Chain(&e), "write refused: the run is already final; dropping this job");
             let _ = d.ack().await;
         }
-        Err(e) => retry_or_poison(shared, &d, &e.to_string()).await,
+        Err(e) => retry_or_poison(shared, &d, &why(&e)).await,
     }
+}
+
+/// An error with its causes, as a dead letter's reason or a failed run's error.
+fn why<E: std::error::Error>(e: &E) -> String {
+    delta_host::Chain(e).to_string()
 }

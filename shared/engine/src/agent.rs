@@ -20,7 +20,7 @@ pub const ASK_HUMAN: &str = "ask_human";
 /// An agent that could not be loaded. Every variant names the file; the message says what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: cannot read it ({source})")]
+    #[error("{path}: cannot read it")]
     Read {
         path: String,
         #[source]

@@ -125,6 +125,8 @@ pub struct Engine<'a, S, B> {
     answered_at: Option<Timestamp>,
     /// A request the store already closed as expired (the gateway's clock decided).
     expired: Option<RequestId>,
+    /// The stored answer a resumed engine applies first ([`Engine::resumed`]).
+    resume_answer: Option<InteractionResponse>,
 }
 
 /// The observation a tool sees in place of a sensitive value, should it echo one.
@@ -272,7 +274,21 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             observer: None,
             answered_at: None,
             expired: None,
+            resume_answer: None,
         }
+    }
+
+    /// The answer [`Engine::advance_resumed`] applies.
+    pub(crate) fn resume_with(&mut self, answer: Option<InteractionResponse>) {
+        self.resume_answer = answer;
+    }
+
+    pub(crate) fn take_resume_answer(&mut self) -> Option<InteractionResponse> {
+        self.resume_answer.take()
+    }
+
+    pub(crate) fn store(&self) -> &'a S {
+        self.store
     }
 
     /// Journals (with the next commit) that `answer`, accepted elsewhere, was refused here.

@@ -14,5 +14,6 @@
 pub mod agent;
 pub mod brain;
 pub mod engine;
+pub mod resume;
 pub mod script;
 pub mod tools;

@@ -8,6 +8,29 @@
 
 pub mod settings;
 
+/// An error and its causes, for people and logs: `what failed: why: why that`. Errors in this
+/// project say what failed in their own `Display` and keep the cause as `source()` (never both,
+/// or the cause would print twice); whoever reports an error prints it through this.
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'a));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut last = self.0.to_string();
+        f.write_str(&last)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            // Some errors (the redis client's) return a source that says the same again.
+            let text = c.to_string();
+            if text != last {
+                write!(f, ": {text}")?;
+                last = text;
+            }
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
 use std::collections::HashMap;
 
 use opentelemetry::propagation::TextMapPropagator;
@@ -135,6 +158,16 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 #[cfg(test)]
 mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn a_chain_prints_each_cause_once() {
+        let e = Outer(std::io::Error::other("inner"));
+        assert_eq!(super::Chain(&e).to_string(), "outer: inner");
+    }
+
     use super::*;
 
     #[test]

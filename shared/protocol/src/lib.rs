@@ -531,6 +531,34 @@ impl Job {
     }
 }
 
+/// A fencing token: the JetStream stream sequence of the job message a worker works for, and the
+/// count of the delivery it got. Tokens order by sequence, then delivery: a write with a token
+/// older than the run's is refused, a newer one takes the run over. So a worker that stalled past
+/// `ack_wait` cannot overwrite the journal of the one that took its job over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence {
+    /// The job message's sequence in the jobs stream.
+    pub stream_seq: u64,
+    /// Which delivery of that message (1 for the first).
+    pub delivery: u64,
+}
+
+impl Fence {
+    /// The token of delivery `delivery` of the message at `stream_seq`.
+    pub const fn new(stream_seq: u64, delivery: u64) -> Self {
+        Fence {
+            stream_seq,
+            delivery,
+        }
+    }
+}
+
+impl fmt::Display for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.stream_seq, self.delivery)
+    }
+}
+
 /// What `…interactions.resolved.<agent>.<run_id>` carries (PROTOCOL.md §4), plus `state`:
 /// `ANSWERED`, `EXPIRED` (the clock answered: `option_id` is the default applied, or none when
 /// the run fails) or `CANCELLED` (the run was cancelled while it waited).

@@ -18,21 +18,40 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer, stream};
 use futures_util::StreamExt;
 
-use delta_protocol::{InteractionRequest, Job, RequestId, Resolved, Timestamp};
+use delta_protocol::{Fence, InteractionRequest, Job, RequestId, Resolved, Timestamp};
 
-/// A queue operation that failed; the message says which and why.
+/// Why NATS refused or failed an operation (the client's own error).
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// A queue operation that failed: the message says which, the source why.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot connect to NATS at {url}: {message}")]
-    Connect { url: String, message: String },
-    #[error("JetStream setup of {what}: {message}")]
-    Setup { what: String, message: String },
-    #[error("publish to {subject}: {message}")]
-    Publish { subject: String, message: String },
-    #[error("fetch from {consumer}: {message}")]
-    Fetch { consumer: String, message: String },
-    #[error("acknowledging a job: {0}")]
-    Ack(String),
+    #[error("cannot connect to NATS at {url}")]
+    Connect {
+        url: String,
+        #[source]
+        source: Cause,
+    },
+    #[error("JetStream setup of {what}")]
+    Setup {
+        what: String,
+        #[source]
+        source: Cause,
+    },
+    #[error("publish to {subject}")]
+    Publish {
+        subject: String,
+        #[source]
+        source: Cause,
+    },
+    #[error("fetch from {consumer}")]
+    Fetch {
+        consumer: String,
+        #[source]
+        source: Cause,
+    },
+    #[error("acknowledging a job")]
+    Ack(#[source] Cause),
 }
 
 /// Stream, subject and consumer names under one prefix (`DELTA_KEY_PREFIX`, default `delta`).
@@ -232,8 +251,8 @@ pub struct Queue {
 /// crashed or hung every time). Dead-letter it with [`Queue::dead_letter_exhausted`].
 pub struct Exhausted {
     advisory: jetstream::Message,
-    /// `(stream sequence, deliveries + 1)`: outranks every delivery the job had.
-    pub fence: (u64, u64),
+    /// The job's sequence with one delivery more than it had: outranks every delivery of it.
+    pub fence: Fence,
     /// How many times the job was delivered.
     pub deliveries: u64,
     /// The job's `traceparent`, carried over to the DLQ copy.
@@ -256,7 +275,7 @@ async fn durable_consumer(
     let stream = js
         .get_stream(stream_name)
         .await
-        .map_err(|e| setup(stream_name)(e.to_string()))?;
+        .map_err(|e| setup(stream_name)(e.into()))?;
     let existing = match role {
         // Workers own the consumer's settings (ack_wait, max_deliver…): theirs win.
         Role::Worker => stream.update_consumer(config.clone()).await.ok(),
@@ -268,7 +287,7 @@ async fn durable_consumer(
         None => stream
             .create_consumer(config)
             .await
-            .map_err(|e| setup(&name)(e.to_string()))?,
+            .map_err(|e| setup(&name)(e.into()))?,
     };
     Ok((stream, consumer))
 }
@@ -296,18 +315,18 @@ pub struct Delivery {
     msg: jetstream::Message,
     /// The job, or why its payload is not one (a poison message).
     pub job: Result<Job, String>,
-    /// `(stream sequence, delivery count)`: newer deliveries outrank older ones.
-    pub fence: (u64, u64),
+    /// Which message and which delivery of it: newer deliveries outrank older ones.
+    pub fence: Fence,
     /// The agent named by the subject.
     pub agent: String,
     /// The W3C `traceparent` header, if the publisher sent one.
     pub traceparent: Option<String>,
 }
 
-fn setup(what: &str) -> impl FnOnce(String) -> Error + '_ {
-    move |message| Error::Setup {
+fn setup(what: &str) -> impl FnOnce(Cause) -> Error + '_ {
+    move |source| Error::Setup {
         what: what.to_owned(),
-        message,
+        source,
     }
 }
 
@@ -326,7 +345,7 @@ impl Queue {
     ) -> Result<Queue, Error> {
         let client = async_nats::connect(url).await.map_err(|e| Error::Connect {
             url: url.to_owned(),
-            message: e.to_string(),
+            source: e.into(),
         })?;
         let js = jetstream::new(client.clone());
         let names = Names::new(prefix);
@@ -341,7 +360,7 @@ impl Queue {
             ..Default::default()
         })
         .await
-        .map_err(|e| setup(&names.jobs_stream())(e.to_string()))?;
+        .map_err(|e| setup(&names.jobs_stream())(e.into()))?;
         js.create_or_update_stream(stream::Config {
             name: names.dlq_stream(),
             subjects: vec![format!("{p}.dlq.>")],
@@ -350,7 +369,7 @@ impl Queue {
             ..Default::default()
         })
         .await
-        .map_err(|e| setup(&names.dlq_stream())(e.to_string()))?;
+        .map_err(|e| setup(&names.dlq_stream())(e.into()))?;
         js.create_or_update_stream(stream::Config {
             name: names.interactions_stream(),
             subjects: vec![
@@ -364,7 +383,7 @@ impl Queue {
             ..Default::default()
         })
         .await
-        .map_err(|e| setup(&names.interactions_stream())(e.to_string()))?;
+        .map_err(|e| setup(&names.interactions_stream())(e.into()))?;
         let (stream, consumer) = durable_consumer(
             &js,
             &names.jobs_stream(),
@@ -388,7 +407,7 @@ impl Queue {
             ..Default::default()
         })
         .await
-        .map_err(|e| setup(&names.exhausted_stream())(e.to_string()))?;
+        .map_err(|e| setup(&names.exhausted_stream())(e.into()))?;
         let (_, exhausted) = durable_consumer(
             &js,
             &names.exhausted_stream(),
@@ -421,16 +440,16 @@ impl Queue {
         headers: HeaderMap,
         payload: Vec<u8>,
     ) -> Result<u64, Error> {
-        let err = |message: String| Error::Publish {
+        let err = |source: Cause| Error::Publish {
             subject: subject.clone(),
-            message,
+            source,
         };
         let ack = self
             .js
             .publish_with_headers(subject.clone(), headers, payload.into())
             .await
-            .map_err(|e| err(e.to_string()))?;
-        let ack = ack.await.map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
+        let ack = ack.await.map_err(|e| err(e.into()))?;
         Ok(ack.sequence)
     }
 
@@ -548,32 +567,32 @@ impl Queue {
             Ok(_) => Ok(true),
             Err(e) if is_no_message(e.kind()) => Ok(false),
             Err(e) => Err(Error::Fetch {
-                consumer: self.names.jobs_stream(),
-                message: format!("reading job {seq}: {e}"),
+                consumer: format!("{} (job {seq})", self.names.jobs_stream()),
+                source: e.into(),
             }),
         }
     }
 
     /// The workers' consumer and the dead-letter stream, in figures.
     pub async fn stats(&self) -> Result<Stats, Error> {
-        let err = |what: String, e: String| Error::Fetch {
+        let err = |what: String, e: Cause| Error::Fetch {
             consumer: what,
-            message: e,
+            source: e,
         };
         let mut consumer = self.consumer.clone();
         let info = consumer
             .info()
             .await
-            .map_err(|e| err(self.names.consumer(), e.to_string()))?;
+            .map_err(|e| err(self.names.consumer(), e.into()))?;
         let mut dlq = self
             .js
             .get_stream(self.names.dlq_stream())
             .await
-            .map_err(|e| err(self.names.dlq_stream(), e.to_string()))?;
+            .map_err(|e| err(self.names.dlq_stream(), e.into()))?;
         let dlq = dlq
             .info()
             .await
-            .map_err(|e| err(self.names.dlq_stream(), e.to_string()))?;
+            .map_err(|e| err(self.names.dlq_stream(), e.into()))?;
         Ok(Stats {
             pending: info.num_pending,
             in_flight: info.num_ack_pending as u64,
@@ -588,13 +607,13 @@ impl Queue {
         self.js
             .get_stream(self.names.dlq_stream())
             .await
-            .map_err(|e| self.dlq_error(e.to_string()))
+            .map_err(|e| self.dlq_error(e.into()))
     }
 
-    fn dlq_error(&self, message: String) -> Error {
+    fn dlq_error(&self, source: Cause) -> Error {
         Error::Fetch {
             consumer: self.names.dlq_stream(),
-            message,
+            source,
         }
     }
 
@@ -607,7 +626,7 @@ impl Queue {
         limit: usize,
     ) -> Result<(Vec<DeadLetter>, bool), Error> {
         let stream = self.dlq().await?;
-        let err = |e: String| self.dlq_error(e);
+        let err = |e: Cause| self.dlq_error(e);
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy: consumer::DeliverPolicy::ByStartSequence {
@@ -617,18 +636,18 @@ impl Queue {
                 ..Default::default()
             })
             .await
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
         let mut left = consumer.cached_info().num_pending;
         let mut out = vec![];
         if left == 0 || limit == 0 {
             return Ok((out, left > 0));
         }
-        let mut messages = consumer.messages().await.map_err(|e| err(e.to_string()))?;
+        let mut messages = consumer.messages().await.map_err(|e| err(e.into()))?;
         while out.len() < limit && left > 0 {
             let next = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
             let m = match next {
                 Ok(Some(Ok(m))) => m,
-                Ok(Some(Err(e))) => return Err(err(e.to_string())),
+                Ok(Some(Err(e))) => return Err(err(e.into())),
                 Ok(None) | Err(_) => break,
             };
             let Ok(info) = m.info() else { break };
@@ -648,7 +667,7 @@ impl Queue {
     /// One dead-lettered job, if the stream holds it.
     pub async fn dead_letter_at(&self, seq: u64) -> Result<Option<DeadLetter>, Error> {
         let stream = self.dlq().await?;
-        let err = |e: String| self.dlq_error(e);
+        let err = |e: Cause| self.dlq_error(e);
         match stream.get_raw_message(seq).await {
             Ok(m) => Ok(Some(DeadLetter::from_parts(
                 m.sequence,
@@ -659,20 +678,20 @@ impl Queue {
                 &self.names.prefix,
             ))),
             Err(e) if is_no_message(e.kind()) => Ok(None),
-            Err(e) => Err(err(format!("reading {seq}: {e}"))),
+            Err(e) => Err(err(format!("reading {seq}: {e}").into())),
         }
     }
 
     /// Removes a dead-lettered job (retried or given up on); `false` when it was gone already.
     pub async fn drop_dead_letter(&self, seq: u64) -> Result<bool, Error> {
         let stream = self.dlq().await?;
-        let err = |e: String| self.dlq_error(e);
+        let err = |e: Cause| self.dlq_error(e);
         match stream.delete_message(seq).await {
             Ok(deleted) => Ok(deleted),
             // The server says "delete failed" for a message that is not there (any more) too.
             Err(e) => match stream.get_raw_message(seq).await {
                 Err(gone) if is_no_message(gone.kind()) => Ok(false),
-                _ => Err(err(format!("deleting {seq}: {e}"))),
+                _ => Err(err(format!("deleting {seq}: {e}").into())),
             },
         }
     }
@@ -684,12 +703,8 @@ impl Queue {
         from: Option<u64>,
     ) -> Result<impl futures_util::Stream<Item = InteractionEvent> + use<>, Error> {
         let name = self.names.interactions_stream();
-        let err = |e: String| setup(&name)(e);
-        let stream = self
-            .js
-            .get_stream(&name)
-            .await
-            .map_err(|e| err(e.to_string()))?;
+        let err = |e: Cause| setup(&name)(e);
+        let stream = self.js.get_stream(&name).await.map_err(|e| err(e.into()))?;
         let deliver_policy = match from {
             Some(start_sequence) => consumer::DeliverPolicy::ByStartSequence { start_sequence },
             None => consumer::DeliverPolicy::New,
@@ -700,10 +715,10 @@ impl Queue {
                 ..Default::default()
             })
             .await
-            .map_err(|e| err(e.to_string()))?
+            .map_err(|e| err(e.into()))?
             .messages()
             .await
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
         let requested = format!("{}.interactions.requested.", self.names.prefix);
         Ok(messages.filter_map(move |m| {
             let event = m.ok().and_then(|m| {
@@ -728,7 +743,7 @@ impl Queue {
         let payload = d.msg.payload.to_vec();
         self.copy_to_dlq(
             &d.agent,
-            d.fence.0,
+            d.fence.stream_seq,
             d.traceparent.as_deref(),
             reason,
             payload,
@@ -762,9 +777,9 @@ impl Queue {
 
     /// Pulls up to `max` jobs, waiting at most `wait` for the first.
     pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, Error> {
-        let err = |message: String| Error::Fetch {
+        let err = |source: Cause| Error::Fetch {
             consumer: self.names.consumer(),
-            message,
+            source,
         };
         let mut batch = self
             .consumer
@@ -773,12 +788,12 @@ impl Queue {
             .expires(wait)
             .messages()
             .await
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
         let mut out = vec![];
         while let Some(msg) = batch.next().await {
-            let msg = msg.map_err(|e| err(e.to_string()))?;
+            let msg = msg.map_err(&err)?;
             let (fence, agent) = {
-                let info = msg.info().map_err(|e| err(e.to_string()))?;
+                let info = msg.info().map_err(&err)?;
                 let agent = msg
                     .subject
                     .as_str()
@@ -786,10 +801,10 @@ impl Queue {
                     .unwrap_or("")
                     .to_owned();
                 (
-                    (
-                        info.stream_sequence,
-                        u64::try_from(info.delivered).unwrap_or(0),
-                    ),
+                    Fence {
+                        stream_seq: info.stream_sequence,
+                        delivery: u64::try_from(info.delivered).unwrap_or(0),
+                    },
                     agent,
                 )
             };
@@ -812,9 +827,9 @@ impl Queue {
 
     /// Takes the jobs that used up `max_deliver`, waiting at most `wait` for one.
     pub async fn fetch_exhausted(&self, wait: Duration) -> Result<Vec<Exhausted>, Error> {
-        let err = |message: String| Error::Fetch {
+        let err = |source: Cause| Error::Fetch {
             consumer: self.names.exhausted_consumer(),
-            message,
+            source,
         };
         let mut batch = self
             .exhausted
@@ -823,10 +838,10 @@ impl Queue {
             .expires(wait)
             .messages()
             .await
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
         let mut out = vec![];
         while let Some(msg) = batch.next().await {
-            let advisory = msg.map_err(|e| err(e.to_string()))?;
+            let advisory = msg.map_err(&err)?;
             let Ok(adv) = serde_json::from_slice::<MaxDeliveries>(&advisory.payload) else {
                 tracing::warn!("ignoring an advisory that is not MAX_DELIVERIES");
                 let _ = advisory.ack().await;
@@ -836,7 +851,7 @@ impl Queue {
                 Ok(m) => Some(m),
                 Err(e) if is_no_message(e.kind()) => None,
                 // Not known to be gone: leave the advisory for another try.
-                Err(e) => return Err(err(format!("reading job {}: {e}", adv.stream_seq))),
+                Err(e) => return Err(err(format!("reading job {}: {e}", adv.stream_seq).into())),
             };
             let agent = raw
                 .as_ref()
@@ -855,7 +870,10 @@ impl Queue {
             out.push(Exhausted {
                 advisory,
                 // One past the last delivery: outranks a worker still holding it.
-                fence: (adv.stream_seq, adv.deliveries.saturating_add(1)),
+                fence: Fence {
+                    stream_seq: adv.stream_seq,
+                    delivery: adv.deliveries.saturating_add(1),
+                },
                 deliveries: adv.deliveries,
                 job,
                 agent,
@@ -871,7 +889,7 @@ impl Queue {
     pub async fn dead_letter_exhausted(&self, x: &Exhausted, reason: &str) -> Result<(), Error> {
         if let Some(payload) = &x.payload {
             let tp = x.traceparent.as_deref();
-            self.copy_to_dlq(&x.agent, x.fence.0, tp, reason, payload.clone())
+            self.copy_to_dlq(&x.agent, x.fence.stream_seq, tp, reason, payload.clone())
                 .await?;
         }
         self.drop_exhausted(x).await
@@ -882,14 +900,13 @@ impl Queue {
     pub async fn drop_exhausted(&self, x: &Exhausted) -> Result<(), Error> {
         if x.payload.is_some() {
             self.jobs
-                .delete_message(x.fence.0)
+                .delete_message(x.fence.stream_seq)
                 .await
-                .map_err(|e| Error::Ack(format!("removing exhausted job {}: {e}", x.fence.0)))?;
+                .map_err(|e| {
+                    Error::Ack(format!("removing exhausted job {}: {e}", x.fence.stream_seq).into())
+                })?;
         }
-        x.advisory
-            .double_ack()
-            .await
-            .map_err(|e| Error::Ack(e.to_string()))
+        x.advisory.double_ack().await.map_err(Error::Ack)
     }
 
     /// The core NATS client, for subscribers.
@@ -901,10 +918,7 @@ impl Queue {
 impl Delivery {
     /// Done: the server confirms before this returns (a lost ack would redeliver a finished job).
     pub async fn ack(&self) -> Result<(), Error> {
-        self.msg
-            .double_ack()
-            .await
-            .map_err(|e| Error::Ack(e.to_string()))
+        self.msg.double_ack().await.map_err(Error::Ack)
     }
 
     /// Not now: redeliver after `delay`.
@@ -912,7 +926,7 @@ impl Delivery {
         self.msg
             .ack_with(AckKind::Nak(delay))
             .await
-            .map_err(|e| Error::Ack(e.to_string()))
+            .map_err(Error::Ack)
     }
 
     /// Still working: restart the `ack_wait` clock.
@@ -920,7 +934,7 @@ impl Delivery {
         self.msg
             .ack_with(AckKind::Progress)
             .await
-            .map_err(|e| Error::Ack(e.to_string()))
+            .map_err(Error::Ack)
     }
 
     /// Never again (after a copy went to the dead-letter stream): work queues delete it.
@@ -928,6 +942,6 @@ impl Delivery {
         self.msg
             .double_ack_with(AckKind::Term)
             .await
-            .map_err(|e| Error::Ack(e.to_string()))
+            .map_err(Error::Ack)
     }
 }

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use delta_protocol::{
-    Event, InteractionRequest, JournalEvent, RequestId, RunId, RunStatus, Timestamp,
+    Event, InteractionRequest, InteractionResponse, JournalEvent, RequestId, RunId, RunStatus,
+    Timestamp,
 };
 
 pub mod contract;
@@ -155,20 +156,24 @@ pub enum Error {
     Locked { run_id: RunId, detail: String },
     #[error(transparent)]
     Journal(#[from] delta_protocol::journal::Error),
-    #[error("{path}: {source}")]
+    #[error("{path}: cannot read or write it")]
     Io {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: invalid run record ({source})")]
+    #[error("{path}: invalid run record")]
     Record {
         path: String,
         #[source]
         source: serde_json::Error,
     },
-    #[error("store backend: {0}")]
-    Backend(String),
+    /// The backend (Redis) failed or could not be reached; the cause is the source.
+    #[error("the run store's backend failed")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The backend holds a value this store did not write (damaged or foreign data).
+    #[error("the run store holds damaged data: {0}")]
+    Corrupt(String),
     #[error(transparent)]
     Secret(#[from] delta_protocol::secret::Error),
     #[error(
@@ -193,4 +198,36 @@ pub trait RunStore: Send + Sync {
         events: Vec<Event>,
         change: Option<StatusChange>,
     ) -> impl Future<Output = Result<Vec<JournalEvent>, Error>> + Send;
+}
+
+/// A question of a run as the store settled it: what a resume applies.
+#[derive(Clone, Debug)]
+pub struct Settled {
+    /// The accepted answer, opened (sensitive parts unsealed), if a person or bot answered.
+    pub response: Option<InteractionResponse>,
+    /// When it was answered or closed (its deadline is checked against that instant).
+    pub answered_at: Option<Timestamp>,
+    /// The clock closed it: the engine applies the default option, or fails the run.
+    pub expired: bool,
+}
+
+/// Where the answers to a run's questions are kept between the pause and the resume: the fleet's
+/// Redis store (the local mailbox is read by `delta run` itself). The engine reads them through
+/// this port to resume a run, so no host assembles its state by hand.
+pub trait AnswerStore: RunStore {
+    /// Question `request_id` of `run_id` as settled (or still pending: no response, not
+    /// expired); `None` when the store has no such question.
+    fn settled(
+        &self,
+        run_id: RunId,
+        request_id: RequestId,
+    ) -> impl Future<Output = Result<Option<Settled>, Error>> + Send;
+
+    /// Opens an answered question again, because the engine refused its answer; `false` when it
+    /// was not in the answered state.
+    fn reopen(
+        &self,
+        run_id: RunId,
+        request_id: RequestId,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
 }

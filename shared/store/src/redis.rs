@@ -43,18 +43,83 @@ mod index;
 
 pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
 
-use super::{Error, RunRecord, RunStore, StatusChange, StoredRun, numbered};
+use super::{AnswerStore, Error, RunRecord, RunStore, Settled, StatusChange, StoredRun, numbered};
 use delta_protocol::journal;
 use delta_protocol::secret::{self, SecretsKey};
 use delta_protocol::{
-    Event, InteractionRequest, InteractionResponse, InteractionState, JournalEvent, RequestId,
-    RunId, RunStatus, Timestamp,
+    Event, Fence, InteractionRequest, InteractionResponse, InteractionState, JournalEvent,
+    RequestId, RunId, RunStatus, Timestamp,
 };
 
+/// Declares the named arguments of a Lua script: a struct with one `String` per name, and the
+/// names in ARGV order. [`named_args`] puts `local <names> = ARGV[1], ARGV[2], …` in front of the
+/// script, so the script reads names, not positions, and the order lives in this one list.
+macro_rules! script_args {
+    ($(#[$doc:meta])* $name:ident { $($field:ident),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Default)]
+        struct $name {
+            $($field: String),+
+        }
+
+        impl $name {
+            const NAMES: &'static [&'static str] = &[$(stringify!($field)),+];
+
+            /// The values in the order of [`Self::NAMES`].
+            fn into_argv(self) -> Vec<String> {
+                vec![$(self.$field),+]
+            }
+        }
+    };
+}
+
+/// `body` with a first line that binds `names` to ARGV[1..]: the script refers to its arguments
+/// by name. Arguments past the named ones (a variable list) start at `first_extra`.
+fn named_args(names: &[&str], body: &str) -> String {
+    let argv: Vec<String> = (1..=names.len()).map(|i| format!("ARGV[{i}]")).collect();
+    format!(
+        "local {} = {}\nlocal first_extra = {}\n{body}",
+        names.join(", "),
+        argv.join(", "),
+        names.len() + 1
+    )
+}
+
+script_args!(
+    /// The named arguments of [`APPEND`] (its events follow them, one ARGV each).
+    AppendArgs {
+        // The writer's fencing token ('' when unfenced).
+        fence_seq,
+        fence_n,
+        // ISO time of the write, stamped on every event.
+        now,
+        // The new status ('' for none), and the request it waits on ('' for none).
+        status,
+        pending,
+        // '1' when the run finished, with its result and error ('' for none).
+        finished,
+        result,
+        err_text,
+        // The request JSON when the run starts waiting.
+        request,
+        prefix,
+        // µs of the write (the score of a run new to an index), the owner ('' for none).
+        created_us,
+        owner,
+        // µs when the request was asked, and of its deadline ('' for none).
+        asked_us,
+        expires_us,
+        traceparent,
+        // The journal length the writer saw ('' when unknown): a takeover is refused when the
+        // journal has grown since.
+        seen_len,
+    }
+);
+
 /// Appends events and applies a status change, fenced, keeping the indexes. KEYS: run, journal,
-/// the interaction paused on (or a dummy). ARGV: see [`RedisRunStore::append`]; ARGV[16] is the
-/// journal length the writer saw (or ''): a takeover (a newer token) is refused when the journal
-/// has grown since.
+/// the interaction paused on (or a dummy). ARGV: [`AppendArgs`], then one event each.
+/// Errors: `NOTFOUND`, `TERMINAL <status>`, `FENCED` (an older token), `FENCED moved` (a takeover
+/// after the journal moved): see [`ScriptError`].
 const APPEND: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return redis.error_reply('NOTFOUND') end
@@ -62,66 +127,118 @@ if st == 'COMPLETED' or st == 'FAILED' or st == 'CANCELLED' then
   return redis.error_reply('TERMINAL ' .. st)
 end
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
-if ARGV[1] ~= '' then
+if fence_seq ~= '' then
   local fs = tonumber(redis.call('HGET', KEYS[1], 'fence_seq') or '0')
   local fn = tonumber(redis.call('HGET', KEYS[1], 'fence_n') or '0')
-  local s, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+  local s, n = tonumber(fence_seq), tonumber(fence_n)
   if fs > s or (fs == s and fn > n) then return redis.error_reply('FENCED') end
   local takeover = fs < s or fn < n
-  if takeover and ARGV[16] ~= '' and tonumber(ARGV[16]) ~= seq then
+  if takeover and seen_len ~= '' and tonumber(seen_len) ~= seq then
     return redis.error_reply('FENCED moved')
   end
   redis.call('HSET', KEYS[1], 'fence_seq', s, 'fence_n', n)
 end
-if ARGV[12] ~= '' then redis.call('HSET', KEYS[1], 'owner', ARGV[12]) end
-for i = 17, #ARGV do
+if owner ~= '' then redis.call('HSET', KEYS[1], 'owner', owner) end
+for i = first_extra, #ARGV do
   seq = seq + 1
   redis.call('XADD', KEYS[2], seq .. '-0', 'e',
-    '{"seq":' .. seq .. ',"timestamp":"' .. ARGV[3] .. '",' .. ARGV[i])
+    '{"seq":' .. seq .. ',"timestamp":"' .. now .. '",' .. ARGV[i])
 end
-redis.call('HSET', KEYS[1], 'seq', seq, 'updated_at', ARGV[3])
-if ARGV[4] ~= '' then
-  local p = ARGV[10]
+redis.call('HSET', KEYS[1], 'seq', seq, 'updated_at', now)
+if status ~= '' then
+  local p = prefix
   local run = redis.call('HGET', KEYS[1], 'run_id')
   local old = redis.call('HGET', KEYS[1], 'pending_request_id')
-  redis.call('HSET', KEYS[1], 'status', ARGV[4])
-  if ARGV[4] ~= st then
-    local score = redis.call('ZSCORE', p .. ':runs:all', run) or ARGV[11]
+  redis.call('HSET', KEYS[1], 'status', status)
+  if status ~= st then
+    local score = redis.call('ZSCORE', p .. ':runs:all', run) or created_us
     redis.call('ZREM', p .. ':runs:' .. st, run)
-    redis.call('ZADD', p .. ':runs:' .. ARGV[4], score, run)
+    redis.call('ZADD', p .. ':runs:' .. status, score, run)
   end
-  if old and old ~= ARGV[5] then
+  if old and old ~= pending then
     -- The run no longer waits on `old`: a question still pending there is closed.
     local okey = KEYS[1] .. ':ix:' .. old
     if redis.call('HGET', okey, 'state') == 'PENDING' then
       local closed = 'EXPIRED'
-      if ARGV[4] == 'CANCELLED' then closed = 'CANCELLED' end
-      redis.call('HSET', okey, 'state', closed, 'answered_at', ARGV[3])
+      if status == 'CANCELLED' then closed = 'CANCELLED' end
+      redis.call('HSET', okey, 'state', closed, 'answered_at', now)
       redis.call('ZREM', p .. ':interactions:pending', old)
       redis.call('ZREM', p .. ':interactions:deadlines', old)
     end
     redis.call('ZREM', p .. ':resumes', run .. '/' .. old)
   end
-  if ARGV[5] ~= '' then
-    redis.call('HSET', KEYS[1], 'pending_request_id', ARGV[5])
+  if pending ~= '' then
+    redis.call('HSET', KEYS[1], 'pending_request_id', pending)
     if redis.call('HSETNX', KEYS[3], 'state', 'PENDING') == 1 then
-      redis.call('HSET', KEYS[3], 'request', ARGV[9], 'run_id', run)
-      if ARGV[15] ~= '' then redis.call('HSET', KEYS[3], 'traceparent', ARGV[15]) end
-      redis.call('ZADD', p .. ':interactions:all', ARGV[13], ARGV[5])
-      redis.call('ZADD', p .. ':interactions:pending', ARGV[13], ARGV[5])
-      if ARGV[14] ~= '' then redis.call('ZADD', p .. ':interactions:deadlines', ARGV[14], ARGV[5]) end
-      redis.call('HSET', p .. ':interactions:runs', ARGV[5], run)
+      redis.call('HSET', KEYS[3], 'request', request, 'run_id', run)
+      if traceparent ~= '' then redis.call('HSET', KEYS[3], 'traceparent', traceparent) end
+      redis.call('ZADD', p .. ':interactions:all', asked_us, pending)
+      redis.call('ZADD', p .. ':interactions:pending', asked_us, pending)
+      if expires_us ~= '' then redis.call('ZADD', p .. ':interactions:deadlines', expires_us, pending) end
+      redis.call('HSET', p .. ':interactions:runs', pending, run)
     end
   else
     redis.call('HDEL', KEYS[1], 'pending_request_id')
   end
-  if ARGV[6] == '1' then
-    if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7]) end
-    if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8]) end
+  if finished == '1' then
+    if result ~= '' then redis.call('HSET', KEYS[1], 'result', result) end
+    if err_text ~= '' then redis.call('HSET', KEYS[1], 'error', err_text) end
   end
 end
 return seq
 "#;
+
+/// An error a script returned on purpose (`redis.error_reply`), parsed from its code: the store
+/// acts on these, never on the text of other errors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ScriptError {
+    /// `NOTFOUND`: no such run (or interaction).
+    NotFound,
+    /// `TERMINAL <status>`: the run is final.
+    Terminal(RunStatus),
+    /// `FENCED`: a newer delivery owns the run; `FENCED moved`: this writer's takeover came
+    /// after the journal moved.
+    Fenced,
+    /// `EXISTS`: the run exists already.
+    Exists,
+}
+
+impl ScriptError {
+    /// The script error `e` carries, if it is one of ours.
+    fn of(e: &redis::RedisError) -> Option<ScriptError> {
+        // Redis 7 sends a script's `error_reply('FENCED moved')` as `-ERR FENCED moved` (older
+        // servers as `-FENCED moved`): the code is then the first word after `ERR`.
+        let (code, detail) = match e.code()? {
+            "ERR" => {
+                let mut words = e.detail()?.trim().splitn(2, ' ');
+                (words.next()?, words.next())
+            }
+            code => (code, e.detail()),
+        };
+        match code {
+            "NOTFOUND" => Some(ScriptError::NotFound),
+            "FENCED" => Some(ScriptError::Fenced),
+            "EXISTS" => Some(ScriptError::Exists),
+            "TERMINAL" => {
+                let status = detail?.trim().parse::<RunStatus>().ok()?;
+                status
+                    .is_terminal()
+                    .then_some(ScriptError::Terminal(status))
+            }
+            _ => None,
+        }
+    }
+
+    /// The store error it means for `run_id`.
+    fn into_error(self, run_id: RunId) -> Error {
+        match self {
+            ScriptError::NotFound => Error::NotFound(run_id),
+            ScriptError::Terminal(status) => Error::Terminal { run_id, status },
+            ScriptError::Fenced => Error::Fenced(run_id),
+            ScriptError::Exists => Error::AlreadyExists(run_id),
+        }
+    }
+}
 
 /// Creates a run record unless one exists, indexed; with an idempotency key, a second submission
 /// returns the first one's value instead. KEYS: run. ARGV: prefix, created µs, idempotency key
@@ -182,7 +299,7 @@ pub struct RedisRunStore {
     /// Key prefix (`DELTA_KEY_PREFIX`, default `delta`).
     prefix: String,
     /// The fencing token of the delivery this handle writes for, if any.
-    fence: Option<(u64, u64)>,
+    fence: Option<Fence>,
     /// The worker this handle writes for (the run record's `owner`).
     owner: Option<String>,
     /// The trace a pause belongs to, stored with the question so its answer continues it.
@@ -237,7 +354,7 @@ impl RedisRunStore {
             fence: None,
             owner: None,
             traceparent: None,
-            append: Script::new(APPEND),
+            append: Script::new(&named_args(AppendArgs::NAMES, APPEND)),
             create: Script::new(CREATE),
             resolve: Script::new(RESOLVE),
             trips: Arc::new(AtomicU64::new(0)),
@@ -246,10 +363,10 @@ impl RedisRunStore {
         })
     }
 
-    /// A handle whose writes carry the token `(stream_seq, delivery_count)` of one delivery.
-    pub fn fenced(&self, stream_seq: u64, delivery_count: u64) -> Self {
+    /// A handle whose writes carry the fencing token of one delivery.
+    pub fn fenced(&self, fence: Fence) -> Self {
         let mut s = self.clone();
-        s.fence = Some((stream_seq, delivery_count));
+        s.fence = Some(fence);
         s.seen = Arc::default();
         s
     }
@@ -373,9 +490,11 @@ impl RedisRunStore {
             .await;
         match reply {
             Ok(s) if s == "WON" => Ok(None),
-            Ok(s) => Ok(Some(s.parse().map_err(Error::Backend)?)),
-            Err(e) if e.to_string().contains("NOTFOUND") => Err(Error::NotFound(run_id)),
-            Err(e) => Err(backend(e)),
+            Ok(s) => Ok(Some(s.parse().map_err(Error::Corrupt)?)),
+            Err(e) => Err(match ScriptError::of(&e) {
+                Some(known) => known.into_error(run_id),
+                None => backend(e),
+            }),
         }
     }
 
@@ -425,7 +544,7 @@ impl RedisRunStore {
         {
             let plain = open(t)?;
             response.data = Some(serde_json::from_str(&plain).map_err(|e| {
-                Error::Backend(format!("interaction {ctx}: bad sealed data ({e})"))
+                Error::Corrupt(format!("interaction {ctx}: bad sealed data ({e})"))
             })?);
         }
         Ok(response)
@@ -456,8 +575,8 @@ impl RedisRunStore {
         Ok(n == 1)
     }
 
-    /// The fencing token of the delivery that last wrote to a run (`(0, 0)` before any).
-    pub async fn owner_fence(&self, run_id: RunId) -> Result<(u64, u64), Error> {
+    /// The fencing token of the delivery that last wrote to a run (zero before any).
+    pub async fn owner_fence(&self, run_id: RunId) -> Result<Fence, Error> {
         let mut conn = self.connection();
         let (s, n): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
             .arg(self.run_key(run_id))
@@ -466,7 +585,10 @@ impl RedisRunStore {
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
-        Ok((s.unwrap_or(0), n.unwrap_or(0)))
+        Ok(Fence {
+            stream_seq: s.unwrap_or(0),
+            delivery: n.unwrap_or(0),
+        })
     }
 
     /// One interaction of a run, as stored (its answer still sealed), if it exists.
@@ -508,7 +630,7 @@ fn parse_interaction(
         return Ok(None);
     }
     let bad = |what: &str, e: String| {
-        Error::Backend(format!("interaction {request_id}: bad {what} ({e})"))
+        Error::Corrupt(format!("interaction {request_id}: bad {what} ({e})"))
     };
     let request: InteractionRequest =
         serde_json::from_str(h.get("request").map(String::as_str).unwrap_or(""))
@@ -537,7 +659,7 @@ fn parse_interaction(
 type Fields = HashMap<String, String>;
 
 fn backend(e: redis::RedisError) -> Error {
-    Error::Backend(e.to_string())
+    Error::Backend(Box::new(e))
 }
 
 fn opt(s: &Option<String>) -> String {
@@ -575,7 +697,7 @@ fn record_fields(r: &RunRecord) -> Vec<(String, String)> {
 
 fn parse_record(run_id: RunId, h: &HashMap<String, String>) -> Result<RunRecord, Error> {
     let bad = |field: &str| {
-        Error::Backend(format!(
+        Error::Corrupt(format!(
             "run {run_id}: field `{field}` is missing or invalid"
         ))
     };
@@ -604,6 +726,27 @@ fn parse_record(run_id: RunId, h: &HashMap<String, String>) -> Result<RunRecord,
         error: get("error"),
         agent_dir: get("agent_dir"),
     })
+}
+
+impl AnswerStore for RedisRunStore {
+    async fn settled(
+        &self,
+        run_id: RunId,
+        request_id: RequestId,
+    ) -> Result<Option<Settled>, Error> {
+        let Some(ix) = self.interaction(run_id, request_id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Settled {
+            response: ix.response.map(|r| self.open(r)).transpose()?,
+            answered_at: ix.answered_at,
+            expired: ix.state == InteractionState::Expired,
+        }))
+    }
+
+    async fn reopen(&self, run_id: RunId, request_id: RequestId) -> Result<bool, Error> {
+        RedisRunStore::reopen(self, run_id, request_id).await
+    }
 }
 
 impl RunStore for RedisRunStore {
@@ -647,66 +790,52 @@ impl RunStore for RedisRunStore {
         change: Option<StatusChange>,
     ) -> Result<Vec<JournalEvent>, Error> {
         let now = Timestamp::now();
-        let (fence_seq, fence_n) = match self.fence {
-            Some((s, n)) => (s.to_string(), n.to_string()),
-            None => (String::new(), String::new()),
+        let mut args = AppendArgs {
+            now: now.to_string(),
+            prefix: self.prefix.clone(),
+            created_us: now.micros().to_string(),
+            owner: self.owner.clone().unwrap_or_default(),
+            traceparent: self.traceparent.clone().unwrap_or_default(),
+            seen_len: self.seen_len(run_id),
+            ..AppendArgs::default()
         };
-        let (status, pending, finished, result, error, request) = match &change {
-            None => Default::default(),
-            Some(c) => {
-                let (pending, request) = match c {
-                    StatusChange::Waiting(q) => (
-                        q.request_id.to_string(),
-                        serde_json::to_string(q).unwrap_or_default(),
-                    ),
-                    _ => Default::default(),
-                };
-                let (finished, result, error) = match c {
-                    StatusChange::Finished { result, error, .. } => {
-                        ("1".to_owned(), opt(result), opt(error))
-                    }
-                    _ => Default::default(),
-                };
-                (
-                    c.status().as_str().to_owned(),
-                    pending,
-                    finished,
-                    result,
-                    error,
-                    request,
-                )
+        if let Some(f) = self.fence {
+            args.fence_seq = f.stream_seq.to_string();
+            args.fence_n = f.delivery.to_string();
+        }
+        if let Some(c) = &change {
+            args.status = c.status().as_str().to_owned();
+            match c {
+                StatusChange::Waiting(q) => {
+                    args.pending = q.request_id.to_string();
+                    args.request = serde_json::to_string(q).unwrap_or_default();
+                    args.asked_us = q.timestamp.micros().to_string();
+                    args.expires_us = q
+                        .expires_at
+                        .map(|t| t.micros().to_string())
+                        .unwrap_or_default();
+                }
+                StatusChange::Finished { result, error, .. } => {
+                    args.finished = "1".to_owned();
+                    args.result = opt(result);
+                    args.err_text = opt(error);
+                }
+                _ => {}
             }
-        };
-        let (asked_us, expires_us) = match &change {
-            Some(StatusChange::Waiting(q)) => (
-                q.timestamp.micros().to_string(),
-                q.expires_at
-                    .map(|t| t.micros().to_string())
-                    .unwrap_or_default(),
-            ),
-            _ => Default::default(),
-        };
-        let ix_key =
-            self.interaction_key(run_id, if pending.is_empty() { "none" } else { &pending });
+        }
+        let ix_key = self.interaction_key(
+            run_id,
+            if args.pending.is_empty() {
+                "none"
+            } else {
+                &args.pending
+            },
+        );
         let mut inv = self.append.key(self.run_key(run_id));
-        inv.key(self.journal_key(run_id))
-            .key(ix_key)
-            .arg(fence_seq)
-            .arg(fence_n)
-            .arg(now.to_string())
-            .arg(status)
-            .arg(pending)
-            .arg(finished)
-            .arg(result)
-            .arg(error)
-            .arg(request)
-            .arg(&self.prefix)
-            .arg(now.micros())
-            .arg(self.owner.clone().unwrap_or_default())
-            .arg(asked_us)
-            .arg(expires_us)
-            .arg(self.traceparent.clone().unwrap_or_default())
-            .arg(self.seen_len(run_id));
+        inv.key(self.journal_key(run_id)).key(ix_key);
+        for a in args.into_argv() {
+            inv.arg(a);
+        }
         for e in &events {
             // `{"type":…,"payload":…}` without its opening brace: the script puts seq and
             // timestamp in front.
@@ -714,25 +843,13 @@ impl RunStore for RedisRunStore {
             inv.arg(json.strip_prefix('{').unwrap_or(&json).to_owned());
         }
         let mut conn = self.connection();
-        let last: u64 = match inv.invoke_async::<u64>(&mut conn).await {
-            Ok(v) => v,
-            Err(e) => {
-                let msg = e.to_string();
-                return Err(if msg.contains("NOTFOUND") {
-                    Error::NotFound(run_id)
-                } else if msg.contains("FENCED") {
-                    Error::Fenced(run_id)
-                } else if msg.contains("TERMINAL") {
-                    let status = RunStatus::ALL
-                        .into_iter()
-                        .find(|s| s.is_terminal() && msg.contains(s.as_str()))
-                        .unwrap_or(RunStatus::Failed);
-                    Error::Terminal { run_id, status }
-                } else {
-                    backend(e)
-                });
-            }
-        };
+        let last: u64 =
+            inv.invoke_async::<u64>(&mut conn)
+                .await
+                .map_err(|e| match ScriptError::of(&e) {
+                    Some(known) => known.into_error(run_id),
+                    None => backend(e),
+                })?;
         self.saw(run_id, last);
         let first = last + 1 - events.len() as u64;
         Ok(numbered(events, first, now))

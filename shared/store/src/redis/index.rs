@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
-use super::{Fields, RedisRunStore, StoredInteraction, backend, parse_interaction, parse_record};
+use super::{
+    Fields, RedisRunStore, ScriptError, StoredInteraction, backend, parse_interaction, parse_record,
+};
 use crate::{Error, RunRecord};
 use delta_protocol::journal;
 use delta_protocol::{
@@ -183,15 +185,17 @@ impl RedisRunStore {
                 let (run, fingerprint) = prior.split_once(' ').unwrap_or((&prior, ""));
                 let run_id = run
                     .parse()
-                    .map_err(|_| Error::Backend(format!("idempotency record `{prior}`")))?;
+                    .map_err(|_| Error::Corrupt(format!("idempotency record `{prior}`")))?;
                 Ok(Submitted::Existing {
                     run_id,
                     fingerprint: fingerprint.to_owned(),
                 })
             }
             Ok(_) => Ok(Submitted::Created),
-            Err(e) if e.to_string().contains("EXISTS") => Err(Error::AlreadyExists(record.run_id)),
-            Err(e) => Err(backend(e)),
+            Err(e) => Err(match ScriptError::of(&e) {
+                Some(known) => known.into_error(record.run_id),
+                None => backend(e),
+            }),
         }
     }
 
@@ -632,9 +636,11 @@ impl RedisRunStore {
                 seq: v.parse().unwrap_or(0),
             }),
             Ok((kind, v)) if kind == "OTHER" => Ok(Requeue::FailedOtherwise(v)),
-            Ok((_, status)) => Ok(Requeue::NotFailed(status.parse().map_err(Error::Backend)?)),
-            Err(e) if e.to_string().contains("NOTFOUND") => Err(Error::NotFound(run_id)),
-            Err(e) => Err(backend(e)),
+            Ok((_, status)) => Ok(Requeue::NotFailed(status.parse().map_err(Error::Corrupt)?)),
+            Err(e) => Err(match ScriptError::of(&e) {
+                Some(known) => known.into_error(run_id),
+                None => backend(e),
+            }),
         }
     }
 

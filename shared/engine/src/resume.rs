@@ -1,0 +1,167 @@
+//! Resuming a parked run from what the store holds: one place that decides which question a
+//! resume is for, reads its answer and the earlier sensitive answers, and applies them.
+//!
+//! ```text
+//! let answers = Answers::load(&store, &run, job.request_id).await?;   // read through AnswerStore
+//! let mut engine = Engine::resumed(agent, brain, &store, run, answers, settings, cancel);
+//! match engine.advance_resumed().await? { Resumed::Advanced { .. } | Resumed::AlreadyApplied }
+//! ```
+//!
+//! The host (the fleet worker) only adds what is its own: who owns the job (fencing), what to
+//! acknowledge, what to publish.
+
+use delta_protocol::journal::Replay;
+use delta_protocol::{Event, InteractionResponse, RequestId, ResponseError, RunStatus, Timestamp};
+use delta_store::{self as store, AnswerStore, StoredRun};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::Agent;
+use crate::brain::Brain;
+use crate::engine::{Engine, Error, Outcome, Settings};
+
+/// What resuming a run needs from the store, read by [`Answers::load`].
+#[derive(Clone, Debug, Default)]
+pub struct Answers {
+    /// The question this resume is for, if any.
+    asked: Option<RequestId>,
+    /// Its accepted answer (opened), if it has one.
+    answer: Option<InteractionResponse>,
+    /// When that answer was accepted (or the question closed).
+    answered_at: Option<Timestamp>,
+    /// The clock closed the question: the default option applies, or the run fails.
+    expired: bool,
+    /// Answers to earlier sensitive questions (opened): tools later in the run may use them.
+    earlier: Vec<InteractionResponse>,
+}
+
+impl Answers {
+    /// Reads what resuming `run` needs. The question is the one the job names (`job_request`),
+    /// else the one the run waits on, else one its journal asked and did not apply (a job put back
+    /// in the queue by an operator). Whatever brought the job, a run whose question was answered
+    /// resumes with that answer: the clock never overrides an accepted answer.
+    ///
+    /// An earlier sensitive answer that cannot be opened (a wrong or missing secrets key) is left
+    /// out with a warning: a tool that needs it says so, and the rest of the run goes on.
+    pub async fn load<S: AnswerStore>(
+        store: &S,
+        run: &StoredRun,
+        job_request: Option<RequestId>,
+    ) -> Result<Answers, store::Error> {
+        let run_id = run.record.run_id;
+        let asked = match job_request {
+            Some(rid) => Some(rid),
+            None if run.record.status == RunStatus::WaitingForInput => {
+                run.record.pending_request_id
+            }
+            None if !run.journal.is_empty() => {
+                Replay::new(&run.journal).pending().map(|q| q.request_id)
+            }
+            None => None,
+        };
+        let mut answers = Answers {
+            asked,
+            ..Answers::default()
+        };
+        if let Some(rid) = asked
+            && let Some(settled) = store.settled(run_id, rid).await?
+        {
+            answers.answered_at = settled.answered_at;
+            answers.expired = settled.expired;
+            answers.answer = settled.response;
+        }
+        for e in &run.journal {
+            let Event::HumanInputRequest(q) = &e.event else {
+                continue;
+            };
+            if !q.is_sensitive() || Some(q.request_id) == job_request {
+                continue;
+            }
+            match store.settled(run_id, q.request_id).await {
+                Ok(Some(store::Settled {
+                    response: Some(a), ..
+                })) => answers.earlier.push(a),
+                Ok(_) => {}
+                Err(e @ (store::Error::Secret(_) | store::Error::NoSecretsKey)) => {
+                    tracing::warn!(error = %e, request = %q.request_id, "an earlier sensitive answer cannot be opened");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(answers)
+    }
+
+    /// The answer this resume applies and when it was accepted, if there is one.
+    pub fn applying(&self) -> Option<(RequestId, Timestamp)> {
+        let rid = self.asked?;
+        self.answer.as_ref()?;
+        Some((rid, self.answered_at?))
+    }
+}
+
+/// What [`Engine::advance_resumed`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resumed {
+    /// The run went on until `outcome`. `reopened`: the engine refused the stored answer (the
+    /// agent changed since the gateway checked it), opened its question again and journaled why;
+    /// the outcome is then that question, asked again.
+    Advanced { outcome: Outcome, reopened: bool },
+    /// An earlier delivery applied this answer already. Whether this job may go on
+    /// ([`Engine::advance`] with no answer) is the host's call: only it knows who owns the job.
+    AlreadyApplied,
+}
+
+impl<'a, S: AnswerStore, B: Brain> Engine<'a, S, B> {
+    /// An engine for `run` resumed with `answers`: the answer's acceptance time (its deadline is
+    /// checked against it), a question the clock closed, and the sensitive answers its tools may
+    /// need, even when an earlier delivery journaled the answer already.
+    pub fn resumed(
+        agent: &'a Agent,
+        brain: &'a B,
+        store: &'a S,
+        run: StoredRun,
+        answers: Answers,
+        settings: Settings,
+        cancel: CancellationToken,
+    ) -> Self {
+        let mut engine = Engine::new(agent, brain, store, run, settings, cancel);
+        if let (Some(at), Some(_)) = (answers.answered_at, &answers.answer) {
+            engine.answered_at(at);
+        }
+        if let (Some(rid), true) = (answers.asked, answers.expired) {
+            engine.expired(rid);
+        }
+        for a in answers.earlier.iter().chain(answers.answer.as_ref()) {
+            engine.remember_sensitive(a);
+        }
+        engine.resume_with(answers.answer);
+        engine
+    }
+
+    /// Applies the answer the engine was resumed with (if any) and advances. An answer the engine
+    /// refuses is not a dead end: its question is opened again in the store, the refusal
+    /// journaled, and the run waits for a better answer.
+    pub async fn advance_resumed(&mut self) -> Result<Resumed, Error> {
+        let answer = self.take_resume_answer();
+        match (self.advance(answer.clone()).await, answer) {
+            (Err(Error::Answer(ResponseError::AlreadyResolved(_))), Some(_)) => {
+                Ok(Resumed::AlreadyApplied)
+            }
+            (Err(Error::Answer(why)), Some(a)) => {
+                let run_id = self.record().run_id;
+                if let Err(e) = self.store().reopen(run_id, a.request_id).await {
+                    tracing::warn!(error = %e, "could not reopen a refused answer's question");
+                }
+                self.note_refusal(&a, &why);
+                let outcome = self.advance(None).await?;
+                Ok(Resumed::Advanced {
+                    outcome,
+                    reopened: true,
+                })
+            }
+            (other, _) => Ok(Resumed::Advanced {
+                outcome: other?,
+                reopened: false,
+            }),
+        }
+    }
+}
