@@ -477,3 +477,50 @@ fn a_mailbox_answer_is_removed_once_journaled_before_any_tool_runs() {
     );
     assert!(!s.file(".delta/interaction/response.txt").exists());
 }
+
+#[test]
+fn tools_see_only_the_base_environment_and_what_they_declare() {
+    let s = Scratch::new();
+    let agent = s.agent(
+        "envy",
+        "name: envy\nbrain: scripted\ntools:\n  - name: show_env\n    exec: \"env\"\n    env: [GH_TOKEN]\n",
+        "steps:\n  - tool: show_env\n  - finish: \"${observation}\"\n",
+    );
+    let out = Command::new(DELTA)
+        .args(["run", "--agent", &agent, "--task", "t"])
+        .current_dir(s.path())
+        .env("DELTA_SECRETS_KEY", "secrets-key-canary")
+        .env("OPENAI_API_KEY", "sk-canary")
+        .env("GH_TOKEN", "declared-canary")
+        .env("TZ", "UTC")
+        .stdin(Stdio::null())
+        .output()
+        .expect("delta runs");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let journal = serde_json::to_string(&s.journal()).expect("json");
+    // The worker's secrets never reach a tool (here: its output, journaled whole).
+    assert!(!journal.contains("secrets-key-canary"), "{journal}");
+    assert!(!journal.contains("sk-canary"), "{journal}");
+    // What the tool declared does, and so do the base variables.
+    assert!(journal.contains("GH_TOKEN=declared-canary"), "{journal}");
+    assert!(journal.contains("TZ=UTC"), "{journal}");
+    assert!(journal.contains("PATH="), "{journal}");
+    assert!(journal.contains("DELTA_RUN_ID="), "{journal}");
+}
+
+#[test]
+fn a_tool_cannot_declare_the_fleets_own_settings() {
+    let s = Scratch::new();
+    let agent = s.agent(
+        "greedy",
+        "name: greedy\nbrain: scripted\ntools:\n  - name: show_env\n    exec: \"env\"\n    env: [DELTA_SECRETS_KEY]\n",
+        "steps:\n  - tool: show_env\n  - finish: done\n",
+    );
+    let out = s.delta(&["run", "--agent", &agent, "--task", "t"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("DELTA_SECRETS_KEY") && stderr(&out).contains("never reach a tool"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -1043,22 +1043,7 @@ async fn invalid_edited_arguments_are_refused_at_the_gateway_over_http_and_nats(
         "journal unchanged"
     );
     // A good answer goes through.
-    let (s, b) = fleet
-        .answer(
-            &rid,
-            json!({"option_id": "approve", "data": {"args": {"text": "HELLO"}}}),
-        )
-        .await;
-    assert_eq!(s, 200, "{b}");
-    fleet.wait_status(run, RunStatus::Completed).await;
-    let stored = fleet.store.load(run).await.expect("load");
-    assert!(
-        stored
-            .journal
-            .iter()
-            .any(|e| matches!(&e.event, Event::ActionResult(r)
-        if r.observation_content.contains("HELLO")))
-    );
+    approve_with_good_args_completes(&fleet, run, &rid).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1146,9 +1131,15 @@ async fn an_answer_the_engine_refuses_reopens_the_question_everywhere_and_a_corr
     assert_eq!(events, ["requested", "resolved", "requested"]);
     // A corrected answer resumes the run at once: its resume job has an id of its own, not the
     // refused answer's (which NATS would drop as a duplicate).
+    approve_with_good_args_completes(&fleet, run, &rid).await;
+}
+
+/// Approves the `gated` agent's question with valid edited arguments: accepted, and the run
+/// completes with them (within `wait_status`'s 20 s, well before a reconciler would step in).
+async fn approve_with_good_args_completes(fleet: &Fleet, run: RunId, rid: &str) {
     let (s, b) = fleet
         .answer(
-            &rid,
+            rid,
             json!({"option_id": "approve", "data": {"args": {"text": "HELLO"}}}),
         )
         .await;

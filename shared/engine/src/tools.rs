@@ -176,7 +176,16 @@ pub struct ToolConfig {
     /// Bytes of stdout (and of stderr) kept in the observation (default 64 KiB).
     #[serde(default)]
     pub max_output_bytes: Option<usize>,
+    /// Variables of the host's environment this tool sees, besides [`BASE_ENV`]: names only,
+    /// their values taken from the worker's (or `delta run`'s) environment when set. Nothing else
+    /// reaches a tool: not the secrets key, not an LLM API key.
+    #[serde(default)]
+    pub env: Vec<String>,
 }
+
+/// What every tool sees of the host's environment (when set there): where programs are, the
+/// home directory, the locale and the time zone.
+pub const BASE_ENV: &[&str] = &["PATH", "HOME", "LANG", "TZ"];
 
 /// A declaration that cannot work.
 #[derive(Debug, thiserror::Error)]
@@ -193,6 +202,14 @@ pub enum ToolError {
     Split(String),
     #[error("parameter `{0}` is declared twice")]
     DuplicateParam(String),
+    #[error(
+        "env: `{0}` is not a variable name (letters, digits and `_`, not starting with a digit)"
+    )]
+    EnvName(String),
+    #[error(
+        "env: `{0}` is one of the fleet's own settings (DELTA_*), which never reach a tool; name the variable the tool needs under another name"
+    )]
+    EnvReserved(String),
     #[error("parameter `{0}` uses inject_as: option but has no `option_name`")]
     NoOptionName(String),
     #[error("only one parameter can be injected as stdin (`{0}` and `{1}`)")]
@@ -246,6 +263,8 @@ pub struct Tool {
     pub idempotent: bool,
     pub timeout: Duration,
     pub max_output_bytes: usize,
+    /// Host variables the tool may see besides [`BASE_ENV`] (`env:` in its declaration).
+    pub env: Vec<String>,
 }
 
 pub const DEFAULT_TOOL_TIMEOUT_S: u64 = 120;
@@ -364,6 +383,19 @@ impl Tool {
         if forms.iter().filter(|f| **f).count() != 1 {
             return Err(ToolError::Form);
         }
+        for name in &c.env {
+            let mut chars = name.chars();
+            let valid = chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(ToolError::EnvName(name.clone()));
+            }
+            if name.starts_with("DELTA_") {
+                return Err(ToolError::EnvReserved(name.clone()));
+            }
+        }
         let mut params = c.parameters.clone();
         let mut seen = std::collections::HashSet::new();
         for p in &params {
@@ -474,6 +506,7 @@ impl Tool {
             idempotent: c.idempotent,
             timeout: Duration::from_secs(c.timeout_s.unwrap_or(DEFAULT_TOOL_TIMEOUT_S)),
             max_output_bytes: c.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES),
+            env: c.env.clone(),
         })
     }
 
@@ -581,7 +614,11 @@ impl Tool {
                 values.get("text").cloned().unwrap_or_default(),
             ],
         };
-        Invocation { argv, stdin }
+        Invocation {
+            argv,
+            stdin,
+            env: self.env.clone(),
+        }
     }
 
     /// The outcome of a built-in tool, run here and now; `None` for a tool that is a process.
@@ -651,6 +688,8 @@ pub struct ToolEnv {
 pub struct Invocation {
     pub argv: Vec<String>,
     pub stdin: Option<String>,
+    /// The host variables the tool declared (`env:`), passed on besides [`BASE_ENV`].
+    pub env: Vec<String>,
 }
 
 impl Invocation {
@@ -763,6 +802,18 @@ pub async fn execute(
         return failed("empty command".into());
     };
     let mut cmd = tokio::process::Command::new(program);
+    // A cleared environment: the worker's holds the secrets key and the LLM's API key, and a tool
+    // (run on the LLM's word) must see neither. It gets the base variables and what it declared.
+    cmd.env_clear();
+    for name in BASE_ENV
+        .iter()
+        .copied()
+        .chain(inv.env.iter().map(String::as_str))
+    {
+        if let Some(value) = std::env::var_os(name) {
+            cmd.env(name, value);
+        }
+    }
     cmd.args(args)
         .current_dir(&env.work_dir)
         .envs(env.vars.iter().map(|(k, v)| (k, v)))
@@ -1105,6 +1156,7 @@ mod tests {
         let inv = Invocation {
             argv: vec!["/no/such/program".into()],
             stdin: None,
+            env: vec![],
         };
         let ex = execute(
             &inv,
