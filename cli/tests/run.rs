@@ -524,3 +524,59 @@ fn a_tool_cannot_declare_the_fleets_own_settings() {
         stderr(&out)
     );
 }
+
+/// Every file under `dir`, read as text (lossy), with its path.
+fn all_files(dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                out.push((path, String::from_utf8_lossy(&bytes).into_owned()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_sensitive_answer_never_becomes_text_whatever_its_options_action() {
+    let canary = "hunter2-canary";
+    for (option, action, exit) in [
+        ("retry", "RETRY_WITH_FEEDBACK", 0),
+        ("reject", "REJECT_WITH_REASON", 0),
+        ("stop", "TERMINATE", 3),
+        ("done", "PROVIDE_INFO", 0),
+    ] {
+        let s = Scratch::new();
+        let agent = s.agent(
+            "asker",
+            "name: asker\nbrain: scripted\ntools: []\n",
+            &format!(
+                "steps:\n  - ask_human:\n      prompt: \"password?\"\n      sensitive: true\n      options:\n        - {{id: {option}, action: {action}, requires_input: true}}\n  - finish: \"${{observation}}\"\n"
+            ),
+        );
+        let first = s.delta(&["run", "--agent", &agent, "--task", "t"]);
+        assert_eq!(code(&first), 101, "{}", stderr(&first));
+        std::fs::write(
+            s.file(".delta/interaction/response.json"),
+            format!(r#"{{"option_id": "{option}", "input": "{canary}"}}"#),
+        )
+        .expect("answer");
+        let out = s.delta(&["run", "--agent", &agent]);
+        assert_eq!(code(&out), exit, "{action}: {}", stderr(&out));
+        for (path, text) in all_files(s.path()) {
+            assert!(
+                !text.contains(canary),
+                "{action}: the sensitive answer is in {}: {text}",
+                path.display()
+            );
+        }
+        let printed = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+        assert!(!printed.contains(canary), "{action}: printed: {printed}");
+    }
+}

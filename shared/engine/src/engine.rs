@@ -855,11 +855,19 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     ) -> Result<Option<Outcome>, Error> {
         let r = &a.response;
         let who = &r.responder.id;
-        let reason = r
+        let given = r
             .input
             .clone()
             .or_else(|| r.feedback.clone())
             .filter(|s| !s.trim().is_empty());
+        // A sensitive answer's text reaches tools only: whatever the action, it never becomes a
+        // result, the run's error, or the LLM's context (a prompt-injected model could otherwise
+        // ask for a password with a "retry" option and read it back).
+        let reason = if q.is_sensitive() {
+            given.map(|_| "(the reason given is hidden: the answer is sensitive)".to_owned())
+        } else {
+            given
+        };
         let id = &req.action_id;
         let is_ask = req.tool == ASK_HUMAN;
         match a.action {
