@@ -370,7 +370,7 @@ fn sensitive_answers_stay_out_of_every_file() {
     let s = Scratch::new();
     let agent = s.agent(
         "secret",
-        "name: secret\nbrain: scripted\ntools:\n  - name: login\n    shell: 'test ${key} = $(cat expected) && echo logged in with ${key}'\n",
+        "name: secret\nbrain: scripted\ntools:\n  - name: login\n    shell: 'test ${key} = $(cat expected) && echo logged in with ${key}'\n    parameters: [{name: key, secret: true}]\n",
         "steps:\n  - ask_human: {prompt: \"API key?\", sensitive: true}\n  - tool: login\n    args: {key: \"${answer}\"}\n  - finish: \"${observation}\"\n",
     );
     let work = s.path().join("work");

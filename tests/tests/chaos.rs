@@ -1242,7 +1242,7 @@ async fn s6_a_sensitive_answer_appears_nowhere_but_in_its_tool() {
     fleet.add_gateway(None).await;
     fleet.add_agent(
         "vault",
-        "name: vault\nbrain: scripted\ntools:\n  - name: fingerprint\n    exec: \"sha256sum\"\n    stdin: key\n    idempotent: true\n",
+        "name: vault\nbrain: scripted\ntools:\n  - name: fingerprint\n    exec: \"sha256sum\"\n    stdin: key\n    parameters: [{name: key, secret: true}]\n    idempotent: true\n",
         "steps:\n  - ask_human: {prompt: \"API key for ${task}?\", sensitive: true}\n  - tool: fingerprint\n    args: {key: \"${answer}\"}\n  - ask_human: {prompt: \"Deploy now?\"}\n  - tool: fingerprint\n    args: {key: \"${secret}\"}\n  - finish: \"${observation}\"\n",
     );
     fleet.add_worker("w0");

@@ -463,7 +463,7 @@ async fn a_sealed_secret_reaches_a_tool_after_a_later_pause_on_another_worker() 
     std::fs::create_dir_all(&vault).expect("mkdir");
     std::fs::write(
         vault.join("config.yaml"),
-        "name: vault\nbrain: scripted\ntools:\n  - name: measure\n    shell: 'printf %s ${key} | wc -c'\n    idempotent: true\n",
+        "name: vault\nbrain: scripted\ntools:\n  - name: measure\n    shell: 'printf %s ${key} | wc -c'\n    parameters: [{name: key, secret: true}]\n    idempotent: true\n",
     )
     .expect("write");
     std::fs::write(

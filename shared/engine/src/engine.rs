@@ -966,7 +966,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 return Ok(None);
             }
         };
-        let values = match self.reveal(values) {
+        let values = match self.reveal(tool, values) {
             Ok(v) => v,
             Err(msg) => {
                 self.result(&req.action_id, ActionStatus::Error, msg, None, 0);
@@ -1013,12 +1013,26 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         }
     }
 
-    /// Swaps `{{secret:<request_id>}}` references for the secrets this process holds.
+    /// Swaps `{{secret:<request_id>}}` references for the secrets this process holds, in the
+    /// parameters `tool` declares `secret: true`. A reference anywhere else is refused: a secret
+    /// goes only where the agent's definition binds it, whoever wrote the reference.
     fn reveal(
         &self,
+        tool: &Tool,
         mut values: std::collections::BTreeMap<String, String>,
     ) -> Result<std::collections::BTreeMap<String, String>, String> {
-        for v in values.values_mut() {
+        for (name, v) in values.iter_mut() {
+            if !v.contains("{{secret:") {
+                continue;
+            }
+            let binds = tool.params.iter().any(|p| &p.name == name && p.secret);
+            if !binds {
+                return Err(format!(
+                    "parameter `{name}` of `{}` does not take sensitive answers: only a parameter \
+                     declared `secret: true` in the agent's config.yaml receives one",
+                    tool.name
+                ));
+            }
             // Rebuilt left to right: a secret's own text is never searched for references.
             let mut out = String::with_capacity(v.len());
             let mut rest = v.as_str();

@@ -66,6 +66,11 @@ pub struct ParamConfig {
     /// Accepted for Delta Engine compatibility; arguments follow declaration order.
     #[serde(default)]
     pub position: Option<u32>,
+    /// This parameter may carry a sensitive answer: a `{{secret:<request_id>}}` reference in its
+    /// value becomes the secret when the tool runs. In any other parameter a reference is
+    /// refused, whoever wrote it (the LLM, a task, another person's answer).
+    #[serde(default)]
+    pub secret: bool,
 }
 
 fn yes() -> bool {
@@ -417,6 +422,7 @@ impl Tool {
                     option_value_template: None,
                     required: true,
                     position: None,
+                    secret: false,
                 });
             }
         };

@@ -38,6 +38,7 @@ tools:
     dangerous: true
   - name: use_key
     shell: "echo using ${key}; test ${key} = hunter2"
+    parameters: [{name: key, secret: true}]
   - name: slow
     exec: "sleep ${secs}"
     idempotent: true
@@ -580,6 +581,56 @@ steps:
         "{call}"
     );
     assert_eq!(results(&j)[2].0, ActionStatus::Success);
+}
+
+#[tokio::test]
+async fn a_secret_reaches_only_the_parameters_declared_to_take_one() {
+    // Alice gives a key; Bob, asked for a version in free text, answers with a reference to it,
+    // and the task names `${secret}`: neither routes the key into `echo`, whose `text` is no
+    // secret parameter. `use_key` (declared `secret: true`) still gets it.
+    let f = Fixture::new(
+        r#"
+steps:
+  - ask_human: {prompt: "API key?", sensitive: true}
+  - ask_human: {prompt: "Which version?"}
+  - tool: echo
+    args: {text: "${answer}"}
+  - tool: echo
+    args: {text: "${task}"}
+  - tool: use_key
+    args: {key: "${secret}"}
+  - finish: "${observation}"
+"#,
+    );
+    let id = f.start("deploy ${secret}").await;
+    let mut engine = f.holding_engine(id).await;
+    let q = paused(engine.advance(None).await.expect("advance"));
+    let q2 = paused(
+        engine
+            .advance(Some(answer(&q, None, Some("hunter2"))))
+            .await
+            .expect("advance"),
+    );
+    let bob = format!("{{{{secret:{}}}}}", q.request_id);
+    let out = engine
+        .advance(Some(answer(&q2, None, Some(&bob))))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "using ***\n".into()
+        }
+    );
+    let j = f.journal(id).await;
+    let r = results(&j);
+    assert_eq!(r[2].0, ActionStatus::Error, "{r:?}");
+    assert!(r[2].1.contains("does not take sensitive answers"), "{r:?}");
+    // The task is inserted as written: `${secret}` in it is text, not a template.
+    assert_eq!(r[3], (ActionStatus::Success, "deploy ${secret}\n".into()));
+    assert_eq!(r[4].0, ActionStatus::Success, "{r:?}");
+    let text = serde_json::to_string(&j).expect("json");
+    assert!(!text.contains("hunter2"), "{text}");
 }
 
 #[tokio::test]

@@ -103,7 +103,8 @@ fn agent_with(dir: &std::path::Path, base_url: &str, extra: &str) -> Agent {
         format!(
             "name: llm\n{extra}llm:\n  model: test-model\n  temperature: 0\n  base_url: {base_url}\n  max_retries: 3\n\
              tools:\n  - name: echo\n    description: echo text\n    exec: \"echo ${{text}}\"\n\
-             \x20 - name: login\n    description: log in\n    shell: 'test ${{key}} = opensesame && echo ok'\n"
+             \x20 - name: login\n    description: log in\n    shell: 'test ${{key}} = opensesame && echo ok'\n\
+             \x20   parameters: [{{name: key, secret: true}}]\n"
         ),
     )
     .expect("write");

@@ -342,10 +342,16 @@ fn tool_specs(agent: &Agent) -> Value {
                 .params
                 .iter()
                 .map(|p| {
+                    let mut description = p.description.clone().unwrap_or_default();
+                    if p.secret {
+                        // The one kind of parameter a sensitive answer's reference may go in.
+                        description.push_str(
+                            " (takes a sensitive answer: pass its {{secret:…}} reference here)",
+                        );
+                    }
                     (
                         p.name.clone(),
-                        json!({"type": json_type(p.kind),
-                               "description": p.description.clone().unwrap_or_default()}),
+                        json!({"type": json_type(p.kind), "description": description.trim_start()}),
                     )
                 })
                 .collect();

@@ -138,21 +138,46 @@ struct Templates<'a> {
 }
 
 impl Templates<'_> {
+    /// The value of `${name}`, or `None` for a name that is no template.
+    fn value(&self, name: &str) -> Option<&str> {
+        Some(match name {
+            "task" => self.task,
+            "run_id" => &self.run_id,
+            "answer" => self
+                .answer
+                .and_then(|a| a.text.as_deref().or(a.option_id.as_deref()))
+                .unwrap_or(""),
+            "option" => self
+                .answer
+                .and_then(|a| a.option_id.as_deref())
+                .unwrap_or(""),
+            "observation" => self.observation.unwrap_or(""),
+            "secret" => self.secret.unwrap_or(""),
+            _ => return None,
+        })
+    }
+
+    /// `s` with its templates replaced in one pass: what a template inserts (a task, a person's
+    /// answer, a tool's output) is never searched for templates again, so text that says
+    /// `${secret}` cannot pull a secret's reference into an argument.
     fn expand(&self, s: &str) -> String {
-        let answer = self
-            .answer
-            .and_then(|a| a.text.clone().or_else(|| a.option_id.clone()));
-        s.replace("${task}", self.task)
-            .replace("${run_id}", &self.run_id)
-            .replace("${answer}", answer.as_deref().unwrap_or(""))
-            .replace(
-                "${option}",
-                self.answer
-                    .and_then(|a| a.option_id.as_deref())
-                    .unwrap_or(""),
-            )
-            .replace("${observation}", self.observation.unwrap_or(""))
-            .replace("${secret}", self.secret.unwrap_or(""))
+        let mut out = String::with_capacity(s.len());
+        let mut rest = s;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 2..];
+            let Some(end) = after.find('}') else {
+                out.push_str(&rest[start..]);
+                return out;
+            };
+            match self.value(&after[..end]) {
+                Some(v) => out.push_str(v),
+                None => out.push_str(&rest[start..start + 2 + end + 1]),
+            }
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        out
     }
 
     fn expand_value(&self, v: &Value) -> Value {
