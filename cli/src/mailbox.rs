@@ -321,6 +321,22 @@ pub fn parse_json(q: &InteractionRequest, text: &str) -> Result<InteractionRespo
             ),
         ));
     }
+    // The file is the channel: an answer here cannot claim another (`timeout` would skip the
+    // deadline check, as only the clock may).
+    if let Some(r) = &loose.responder
+        && r.via != Via::File
+    {
+        return Err(Refused::new(
+            "bad_request",
+            format!(
+                "responder.via is `{}`, but an answer in the mailbox comes through the file: leave `via` out or write \"file\"",
+                serde_json::to_value(r.via)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            ),
+        ));
+    }
     Ok(InteractionResponse {
         request_id: q.request_id,
         option_id: loose.option_id,
@@ -461,5 +477,19 @@ mod tests {
         let e = parse_json(&q, &other).unwrap_err();
         assert_eq!(e.code, "not_found");
         assert!(e.message.contains("pending request is"), "{e:?}");
+        // Only the clock answers as `timeout` (its answers skip the deadline check).
+        let e = parse_json(
+            &q,
+            r#"{"option_id": "a", "responder": {"id": "timeout", "via": "timeout"}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, "bad_request");
+        assert!(e.message.contains("responder.via is `timeout`"), "{e:?}");
+        let r = parse_json(
+            &q,
+            r#"{"option_id": "a", "responder": {"id": "ops", "via": "file"}}"#,
+        )
+        .expect("a named responder through the file");
+        assert_eq!(r.responder.id, "ops");
     }
 }

@@ -53,6 +53,14 @@ impl Error {
     }
 }
 
+/// Whether `name` may be `llm.api_key_env`: a key's or token's name, and none of the fleet's own
+/// settings (`DELTA_API_KEY`, Delta Engine's name for the LLM key, excepted).
+fn api_key_variable(name: &str) -> bool {
+    let named_as_key = name.ends_with("_API_KEY") || name.ends_with("_TOKEN");
+    let fleets_own = name.starts_with("DELTA_") && name != "DELTA_API_KEY";
+    named_as_key && !fleets_own
+}
+
 /// The first line (1-based) of `text` that contains `needle`.
 pub(crate) fn line_of(text: &str, needle: &str) -> Option<usize> {
     nth_line_of(text, needle, 0)
@@ -240,6 +248,21 @@ impl CheckedConfig {
                 "`brain: openai` needs an `llm:` section with at least `model`",
             ));
         }
+        if let Some(name) = config.llm.as_ref().and_then(|l| l.api_key_env.as_deref())
+            && !api_key_variable(name)
+        {
+            return Err(Error::invalid(
+                config_path,
+                text,
+                "llm.api_key_env",
+                Some("api_key_env:"),
+                format!(
+                    "`{name}` cannot hold the LLM's key: name a variable ending in _API_KEY or \
+                     _TOKEN (not one of the fleet's own DELTA_* settings), so that no other secret \
+                     of the host is ever sent to the LLM endpoint"
+                ),
+            ));
+        }
         if let Some(d) = &config.plan_default
             && !PLAN_OPTIONS.contains(&d.as_str())
         {
@@ -361,6 +384,27 @@ fn read(path: &Path) -> Result<String, Error> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn api_key_env_names_only_a_key_or_token() {
+        for ok in [
+            "OPENAI_API_KEY",
+            "GROQ_API_KEY",
+            "HF_TOKEN",
+            "DELTA_API_KEY",
+        ] {
+            assert!(super::api_key_variable(ok), "{ok}");
+        }
+        for bad in [
+            "DELTA_SECRETS_KEY",
+            "DELTA_TOKEN",
+            "HOME",
+            "AWS_SECRET_ACCESS_KEY",
+            "",
+        ] {
+            assert!(!super::api_key_variable(bad), "{bad}");
+        }
+    }
+
     use super::*;
 
     fn agent_dir(config: &str, script: Option<&str>) -> tempfile::TempDir {
