@@ -181,6 +181,19 @@ impl Client {
         self.send(r).await
     }
 
+    /// `GET path?query` with the query string of one of the API's query types (`RunsQuery`…):
+    /// the body as `T`.
+    pub async fn get_with<Q: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &Q,
+    ) -> Result<Reply<T>, Error> {
+        let pairs = query_pairs(query);
+        let pairs: Vec<(&str, String)> =
+            pairs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        self.get_as(path, &pairs).await
+    }
+
     /// `POST path` with a JSON body and extra headers: the reply's body as `T`.
     pub async fn post_as<B: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
@@ -307,6 +320,47 @@ impl Client {
             message,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_type_becomes_its_parameters() {
+        let q = delta_api::InteractionsQuery {
+            state: Some("pending".into()),
+            kind: Some("USER_CHOICE".into()),
+            limit: Some(500),
+            ..Default::default()
+        };
+        let mut pairs = query_pairs(&q);
+        pairs.sort();
+        assert_eq!(
+            pairs,
+            [
+                ("limit".to_owned(), "500".to_owned()),
+                ("state".to_owned(), "pending".to_owned()),
+                ("type".to_owned(), "USER_CHOICE".to_owned()),
+            ]
+        );
+    }
+}
+
+/// A query type's parameters as name and text: its fields as it serializes them (absent ones are
+/// left out by the type), numbers and booleans written out.
+fn query_pairs<Q: Serialize>(query: &Q) -> Vec<(String, String)> {
+    let Ok(Value::Object(fields)) = serde_json::to_value(query) else {
+        return vec![];
+    };
+    fields
+        .into_iter()
+        .filter_map(|(k, v)| match v {
+            Value::Null => None,
+            Value::String(s) => Some((k, s)),
+            other => Some((k, other.to_string())),
+        })
+        .collect()
 }
 
 /// One server-sent event.

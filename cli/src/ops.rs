@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use delta_api::{
     AnswerAccepted, AnswerBody, CancelBody, CancelResult, ClaimedResponder, DeadLetterDropped,
-    DeadLetterPage, DeadLetterRetried, ErrorCode, InteractionPage, InteractionState,
-    InteractionView, Journal, JournalEvent, QueueStats, RunAccepted, RunDetail, RunEnded, RunPage,
-    RunStatus, Submission, Via, sse,
+    DeadLetterPage, DeadLetterRetried, DlqQuery, ErrorCode, InteractionPage, InteractionState,
+    InteractionView, InteractionsQuery, Journal, JournalEvent, JournalQuery, QueueStats,
+    RunAccepted, RunDetail, RunEnded, RunPage, RunStatus, RunsQuery, Submission, Via, sse,
 };
 use delta_protocol::{RequestId, RunId};
 
@@ -182,11 +182,9 @@ pub struct Paging {
 }
 
 impl Paging {
-    /// `limit` and, if given, `cursor`, as query parameters.
-    fn query(self) -> Vec<(&'static str, String)> {
-        let mut q = vec![("limit", self.limit.to_string())];
-        q.extend(self.cursor.map(|c| ("cursor", c)));
-        q
+    /// `limit` as the queries take it.
+    fn limit(&self) -> Option<usize> {
+        Some(usize::from(self.limit))
     }
 }
 
@@ -500,14 +498,13 @@ async fn wait_for_pause(
 }
 
 async fn runs_ls(client: &Client, a: RunsLsArgs, json: bool) -> Result<()> {
-    let mut query = a.page.query();
-    if let Some(s) = a.status {
-        query.push(("status", s.to_uppercase()));
-    }
-    if let Some(ag) = a.agent {
-        query.push(("agent", ag));
-    }
-    let page: Reply<RunPage> = client.get_as("v1/runs", &query).await?;
+    let query = RunsQuery {
+        status: a.status.map(|s| s.to_uppercase()),
+        agent: a.agent,
+        limit: a.page.limit(),
+        cursor: a.page.cursor,
+    };
+    let page: Reply<RunPage> = client.get_with("v1/runs", &query).await?;
     print_page(
         &page.json,
         json,
@@ -537,12 +534,11 @@ async fn journal(client: &Client, run_id: RunId, json: bool) -> Result<()> {
     let mut from = 1u64;
     let mut all: Option<Journal> = None;
     loop {
-        let page: Reply<Journal> = client
-            .get_as(
-                &path,
-                &[("from_seq", from.to_string()), ("limit", PAGE.to_string())],
-            )
-            .await?;
+        let query = JournalQuery {
+            from_seq: Some(from),
+            limit: Some(PAGE),
+        };
+        let page: Reply<Journal> = client.get_with(&path, &query).await?;
         let page = page.body;
         if !json {
             for e in &page.events {
@@ -676,19 +672,16 @@ async fn follow(
 
 async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()> {
     let want = usize::from(a.page.limit);
-    let mut query = vec![("state", "pending".to_owned())];
-    if let Some(ag) = &a.agent {
-        query.push(("agent", ag.clone()));
-    }
-    if let Some(k) = &a.kind {
-        query.push(("type", k.to_uppercase()));
-    }
+    let query = InteractionsQuery {
+        state: Some("pending".to_owned()),
+        agent: a.agent.clone(),
+        kind: a.kind.as_ref().map(|k| k.to_uppercase()),
+        limit: a.page.limit(),
+        cursor: a.page.cursor.clone(),
+    };
     let doc: Reply<InteractionPage> = match a.older_than {
         // The gateway's page as is.
-        None => {
-            query.extend(a.page.query());
-            client.get_as("v1/interactions", &query).await?
-        }
+        None => client.get_with("v1/interactions", &query).await?,
         // Filtered here, on `created_at`, over as many pages as it takes.
         Some(age) => {
             let cutoff =
@@ -696,12 +689,12 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
             let mut kept = vec![];
             let mut cursor = a.page.cursor;
             loop {
-                let mut q = query.clone();
-                q.push(("limit", "500".into()));
-                if let Some(c) = &cursor {
-                    q.push(("cursor", c.clone()));
-                }
-                let page: Reply<InteractionPage> = client.get_as("v1/interactions", &q).await?;
+                let q = InteractionsQuery {
+                    limit: Some(500),
+                    cursor: cursor.clone(),
+                    ..query.clone()
+                };
+                let page: Reply<InteractionPage> = client.get_with("v1/interactions", &q).await?;
                 for ix in page.body.interactions {
                     if show::time(ix.created_at) <= cutoff && kept.len() < want {
                         kept.push(ix);
@@ -885,11 +878,12 @@ async fn queue(client: &Client, json: bool) -> Result<()> {
 }
 
 async fn dlq_ls(client: &Client, a: DlqLsArgs, json: bool) -> Result<()> {
-    let mut query = a.page.query();
-    if let Some(ag) = a.agent {
-        query.push(("agent", ag));
-    }
-    let page: Reply<DeadLetterPage> = client.get_as("v1/dlq", &query).await?;
+    let query = DlqQuery {
+        agent: a.agent,
+        limit: a.page.limit(),
+        cursor: a.page.cursor,
+    };
+    let page: Reply<DeadLetterPage> = client.get_with("v1/dlq", &query).await?;
     print_page(
         &page.json,
         json,
@@ -913,14 +907,12 @@ async fn all_letters(client: &Client, agent: Option<&str>, pick: Pick) -> Result
     let mut seqs = vec![];
     let mut cursor: Option<String> = None;
     loop {
-        let mut query = vec![("limit", "500".to_owned())];
-        if let Some(ag) = agent {
-            query.push(("agent", ag.to_owned()));
-        }
-        if let Some(c) = &cursor {
-            query.push(("cursor", c.clone()));
-        }
-        let page: Reply<DeadLetterPage> = client.get_as("v1/dlq", &query).await?;
+        let query = DlqQuery {
+            agent: agent.map(str::to_owned),
+            limit: Some(500),
+            cursor: cursor.clone(),
+        };
+        let page: Reply<DeadLetterPage> = client.get_with("v1/dlq", &query).await?;
         for l in page.body.dead_letters {
             if pick == Pick::Drop || l.retryable {
                 seqs.push(l.seq);

@@ -73,6 +73,9 @@ impl Gateway {
                 "`task` must not be empty",
             ));
         }
+        // Not the Submission serialized: these bytes (sorted keys, `input` null when absent)
+        // are what stored fingerprints were made of, so a key reused across an upgrade still
+        // matches its submission.
         let fingerprint = sha256_hex(
             serde_json::json!({"agent": s.agent, "task": s.task, "input": s.input})
                 .to_string()

@@ -24,7 +24,7 @@ use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
 use delta_api::{RunEnded, StreamQuery, sse};
-use delta_protocol::{Event as JournalEventKind, RunId};
+use delta_protocol::{Event as JournalEventKind, InteractionRequest, RunId};
 
 use crate::Gateway;
 use crate::api::caller;
@@ -239,10 +239,11 @@ pub async fn interaction_events(
             };
             let Some(e) = next else { return };
             if let Some(a) = &agent {
-                let of_agent = serde_json::from_slice::<serde_json::Value>(&e.payload)
-                    .ok()
-                    .and_then(|v| v.get("agent").and_then(|x| x.as_str()).map(str::to_owned));
                 // `resolved` carries no agent: it is sent to everyone, harmlessly.
+                let of_agent = (e.kind == sse::REQUESTED)
+                    .then(|| serde_json::from_slice::<InteractionRequest>(&e.payload).ok())
+                    .flatten()
+                    .map(|q| q.agent);
                 if of_agent.is_some_and(|x| x != *a) {
                     continue;
                 }
