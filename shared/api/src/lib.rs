@@ -658,6 +658,149 @@ mod tests {
         }
     }
 
+    fn run() -> Run {
+        let at: Timestamp = "2026-11-21T10:00:00.000000Z".parse().expect("a time");
+        Run {
+            run_id: RunId::new(),
+            agent: "hello".into(),
+            task: "greet".into(),
+            status: RunStatus::Queued,
+            created_at: at,
+            updated_at: at,
+            pending_request_id: None,
+            input: None,
+            result: None,
+            error: None,
+        }
+    }
+
+    fn keys(v: &Value) -> Vec<&str> {
+        let mut keys: Vec<&str> = v
+            .as_object()
+            .map(|m| m.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// The keys each body had when the gateway wrote them with `json!`: a field is either always
+    /// there (`null` when empty) or left out when empty, never both.
+    #[test]
+    fn bodies_keep_the_keys_the_gateway_always_sent() {
+        let detail = RunDetail {
+            run: run(),
+            pending_interaction: None,
+        };
+        let v = serde_json::to_value(&detail).expect("serializes");
+        assert_eq!(
+            keys(&v),
+            [
+                "agent",
+                "created_at",
+                "pending_interaction",
+                "pending_request_id",
+                "run_id",
+                "status",
+                "task",
+                "updated_at"
+            ]
+        );
+        assert!(v["pending_interaction"].is_null() && v["pending_request_id"].is_null());
+        let back: RunDetail = serde_json::from_value(v).expect("reads back");
+        assert_eq!(back, detail);
+
+        let page = RunPage {
+            runs: vec![],
+            next_cursor: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&page).expect("serializes"),
+            serde_json::json!({"runs": [], "next_cursor": null})
+        );
+
+        let at = run().created_at;
+        let not_a_job = DeadLetterView {
+            seq: 3,
+            agent: "hello".into(),
+            reason: "poison".into(),
+            job_seq: None,
+            dead_lettered_at: at,
+            run_id: None,
+            kind: None,
+            request_id: None,
+            run_status: None,
+            retryable: false,
+            payload: Some("{".into()),
+        };
+        let v = serde_json::to_value(&not_a_job).expect("serializes");
+        assert_eq!(
+            keys(&v),
+            [
+                "agent",
+                "dead_lettered_at",
+                "job_seq",
+                "kind",
+                "payload",
+                "reason",
+                "request_id",
+                "retryable",
+                "run_id",
+                "run_status",
+                "seq"
+            ]
+        );
+        let a_job = DeadLetterView {
+            payload: None,
+            ..not_a_job
+        };
+        let v = serde_json::to_value(&a_job).expect("serializes");
+        assert!(v.get("payload").is_none() && v["run_id"].is_null());
+
+        let stats = QueueStats {
+            jobs_pending: 1,
+            jobs_in_flight: 0,
+            jobs_redelivered: 0,
+            dead_lettered: 0,
+            waiting_pulls: 2,
+            workers: vec![WorkerSeen {
+                worker_id: "w1".into(),
+                last_seen: None,
+            }],
+        };
+        assert_eq!(
+            serde_json::to_value(&stats).expect("serializes")["workers"],
+            serde_json::json!([{"worker_id": "w1", "last_seen": null}])
+        );
+        assert_eq!(
+            serde_json::to_value(Readiness {
+                redis: Reachability::Ok,
+                nats: Reachability::Unreachable
+            })
+            .expect("serializes"),
+            serde_json::json!({"redis": "ok", "nats": "unreachable"})
+        );
+    }
+
+    /// Bodies the gateway reads refuse unknown fields, and leave absent ones out when sent.
+    #[test]
+    fn requests_are_strict_and_minimal() {
+        let e = serde_json::from_str::<AnswerBody>(r#"{"option": "a"}"#).expect_err("unknown");
+        assert!(e.to_string().contains("unknown field `option`"), "{e}");
+        assert_eq!(
+            serde_json::to_value(CancelBody::default()).expect("serializes"),
+            serde_json::json!({})
+        );
+        let s = Submission {
+            agent: "hello".into(),
+            task: "greet".into(),
+            input: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&s).expect("serializes"),
+            serde_json::json!({"agent": "hello", "task": "greet"})
+        );
+    }
+
     #[test]
     fn always_present_fields_are_null_and_optional_ones_absent() {
         let ended = RunEnded {
