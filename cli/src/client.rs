@@ -1,13 +1,18 @@
 //! A small client of the gateway's HTTP API (PROTOCOL.md §6) for the operator commands.
 //!
-//! Every call returns the gateway's JSON as is, or an [`Error`] that already says which exit code
-//! it means: the gateway refused (its `{"error": {"code", "message"}}`), the thing asked for does
+//! A call returns the body as its `delta-api` type together with the gateway's JSON as is (a
+//! [`Reply`]: the type for reading, the JSON for `--json`), or an [`Error`] that already says
+//! which exit code it means: the gateway refused (its `ErrorResponse`), the thing asked for does
 //! not exist, or the gateway could not be reached (connection refused, timeout, a 5xx).
 
 use std::time::Duration;
 
 use reqwest::{Method, RequestBuilder, StatusCode, Url};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+use delta_api::{ErrorCode, ErrorResponse};
 
 /// How long a plain call may take (streams have no limit).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -17,10 +22,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The gateway refused: a 4xx other than `not_found`.
-    #[error("{code}: {message}")]
+    #[error("{}: {message}", code_or_status(*.code, *.status))]
     Refused {
         status: u16,
-        code: String,
+        /// The refusal's code; `None` when the body is not the API's error (a proxy's page, or a
+        /// code newer than this CLI).
+        code: Option<ErrorCode>,
         message: String,
     },
     /// A 404: no such run, request or endpoint.
@@ -34,23 +41,42 @@ pub enum Error {
         /// What happened, for people.
         what: String,
         /// The gateway's error body, when it answered at all.
-        body: Option<Value>,
+        body: Option<ErrorResponse>,
     },
 }
 
+/// A refusal's code as printed: the API's, else `http_<status>`.
+fn code_or_status(code: Option<ErrorCode>, status: u16) -> String {
+    code.map_or_else(|| format!("http_{status}"), |c| c.as_str().to_owned())
+}
+
 impl Error {
-    /// The `{"error": {"code", "message"}}` document printed with `--json`.
+    /// The `{"error": {"code", "message"}}` document printed with `--json`: the gateway's own
+    /// when it sent one, else the same shape with this CLI's codes (`unreachable`, `http_<status>`
+    /// for a refusal that is not the API's, which is why this is not an `ErrorResponse`).
     pub fn json(&self) -> Value {
         let (code, message) = match self {
-            Error::Refused { code, message, .. } => (code.as_str(), message.clone()),
-            Error::NotFound { message } => ("not_found", message.clone()),
-            Error::Unreachable { body: Some(b), .. } if b.get("error").is_some() => {
-                return b.clone();
+            Error::Refused {
+                code,
+                status,
+                message,
+            } => (code_or_status(*code, *status), message.clone()),
+            Error::NotFound { message } => (ErrorCode::NotFound.to_string(), message.clone()),
+            Error::Unreachable { body: Some(b), .. } => {
+                return serde_json::to_value(b).unwrap_or_default();
             }
-            Error::Unreachable { what, .. } => ("unreachable", what.clone()),
+            Error::Unreachable { what, .. } => ("unreachable".to_owned(), what.clone()),
         };
         serde_json::json!({"error": {"code": code, "message": message}})
     }
+}
+
+/// A gateway's answer: its body as the API's type, and the JSON it came as (what `--json` prints,
+/// as is: fields this CLI does not know included).
+#[derive(Clone, Debug)]
+pub struct Reply<T> {
+    pub body: T,
+    pub json: Value,
 }
 
 /// A handle on one gateway, with the caller's token.
@@ -126,21 +152,55 @@ impl Client {
         })
     }
 
-    /// `GET path?query`: the JSON body.
+    /// `GET path?query`: the JSON body as is, whatever its shape.
     pub async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value, Error> {
-        let r = self
-            .request(Method::GET, path, query)?
-            .timeout(CALL_TIMEOUT);
-        self.send(r).await
+        self.get_as(path, query).await.map(|r: Reply<Value>| r.json)
     }
 
-    /// `POST path` with a JSON body and extra headers: the JSON body.
+    /// `POST path` with a JSON body and extra headers: the JSON body as is.
     pub async fn post(
         &self,
         path: &str,
         body: &Value,
         headers: &[(&str, &str)],
     ) -> Result<Value, Error> {
+        self.post_as(path, body, headers)
+            .await
+            .map(|r: Reply<Value>| r.json)
+    }
+
+    /// `GET path?query`: the body as `T`.
+    pub async fn get_as<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<Reply<T>, Error> {
+        let r = self
+            .request(Method::GET, path, query)?
+            .timeout(CALL_TIMEOUT);
+        self.send(r).await
+    }
+
+    /// `GET path?query` with the query string of one of the API's query types (`RunsQuery`…):
+    /// the body as `T`.
+    pub async fn get_with<Q: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &Q,
+    ) -> Result<Reply<T>, Error> {
+        let pairs = query_pairs(query);
+        let pairs: Vec<(&str, String)> =
+            pairs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        self.get_as(path, &pairs).await
+    }
+
+    /// `POST path` with a JSON body and extra headers: the reply's body as `T`.
+    pub async fn post_as<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply<T>, Error> {
         let mut r = self
             .request(Method::POST, path, &[])?
             .json(body)
@@ -151,8 +211,8 @@ impl Client {
         self.send(r).await
     }
 
-    /// `DELETE path`: the JSON body.
-    pub async fn delete(&self, path: &str) -> Result<Value, Error> {
+    /// `DELETE path`: the reply's body as `T`.
+    pub async fn delete_as<T: DeserializeOwned>(&self, path: &str) -> Result<Reply<T>, Error> {
         let r = self
             .request(Method::DELETE, path, &[])?
             .timeout(CALL_TIMEOUT);
@@ -176,21 +236,31 @@ impl Client {
         Ok(SseStream { resp, buf: vec![] })
     }
 
-    async fn send(&self, r: RequestBuilder) -> Result<Value, Error> {
+    async fn send<T: DeserializeOwned>(&self, r: RequestBuilder) -> Result<Reply<T>, Error> {
         let resp = r.send().await.map_err(|e| self.transport(e))?;
         let status = resp.status();
+        let path = resp.url().path().to_owned();
         let text = resp.text().await.map_err(|e| self.transport(e))?;
         if !status.is_success() {
             return Err(self.refusal(status, &text));
         }
-        serde_json::from_str(&text).map_err(|e| Error::Unreachable {
+        let json: Value = serde_json::from_str(&text).map_err(|e| Error::Unreachable {
             url: self.url(),
             what: format!(
                 "the gateway at {} answered {status} with a body that is not JSON ({e}); is DELTA_GATEWAY_URL a Delta gateway?",
                 self.url()
             ),
             body: None,
-        })
+        })?;
+        let body = T::deserialize(&json).map_err(|e| Error::Unreachable {
+            url: self.url(),
+            what: format!(
+                "the gateway at {} answered {path} with a body this delta cannot read ({e}); are the gateway and this CLI of the same version?",
+                self.url()
+            ),
+            body: None,
+        })?;
+        Ok(Reply { body, json })
     }
 
     fn transport(&self, e: reqwest::Error) -> Error {
@@ -217,27 +287,25 @@ impl Client {
     }
 
     fn refusal(&self, status: StatusCode, text: &str) -> Error {
-        let body: Option<Value> = serde_json::from_str(text).ok();
-        let field = |k: &str| {
-            body.as_ref()
-                .and_then(|b| b["error"][k].as_str())
-                .map(str::to_owned)
-        };
-        let code = field("code");
-        let message = field("message").unwrap_or_else(|| {
-            let t = text.trim();
-            if t.is_empty() {
-                status.to_string()
-            } else {
-                t.chars().take(300).collect()
-            }
-        });
+        let body: Option<ErrorResponse> = serde_json::from_str(text).ok();
+        let code = body.as_ref().map(|b| b.error.code);
+        let message = body.as_ref().map_or_else(
+            || {
+                let t = text.trim();
+                if t.is_empty() {
+                    status.to_string()
+                } else {
+                    t.chars().take(300).collect()
+                }
+            },
+            |b| b.error.message.clone(),
+        );
         if status.is_server_error() {
             return Error::Unreachable {
                 url: self.url(),
                 what: format!(
                     "{}: {message} (gateway at {}; DELTA_GATEWAY_URL / --gateway-url)",
-                    code.as_deref().unwrap_or("unavailable"),
+                    code.unwrap_or(ErrorCode::Unavailable),
                     self.url()
                 ),
                 body,
@@ -248,10 +316,51 @@ impl Client {
         }
         Error::Refused {
             status: status.as_u16(),
-            code: code.unwrap_or_else(|| format!("http_{}", status.as_u16())),
+            code,
             message,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_type_becomes_its_parameters() {
+        let q = delta_api::InteractionsQuery {
+            state: Some("pending".into()),
+            kind: Some("USER_CHOICE".into()),
+            limit: Some(500),
+            ..Default::default()
+        };
+        let mut pairs = query_pairs(&q);
+        pairs.sort();
+        assert_eq!(
+            pairs,
+            [
+                ("limit".to_owned(), "500".to_owned()),
+                ("state".to_owned(), "pending".to_owned()),
+                ("type".to_owned(), "USER_CHOICE".to_owned()),
+            ]
+        );
+    }
+}
+
+/// A query type's parameters as name and text: its fields as it serializes them (absent ones are
+/// left out by the type), numbers and booleans written out.
+fn query_pairs<Q: Serialize>(query: &Q) -> Vec<(String, String)> {
+    let Ok(Value::Object(fields)) = serde_json::to_value(query) else {
+        return vec![];
+    };
+    fields
+        .into_iter()
+        .filter_map(|(k, v)| match v {
+            Value::Null => None,
+            Value::String(s) => Some((k, s)),
+            other => Some((k, other.to_string())),
+        })
+        .collect()
 }
 
 /// One server-sent event.

@@ -1,21 +1,29 @@
 //! The operator commands: `delta submit`, `runs ls|show|journal`, `pending ls|show`, `answer`,
 //! `cancel`, `queue`. Each is one or a few calls to the gateway's HTTP API (PROTOCOL.md §6).
 //!
-//! Output: tables and relative times for people on stdout (hints and spinners on stderr);
-//! `--json` prints the gateway's JSON as is, one document per command (with `--follow`, one JSON
-//! event per line). Exit codes: [`EXIT_OK`], [`EXIT_REFUSED`], 2 (usage, clap's or ours),
+//! Replies are read as the API's types (`delta-api`). Output: tables and relative times for
+//! people on stdout (hints and spinners on stderr); `--json` prints the gateway's JSON as is, one
+//! document per command (with `--follow`, one JSON event per line; a journal read in pages, or
+//! questions filtered here with `--older-than`, is one document made of the pages' typed bodies). Exit codes: [`EXIT_OK`], [`EXIT_REFUSED`], 2 (usage, clap's or ours),
 //! [`EXIT_NOT_FOUND`], [`EXIT_UNREACHABLE`]; 130 when interrupted during a wait.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use delta_protocol::{InteractionRequest, RequestId, RunId};
+use delta_api::{
+    AnswerAccepted, AnswerBody, CancelBody, CancelResult, ClaimedResponder, DeadLetterDropped,
+    DeadLetterPage, DeadLetterRetried, DlqQuery, ErrorCode, InteractionPage, InteractionState,
+    InteractionView, InteractionsQuery, Journal, JournalEvent, JournalQuery, QueueStats,
+    RunAccepted, RunDetail, RunEnded, RunPage, RunStatus, RunsQuery, Submission, Via, sse,
+};
+use delta_protocol::{RequestId, RunId};
 
-use crate::client::{self, Client};
+use crate::client::{self, Client, Reply};
 use crate::mailbox::find_option;
 use crate::show;
 use crate::table::parse_duration;
@@ -174,11 +182,9 @@ pub struct Paging {
 }
 
 impl Paging {
-    /// `limit` and, if given, `cursor`, as query parameters.
-    fn query(self) -> Vec<(&'static str, String)> {
-        let mut q = vec![("limit", self.limit.to_string())];
-        q.extend(self.cursor.map(|c| ("cursor", c)));
-        q
+    /// `limit` as the queries take it.
+    fn limit(&self) -> Option<usize> {
+        Some(usize::from(self.limit))
     }
 }
 
@@ -397,41 +403,44 @@ fn print_json(v: &Value) -> bool {
     out(&format!("{v}\n"))
 }
 
+/// Prints a typed document on one line, as the API writes it.
+fn print_typed<T: serde::Serialize>(v: &T) -> bool {
+    print_json(&serde_json::to_value(v).unwrap_or_default())
+}
+
 async fn submit(
     client: &Client,
     a: SubmitArgs,
     json: bool,
     cancel: &CancellationToken,
 ) -> Result<()> {
-    let mut body = json!({"agent": a.agent, "task": a.task});
-    if let Some(input) = a.input {
-        body["input"] = input;
-    }
+    let body = Submission {
+        agent: a.agent,
+        task: a.task,
+        input: a.input,
+    };
     let headers: Vec<(&str, &str)> = a
         .idempotency_key
         .as_deref()
         .map(|k| ("idempotency-key", k))
         .into_iter()
         .collect();
-    let accepted = client.post("v1/runs", &body, &headers).await?;
-    let run_id = accepted["run_id"].as_str().unwrap_or("").to_owned();
+    let accepted: Reply<RunAccepted> = client.post_as("v1/runs", &body, &headers).await?;
+    let run_id = accepted.body.run_id;
     if !a.wait {
         if json {
-            print_json(&accepted);
+            print_json(&accepted.json);
         } else {
-            out(&format!(
-                "run {run_id} {}\n",
-                accepted["status"].as_str().unwrap_or("")
-            ));
+            out(&format!("run {run_id} {}\n", accepted.body.status));
             eprintln!("follow it: delta runs journal {run_id} --follow");
         }
         return Ok(());
     }
-    let record = wait_for_pause(client, &run_id, cancel).await?;
+    let record = wait_for_pause(client, run_id, cancel).await?;
     if json {
-        print_json(&record);
+        print_json(&record.json);
     } else {
-        out(&show::run(&record, Utc::now()));
+        out(&show::run(&record.body, Utc::now()));
     }
     Ok(())
 }
@@ -439,36 +448,37 @@ async fn submit(
 /// Polls the run until it waits for a person or ends; a spinner on stderr when it is a terminal.
 async fn wait_for_pause(
     client: &Client,
-    run_id: &str,
+    run_id: RunId,
     cancel: &CancellationToken,
-) -> Result<Value> {
+) -> Result<Reply<RunDetail>> {
     const FRAMES: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
     let tty = std::io::stderr().is_terminal();
     let path = format!("v1/runs/{run_id}");
-    let mut record = Value::Null;
+    let mut record: Option<Reply<RunDetail>> = None;
     let mut tick = 0usize;
     let result = loop {
         // Poll every 5th frame (0.5 s); draw a frame every 100 ms.
         if tick % 5 == 0 {
-            record = match client.get(&path, &[]).await {
+            let r: Reply<RunDetail> = match client.get_as(&path, &[]).await {
                 Ok(r) => r,
                 Err(e) => break Err(e.into()),
             };
-            let status = record["status"].as_str().unwrap_or("");
-            if matches!(
-                status,
-                "WAITING_FOR_INPUT" | "COMPLETED" | "FAILED" | "CANCELLED"
-            ) {
+            let status = r.body.run.status;
+            record = Some(r);
+            if status == RunStatus::WaitingForInput || status.is_terminal() {
                 break Ok(());
             }
         }
         if tty {
+            let status = record
+                .as_ref()
+                .map(|r| r.body.run.status.to_string())
+                .unwrap_or_default();
             let mut err = std::io::stderr().lock();
             let _ = write!(
                 err,
-                "\r{} run {run_id}: {}   ",
+                "\r{} run {run_id}: {status}   ",
                 FRAMES[tick % FRAMES.len()],
-                record["status"].as_str().unwrap_or("")
             );
             let _ = err.flush();
         }
@@ -481,22 +491,25 @@ async fn wait_for_pause(
     if tty {
         eprint!("\r\x1b[2K");
     }
-    result.map(|()| record)
+    // The loop ends on a poll's answer, so there is a record when it succeeded.
+    result.and_then(|()| {
+        record.ok_or_else(|| Failure::Usage(format!("no answer about run {run_id}")))
+    })
 }
 
 async fn runs_ls(client: &Client, a: RunsLsArgs, json: bool) -> Result<()> {
-    let mut query = a.page.query();
-    if let Some(s) = a.status {
-        query.push(("status", s.to_uppercase()));
-    }
-    if let Some(ag) = a.agent {
-        query.push(("agent", ag));
-    }
-    let page = client.get("v1/runs", &query).await?;
+    let query = RunsQuery {
+        status: a.status.map(|s| s.to_uppercase()),
+        agent: a.agent,
+        limit: a.page.limit(),
+        cursor: a.page.cursor,
+    };
+    let page: Reply<RunPage> = client.get_with("v1/runs", &query).await?;
     print_page(
-        &page,
+        &page.json,
         json,
-        "runs",
+        &page.body.runs,
+        page.body.next_cursor.as_deref(),
         "no runs",
         "delta runs ls",
         show::runs_table,
@@ -505,11 +518,11 @@ async fn runs_ls(client: &Client, a: RunsLsArgs, json: bool) -> Result<()> {
 }
 
 async fn runs_show(client: &Client, run_id: RunId, json: bool) -> Result<()> {
-    let record = client.get(&format!("v1/runs/{run_id}"), &[]).await?;
+    let record: Reply<RunDetail> = client.get_as(&format!("v1/runs/{run_id}"), &[]).await?;
     if json {
-        print_json(&record);
+        print_json(&record.json);
     } else {
-        out(&show::run(&record, Utc::now()));
+        out(&show::run(&record.body, Utc::now()));
     }
     Ok(())
 }
@@ -519,32 +532,29 @@ async fn journal(client: &Client, run_id: RunId, json: bool) -> Result<()> {
     const PAGE: usize = 1000;
     let path = format!("v1/runs/{run_id}/journal");
     let mut from = 1u64;
-    let mut all: Option<Value> = None;
+    let mut all: Option<Journal> = None;
     loop {
-        let page = client
-            .get(
-                &path,
-                &[("from_seq", from.to_string()), ("limit", PAGE.to_string())],
-            )
-            .await?;
-        let events = page["events"].as_array().cloned().unwrap_or_default();
+        let query = JournalQuery {
+            from_seq: Some(from),
+            limit: Some(PAGE),
+        };
+        let page: Reply<Journal> = client.get_with(&path, &query).await?;
+        let page = page.body;
         if !json {
-            for e in &events {
+            for e in &page.events {
                 if !out(&format!("{}\n", show::journal_line(e))) {
                     return Ok(());
                 }
             }
         }
-        let n = events.len();
-        from = page["next_seq"].as_u64().unwrap_or(from);
+        let n = page.events.len();
+        from = page.next_seq;
         match &mut all {
             None => all = Some(page),
             Some(doc) => {
-                if let Some(list) = doc["events"].as_array_mut() {
-                    list.extend(events);
-                }
-                doc["next_seq"] = json!(from);
-                doc["status"] = page["status"].clone();
+                doc.events.extend(page.events);
+                doc.next_seq = page.next_seq;
+                doc.status = page.status;
             }
         }
         if n < PAGE {
@@ -552,7 +562,7 @@ async fn journal(client: &Client, run_id: RunId, json: bool) -> Result<()> {
         }
     }
     if json && let Some(doc) = all {
-        print_json(&doc);
+        print_typed(&doc);
     }
     Ok(())
 }
@@ -593,31 +603,36 @@ async fn follow(
                         break;
                     };
                     match ev.event.as_str() {
-                        "journal" => {
+                        sse::JOURNAL => {
                             let v: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+                            let event = JournalEvent::deserialize(&v).ok();
                             if let Some(seq) = ev
                                 .id
                                 .as_deref()
                                 .and_then(|i| i.parse().ok())
-                                .or_else(|| v["seq"].as_u64())
+                                .or_else(|| event.as_ref().map(|e| e.seq))
                             {
                                 last = Some(seq);
                             }
                             let written = if json {
                                 print_json(&v)
                             } else {
-                                out(&format!("{}\n", show::journal_line(&v)))
+                                let line = match &event {
+                                    Some(e) => show::journal_line(e),
+                                    None => show::unknown_journal_line(&v),
+                                };
+                                out(&format!("{line}\n"))
                             };
                             if !written {
                                 return Ok(());
                             }
                         }
-                        "status" => {
+                        sse::STATUS => {
                             let v: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
                             if json {
                                 print_json(&v);
-                            } else {
-                                out(&format!("{}\n", show::final_status(&v)));
+                            } else if let Ok(ended) = RunEnded::deserialize(&v) {
+                                out(&format!("{}\n", show::final_status(&ended)));
                             }
                             return Ok(());
                         }
@@ -657,19 +672,16 @@ async fn follow(
 
 async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()> {
     let want = usize::from(a.page.limit);
-    let mut query = vec![("state", "pending".to_owned())];
-    if let Some(ag) = &a.agent {
-        query.push(("agent", ag.clone()));
-    }
-    if let Some(k) = &a.kind {
-        query.push(("type", k.to_uppercase()));
-    }
-    let doc = match a.older_than {
+    let query = InteractionsQuery {
+        state: Some("pending".to_owned()),
+        agent: a.agent.clone(),
+        kind: a.kind.as_ref().map(|k| k.to_uppercase()),
+        limit: a.page.limit(),
+        cursor: a.page.cursor.clone(),
+    };
+    let doc: Reply<InteractionPage> = match a.older_than {
         // The gateway's page as is.
-        None => {
-            query.extend(a.page.query());
-            client.get("v1/interactions", &query).await?
-        }
+        None => client.get_with("v1/interactions", &query).await?,
         // Filtered here, on `created_at`, over as many pages as it takes.
         Some(age) => {
             let cutoff =
@@ -677,31 +689,35 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
             let mut kept = vec![];
             let mut cursor = a.page.cursor;
             loop {
-                let mut q = query.clone();
-                q.push(("limit", "500".into()));
-                if let Some(c) = &cursor {
-                    q.push(("cursor", c.clone()));
-                }
-                let page = client.get("v1/interactions", &q).await?;
-                for ix in page["interactions"].as_array().into_iter().flatten() {
-                    if show::time(&ix["created_at"]).is_some_and(|t| t <= cutoff)
-                        && kept.len() < want
-                    {
-                        kept.push(ix.clone());
+                let q = InteractionsQuery {
+                    limit: Some(500),
+                    cursor: cursor.clone(),
+                    ..query.clone()
+                };
+                let page: Reply<InteractionPage> = client.get_with("v1/interactions", &q).await?;
+                for ix in page.body.interactions {
+                    if show::time(ix.created_at) <= cutoff && kept.len() < want {
+                        kept.push(ix);
                     }
                 }
-                cursor = page["next_cursor"].as_str().map(str::to_owned);
+                cursor = page.body.next_cursor;
                 if cursor.is_none() || kept.len() >= want {
                     break;
                 }
             }
-            json!({"interactions": kept, "next_cursor": cursor})
+            let body = InteractionPage {
+                interactions: kept,
+                next_cursor: cursor,
+            };
+            let json = serde_json::to_value(&body).unwrap_or_default();
+            Reply { body, json }
         }
     };
     print_page(
-        &doc,
+        &doc.json,
         json,
-        "interactions",
+        &doc.body.interactions,
+        doc.body.next_cursor.as_deref(),
         "no pending questions",
         "delta pending ls",
         show::pending_table,
@@ -709,36 +725,39 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
     Ok(())
 }
 
-/// A listing page: as is with `--json`, else a table of `doc[key]` and how to get the next page.
-fn print_page(
+/// A listing page: `doc` as is with `--json`, else a table of its items and how to get the next
+/// page.
+fn print_page<T>(
     doc: &Value,
     json: bool,
-    key: &str,
+    items: &[T],
+    next_cursor: Option<&str>,
     empty: &str,
     command: &str,
-    table: fn(&[Value], DateTime<Utc>) -> String,
+    table: fn(&[T], DateTime<Utc>) -> String,
 ) {
     if json {
         print_json(doc);
         return;
     }
-    let items = doc[key].as_array().cloned().unwrap_or_default();
     if items.is_empty() {
         eprintln!("{empty}");
         return;
     }
-    out(&table(&items, Utc::now()));
-    if let Some(c) = doc["next_cursor"].as_str() {
+    out(&table(items, Utc::now()));
+    if let Some(c) = next_cursor {
         eprintln!("more: {command} --cursor {c}");
     }
 }
 
 async fn pending_show(client: &Client, rid: RequestId, json: bool) -> Result<()> {
-    let view = client.get(&format!("v1/interactions/{rid}"), &[]).await?;
+    let view: Reply<InteractionView> = client
+        .get_as(&format!("v1/interactions/{rid}"), &[])
+        .await?;
     if json {
-        print_json(&view);
+        print_json(&view.json);
     } else {
-        out(&show::interaction(&view, Utc::now()));
+        out(&show::interaction(&view.body, Utc::now()));
     }
     Ok(())
 }
@@ -746,19 +765,17 @@ async fn pending_show(client: &Client, rid: RequestId, json: bool) -> Result<()>
 async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
     let rid = a.request_id;
     // The question first: which option a number names, and whether the answer is sensitive.
-    let view = client.get(&format!("v1/interactions/{rid}"), &[]).await?;
-    let q: Option<InteractionRequest> = serde_json::from_value(view["request"].clone()).ok();
-    let pending = view["state"] == "PENDING";
-    let option = match (&a.option, &q) {
-        (Some(o), Some(q)) => Some(find_option(q, o.trim()).unwrap_or_else(|| o.clone())),
-        (o, _) => o.clone(),
-    };
+    let view: Reply<InteractionView> = client
+        .get_as(&format!("v1/interactions/{rid}"), &[])
+        .await?;
+    let q = &view.body.request;
+    let pending = view.body.state == InteractionState::Pending;
+    let option = a
+        .option
+        .as_ref()
+        .map(|o| find_option(q, o.trim()).unwrap_or_else(|| o.clone()));
     let mut input = a.input;
-    if input.is_none()
-        && pending
-        && let Some(q) = &q
-        && q.is_sensitive()
-    {
+    if input.is_none() && pending && q.is_sensitive() {
         let chosen = option.as_deref().and_then(|o| q.option(o));
         let needs_text = q.options.is_empty() || chosen.is_some_and(|o| o.requires_input);
         if needs_text {
@@ -773,38 +790,31 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
             "say what the answer is: --option ID or --input TEXT (`delta pending show {rid}` shows the question)"
         )));
     }
-    let mut responder = json!({"via": "cli"});
-    if !client.has_token() {
-        // Without a token the gateway takes the id we give; with one, it sets it itself.
-        let who = std::env::var("USER")
+    // Without a token the gateway takes the id we give; with one, it sets it itself.
+    let id = (!client.has_token()).then(|| {
+        std::env::var("USER")
             .ok()
             .filter(|u| !u.trim().is_empty())
-            .unwrap_or_else(|| "operator".into());
-        responder["id"] = json!(who);
-    }
-    let mut body = json!({"responder": responder});
-    if let Some(o) = option {
-        body["option_id"] = json!(o);
-    }
-    if let Some(i) = input {
-        body["input"] = json!(i);
-    }
-    if let Some(f) = a.feedback {
-        body["feedback"] = json!(f);
-    }
-    if let Some(d) = a.data {
-        body["data"] = d;
-    }
-    let reply = client
-        .post(&format!("v1/interactions/{rid}/response"), &body, &[])
+            .unwrap_or_else(|| "operator".into())
+    });
+    let body = AnswerBody {
+        option_id: option,
+        input,
+        feedback: a.feedback,
+        data: a.data,
+        responder: Some(ClaimedResponder {
+            id,
+            via: Some(Via::Cli),
+        }),
+        ..AnswerBody::default()
+    };
+    let reply: Reply<AnswerAccepted> = client
+        .post_as(&format!("v1/interactions/{rid}/response"), &body, &[])
         .await?;
     if json {
-        print_json(&reply);
+        print_json(&reply.json);
     } else {
-        out(&format!(
-            "accepted: run {} resumes\n",
-            reply["run_id"].as_str().unwrap_or("")
-        ));
+        out(&format!("accepted: run {} resumes\n", reply.body.run_id));
     }
     Ok(())
 }
@@ -845,45 +855,40 @@ async fn read_hidden(prompt: &str) -> Result<String> {
 }
 
 async fn cancel_run(client: &Client, a: CancelArgs, json: bool) -> Result<()> {
-    let body = match a.reason {
-        Some(r) => json!({"reason": r}),
-        None => json!({}),
-    };
-    let reply = client
-        .post(&format!("v1/runs/{}/cancel", a.run_id), &body, &[])
+    let body = CancelBody { reason: a.reason };
+    let reply: Reply<CancelResult> = client
+        .post_as(&format!("v1/runs/{}/cancel", a.run_id), &body, &[])
         .await?;
     if json {
-        print_json(&reply);
+        print_json(&reply.json);
     } else {
-        out(&format!(
-            "run {} {}\n",
-            a.run_id,
-            reply["status"].as_str().unwrap_or("")
-        ));
+        out(&format!("run {} {}\n", a.run_id, reply.body.status));
     }
     Ok(())
 }
 
 async fn queue(client: &Client, json: bool) -> Result<()> {
-    let q = client.get("v1/queue", &[]).await?;
+    let q: Reply<QueueStats> = client.get_as("v1/queue", &[]).await?;
     if json {
-        print_json(&q);
+        print_json(&q.json);
     } else {
-        out(&show::queue(&q, Utc::now()));
+        out(&show::queue(&q.body, Utc::now()));
     }
     Ok(())
 }
 
 async fn dlq_ls(client: &Client, a: DlqLsArgs, json: bool) -> Result<()> {
-    let mut query = a.page.query();
-    if let Some(ag) = a.agent {
-        query.push(("agent", ag));
-    }
-    let page = client.get("v1/dlq", &query).await?;
+    let query = DlqQuery {
+        agent: a.agent,
+        limit: a.page.limit(),
+        cursor: a.page.cursor,
+    };
+    let page: Reply<DeadLetterPage> = client.get_with("v1/dlq", &query).await?;
     print_page(
-        &page,
+        &page.json,
         json,
-        "dead_letters",
+        &page.body.dead_letters,
+        page.body.next_cursor.as_deref(),
         "no dead letters",
         "delta dlq ls",
         show::dlq_table,
@@ -902,21 +907,19 @@ async fn all_letters(client: &Client, agent: Option<&str>, pick: Pick) -> Result
     let mut seqs = vec![];
     let mut cursor: Option<String> = None;
     loop {
-        let mut query = vec![("limit", "500".to_owned())];
-        if let Some(ag) = agent {
-            query.push(("agent", ag.to_owned()));
-        }
-        if let Some(c) = &cursor {
-            query.push(("cursor", c.clone()));
-        }
-        let page = client.get("v1/dlq", &query).await?;
-        for l in page["dead_letters"].as_array().into_iter().flatten() {
-            if pick == Pick::Drop || l["retryable"] == true {
-                seqs.extend(l["seq"].as_u64());
+        let query = DlqQuery {
+            agent: agent.map(str::to_owned),
+            limit: Some(500),
+            cursor: cursor.clone(),
+        };
+        let page: Reply<DeadLetterPage> = client.get_with("v1/dlq", &query).await?;
+        for l in page.body.dead_letters {
+            if pick == Pick::Drop || l.retryable {
+                seqs.push(l.seq);
             }
         }
-        match page["next_cursor"].as_str() {
-            Some(c) => cursor = Some(c.to_owned()),
+        match page.body.next_cursor {
+            Some(c) => cursor = Some(c),
             None => return Ok(seqs),
         }
     }
@@ -952,20 +955,23 @@ async fn dlq_pick(client: &Client, a: DlqPickArgs, pick: Pick, json: bool) -> Re
     });
     let mut done = vec![];
     for seq in seqs {
-        let reply = match pick {
-            Pick::Retry => {
-                client
-                    .post(&format!("v1/dlq/{seq}/retry"), &json!({}), &[])
-                    .await
-            }
-            Pick::Drop => client.delete(&format!("v1/dlq/{seq}")).await,
+        // The reply as is (for `--json`) and, for people, the run a retry requeued.
+        let reply: std::result::Result<(Value, Option<RunId>), client::Error> = match pick {
+            Pick::Retry => client
+                .post_as(&format!("v1/dlq/{seq}/retry"), &json!({}), &[])
+                .await
+                .map(|r: Reply<DeadLetterRetried>| (r.json, Some(r.body.run_id))),
+            Pick::Drop => client
+                .delete_as(&format!("v1/dlq/{seq}"))
+                .await
+                .map(|r: Reply<DeadLetterDropped>| (r.json, None)),
         };
         let reply = match reply {
             Ok(r) => r,
             // With --all, a letter that turned out not retryable (a second letter of a run
             // already retried, say) is skipped, not the end of the batch.
             Err(client::Error::Refused { code, message, .. })
-                if a.all && code == "not_retryable" =>
+                if a.all && code == Some(ErrorCode::NotRetryable) =>
             {
                 let note = format!("dead letter {seq}: skipped: {message}");
                 match &bar {
@@ -987,12 +993,10 @@ async fn dlq_pick(client: &Client, a: DlqPickArgs, pick: Pick, json: bool) -> Re
                 return Err(e.into());
             }
         };
-        let line = match pick {
-            Pick::Retry => format!(
-                "dead letter {seq}: run {} requeued\n",
-                reply["run_id"].as_str().unwrap_or("?")
-            ),
-            Pick::Drop => format!("dead letter {seq}: dropped\n"),
+        let (reply, requeued) = reply;
+        let line = match requeued {
+            Some(run_id) => format!("dead letter {seq}: run {run_id} requeued\n"),
+            None => format!("dead letter {seq}: dropped\n"),
         };
         match &bar {
             Some(bar) => {

@@ -1,39 +1,42 @@
-//! How the gateway's JSON is shown to people by the operator commands. Everything here reads
-//! the API's documents (PROTOCOL.md §6) and returns text; nothing talks to the network.
+//! How the gateway's replies are shown to people by the operator commands. Everything here reads
+//! the API's types (`delta-api`, PROTOCOL.md §6) and returns text; nothing talks to the network.
 
 use chrono::{DateTime, Local, Utc};
 use serde_json::Value;
 
+use delta_api::{
+    DeadLetterView, InteractionState, InteractionView, QueueStats, Run, RunDetail, RunEnded,
+};
 use delta_protocol::{
-    ActionStatus, Event, InteractionRequest, InteractionType, JournalEvent, OptionAction, PlanTask,
+    ActionStatus, Event, InteractionType, JournalEvent, OptionAction, PlanTask, Timestamp,
 };
 
 use crate::table::{ago, short, table, until};
 
-/// A timestamp field of a document, if it has one.
-pub fn time(v: &Value) -> Option<DateTime<Utc>> {
-    v.as_str()
-        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
-        .map(|t| t.with_timezone(&Utc))
+/// A timestamp as chrono's.
+pub fn time(t: Timestamp) -> DateTime<Utc> {
+    t.as_datetime()
 }
 
-fn text<'a>(v: &'a Value, key: &str) -> &'a str {
-    v[key].as_str().unwrap_or("")
+/// The contract's spelling of a value that serializes to a string (`WAITING_FOR_INPUT`, `cli`).
+fn spelled<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 /// `delta runs ls`: RUN, AGENT, STATUS, AGE, TASK.
-pub fn runs_table(runs: &[Value], now: DateTime<Utc>) -> String {
+pub fn runs_table(runs: &[Run], now: DateTime<Utc>) -> String {
     let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|r| {
             vec![
-                text(r, "run_id").to_owned(),
-                text(r, "agent").to_owned(),
-                text(r, "status").to_owned(),
-                time(&r["created_at"])
-                    .map(|t| ago(t, now))
-                    .unwrap_or_default(),
-                short(text(r, "task"), 50),
+                r.run_id.to_string(),
+                r.agent.clone(),
+                r.status.to_string(),
+                ago(time(r.created_at), now),
+                short(&r.task, 50),
             ]
         })
         .collect();
@@ -41,21 +44,19 @@ pub fn runs_table(runs: &[Value], now: DateTime<Utc>) -> String {
 }
 
 /// `delta pending ls`: REQUEST, AGENT, TYPE, AGE, EXPIRES IN, PROMPT.
-pub fn pending_table(items: &[Value], now: DateTime<Utc>) -> String {
+pub fn pending_table(items: &[InteractionView], now: DateTime<Utc>) -> String {
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|ix| {
             vec![
-                text(ix, "request_id").to_owned(),
-                text(ix, "agent").to_owned(),
-                text(ix, "type").to_owned(),
-                time(&ix["created_at"])
-                    .map(|t| ago(t, now))
-                    .unwrap_or_default(),
-                time(&ix["expires_at"])
-                    .map(|t| until(t, now))
+                ix.request_id.to_string(),
+                ix.agent.clone(),
+                spelled(&ix.kind),
+                ago(time(ix.created_at), now),
+                ix.expires_at
+                    .map(|t| until(time(t), now))
                     .unwrap_or_else(|| "-".into()),
-                short(ix["request"]["prompt"].as_str().unwrap_or(""), 60),
+                short(&ix.request.prompt, 60),
             ]
         })
         .collect();
@@ -66,25 +67,23 @@ pub fn pending_table(items: &[Value], now: DateTime<Utc>) -> String {
 }
 
 /// `delta dlq ls`: SEQ, AGENT, RUN, RUN STATUS, AGE, REASON.
-pub fn dlq_table(letters: &[Value], now: DateTime<Utc>) -> String {
+pub fn dlq_table(letters: &[DeadLetterView], now: DateTime<Utc>) -> String {
     let rows: Vec<Vec<String>> = letters
         .iter()
         .map(|l| {
-            let status = match (l["run_status"].as_str(), l["run_id"].is_null()) {
-                (Some(s), _) if l["retryable"] == true => format!("{s} (retryable)"),
-                (Some(s), _) => s.to_owned(),
-                (None, true) => "(not a job)".to_owned(),
-                (None, false) => "(no such run)".to_owned(),
+            let status = match (l.run_status, l.run_id) {
+                (Some(s), _) if l.retryable => format!("{s} (retryable)"),
+                (Some(s), _) => s.to_string(),
+                (None, None) => "(not a job)".to_owned(),
+                (None, Some(_)) => "(no such run)".to_owned(),
             };
             vec![
-                l["seq"].as_u64().map(|n| n.to_string()).unwrap_or_default(),
-                text(l, "agent").to_owned(),
-                text(l, "run_id").to_owned(),
+                l.seq.to_string(),
+                l.agent.clone(),
+                l.run_id.map(|r| r.to_string()).unwrap_or_default(),
                 status,
-                time(&l["dead_lettered_at"])
-                    .map(|t| ago(t, now))
-                    .unwrap_or_default(),
-                short(text(l, "reason"), 60),
+                ago(time(l.dead_lettered_at), now),
+                short(&l.reason, 60),
             ]
         })
         .collect();
@@ -95,9 +94,8 @@ pub fn dlq_table(letters: &[Value], now: DateTime<Utc>) -> String {
 }
 
 /// `delta queue`: the JetStream figures, then the workers seen lately.
-pub fn queue(q: &Value, now: DateTime<Utc>) -> String {
-    let n = |k: &str| q[k].as_u64().map(|n| n.to_string()).unwrap_or_default();
-    let workers = q["workers"].as_array().cloned().unwrap_or_default();
+pub fn queue(q: &QueueStats, now: DateTime<Utc>) -> String {
+    let workers = &q.workers;
     let mut out = table(
         &[
             "PENDING",
@@ -107,10 +105,10 @@ pub fn queue(q: &Value, now: DateTime<Utc>) -> String {
             "WORKERS",
         ],
         &[vec![
-            n("jobs_pending"),
-            n("jobs_in_flight"),
-            n("jobs_redelivered"),
-            n("dead_lettered"),
+            q.jobs_pending.to_string(),
+            q.jobs_in_flight.to_string(),
+            q.jobs_redelivered.to_string(),
+            q.dead_lettered.to_string(),
             workers.len().to_string(),
         ]],
     );
@@ -120,10 +118,8 @@ pub fn queue(q: &Value, now: DateTime<Utc>) -> String {
             .iter()
             .map(|w| {
                 vec![
-                    text(w, "worker_id").to_owned(),
-                    time(&w["last_seen"])
-                        .map(|t| ago(t, now))
-                        .unwrap_or_default(),
+                    w.worker_id.clone(),
+                    w.last_seen.map(|t| ago(time(t), now)).unwrap_or_default(),
                 ]
             })
             .collect();
@@ -133,38 +129,32 @@ pub fn queue(q: &Value, now: DateTime<Utc>) -> String {
 }
 
 /// `delta runs show` (and `submit --wait`): the record's fields, then its pending question.
-pub fn run(r: &Value, now: DateTime<Utc>) -> String {
+pub fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
+    let r = &detail.run;
     let mut s = String::new();
     let mut field = |k: &str, v: String| s.push_str(&format!("{k:<9}{v}\n"));
-    field("run:", text(r, "run_id").to_owned());
-    field("agent:", text(r, "agent").to_owned());
-    field("status:", text(r, "status").to_owned());
-    field("task:", text(r, "task").to_owned());
-    if let Some(t) = time(&r["created_at"]) {
-        field("created:", format!("{} ({})", local(t), ago(t, now)));
+    field("run:", r.run_id.to_string());
+    field("agent:", r.agent.clone());
+    field("status:", r.status.to_string());
+    field("task:", r.task.clone());
+    let t = time(r.created_at);
+    field("created:", format!("{} ({})", local(t), ago(t, now)));
+    let t = time(r.updated_at);
+    field("updated:", format!("{} ({})", local(t), ago(t, now)));
+    if let Some(input) = r.input.as_ref().filter(|i| !i.is_null()) {
+        field("input:", input.to_string());
     }
-    if let Some(t) = time(&r["updated_at"]) {
-        field("updated:", format!("{} ({})", local(t), ago(t, now)));
+    if let Some(res) = &r.result {
+        field("result:", res.clone());
     }
-    if !r["input"].is_null() {
-        field("input:", r["input"].to_string());
+    if let Some(e) = &r.error {
+        field("error:", e.clone());
     }
-    if let Some(res) = r["result"].as_str() {
-        field("result:", res.to_owned());
-    }
-    if let Some(e) = r["error"].as_str() {
-        field("error:", e.to_owned());
-    }
-    let ix = &r["pending_interaction"];
-    if ix.is_object() {
-        let rid = text(ix, "request_id");
-        let mut line = format!(
-            "{} {}",
-            text(ix, "type"),
-            short(ix["request"]["prompt"].as_str().unwrap_or(""), 80)
-        );
-        if let Some(t) = time(&ix["expires_at"]) {
-            line.push_str(&format!(" (expires in {})", until(t, now)));
+    if let Some(ix) = &detail.pending_interaction {
+        let rid = ix.request_id;
+        let mut line = format!("{} {}", spelled(&ix.kind), short(&ix.request.prompt, 80));
+        if let Some(t) = ix.expires_at {
+            line.push_str(&format!(" (expires in {})", until(time(t), now)));
         }
         field("pending:", line);
         field("", format!("request {rid}"));
@@ -175,19 +165,11 @@ pub fn run(r: &Value, now: DateTime<Utc>) -> String {
 }
 
 /// The command that answers this interaction view, as an example.
-fn answer_hint(ix: &Value) -> String {
-    let rid = text(ix, "request_id");
-    let options = ix["request"]["options"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let sensitive = ix["request"]["sensitive"].as_bool().unwrap_or(false)
-        || ix["request"]["input_type"] == "password";
-    match options.first() {
-        Some(o) => format!(
-            "delta answer {rid} --option {}",
-            o["option_id"].as_str().unwrap_or("ID")
-        ),
+fn answer_hint(ix: &InteractionView) -> String {
+    let rid = ix.request_id;
+    let sensitive = ix.request.is_sensitive();
+    match ix.request.options.first() {
+        Some(o) => format!("delta answer {rid} --option {}", o.option_id),
         None if sensitive => format!("delta answer {rid}   (asks for it without echo)"),
         None => format!("delta answer {rid} --input TEXT"),
     }
@@ -200,30 +182,22 @@ fn local(t: DateTime<Utc>) -> String {
 }
 
 /// `delta pending show`: the question as a person reads it, then its state and how to answer.
-pub fn interaction(view: &Value, now: DateTime<Utc>) -> String {
+pub fn interaction(view: &InteractionView, now: DateTime<Utc>) -> String {
     let mut s = String::new();
-    let rid = text(view, "request_id");
-    let state = text(view, "state");
+    let rid = view.request_id;
+    let state = spelled(&view.state);
     s.push_str(&format!("request:  {rid} ({state})\n"));
     s.push_str(&format!(
         "run:      {} (agent {})\n",
-        text(view, "run_id"),
-        text(view, "agent")
+        view.run_id, view.agent
     ));
-    let mut asked = text(view, "type").to_owned();
-    if let Some(t) = time(&view["created_at"]) {
-        asked.push_str(&format!(", asked {}", ago(t, now)));
-    }
+    let asked = format!(
+        "{}, asked {}",
+        spelled(&view.kind),
+        ago(time(view.created_at), now)
+    );
     s.push_str(&format!("type:     {asked}\n"));
-    let q: Option<InteractionRequest> = serde_json::from_value(view["request"].clone()).ok();
-    let Some(q) = q else {
-        // A request this CLI cannot read (a newer gateway?): its prompt at least.
-        s.push_str(&format!(
-            "\n? {}\n",
-            view["request"]["prompt"].as_str().unwrap_or("")
-        ));
-        return s;
-    };
+    let q = &view.request;
     if let Some(e) = q.expires_at {
         let then = q
             .default_option_id
@@ -302,8 +276,8 @@ pub fn interaction(view: &Value, now: DateTime<Utc>) -> String {
         s.push_str(&line);
         s.push('\n');
     }
-    match state {
-        "PENDING" => {
+    match view.state {
+        InteractionState::Pending => {
             s.push_str(&format!("\nanswer:   {}\n", answer_hint(view)));
             let approve = q
                 .options
@@ -320,22 +294,22 @@ pub fn interaction(view: &Value, now: DateTime<Utc>) -> String {
             }
         }
         _ => {
-            let r = &view["response"];
+            let r = view.response.as_ref();
             let mut line = format!("\n{}", state.to_lowercase());
-            if r.is_object() {
+            if let Some(r) = r {
                 line.push_str(&format!(
                     " by {} via {}",
-                    text(&r["responder"], "id"),
-                    text(&r["responder"], "via")
+                    r.responder.id,
+                    spelled(&r.responder.via)
                 ));
             }
-            if let Some(t) = time(&view["answered_at"]) {
-                line.push_str(&format!(" {}", ago(t, now)));
+            if let Some(t) = view.answered_at {
+                line.push_str(&format!(" {}", ago(time(t), now)));
             }
-            if let Some(o) = r["option_id"].as_str() {
+            if let Some(o) = r.and_then(|r| r.option_id.as_deref()) {
                 line.push_str(&format!(": option {o}"));
             }
-            if let Some(i) = r["input"].as_str() {
+            if let Some(i) = r.and_then(|r| r.input.as_deref()) {
                 line.push_str(&format!(", input {}", short(i, 80)));
             }
             s.push_str(&line);
@@ -346,15 +320,23 @@ pub fn interaction(view: &Value, now: DateTime<Utc>) -> String {
 }
 
 /// `delta runs journal`: `seq  time  TYPE  summary`, one line per event.
-pub fn journal_line(e: &Value) -> String {
-    let seq = e["seq"].as_u64().unwrap_or(0);
-    let at = time(&e["timestamp"])
-        .map(|t| t.with_timezone(&Local).format("%H:%M:%S").to_string())
-        .unwrap_or_default();
-    let kind = text(e, "type");
-    let summary = serde_json::from_value::<JournalEvent>(e.clone())
-        .map(|je| summary(&je.event))
-        .unwrap_or_default();
+pub fn journal_line(e: &JournalEvent) -> String {
+    let at = time(e.timestamp)
+        .with_timezone(&Local)
+        .format("%H:%M:%S")
+        .to_string();
+    line(e.seq, &at, e.event.type_name(), &summary(&e.event))
+}
+
+/// A journal event this CLI cannot read (a newer gateway's event type, say, on a live stream):
+/// its `seq` and `type` at least, read from the raw JSON.
+pub fn unknown_journal_line(e: &Value) -> String {
+    let seq = e.get("seq").and_then(Value::as_u64).unwrap_or(0);
+    let kind = e.get("type").and_then(Value::as_str).unwrap_or("");
+    line(seq, "", kind, "")
+}
+
+fn line(seq: u64, at: &str, kind: &str, summary: &str) -> String {
     format!("{seq:>4}  {at}  {kind:<20}  {summary}")
         .trim_end()
         .to_owned()
@@ -384,10 +366,7 @@ fn summary(e: &Event) -> String {
         }
         Event::HumanInputRequest(q) => format!("{} {}", q.request_id, short(&q.prompt, 80)),
         Event::HumanInputReceived(r) => {
-            let via = serde_json::to_value(r.responder.via)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let via = spelled(&r.responder.via);
             let mut s = format!("from {} via {via}", r.responder.id);
             if let Some(o) = &r.option_id {
                 s.push_str(&format!(": option {o}"));
@@ -435,12 +414,12 @@ fn edits_line(edits: &Value) -> String {
 }
 
 /// The last line of `--follow`: the run's final status.
-pub fn final_status(v: &Value) -> String {
-    let mut s = format!("run {}", text(v, "status"));
-    if let Some(r) = v["result"].as_str() {
+pub fn final_status(v: &RunEnded) -> String {
+    let mut s = format!("run {}", v.status);
+    if let Some(r) = &v.result {
         s.push_str(&format!(": {r}"));
     }
-    if let Some(e) = v["error"].as_str() {
+    if let Some(e) = &v.error {
         s.push_str(&format!(": {e}"));
     }
     s
@@ -453,10 +432,11 @@ mod tests {
 
     #[test]
     fn a_journal_line_has_seq_time_type_and_summary() {
-        let e = json!({
+        let e: JournalEvent = serde_json::from_value(json!({
             "seq": 7, "timestamp": "2026-01-02T03:04:05.000000Z", "type": "ACTION_REQUEST",
             "payload": {"action_id": "a1", "tool": "echo", "args": {"text": "hi"}}
-        });
+        }))
+        .expect("a journal event");
         let line = journal_line(&e);
         assert!(line.starts_with("   7  "), "{line}");
         assert!(line.contains("ACTION_REQUEST"), "{line}");
@@ -476,6 +456,6 @@ mod tests {
     #[test]
     fn an_unknown_event_still_shows_its_seq_and_type() {
         let e = json!({"seq": 3, "timestamp": "x", "type": "SOMETHING_NEW", "payload": {}});
-        assert_eq!(journal_line(&e), "   3    SOMETHING_NEW");
+        assert_eq!(unknown_journal_line(&e), "   3    SOMETHING_NEW");
     }
 }

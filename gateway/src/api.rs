@@ -10,10 +10,15 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
 
+use delta_api::{
+    AnswerAccepted, AnswerBody, AnswerStatus, CancelBody, CancelResult, DeadLetterDropped,
+    DeadLetterPage, DeadLetterRetried, DlqQuery, DroppedStatus, ErrorCode, Health, HealthStatus,
+    InteractionPage, InteractionView, InteractionsQuery, Journal, JournalQuery, QueueStats,
+    Reachability, Readiness, RequeuedStatus, Run, RunAccepted, RunDetail, RunPage, RunsQuery,
+    Submission, WorkerSeen,
+};
 use delta_protocol::{
     InteractionState, InteractionType, RequestId, RunId, RunStatus, Timestamp, Via,
 };
@@ -22,7 +27,7 @@ use delta_store::redis::Page;
 use crate::Gateway;
 use crate::auth::{Identity, Role};
 use crate::error::ApiError;
-use crate::ops::{AnswerBody, Submission, interaction_view};
+use crate::ops::interaction_view;
 
 type Shared = State<Arc<Gateway>>;
 
@@ -46,7 +51,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/dlq", get(list_dlq))
         .route("/v1/dlq/{seq}", delete(drop_dlq))
         .route("/v1/dlq/{seq}/retry", post(retry_dlq))
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
@@ -85,7 +90,7 @@ fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, 
     let bytes = bytes.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
-                "payload_too_large",
+                ErrorCode::PayloadTooLarge,
                 "the request body is larger than this gateway accepts (DELTA_MAX_BODY_BYTES)",
             )
         } else {
@@ -157,21 +162,8 @@ async fn submit(
         ),
         None => None,
     };
-    let accepted = gw.submit(submission, key).await?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(json!({"run_id": accepted.run_id, "status": accepted.status})),
-    )
-        .into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RunsQuery {
-    status: Option<String>,
-    agent: Option<String>,
-    limit: Option<usize>,
-    cursor: Option<String>,
+    let accepted: RunAccepted = gw.submit(submission, key).await?;
+    Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
 }
 
 /// Walks an index page by page, keeping the entries `keep` accepts, until `want` are kept.
@@ -223,7 +215,7 @@ async fn list_runs(
     State(gw): Shared,
     headers: HeaderMap,
     q: Result<Query<RunsQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunPage>, ApiError> {
     caller(&gw, &headers, READ, None)?;
     let q = query(q)?;
     let want = limit(q.limit)?;
@@ -253,31 +245,44 @@ async fn list_runs(
                         .iter()
                         .find(|r| r.run_id.to_string() == m)
                         .filter(|r| agent.as_deref().is_none_or(|a| r.agent == a))
-                        .map(run_summary);
+                        .map(|r| Run {
+                            input: None,
+                            ..run_view(r)
+                        });
                     (m, s, rec)
                 })
                 .collect())
         }
     })
     .await?;
-    Ok(Json(json!({"runs": runs, "next_cursor": next})))
+    Ok(Json(RunPage {
+        runs,
+        next_cursor: next,
+    }))
 }
 
-/// A run in listings: the record without its (possibly large) structured input.
-fn run_summary(r: &delta_store::RunRecord) -> Value {
-    let mut v = serde_json::to_value(r).unwrap_or_default();
-    if let Some(obj) = v.as_object_mut() {
-        obj.remove("agent_dir");
-        obj.remove("input");
+/// A run as the API shows it: the record without the local CLI's `agent_dir`. Listings leave
+/// out the (possibly large) structured input as well.
+fn run_view(r: &delta_store::RunRecord) -> Run {
+    Run {
+        run_id: r.run_id,
+        agent: r.agent.clone(),
+        task: r.task.clone(),
+        status: r.status,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+        pending_request_id: r.pending_request_id,
+        input: r.input.clone(),
+        result: r.result.clone(),
+        error: r.error.clone(),
     }
-    v
 }
 
 async fn get_run(
     State(gw): Shared,
     headers: HeaderMap,
     Path(raw): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunDetail>, ApiError> {
     caller(&gw, &headers, READ, None)?;
     let id = run_id(&raw)?;
     let record = gw.store.record(id).await?;
@@ -289,19 +294,10 @@ async fn get_run(
             .map(|ix| interaction_view(id, &ix)),
         None => None,
     };
-    let mut v = serde_json::to_value(&record).unwrap_or_default();
-    if let Some(obj) = v.as_object_mut() {
-        obj.remove("agent_dir");
-        obj.insert("pending_interaction".into(), pending.unwrap_or(Value::Null));
-    }
-    Ok(Json(v))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JournalQuery {
-    from_seq: Option<u64>,
-    limit: Option<usize>,
+    Ok(Json(RunDetail {
+        run: run_view(&record),
+        pending_interaction: pending,
+    }))
 }
 
 async fn journal(
@@ -309,7 +305,7 @@ async fn journal(
     headers: HeaderMap,
     Path(raw): Path<String>,
     q: Result<Query<JournalQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Journal>, ApiError> {
     caller(&gw, &headers, READ, None)?;
     let id = run_id(&raw)?;
     let q = query(q)?;
@@ -329,19 +325,12 @@ async fn journal(
         .journal_from(id, q.from_seq.unwrap_or(1), max)
         .await?;
     let next = events.last().map(|e| e.seq + 1);
-    Ok(Json(json!({
-        "run_id": id,
-        "status": record.status,
-        "events": events,
-        "next_seq": next.or(q.from_seq).unwrap_or(1),
-    })))
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CancelBody {
-    #[serde(default)]
-    reason: Option<String>,
+    Ok(Json(Journal {
+        run_id: id,
+        status: record.status,
+        events,
+        next_seq: next.or(q.from_seq).unwrap_or(1),
+    }))
 }
 
 async fn cancel(
@@ -349,7 +338,7 @@ async fn cancel(
     headers: HeaderMap,
     Path(raw): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<CancelResult>, ApiError> {
     let who = caller(&gw, &headers, &[Role::Operate], None)?;
     let id = run_id(&raw)?;
     let b: CancelBody = match &bytes {
@@ -358,25 +347,14 @@ async fn cancel(
     };
     let by = who.name.unwrap_or_else(|| "an operator".into());
     let status = gw.cancel(id, &by, b.reason.as_deref()).await?;
-    Ok(Json(json!({"run_id": id, "status": status})))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InteractionsQuery {
-    state: Option<String>,
-    agent: Option<String>,
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    limit: Option<usize>,
-    cursor: Option<String>,
+    Ok(Json(CancelResult { run_id: id, status }))
 }
 
 async fn list_interactions(
     State(gw): Shared,
     headers: HeaderMap,
     q: Result<Query<InteractionsQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<InteractionPage>, ApiError> {
     caller(&gw, &headers, ANSWERERS, None)?;
     let q = query(q)?;
     let want = limit(q.limit)?;
@@ -390,7 +368,7 @@ async fn list_interactions(
     };
     let kind: Option<InteractionType> = match q.kind.as_deref() {
         None | Some("") => None,
-        Some(t) => Some(serde_json::from_value(json!(t.to_uppercase())).map_err(|_| {
+        Some(t) => Some(serde_json::from_value(t.to_uppercase().into()).map_err(|_| {
             ApiError::bad_request(format!(
                 "type `{t}` is not one of TOOL_APPROVAL, MISSING_INFO, USER_CONFIRMATION, USER_CHOICE, USER_INPUT, CUSTOM"
             ))
@@ -425,14 +403,17 @@ async fn list_interactions(
         }
     })
     .await?;
-    Ok(Json(json!({"interactions": items, "next_cursor": next})))
+    Ok(Json(InteractionPage {
+        interactions: items,
+        next_cursor: next,
+    }))
 }
 
 async fn get_interaction(
     State(gw): Shared,
     headers: HeaderMap,
     Path(raw): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<InteractionView>, ApiError> {
     caller(&gw, &headers, ANSWERERS, None)?;
     let rid = request_id(&raw)?;
     let (run, ix) = gw.find(rid).await?;
@@ -444,45 +425,40 @@ async fn respond(
     headers: HeaderMap,
     Path(raw): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AnswerAccepted>, ApiError> {
     let who = caller(&gw, &headers, ANSWERERS, None)?;
     let rid = request_id(&raw)?;
     let answer: AnswerBody = body(bytes)?;
     let responder = gw.responder(who.name.as_deref(), answer.responder.as_ref(), Via::Http)?;
     let run_id = gw.answer(rid, answer, responder).await?;
-    Ok(Json(json!({"status": "accepted", "run_id": run_id})))
+    Ok(Json(AnswerAccepted {
+        status: AnswerStatus::Accepted,
+        run_id,
+    }))
 }
 
-async fn queue(State(gw): Shared, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+async fn queue(State(gw): Shared, headers: HeaderMap) -> Result<Json<QueueStats>, ApiError> {
     caller(&gw, &headers, &[Role::Operate], None)?;
     let stats = gw.queue.stats().await?;
     let since = Timestamp::now().micros() / 1000 - 30_000;
-    let workers: Vec<Value> = gw
+    let workers: Vec<WorkerSeen> = gw
         .store
         .workers_seen(since)
         .await?
         .into_iter()
-        .map(|(id, ms)| {
-            let at = Timestamp::from_micros(ms.saturating_mul(1000));
-            json!({"worker_id": id, "last_seen": at})
+        .map(|(id, ms)| WorkerSeen {
+            worker_id: id,
+            last_seen: Timestamp::from_micros(ms.saturating_mul(1000)),
         })
         .collect();
-    Ok(Json(json!({
-        "jobs_pending": stats.pending,
-        "jobs_in_flight": stats.in_flight,
-        "jobs_redelivered": stats.redelivered,
-        "dead_lettered": stats.dead_lettered,
-        "waiting_pulls": stats.waiting_pulls,
-        "workers": workers,
-    })))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DlqQuery {
-    agent: Option<String>,
-    limit: Option<usize>,
-    cursor: Option<String>,
+    Ok(Json(QueueStats {
+        jobs_pending: stats.pending,
+        jobs_in_flight: stats.in_flight,
+        jobs_redelivered: stats.redelivered,
+        dead_lettered: stats.dead_lettered,
+        waiting_pulls: stats.waiting_pulls,
+        workers,
+    }))
 }
 
 fn dlq_seq(raw: &str) -> Result<u64, ApiError> {
@@ -497,7 +473,7 @@ async fn list_dlq(
     State(gw): Shared,
     headers: HeaderMap,
     q: Result<Query<DlqQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DeadLetterPage>, ApiError> {
     caller(&gw, &headers, &[Role::Operate], None)?;
     let q = query(q)?;
     let want = limit(q.limit)?;
@@ -517,47 +493,58 @@ async fn list_dlq(
         })?,
     };
     let (letters, next) = gw.dead_letters(agent, from, want).await?;
-    Ok(Json(json!({"dead_letters": letters, "next_cursor": next})))
+    Ok(Json(DeadLetterPage {
+        dead_letters: letters,
+        next_cursor: next,
+    }))
 }
 
 async fn retry_dlq(
     State(gw): Shared,
     headers: HeaderMap,
     Path(raw): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DeadLetterRetried>, ApiError> {
     let who = caller(&gw, &headers, &[Role::Operate], None)?;
     let seq = dlq_seq(&raw)?;
     let by = who.name.unwrap_or_else(|| "an operator".into());
     let r = gw.retry_dead_letter(seq, &by).await?;
-    Ok(Json(json!({
-        "seq": seq,
-        "status": "requeued",
-        "run_id": r.run_id,
-        "job_seq": r.job_seq,
-    })))
+    Ok(Json(DeadLetterRetried {
+        seq,
+        status: RequeuedStatus::Requeued,
+        run_id: r.run_id,
+        job_seq: r.job_seq,
+    }))
 }
 
 async fn drop_dlq(
     State(gw): Shared,
     headers: HeaderMap,
     Path(raw): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DeadLetterDropped>, ApiError> {
     let who = caller(&gw, &headers, &[Role::Operate], None)?;
     let seq = dlq_seq(&raw)?;
     let by = who.name.unwrap_or_else(|| "an operator".into());
     gw.drop_dead_letter(seq, &by).await?;
-    Ok(Json(json!({"seq": seq, "status": "dropped"})))
+    Ok(Json(DeadLetterDropped {
+        seq,
+        status: DroppedStatus::Dropped,
+    }))
+}
+
+async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: HealthStatus::Ok,
+    })
 }
 
 async fn readyz(State(gw): Shared) -> Response {
     let redis = gw.store.ping().await;
     let nats = gw.queue.stats().await;
-    let ok = redis.is_ok() && nats.is_ok();
-    let body = json!({
-        "redis": if redis.is_ok() { "ok" } else { "unreachable" },
-        "nats": if nats.is_ok() { "ok" } else { "unreachable" },
-    });
-    let status = if ok {
+    let body = Readiness {
+        redis: Reachability::of(&redis),
+        nats: Reachability::of(&nats),
+    };
+    let status = if body.is_ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -595,9 +582,14 @@ async fn metrics(State(gw): Shared) -> Response {
         .into_response()
 }
 
-/// The OpenAPI document of this API.
-pub const OPENAPI: &str = include_str!("openapi.json");
+/// The OpenAPI document of this API, generated from `delta-api`'s types once per process.
+pub static OPENAPI: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(delta_api::openapi::json);
 
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        OPENAPI.as_str(),
+    )
+        .into_response()
 }

@@ -18,6 +18,8 @@ use std::path::Path;
 use ring::digest;
 use serde::Deserialize;
 
+use delta_api::ErrorCode;
+
 use crate::error::ApiError;
 
 /// What a token allows.
@@ -135,7 +137,7 @@ impl Auth {
         }
         let Some(header) = authorization else {
             return Err(ApiError::new(
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "this gateway needs `Authorization: Bearer <token>`; ask an operator for a token",
             ));
         };
@@ -146,7 +148,7 @@ impl Auth {
             .unwrap_or("");
         let Some(identity) = self.by_digest.get(&sha256(token)) else {
             return Err(ApiError::new(
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "the bearer token is not known to this gateway",
             ));
         };
@@ -156,7 +158,7 @@ impl Auth {
                 .map(|r| format!("{r:?}").to_lowercase())
                 .collect();
             return Err(ApiError::new(
-                "forbidden",
+                ErrorCode::Forbidden,
                 format!(
                     "`{}` may not do this: it needs the role {}",
                     identity.name.as_deref().unwrap_or("?"),
@@ -184,20 +186,20 @@ mod tests {
         let e = auth
             .check(Some("Bearer alice-token-0123456789"), Role::Submit)
             .expect_err("alice does not submit");
-        assert_eq!(e.code, "forbidden");
+        assert_eq!(e.code, ErrorCode::Forbidden);
         assert!(
             auth.check(Some("Bearer ops-token-0123456789ab"), Role::Submit)
                 .is_ok()
         );
         assert_eq!(
             auth.check(None, Role::Answer).expect_err("no token").code,
-            "unauthorized"
+            ErrorCode::Unauthorized
         );
         assert_eq!(
             auth.check(Some("Bearer nope"), Role::Answer)
                 .expect_err("bad")
                 .code,
-            "unauthorized"
+            ErrorCode::Unauthorized
         );
     }
 

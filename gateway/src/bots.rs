@@ -10,14 +10,13 @@
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use serde_json::json;
 
+use delta_api::{AnswerBody, BotReply, ErrorCode};
 use delta_protocol::{RequestId, Timestamp, Via};
 
 use crate::Gateway;
 use crate::auth::Role;
 use crate::error::ApiError;
-use crate::ops::AnswerBody;
 
 /// Serves the respond subjects until shutdown.
 pub async fn serve(gw: Arc<Gateway>) -> Result<(), async_nats::SubscribeError> {
@@ -44,10 +43,12 @@ pub async fn serve(gw: Arc<Gateway>) -> Result<(), async_nats::SubscribeError> {
                     let reply = handle(&gw2, &msg).await;
                     if let Some(to) = msg.reply {
                         let body = match reply {
-                            Ok(run_id) => json!({"ok": true, "run_id": run_id}),
-                            Err(e) => json!({"ok": false, "error": e.body()}),
+                            Ok(run_id) => BotReply::accepted(run_id),
+                            Err(e) => BotReply::refused(e.body()),
                         };
-                        let _ = client.publish(to, body.to_string().into()).await;
+                        // Plain data (strings and ids) always serializes.
+                        let body = serde_json::to_vec(&body).unwrap_or_default();
+                        let _ = client.publish(to, body.into()).await;
                     }
                 });
             }
@@ -79,7 +80,7 @@ async fn handle(
         .check_any(authorization.as_deref(), &[Role::Answer, Role::Operate])?;
     if msg.payload.len() > gw.config.max_body_bytes {
         return Err(ApiError::new(
-            "payload_too_large",
+            ErrorCode::PayloadTooLarge,
             "the answer is larger than this gateway accepts (DELTA_MAX_BODY_BYTES)",
         ));
     }

@@ -3,8 +3,7 @@
 //! it. A retried run goes on from where its journal stops: an unfinished idempotent tool is run
 //! again, another becomes an approval question, an answered question is applied.
 
-use serde_json::{Value, json};
-
+use delta_api::{DeadLetterView, ErrorCode};
 use delta_protocol::journal::Replay;
 use delta_protocol::{Job, JobKind, RunId, RunStatus};
 use delta_queue::DeadLetter;
@@ -29,7 +28,7 @@ impl Gateway {
         agent: Option<&str>,
         from: u64,
         limit: usize,
-    ) -> Result<(Vec<Value>, Option<String>), ApiError> {
+    ) -> Result<(Vec<DeadLetterView>, Option<String>), ApiError> {
         let (letters, more) = self.queue.dead_letters(agent, from, limit).await?;
         let ids: Vec<RunId> = letters
             .iter()
@@ -68,7 +67,7 @@ impl Gateway {
         let letter = self.letter(seq).await?;
         let Some(job) = &letter.job else {
             return Err(ApiError::new(
-                "not_retryable",
+                ErrorCode::NotRetryable,
                 format!(
                     "dead letter {seq} holds no job (its payload is not one), so there is no run to retry; drop it"
                 ),
@@ -84,7 +83,7 @@ impl Gateway {
             Ok(r) => r,
             Err(delta_store::Error::NotFound(_)) => {
                 return Err(ApiError::new(
-                    "not_retryable",
+                    ErrorCode::NotRetryable,
                     format!("run {run_id} of dead letter {seq} does not exist; drop the letter"),
                 ));
             }
@@ -99,7 +98,7 @@ impl Gateway {
             Requeue::Queued { seq } => seq,
             Requeue::NotFailed(status) => {
                 return Err(ApiError::new(
-                    "not_retryable",
+                    ErrorCode::NotRetryable,
                     format!(
                         "run {run_id} is {status}; only a run the dead-lettering failed can be retried (drop this letter: the run went on)"
                     ),
@@ -107,7 +106,7 @@ impl Gateway {
             }
             Requeue::FailedOtherwise(error) => {
                 return Err(ApiError::new(
-                    "not_retryable",
+                    ErrorCode::NotRetryable,
                     format!(
                         "run {run_id} failed for another reason since ({error}); drop this stale letter"
                     ),
@@ -161,23 +160,19 @@ fn no_letter(seq: u64) -> ApiError {
 }
 
 /// A dead letter as the API shows it.
-pub fn view(l: &DeadLetter, run_status: Option<RunStatus>, retryable: bool) -> Value {
-    let mut v = json!({
-        "seq": l.seq,
-        "agent": l.agent,
-        "reason": l.reason,
-        "job_seq": l.job_seq,
-        "dead_lettered_at": l.at,
-        "run_id": l.job.as_ref().map(|j| j.run_id),
-        "kind": l.job.as_ref().map(|j| j.kind),
-        "request_id": l.job.as_ref().and_then(|j| j.request_id),
-        "run_status": run_status,
-        "retryable": retryable,
-    });
-    if l.job.is_none()
-        && let Some(obj) = v.as_object_mut()
-    {
-        obj.insert("payload".into(), Value::String(l.payload.clone()));
+pub fn view(l: &DeadLetter, run_status: Option<RunStatus>, retryable: bool) -> DeadLetterView {
+    DeadLetterView {
+        seq: l.seq,
+        agent: l.agent.clone(),
+        reason: l.reason.clone(),
+        job_seq: l.job_seq,
+        dead_lettered_at: l.at,
+        run_id: l.job.as_ref().map(|j| j.run_id),
+        kind: l.job.as_ref().map(|j| j.kind),
+        request_id: l.job.as_ref().and_then(|j| j.request_id),
+        run_status,
+        retryable,
+        // The payload only when it is not a job (a job is shown by its fields).
+        payload: l.job.is_none().then(|| l.payload.clone()),
     }
-    v
 }

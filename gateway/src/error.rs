@@ -1,10 +1,11 @@
 //! The one error of the HTTP API and the bot bridge: `{"error": {"code", "message"}}` with the
-//! status PROTOCOL.md §6 gives each code. Internals of a 5xx are logged, not shown.
+//! status its [`ErrorCode`] has (`delta-api` decides it, in one place). Internals of a 5xx are
+//! logged, not shown.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
+use delta_api::{ErrorBody, ErrorCode, ErrorResponse};
 use delta_protocol::ResponseError;
 use delta_queue as queue;
 use delta_store as store;
@@ -12,47 +13,39 @@ use delta_store as store;
 /// A refusal: the contract's code, and a message that says what was wrong and what to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
 }
 
 impl ApiError {
-    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             code,
             message: message.into(),
         }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new("bad_request", message)
+        Self::new(ErrorCode::BadRequest, message)
     }
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new("not_found", message)
+        Self::new(ErrorCode::NotFound, message)
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new("unavailable", message)
+        Self::new(ErrorCode::Unavailable, message)
     }
 
     /// The HTTP status of the code.
     pub fn status(&self) -> StatusCode {
-        match self.code {
-            "bad_request" => StatusCode::BAD_REQUEST,
-            "unauthorized" => StatusCode::UNAUTHORIZED,
-            "forbidden" => StatusCode::FORBIDDEN,
-            "not_found" => StatusCode::NOT_FOUND,
-            "already_resolved" | "not_retryable" => StatusCode::CONFLICT,
-            "expired" => StatusCode::GONE,
-            "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_option" | "input_required" | "invalid_args" => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
-            _ => StatusCode::SERVICE_UNAVAILABLE,
-        }
+        // Every code's status is a valid one; 500 would only mean a typo in `delta-api`.
+        StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
-    /// The JSON body (also the `error` of a bot's reply).
-    pub fn body(&self) -> serde_json::Value {
-        json!({"code": self.code, "message": self.message})
+    /// The JSON body's `error` (also the `error` of a bot's reply).
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            code: self.code,
+            message: self.message.clone(),
+        }
     }
 }
 
@@ -64,9 +57,16 @@ impl std::fmt::Display for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response =
-            (self.status(), axum::Json(json!({"error": self.body()}))).into_response();
-        if self.code == "unauthorized" {
+        let status = self.status();
+        let unauthorized = self.code == ErrorCode::Unauthorized;
+        let body = ErrorResponse {
+            error: ErrorBody {
+                code: self.code,
+                message: self.message,
+            },
+        };
+        let mut response = (status, axum::Json(body)).into_response();
+        if unauthorized {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static("Bearer"),
@@ -78,7 +78,16 @@ impl IntoResponse for ApiError {
 
 impl From<ResponseError> for ApiError {
     fn from(e: ResponseError) -> Self {
-        Self::new(e.code(), e.to_string())
+        let code = match &e {
+            ResponseError::NotFound(_) => ErrorCode::NotFound,
+            ResponseError::AlreadyResolved(_) => ErrorCode::AlreadyResolved,
+            ResponseError::Expired { .. } => ErrorCode::Expired,
+            ResponseError::InvalidOption { .. } => ErrorCode::InvalidOption,
+            ResponseError::InputRequired(_) | ResponseError::EmptyInput => ErrorCode::InputRequired,
+            ResponseError::InvalidArgs(_) => ErrorCode::InvalidArgs,
+            ResponseError::NotAllowed(_) => ErrorCode::Forbidden,
+        };
+        Self::new(code, e.to_string())
     }
 }
 
@@ -87,7 +96,7 @@ impl From<store::Error> for ApiError {
         match e {
             store::Error::NotFound(run) => Self::not_found(format!("no run {run}")),
             store::Error::Terminal { run_id, status } => Self::new(
-                "already_resolved",
+                ErrorCode::AlreadyResolved,
                 format!("run {run_id} is already {status}"),
             ),
             store::Error::NoSecretsKey => Self::unavailable(
@@ -105,5 +114,35 @@ impl From<queue::Error> for ApiError {
     fn from(e: queue::Error) -> Self {
         tracing::error!(error = %delta_host::Chain(&e), "queue failure");
         Self::unavailable("the queue (NATS JetStream) is unavailable; try again shortly")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The protocol names each refusal's code as a string; it must be the code the gateway sends.
+    #[test]
+    fn response_errors_keep_the_protocols_code() {
+        let rid = delta_protocol::RequestId::new();
+        for e in [
+            ResponseError::NotFound("x".into()),
+            ResponseError::AlreadyResolved(rid),
+            ResponseError::Expired {
+                request_id: rid,
+                expires_at: delta_protocol::Timestamp::now(),
+            },
+            ResponseError::InvalidOption {
+                given: "a".into(),
+                valid: "b".into(),
+            },
+            ResponseError::InputRequired("o".into()),
+            ResponseError::EmptyInput,
+            ResponseError::InvalidArgs("x".into()),
+            ResponseError::NotAllowed("bob".into()),
+        ] {
+            let code = e.code();
+            assert_eq!(ApiError::from(e).code.as_str(), code);
+        }
     }
 }

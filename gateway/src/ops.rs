@@ -2,8 +2,11 @@
 //! HTTP handlers, the NATS bot bridge and the reconcilers all call these, so the rules of
 //! PROTOCOL.md §3 are enforced in one place.
 
-use serde::Deserialize;
 use serde_json::Value;
+
+use delta_api::{
+    AnswerBody, ClaimedResponder, ErrorCode, InteractionView, RunAccepted, Submission,
+};
 
 use delta_engine::engine::{AnswerSchema, check_answer};
 use delta_protocol::{
@@ -15,53 +18,6 @@ use delta_store::{RunRecord, RunStore, StatusChange, Terminal};
 
 use crate::Gateway;
 use crate::error::ApiError;
-
-/// `POST /v1/runs`' body.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Submission {
-    pub agent: String,
-    pub task: String,
-    #[serde(default)]
-    pub input: Option<Value>,
-}
-
-/// An answer as a channel receives it: the response fields a person or bot sets.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AnswerBody {
-    /// Optional; must match the request named by the path or subject.
-    #[serde(default)]
-    pub request_id: Option<RequestId>,
-    #[serde(default)]
-    pub option_id: Option<String>,
-    #[serde(default)]
-    pub input: Option<String>,
-    #[serde(default)]
-    pub data: Option<Value>,
-    #[serde(default)]
-    pub feedback: Option<String>,
-    /// Who answers. With authentication on, the token decides and a different id is refused.
-    #[serde(default)]
-    pub responder: Option<ClaimedResponder>,
-}
-
-/// The responder a caller names.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimedResponder {
-    #[serde(default)]
-    pub id: Option<String>,
-    /// `http` or `cli` over HTTP (the CLI says so); bots are always `nats`.
-    #[serde(default)]
-    pub via: Option<Via>,
-}
-
-/// A submission accepted: its run (made now, or earlier with the same `Idempotency-Key`).
-pub struct RunAccepted {
-    pub run_id: RunId,
-    pub status: RunStatus,
-}
 
 /// Letters, digits, `-` and `_` (an agent's name is part of NATS subjects).
 pub fn valid_agent_name(name: &str) -> bool {
@@ -89,7 +45,7 @@ impl Gateway {
     ) -> Result<RunAccepted, ApiError> {
         if !valid_agent_name(&s.agent) {
             return Err(ApiError::new(
-                "invalid_args",
+                ErrorCode::InvalidArgs,
                 format!(
                     "`{}` is not an agent name (letters, digits, `-`, `_`)",
                     s.agent
@@ -104,7 +60,7 @@ impl Gateway {
             .is_file()
         {
             return Err(ApiError::new(
-                "invalid_args",
+                ErrorCode::InvalidArgs,
                 format!(
                     "no agent `{}` in this fleet's agents directory (DELTA_AGENTS_DIR of the gateway); check the name",
                     s.agent
@@ -112,8 +68,14 @@ impl Gateway {
             ));
         }
         if s.task.trim().is_empty() {
-            return Err(ApiError::new("invalid_args", "`task` must not be empty"));
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgs,
+                "`task` must not be empty",
+            ));
         }
+        // Not the Submission serialized: these bytes (sorted keys, `input` null when absent)
+        // are what stored fingerprints were made of, so a key reused across an upgrade still
+        // matches its submission.
         let fingerprint = sha256_hex(
             serde_json::json!({"agent": s.agent, "task": s.task, "input": s.input})
                 .to_string()
@@ -141,7 +103,7 @@ impl Gateway {
         {
             if earlier != fingerprint {
                 return Err(ApiError::new(
-                    "invalid_args",
+                    ErrorCode::InvalidArgs,
                     "this Idempotency-Key was used for a different submission; use a new key for a new run",
                 ));
             }
@@ -194,7 +156,7 @@ impl Gateway {
         let id = match (identity, claimed_id) {
             (Some(name), Some(c)) if c != name => {
                 return Err(ApiError::new(
-                    "forbidden",
+                    ErrorCode::Forbidden,
                     format!("you are `{name}`: you cannot answer as `{c}`"),
                 ));
             }
@@ -359,12 +321,12 @@ impl Gateway {
                     .map(|t| format!(" at {t}"))
                     .unwrap_or_default();
                 Err(ApiError::new(
-                    "already_resolved",
+                    ErrorCode::AlreadyResolved,
                     format!("request {rid} was already answered{by}{at}"),
                 ))
             }
             InteractionState::Expired => Err(ApiError::new(
-                "expired",
+                ErrorCode::Expired,
                 format!(
                     "request {rid} expired{}; its default was applied or its run failed",
                     ix.request
@@ -374,7 +336,7 @@ impl Gateway {
                 ),
             )),
             InteractionState::Cancelled => Err(ApiError::new(
-                "already_resolved",
+                ErrorCode::AlreadyResolved,
                 format!("request {rid} was closed: its run was cancelled"),
             )),
             InteractionState::Pending => Err(ApiError::unavailable("try again")),
@@ -507,7 +469,7 @@ impl Gateway {
         let record = self.store.record(run_id).await?;
         if record.status.is_terminal() {
             return Err(ApiError::new(
-                "already_resolved",
+                ErrorCode::AlreadyResolved,
                 format!("run {run_id} is already {}", record.status),
             ));
         }
@@ -574,19 +536,19 @@ impl Gateway {
 fn check_data_shape(data: &Value) -> Result<(), ApiError> {
     let Some(obj) = data.as_object() else {
         return Err(ApiError::new(
-            "invalid_args",
+            ErrorCode::InvalidArgs,
             "`data` must be a JSON object (e.g. {\"args\": {…}} to edit a tool call's arguments)",
         ));
     };
     if obj.get("args").is_some_and(|a| !a.is_object()) {
         return Err(ApiError::new(
-            "invalid_args",
+            ErrorCode::InvalidArgs,
             "`data.args` must be a JSON object of arguments",
         ));
     }
     if obj.get("tasks").is_some_and(|t| !t.is_array()) {
         return Err(ApiError::new(
-            "invalid_args",
+            ErrorCode::InvalidArgs,
             "`data.tasks` must be a list of tasks",
         ));
     }
@@ -595,7 +557,7 @@ fn check_data_shape(data: &Value) -> Result<(), ApiError> {
 
 /// How an interaction is shown in listings and the API: the request, its state, and its answer
 /// with sensitive parts as `"***"` (PROTOCOL.md §3 rule 5).
-pub fn interaction_view(run_id: RunId, ix: &StoredInteraction) -> Value {
+pub fn interaction_view(run_id: RunId, ix: &StoredInteraction) -> InteractionView {
     let response = ix.response.as_ref().map(|r| {
         let mut r = r.clone();
         if ix.request.is_sensitive() {
@@ -612,18 +574,18 @@ pub fn interaction_view(run_id: RunId, ix: &StoredInteraction) -> Value {
         }
         r
     });
-    serde_json::json!({
-        "request_id": ix.request.request_id,
-        "run_id": run_id,
-        "agent": ix.request.agent,
-        "type": ix.request.kind,
-        "state": ix.state,
-        "created_at": ix.request.timestamp,
-        "expires_at": ix.request.expires_at,
-        "answered_at": ix.answered_at,
-        "request": ix.request,
-        "response": response,
-    })
+    InteractionView {
+        request_id: ix.request.request_id,
+        run_id,
+        agent: ix.request.agent.clone(),
+        kind: ix.request.kind,
+        state: ix.state,
+        created_at: ix.request.timestamp,
+        expires_at: ix.request.expires_at,
+        answered_at: ix.answered_at,
+        request: ix.request.clone(),
+        response,
+    }
 }
 
 /// A test hook: `DELTA_FAILPOINT=<name>` makes the process exit hard at that point (as a crash

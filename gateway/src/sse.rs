@@ -21,24 +21,15 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
-use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::mpsc;
 
-use delta_protocol::{Event as JournalEventKind, RunId};
+use delta_api::{RunEnded, StreamQuery, sse};
+use delta_protocol::{Event as JournalEventKind, InteractionRequest, RunId};
 
 use crate::Gateway;
 use crate::api::caller;
 use crate::auth::Role;
 use crate::error::ApiError;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StreamQuery {
-    from_seq: Option<u64>,
-    access_token: Option<String>,
-    agent: Option<String>,
-}
 
 fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     match headers.get("last-event-id") {
@@ -171,9 +162,12 @@ async fn follow_journal(gw: &Gateway, run_id: RunId, mut after: u64, tx: mpsc::S
                 .await
                 .unwrap_or_default();
             if events.is_empty() {
-                let status = json!({"status": r.status, "result": r.result, "error": r.error});
                 let _ = tx
-                    .send(Event::default().event("status").data(status.to_string()))
+                    .send(ended(RunEnded {
+                        status: r.status,
+                        result: r.result,
+                        error: r.error,
+                    }))
                     .await;
                 return;
             }
@@ -187,21 +181,30 @@ async fn follow_journal(gw: &Gateway, run_id: RunId, mut after: u64, tx: mpsc::S
             let data = serde_json::to_string(&e).unwrap_or_default();
             let event = Event::default()
                 .id(e.seq.to_string())
-                .event("journal")
+                .event(sse::JOURNAL)
                 .data(data);
             if tx.send(event).await.is_err() {
                 return;
             }
             if let Some(end) = end {
-                let status =
-                    json!({"status": end.status, "result": end.result, "error": end.error});
                 let _ = tx
-                    .send(Event::default().event("status").data(status.to_string()))
+                    .send(ended(RunEnded {
+                        status: end.status,
+                        result: end.result,
+                        error: end.error,
+                    }))
                     .await;
                 return;
             }
         }
     }
+}
+
+/// The `status` event that ends a run's stream.
+fn ended(status: RunEnded) -> Event {
+    // Plain data (a status and strings) always serializes.
+    let data = serde_json::to_string(&status).unwrap_or_default();
+    Event::default().event(sse::STATUS).data(data)
 }
 
 pub async fn interaction_events(
@@ -236,10 +239,11 @@ pub async fn interaction_events(
             };
             let Some(e) = next else { return };
             if let Some(a) = &agent {
-                let of_agent = serde_json::from_slice::<serde_json::Value>(&e.payload)
-                    .ok()
-                    .and_then(|v| v.get("agent").and_then(|x| x.as_str()).map(str::to_owned));
                 // `resolved` carries no agent: it is sent to everyone, harmlessly.
+                let of_agent = (e.kind == sse::REQUESTED)
+                    .then(|| serde_json::from_slice::<InteractionRequest>(&e.payload).ok())
+                    .flatten()
+                    .map(|q| q.agent);
                 if of_agent.is_some_and(|x| x != *a) {
                     continue;
                 }

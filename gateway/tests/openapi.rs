@@ -1,13 +1,15 @@
-//! The OpenAPI document against the code it describes: every route of `api::router` (read from
-//! the source, so a new route without docs fails here), with its methods; every error code the
-//! gateway can produce, with the status `ApiError::status` gives it; every `$ref` resolvable.
+//! The generated OpenAPI document against the code it describes: every route of `api::router`
+//! (read from the source, so a new route without docs fails here), with its methods; every
+//! `ErrorCode`, with the status it has, and every code the gateway's sources produce; every
+//! `$ref` resolvable.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
+use delta_api::ErrorCode;
+
 const API_RS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/api.rs"));
-const ERROR_RS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/error.rs"));
 const PROTOCOL_RS: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../shared/protocol/src/lib.rs"
@@ -19,7 +21,7 @@ const METHODS: &[&str] = &[
 
 fn doc() -> Value {
     let doc: Value =
-        serde_json::from_str(delta_gateway::api::OPENAPI).expect("openapi.json is JSON");
+        serde_json::from_str(&delta_gateway::api::OPENAPI).expect("the document is JSON");
     assert!(doc.is_object(), "the document is a JSON object");
     doc
 }
@@ -175,75 +177,79 @@ fn literals(src: &str) -> Vec<String> {
     out
 }
 
-/// `ApiError::status`: code → HTTP status, the `_` arm being `unavailable`'s 503.
-fn statuses_in_source() -> BTreeMap<String, u16> {
-    let body = fn_body(ERROR_RS, "status");
-    let mut map = BTreeMap::new();
-    for arm in body.split("=>").collect::<Vec<_>>().windows(2) {
-        let (codes, status) = (arm[0], arm[1]);
-        let codes = codes.rsplit(['{', '}', ',']).next().unwrap_or(codes);
-        let status = status
-            .split("StatusCode::")
-            .nth(1)
-            .expect("an arm gives a StatusCode")
-            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .next()
-            .expect("a status name");
-        let number = match status {
-            "BAD_REQUEST" => 400,
-            "UNAUTHORIZED" => 401,
-            "FORBIDDEN" => 403,
-            "NOT_FOUND" => 404,
-            "CONFLICT" => 409,
-            "GONE" => 410,
-            "PAYLOAD_TOO_LARGE" => 413,
-            "UNPROCESSABLE_ENTITY" => 422,
-            "SERVICE_UNAVAILABLE" => 503,
-            other => panic!("status {other}: add it to this test"),
-        };
-        let codes = literals(codes);
-        if codes.is_empty() {
-            // The catch-all arm: what `ApiError::unavailable` makes.
-            let unavailable = literals(fn_body(ERROR_RS, "unavailable"));
-            assert_eq!(unavailable.len(), 1, "ApiError::unavailable names one code");
-            map.insert(unavailable[0].clone(), number);
-        }
-        for code in codes {
-            map.insert(code, number);
-        }
-    }
-    map
+/// Every code with its status, as `delta-api` decides them.
+fn statuses() -> BTreeMap<String, u16> {
+    ErrorCode::ALL
+        .iter()
+        .map(|c| (c.as_str().to_owned(), c.status()))
+        .collect()
 }
 
-/// Codes the gateway constructs: `ApiError::new("…"` / `Self::new("…"` in its sources and the
-/// `ResponseError::code` literals of the shared protocol.
+/// Codes the gateway constructs: every `ErrorCode::<Variant>` named in its sources, and the
+/// `ResponseError::code` literals of the shared protocol (which the gateway maps variant by
+/// variant).
 fn codes_constructed() -> BTreeSet<String> {
     let sources = [
         include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/api.rs")),
         include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/auth.rs")),
         include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bots.rs")),
+        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/dlq.rs")),
         include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/error.rs")),
         include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/ops.rs")),
         include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/reconcile.rs")),
         include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/sse.rs")),
     ];
+    let by_variant: BTreeMap<String, ErrorCode> = ErrorCode::ALL
+        .iter()
+        .map(|c| (format!("{c:?}"), *c))
+        .collect();
     let mut codes = BTreeSet::new();
     for src in sources {
-        for prefix in ["ApiError::new(", "Self::new("] {
-            let mut rest = src;
-            while let Some(at) = rest.find(prefix) {
-                rest = rest[at + prefix.len()..].trim_start();
-                if let Some(lit) = rest.strip_prefix('"') {
-                    let (code, after) = string_literal(lit);
-                    codes.insert(code);
-                    rest = after;
-                }
+        let mut rest = src;
+        while let Some(at) = rest.find("ErrorCode::") {
+            rest = &rest[at + "ErrorCode::".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if name.chars().next().is_some_and(|c| c.is_ascii_uppercase()) {
+                let code = by_variant
+                    .get(&name)
+                    .unwrap_or_else(|| panic!("ErrorCode::{name} is not a variant"));
+                codes.insert(code.as_str().to_owned());
+            }
+        }
+        // The helpers' codes.
+        for (helper, code) in [
+            ("ApiError::bad_request(", ErrorCode::BadRequest),
+            ("ApiError::not_found(", ErrorCode::NotFound),
+            ("ApiError::unavailable(", ErrorCode::Unavailable),
+        ] {
+            if src.contains(helper) {
+                codes.insert(code.as_str().to_owned());
             }
         }
     }
     let code_fn = fn_body(PROTOCOL_RS, "code");
-    codes.extend(literals(code_fn));
+    for code in literals(code_fn) {
+        assert!(
+            code.parse::<ErrorCode>().is_ok(),
+            "ResponseError::code gives `{code}`, which is not an ErrorCode"
+        );
+        codes.insert(code);
+    }
     codes
+}
+
+/// `v`, or what its `$ref` points at.
+fn resolve(doc: &Value, v: &Value) -> Value {
+    match v["$ref"].as_str() {
+        Some(r) => doc
+            .pointer(r.trim_start_matches('#'))
+            .cloned()
+            .unwrap_or_else(|| panic!("{r} resolves")),
+        None => v.clone(),
+    }
 }
 
 #[test]
@@ -361,40 +367,38 @@ fn every_route_is_documented_with_its_methods_and_nothing_else_is() {
 #[test]
 fn the_error_codes_are_those_of_the_code_with_their_statuses() {
     let doc = doc();
-    let documented: BTreeSet<String> = doc["components"]["schemas"]["Error"]["properties"]["error"]
-        ["properties"]["code"]["enum"]
+    let error = resolve(
+        &doc,
+        &doc["components"]["schemas"]["Error"]["properties"]["error"],
+    );
+    let code = resolve(&doc, &error["properties"]["code"]);
+    let documented: BTreeSet<String> = code["enum"]
         .as_array()
         .expect("the Error schema's code enum")
         .iter()
         .map(|c| c.as_str().expect("a code").to_owned())
         .collect();
-    let statuses = statuses_in_source();
+    let statuses = statuses();
     let in_status: BTreeSet<String> = statuses.keys().cloned().collect();
     assert_eq!(
         documented, in_status,
-        "the Error code enum of openapi.json vs ApiError::status in src/error.rs"
+        "the Error code enum of the document vs ErrorCode"
     );
     let constructed = codes_constructed();
     let unmapped: Vec<&String> = constructed.difference(&in_status).collect();
     assert!(
         unmapped.is_empty(),
-        "codes made in the sources that ApiError::status does not map (they would be 503): {unmapped:?}"
+        "codes made in the sources that are not ErrorCodes: {unmapped:?}"
     );
+    // Every code is answered, with its status, by at least one operation; and every code the
+    // gateway makes is among them.
+    let mut answered: BTreeSet<String> = BTreeSet::new();
     // Each operation's error responses use the Error schema and give the status of their code.
     let codes_by_status: BTreeMap<u16, BTreeSet<&str>> =
         statuses.iter().fold(BTreeMap::new(), |mut m, (c, s)| {
             m.entry(*s).or_default().insert(c.as_str());
             m
         });
-    let resolve = |v: &Value| -> Value {
-        match v["$ref"].as_str() {
-            Some(r) => doc
-                .pointer(r.trim_start_matches('#'))
-                .cloned()
-                .expect("resolves"),
-            None => v.clone(),
-        }
-    };
     for (path, item) in doc["paths"].as_object().expect("paths") {
         for (method, op) in item.as_object().expect("item") {
             for (status, response) in op["responses"].as_object().expect("responses") {
@@ -402,7 +406,7 @@ fn the_error_codes_are_those_of_the_code_with_their_statuses() {
                 if number < 400 || path == "/readyz" {
                     continue;
                 }
-                let response = resolve(response);
+                let response = resolve(&doc, response);
                 let content = &response["content"]["application/json"];
                 assert_eq!(
                     content["schema"]["$ref"], "#/components/schemas/Error",
@@ -419,9 +423,25 @@ fn the_error_codes_are_those_of_the_code_with_their_statuses() {
                         "{method} {path} {status}: example code {code}"
                     );
                 }
+                let description = response["description"].as_str().unwrap_or_default();
+                for code in &codes_by_status[&number] {
+                    if description.contains(&format!("`{code}`")) {
+                        answered.insert((*code).to_owned());
+                    }
+                }
             }
         }
     }
+    let never: Vec<&String> = in_status.difference(&answered).collect();
+    assert!(
+        never.is_empty(),
+        "codes no operation documents as an answer: {never:?}"
+    );
+    let undocumented: Vec<&String> = constructed.difference(&answered).collect();
+    assert!(
+        undocumented.is_empty(),
+        "codes the gateway makes that no operation documents: {undocumented:?}"
+    );
 }
 
 #[test]
@@ -433,9 +453,14 @@ fn the_route_reader_sees_methods_and_streams() {
     );
     let methods = top_level_methods(r#" get(|| async { Json(json!({"status": "ok"})) })"#);
     assert_eq!(methods, BTreeSet::from(["get".to_owned()]));
-    assert_eq!(
-        statuses_in_source().get("unavailable"),
-        Some(&503),
-        "the catch-all arm is unavailable's"
-    );
+    let constructed = codes_constructed();
+    for code in [
+        "bad_request",
+        "not_found",
+        "unavailable",
+        "invalid_args",
+        "not_retryable",
+    ] {
+        assert!(constructed.contains(code), "the source reader sees {code}");
+    }
 }

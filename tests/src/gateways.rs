@@ -12,7 +12,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use delta_api::{
+    AnswerAccepted, AnswerBody, CancelBody, CancelResult, ErrorCode, ErrorResponse,
+    InteractionPage, InteractionView, Journal, RequestId, RunAccepted, RunDetail, RunId,
+    Submission,
+};
 use delta_gateway::Config;
+use serde::Deserialize;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 const CHILD: &str = "DELTA_E2E_GATEWAY";
@@ -168,7 +176,50 @@ pub fn is_child() -> bool {
     std::env::var_os(CHILD).is_some()
 }
 
-/// A small JSON client of the gateway's API: `(status, body)` for every call.
+/// Why a typed call of [`Client`] gave no typed body.
+#[derive(Debug)]
+pub enum CallError {
+    /// No HTTP answer at all.
+    Http(reqwest::Error),
+    /// The gateway refused, in the API's error shape.
+    Refused { status: u16, error: ErrorResponse },
+    /// An answer that is not the type expected (nor the API's error): the contract is broken.
+    Unexpected {
+        status: u16,
+        body: Value,
+        why: String,
+    },
+}
+
+impl CallError {
+    /// The refusal's code, if the gateway refused.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            CallError::Refused { error, .. } => Some(error.error.code),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Http(e) => write!(f, "no HTTP answer: {e}"),
+            CallError::Refused { status, error } => {
+                write!(f, "{status} {}: {}", error.error.code, error.error.message)
+            }
+            CallError::Unexpected { status, body, why } => {
+                write!(f, "{status} with a body not of the API ({why}): {body}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// A small JSON client of the gateway's API: `(status, body)` for every call, as raw JSON (tests
+/// assert on the wire on purpose); and typed calls (`*_as`, [`Client::submit`]…) that read the
+/// bodies as `delta-api`'s types, so a test also proves the gateway keeps to the contract.
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -235,6 +286,92 @@ impl Client {
             r = r.header(*k, *v);
         }
         Self::send(r).await
+    }
+
+    /// A typed call: the body as `T` on a 2xx, else the API's refusal.
+    async fn typed<T: DeserializeOwned>(r: reqwest::RequestBuilder) -> Result<T, CallError> {
+        let (status, body) = Self::send(r).await.map_err(CallError::Http)?;
+        if (200..300).contains(&status) {
+            return T::deserialize(&body).map_err(|e| CallError::Unexpected {
+                status,
+                why: e.to_string(),
+                body,
+            });
+        }
+        match ErrorResponse::deserialize(&body) {
+            Ok(error) => Err(CallError::Refused { status, error }),
+            Err(e) => Err(CallError::Unexpected {
+                status,
+                why: e.to_string(),
+                body,
+            }),
+        }
+    }
+
+    /// `GET path`, typed.
+    pub async fn get_as<T: DeserializeOwned>(&self, path: &str) -> Result<T, CallError> {
+        Self::typed(self.req(reqwest::Method::GET, path)).await
+    }
+
+    /// `POST path` with a typed body, typed.
+    pub async fn post_as<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, CallError> {
+        Self::typed(self.req(reqwest::Method::POST, path).json(body)).await
+    }
+
+    /// `DELETE path`, typed.
+    pub async fn delete_as<T: DeserializeOwned>(&self, path: &str) -> Result<T, CallError> {
+        Self::typed(self.req(reqwest::Method::DELETE, path)).await
+    }
+
+    /// `POST /v1/runs`.
+    pub async fn submit(&self, submission: &Submission) -> Result<RunAccepted, CallError> {
+        self.post_as("/v1/runs", submission).await
+    }
+
+    /// `GET /v1/runs/{run_id}`.
+    pub async fn run(&self, run: RunId) -> Result<RunDetail, CallError> {
+        self.get_as(&format!("/v1/runs/{run}")).await
+    }
+
+    /// `GET /v1/runs/{run_id}/journal` (the first 1000 events).
+    pub async fn journal(&self, run: RunId) -> Result<Journal, CallError> {
+        self.get_as(&format!("/v1/runs/{run}/journal")).await
+    }
+
+    /// `POST /v1/runs/{run_id}/cancel`.
+    pub async fn cancel(
+        &self,
+        run: RunId,
+        reason: Option<&str>,
+    ) -> Result<CancelResult, CallError> {
+        let body = CancelBody {
+            reason: reason.map(str::to_owned),
+        };
+        self.post_as(&format!("/v1/runs/{run}/cancel"), &body).await
+    }
+
+    /// `GET /v1/interactions?<query>` (`query` without the `?`; empty: the pending ones).
+    pub async fn interactions(&self, query: &str) -> Result<InteractionPage, CallError> {
+        self.get_as(&format!("/v1/interactions?{query}")).await
+    }
+
+    /// `GET /v1/interactions/{request_id}`.
+    pub async fn interaction(&self, rid: RequestId) -> Result<InteractionView, CallError> {
+        self.get_as(&format!("/v1/interactions/{rid}")).await
+    }
+
+    /// `POST /v1/interactions/{request_id}/response`.
+    pub async fn answer(
+        &self,
+        rid: RequestId,
+        answer: &AnswerBody,
+    ) -> Result<AnswerAccepted, CallError> {
+        self.post_as(&format!("/v1/interactions/{rid}/response"), answer)
+            .await
     }
 
     /// An SSE stream: the response, to be read with [`SseReader`].

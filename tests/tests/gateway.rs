@@ -1180,3 +1180,107 @@ async fn a_run_whose_job_was_lost_is_enqueued_again() {
         "{m}"
     );
 }
+
+/// Every reply of the API reads as the typed contract of `delta-api` (as the CLI reads it),
+/// refusals carry their `ErrorCode` with the status the contract gives it, the live stream's
+/// events are typed too, and the served document is the generated one.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_reply_reads_as_the_typed_contract() {
+    use delta_api::{
+        AnswerBody, AnswerStatus, DeadLetterPage, ErrorCode, Health, HealthStatus,
+        InteractionState, JournalEvent, QueueStats, Readiness, RunEnded, RunPage, Submission,
+    };
+    use delta_e2e::gateways::CallError;
+
+    let fleet = Fleet::start("gwt", 1, 1).await;
+    let c = &fleet.client;
+    let accepted = c
+        .submit(&Submission {
+            agent: "chooser".into(),
+            task: "deploy".into(),
+            input: Some(json!({"k": 1})),
+        })
+        .await
+        .expect("submit");
+    assert_eq!(accepted.status, RunStatus::Queued);
+    let run = accepted.run_id;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let detail = loop {
+        let d = c.run(run).await.expect("run");
+        if d.pending_interaction.is_some() {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "no question: {}", d.run.status);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(detail.run.input, Some(json!({"k": 1})));
+    let ix = detail.pending_interaction.expect("a question");
+    assert_eq!(detail.run.pending_request_id, Some(ix.request_id));
+    assert_eq!((ix.state, ix.run_id), (InteractionState::Pending, run));
+    let page = c.interactions("").await.expect("pending list");
+    let listed: Vec<_> = page.interactions.iter().map(|i| i.request_id).collect();
+    assert_eq!(listed, [ix.request_id]);
+    let runs: RunPage = c.get_as("/v1/runs").await.expect("runs");
+    assert_eq!(runs.runs[0].run_id, run);
+    assert_eq!(runs.runs[0].input, None, "listings leave the input out");
+
+    let wrong = AnswerBody {
+        option_id: Some("moon".into()),
+        ..AnswerBody::default()
+    };
+    let e = c
+        .answer(ix.request_id, &wrong)
+        .await
+        .expect_err("no such option");
+    assert_eq!(e.code(), Some(ErrorCode::InvalidOption));
+    assert!(matches!(e, CallError::Refused { status: 422, .. }), "{e}");
+    let right = AnswerBody {
+        option_id: Some("staging".into()),
+        ..AnswerBody::default()
+    };
+    let ok = c.answer(ix.request_id, &right).await.expect("answer");
+    assert_eq!((ok.status, ok.run_id), (AnswerStatus::Accepted, run));
+    fleet.wait_status(run, RunStatus::Completed).await;
+
+    let journal = c.journal(run).await.expect("journal");
+    assert_eq!(journal.status, RunStatus::Completed);
+    assert_eq!(
+        Some(journal.next_seq),
+        journal.events.last().map(|e| e.seq + 1)
+    );
+    let e = c.cancel(run, Some("too late")).await.expect_err("over");
+    assert_eq!(e.code(), Some(ErrorCode::AlreadyResolved));
+    assert!(matches!(e, CallError::Refused { status: 409, .. }), "{e}");
+    let view = c.interaction(ix.request_id).await.expect("the question");
+    assert_eq!(view.state, InteractionState::Answered);
+    assert!(view.response.is_some() && view.answered_at.is_some());
+    let _: QueueStats = c.get_as("/v1/queue").await.expect("queue");
+    let _: DeadLetterPage = c.get_as("/v1/dlq").await.expect("dlq");
+    let health: Health = c.get_as("/healthz").await.expect("healthz");
+    assert_eq!(health.status, HealthStatus::Ok);
+    let ready: Readiness = c.get_as("/readyz").await.expect("readyz");
+    assert!(ready.is_ready());
+    let e = c.get_as::<Value>("/v1/nowhere").await.expect_err("404");
+    assert_eq!(e.code(), Some(ErrorCode::NotFound));
+    let served: Value = c.get_as("/openapi.json").await.expect("the document");
+    let generated: Value =
+        serde_json::from_str(&delta_api::openapi::json()).expect("the document is JSON");
+    assert_eq!(served, generated);
+
+    let mut sse = c
+        .sse(&format!("/v1/runs/{run}/events"), None)
+        .await
+        .expect("sse");
+    loop {
+        let ev = sse
+            .next(Duration::from_secs(10))
+            .await
+            .expect("events until the status");
+        if ev.event == delta_api::sse::STATUS {
+            let ended: RunEnded = serde_json::from_str(&ev.data).expect("RunEnded");
+            assert_eq!(ended.status, RunStatus::Completed);
+            break;
+        }
+        let _: JournalEvent = serde_json::from_str(&ev.data).expect("a journal event");
+    }
+}

@@ -175,6 +175,7 @@ uuid_id!(
 
 /// The single source of truth about a run (PROTOCOL.md §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum RunStatus {
     Queued,
@@ -237,6 +238,7 @@ impl FromStr for RunStatus {
 
 /// One journal entry: `{"seq", "timestamp", "type", "payload"}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JournalEvent {
     pub seq: u64,
     pub timestamp: Timestamp,
@@ -246,6 +248,7 @@ pub struct JournalEvent {
 
 /// The journal event types and their payloads (PROTOCOL.md §2).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", content = "payload", rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Event {
     EngineStart(EngineStart),
@@ -277,6 +280,7 @@ impl Event {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EngineStart {
     pub run_id: RunId,
     pub agent: String,
@@ -289,6 +293,7 @@ pub struct EngineStart {
 
 /// A tool call as the brain decided it; `id` becomes the `action_id` of its `ACTION_REQUEST`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolCall {
     pub id: String,
     pub tool: String,
@@ -296,6 +301,7 @@ pub struct ToolCall {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Thought {
     pub content: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -303,6 +309,7 @@ pub struct Thought {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum RiskLevel {
     Low,
@@ -311,6 +318,7 @@ pub enum RiskLevel {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PlanTask {
     pub index: u32,
     pub description: String,
@@ -327,6 +335,7 @@ impl PlanTask {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Plan {
     pub tasks: Vec<PlanTask>,
     pub risk_level: RiskLevel,
@@ -345,6 +354,7 @@ fn is_first_round(round: &u32) -> bool {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ActionRequest {
     pub action_id: String,
     pub tool: String,
@@ -352,6 +362,7 @@ pub struct ActionRequest {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ActionStatus {
     Success,
@@ -361,6 +372,7 @@ pub enum ActionStatus {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ActionResult {
     pub action_id: String,
     pub status: ActionStatus,
@@ -372,12 +384,14 @@ pub struct ActionResult {
 
 /// Who answered, and through which channel.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Responder {
     pub id: String,
     pub via: Via,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Via {
     Http,
@@ -391,6 +405,7 @@ pub enum Via {
 /// What the journal keeps of an answer. Sensitive answers are redacted to `"***"` before they
 /// are ever put here (PROTOCOL.md §3 rule 5).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HumanInputReceived {
     pub request_id: RequestId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -445,6 +460,7 @@ pub fn args_diff(before: &Value, after: &Value) -> Option<Value> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum MessageLevel {
     Info,
@@ -453,12 +469,14 @@ pub enum MessageLevel {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SystemMessage {
     pub level: MessageLevel,
     pub content: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EngineEnd {
     pub status: RunStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -472,6 +490,7 @@ pub struct EngineEnd {
 
 /// Why a job was published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum JobKind {
     Start,
@@ -563,6 +582,7 @@ impl fmt::Display for Fence {
 /// `ANSWERED`, `EXPIRED` (the clock answered: `option_id` is the default applied, or none when
 /// the run fails) or `CANCELLED` (the run was cancelled while it waited).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Resolved {
     pub request_id: RequestId,
     pub run_id: RunId,
@@ -577,6 +597,7 @@ pub struct Resolved {
 
 /// Where an interaction stands (PROTOCOL.md §5, the `state` of its hash).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum InteractionState {
     Pending,
@@ -617,6 +638,7 @@ impl FromStr for InteractionState {
 // §3 Interactions
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum InteractionType {
     ToolApproval,
@@ -675,6 +697,7 @@ impl<'de> Deserialize<'de> for InputType {
 
 /// What the engine does with an answer that picked this option.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OptionAction {
     ApproveAndExecute,
@@ -687,6 +710,7 @@ pub enum OptionAction {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InteractionOption {
     pub option_id: String,
     pub label: String,
@@ -728,6 +752,7 @@ impl InteractionOption {
 
 /// What a run asks a human (PROTOCOL.md §3). A superset of Delta v1.2's `request.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InteractionRequest {
     pub request_id: RequestId,
     pub run_id: RunId,
@@ -822,6 +847,7 @@ impl InteractionRequest {
 
 /// An answer to an interaction request (PROTOCOL.md §3).
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct InteractionResponse {
     pub request_id: RequestId,
@@ -1291,4 +1317,67 @@ mod tests {
         assert!(!serde_json::to_string(&rec).expect("ok").contains("hunter2"));
         assert!(!format!("{:?}", ok.response).contains("hunter2"));
     }
+}
+
+/// OpenAPI schemas of the types whose serde shape is written by hand (a string in each case), for
+/// the gateway's generated document (`delta-api`). Behind the `openapi` feature so that the
+/// worker, the engine and the fuzzers do not build `utoipa`.
+#[cfg(feature = "openapi")]
+mod schemas {
+    use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+    use utoipa::openapi::{RefOr, Schema};
+    use utoipa::{PartialSchema, ToSchema};
+
+    fn string(format: Option<SchemaFormat>, description: &str, example: &str) -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(format)
+            .description(Some(description))
+            .examples([serde_json::Value::String(example.to_owned())])
+            .into()
+    }
+
+    impl PartialSchema for super::Timestamp {
+        fn schema() -> RefOr<Schema> {
+            string(
+                Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)),
+                "RFC 3339, UTC, always six fractional digits.",
+                "2026-11-21T10:00:00.000000Z",
+            )
+        }
+    }
+    impl ToSchema for super::Timestamp {}
+
+    impl PartialSchema for super::RunId {
+        fn schema() -> RefOr<Schema> {
+            string(
+                Some(SchemaFormat::Custom("uuid".into())),
+                "A run id (a UUID, v7).",
+                "0193a1b2-0000-7000-8000-00000000a001",
+            )
+        }
+    }
+    impl ToSchema for super::RunId {}
+
+    impl PartialSchema for super::RequestId {
+        fn schema() -> RefOr<Schema> {
+            string(
+                Some(SchemaFormat::Custom("uuid".into())),
+                "An interaction request id (a UUID, v7).",
+                "0193a1b2-0000-7000-8000-00000000b002",
+            )
+        }
+    }
+    impl ToSchema for super::RequestId {}
+
+    impl PartialSchema for super::InputType {
+        fn schema() -> RefOr<Schema> {
+            string(
+                None,
+                "`text`, `password`, `confirmation`, `choice`; any other string is kept as is (for `CUSTOM`).",
+                "text",
+            )
+        }
+    }
+    impl ToSchema for super::InputType {}
 }
