@@ -321,20 +321,13 @@ pub fn parse_json(q: &InteractionRequest, text: &str) -> Result<InteractionRespo
             ),
         ));
     }
-    // The file is the channel: an answer here cannot claim another (`timeout` would skip the
-    // deadline check, as only the clock may).
+    // Only the clock answers as `timeout` (such an answer skips the deadline check).
     if let Some(r) = &loose.responder
-        && r.via != Via::File
+        && r.via == Via::Timeout
     {
         return Err(Refused::new(
             "bad_request",
-            format!(
-                "responder.via is `{}`, but an answer in the mailbox comes through the file: leave `via` out or write \"file\"",
-                serde_json::to_value(r.via)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
-            ),
+            "responder.via is `timeout`, which only the clock may be: leave `via` out or write \"file\"",
         ));
     }
     Ok(InteractionResponse {

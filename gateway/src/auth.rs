@@ -62,6 +62,16 @@ pub struct Auth {
     by_digest: HashMap<Vec<u8>, Identity>,
 }
 
+/// Responder ids that belong to the fleet itself: the clock's (`timeout`), the one recorded when
+/// authentication is off and none is given (`anonymous`), and the engine's (`system`). No token
+/// and no caller may take them, or an answer could pass for the clock's.
+pub const RESERVED_RESPONDERS: &[&str] = &["timeout", "anonymous", "system"];
+
+/// Equal, in a time that does not depend on where the two first differ.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 fn sha256(s: &str) -> Vec<u8> {
     digest::digest(&digest::SHA256, s.as_bytes())
         .as_ref()
@@ -97,6 +107,13 @@ impl Auth {
         for e in entries {
             if e.name.trim().is_empty() {
                 return Err("a token has an empty name".into());
+            }
+            if RESERVED_RESPONDERS.contains(&e.name.trim().to_lowercase().as_str()) {
+                return Err(format!(
+                    "`{}` is a name the fleet keeps for itself ({}): give the token another name",
+                    e.name,
+                    RESERVED_RESPONDERS.join(", ")
+                ));
             }
             if e.token.chars().count() < 16 {
                 return Err(format!(
@@ -141,12 +158,22 @@ impl Auth {
                 "this gateway needs `Authorization: Bearer <token>`; ask an operator for a token",
             ));
         };
-        let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))
-            .map(str::trim)
-            .unwrap_or("");
-        let Some(identity) = self.by_digest.get(&sha256(token)) else {
+        // The scheme is case-insensitive (RFC 9110): `Bearer`, `bearer`, `BEARER`.
+        let token = match header.trim_start().split_once(' ') {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
+            _ => "",
+        };
+        // Every digest is compared, each in constant time: how long the check takes says
+        // nothing about which token came close.
+        let digest = sha256(token);
+        let found = self.by_digest.iter().fold(None, |hit, (d, identity)| {
+            if same_bytes(d, &digest) {
+                Some(identity)
+            } else {
+                hit
+            }
+        });
+        let Some(identity) = found else {
             return Err(ApiError::new(
                 ErrorCode::Unauthorized,
                 "the bearer token is not known to this gateway",
@@ -227,6 +254,32 @@ mod tests {
             let e = Auth::parse(text).expect_err(text);
             assert!(e.contains(needle), "{e} should mention {needle}");
         }
+    }
+
+    #[test]
+    fn the_scheme_is_case_insensitive_and_reserved_names_are_refused() {
+        let auth = Auth::parse(FILE).expect("valid");
+        for header in [
+            "Bearer alice-token-0123456789",
+            "bearer alice-token-0123456789",
+            "BEARER alice-token-0123456789",
+        ] {
+            assert!(auth.check(Some(header), Role::Answer).is_ok(), "{header}");
+        }
+        assert!(
+            auth.check(Some("Basic alice-token-0123456789"), Role::Answer)
+                .is_err()
+        );
+        for name in ["timeout", "Anonymous", "system"] {
+            let e = Auth::parse(&format!(
+                "- name: {name}\n  token: 0123456789abcdefg\n  roles: [answer]\n"
+            ))
+            .expect_err(name);
+            assert!(e.contains("keeps for itself"), "{e}");
+        }
+        assert!(
+            same_bytes(b"abc", b"abc") && !same_bytes(b"abc", b"abd") && !same_bytes(b"ab", b"abc")
+        );
     }
 
     #[test]

@@ -41,7 +41,9 @@ pub async fn serve(gw: Arc<Gateway>) -> Result<(), async_nats::SubscribeError> {
                 gw.tasks.spawn(async move {
                     let _permit = permit;
                     let reply = handle(&gw2, &msg).await;
-                    if let Some(to) = msg.reply {
+                    // Replies go to request-reply inboxes only: a bot cannot make the gateway
+                    // publish on a subject of its choosing.
+                    if let Some(to) = msg.reply.filter(|to| to.starts_with("_INBOX.")) {
                         let body = match reply {
                             Ok(run_id) => BotReply::accepted(run_id),
                             Err(e) => BotReply::refused(e.body()),

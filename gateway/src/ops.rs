@@ -161,6 +161,15 @@ impl Gateway {
                 ));
             }
             (Some(name), _) => name.to_owned(),
+            (None, Some(c))
+                if c != "anonymous"
+                    && crate::auth::RESERVED_RESPONDERS.contains(&c.to_lowercase().as_str()) =>
+            {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    format!("`{c}` is the fleet's own responder id: nobody may answer as it"),
+                ));
+            }
             (None, Some(c)) => c,
             (None, None) => "anonymous".to_owned(),
         };

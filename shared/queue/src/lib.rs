@@ -292,6 +292,18 @@ async fn durable_consumer(
     Ok((stream, consumer))
 }
 
+/// Whether `tp` is a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`). Anything else (a value
+/// planted in Redis with CR/LF, say) is left off a message rather than put in a header.
+pub fn is_traceparent(tp: &str) -> bool {
+    let parts: Vec<&str> = tp.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    parts.len() == 4
+        && hex(parts[0], 2)
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && hex(parts[3], 2)
+}
+
 /// Whether a stream read failed because the message is not there (JetStream error 10037).
 fn is_no_message(kind: stream::RawMessageErrorKind) -> bool {
     match kind {
@@ -475,7 +487,7 @@ impl Queue {
     ) -> Result<u64, Error> {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", msg_id);
-        if let Some(tp) = traceparent {
+        if let Some(tp) = traceparent.filter(|tp| is_traceparent(tp)) {
             headers.insert("traceparent", tp);
         }
         let payload = serde_json::to_vec(job).unwrap_or_default();
@@ -513,7 +525,7 @@ impl Queue {
     ) -> Result<(), Error> {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", msg_id);
-        if let Some(tp) = traceparent {
+        if let Some(tp) = traceparent.filter(|tp| is_traceparent(tp)) {
             headers.insert("traceparent", tp);
         }
         let payload = serde_json::to_vec(q).unwrap_or_default();
@@ -536,7 +548,7 @@ impl Queue {
             "Nats-Msg-Id",
             format!("resolved:{}", resolved.request_id).as_str(),
         );
-        if let Some(tp) = traceparent {
+        if let Some(tp) = traceparent.filter(|tp| is_traceparent(tp)) {
             headers.insert("traceparent", tp);
         }
         let payload = serde_json::to_vec(resolved).unwrap_or_default();
@@ -767,7 +779,7 @@ impl Queue {
             reason.replace(['\r', '\n'], " ").as_str(),
         );
         headers.insert("Delta-Stream-Seq", seq.to_string().as_str());
-        if let Some(tp) = traceparent {
+        if let Some(tp) = traceparent.filter(|tp| is_traceparent(tp)) {
             headers.insert("traceparent", tp);
         }
         self.publish(self.names.dlq_subject(agent), headers, payload)
@@ -943,5 +955,23 @@ impl Delivery {
             .double_ack_with(AckKind::Term)
             .await
             .map_err(Error::Ack)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_a_w3c_traceparent_goes_in_a_header() {
+        assert!(super::is_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\nX: y",
+            "00-xyz-00f067aa0ba902b7-01",
+            "garbage",
+        ] {
+            assert!(!super::is_traceparent(bad), "{bad:?}");
+        }
     }
 }
