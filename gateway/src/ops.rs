@@ -314,7 +314,7 @@ impl Gateway {
                     && ix
                         .response
                         .clone()
-                        .and_then(|r| self.store.open(r).ok())
+                        .and_then(|r| self.store.open(&ix.request, r).ok())
                         .is_some_and(|accepted| accepted == *response);
                 if same {
                     return Ok(run_id);

@@ -522,8 +522,18 @@ impl RedisRunStore {
         Ok(stored)
     }
 
-    /// Opens the sealed parts of a stored answer (needs the secrets key when there are any).
-    pub fn open(&self, mut response: InteractionResponse) -> Result<InteractionResponse, Error> {
+    /// Opens the sealed parts of a stored answer to `request` (needs the secrets key when there
+    /// are any). Only a sensitive request's answer was sealed here: the answer to any other is
+    /// returned as given, even if it looks sealed (a person may type anything, and text that
+    /// merely looks sealed must neither poison the run nor be opened).
+    pub fn open(
+        &self,
+        request: &InteractionRequest,
+        mut response: InteractionResponse,
+    ) -> Result<InteractionResponse, Error> {
+        if !request.is_sensitive() {
+            return Ok(response);
+        }
         let ctx = response.request_id.to_string();
         let open = |t: &str| -> Result<String, Error> {
             let key = self.secrets.as_ref().ok_or(Error::NoSecretsKey)?;
@@ -614,8 +624,10 @@ impl RedisRunStore {
     ) -> Result<Option<InteractionResponse>, Error> {
         match self.interaction(run_id, request_id).await? {
             Some(StoredInteraction {
-                response: Some(r), ..
-            }) => Ok(Some(self.open(r)?)),
+                request,
+                response: Some(r),
+                ..
+            }) => Ok(Some(self.open(&request, r)?)),
             _ => Ok(None),
         }
     }
@@ -738,7 +750,7 @@ impl AnswerStore for RedisRunStore {
             return Ok(None);
         };
         Ok(Some(Settled {
-            response: ix.response.map(|r| self.open(r)).transpose()?,
+            response: ix.response.map(|r| self.open(&ix.request, r)).transpose()?,
             answered_at: ix.answered_at,
             expired: ix.state == InteractionState::Expired,
         }))
