@@ -1440,7 +1440,7 @@ async fn s6_a_sensitive_answer_appears_nowhere_but_in_its_tool() {
     places.push((
         "Redis keys".into(),
         delta_e2e::redis_dump(&redis_url, "*").await.into_bytes(),
-        "sealed:v1:",
+        "sealed:v2:",
     ));
     {
         let client = redis::Client::open(redis_url.as_str()).expect("url");
@@ -1461,7 +1461,7 @@ async fn s6_a_sensitive_answer_appears_nowhere_but_in_its_tool() {
         let aof = path.to_string_lossy().contains("appendonly")
             && path.extension().is_some_and(|e| e == "aof");
         let rdb = path.file_name().is_some_and(|n| n == "dump.rdb");
-        let must = if aof || rdb { "sealed:v1:" } else { "" };
+        let must = if aof || rdb { "sealed:v2:" } else { "" };
         places.push((format!("Redis file {}", path.display()), bytes, must));
     }
     // NATS: every message of every stream, and the store's files.

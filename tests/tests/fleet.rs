@@ -437,7 +437,7 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
     // The canary is nowhere: not in the journal, not in Redis, not in its AOF.
     assert!(!journal.contains(CANARY));
     let dump = delta_e2e::redis_dump(&redis.url(), "dp:*").await;
-    assert!(dump.contains("sealed:v1:"), "the answer is stored sealed");
+    assert!(dump.contains("sealed:v2:"), "the answer is stored sealed");
     assert!(!dump.contains(CANARY), "the key is not in Redis in clear");
     let mut aof = Vec::new();
     for entry in std::fs::read_dir(redis.data_dir().join("appendonlydir")).expect("aof dir") {

@@ -197,7 +197,7 @@ async fn a_sensitive_answer_is_sealed_whole_and_opens_only_with_the_key() {
         .expect("hgetall");
     let stored = stored.join(" ");
     assert!(!stored.contains("canary"), "{stored}");
-    assert!(stored.matches("sealed:v1:").count() >= 3, "{stored}");
+    assert!(stored.matches("sealed:v2:").count() >= 3, "{stored}");
 
     let back = store
         .stored_answer(id, q.request_id)
@@ -321,4 +321,57 @@ async fn requeue_brings_back_only_a_run_the_letter_failed_and_reopens_its_questi
         .await
         .expect("requeue");
     assert_eq!(again, Requeue::NotFailed(RunStatus::Queued));
+}
+
+#[tokio::test]
+async fn an_answer_that_only_looks_sealed_is_kept_as_the_text_it_is() {
+    use delta_protocol::secret::SecretsKey;
+    use delta_protocol::{
+        InteractionRequest, InteractionResponse, InteractionType, Responder, Via,
+    };
+    use delta_store::{AnswerStore, StatusChange};
+    use std::sync::Arc;
+
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let key = Arc::new(SecretsKey::from_hex(&"5a".repeat(32)).expect("key"));
+    let store = RedisRunStore::connect(&redis.url(), "t6")
+        .await
+        .expect("connect")
+        .with_secrets_key(key);
+    for looks_sealed in [
+        "sealed:v1:00112233445566778899aabbccddeeff",
+        "sealed:v2:deadbeef:00112233445566778899aabbccddeeff",
+    ] {
+        let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
+        let id = rec.run_id;
+        store.create(rec).await.expect("create");
+        // Not sensitive: whatever its answer says is text, never something to open.
+        let q = InteractionRequest::new(id, "a", InteractionType::UserInput, "name?");
+        store
+            .append(
+                id,
+                vec![Event::HumanInputRequest(Box::new(q.clone()))],
+                Some(StatusChange::Waiting(Box::new(q.clone()))),
+            )
+            .await
+            .expect("pause");
+        let mut a = InteractionResponse::new(
+            q.request_id,
+            Responder {
+                id: "bob".into(),
+                via: Via::Http,
+            },
+        );
+        a.input = Some(looks_sealed.into());
+        assert!(store.answer(&q, &a).await.expect("answer"));
+        let settled = store
+            .settled(id, q.request_id)
+            .await
+            .expect("a resume can read it")
+            .expect("answered");
+        assert_eq!(
+            settled.response.and_then(|r| r.input).as_deref(),
+            Some(looks_sealed)
+        );
+    }
 }
