@@ -101,6 +101,10 @@ struct Shared {
     stop: CancellationToken,
 }
 
+/// How often a worker looks whether the run it advances was cancelled (at most; less often when
+/// `ack_wait / 3` is shorter).
+const CANCEL_CHECK: Duration = Duration::from_secs(2);
+
 /// Jobs taken in one pull at most (bounded by the free slots).
 const FETCH_BATCH: usize = 16;
 
@@ -388,19 +392,38 @@ async fn handle(shared: &Shared, d: Delivery) {
         work_dir: shared.config.work_dir.clone(),
         pause: PauseMode::Park,
     };
-    // Heartbeats while the run advances, so that long steps are not redelivered.
+    // Stopped when the worker stops, or when the run is cancelled while it advances (its running
+    // tool is killed then, rather than left to finish for nobody).
+    let run_cancel = shared.stop.child_token();
+    // Heartbeats while the run advances, so that long steps are not redelivered; and a look at
+    // the run's status, so that a cancel from a gateway reaches a step that takes long.
     let beat = CancellationToken::new();
     let heart = {
         let beat = beat.clone();
+        let run_cancel = run_cancel.clone();
         let every = shared.config.queue.ack_wait / 3;
-        let d = &d;
+        let look = every.min(CANCEL_CHECK);
+        let (d, store, run_id) = (&d, &store, job.run_id);
         async move {
+            let mut since_progress = Duration::ZERO;
             loop {
                 tokio::select! {
-                    () = tokio::time::sleep(every) => {}
+                    () = tokio::time::sleep(look) => {}
                     () = beat.cancelled() => return,
                 }
-                let _ = d.progress().await;
+                since_progress += look;
+                if since_progress >= every {
+                    let _ = d.progress().await;
+                    since_progress = Duration::ZERO;
+                }
+                if store
+                    .record(run_id)
+                    .await
+                    .is_ok_and(|r| r.status == RunStatus::Cancelled)
+                {
+                    tracing::info!(%run_id, "the run was cancelled: stopping its step");
+                    run_cancel.cancel();
+                }
             }
         }
     };
@@ -414,7 +437,7 @@ async fn handle(shared: &Shared, d: Delivery) {
             run,
             answers,
             settings,
-            shared.stop.clone(),
+            run_cancel.clone(),
         );
         let out = match engine.advance_resumed().await {
             Ok(Resumed::Advanced {
