@@ -74,8 +74,26 @@ fn main() {
     let cli = Cli::parse();
     // The fleet's own programs, in this binary so that `delta dev` needs nothing else built.
     match cli.command {
-        Command::Gateway { args } => std::process::exit(delta_gateway::cli_main(args)),
-        Command::Worker { args } => std::process::exit(delta_worker::cli_main(args)),
+        Command::Gateway { args } => {
+            use delta_gateway::config;
+            std::process::exit(delta_host::program_main(
+                "delta-gateway",
+                config::SETTINGS,
+                args,
+                config::parse,
+                |c, s| delta_gateway::run(c, s, |_| {}),
+            ))
+        }
+        Command::Worker { args } => {
+            use delta_worker::{config, fleet};
+            std::process::exit(delta_host::program_main(
+                "delta-worker",
+                config::SETTINGS,
+                args,
+                config::parse,
+                fleet::run,
+            ))
+        }
         _ => {}
     }
     let rt = delta_host::runtime();

@@ -119,6 +119,51 @@ pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
     shutdown
 }
 
+/// The whole `main` of a fleet program (`delta-gateway`, `delta-worker`): `--help` prints the
+/// settings `table`; the configuration comes from `args` and the environment through `parse`,
+/// every bad value reported at once (exit 64); then logging (`DELTA_LOG`, `info` by default),
+/// the runtime, and `run(config, shutdown)` until SIGINT or SIGTERM. Returns the exit code: 0,
+/// 1 when `run` fails, 64 on bad configuration.
+pub fn program_main<C, E, Fut>(
+    name: &str,
+    table: &[settings::Setting],
+    args: Vec<String>,
+    parse: impl FnOnce(&[String], &HashMap<String, String>) -> Result<C, Vec<String>>,
+    run: impl FnOnce(C, tokio_util::sync::CancellationToken) -> Fut,
+) -> i32
+where
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        eprint!("{}", settings::usage(name, table));
+        return 0;
+    }
+    let env = std::env::vars().collect();
+    let config = match parse(&args, &env) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            return 64;
+        }
+    };
+    let rt = runtime();
+    let telemetry = init_logging("info", name, &rt);
+    let code = rt.block_on(async {
+        match run(config, shutdown_on_signals()).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: {e}");
+                1
+            }
+        }
+    });
+    drop(telemetry);
+    code
+}
+
 /// The multi-threaded runtime; on failure, says so and exits 1.
 pub fn runtime() -> tokio::runtime::Runtime {
     match tokio::runtime::Builder::new_multi_thread()
