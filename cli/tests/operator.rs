@@ -15,18 +15,6 @@ use delta_e2e::workers::{self, WorkerProcess};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a worker process started by the tests"]
-async fn worker_child() {
-    delta_e2e::workers::child_main().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a gateway process started by the tests"]
-async fn gateway_child() {
-    delta_e2e::gateways::child_main().await
-}
-
 /// Agents for these tests: `hello` and `chooser` from the examples, a sensitive question and a
 /// tool call that needs approval.
 fn agents_dir() -> tempfile::TempDir {
@@ -79,7 +67,7 @@ impl Fleet {
         let nats = delta_e2e::Nats::start().expect("nats");
         let agents = agents_dir();
         let work = tempfile::tempdir().expect("work");
-        let mut spec = gateways::Spec::new(&nats, &redis, prefix);
+        let mut spec = gateways::spec(&nats, &redis, prefix);
         spec.agents_dir = agents.path().to_path_buf();
         spec.tokens_file = tokens_file.map(Path::to_path_buf);
         spec.secrets_key_hex = Some(SECRETS_KEY.into());

@@ -11,12 +11,6 @@ use delta_queue::Queue;
 use delta_store::redis::RedisRunStore;
 use delta_store::{RunRecord, RunStore};
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a worker process started by the crash test"]
-async fn worker_child() {
-    delta_e2e::workers::child_main().await;
-}
-
 fn agent(dir: &Path) {
     let a = dir.join("steps");
     std::fs::create_dir_all(&a).expect("mkdir");
@@ -60,9 +54,13 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
     let store = RedisRunStore::connect(&redis.url(), "kx")
         .await
         .expect("redis");
-    let q = Queue::connect(&nats.url(), "kx", &spec.config().queue)
-        .await
-        .expect("nats");
+    let q = Queue::connect(
+        &nats.url(),
+        "kx",
+        &delta_e2e::workers::queue_settings(&spec),
+    )
+    .await
+    .expect("nats");
 
     let mut ids = vec![];
     for _ in 0..RUNS {

@@ -14,13 +14,6 @@ use delta_queue::Queue;
 use delta_store::redis::RedisRunStore;
 use delta_store::{RunRecord, RunStore, StoredRun};
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a worker process started by the fault tests"]
-async fn worker_child() {
-    // (not serialised: it is the worker the tests start)
-    delta_e2e::workers::child_main().await;
-}
-
 /// An agent `steps` running `count` steps of the `step` tool, each appending its label to
 /// `effects` in the work dir (so side effects can be counted), then sleeping `secs`.
 fn agent(dir: &Path, count: usize, secs: &str, idempotent: bool) {
@@ -77,9 +70,13 @@ impl Fleet {
         let store = RedisRunStore::connect(&redis.url(), prefix)
             .await
             .expect("redis");
-        let queue = Queue::connect(&nats.url(), prefix, &spec.config().queue)
-            .await
-            .expect("nats");
+        let queue = Queue::connect(
+            &nats.url(),
+            prefix,
+            &delta_e2e::workers::queue_settings(&spec),
+        )
+        .await
+        .expect("nats");
         Fleet {
             nats,
             redis,
