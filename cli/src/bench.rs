@@ -28,8 +28,8 @@ use delta_store::RunStore;
 use delta_store::redis::RedisRunStore;
 
 use crate::client::Client;
-use delta_launcher::local::{LocalFleet, Options};
-use delta_launcher::{Programs, ServerPrograms, repo_root};
+use delta_launcher::local::{LocalFleet, Options, find_programs};
+use delta_launcher::repo_root;
 
 const AGENT: &str = "hitl-basic";
 
@@ -192,12 +192,7 @@ struct Timing {
 
 async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
     let root = repo_root();
-    let servers = match ServerPrograms::find(root.as_deref()) {
-        Ok(s) => s,
-        Err(_) if a.install => ServerPrograms::install(root.as_deref()).await?,
-        Err(e) => return Err(e.into()),
-    };
-    let programs = Programs::find_or_build(root.as_deref()).await?;
+    let (servers, programs) = find_programs(root.as_deref(), a.install).await?;
     let data = tempfile::Builder::new()
         .prefix("delta-bench-")
         .tempdir()

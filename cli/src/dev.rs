@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
-use delta_launcher::local::{LocalFleet, Options};
-use delta_launcher::{Programs, ServerPrograms, repo_root};
+use delta_launcher::local::{LocalFleet, Options, find_programs};
+use delta_launcher::repo_root;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DevArgs {
@@ -71,12 +71,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         );
     }
     let agents = agents.canonicalize().unwrap_or(agents);
-    let servers = match ServerPrograms::find(root.as_deref()) {
-        Ok(s) => s,
-        Err(_) if a.install => ServerPrograms::install(root.as_deref()).await?,
-        Err(e) => return Err(e.into()),
-    };
-    let programs = Programs::find_or_build(root.as_deref()).await?;
+    let (servers, programs) = find_programs(root.as_deref(), a.install).await?;
     let data = tempfile::Builder::new()
         .prefix("delta-dev-")
         .tempdir()

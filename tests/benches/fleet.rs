@@ -199,17 +199,17 @@ async fn runs(
             .expect("nats"),
     );
     let spec = Spec {
+        nats_url: nats.url(),
+        redis_url: redis.url(),
+        prefix: prefix.clone(),
+        agents_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
+        work_dir: work.path().to_path_buf(),
         concurrency,
         ack_wait_ms: 30_000,
         max_deliver: 5,
         grace_ms: 5000,
-        ..Spec::new(
-            &nats.url(),
-            &redis.url(),
-            &prefix,
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
-            work.path().to_path_buf(),
-        )
+        worker_id: String::new(),
+        secrets_key_hex: None,
     };
     let logs: Vec<PathBuf> = (0..workers)
         .map(|w| work.path().join(format!("worker-{w}.log")))

@@ -147,14 +147,7 @@ impl Fleet {
             ack_wait_ms: 5000,
             max_deliver: 3,
             grace_ms: 2000,
-            secrets_key_hex: gateway_spec.secrets_key_hex.clone(),
-            ..workers::Spec::new(
-                &nats.url(),
-                &redis.url(),
-                prefix,
-                agents.path().to_path_buf(),
-                work.path().to_path_buf(),
-            )
+            ..workers::Spec::joining(&gateway_spec, work.path().to_path_buf())
         };
         let mut fleet = Fleet {
             gateways: vec![],

@@ -6,7 +6,7 @@
 //! parent, which stops them in order: workers first (they checkpoint), then the gateway, then
 //! the servers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -36,6 +36,22 @@ pub struct Options {
     pub redis_fsync: String,
     /// `DELTA_LOG` of the gateway and workers when the caller's environment sets none.
     pub log_level: String,
+}
+
+/// The programs a local fleet runs, for the checkout at `root`: the servers (installed first
+/// with the project's script when missing and `install` is set) and `delta-gateway` and
+/// `delta-worker` (built first when missing and cargo started us, see
+/// [`Programs::find_or_build`]).
+pub async fn find_programs(
+    root: Option<&Path>,
+    install: bool,
+) -> Result<(ServerPrograms, Programs), Error> {
+    let servers = match ServerPrograms::find(root) {
+        Ok(s) => s,
+        Err(_) if install => ServerPrograms::install(root).await?,
+        Err(e) => return Err(e),
+    };
+    Ok((servers, Programs::find_or_build(root).await?))
 }
 
 /// A running local fleet. Field order is drop order: workers, gateway, then the servers.
@@ -109,15 +125,10 @@ impl LocalFleet {
                 .start(&o.programs, "gateway", &output("gateway"))
                 .await?,
         );
-        let mut worker = WorkerSpec::new(
-            &fleet.nats_url,
-            &fleet.redis_url,
-            "delta",
-            o.agents_dir.clone(),
-            o.dir.join("work"),
-        );
-        worker.concurrency = o.worker_concurrency;
-        worker.secrets_key_hex = o.secrets_key_hex.clone();
+        let worker = WorkerSpec {
+            concurrency: o.worker_concurrency,
+            ..WorkerSpec::joining(&gateway, o.dir.join("work"))
+        };
         for i in 1..=o.workers {
             let name = format!("worker-{i}");
             let out = Output {

@@ -219,11 +219,12 @@ impl DataDir {
 /// A server process on a fixed port and data directory. Field order is drop order: the
 /// process is killed before its data is deleted.
 #[derive(Debug)]
-struct Server {
+pub struct Server {
     process: Process,
     kind: Kind,
     program: PathBuf,
-    port: u16,
+    /// Its port on 127.0.0.1 (the same across restarts).
+    pub port: u16,
     options: ServerOptions,
     dir: DataDir,
 }
@@ -287,7 +288,7 @@ impl Server {
 
     /// Stops the server the way an operator would (SIGTERM: Redis writes its AOF, NATS flushes
     /// its streams), waits for it to exit, and starts it again on the same port and data.
-    fn restart(&mut self) -> Result<(), Error> {
+    pub fn restart(&mut self) -> Result<(), Error> {
         self.process.stop_blocking(Duration::from_secs(10));
         // The port can linger a moment after exit: retry the start for a while.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -310,12 +311,36 @@ impl Server {
     }
 }
 
-/// A `redis-server` with AOF on (`noeviction`), in its own data directory.
-#[derive(Debug)]
-pub struct Redis {
-    server: Server,
-    pub port: u16,
+impl Server {
+    /// Its URL (`redis://…` or `nats://…` on 127.0.0.1).
+    pub fn url(&self) -> String {
+        let scheme = match self.kind {
+            Kind::Redis => "redis",
+            Kind::Nats => "nats",
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// The process (to signal it, or to see whether it exited).
+    pub fn process(&mut self) -> &mut Process {
+        &mut self.process
+    }
+
+    /// Where this server keeps its data (Redis's AOF, the JetStream store): to search it for
+    /// what must not be there.
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
 }
+
+/// A `redis-server` with AOF on (`noeviction`), in its own data directory. It derefs to its
+/// [`Server`] (`port`, `url`, `pid`, `data_dir`, `restart`).
+#[derive(Debug)]
+pub struct Redis(Server);
 
 impl Redis {
     /// A server in a temporary directory, its output thrown away.
@@ -324,43 +349,14 @@ impl Redis {
     }
 
     pub fn start_with(options: &ServerOptions) -> Result<Redis, Error> {
-        let server = Server::start(Kind::Redis, options)?;
-        Ok(Redis {
-            port: server.port,
-            server,
-        })
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.server.process.pid()
-    }
-
-    /// The process (to signal it, or to see whether it exited).
-    pub fn process(&mut self) -> &mut Process {
-        &mut self.server.process
-    }
-
-    /// Where this server keeps its AOF (to search a "dump" for what must not be there).
-    pub fn data_dir(&self) -> &Path {
-        self.server.dir.path()
-    }
-
-    /// SIGTERM, then the same server again on the same port and AOF.
-    pub fn restart(&mut self) -> Result<(), Error> {
-        self.server.restart()
+        Server::start(Kind::Redis, options).map(Redis)
     }
 }
 
-/// A `nats-server` with JetStream, storing in its own data directory.
+/// A `nats-server` with JetStream, storing in its own data directory. It derefs to its
+/// [`Server`] (`port`, `url`, `pid`, `data_dir`, `restart`).
 #[derive(Debug)]
-pub struct Nats {
-    server: Server,
-    pub port: u16,
-}
+pub struct Nats(Server);
 
 impl Nats {
     /// A server in a temporary directory, its output thrown away.
@@ -369,33 +365,25 @@ impl Nats {
     }
 
     pub fn start_with(options: &ServerOptions) -> Result<Nats, Error> {
-        let server = Server::start(Kind::Nats, options)?;
-        Ok(Nats {
-            port: server.port,
-            server,
-        })
-    }
-
-    pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.server.process.pid()
-    }
-
-    /// The process (to signal it, or to see whether it exited).
-    pub fn process(&mut self) -> &mut Process {
-        &mut self.server.process
-    }
-
-    /// Where this server keeps its JetStream store (to search it for what must not be there).
-    pub fn data_dir(&self) -> &Path {
-        self.server.dir.path()
-    }
-
-    /// SIGTERM, then the same server again on the same port and store directory.
-    pub fn restart(&mut self) -> Result<(), Error> {
-        self.server.restart()
+        Server::start(Kind::Nats, options).map(Nats)
     }
 }
+
+macro_rules! deref_to_server {
+    ($($t:ty),*) => {$(
+        impl std::ops::Deref for $t {
+            type Target = Server;
+            fn deref(&self) -> &Server {
+                &self.0
+            }
+        }
+
+        impl std::ops::DerefMut for $t {
+            fn deref_mut(&mut self) -> &mut Server {
+                &mut self.0
+            }
+        }
+    )*};
+}
+
+deref_to_server!(Redis, Nats);

@@ -125,27 +125,22 @@ pub struct WorkerSpec {
 }
 
 impl WorkerSpec {
-    /// A worker with the production defaults (16 slots, `ack_wait` 30 s, 5 deliveries, 20 s of
-    /// grace), named when started.
-    pub fn new(
-        nats_url: &str,
-        redis_url: &str,
-        prefix: &str,
-        agents_dir: PathBuf,
-        work_dir: PathBuf,
-    ) -> Self {
+    /// A worker of the same fleet as `gateway` (its servers, prefix, agents and secrets key),
+    /// running tools in `work_dir`, with the production defaults (16 slots, `ack_wait` 30 s,
+    /// 5 deliveries, 20 s of grace); named when started.
+    pub fn joining(gateway: &GatewaySpec, work_dir: PathBuf) -> Self {
         Self {
-            nats_url: nats_url.to_owned(),
-            redis_url: redis_url.to_owned(),
-            prefix: prefix.to_owned(),
-            agents_dir,
+            nats_url: gateway.nats_url.clone(),
+            redis_url: gateway.redis_url.clone(),
+            prefix: gateway.prefix.clone(),
+            agents_dir: gateway.agents_dir.clone(),
             work_dir,
             concurrency: 16,
             ack_wait_ms: 30_000,
             max_deliver: 5,
             grace_ms: 20_000,
             worker_id: String::new(),
-            secrets_key_hex: None,
+            secrets_key_hex: gateway.secrets_key_hex.clone(),
         }
     }
 
