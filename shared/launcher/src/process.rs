@@ -293,3 +293,64 @@ pub fn strip_ansi(raw: &str) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_in_its_own_group_is_killed_with_its_children_on_drop() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let log = dir.path().join("sh.log");
+        let out = Output {
+            log: Some(log.clone()),
+            own_group: true,
+            ..Default::default()
+        };
+        // The shell starts a child of its own and says its pid.
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 60 & echo child $!; wait"]);
+        let mut p = Process::spawn("sh", &mut cmd, &out).expect("spawn");
+        p.wait_ready(Duration::from_secs(10), || {
+            std::fs::read_to_string(&log).is_ok_and(|t| t.contains("child "))
+        })
+        .expect("ready");
+        let text = std::fs::read_to_string(&log).expect("log");
+        let child: i32 = text
+            .trim()
+            .trim_start_matches("child ")
+            .parse()
+            .expect("pid");
+        assert!(p.exited().is_none());
+        drop(p);
+        // The grandchild went with the group: signal 0 finds nothing (or a zombie being reaped).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while nix::sys::signal::kill(Pid::from_raw(child), None).is_ok()
+            && std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .is_ok_and(|s| !s.contains(") Z "))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "sleep {child} outlived its group"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_process_that_exits_at_start_says_so_with_its_log() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let out = Output {
+            log: Some(dir.path().join("x.log")),
+            ..Default::default()
+        };
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo no such config >&2; exit 3"]);
+        let mut p = Process::spawn("x", &mut cmd, &out).expect("spawn");
+        let err = p
+            .wait_ready(Duration::from_secs(10), || false)
+            .expect_err("exits");
+        assert!(matches!(err, Error::ExitedAtStart { .. }), "{err:?}");
+        assert!(err.to_string().contains("no such config"), "{err}");
+    }
+}

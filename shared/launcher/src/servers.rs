@@ -337,53 +337,48 @@ impl Server {
     }
 }
 
-/// A `redis-server` with AOF on (`noeviction`), in its own data directory. It derefs to its
-/// [`Server`] (`port`, `url`, `pid`, `data_dir`, `restart`).
-#[derive(Debug)]
-pub struct Redis(Server);
+/// A typed handle on one kind of [`Server`]: `start()` in a temporary directory with its output
+/// thrown away, or `start_with(options)`; it derefs to the [`Server`] (`port`, `url`, `pid`,
+/// `data_dir`, `restart`).
+macro_rules! server_kind {
+    ($(#[$doc:meta])* $name:ident, $kind:expr) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name(Server);
 
-impl Redis {
-    /// A server in a temporary directory, its output thrown away.
-    pub fn start() -> Result<Redis, Error> {
-        Self::start_with(&ServerOptions::default())
-    }
+        impl $name {
+            /// A server in a temporary directory, its output thrown away.
+            pub fn start() -> Result<$name, Error> {
+                Self::start_with(&ServerOptions::default())
+            }
 
-    pub fn start_with(options: &ServerOptions) -> Result<Redis, Error> {
-        Server::start(Kind::Redis, options).map(Redis)
-    }
-}
+            pub fn start_with(options: &ServerOptions) -> Result<$name, Error> {
+                Server::start($kind, options).map($name)
+            }
+        }
 
-/// A `nats-server` with JetStream, storing in its own data directory. It derefs to its
-/// [`Server`] (`port`, `url`, `pid`, `data_dir`, `restart`).
-#[derive(Debug)]
-pub struct Nats(Server);
-
-impl Nats {
-    /// A server in a temporary directory, its output thrown away.
-    pub fn start() -> Result<Nats, Error> {
-        Self::start_with(&ServerOptions::default())
-    }
-
-    pub fn start_with(options: &ServerOptions) -> Result<Nats, Error> {
-        Server::start(Kind::Nats, options).map(Nats)
-    }
-}
-
-macro_rules! deref_to_server {
-    ($($t:ty),*) => {$(
-        impl std::ops::Deref for $t {
+        impl std::ops::Deref for $name {
             type Target = Server;
             fn deref(&self) -> &Server {
                 &self.0
             }
         }
 
-        impl std::ops::DerefMut for $t {
+        impl std::ops::DerefMut for $name {
             fn deref_mut(&mut self) -> &mut Server {
                 &mut self.0
             }
         }
-    )*};
+    };
 }
 
-deref_to_server!(Redis, Nats);
+server_kind!(
+    /// A `redis-server` with AOF on (`noeviction`), in its own data directory.
+    Redis,
+    Kind::Redis
+);
+server_kind!(
+    /// A `nats-server` with JetStream, storing in its own data directory.
+    Nats,
+    Kind::Nats
+);

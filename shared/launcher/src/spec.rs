@@ -228,3 +228,38 @@ impl GatewayProcess {
         self.process.wait_exit(within).and_then(|s| s.code())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value<'a>(settings: &'a [(&'static str, String)], name: &str) -> Option<&'a str> {
+        settings
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn a_worker_gets_its_fleet_and_durations_in_seconds_with_a_fraction() {
+        let mut gateway = GatewaySpec::new("nats://n", "redis://r", "p", "/agents".into(), 8080);
+        gateway.secrets_key_hex = Some("ab".repeat(32));
+        let worker = WorkerSpec {
+            ack_wait_ms: 2000,
+            grace_ms: 500,
+            ..WorkerSpec::joining(&gateway, "/work".into())
+        };
+        let s = worker.settings();
+        assert_eq!(value(&s, "DELTA_ACK_WAIT_S"), Some("2.000"));
+        assert_eq!(value(&s, "DELTA_GRACE_S"), Some("0.500"));
+        assert_eq!(value(&s, "DELTA_KEY_PREFIX"), Some("p"));
+        assert_eq!(
+            value(&s, "DELTA_SECRETS_KEY"),
+            Some("ab".repeat(32).as_str())
+        );
+        let g = gateway.settings();
+        assert_eq!(value(&g, "DELTA_GATEWAY_ADDR"), Some("127.0.0.1:8080"));
+        assert_eq!(value(&g, "DELTA_GATEWAY_TOKENS_FILE"), None);
+        assert_eq!(value(&g, "DELTA_FAILPOINT"), None);
+    }
+}
