@@ -123,7 +123,7 @@ impl Browser {
         let profile = tempfile::tempdir().map_err(|e| Error(format!("tempdir: {e}")))?;
         let mut last = Error("not tried".into());
         for _ in 0..3 {
-            let port = crate::free_port().map_err(|e| Error(e.to_string()))?;
+            let port = crate::free_port().map_err(|e| Error(e.chain()))?;
             let mut driver = spawn_driver(&driver_bin, port, profile.path())?;
             let url = format!("http://127.0.0.1:{port}");
             if let Err(e) = wait_ready(&http, &url, &mut driver).await {
@@ -378,7 +378,7 @@ fn spawn_driver(bin: &Path, port: u16, profile: &Path) -> Result<delta_launcher:
         ..Default::default()
     };
     delta_launcher::Process::spawn("chromedriver", &mut cmd, &out)
-        .map_err(|e| Error(format!("{e}; {INSTALL}")))
+        .map_err(|e| Error(format!("{}; {INSTALL}", e.chain())))
 }
 
 async fn wait_ready(
@@ -399,7 +399,7 @@ async fn wait_ready(
     driver
         .wait_ready_async(Duration::from_secs(20), ready)
         .await
-        .map_err(|e| Error(format!("{e} (chromedriver on {url})")))
+        .map_err(|e| Error(format!("{} (chromedriver on {url})", e.chain())))
 }
 
 async fn connect(

@@ -42,7 +42,7 @@ pub async fn spawn_with(spec: &Spec, output: &Output) -> GatewayProcess {
     let name = format!("gateway-{}", spec.port);
     spec.start(&crate::workers::programs(), &name, output)
         .await
-        .unwrap_or_else(|e| panic!("starting {name}: {e}"))
+        .unwrap_or_else(|e| panic!("starting {name}: {}", e.chain()))
 }
 
 /// A small JSON client of the gateway's API: `(status, body)` for every call.

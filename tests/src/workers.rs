@@ -13,7 +13,7 @@ pub type WorkerProcess = delta_launcher::Process;
 /// The fleet's programs, built beforehand (`cargo build --bins`); a test fails with how to
 /// build them when they are missing.
 pub fn programs() -> delta_launcher::Programs {
-    delta_launcher::Programs::find().unwrap_or_else(|e| panic!("{e}"))
+    delta_launcher::Programs::find().unwrap_or_else(|e| panic!("{}", e.chain()))
 }
 
 /// Starts a worker process as `id`, logging (at `info`) to `log` when given.
@@ -28,7 +28,7 @@ pub fn spawn(spec: &Spec, id: &str, log: Option<&Path>) -> WorkerProcess {
 /// Starts a worker process as `id`, reporting as `output` says (log file, filter, spans).
 pub fn spawn_with(spec: &Spec, id: &str, output: &Output) -> WorkerProcess {
     spec.start(&programs(), id, output)
-        .unwrap_or_else(|e| panic!("starting worker {id}: {e}"))
+        .unwrap_or_else(|e| panic!("starting worker {id}: {}", e.chain()))
 }
 
 /// Stops a worker gracefully (SIGTERM) and waits for it to exit.

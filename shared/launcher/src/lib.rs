@@ -71,6 +71,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// This error and its causes, `: `-separated: for a panic message or a log line (`Display`
+    /// says only what failed, as its cause is a separate error).
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            text.push_str(": ");
+            text.push_str(&c.to_string());
+            cause = c.source();
+        }
+        text
+    }
+
     fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let what = what.into();
         move |source| Error::Io { what, source }
