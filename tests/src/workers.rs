@@ -11,9 +11,56 @@ pub use delta_launcher::{Output, WorkerSpec as Spec};
 pub type WorkerProcess = delta_launcher::Process;
 
 /// The fleet's programs, built beforehand (`cargo build --bins`); a test fails with how to
-/// build them when they are missing.
+/// build them when they are missing, and warns (shown with a failure) when a source file is
+/// newer than a program: a test would then run yesterday's code.
 pub fn programs() -> delta_launcher::Programs {
-    delta_launcher::Programs::find().unwrap_or_else(|e| panic!("{}", e.chain()))
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let programs = delta_launcher::Programs::find().unwrap_or_else(|e| panic!("{}", e.chain()));
+    WARNED.call_once(|| {
+        for program in [&programs.gateway, &programs.worker] {
+            if let Some(newer) = newer_source(program) {
+                eprintln!(
+                    "warning: {} is older than {}: run `cargo build --bins` first",
+                    program.display(),
+                    newer.display()
+                );
+            }
+        }
+    });
+    programs
+}
+
+/// A source file of the programs or of the libraries they link, changed after `program` was
+/// built.
+fn newer_source(program: &Path) -> Option<std::path::PathBuf> {
+    let built = std::fs::metadata(program).and_then(|m| m.modified()).ok()?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = root.canonicalize().unwrap_or(root);
+    let mut dirs = vec![root.join("gateway/src"), root.join("worker/src")];
+    dirs.extend(
+        std::fs::read_dir(root.join("shared"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            // The launcher starts the programs; they do not link it.
+            .filter(|e| e.file_name() != "launcher")
+            .map(|e| e.path().join("src")),
+    );
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t > built)
+            {
+                return Some(path);
+            }
+        }
+    }
+    None
 }
 
 /// Starts a worker process as `id`, logging (at `info`) to `log` when given.
