@@ -141,31 +141,30 @@ impl LocalFleet {
     }
 
     /// Every process, in stopping order, by name: `worker-<n>`, `gateway`, `nats`, `redis`.
-    fn processes(&mut self) -> Vec<(&'static str, &mut Process)> {
-        let mut all: Vec<(&'static str, &mut Process)> =
-            self.workers.iter_mut().map(|p| ("", p)).collect();
+    fn processes(&mut self) -> Vec<(String, &mut Process)> {
+        let mut all: Vec<(String, &mut Process)> = self
+            .workers
+            .iter_mut()
+            .map(|p| (p.name().to_owned(), p))
+            .collect();
         if let Some(g) = &mut self.gateway {
-            all.push(("gateway", &mut g.process));
+            all.push(("gateway".into(), &mut g.process));
         }
         if let Some(n) = &mut self.nats {
-            all.push(("nats", n.process()));
+            all.push(("nats".into(), n.process()));
         }
         if let Some(r) = &mut self.redis {
-            all.push(("redis", r.process()));
+            all.push(("redis".into(), r.process()));
         }
         all
     }
 
     /// Processes that exited since the last call, with how.
     pub fn exited(&mut self) -> Vec<(String, ExitStatus)> {
-        let mut out = vec![];
-        for (name, p) in self.processes() {
-            if let Some(status) = p.exited() {
-                let name = if name.is_empty() { p.name() } else { name };
-                out.push((name.to_owned(), status));
-            }
-        }
-        out
+        self.processes()
+            .into_iter()
+            .filter_map(|(name, p)| p.exited().map(|status| (name, status)))
+            .collect()
     }
 
     /// The process id of `name` (`worker-1`, `gateway`, `nats`, `redis`).
