@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-bench-results.jsonl}"
-cargo build -q --release --bin delta
+cargo build -q --release --bin delta --bin delta-gateway --bin delta-worker
 B=target/release/delta
 : >"$OUT"
 run() {

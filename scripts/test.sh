@@ -21,5 +21,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== the fleet's programs (delta-gateway, delta-worker: the tests start them as processes)"
+cargo build --workspace --bins
 echo "== cargo test"
 cargo test --workspace

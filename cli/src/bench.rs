@@ -28,7 +28,8 @@ use delta_store::RunStore;
 use delta_store::redis::RedisRunStore;
 
 use crate::client::Client;
-use crate::local::{LocalFleet, Options, Servers, repo_root};
+use delta_launcher::local::{LocalFleet, Options, find_programs};
+use delta_launcher::repo_root;
 
 const AGENT: &str = "hitl-basic";
 
@@ -191,11 +192,7 @@ struct Timing {
 
 async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
     let root = repo_root();
-    let servers = match Servers::find(root.as_deref()) {
-        Ok(s) => s,
-        Err(_) if a.install => Servers::install(root.as_deref()).await?,
-        Err(e) => return Err(e),
-    };
+    let (servers, programs) = find_programs(root.as_deref(), a.install).await?;
     let data = tempfile::Builder::new()
         .prefix("delta-bench-")
         .tempdir()
@@ -204,15 +201,13 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
     write_agent(&agents, a.journal_len, a.echo)?;
     let opts = Options {
         servers,
+        programs,
         dir: data.path().join("fleet"),
         agents_dir: agents,
         workers: usize::from(a.workers),
+        worker_concurrency: 64,
         gateway_port: None,
-        worker_env: vec![
-            ("DELTA_WORKER_CONCURRENCY".into(), "64".into()),
-            ("DELTA_SECRETS_KEY".into(), "ab".repeat(32)),
-        ],
-        gateway_env: vec![("DELTA_SECRETS_KEY".into(), "ab".repeat(32))],
+        secrets_key_hex: Some("ab".repeat(32)),
         cwd: None,
         redis_fsync: a.fsync.clone(),
         // Quiet, but for each process's Redis round trips, logged as it stops.
@@ -226,7 +221,7 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
         Ok(f) => f,
         Err(e) => {
             eprintln!("the fleet's logs are kept in {}", data.keep().display());
-            return Err(e);
+            return Err(e.into());
         }
     };
     let outcome = measure(&a, &fleet).await;
@@ -268,7 +263,8 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
 /// The `redis_round_trips=N` a process logged as it stopped (`None` if it did not).
 fn logged_round_trips(log: &Path) -> Option<u64> {
     // Without the terminal colour codes, whose digits would mislead.
-    let text = crate::local::strip_ansi(&std::fs::read_to_string(log).unwrap_or_default());
+    let text =
+        delta_launcher::process::strip_ansi(&std::fs::read_to_string(log).unwrap_or_default());
     text.rsplit("redis_round_trips=")
         .next()
         .filter(|_| text.contains("redis_round_trips="))

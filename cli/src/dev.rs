@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
-use crate::local::{LocalFleet, Options, Servers, repo_root};
+use delta_launcher::local::{LocalFleet, Options, find_programs};
+use delta_launcher::repo_root;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DevArgs {
@@ -70,11 +71,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         );
     }
     let agents = agents.canonicalize().unwrap_or(agents);
-    let servers = match Servers::find(root.as_deref()) {
-        Ok(s) => s,
-        Err(_) if a.install => Servers::install(root.as_deref()).await?,
-        Err(e) => return Err(e),
-    };
+    let (servers, programs) = find_programs(root.as_deref(), a.install).await?;
     let data = tempfile::Builder::new()
         .prefix("delta-dev-")
         .tempdir()
@@ -83,12 +80,13 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
     let key = session_key();
     let opts = Options {
         servers,
+        programs,
         dir: data.path().to_path_buf(),
         agents_dir: agents.clone(),
         workers: usize::from(a.workers),
+        worker_concurrency: 16,
         gateway_port: a.port,
-        worker_env: vec![("DELTA_SECRETS_KEY".into(), key.clone())],
-        gateway_env: vec![("DELTA_SECRETS_KEY".into(), key)],
+        secrets_key_hex: Some(key),
         cwd: root.clone(),
         redis_fsync: "everysec".into(),
         log_level: "info".into(),
@@ -98,7 +96,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         a.workers
     );
     let started = tokio::select! {
-        f = LocalFleet::start(&opts) => f,
+        f = LocalFleet::start(&opts) => f.map_err(anyhow::Error::from),
         () = cancel.cancelled() => anyhow::bail!("interrupted while starting"),
     };
     let mut fleet = match started {

@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 mod bench;
 mod client;
 mod dev;
-mod local;
 use delta_cli::mailbox;
 mod ops;
 mod render;
@@ -56,28 +55,10 @@ enum Command {
     Bench(bench::BenchCommand),
     #[command(flatten)]
     Ops(ops::Command),
-    /// Run a gateway (as `delta-gateway`; `delta gateway --help` lists its settings).
-    #[command(hide = true, disable_help_flag = true)]
-    Gateway {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// Run a worker (as `delta-worker`; `delta worker --help` lists its settings).
-    #[command(hide = true, disable_help_flag = true)]
-    Worker {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
 }
 
 fn main() {
     let cli = Cli::parse();
-    // The fleet's own programs, in this binary so that `delta dev` needs nothing else built.
-    match cli.command {
-        Command::Gateway { args } => std::process::exit(delta_gateway::cli_main(args)),
-        Command::Worker { args } => std::process::exit(delta_worker::cli_main(args)),
-        _ => {}
-    }
     let rt = delta_host::runtime();
     let telemetry = delta_host::init_logging("warn", "delta", &rt);
     let code = rt.block_on(async {
@@ -88,7 +69,6 @@ fn main() {
             Command::Dev(args) => dev::run(args, cancel).await,
             Command::Bench(cmd) => bench::run(cmd, cancel).await,
             Command::Ops(cmd) => ops::run(cmd, cancel).await,
-            Command::Gateway { .. } | Command::Worker { .. } => 2,
         }
     });
     // Do not wait for a blocked stdin reader (an abandoned `-i` prompt).
@@ -120,7 +100,7 @@ fn watch_signals(cancel: CancellationToken) {
                 cancel.cancel();
             } else {
                 eprintln!("second signal: exiting without waiting");
-                local::kill_all_now();
+                delta_launcher::process::kill_all_now();
                 std::process::exit(130);
             }
         }

@@ -10,114 +10,52 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use delta_e2e::gateways::{self, GatewayProcess};
-use delta_e2e::workers::{self, WorkerProcess};
+use delta_e2e::gateways;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a worker process started by the tests"]
-async fn worker_child() {
-    delta_e2e::workers::child_main().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a gateway process started by the tests"]
-async fn gateway_child() {
-    delta_e2e::gateways::child_main().await
-}
-
-/// Agents for these tests: `hello` and `chooser` from the examples, a sensitive question and a
-/// tool call that needs approval.
-fn agents_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tmp");
-    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
-    for name in ["hello", "chooser"] {
-        let to = dir.path().join(name);
-        std::fs::create_dir_all(&to).expect("mkdir");
-        for f in ["config.yaml", "script.yaml"] {
-            std::fs::copy(examples.join(name).join(f), to.join(f)).expect("copy");
-        }
-    }
-    let agent = |name: &str, config: &str, script: &str| {
-        let to = dir.path().join(name);
-        std::fs::create_dir_all(&to).expect("mkdir");
-        std::fs::write(to.join("config.yaml"), config).expect("config");
-        std::fs::write(to.join("script.yaml"), script).expect("script");
-    };
-    agent(
-        "secret",
-        "name: secret\nbrain: scripted\ntools:\n  - name: echo\n    exec: \"echo ${text}\"\n    idempotent: true\n",
-        "steps:\n  - ask_human:\n      prompt: \"API key?\"\n      sensitive: true\n  - finish: \"key taken\"\n",
-    );
-    agent(
-        "gated",
-        "name: gated\nbrain: scripted\ntools:\n  - name: shout\n    exec: \"echo ${text}\"\n    approval: always\n",
-        "steps:\n  - tool: shout\n    args: {text: \"hello\"}\n  - finish: \"shouted\"\n",
-    );
-    dir
-}
-
 const SECRETS_KEY: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
 
+/// The end-to-end fleet (`delta_e2e::fleet::Fleet`: servers, a gateway and, `with_worker`, a
+/// worker, all processes) with a secrets key, a tokens file when given, and this file's
+/// `secret` agent: a sensitive question, then a finish that does not show the answer.
 struct Fleet {
-    // Field order is drop order: processes before the servers they use.
-    gateway: GatewayProcess,
-    gateway_spec: gateways::Spec,
-    _worker: Option<WorkerProcess>,
+    inner: delta_e2e::fleet::Fleet,
+    /// The gateway's URL.
     url: String,
-    _work: tempfile::TempDir,
-    agents: tempfile::TempDir,
-    nats: delta_e2e::Nats,
-    _redis: delta_e2e::Redis,
+}
+
+impl std::ops::Deref for Fleet {
+    type Target = delta_e2e::fleet::Fleet;
+    fn deref(&self) -> &delta_e2e::fleet::Fleet {
+        &self.inner
+    }
 }
 
 impl Fleet {
-    /// Servers, a gateway and (`with_worker`) a worker, all processes.
     async fn start(prefix: &str, tokens_file: Option<&Path>, with_worker: bool) -> Fleet {
-        let redis = delta_e2e::Redis::start().expect("redis");
-        let nats = delta_e2e::Nats::start().expect("nats");
-        let agents = agents_dir();
-        let work = tempfile::tempdir().expect("work");
-        let mut spec = gateways::Spec::new(&nats, &redis, prefix);
-        spec.agents_dir = agents.path().to_path_buf();
-        spec.tokens_file = tokens_file.map(Path::to_path_buf);
-        spec.secrets_key_hex = Some(SECRETS_KEY.into());
-        let gateway = gateways::spawn(&spec, None).await;
-        let worker = with_worker.then(|| {
-            let wspec = workers::Spec {
-                nats_url: nats.url(),
-                redis_url: redis.url(),
-                prefix: prefix.into(),
-                agents_dir: agents.path().to_path_buf(),
-                work_dir: work.path().to_path_buf(),
-                concurrency: 8,
-                ack_wait_ms: 5000,
-                max_deliver: 3,
-                grace_ms: 2000,
-                worker_id: String::new(),
-                secrets_key_hex: Some(SECRETS_KEY.into()),
-            };
-            workers::spawn(&wspec, "w0", None)
-        });
-        Fleet {
-            url: gateway.url.clone(),
-            gateway,
-            gateway_spec: spec,
-            _worker: worker,
-            _work: work,
-            agents,
-            nats,
-            _redis: redis,
+        let mut inner = delta_e2e::fleet::Fleet::start_with(prefix, 1, 0, |s| {
+            s.tokens_file = tokens_file.map(Path::to_path_buf);
+            s.secrets_key_hex = Some(SECRETS_KEY.into());
+        })
+        .await;
+        inner.add_agent(
+            "secret",
+            "name: secret\nbrain: scripted\ntools:\n  - name: echo\n    exec: \"echo ${text}\"\n    idempotent: true\n",
+            "steps:\n  - ask_human:\n      prompt: \"API key?\"\n      sensitive: true\n  - finish: \"key taken\"\n",
+        );
+        if with_worker {
+            inner.add_worker("w0");
         }
+        let url = inner.gateways[0].url.clone();
+        Fleet { inner, url }
     }
 
     /// Kills the gateway (its streams break) and starts another on the same port.
     async fn restart_gateway(&mut self) {
-        delta_e2e::signal(self.gateway.pid(), delta_e2e::Signal::SIGKILL);
-        // Reaped before another binds the port (a signal's exit has no code: `None` either way).
-        let _ = self.gateway.wait_exit(Duration::from_secs(10));
-        self.gateway = gateways::spawn(&self.gateway_spec, None).await;
+        let gateway = &mut self.inner.gateways[0];
+        gateway.process.kill_now();
+        self.inner.gateways[0] = gateways::spawn(&self.inner.gateway_spec, None).await;
     }
 
     /// `delta <args>` against this fleet's gateway, without a token.
@@ -1007,19 +945,12 @@ async fn an_unreachable_gateway_is_exit_5_with_the_url() {
     assert_eq!(delta("not a url", None, &["queue"], None).await.code, 2);
 
     // A gateway that answers 503 (its Redis is gone) is unreachable too.
-    let fleet = Fleet::start("ope", None, false).await;
+    let mut fleet = Fleet::start("ope", None, false).await;
     fleet.delta(&["runs", "ls"]).await.ok();
-    let Fleet {
-        gateway,
-        _redis: redis,
-        url,
-        ..
-    } = fleet;
-    drop(redis);
-    let r = delta(&url, None, &["runs", "ls"], None).await;
+    fleet.inner.redis.process().kill_now();
+    let r = delta(&fleet.url, None, &["runs", "ls"], None).await;
     assert_eq!(r.code, 5, "{}", r.stderr);
     assert!(r.stderr.starts_with("error: unavailable:"), "{}", r.stderr);
-    drop(gateway);
 }
 
 /// Polls `delta dlq ls --json` until it lists `n` dead letters; returns them.
@@ -1044,7 +975,7 @@ async fn dlq_ls_retry_and_drop_bring_dead_lettered_runs_back() {
     let fleet = Fleet::start("opd", None, true).await;
     // An agent whose config the worker cannot read (the gateway only checks that it exists):
     // its runs are poison, dead-lettered and FAILED.
-    let dir = fleet.agents.path().join("fragile");
+    let dir = fleet.gateway_spec.agents_dir.join("fragile");
     std::fs::create_dir_all(&dir).expect("mkdir");
     std::fs::write(dir.join("config.yaml"), "name: fragile\nbrain: [unclosed\n").expect("config");
     let mut runs = vec![];

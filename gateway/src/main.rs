@@ -1,9 +1,21 @@
-//! `delta-gateway`: configuration, logging, signals, run.
+//! `delta-gateway`: configuration, logging, signals, run (see `delta_host::program_main`).
 
 /// mimalloc: under load, glibc malloc took about a quarter of a worker's CPU (perf).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+use delta_gateway::config;
+
 fn main() {
-    std::process::exit(delta_gateway::cli_main(std::env::args().skip(1).collect()));
+    let args = std::env::args().skip(1).collect();
+    std::process::exit(delta_host::program_main(
+        "delta-gateway",
+        config::SETTINGS,
+        args,
+        config::parse,
+        |config, shutdown| {
+            let ready = |addr| eprintln!("delta-gateway listening on http://{addr}");
+            delta_gateway::run(config, shutdown, ready)
+        },
+    ));
 }

@@ -4,7 +4,9 @@
 //! 1. Journal appends/s through `RedisRunStore` (one fenced Lua script per append): one writer
 //!    one event at a time, then 64 writers at once.
 //! 2. Runs/s of the scripted `hello` agent (think, echo, ask a name, echo, finish) with 1 and 2
-//!    worker processes (this binary re-run as a worker, `concurrency` slots each): every run is submitted at once, the bench answers each question as the human
+//!    `delta-worker` processes (`concurrency` slots each; build them first with
+//!    `cargo build --release --bins`): every run is submitted at once, the bench answers each
+//!    question as the human
 //!    (Redis answer + resume job, as the gateway will), and the clock stops when every run is
 //!    `COMPLETED`. Redis commands per run come from `INFO commandstats`, minus the bench's own.
 //!
@@ -336,9 +338,6 @@ async fn runs(
 }
 
 fn main() {
-    if delta_e2e::workers::is_child() {
-        return child();
-    }
     let a = args();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -396,13 +395,4 @@ fn main() {
             );
         }
     });
-}
-
-/// This binary re-run as a worker process (see `delta_e2e::workers`).
-fn child() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(delta_e2e::workers::child_main());
 }

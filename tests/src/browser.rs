@@ -12,7 +12,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -86,24 +86,6 @@ fn find(name: &str, env_var: &str) -> Result<PathBuf, Error> {
         })
 }
 
-/// chromedriver and whatever it started (the browser), killed as a process group on drop.
-struct Driver {
-    child: Child,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A headless Chromium session for one test.
 pub struct Browser {
     pub client: Client,
@@ -113,7 +95,8 @@ pub struct Browser {
     driver_url: String,
     http: reqwest::Client,
     // Field order is drop order: the session's client before the driver, then the profile.
-    _driver: Driver,
+    /// chromedriver and whatever it started (the browser), killed as a process group on drop.
+    _driver: delta_launcher::Process,
     _profile: tempfile::TempDir,
 }
 
@@ -140,10 +123,10 @@ impl Browser {
         let profile = tempfile::tempdir().map_err(|e| Error(format!("tempdir: {e}")))?;
         let mut last = Error("not tried".into());
         for _ in 0..3 {
-            let port = crate::free_port()?;
-            let driver = spawn_driver(&driver_bin, port, profile.path())?;
+            let port = crate::free_port().map_err(|e| Error(e.chain()))?;
+            let mut driver = spawn_driver(&driver_bin, port, profile.path())?;
             let url = format!("http://127.0.0.1:{port}");
-            if let Err(e) = wait_ready(&http, &url, &driver).await {
+            if let Err(e) = wait_ready(&http, &url, &mut driver).await {
                 last = e;
                 continue;
             }
@@ -383,42 +366,40 @@ impl Browser {
     }
 }
 
-fn spawn_driver(bin: &Path, port: u16, profile: &Path) -> Result<Driver, Error> {
-    use std::os::unix::process::CommandExt;
+fn spawn_driver(bin: &Path, port: u16, profile: &Path) -> Result<delta_launcher::Process, Error> {
     // `DELTA_CHROMEDRIVER_LOG=1` keeps chromedriver's log in the profile dir (debugging).
     let log = std::env::var_os("DELTA_CHROMEDRIVER_LOG")
         .map(|_| format!("--log-path={}", profile.join("chromedriver.log").display()));
-    let child = Command::new(bin)
-        .arg(format!("--port={port}"))
-        .args(log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        // Its own process group: the browser it starts is killed with it.
-        .process_group(0)
-        .spawn()
-        .map_err(|e| Error(format!("{}: {e}; {INSTALL}", bin.display())))?;
-    Ok(Driver { child })
+    let mut cmd = Command::new(bin);
+    cmd.arg(format!("--port={port}")).args(log);
+    // Its own process group: the browser it starts is killed with it.
+    let out = delta_launcher::Output {
+        own_group: true,
+        ..Default::default()
+    };
+    delta_launcher::Process::spawn("chromedriver", &mut cmd, &out)
+        .map_err(|e| Error(format!("{}; {INSTALL}", e.chain())))
 }
 
-async fn wait_ready(http: &reqwest::Client, url: &str, driver: &Driver) -> Result<(), Error> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(r) = http.get(format!("{url}/status")).send().await {
-            if let Ok(v) = r.json::<Value>().await {
-                if v["value"]["ready"] == json!(true) {
-                    return Ok(());
-                }
-            }
+async fn wait_ready(
+    http: &reqwest::Client,
+    url: &str,
+    driver: &mut delta_launcher::Process,
+) -> Result<(), Error> {
+    let status = format!("{url}/status");
+    let ready = || async {
+        match http.get(&status).send().await {
+            Ok(r) => r
+                .json::<Value>()
+                .await
+                .is_ok_and(|v| v["value"]["ready"] == json!(true)),
+            Err(_) => false,
         }
-        if Instant::now() > deadline {
-            return Err(Error(format!(
-                "chromedriver (pid {}) did not answer on {url} within 20 s",
-                driver.child.id()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    driver
+        .wait_ready_async(Duration::from_secs(20), ready)
+        .await
+        .map_err(|e| Error(format!("{} (chromedriver on {url})", e.chain())))
 }
 
 async fn connect(

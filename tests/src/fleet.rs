@@ -1,8 +1,7 @@
-//! A whole fleet for end-to-end tests: `redis-server` and `nats-server` on free ports, gateway
-//! and worker processes (see [`crate::gateways`], [`crate::workers`]) under one key prefix, a
-//! temporary agents directory, and the calls tests make most (submit, wait for the question,
-//! answer, wait for a status). A test binary that uses it declares `worker_child` and
-//! `gateway_child` (see those modules).
+//! A whole fleet for end-to-end tests, a thin convenience on the launcher: `redis-server` and
+//! `nats-server` on free ports, `delta-gateway` and `delta-worker` processes (see
+//! [`crate::gateways`], [`crate::workers`]) under one key prefix, a temporary agents directory,
+//! and the calls tests make most (submit, wait for the question, answer, wait for a status).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -113,11 +112,12 @@ impl FleetLogs {
         self.dir.join(format!("{name}.log"))
     }
 
-    fn output(&self, name: &str) -> crate::ChildOutput {
-        crate::ChildOutput {
+    fn output(&self, name: &str) -> delta_launcher::Output {
+        delta_launcher::Output {
             log: Some(self.log(name)),
             filter: self.filter.clone(),
             spans: self.spans.then(|| self.dir.join(format!("{name}.spans"))),
+            ..Default::default()
         }
     }
 }
@@ -139,21 +139,15 @@ impl Fleet {
         let nats = crate::Nats::start().expect("nats");
         let agents = agents_dir();
         let work = tempfile::tempdir().expect("work");
-        let mut gateway_spec = gateways::Spec::new(&nats, &redis, prefix);
+        let mut gateway_spec = gateways::spec(&nats, &redis, prefix);
         gateway_spec.agents_dir = agents.path().to_path_buf();
         tweak(&mut gateway_spec);
         let worker_spec = workers::Spec {
-            nats_url: nats.url(),
-            redis_url: redis.url(),
-            prefix: prefix.into(),
-            agents_dir: agents.path().to_path_buf(),
-            work_dir: work.path().to_path_buf(),
             concurrency: 8,
             ack_wait_ms: 5000,
             max_deliver: 3,
             grace_ms: 2000,
-            worker_id: String::new(),
-            secrets_key_hex: gateway_spec.secrets_key_hex.clone(),
+            ..workers::Spec::joining(&gateway_spec, work.path().to_path_buf())
         };
         let mut fleet = Fleet {
             gateways: vec![],

@@ -1,130 +1,42 @@
-//! Gateways as real processes (so tests can kill them), and a small HTTP client for their API.
-//!
-//! Like [`crate::workers`], a test binary re-runs itself: each test file that uses this declares
-//!
-//! ```ignore
-//! #[tokio::test(flavor = "multi_thread")]
-//! #[ignore = "a gateway process started by the tests"]
-//! async fn gateway_child() { delta_e2e::gateways::child_main().await }
-//! ```
+//! Gateways as real `delta-gateway` processes (from the launcher, so tests can kill them), and
+//! a small HTTP client for their API.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use delta_api::{
     AnswerAccepted, AnswerBody, CancelBody, CancelResult, ErrorCode, ErrorResponse,
     InteractionPage, InteractionView, Journal, RequestId, RunAccepted, RunDetail, RunId,
     Submission,
 };
-use delta_gateway::Config;
-use serde::Deserialize;
-use serde::Serialize;
+pub use delta_launcher::{GatewayProcess, GatewaySpec as Spec, Output};
+use serde::{Deserialize, Serialize};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-const CHILD: &str = "DELTA_E2E_GATEWAY";
-
-/// What a gateway process is started with.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Spec {
-    pub nats_url: String,
-    pub redis_url: String,
-    pub prefix: String,
-    pub agents_dir: PathBuf,
-    pub port: u16,
-    /// A tokens file: authentication on.
-    pub tokens_file: Option<PathBuf>,
-    pub secrets_key_hex: Option<String>,
-    pub reconcile_ms: u64,
-    pub resume_check_s: u64,
-    pub lost_job_s: u64,
-    pub max_body_bytes: usize,
-    /// `DELTA_FAILPOINT` for the child.
-    pub failpoint: Option<String>,
-}
-
-impl Spec {
-    /// A gateway on a free port with fast reconcilers, for the servers and prefix given.
-    pub fn new(nats: &crate::Nats, redis: &crate::Redis, prefix: &str) -> Self {
-        Self {
-            nats_url: nats.url(),
-            redis_url: redis.url(),
-            prefix: prefix.to_owned(),
-            agents_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
-            port: crate::free_port().expect("free port"),
-            tokens_file: None,
-            secrets_key_hex: None,
-            reconcile_ms: 200,
-            resume_check_s: 1,
-            lost_job_s: 3,
-            max_body_bytes: 64 * 1024,
-            failpoint: None,
-        }
-    }
-
-    pub fn config(&self) -> Config {
-        let mut c = Config::local(
-            &self.nats_url,
-            &self.redis_url,
-            &self.prefix,
-            self.agents_dir.clone(),
-        );
-        c.addr = ([127, 0, 0, 1], self.port).into();
-        if let Some(f) = &self.tokens_file {
-            c.auth = delta_gateway::auth::Auth::load(f).expect("tokens file");
-        }
-        c.secrets_key = self.secrets_key_hex.as_deref().map(|k| {
-            std::sync::Arc::new(delta_protocol::secret::SecretsKey::from_hex(k).expect("key"))
-        });
-        c.reconcile_every = Duration::from_millis(self.reconcile_ms);
-        c.resume_check = Duration::from_secs(self.resume_check_s);
-        c.lost_job_after = Duration::from_secs(self.lost_job_s);
-        c.max_body_bytes = self.max_body_bytes;
-        c
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+/// A gateway spec on a free port with fast reconcilers, for the servers and prefix given, with
+/// the example agents.
+pub fn spec(nats: &crate::Nats, redis: &crate::Redis, prefix: &str) -> Spec {
+    Spec {
+        reconcile_ms: 200,
+        resume_check_s: 1,
+        lost_job_s: 3,
+        max_body_bytes: 64 * 1024,
+        ..Spec::new(
+            &nats.url(),
+            &redis.url(),
+            prefix,
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
+            crate::free_port().expect("free port"),
+        )
     }
 }
 
-/// A gateway process, killed on drop.
-pub struct GatewayProcess {
-    child: Child,
-    pub url: String,
-}
-
-impl GatewayProcess {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Waits for the process to exit by itself (a failpoint) and returns its code.
-    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts a gateway process and waits until it answers `/healthz`.
+/// Starts a gateway process and waits until it is ready.
 pub async fn spawn(spec: &Spec, log: Option<&Path>) -> GatewayProcess {
     // `DELTA_E2E_GATEWAY_LOG=<file>` keeps every gateway's log when none is given (debugging).
     let env_log = std::env::var_os("DELTA_E2E_GATEWAY_LOG").map(PathBuf::from);
-    let output = crate::ChildOutput {
+    let output = Output {
         log: log.map(Path::to_path_buf).or(env_log),
         ..Default::default()
     };
@@ -132,48 +44,12 @@ pub async fn spawn(spec: &Spec, log: Option<&Path>) -> GatewayProcess {
 }
 
 /// Starts a gateway process reporting as `output` says (log file, filter, spans), and waits
-/// until it answers `/healthz`.
-pub async fn spawn_with(spec: &Spec, output: &crate::ChildOutput) -> GatewayProcess {
-    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.args(["--ignored", "--exact", "gateway_child", "--nocapture"])
-        .env(CHILD, serde_json::to_string(spec).expect("spec"))
-        .stdout(Stdio::null());
-    output.apply(&mut cmd);
-    match &spec.failpoint {
-        Some(f) => cmd.env("DELTA_FAILPOINT", f),
-        None => cmd.env_remove("DELTA_FAILPOINT"),
-    };
-    let child = cmd.spawn().expect("spawn gateway");
-    let gw = GatewayProcess {
-        child,
-        url: spec.url(),
-    };
-    let client = Client::new(&gw.url, None);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok((200, _)) = client.get("/healthz").await {
-            return gw;
-        }
-        assert!(Instant::now() < deadline, "gateway did not start");
-        tokio::time::sleep(Duration::from_millis(30)).await;
-    }
-}
-
-/// The body of a test binary's `gateway_child`.
-pub async fn child_main() {
-    let Ok(spec) = std::env::var(CHILD) else {
-        return;
-    };
-    let spec: Spec = serde_json::from_str(&spec).expect("gateway spec");
-    let shutdown = crate::child_process_setup();
-    delta_gateway::run(spec.config(), shutdown, |_| {})
+/// until it is ready.
+pub async fn spawn_with(spec: &Spec, output: &Output) -> GatewayProcess {
+    let name = format!("gateway-{}", spec.port);
+    spec.start(&crate::workers::programs(), &name, output)
         .await
-        .expect("gateway");
-}
-
-/// Whether this process was started by [`spawn`] as a gateway.
-pub fn is_child() -> bool {
-    std::env::var_os(CHILD).is_some()
+        .unwrap_or_else(|e| panic!("starting {name}: {}", e.chain()))
 }
 
 /// Why a typed call of [`Client`] gave no typed body.

@@ -1,96 +1,71 @@
-//! Fleet workers as real processes, so that tests can SIGKILL, SIGSTOP or SIGTERM them.
-//!
-//! A test binary re-runs itself as the worker: each test file that uses this declares
-//!
-//! ```ignore
-//! #[tokio::test(flavor = "multi_thread")]
-//! #[ignore = "a worker process started by the tests"]
-//! async fn worker_child() { delta_e2e::workers::child_main().await }
-//! ```
-//!
-//! and [`spawn`] starts `<test binary> --ignored --exact worker_child` with the worker's settings
-//! in an environment variable. The child logs to the file given (or nowhere) and stops gracefully
-//! on SIGTERM, like `delta-worker`.
+//! Fleet workers as real `delta-worker` processes (from the launcher), so that tests can
+//! SIGKILL, SIGSTOP or SIGTERM them.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
-use delta_queue as queue;
-use delta_worker::fleet::{self, Config};
+pub use delta_launcher::{Output, WorkerSpec as Spec};
 
-const CHILD: &str = "DELTA_E2E_WORKER";
+/// A worker process, killed on drop (a failing test leaves none behind, stopped or not). It
+/// derefs to its `std::process::Child`.
+pub type WorkerProcess = delta_launcher::Process;
 
-/// What a worker process is started with.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct Spec {
-    pub nats_url: String,
-    pub redis_url: String,
-    pub prefix: String,
-    pub agents_dir: PathBuf,
-    pub work_dir: PathBuf,
-    pub concurrency: usize,
-    pub ack_wait_ms: u64,
-    pub max_deliver: i64,
-    pub grace_ms: u64,
-    pub worker_id: String,
-    /// `DELTA_SECRETS_KEY`, 64 hex digits.
-    #[serde(default)]
-    pub secrets_key_hex: Option<String>,
+/// The fleet's programs, built beforehand (`cargo build --bins`); a test fails with how to
+/// build them when they are missing, and warns (shown with a failure) when a source file is
+/// newer than a program: a test would then run yesterday's code.
+pub fn programs() -> delta_launcher::Programs {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let programs = delta_launcher::Programs::find().unwrap_or_else(|e| panic!("{}", e.chain()));
+    WARNED.call_once(|| {
+        for program in [&programs.gateway, &programs.worker] {
+            if let Some(newer) = newer_source(program) {
+                eprintln!(
+                    "warning: {} is older than {}: run `cargo build --bins` first",
+                    program.display(),
+                    newer.display()
+                );
+            }
+        }
+    });
+    programs
 }
 
-impl Spec {
-    /// The worker configuration this spec stands for.
-    pub fn config(&self) -> Config {
-        Config {
-            nats_url: self.nats_url.clone(),
-            redis_url: self.redis_url.clone(),
-            prefix: self.prefix.clone(),
-            agents_dir: self.agents_dir.clone(),
-            work_dir: self.work_dir.clone(),
-            concurrency: self.concurrency,
-            queue: queue::Settings {
-                ack_wait: Duration::from_millis(self.ack_wait_ms),
-                max_deliver: self.max_deliver,
-                ..Default::default()
-            },
-            worker_id: self.worker_id.clone(),
-            grace: Duration::from_millis(self.grace_ms),
-            secrets_key: self.secrets_key_hex.as_deref().map(|k| {
-                std::sync::Arc::new(
-                    delta_protocol::secret::SecretsKey::from_hex(k).expect("secrets key"),
-                )
-            }),
+/// A source file of the programs or of the libraries they link, changed after `program` was
+/// built.
+fn newer_source(program: &Path) -> Option<std::path::PathBuf> {
+    let built = std::fs::metadata(program).and_then(|m| m.modified()).ok()?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = root.canonicalize().unwrap_or(root);
+    let mut dirs = vec![root.join("gateway/src"), root.join("worker/src")];
+    dirs.extend(
+        std::fs::read_dir(root.join("shared"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            // The launcher starts the programs; they do not link it.
+            .filter(|e| e.file_name() != "launcher")
+            .map(|e| e.path().join("src")),
+    );
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t > built)
+            {
+                return Some(path);
+            }
         }
     }
-}
-
-/// A worker process, killed on drop (a failing test leaves none behind, stopped or not).
-pub struct WorkerProcess(Child);
-
-impl std::ops::Deref for WorkerProcess {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for WorkerProcess {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    None
 }
 
 /// Starts a worker process as `id`, logging (at `info`) to `log` when given.
 pub fn spawn(spec: &Spec, id: &str, log: Option<&Path>) -> WorkerProcess {
-    let output = crate::ChildOutput {
+    let output = Output {
         log: log.map(Path::to_path_buf),
         ..Default::default()
     };
@@ -98,37 +73,21 @@ pub fn spawn(spec: &Spec, id: &str, log: Option<&Path>) -> WorkerProcess {
 }
 
 /// Starts a worker process as `id`, reporting as `output` says (log file, filter, spans).
-pub fn spawn_with(spec: &Spec, id: &str, output: &crate::ChildOutput) -> WorkerProcess {
-    let spec = Spec {
-        worker_id: id.to_owned(),
-        ..spec.clone()
-    };
-    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.args(["--ignored", "--exact", "worker_child", "--nocapture"])
-        .env(CHILD, serde_json::to_string(&spec).expect("spec"))
-        .stdout(Stdio::null());
-    output.apply(&mut cmd);
-    WorkerProcess(cmd.spawn().expect("spawn worker"))
+pub fn spawn_with(spec: &Spec, id: &str, output: &Output) -> WorkerProcess {
+    spec.start(&programs(), id, output)
+        .unwrap_or_else(|e| panic!("starting worker {id}: {}", e.chain()))
 }
 
 /// Stops a worker gracefully (SIGTERM) and waits for it to exit.
 pub fn stop(worker: &mut WorkerProcess) {
-    crate::signal(worker.id(), crate::Signal::SIGTERM);
-    let _ = worker.wait();
+    worker.stop_blocking(Duration::from_secs(120));
 }
 
-/// Whether this process was started by [`spawn`] as a worker.
-pub fn is_child() -> bool {
-    std::env::var_os(CHILD).is_some()
-}
-
-/// The body of a test binary's `worker_child`: runs a worker until SIGTERM/SIGINT. Returns at
-/// once when the binary was not started by [`spawn`] (a plain `--ignored` run).
-pub async fn child_main() {
-    let Ok(spec) = std::env::var(CHILD) else {
-        return;
-    };
-    let spec: Spec = serde_json::from_str(&spec).expect("worker spec");
-    let shutdown = crate::child_process_setup();
-    fleet::run(spec.config(), shutdown).await.expect("worker");
+/// The queue settings a worker of `spec` runs its consumer with (for a test's own publisher).
+pub fn queue_settings(spec: &Spec) -> delta_queue::Settings {
+    delta_queue::Settings {
+        ack_wait: Duration::from_millis(spec.ack_wait_ms),
+        max_deliver: spec.max_deliver,
+        ..Default::default()
+    }
 }

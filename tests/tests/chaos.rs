@@ -27,18 +27,6 @@ use delta_store::RunStore;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a worker process started by the chaos tests"]
-async fn worker_child() {
-    delta_e2e::workers::child_main().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a gateway process started by the chaos tests"]
-async fn gateway_child() {
-    delta_e2e::gateways::child_main().await
-}
-
 /// A fleet under `prefix` whose processes log to `logs` (at `filter`, `info` by default), with
 /// `gateways` gateways; its workers are added by the scenario once `worker` has set their spec.
 async fn fleet(

@@ -1,21 +1,14 @@
 //! Kill -9 workers mid-step during a batch: every run completes, no step is journaled twice.
 //!
-//! Workers are real processes (`delta_e2e::workers`) so that they can be SIGKILLed.
+//! Workers are real `delta-worker` processes (the end-to-end `Fleet`) so that they can be
+//! SIGKILLed.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use delta_e2e::workers::{Spec, spawn};
 use delta_protocol::{Job, JobKind, RunId, RunStatus};
 use delta_queue::Queue;
-use delta_store::redis::RedisRunStore;
 use delta_store::{RunRecord, RunStore};
-
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a worker process started by the crash test"]
-async fn worker_child() {
-    delta_e2e::workers::child_main().await;
-}
 
 fn agent(dir: &Path) {
     let a = dir.join("steps");
@@ -35,34 +28,20 @@ fn agent(dir: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
     const RUNS: usize = 200;
-    let (nats, redis) = (
-        delta_e2e::Nats::start().expect("nats"),
-        delta_e2e::Redis::start().expect("redis"),
-    );
-    let dir = tempfile::tempdir().expect("tmp");
-    let agents = dir.path().join("agents");
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).expect("mkdir");
-    agent(&agents);
-    let spec = Spec {
-        nats_url: nats.url(),
-        redis_url: redis.url(),
-        prefix: "kx".into(),
-        agents_dir: agents.clone(),
-        work_dir: work.clone(),
-        concurrency: 16,
-        ack_wait_ms: 2000,
-        max_deliver: 20,
-        grace_ms: 2000,
-        worker_id: String::new(),
-        secrets_key_hex: None,
-    };
-    let store = RedisRunStore::connect(&redis.url(), "kx")
-        .await
-        .expect("redis");
-    let q = Queue::connect(&nats.url(), "kx", &spec.config().queue)
-        .await
-        .expect("nats");
+    let mut fleet = delta_e2e::fleet::Fleet::start("kx", 0, 0).await;
+    let spec = &mut fleet.worker_spec;
+    spec.concurrency = 16;
+    (spec.ack_wait_ms, spec.max_deliver, spec.grace_ms) = (2000, 20, 2000);
+    agent(&spec.agents_dir);
+    let work = spec.work_dir.clone();
+    let store = fleet.store.clone();
+    let q = Queue::connect(
+        &fleet.nats.url(),
+        "kx",
+        &delta_e2e::workers::queue_settings(&fleet.worker_spec),
+    )
+    .await
+    .expect("nats");
 
     let mut ids = vec![];
     for _ in 0..RUNS {
@@ -81,7 +60,7 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
         .await
         .expect("publish");
     }
-    let mut workers = vec![spawn(&spec, "w0", None), spawn(&spec, "w1", None)];
+    let mut workers = vec![fleet.spawn_worker("w0"), fleet.spawn_worker("w1")];
     // Kill a worker each time the batch crosses another quarter of its 600 steps, and start a
     // fresh one in its place: the kills always land mid-batch, whatever the machine's speed.
     let thresholds = [60, 180, 300, 420];
@@ -95,7 +74,7 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
             let victim = kills % workers.len();
             workers[victim].kill().expect("kill -9");
             let _ = workers[victim].wait();
-            workers[victim] = spawn(&spec, &format!("w{}", kills + 2), None);
+            workers[victim] = fleet.spawn_worker(&format!("w{}", kills + 2));
             kills += 1;
             continue;
         }

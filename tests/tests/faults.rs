@@ -8,18 +8,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use delta_e2e::Signal;
-use delta_e2e::workers::{Spec, WorkerProcess, spawn};
+use delta_e2e::fleet::FleetLogs;
+use delta_e2e::workers::WorkerProcess;
 use delta_protocol::{Event, Job, JobKind, RunId, RunStatus};
 use delta_queue::Queue;
-use delta_store::redis::RedisRunStore;
 use delta_store::{RunRecord, RunStore, StoredRun};
-
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a worker process started by the fault tests"]
-async fn worker_child() {
-    // (not serialised: it is the worker the tests start)
-    delta_e2e::workers::child_main().await;
-}
 
 /// An agent `steps` running `count` steps of the `step` tool, each appending its label to
 /// `effects` in the work dir (so side effects can be counted), then sleeping `secs`.
@@ -43,59 +36,54 @@ fn agent(dir: &Path, count: usize, secs: &str, idempotent: bool) {
     std::fs::write(a.join("script.yaml"), script).expect("write");
 }
 
+/// The end-to-end fleet's servers, store and worker settings, without a gateway (jobs are
+/// published here), its workers logging to `logs`.
 struct Fleet {
-    nats: delta_e2e::Nats,
-    redis: delta_e2e::Redis,
-    dir: tempfile::TempDir,
-    spec: Spec,
-    store: RedisRunStore,
+    inner: delta_e2e::fleet::Fleet,
     queue: Queue,
+    logs: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Fleet {
+    type Target = delta_e2e::fleet::Fleet;
+    fn deref(&self) -> &delta_e2e::fleet::Fleet {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for Fleet {
+    fn deref_mut(&mut self) -> &mut delta_e2e::fleet::Fleet {
+        &mut self.inner
+    }
 }
 
 impl Fleet {
     async fn start(prefix: &str, ack_wait_ms: u64, grace_ms: u64, max_deliver: i64) -> Fleet {
-        let (nats, redis) = (
-            delta_e2e::Nats::start().expect("nats"),
-            delta_e2e::Redis::start().expect("redis"),
-        );
-        let dir = tempfile::tempdir().expect("tmp");
-        let work = dir.path().join("work");
-        std::fs::create_dir_all(&work).expect("mkdir");
-        let spec = Spec {
-            nats_url: nats.url(),
-            redis_url: redis.url(),
-            prefix: prefix.into(),
-            agents_dir: dir.path().join("agents"),
-            work_dir: work,
-            concurrency: 8,
-            ack_wait_ms,
-            max_deliver,
-            grace_ms,
-            worker_id: String::new(),
-            secrets_key_hex: None,
-        };
-        let store = RedisRunStore::connect(&redis.url(), prefix)
-            .await
-            .expect("redis");
-        let queue = Queue::connect(&nats.url(), prefix, &spec.config().queue)
-            .await
-            .expect("nats");
-        Fleet {
-            nats,
-            redis,
-            dir,
-            spec,
-            store,
-            queue,
-        }
+        let mut inner = delta_e2e::fleet::Fleet::start(prefix, 0, 0).await;
+        let logs = tempfile::tempdir().expect("tmp");
+        inner.logs = Some(FleetLogs {
+            dir: logs.path().to_path_buf(),
+            filter: None,
+            spans: false,
+        });
+        let spec = &mut inner.worker_spec;
+        (spec.ack_wait_ms, spec.grace_ms, spec.max_deliver) = (ack_wait_ms, grace_ms, max_deliver);
+        let queue = Queue::connect(
+            &inner.nats.url(),
+            prefix,
+            &delta_e2e::workers::queue_settings(&inner.worker_spec),
+        )
+        .await
+        .expect("nats");
+        Fleet { inner, queue, logs }
     }
 
     fn log(&self, name: &str) -> PathBuf {
-        self.dir.path().join(format!("{name}.log"))
+        self.logs.path().join(format!("{name}.log"))
     }
 
     fn worker(&self, id: &str) -> WorkerProcess {
-        spawn(&self.spec, id, Some(&self.log(id)))
+        self.inner.spawn_worker(id)
     }
 
     async fn submit(&self, n: usize) -> Vec<RunId> {
@@ -123,7 +111,7 @@ impl Fleet {
 
     /// Side effects so far, one line per step executed.
     fn effects(&self) -> Vec<String> {
-        std::fs::read_to_string(self.spec.work_dir.join("effects"))
+        std::fs::read_to_string(self.worker_spec.work_dir.join("effects"))
             .map(|t| t.lines().map(str::to_owned).collect())
             .unwrap_or_default()
     }
@@ -181,7 +169,7 @@ async fn a_frozen_worker_whose_job_moved_on_has_its_writes_refused() {
     let _serial = SERIAL.lock().await;
     let fleet = Fleet::start("st", 2000, 5000, 20).await;
     // Step two outlives ack_wait once its worker is frozen and cannot send heartbeats.
-    let a = fleet.dir.path().join("agents/steps");
+    let a = fleet.worker_spec.agents_dir.join("steps");
     std::fs::create_dir_all(&a).expect("mkdir");
     std::fs::write(
         a.join("config.yaml"),
@@ -252,7 +240,7 @@ async fn restarting_redis_and_nats_mid_batch_loses_nothing() {
     let _serial = SERIAL.lock().await;
     const RUNS: usize = 100;
     let mut fleet = Fleet::start("rs", 2000, 5000, 20).await;
-    agent(&fleet.dir.path().join("agents"), 3, "0.05", true);
+    agent(&fleet.worker_spec.agents_dir, 3, "0.05", true);
     let ids = fleet.submit(RUNS).await;
     let workers = [fleet.worker("w0"), fleet.worker("w1")];
 
@@ -310,7 +298,7 @@ async fn sigterm_under_load_finishes_in_flight_runs_and_loses_nothing() {
     // not idempotent (that would pause the run on "this may already have run").
     let fleet = Fleet::start("gs", 20_000, 15_000, 20).await;
     // Not idempotent: a graceful stop must never make a step run twice.
-    agent(&fleet.dir.path().join("agents"), 3, "0.1", false);
+    agent(&fleet.worker_spec.agents_dir, 3, "0.1", false);
     let ids = fleet.submit(RUNS).await;
     let mut workers = vec![fleet.worker("w0"), fleet.worker("w1")];
     for (round, at) in [40, 100].into_iter().enumerate() {
@@ -360,7 +348,7 @@ async fn sigterm_under_load_finishes_in_flight_runs_and_loses_nothing() {
 async fn past_its_grace_a_stopping_worker_checkpoints_and_another_resumes() {
     let _serial = SERIAL.lock().await;
     let fleet = Fleet::start("gx", 5000, 500, 20).await;
-    agent(&fleet.dir.path().join("agents"), 1, "30", true);
+    agent(&fleet.worker_spec.agents_dir, 1, "30", true);
     let mut w = fleet.worker("slow");
     let ids = fleet.submit(1).await;
     wait_until("the long step to start", 20, || !fleet.effects().is_empty());
@@ -384,7 +372,7 @@ async fn past_its_grace_a_stopping_worker_checkpoints_and_another_resumes() {
         "the checkpoint is journaled"
     );
     // The nak'ed job goes to the next worker, which re-runs the idempotent step.
-    agent(&fleet.dir.path().join("agents"), 1, "0", true);
+    agent(&fleet.worker_spec.agents_dir, 1, "0", true);
     let next = fleet.worker("next");
     let deadline = Instant::now() + Duration::from_secs(30);
     while fleet.load(ids[0]).await.record.status != RunStatus::Completed {
@@ -399,7 +387,7 @@ async fn past_its_grace_a_stopping_worker_checkpoints_and_another_resumes() {
 async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     let _serial = SERIAL.lock().await;
     let fleet = Fleet::start("xd", 1000, 2000, 2).await;
-    let a = fleet.dir.path().join("agents/crasher");
+    let a = fleet.worker_spec.agents_dir.join("crasher");
     std::fs::create_dir_all(&a).expect("mkdir");
     // The tool kills the worker running it: every delivery of this job ends in a crash.
     std::fs::write(

@@ -14,18 +14,6 @@ use delta_store::RunStore;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a worker process started by the tests"]
-async fn worker_child() {
-    delta_e2e::workers::child_main().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a gateway process started by the tests"]
-async fn gateway_child() {
-    delta_e2e::gateways::child_main().await
-}
-
 fn count<F: Fn(&Event) -> bool>(run: &delta_store::StoredRun, f: F) -> usize {
     run.journal.iter().filter(|e| f(&e.event)).count()
 }

@@ -16,18 +16,6 @@ use delta_protocol::{ActionStatus, Event, HumanInputReceived, RunId, RunStatus};
 use delta_store::RunStore;
 use serde_json::{Value, json};
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a worker process started by the tests"]
-async fn worker_child() {
-    delta_e2e::workers::child_main().await
-}
-
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a gateway process started by the tests"]
-async fn gateway_child() {
-    delta_e2e::gateways::child_main().await
-}
-
 /// WebDriver's codes for keys.
 const TAB: &str = "\u{E004}";
 const ENTER: &str = "\u{E007}";

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use delta_host::settings::{Setting, Settings};
 
@@ -29,9 +28,9 @@ pub const SETTINGS: &[Setting] = &[
 pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, Vec<String>> {
     let mut s = Settings::parse(SETTINGS, args, env);
     let concurrency = s.number("DELTA_WORKER_CONCURRENCY", 1);
-    let ack_wait = s.number("DELTA_ACK_WAIT_S", 1);
+    let ack_wait = s.seconds("DELTA_ACK_WAIT_S", 1.0);
     let max_deliver = s.number("DELTA_MAX_DELIVER", 1);
-    let grace = s.number("DELTA_GRACE_S", 0);
+    let grace = s.seconds("DELTA_GRACE_S", 0.0);
     let nats_url = s.url("DELTA_NATS_URL", &["nats", "tls"]);
     let redis_url = s.url("DELTA_REDIS_URL", &["redis", "rediss"]);
     let prefix = s.prefix("DELTA_KEY_PREFIX");
@@ -56,12 +55,12 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         work_dir: PathBuf::from(work_dir),
         concurrency: usize::try_from(concurrency).unwrap_or(usize::MAX),
         queue: queue::Settings {
-            ack_wait: Duration::from_secs(ack_wait),
+            ack_wait,
             max_deliver: i64::try_from(max_deliver).unwrap_or(i64::MAX),
             ..Default::default()
         },
         worker_id,
-        grace: Duration::from_secs(grace),
+        grace,
         secrets_key,
     })
 }
@@ -69,6 +68,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
@@ -86,9 +86,14 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-        let c = parse(&args(&["--key-prefix", "flag", "--ack-wait-s=7"]), &env).expect("valid");
+        let c = parse(
+            &args(&["--key-prefix", "flag", "--ack-wait-s=7", "--grace-s", "0.5"]),
+            &env,
+        )
+        .expect("valid");
         assert_eq!((c.concurrency, c.prefix.as_str()), (3, "flag"));
         assert_eq!(c.queue.ack_wait, Duration::from_secs(7));
+        assert_eq!(c.grace, Duration::from_millis(500));
         assert!(c.worker_id.starts_with("worker-"));
     }
 

@@ -1,9 +1,19 @@
-//! `delta-worker`: the stateless fleet host of the engine. Configuration, logging, signals, run.
+//! `delta-worker`: the stateless fleet host of the engine. Configuration, logging, signals, run
+//! (see `delta_host::program_main`).
 
 /// mimalloc: under load, glibc malloc took about a quarter of a worker's CPU (perf).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+use delta_worker::{config, fleet};
+
 fn main() {
-    std::process::exit(delta_worker::cli_main(std::env::args().skip(1).collect()));
+    let args = std::env::args().skip(1).collect();
+    std::process::exit(delta_host::program_main(
+        "delta-worker",
+        config::SETTINGS,
+        args,
+        config::parse,
+        fleet::run,
+    ));
 }

@@ -5,6 +5,9 @@
 //! exporter runs. Either way a run's W3C `traceparent` travels on its NATS messages: with export on
 //! the worker's own span becomes the parent of the next hop, with it off the incoming one is passed
 //! through unchanged, so a trace is never cut by a host that does not export.
+//!
+//! `DELTA_SPANS_FILE=<path>` writes every finished span as one line of text to that file instead
+//! (what an OTLP exporter would send, without a collector): the end-to-end tests read it.
 
 pub mod settings;
 
@@ -57,14 +60,54 @@ impl Drop for Telemetry {
     }
 }
 
+/// Writes each finished span, as the SDK hands it to an exporter (name, attributes, events,
+/// status), as one line of text (`DELTA_SPANS_FILE`).
+#[derive(Debug)]
+struct FileSpanExporter(std::sync::Mutex<std::fs::File>);
+
+impl opentelemetry_sdk::trace::SpanExporter for FileSpanExporter {
+    fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        use std::io::Write as _;
+        let mut f = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for span in batch {
+            let _ = writeln!(f, "{span:?}");
+        }
+        std::future::ready(Ok(()))
+    }
+}
+
 /// Installs logging (`DELTA_LOG`, else `default`) and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is
-/// set, OTLP span export as `service`. Call it once, with the runtime the binary will use.
+/// set, OTLP span export as `service` (or, with `DELTA_SPANS_FILE`, span lines to that file).
+/// Call it once, with the runtime the binary will use.
 pub fn init_logging(default: &str, service: &str, rt: &tokio::runtime::Runtime) -> Telemetry {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DELTA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or_default();
-    let provider = if endpoint.trim().is_empty() {
+    let spans_file = std::env::var_os("DELTA_SPANS_FILE").filter(|p| !p.is_empty());
+    let provider = if let Some(path) = spans_file {
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+        {
+            Ok(file) => Some(
+                SdkTracerProvider::builder()
+                    .with_simple_exporter(FileSpanExporter(std::sync::Mutex::new(file)))
+                    .build(),
+            ),
+            Err(e) => {
+                eprintln!(
+                    "warning: DELTA_SPANS_FILE={}: cannot write spans ({e}); going on without",
+                    std::path::Path::new(&path).display()
+                );
+                None
+            }
+        }
+    } else if endpoint.trim().is_empty() {
         None
     } else {
         // tonic's channel needs the runtime to exist when it is built.
@@ -140,6 +183,51 @@ pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
         }
     });
     shutdown
+}
+
+/// The whole `main` of a fleet program (`delta-gateway`, `delta-worker`): `--help` prints the
+/// settings `table`; the configuration comes from `args` and the environment through `parse`,
+/// every bad value reported at once (exit 64); then logging (`DELTA_LOG`, `info` by default),
+/// the runtime, and `run(config, shutdown)` until SIGINT or SIGTERM. Returns the exit code: 0,
+/// 1 when `run` fails, 64 on bad configuration.
+pub fn program_main<C, E, Fut>(
+    name: &str,
+    table: &[settings::Setting],
+    args: Vec<String>,
+    parse: impl FnOnce(&[String], &HashMap<String, String>) -> Result<C, Vec<String>>,
+    run: impl FnOnce(C, tokio_util::sync::CancellationToken) -> Fut,
+) -> i32
+where
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        eprint!("{}", settings::usage(name, table));
+        return 0;
+    }
+    let env = std::env::vars().collect();
+    let config = match parse(&args, &env) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            return 64;
+        }
+    };
+    let rt = runtime();
+    let telemetry = init_logging("info", name, &rt);
+    let code = rt.block_on(async {
+        match run(config, shutdown_on_signals()).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: {e}");
+                1
+            }
+        }
+    });
+    drop(telemetry);
+    code
 }
 
 /// The multi-threaded runtime; on failure, says so and exits 1.

@@ -85,6 +85,20 @@ impl<'a> Settings<'a> {
         }
     }
 
+    /// A duration in seconds ≥ `min`, with a fraction if need be (`0.5`): tests and tight
+    /// deployments want less than a second.
+    pub fn seconds(&mut self, env_name: &str, min: f64) -> std::time::Duration {
+        let (v, from) = self.get(env_name);
+        match v.trim().parse::<f64>() {
+            Ok(n) if n.is_finite() && n >= min && n < 1e9 => std::time::Duration::from_secs_f64(n),
+            _ => {
+                self.errors
+                    .push(format!("{from}: `{v}` is not a number of seconds ≥ {min}"));
+                std::time::Duration::from_secs_f64(min)
+            }
+        }
+    }
+
     /// A URL with one of `schemes` (e.g. `["nats", "tls"]`).
     pub fn url(&mut self, env_name: &str, schemes: &[&str]) -> String {
         let (v, from) = self.get(env_name);

