@@ -1,4 +1,4 @@
-//! `delta bench hitl-basic`: the reference workload of `../shared/bench/hitl-basic.md` against a
+//! `delta bench hitl-basic`: the reference workload of `docs/benchmarks.md` against a
 //! real fleet started on this machine (redis-server, nats-server, a gateway, K workers).
 //!
 //! N runs, at most C in flight; each is a scripted agent (think, echo, echo, ask_human, echo with
@@ -47,7 +47,7 @@ pub enum Echo {
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum BenchCommand {
-    /// The hitl-basic workload (../shared/bench/hitl-basic.md): prints one JSON line.
+    /// The hitl-basic workload (docs/benchmarks.md): prints one JSON line.
     HitlBasic(BenchArgs),
 }
 

@@ -1,4 +1,4 @@
-//! A small client of the gateway's HTTP API (PROTOCOL.md §6) for the operator commands.
+//! A small client of the gateway's HTTP API (docs/protocol.md §6) for the operator commands.
 //!
 //! A call returns the body as its `delta-api` type together with the gateway's JSON as is (a
 //! [`Reply`]: the type for reading, the JSON for `--json`), or an [`Error`] that already says

@@ -1,4 +1,4 @@
-//! Delta Engine v1.2's file mailbox (PROTOCOL.md §7): `.delta/interaction/request.json` is the
+//! Delta Engine v1.2's file mailbox (docs/protocol.md §7): `.delta/interaction/request.json` is the
 //! question, `response.txt` (free text, or an option) or `response.json` (the full response) the
 //! answer.
 //!
@@ -29,7 +29,7 @@ pub enum Error {
     #[error("{path}: refused ({code}): {message}")]
     Bad {
         path: String,
-        /// The PROTOCOL.md code of the refusal (`invalid_option`, `input_required`, …).
+        /// The docs/protocol.md code of the refusal (`invalid_option`, `input_required`, …).
         code: &'static str,
         message: String,
     },
@@ -154,7 +154,7 @@ fn read_opt(path: &Path) -> Result<Option<Vec<u8>>, Error> {
     }
 }
 
-/// A mailbox answer that cannot be read as a response: its PROTOCOL.md code and what to write.
+/// A mailbox answer that cannot be read as a response: its docs/protocol.md code and what to write.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Refused {
     pub code: &'static str,

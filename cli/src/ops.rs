@@ -1,5 +1,5 @@
 //! The operator commands: `delta submit`, `runs ls|show|journal`, `pending ls|show`, `answer`,
-//! `cancel`, `queue`. Each is one or a few calls to the gateway's HTTP API (PROTOCOL.md §6).
+//! `cancel`, `queue`. Each is one or a few calls to the gateway's HTTP API (docs/protocol.md §6).
 //!
 //! Replies are read as the API's types (`delta-api`). Output: tables and relative times for
 //! people on stdout (hints and spinners on stderr); `--json` prints the gateway's JSON as is, one

@@ -1,4 +1,4 @@
-//! `delta run`: the local host of the engine (PROTOCOL.md §7).
+//! `delta run`: the local host of the engine (docs/protocol.md §7).
 //!
 //! Async mode (default): a question is written to `.delta/interaction/request.json`, the run is
 //! parked as `WAITING_FOR_INPUT` and the process exits 101; the next `delta run` in the same

@@ -1,5 +1,5 @@
 //! How the gateway's replies are shown to people by the operator commands. Everything here reads
-//! the API's types (`delta-api`, PROTOCOL.md §6) and returns text; nothing talks to the network.
+//! the API's types (`delta-api`, docs/protocol.md §6) and returns text; nothing talks to the network.
 
 use chrono::{DateTime, Local, Utc};
 use serde_json::Value;

@@ -2,7 +2,7 @@
 //! `delta run` ingests them ([`Mailbox::parse_answer`]). The cargo-fuzz target `mailbox_answer`
 //! explores the same function for longer (`scripts/fuzz.sh`).
 //!
-//! Properties: arbitrary bytes never panic and every refusal names its file and a PROTOCOL.md
+//! Properties: arbitrary bytes never panic and every refusal names its file and a docs/protocol.md
 //! code; an answer written as people write it reads back as meant (free text, an option by id,
 //! label or number, a full `response.json`); mutated `response.json` files are refused naming
 //! what is wrong.

@@ -90,7 +90,7 @@ pub fn moment(selector: u8) -> Timestamp {
 }
 
 /// Runs the engine's answer check ([`check_answer`], with the deployer's tools) and asserts what
-/// must hold of its outcome: an accepted answer obeys PROTOCOL.md §3 and its journal record hides
+/// must hold of its outcome: an accepted answer obeys docs/protocol.md §3 and its journal record hides
 /// a sensitive answer; a refusal has a code and a message.
 pub fn check_and_assert(q: &InteractionRequest, resp: InteractionResponse, now: Timestamp) {
     match check_answer(q, &AnswerSchema::of_tools(deployer_tools()), resp.clone(), now) {

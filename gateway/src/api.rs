@@ -1,4 +1,4 @@
-//! The HTTP API of PROTOCOL.md §6. Every refusal is `{"error": {"code", "message"}}` with the
+//! The HTTP API of docs/protocol.md §6. Every refusal is `{"error": {"code", "message"}}` with the
 //! status of its code; bodies are size-limited and parsed strictly (unknown fields refused).
 
 use std::sync::Arc;

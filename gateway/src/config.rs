@@ -12,7 +12,7 @@ use delta_protocol::secret::SecretsKey;
 
 use crate::auth::Auth;
 
-/// The settings, by their environment names (PROTOCOL.md §9 and ours), with defaults.
+/// The settings, by their environment names (docs/protocol.md §9 and ours), with defaults.
 pub const SETTINGS: &[Setting] = &[
     ("DELTA_NATS_URL", "nats-url", "nats://127.0.0.1:4222"),
     ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),

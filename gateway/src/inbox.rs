@@ -1,4 +1,4 @@
-//! The web inbox (PROTOCOL.md §6 `GET /`): three static files embedded in the binary, no build
+//! The web inbox (docs/protocol.md §6 `GET /`): three static files embedded in the binary, no build
 //! step. The page itself needs no token; every data call it makes goes to the `/v1` API with
 //! the token the person types in (kept in the browser's `localStorage`), so the API's rules,
 //! roles and refusals are the only ones there are.

@@ -1,7 +1,7 @@
-//! Delta Fleet's gateway: where runs are submitted and questions answered (DESIGN.md "The
-//! fleet", steps 1 and 5).
+//! Delta Fleet's gateway: where runs are submitted and questions answered (docs/architecture.md "The
+//! walk of one run", steps 1 and 5).
 //!
-//! - [`api`]: the HTTP API of PROTOCOL.md §6 (axum), with [`sse`] for live streams.
+//! - [`api`]: the HTTP API of docs/protocol.md §6 (axum), with [`sse`] for live streams.
 //! - [`inbox`]: the web inbox at `GET /`, static files that use the API.
 //! - [`bots`]: NATS request-reply for chat bots, the same answer path as HTTP.
 //! - [`ops`]: submit, answer, cancel: every channel and the reconcilers go through these.

@@ -1,6 +1,6 @@
 //! What the gateway does, whatever the channel: submit a run, answer a question, cancel a run.
 //! HTTP handlers, the NATS bot bridge and the reconcilers all call these, so the rules of
-//! PROTOCOL.md §3 are enforced in one place.
+//! docs/protocol.md §3 are enforced in one place.
 
 use serde_json::Value;
 
@@ -37,7 +37,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 impl Gateway {
-    /// Stores a run `QUEUED` and publishes its start job (DESIGN.md "The fleet", step 1).
+    /// Stores a run `QUEUED` and publishes its start job (docs/architecture.md "The walk of one run", step 1).
     pub async fn submit(
         &self,
         s: Submission,
@@ -181,7 +181,7 @@ impl Gateway {
         Ok(Responder { id, via })
     }
 
-    /// Answers `request_id` (PROTOCOL.md §3, DESIGN.md "The fleet" step 5): validate, flip
+    /// Answers `request_id` (docs/protocol.md §3, docs/architecture.md "The walk of one run" step 5): validate, flip
     /// `PENDING → ANSWERED` atomically (first answer wins; an identical repeat is acknowledged),
     /// publish the resume job, announce `resolved`. Returns the run.
     pub async fn answer(
@@ -565,7 +565,7 @@ fn check_data_shape(data: &Value) -> Result<(), ApiError> {
 }
 
 /// How an interaction is shown in listings and the API: the request, its state, and its answer
-/// with sensitive parts as `"***"` (PROTOCOL.md §3 rule 5).
+/// with sensitive parts as `"***"` (docs/protocol.md §3, answer rule 9).
 pub fn interaction_view(run_id: RunId, ix: &StoredInteraction) -> InteractionView {
     let response = ix.response.as_ref().map(|r| {
         let mut r = r.clone();

@@ -1,4 +1,4 @@
-//! The reconcilers (DESIGN.md "What can go wrong, and who mends it"). They run periodically in
+//! The reconcilers (docs/architecture.md "What can go wrong, and who mends it"). They run periodically in
 //! every gateway, take no input, and make every change through the same atomic scripts and
 //! idempotent publishes as the request path, so several gateways may run them at once:
 //!

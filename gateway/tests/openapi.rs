@@ -12,7 +12,8 @@ use delta_api::ErrorCode;
 const API_RS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/api.rs"));
 const PROTOCOL_RS: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/protocol/src/lib.rs"
+    "/..",
+    "/shared/protocol/src/lib.rs"
 ));
 
 const METHODS: &[&str] = &[

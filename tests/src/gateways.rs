@@ -10,8 +10,8 @@ use delta_api::{
     Submission,
 };
 pub use delta_launcher::{GatewayProcess, GatewaySpec as Spec, Output};
-use serde::{Deserialize, Serialize};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A gateway spec on a free port with fast reconcilers, for the servers and prefix given, with

@@ -1,4 +1,4 @@
-//! What can go wrong in a fleet (DESIGN.md), done to real processes: a worker frozen past its
+//! What can go wrong in a fleet (docs/architecture.md), done to real processes: a worker frozen past its
 //! `ack_wait`, Redis and NATS restarted mid-batch, workers stopped with SIGTERM under load.
 //!
 //! Workers are real processes (`delta_e2e::workers`); the checks read every journal at the end.

@@ -9,7 +9,7 @@ use delta_host::settings::{Setting, Settings};
 use crate::fleet::Config;
 use delta_queue as queue;
 
-/// The settings, by their environment names (PROTOCOL.md §9), with defaults.
+/// The settings, by their environment names (docs/protocol.md §9), with defaults.
 pub const SETTINGS: &[Setting] = &[
     ("DELTA_NATS_URL", "nats-url", "nats://127.0.0.1:4222"),
     ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),

@@ -1,4 +1,4 @@
-//! The fleet host of the engine: pull a job, advance its run, release it (DESIGN.md "The fleet").
+//! The fleet host of the engine: pull a job, advance its run, release it (docs/architecture.md "The walk of one run").
 //!
 //! A permit of the concurrency limit is taken *before* pulling, so a worker never holds jobs it
 //! cannot start. Each job is handled in a tracked task: the run is advanced through a Redis store

@@ -1,12 +1,12 @@
-//! Delta Fleet's agent engine and its fleet host.
+//! Delta Fleet's worker: the fleet host of the engine (`delta-engine`), and nothing else.
 //!
-//! - [`agent`]: loading and checking an agent directory (`config.yaml`, `script.yaml`).
-//! - [`tools`]: Delta Engine's tool forms, run as child processes with timeouts.
-//! - [`brain`]: the scripted and the OpenAI-compatible brains.
-//! - [`engine`]: the Thought-Action-Observation loop, resumable from its journal.
+//! - [`fleet`]: pull jobs from NATS, load each run, resume it through the engine (which reads
+//!   its answers through the store's `AnswerStore` port), publish the questions it asks, ack;
+//!   heartbeats, fencing, dead letters, exhausted jobs and an ordered shutdown.
+//! - [`config`]: the `delta-worker` settings (flags and `DELTA_*` variables).
 //!
-//! The engine writes only through the `RunStore` port and never waits for a person: the hosts
-//! (`delta run`, the fleet worker) decide what a pause means.
+//! The agent loop itself (agents, tools, brains, replay, answer checks) is `delta-engine`'s; the
+//! worker only decides what a pause, a refusal or a fenced write means for the job it holds.
 
 pub mod config;
 pub mod fleet;

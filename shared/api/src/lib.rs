@@ -1,4 +1,4 @@
-//! The gateway's HTTP API (PROTOCOL.md §6) as types: the request and response bodies of every
+//! The gateway's HTTP API (docs/protocol.md §6) as types: the request and response bodies of every
 //! route, the error codes with their HTTP statuses, and the OpenAPI document generated from them
 //! ([`openapi`]).
 //!
@@ -339,7 +339,7 @@ pub struct InteractionPage {
 }
 
 /// An answer as a channel receives it (`POST /v1/interactions/{request_id}/response`, and a
-/// bot's message on NATS): the response fields a person or bot sets (PROTOCOL.md §3). With
+/// bot's message on NATS): the response fields a person or bot sets (docs/protocol.md §3). With
 /// options: `option_id` is required (`422 invalid_option`) and an option with `requires_input`
 /// needs a non-blank `input` (`422 input_required`). Without options: no `option_id`, and a
 /// non-blank `input`.

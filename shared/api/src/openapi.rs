@@ -355,7 +355,7 @@ impl Modify for Streams {
 #[openapi(
     info(
         title = "Delta Fleet gateway",
-        description = "The HTTP API of PROTOCOL.md §6, served by `delta-gateway`; generated from the types of the `delta-api` crate.
+        description = "The HTTP API of docs/protocol.md §6, served by `delta-gateway`; generated from the types of the `delta-api` crate.
 
 - Bodies are JSON, parsed strictly: unknown fields, wrong types and trailing data are `400 bad_request` naming the field; an empty body where one is needed is `400`; a body over `DELTA_MAX_BODY_BYTES` (1 MiB) is `413`. `Content-Type` is not checked.
 - Every refusal is `{\"error\": {\"code\", \"message\"}}` (schema `Error`) with the status of its code; an unknown path is `404 not_found` in that shape. A known path with a method it does not serve is answered `405` with an empty body (the router's default).
@@ -522,7 +522,7 @@ mod paths {
 
     /// Answer a question
     ///
-    /// PROTOCOL.md §3 rules. The first accepted answer wins, atomically, across every gateway
+    /// docs/protocol.md §3 rules. The first accepted answer wins, atomically, across every gateway
     /// and channel (HTTP and NATS bots); the run's resume job is then published and a
     /// `resolved` announcement sent. The same answer again (same option, input, data, feedback
     /// and responder) is acknowledged again with `200`; any other later answer is
@@ -568,7 +568,7 @@ mod paths {
     ///
     /// For a run that this dead-lettering left `FAILED` (its error is the letter's reason),
     /// once the cause is mended (an agent's config fixed, a crashing tool repaired): the run
-    /// becomes `QUEUED` again (an extension of PROTOCOL.md §1: `FAILED` is otherwise final)
+    /// becomes `QUEUED` again (an extension of docs/protocol.md §1: `FAILED` is otherwise final)
     /// with a `SYSTEM_MESSAGE` journaled (`retried from the dead-letter queue by <who> …`), a
     /// new start job is published and the letter removed. The run goes on from where its
     /// journal stops: an unfinished idempotent tool runs again, another becomes a

@@ -1,4 +1,4 @@
-//! Agents: a directory with `config.yaml` (Delta Engine's format, PROTOCOL.md §8), an optional
+//! Agents: a directory with `config.yaml` (Delta Engine's format, docs/protocol.md §8), an optional
 //! `system_prompt.md`, and for the scripted brain a `script.yaml`.
 //!
 //! Loading checks everything it can up front (tool forms, parameter names, the script's tools and

@@ -1,5 +1,5 @@
 //! Settings of the fleet's binaries: `--name value` / `--name=value` flags win over `DELTA_*`
-//! environment variables (PROTOCOL.md §9), which win over defaults. Every bad value is collected
+//! environment variables (docs/protocol.md §9), which win over defaults. Every bad value is collected
 //! so that a binary reports them all at once (and exits 64) instead of the first one only.
 
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! The external contract of PROTOCOL.md §1–3 as Rust types.
+//! The external contract of docs/protocol.md §1–3 as Rust types.
 //!
 //! Everything here is pure data: serde shapes that round-trip exactly the JSON of the contract,
 //! plus the validation rules every entry point applies to an interaction response (§3). No I/O,
@@ -173,7 +173,7 @@ uuid_id!(
 // ---------------------------------------------------------------------------------------------
 // §1 Runs
 
-/// The single source of truth about a run (PROTOCOL.md §1).
+/// The single source of truth about a run (docs/protocol.md §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -246,7 +246,7 @@ pub struct JournalEvent {
     pub event: Event,
 }
 
-/// The journal event types and their payloads (PROTOCOL.md §2).
+/// The journal event types and their payloads (docs/protocol.md §2).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", content = "payload", rename_all = "SCREAMING_SNAKE_CASE")]
@@ -403,7 +403,7 @@ pub enum Via {
 }
 
 /// What the journal keeps of an answer. Sensitive answers are redacted to `"***"` before they
-/// are ever put here (PROTOCOL.md §3 rule 5).
+/// are ever put here (docs/protocol.md §3, answer rule 9).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HumanInputReceived {
@@ -578,7 +578,7 @@ impl fmt::Display for Fence {
     }
 }
 
-/// What `…interactions.resolved.<agent>.<run_id>` carries (PROTOCOL.md §4), plus `state`:
+/// What `…interactions.resolved.<agent>.<run_id>` carries (docs/protocol.md §4), plus `state`:
 /// `ANSWERED`, `EXPIRED` (the clock answered: `option_id` is the default applied, or none when
 /// the run fails) or `CANCELLED` (the run was cancelled while it waited).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -595,7 +595,7 @@ pub struct Resolved {
     pub state: InteractionState,
 }
 
-/// Where an interaction stands (PROTOCOL.md §5, the `state` of its hash).
+/// Where an interaction stands (docs/protocol.md §5, the `state` of its hash).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -750,7 +750,7 @@ impl InteractionOption {
     }
 }
 
-/// What a run asks a human (PROTOCOL.md §3). A superset of Delta v1.2's `request.json`.
+/// What a run asks a human (docs/protocol.md §3). A superset of Delta v1.2's `request.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InteractionRequest {
@@ -845,7 +845,7 @@ impl InteractionRequest {
     }
 }
 
-/// An answer to an interaction request (PROTOCOL.md §3).
+/// An answer to an interaction request (docs/protocol.md §3).
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -891,7 +891,7 @@ impl fmt::Debug for InteractionResponse {
 /// What every sensitive value is shown as.
 pub const REDACTED: &str = "***";
 
-/// Why a response was refused (PROTOCOL.md §3 and §6 codes).
+/// Why a response was refused (docs/protocol.md §3 and §6 codes).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ResponseError {
     #[error("no pending interaction request {0}")]
@@ -939,8 +939,8 @@ pub struct AcceptedAnswer {
 }
 
 impl InteractionRequest {
-    /// Rules 1–3 of PROTOCOL.md §3 that depend only on the request and the answer; whether the
-    /// request is still pending is the store's business.
+    /// Answer rules 1, 3 and 4 of docs/protocol.md §3, those that depend only on the request
+    /// and the answer; whether the request is still pending is the store's business.
     pub fn validate(
         &self,
         response: InteractionResponse,

@@ -436,7 +436,7 @@ fn jobs_missing_a_field_or_with_extra_ones_are_refused_by_name() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Interaction responses, checked against their requests (PROTOCOL.md §3)
+// Interaction responses, checked against their requests (docs/protocol.md §3)
 
 proptest! {
     #![proptest_config(config())]

@@ -1,4 +1,4 @@
-//! The fleet's queue: NATS JetStream (PROTOCOL.md §4). The only module that speaks async-nats.
+//! The fleet's queue: NATS JetStream (docs/protocol.md §4). The only module that speaks async-nats.
 //!
 //! At start it creates or updates, idempotently, the job stream (work-queue retention, file
 //! storage, `discard: new`), the dead-letter stream, the interactions stream (limits retention,

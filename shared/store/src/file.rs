@@ -1,4 +1,4 @@
-//! The local run store: Delta Engine v1.2's `.delta/` layout (PROTOCOL.md §7).
+//! The local run store: Delta Engine v1.2's `.delta/` layout (docs/protocol.md §7).
 //!
 //! ```text
 //! .delta/runs/<RUN_ID>/execution/metadata.json   run record, replaced by write-temp-then-rename

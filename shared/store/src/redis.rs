@@ -1,4 +1,4 @@
-//! The fleet's run store: Redis (PROTOCOL.md §5).
+//! The fleet's run store: Redis (docs/protocol.md §5).
 //!
 //! ```text
 //! <p>:run:{<run_id>}                 hash    the run record, plus `seq` (last journal seq), the fence, `owner`, `job_seq`
