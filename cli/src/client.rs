@@ -322,31 +322,6 @@ impl Client {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_query_type_becomes_its_parameters() {
-        let q = delta_api::InteractionsQuery {
-            state: Some("pending".into()),
-            kind: Some("USER_CHOICE".into()),
-            limit: Some(500),
-            ..Default::default()
-        };
-        let mut pairs = query_pairs(&q);
-        pairs.sort();
-        assert_eq!(
-            pairs,
-            [
-                ("limit".to_owned(), "500".to_owned()),
-                ("state".to_owned(), "pending".to_owned()),
-                ("type".to_owned(), "USER_CHOICE".to_owned()),
-            ]
-        );
-    }
-}
-
 /// A query type's parameters as name and text: its fields as it serializes them (absent ones are
 /// left out by the type), numbers and booleans written out.
 fn query_pairs<Q: Serialize>(query: &Q) -> Vec<(String, String)> {
@@ -364,12 +339,7 @@ fn query_pairs<Q: Serialize>(query: &Q) -> Vec<(String, String)> {
 }
 
 /// One server-sent event.
-#[derive(Clone, Debug, Default)]
-pub struct SseEvent {
-    pub id: Option<String>,
-    pub event: String,
-    pub data: String,
-}
+pub use delta_api::sse::Event as SseEvent;
 
 /// Reads events off an SSE response.
 pub struct SseStream {
@@ -393,26 +363,31 @@ impl SseStream {
     }
 
     fn take_event(&mut self) -> Option<SseEvent> {
-        loop {
-            let end = self.buf.windows(2).position(|w| w == b"\n\n")?;
-            let block: Vec<u8> = self.buf.drain(..end + 2).collect();
-            let block = String::from_utf8_lossy(&block);
-            let mut ev = SseEvent::default();
-            let mut data = vec![];
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id:") {
-                    ev.id = Some(v.trim().to_owned());
-                } else if let Some(v) = line.strip_prefix("event:") {
-                    ev.event = v.trim().to_owned();
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
-                }
-            }
-            if ev.event.is_empty() && data.is_empty() {
-                continue;
-            }
-            ev.data = data.join("\n");
-            return Some(ev);
-        }
+        delta_api::sse::take_event(&mut self.buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_type_becomes_its_parameters() {
+        let q = delta_api::InteractionsQuery {
+            state: Some("pending".into()),
+            kind: Some("USER_CHOICE".into()),
+            limit: Some(500),
+            ..Default::default()
+        };
+        let mut pairs = query_pairs(&q);
+        pairs.sort();
+        assert_eq!(
+            pairs,
+            [
+                ("limit".to_owned(), "500".to_owned()),
+                ("state".to_owned(), "pending".to_owned()),
+                ("type".to_owned(), "USER_CHOICE".to_owned()),
+            ]
+        );
     }
 }

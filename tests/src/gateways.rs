@@ -264,23 +264,19 @@ impl Client {
         }
         Ok(SseReader {
             resp: r.send().await?,
-            buf: String::new(),
+            buf: vec![],
         })
     }
 }
 
 /// One server-sent event.
-#[derive(Clone, Debug, Default)]
-pub struct SseEvent {
-    pub id: Option<String>,
-    pub event: String,
-    pub data: String,
-}
+pub use delta_api::sse::Event as SseEvent;
 
 /// Reads events off an SSE response.
 pub struct SseReader {
     resp: reqwest::Response,
-    buf: String,
+    /// Bytes received and not yet parsed.
+    buf: Vec<u8>,
 }
 
 impl SseReader {
@@ -292,28 +288,12 @@ impl SseReader {
     pub async fn next(&mut self, within: Duration) -> Option<SseEvent> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let mut ev = SseEvent::default();
-                let mut data = vec![];
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("id:") {
-                        ev.id = Some(v.trim().to_owned());
-                    } else if let Some(v) = line.strip_prefix("event:") {
-                        ev.event = v.trim().to_owned();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
-                    }
-                }
-                if ev.event.is_empty() && data.is_empty() {
-                    continue;
-                }
-                ev.data = data.join("\n");
+            if let Some(ev) = delta_api::sse::take_event(&mut self.buf) {
                 return Some(ev);
             }
             let chunk = tokio::time::timeout_at(deadline, self.resp.chunk()).await;
             match chunk {
-                Ok(Ok(Some(bytes))) => self.buf.push_str(&String::from_utf8_lossy(&bytes)),
+                Ok(Ok(Some(bytes))) => self.buf.extend(bytes.iter().filter(|b| **b != b'\r')),
                 _ => return None,
             }
         }

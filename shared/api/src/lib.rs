@@ -300,6 +300,67 @@ pub mod sse {
     /// `GET /v1/interactions/stream`: a question was answered, expired or closed (`data` =
     /// `Resolved`).
     pub const RESOLVED: &str = "resolved";
+
+    /// One event of a live stream as a client reads it: its `id` (to resume from), its name and
+    /// its `data` lines joined.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct Event {
+        pub id: Option<String>,
+        pub event: String,
+        pub data: String,
+    }
+
+    /// Takes the next whole event out of `buf` (the bytes received so far, `\r` already
+    /// dropped), skipping comments and keep-alives; `None` until a whole event has arrived. A
+    /// chunk may end inside a character or an event: what is left stays in `buf`.
+    pub fn take_event(buf: &mut Vec<u8>) -> Option<Event> {
+        loop {
+            let end = buf.windows(2).position(|w| w == b"\n\n")?;
+            let block: Vec<u8> = buf.drain(..end + 2).collect();
+            let block = String::from_utf8_lossy(&block);
+            let mut ev = Event::default();
+            let mut data = vec![];
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    ev.id = Some(v.trim().to_owned());
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    ev.event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+                }
+            }
+            if ev.event.is_empty() && data.is_empty() {
+                continue;
+            }
+            ev.data = data.join("\n");
+            return Some(ev);
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn events_are_taken_whole_and_comments_skipped() {
+            let mut buf = b": keep-alive\n\nid: 7\nevent: journal\ndata: {\"a\":\ndata: 1}\n\nid: 8\nevent: sta"
+                .to_vec();
+            let ev = super::take_event(&mut buf).expect("an event");
+            assert_eq!(ev.id.as_deref(), Some("7"));
+            assert_eq!(
+                (ev.event.as_str(), ev.data.as_str()),
+                ("journal", "{\"a\":\n1}")
+            );
+            assert_eq!(
+                super::take_event(&mut buf),
+                None,
+                "the rest is not whole yet"
+            );
+            buf.extend_from_slice(b"tus\ndata: {}\n\n");
+            assert_eq!(
+                super::take_event(&mut buf).expect("whole now").event,
+                "status"
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
