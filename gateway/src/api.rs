@@ -63,7 +63,28 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             ApiError::not_found("no such endpoint; GET /openapi.json lists them")
         })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            gw.config.request_timeout,
+            within_time,
+        ))
         .with_state(gw)
+}
+
+/// A request that has not produced its response within `DELTA_REQUEST_TIMEOUT_S` (a slow body,
+/// a stuck backend) is answered `503 unavailable`, and what it was doing is dropped. A live
+/// stream only has to start in time: its events flow as long as the client stays.
+async fn within_time(
+    State(limit): State<std::time::Duration>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::unavailable(
+            "the request took longer than this gateway allows (DELTA_REQUEST_TIMEOUT_S); try again",
+        )
+        .into_response(),
+    }
 }
 
 /// The caller, if it holds one of `roles`. Live streams may pass the token as

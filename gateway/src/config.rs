@@ -25,6 +25,14 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_RECONCILE_MS", "reconcile-ms", "1000"),
     ("DELTA_RESUME_CHECK_S", "resume-check-s", "5"),
     ("DELTA_LOST_JOB_S", "lost-job-s", "60"),
+    ("DELTA_MAX_CONNECTIONS", "max-connections", "4096"),
+    ("DELTA_HEADER_TIMEOUT_S", "header-timeout-s", "10"),
+    ("DELTA_REQUEST_TIMEOUT_S", "request-timeout-s", "30"),
+    (
+        "DELTA_MAX_STREAMS_PER_IDENTITY",
+        "max-streams-per-identity",
+        "32",
+    ),
 ];
 
 /// How a gateway runs.
@@ -48,6 +56,15 @@ pub struct Config {
     /// How long a queued or running run may show no progress with no job in the stream before
     /// a reconciler enqueues it again (also: how long after publishing a resume it is checked).
     pub lost_job_after: Duration,
+    /// HTTP connections open at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// How long a connection may take to send a request's headers (and how long an idle
+    /// connection is kept): slow or silent clients cannot hold connections.
+    pub header_timeout: Duration,
+    /// How long a request may take to get its response (a live stream: to start).
+    pub request_timeout: Duration,
+    /// Live streams one token may hold at once (with authentication on).
+    pub max_streams_per_identity: usize,
 }
 
 impl Config {
@@ -65,6 +82,10 @@ impl Config {
             reconcile_every: Duration::from_millis(1000),
             resume_check: Duration::from_secs(5),
             lost_job_after: Duration::from_secs(60),
+            max_connections: 4096,
+            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            max_streams_per_identity: 32,
         }
     }
 }
@@ -103,6 +124,10 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let reconcile_ms = s.number("DELTA_RECONCILE_MS", 10);
     let resume_check = s.number("DELTA_RESUME_CHECK_S", 1);
     let lost_job = s.number("DELTA_LOST_JOB_S", 1);
+    let max_connections = s.number("DELTA_MAX_CONNECTIONS", 1);
+    let header_timeout = s.seconds("DELTA_HEADER_TIMEOUT_S", 0.1);
+    let request_timeout = s.seconds("DELTA_REQUEST_TIMEOUT_S", 0.1);
+    let per_identity = s.number("DELTA_MAX_STREAMS_PER_IDENTITY", 1);
     s.finish()?;
     Ok(Config {
         nats_url,
@@ -116,6 +141,10 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         reconcile_every: Duration::from_millis(reconcile_ms),
         resume_check: Duration::from_secs(resume_check),
         lost_job_after: Duration::from_secs(lost_job),
+        max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
+        header_timeout,
+        request_timeout,
+        max_streams_per_identity: usize::try_from(per_identity).unwrap_or(usize::MAX),
     })
 }
 

@@ -46,6 +46,9 @@ pub struct Gateway {
     pub tasks: TaskTracker,
     /// Live streams open at once (each holds a Redis connection or a NATS consumer).
     pub streams: Arc<tokio::sync::Semaphore>,
+    /// Live streams held by each token's identity (authentication on), capped at
+    /// `max_streams_per_identity` so that one token cannot take every slot.
+    pub streams_by_identity: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
     /// Bot answers handled at once.
     pub bot_answers: Arc<tokio::sync::Semaphore>,
 }
@@ -95,6 +98,7 @@ impl Gateway {
             shutdown,
             tasks: TaskTracker::new(),
             streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+            streams_by_identity: Arc::default(),
             bot_answers: Arc::new(tokio::sync::Semaphore::new(MAX_BOT_ANSWERS)),
         })
     }
@@ -121,13 +125,7 @@ pub async fn run(
     tracing::info!(%bound, auth = gw.config.auth.is_on(), "gateway listening");
     ready(bound);
     let app = api::router(gw.clone());
-    let stop = shutdown.clone();
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %delta_host::Chain(&e), "HTTP server stopped");
-    }
+    serve(&gw, listener, app).await;
     shutdown.cancel();
     gw.tasks.close();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), gw.tasks.wait()).await;
@@ -144,4 +142,58 @@ pub async fn run(
         "gateway stopped"
     );
     Ok(())
+}
+
+/// Accepts HTTP connections until shutdown: at most `max_connections` at once (one more is
+/// closed as soon as it is accepted), each given `header_timeout` to send a request's headers,
+/// so neither silent nor slow clients can hold the gateway's connections. On shutdown every
+/// connection finishes the request it is in and closes (live streams end with the shutdown).
+async fn serve(gw: &Arc<Gateway>, listener: tokio::net::TcpListener, app: axum::Router) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        gw.config.max_connections.max(1),
+    ));
+    let connections = TaskTracker::new();
+    loop {
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a little rather than spin.
+                    tracing::warn!(error = %delta_host::Chain(&e), "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = gw.shutdown.cancelled() => break,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            gw.metrics.connections_refused.inc();
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let header_timeout = gw.config.header_timeout;
+        let shutdown = gw.shutdown.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+    connections.close();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), connections.wait()).await;
 }

@@ -38,6 +38,8 @@ pub struct Metrics {
     pub timeouts_applied: Counter,
     pub resumes_republished: Counter,
     pub jobs_requeued: Counter,
+    /// Connections closed at once because `DELTA_MAX_CONNECTIONS` were open.
+    pub connections_refused: Counter,
     /// From a question being asked to its answer being accepted.
     pub time_to_answer: Histogram,
     /// From an answer being accepted to a worker resuming the run.
@@ -67,6 +69,7 @@ impl Metrics {
             timeouts_applied: Counter::default(),
             resumes_republished: Counter::default(),
             jobs_requeued: Counter::default(),
+            connections_refused: Counter::default(),
             // 1 s … ~4.5 h
             time_to_answer: Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(1.0, 3.0, 10),
@@ -101,6 +104,11 @@ impl Metrics {
             "jobs_dead_lettered",
             "Messages in the dead-letter stream",
             m.jobs_dead_lettered.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections closed at once: DELTA_MAX_CONNECTIONS were open",
+            m.connections_refused.clone(),
         );
         r.register(
             "runs_submitted",

@@ -11,6 +11,7 @@
 //! Both end when the gateway shuts down. Browsers' `EventSource` cannot send headers, so with
 //! authentication on these take `?access_token=` as well.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +29,7 @@ use delta_protocol::{Event as JournalEventKind, InteractionRequest, RunId};
 
 use crate::Gateway;
 use crate::api::caller;
-use crate::auth::Role;
+use crate::auth::{Identity, Role};
 use crate::error::ApiError;
 
 fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
@@ -43,10 +44,55 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     }
 }
 
-/// One of the gateway's live-stream slots (each holds a Redis connection or a NATS consumer).
-fn stream_permit(gw: &Gateway) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
-    gw.streams.clone().try_acquire_owned().map_err(|_| {
+/// A live stream's hold on the gateway: one of its slots and, with authentication on, one of its
+/// identity's. Both are given back when the stream ends.
+pub struct StreamSlot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    /// The identity whose count this slot holds, and the counts.
+    holder: Option<(Arc<std::sync::Mutex<HashMap<String, usize>>>, String)>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        if let Some((counts, name)) = self.holder.take() {
+            let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = counts.get_mut(&name) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    counts.remove(&name);
+                }
+            }
+        }
+    }
+}
+
+/// One of the gateway's live-stream slots (each holds a Redis connection or a NATS consumer),
+/// and, with authentication on, one of the caller's: a token holds at most
+/// `DELTA_MAX_STREAMS_PER_IDENTITY` streams at once, so one token cannot take every slot.
+fn stream_permit(gw: &Gateway, who: &Identity) -> Result<StreamSlot, ApiError> {
+    let permit = gw.streams.clone().try_acquire_owned().map_err(|_| {
         ApiError::unavailable("this gateway serves as many live streams as it can; try again shortly or use another gateway")
+    })?;
+    let Some(name) = &who.name else {
+        return Ok(StreamSlot {
+            _permit: permit,
+            holder: None,
+        });
+    };
+    let mut counts = gw
+        .streams_by_identity
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let held = counts.entry(name.clone()).or_insert(0);
+    if *held >= gw.config.max_streams_per_identity {
+        return Err(ApiError::unavailable(format!(
+            "`{name}` holds {held} live streams, as many as one token may (DELTA_MAX_STREAMS_PER_IDENTITY); close one first"
+        )));
+    }
+    *held += 1;
+    Ok(StreamSlot {
+        _permit: permit,
+        holder: Some((gw.streams_by_identity.clone(), name.clone())),
     })
 }
 
@@ -67,7 +113,7 @@ pub async fn run_events(
     let q = q
         .map(|Query(q)| q)
         .map_err(|e| ApiError::bad_request(format!("bad query string: {}", e.body_text())))?;
-    caller(
+    let who = caller(
         &gw,
         &headers,
         &[Role::Submit, Role::Answer, Role::Operate],
@@ -82,7 +128,7 @@ pub async fn run_events(
         Some(id) => id,
         None => q.from_seq.map(|s| s.saturating_sub(1)).unwrap_or(0),
     };
-    let permit = stream_permit(&gw)?;
+    let permit = stream_permit(&gw, &who)?;
     let (tx, rx) = mpsc::channel(64);
     let gw2 = gw.clone();
     gw.tasks.spawn(async move {
@@ -215,7 +261,7 @@ pub async fn interaction_events(
     let q = q
         .map(|Query(q)| q)
         .map_err(|e| ApiError::bad_request(format!("bad query string: {}", e.body_text())))?;
-    caller(
+    let who = caller(
         &gw,
         &headers,
         &[Role::Answer, Role::Operate],
@@ -224,7 +270,7 @@ pub async fn interaction_events(
     let from = last_event_id(&headers)?
         .map(|id| id.saturating_add(1))
         .or(q.from_seq);
-    let permit = stream_permit(&gw)?;
+    let permit = stream_permit(&gw, &who)?;
     let mut events = gw.queue.interaction_events(from).await?.boxed();
     let agent = q.agent.clone();
     let (tx, rx) = mpsc::channel(64);

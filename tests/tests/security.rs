@@ -86,3 +86,175 @@ async fn cancelling_a_run_kills_its_running_tool() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Reads from `conn` until the server closes it (EOF or a reset) or `within` passes: whether it
+/// was closed.
+async fn closed_within(conn: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, conn.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            // A response (a 408 or 503) may come first; the close follows.
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Finding 8: silent and slow clients cannot hold the gateway's connections. Past
+/// `DELTA_MAX_CONNECTIONS`, a connection is closed at once; one that does not finish its request
+/// headers within `DELTA_HEADER_TIMEOUT_S` is closed then; afterwards the gateway serves as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn half_open_connections_are_capped_and_timed_out() {
+    use tokio::io::AsyncWriteExt;
+    let fleet = Fleet::start_with("sec8a", 1, 0, |s| {
+        s.extra = vec![
+            ("DELTA_MAX_CONNECTIONS", "20".into()),
+            ("DELTA_HEADER_TIMEOUT_S", "1".into()),
+        ];
+    })
+    .await;
+    let addr = fleet
+        .gateway_spec
+        .url()
+        .trim_start_matches("http://")
+        .to_owned();
+    let mut slow = vec![];
+    for _ in 0..60 {
+        let mut conn = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        // Half a request: the headers never end.
+        let _ = conn
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await;
+        slow.push(conn);
+    }
+    // 20 are held (until their header timeout), the other 40 are closed at once.
+    let mut closed_at_once = 0;
+    for conn in &mut slow {
+        if closed_within(conn, Duration::from_millis(300)).await {
+            closed_at_once += 1;
+        }
+    }
+    assert!(
+        closed_at_once >= 40,
+        "{closed_at_once} of 60 closed at once"
+    );
+    // Every one is closed once the header timeout (1 s) has passed.
+    for conn in &mut slow {
+        assert!(
+            closed_within(conn, Duration::from_secs(5)).await,
+            "a connection that never finished its headers is still open"
+        );
+    }
+    let (status, _) = fleet.client.get("/healthz").await.expect("healthz");
+    assert_eq!(status, 200);
+    let (_, metrics) = fleet.client.get("/metrics").await.expect("metrics");
+    let text = metrics.as_str().unwrap_or_default().to_owned();
+    let refused: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("delta_connections_refused_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(refused >= 40, "{text}");
+}
+
+/// Finding 8: a request whose body never arrives gets its answer when the request timeout
+/// passes (`503 unavailable`), instead of holding the gateway.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_that_never_finishes_its_body_times_out() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fleet = Fleet::start_with("sec8b", 1, 0, |s| {
+        s.extra = vec![("DELTA_REQUEST_TIMEOUT_S", "1".into())];
+    })
+    .await;
+    let addr = fleet
+        .gateway_spec
+        .url()
+        .trim_start_matches("http://")
+        .to_owned();
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    conn.write_all(
+        b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"agent\":",
+    )
+    .await
+    .expect("write");
+    let mut reply = vec![];
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    reply.extend_from_slice(&buf[..n]);
+                    if reply.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no answer within 10 s");
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+}
+
+/// Finding 8: one token cannot take every live-stream slot: past
+/// `DELTA_MAX_STREAMS_PER_IDENTITY` its next stream is refused, another token's is not, and a
+/// closed stream gives its slot back.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_token_holds_at_most_its_share_of_live_streams() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(
+        &tokens,
+        "- name: alice\n  token: alice-token-0123456789\n  roles: [answer]\n\
+         - name: bob\n  token: bob-token-0123456789ab\n  roles: [answer]\n",
+    )
+    .expect("tokens");
+    let fleet = Fleet::start_with("sec8c", 1, 0, |s| {
+        s.tokens_file = Some(tokens.clone());
+        s.extra = vec![("DELTA_MAX_STREAMS_PER_IDENTITY", "2".into())];
+    })
+    .await;
+    let alice = fleet.client.with_token(Some("alice-token-0123456789"));
+    let bob = fleet.client.with_token(Some("bob-token-0123456789ab"));
+    let first = alice
+        .sse("/v1/interactions/stream", None)
+        .await
+        .expect("sse");
+    let second = alice
+        .sse("/v1/interactions/stream", None)
+        .await
+        .expect("sse");
+    assert_eq!((first.status(), second.status()), (200, 200));
+    let third = alice
+        .sse("/v1/interactions/stream", None)
+        .await
+        .expect("sse");
+    assert_eq!(third.status(), 503, "a third stream for the same token");
+    let other = bob.sse("/v1/interactions/stream", None).await.expect("sse");
+    assert_eq!(other.status(), 200, "another token is not held back");
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let again = alice
+            .sse("/v1/interactions/stream", None)
+            .await
+            .expect("sse");
+        if again.status() == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a closed stream never gave its slot back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

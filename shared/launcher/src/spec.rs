@@ -29,6 +29,8 @@ pub struct GatewaySpec {
     pub max_body_bytes: usize,
     /// `DELTA_FAILPOINT`: the process exits hard at that point (a crash on cue).
     pub failpoint: Option<String>,
+    /// Any other of the gateway's settings, by environment name (`DELTA_MAX_CONNECTIONS`, …).
+    pub extra: Vec<(&'static str, String)>,
 }
 
 impl GatewaySpec {
@@ -53,6 +55,7 @@ impl GatewaySpec {
             lost_job_s: 60,
             max_body_bytes: 1 << 20,
             failpoint: None,
+            extra: vec![],
         }
     }
 
@@ -81,6 +84,7 @@ impl GatewaySpec {
         if let Some(f) = &self.failpoint {
             env.push(("DELTA_FAILPOINT", f.clone()));
         }
+        env.extend(self.extra.iter().cloned());
         env
     }
 
