@@ -44,12 +44,15 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     }
 }
 
+/// Live streams held by each identity (see [`Gateway::streams_by_identity`]).
+type HeldStreams = Arc<std::sync::Mutex<HashMap<String, usize>>>;
+
 /// A live stream's hold on the gateway: one of its slots and, with authentication on, one of its
 /// identity's. Both are given back when the stream ends.
 pub struct StreamSlot {
     _permit: tokio::sync::OwnedSemaphorePermit,
     /// The identity whose count this slot holds, and the counts.
-    holder: Option<(Arc<std::sync::Mutex<HashMap<String, usize>>>, String)>,
+    holder: Option<(HeldStreams, String)>,
 }
 
 impl Drop for StreamSlot {

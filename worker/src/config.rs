@@ -126,7 +126,7 @@ mod tests {
             "--nats-url",
             "DELTA_REDIS_URL",
             "--agents-dir",
-            "DELTA_SECRETS_KEY: DELTA_SECRETS_KEY must be 64 hex digits",
+            "DELTA_SECRETS_KEY: DELTA_SECRETS_KEY must be one or more keys of 64 hex digits",
         ] {
             assert!(
                 errs.iter().any(|e| e.contains(needle)),

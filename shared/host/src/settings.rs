@@ -137,7 +137,8 @@ impl<'a> Settings<'a> {
         v.into()
     }
 
-    /// The secrets key (64 hex digits), or none when the setting is empty.
+    /// The secrets keys (64 hex digits each, separated by commas; the first seals), or none when
+    /// the setting is empty.
     pub fn secrets_key(&mut self, env_name: &str) -> Option<Arc<SecretsKey>> {
         let (v, from) = self.get(env_name);
         if v.is_empty() {
