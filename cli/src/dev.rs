@@ -78,6 +78,8 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("creating a temporary directory: {e}"))?;
     // Sensitive answers are sealed at rest with a key made for this session.
     let key = session_key();
+    // And the gateway's one token, made for this session: authentication is on, as anywhere.
+    let token = session_key();
     let opts = Options {
         servers,
         programs,
@@ -87,6 +89,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         worker_concurrency: 16,
         gateway_port: a.port,
         secrets_key_hex: Some(key),
+        operator_token: Some(token.clone()),
         cwd: root.clone(),
         redis_fsync: "everysec".into(),
         log_level: "info".into(),
@@ -108,7 +111,8 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    let client = Client::new(&fleet.gateway_url, None).map_err(anyhow::Error::msg)?;
+    let client =
+        Client::new(&fleet.gateway_url, Some(token.clone())).map_err(anyhow::Error::msg)?;
     let mut runs = vec![];
     if !a.no_demo {
         for (agent, task) in DEMO {
@@ -127,7 +131,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
             }
         }
     }
-    print_banner(&fleet, &agents, &runs, a.keep);
+    print_banner(&fleet, &agents, &runs, a.keep, &token);
 
     let mut log = LiveLog::new(&client).await;
     loop {
@@ -200,12 +204,20 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-fn print_banner(fleet: &LocalFleet, agents: &Path, runs: &[(String, String)], keep: bool) {
+fn print_banner(
+    fleet: &LocalFleet,
+    agents: &Path,
+    runs: &[(String, String)],
+    keep: bool,
+    token: &str,
+) {
     let d = delta_command();
     let url = &fleet.gateway_url;
     let mut s = String::new();
     s.push_str("\nDelta Fleet is running.\n\n");
-    s.push_str(&format!("  web inbox   {url}/\n"));
+    // The token rides in the fragment, which the browser never sends: the inbox keeps it and
+    // takes it out of the address bar.
+    s.push_str(&format!("  web inbox   {url}/#token={token}\n"));
     s.push_str(&format!(
         "  gateway     {url}   (API: {url}/openapi.json, metrics: {url}/metrics)\n"
     ));
@@ -229,6 +241,7 @@ fn print_banner(fleet: &LocalFleet, agents: &Path, runs: &[(String, String)], ke
     }
     s.push_str("\nAnswer in the web inbox, or from another terminal:\n");
     s.push_str(&format!("  export DELTA_GATEWAY_URL={url}\n"));
+    s.push_str(&format!("  export DELTA_TOKEN={token}\n"));
     s.push_str(&format!(
         "  {d} pending ls                       # the questions waiting\n"
     ));

@@ -111,11 +111,12 @@ fn banner(out: &str, label: &str) -> String {
         .to_owned()
 }
 
-async fn delta(url: &str, args: &[&str]) -> Value {
+async fn delta(url: &str, token: &str, args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_delta"))
         .args(args)
         .arg("--json")
         .env("DELTA_GATEWAY_URL", url)
+        .env("DELTA_TOKEN", token)
         .env("USER", "tester")
         .output()
         .await
@@ -126,6 +127,22 @@ async fn delta(url: &str, args: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// `delta <args>` without a token, which must fail: its stderr.
+async fn delta_fails(url: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_delta"))
+        .args(args)
+        .env("DELTA_GATEWAY_URL", url)
+        .env_remove("DELTA_TOKEN")
+        .output()
+        .await
+        .expect("delta");
+    assert!(
+        !out.status.success(),
+        "delta {args:?} without a token succeeded"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A plain `GET path` over HTTP/1.1: the whole response, headers and body.
@@ -162,11 +179,16 @@ async fn delta_dev_runs_the_demo_and_ctrl_c_stops_and_cleans_everything() {
     let url = banner(&out, "gateway");
     let data = banner(&out, "data, logs");
     let (nats, redis) = (banner(&out, "nats"), banner(&out, "redis"));
-    assert_eq!(banner(&out, "web inbox"), format!("{url}/"));
+    // Authentication is on: the session's token is printed, and the inbox link carries it once.
+    let token = banner(&out, "export DELTA_TOKEN=");
+    assert!(token.len() >= 32, "{out}");
+    assert_eq!(banner(&out, "web inbox"), format!("{url}/#token={token}"));
     assert!(
         out.contains(&format!("export DELTA_GATEWAY_URL={url}")),
         "{out}"
     );
+    let anonymous = delta_fails(&url, &["pending", "ls"]).await;
+    assert!(anonymous.contains("unauthorized"), "{anonymous}");
     for cmd in [
         "pending ls",
         "answer <request_id>",
@@ -189,7 +211,7 @@ async fn delta_dev_runs_the_demo_and_ctrl_c_stops_and_cleans_everything() {
     for kind in ["USER_INPUT", "USER_CHOICE", "USER_CONFIRMATION"] {
         dev.wait_for(&format!("asks ({kind})")).await;
     }
-    let pending = delta(&url, &["pending", "ls", "--agent", "hello"]).await;
+    let pending = delta(&url, &token, &["pending", "ls", "--agent", "hello"]).await;
     let rid = pending["interactions"][0]["request_id"]
         .as_str()
         .expect("hello's question")
@@ -198,12 +220,12 @@ async fn delta_dev_runs_the_demo_and_ctrl_c_stops_and_cleans_everything() {
         .as_str()
         .expect("run")
         .to_owned();
-    delta(&url, &["answer", &rid, "--input", "Ada"]).await;
-    dev.wait_for(&format!("ok  request {rid} answered by tester via cli"))
+    delta(&url, &token, &["answer", &rid, "--input", "Ada"]).await;
+    dev.wait_for(&format!("ok  request {rid} answered by operator via cli"))
         .await;
     dev.wait_for(&format!("run {run} hello     COMPLETED: Greeted Ada."))
         .await;
-    let queue = delta(&url, &["queue"]).await;
+    let queue = delta(&url, &token, &["queue"]).await;
     let workers = queue["workers"].as_array().map(Vec::len);
     assert_eq!(workers, Some(2), "two workers seen: {queue}");
 

@@ -67,7 +67,73 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             gw.config.request_timeout,
             within_time,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            gw.config.auth.is_on(),
+            not_from_other_sites,
+        ))
         .with_state(gw)
+}
+
+/// Whether `host` (a `Host` header, or an `Origin`'s host, with or without a port) names this
+/// machine's loopback: `localhost`, `127.0.0.0/8` or `[::1]`.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        // `[::1]:8080`
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// What keeps web pages out. A `POST` must say `Content-Type: application/json`: a page can send
+/// a cross-site `text/plain` or form POST without asking, never a JSON one. Without
+/// authentication (a loopback-only choice), a request must also name this machine in `Host` and,
+/// when it has one, in `Origin`: a rebinding DNS name or another site's page is refused.
+async fn not_from_other_sites(
+    State(auth_on): State<bool>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let headers = req.headers();
+    if req.method() == axum::http::Method::POST {
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return ApiError::bad_request(
+                "send the body as JSON, with `Content-Type: application/json`",
+            )
+            .into_response();
+        }
+    }
+    if !auth_on {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let origin = headers
+            .get(header::ORIGIN)
+            .and_then(|v| v.to_str().ok())
+            .filter(|o| *o != "null");
+        let origin_ok = origin.is_none_or(|o| {
+            o.split_once("://").is_some_and(|(scheme, rest)| {
+                (scheme == "http" || scheme == "https") && is_loopback_host(rest)
+            })
+        });
+        if !is_loopback_host(host) || !origin_ok {
+            return ApiError::new(
+                ErrorCode::Forbidden,
+                "this gateway runs without authentication and serves only this machine (Host and Origin must be localhost or a loopback address); give it tokens to serve others",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
 }
 
 /// A request that has not produced its response within `DELTA_REQUEST_TIMEOUT_S` (a slow body,

@@ -20,6 +20,8 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
     ("DELTA_GATEWAY_ADDR", "addr", "127.0.0.1:8080"),
     ("DELTA_GATEWAY_TOKENS_FILE", "tokens-file", ""),
+    ("DELTA_GATEWAY_TOKEN", "token", ""),
+    ("DELTA_GATEWAY_AUTH", "auth", "tokens"),
     ("DELTA_SECRETS_KEY", "secrets-key", ""),
     ("DELTA_MAX_BODY_BYTES", "max-body-bytes", "1048576"),
     ("DELTA_RECONCILE_MS", "reconcile-ms", "1000"),
@@ -108,7 +110,9 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         }
     };
     let (tokens, _) = s.get("DELTA_GATEWAY_TOKENS_FILE");
-    let auth = if tokens.is_empty() {
+    let (operator_token, _) = s.get("DELTA_GATEWAY_TOKEN");
+    let (mode, mode_from) = s.get("DELTA_GATEWAY_AUTH");
+    let mut auth = if tokens.is_empty() {
         Auth::off()
     } else {
         match Auth::load(std::path::Path::new(&tokens)) {
@@ -119,6 +123,32 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
             }
         }
     };
+    if !operator_token.is_empty() {
+        match auth.clone().with_operator_token(&operator_token) {
+            Ok(a) => auth = a,
+            Err(e) => s.errors.push(e),
+        }
+    }
+    let has_tokens = !tokens.is_empty() || !operator_token.is_empty();
+    // Authentication is the default: running without it is a choice made in so many words, and
+    // only on this machine's loopback (a page anywhere else could drive the fleet).
+    match mode.as_str() {
+        "tokens" if !has_tokens => s.errors.push(
+            "no tokens: set DELTA_GATEWAY_TOKENS_FILE (or DELTA_GATEWAY_TOKEN, one operator token, e.g. `openssl rand -hex 24`), or DELTA_GATEWAY_AUTH=off (--auth off) to run without authentication on a loopback address (docs/security.md)"
+                .to_owned(),
+        ),
+        "tokens" => {}
+        "off" if has_tokens => s.errors.push(format!(
+            "{mode_from}=off, but tokens are given: unset the tokens, or {mode_from}"
+        )),
+        "off" if addr.is_some_and(|a| !a.ip().is_loopback()) => s.errors.push(format!(
+            "{mode_from}=off is for a loopback address only (127.0.0.1, ::1): without tokens, anyone who reaches {addr_text} could drive the fleet; give tokens instead"
+        )),
+        "off" => {}
+        other => s.errors.push(format!(
+            "{mode_from}: `{other}` is not `tokens` (the default) or `off`"
+        )),
+    }
     let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
     let max_body = s.number("DELTA_MAX_BODY_BYTES", 1024);
     let reconcile_ms = s.number("DELTA_RECONCILE_MS", 10);

@@ -775,6 +775,21 @@ async fn with_tokens_the_page_asks_for_one_and_refuses_a_wrong_one() {
                 .js("return localStorage.getItem('delta.inbox.token');", vec![])
                 .await;
             assert_eq!(stored_token, json!("alice-token-0123456789"));
+            // A link that carries a token (as `delta dev` prints it): kept, and taken out of the
+            // address bar before anything else happens. (A page first: going from the inbox to
+            // the inbox with only a fragment would not load it again.)
+            browser.goto("about:blank").await;
+            browser
+                .goto(&format!("{}/#token=ops-token-0123456789abc", fleet.gateway_spec.url()))
+                .await;
+            wait_live(&browser).await;
+            let (hash, kept) = (
+                browser.js("return location.hash;", vec![]).await,
+                browser
+                    .js("return localStorage.getItem('delta.inbox.token');", vec![])
+                    .await,
+            );
+            assert_eq!((hash, kept), (json!(""), json!("ops-token-0123456789abc")));
         })
         .await;
     browser.close().await;

@@ -128,7 +128,7 @@ async fn half_open_connections_are_capped_and_timed_out() {
             .expect("connect");
         // Half a request: the headers never end.
         let _ = conn
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             .await;
         slow.push(conn);
     }
@@ -180,7 +180,7 @@ async fn a_request_that_never_finishes_its_body_times_out() {
         .await
         .expect("connect");
     conn.write_all(
-        b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"agent\":",
+        b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"agent\":",
     )
     .await
     .expect("write");
@@ -257,4 +257,96 @@ async fn one_token_holds_at_most_its_share_of_live_streams() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Finding 4: a web page cannot drive the gateway. A cross-site `text/plain` POST (which a page
+/// may send without asking) is refused and submits nothing; without authentication, a request
+/// naming another host (DNS rebinding) or coming from another site's page is refused too.
+#[tokio::test(flavor = "multi_thread")]
+async fn web_pages_cannot_drive_a_gateway() {
+    let fleet = Fleet::start("sec4a", 1, 0).await;
+    let url = fleet.gateway_spec.url();
+    let http = reqwest::Client::new();
+    let plain = http
+        .post(format!("{url}/v1/runs"))
+        .header("content-type", "text/plain")
+        .body(r#"{"agent": "hello", "task": "from a page"}"#)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(plain.status().as_u16(), 400);
+    let body: serde_json::Value = plain.json().await.expect("json");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("application/json")),
+        "{body}"
+    );
+    let (_, runs) = fleet.client.get("/v1/runs").await.expect("runs");
+    assert_eq!(runs["runs"], json!([]), "nothing was submitted");
+    // A rebinding name, and another site's page: refused while authentication is off.
+    let rebound = http
+        .get(format!("{url}/v1/runs"))
+        .header("host", "attacker.example:8080")
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(rebound.status().as_u16(), 403);
+    let cross_site = http
+        .post(format!("{url}/v1/runs"))
+        .header("origin", "https://attacker.example")
+        .json(&json!({"agent": "hello", "task": "from a page"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(cross_site.status().as_u16(), 403);
+    // This machine's own pages and tools are served.
+    let local = http
+        .post(format!("{url}/v1/runs"))
+        .header("origin", url.as_str())
+        .json(&json!({"agent": "hello", "task": "from here"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(local.status().as_u16(), 202);
+}
+
+/// Finding 4: authentication is the default. A gateway with no tokens does not start unless told
+/// `DELTA_GATEWAY_AUTH=off`, and that only on a loopback address.
+#[test]
+fn a_gateway_without_tokens_starts_only_when_told_and_only_on_loopback() {
+    let programs = delta_launcher::Programs::find().unwrap_or_else(|e| panic!("{}", e.chain()));
+    let dir = tempfile::tempdir().expect("tmp");
+    let run = |env: &[(&str, &str)]| {
+        let out = std::process::Command::new(&programs.gateway)
+            .env_clear()
+            .env("DELTA_AGENTS_DIR", dir.path())
+            .env("DELTA_NATS_URL", "nats://127.0.0.1:1")
+            .env("DELTA_REDIS_URL", "redis://127.0.0.1:1")
+            .envs(env.iter().copied())
+            .output()
+            .expect("delta-gateway runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&[]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("no tokens") && err.contains("DELTA_GATEWAY_AUTH=off"),
+        "{err}"
+    );
+    let (code, err) = run(&[
+        ("DELTA_GATEWAY_AUTH", "off"),
+        ("DELTA_GATEWAY_ADDR", "0.0.0.0:8080"),
+    ]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("loopback address only"), "{err}");
+    // Told, on loopback: the settings are accepted (it then fails to reach NATS, exit 1).
+    let (code, err) = run(&[
+        ("DELTA_GATEWAY_AUTH", "off"),
+        ("DELTA_GATEWAY_ADDR", "127.0.0.1:0"),
+    ]);
+    assert_eq!(code, Some(1), "{err}");
 }

@@ -50,6 +50,14 @@
     } catch (_) { /* private mode: kept for this page only */ }
   }
   let token = storageGet(TOKEN_KEY);
+  // A link may carry the token once, in the fragment (`#token=…`, which the browser never sends
+  // to the server): it is kept like a typed one and taken out of the address bar at once.
+  const fromLink = new URLSearchParams(location.hash.slice(1)).get('token');
+  if (fromLink) {
+    token = fromLink.trim();
+    storageSet(TOKEN_KEY, token);
+    history.replaceState(null, '', location.pathname + location.search);
+  }
   let responderName = storageGet(NAME_KEY);
 
   /** Milliseconds since the epoch of an RFC 3339 time (microseconds cut to milliseconds). */

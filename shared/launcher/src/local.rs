@@ -30,6 +30,9 @@ pub struct Options {
     pub gateway_port: Option<u16>,
     /// `DELTA_SECRETS_KEY` of the gateway and workers.
     pub secrets_key_hex: Option<String>,
+    /// The gateway's `DELTA_GATEWAY_TOKEN` (every role); without one it runs without
+    /// authentication, on loopback only.
+    pub operator_token: Option<String>,
     /// Working directory of the workers (tools run in their work dir; this is for relative paths).
     pub cwd: Option<PathBuf>,
     /// Redis's `appendfsync`: `everysec` (what docker-compose.yml runs) or `always`.
@@ -120,6 +123,7 @@ impl LocalFleet {
             gateway_port,
         );
         gateway.secrets_key_hex = o.secrets_key_hex.clone();
+        gateway.operator_token = o.operator_token.clone();
         fleet.gateway = Some(
             gateway
                 .start(&o.programs, "gateway", &output("gateway"))

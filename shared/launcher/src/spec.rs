@@ -21,6 +21,10 @@ pub struct GatewaySpec {
     pub port: u16,
     /// A tokens file: authentication on.
     pub tokens_file: Option<PathBuf>,
+    /// `DELTA_GATEWAY_TOKEN`, one token with every role: authentication on. With neither this
+    /// nor a tokens file, the gateway runs without authentication, said so explicitly
+    /// (`DELTA_GATEWAY_AUTH=off`), which it allows on its loopback address only.
+    pub operator_token: Option<String>,
     /// `DELTA_SECRETS_KEY`, 64 hex digits.
     pub secrets_key_hex: Option<String>,
     pub reconcile_ms: u64,
@@ -49,6 +53,7 @@ impl GatewaySpec {
             agents_dir,
             port,
             tokens_file: None,
+            operator_token: None,
             secrets_key_hex: None,
             reconcile_ms: 1000,
             resume_check_s: 5,
@@ -77,6 +82,12 @@ impl GatewaySpec {
         ];
         if let Some(f) = &self.tokens_file {
             env.push(("DELTA_GATEWAY_TOKENS_FILE", f.display().to_string()));
+        }
+        if let Some(t) = &self.operator_token {
+            env.push(("DELTA_GATEWAY_TOKEN", t.clone()));
+        }
+        if self.tokens_file.is_none() && self.operator_token.is_none() {
+            env.push(("DELTA_GATEWAY_AUTH", "off".to_owned()));
         }
         if let Some(k) = &self.secrets_key_hex {
             env.push(("DELTA_SECRETS_KEY", k.clone()));
