@@ -240,7 +240,11 @@ async fn submit(
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    caller(&gw, &headers, &[Role::Submit], None)?;
+    let who = caller(&gw, &headers, &[Role::Submit], None)?;
+    // Per token: without authentication (loopback only) there is one caller, this machine.
+    if let Some(name) = who.name.as_deref() {
+        gw.submissions.take(name)?;
+    }
     let submission: Submission = body(bytes)?;
     let key = match headers.get("idempotency-key") {
         Some(v) => Some(

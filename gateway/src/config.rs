@@ -35,6 +35,8 @@ pub const SETTINGS: &[Setting] = &[
         "max-streams-per-identity",
         "32",
     ),
+    ("DELTA_MAX_TASK_BYTES", "max-task-bytes", "65536"),
+    ("DELTA_SUBMIT_PER_MINUTE", "submit-per-minute", "600"),
 ];
 
 /// How a gateway runs.
@@ -67,6 +69,10 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Live streams one token may hold at once (with authentication on).
     pub max_streams_per_identity: usize,
+    /// The largest task a submission may carry (it is stored with the run and shown to the LLM).
+    pub max_task_bytes: usize,
+    /// Runs one identity may submit per minute (a burst of as many, then that rate).
+    pub submit_per_minute: u32,
 }
 
 impl Config {
@@ -88,6 +94,8 @@ impl Config {
             header_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
             max_streams_per_identity: 32,
+            max_task_bytes: 64 * 1024,
+            submit_per_minute: 600,
         }
     }
 }
@@ -158,6 +166,8 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let header_timeout = s.seconds("DELTA_HEADER_TIMEOUT_S", 0.1);
     let request_timeout = s.seconds("DELTA_REQUEST_TIMEOUT_S", 0.1);
     let per_identity = s.number("DELTA_MAX_STREAMS_PER_IDENTITY", 1);
+    let max_task = s.number("DELTA_MAX_TASK_BYTES", 1);
+    let submit_rate = s.number("DELTA_SUBMIT_PER_MINUTE", 1);
     s.finish()?;
     Ok(Config {
         nats_url,
@@ -175,6 +185,8 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         header_timeout,
         request_timeout,
         max_streams_per_identity: usize::try_from(per_identity).unwrap_or(usize::MAX),
+        max_task_bytes: usize::try_from(max_task).unwrap_or(usize::MAX),
+        submit_per_minute: u32::try_from(submit_rate).unwrap_or(u32::MAX),
     })
 }
 

@@ -46,6 +46,8 @@ pub struct Gateway {
     pub tasks: TaskTracker,
     /// Live streams open at once (each holds a Redis connection or a NATS consumer).
     pub streams: Arc<tokio::sync::Semaphore>,
+    /// Submissions per identity, for `DELTA_SUBMIT_PER_MINUTE`.
+    pub submissions: SubmitRate,
     /// Live streams held by each token's identity (authentication on), capped at
     /// `max_streams_per_identity` so that one token cannot take every slot.
     pub streams_by_identity: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
@@ -90,6 +92,7 @@ impl Gateway {
             Role::Gateway,
         )
         .await?;
+        let submissions = SubmitRate::new(config.submit_per_minute);
         Ok(Self {
             config,
             store,
@@ -99,6 +102,7 @@ impl Gateway {
             tasks: TaskTracker::new(),
             streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
             streams_by_identity: Arc::default(),
+            submissions,
             bot_answers: Arc::new(tokio::sync::Semaphore::new(MAX_BOT_ANSWERS)),
         })
     }
@@ -196,4 +200,44 @@ async fn serve(gw: &Arc<Gateway>, listener: tokio::net::TcpListener, app: axum::
     }
     connections.close();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), connections.wait()).await;
+}
+
+/// How many runs each identity may still submit: a bucket per identity that holds a minute's
+/// worth (`DELTA_SUBMIT_PER_MINUTE`) and refills at that rate, so a burst is fine and a flood is
+/// not. Per gateway: behind several gateways, an identity's rate is this times their number.
+pub struct SubmitRate {
+    per_minute: u32,
+    buckets: std::sync::Mutex<std::collections::HashMap<String, (f64, std::time::Instant)>>,
+}
+
+impl SubmitRate {
+    pub fn new(per_minute: u32) -> Self {
+        SubmitRate {
+            per_minute: per_minute.max(1),
+            buckets: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Takes one submission from `who`'s bucket, or says when to try again.
+    pub fn take(&self, who: &str) -> Result<(), error::ApiError> {
+        let capacity = f64::from(self.per_minute);
+        let now = std::time::Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let (tokens, last) = buckets.entry(who.to_owned()).or_insert((capacity, now));
+        let refill = now.duration_since(*last).as_secs_f64() * capacity / 60.0;
+        *tokens = (*tokens + refill).min(capacity);
+        *last = now;
+        if *tokens < 1.0 {
+            let wait = ((1.0 - *tokens) * 60.0 / capacity).ceil();
+            return Err(error::ApiError::new(
+                delta_api::ErrorCode::RateLimited,
+                format!(
+                    "`{who}` submitted {} runs in the last minute, as many as one identity may (DELTA_SUBMIT_PER_MINUTE); try again in {wait} s",
+                    self.per_minute
+                ),
+            ));
+        }
+        *tokens -= 1.0;
+        Ok(())
+    }
 }

@@ -73,6 +73,16 @@ impl Gateway {
                 "`task` must not be empty",
             ));
         }
+        if s.task.len() > self.config.max_task_bytes {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgs,
+                format!(
+                    "`task` is {} bytes; this fleet takes at most {} (DELTA_MAX_TASK_BYTES): pass large material as a file the agent's tools read, or in `input`",
+                    s.task.len(),
+                    self.config.max_task_bytes
+                ),
+            ));
+        }
         // Not the Submission serialized: these bytes (sorted keys, `input` null when absent)
         // are what stored fingerprints were made of, so a key reused across an upgrade still
         // matches its submission.

@@ -350,3 +350,99 @@ fn a_gateway_without_tokens_starts_only_when_told_and_only_on_loopback() {
     ]);
     assert_eq!(code, Some(1), "{err}");
 }
+
+/// Finding 9: storage is bounded. A task past `DELTA_MAX_TASK_BYTES` is refused; a token submits
+/// at most `DELTA_SUBMIT_PER_MINUTE` runs a minute (another token is not held back); the jobs and
+/// dead-letter streams have limits.
+#[tokio::test(flavor = "multi_thread")]
+async fn submissions_and_streams_are_bounded() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(
+        &tokens,
+        "- name: ci\n  token: ci-token-0123456789abcd\n  roles: [submit]\n\
+         - name: ops\n  token: ops-token-0123456789abc\n  roles: [operate]\n",
+    )
+    .expect("tokens");
+    let fleet = Fleet::start_with("sec9", 1, 0, |s| {
+        s.tokens_file = Some(tokens.clone());
+        s.extra = vec![
+            ("DELTA_MAX_TASK_BYTES", "1000".into()),
+            ("DELTA_SUBMIT_PER_MINUTE", "3".into()),
+        ];
+    })
+    .await;
+    let ci = fleet.client.with_token(Some("ci-token-0123456789abcd"));
+    let ops = fleet.client.with_token(Some("ops-token-0123456789abc"));
+    let (status, body) = ci
+        .post(
+            "/v1/runs",
+            &json!({"agent": "hello", "task": "x".repeat(1001)}),
+        )
+        .await
+        .expect("post");
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (422, &json!("invalid_args"))
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("DELTA_MAX_TASK_BYTES")),
+        "{body}"
+    );
+    // The refused one counted too: two more, then the minute's share is used up.
+    for i in 0..2 {
+        let (status, body) = ci
+            .post(
+                "/v1/runs",
+                &json!({"agent": "hello", "task": format!("t{i}")}),
+            )
+            .await
+            .expect("post");
+        assert_eq!(status, 202, "{body}");
+    }
+    let (status, body) = ci
+        .post(
+            "/v1/runs",
+            &json!({"agent": "hello", "task": "one too many"}),
+        )
+        .await
+        .expect("post");
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (429, &json!("rate_limited"))
+    );
+    let (status, body) = ops
+        .post(
+            "/v1/runs",
+            &json!({"agent": "hello", "task": "another token"}),
+        )
+        .await
+        .expect("post");
+    assert_eq!(status, 202, "{body}");
+    let js = async_nats::jetstream::new(fleet.nats().await);
+    let jobs = js
+        .get_stream("SEC9_JOBS")
+        .await
+        .expect("jobs")
+        .info()
+        .await
+        .expect("info")
+        .config
+        .clone();
+    assert!(jobs.max_messages > 0, "the jobs stream is bounded");
+    let dlq = js
+        .get_stream("SEC9_DLQ")
+        .await
+        .expect("dlq")
+        .info()
+        .await
+        .expect("info")
+        .config
+        .clone();
+    assert!(
+        dlq.max_messages > 0 && dlq.max_age > Duration::ZERO,
+        "the dead-letter stream is bounded: {dlq:?}"
+    );
+}

@@ -60,11 +60,13 @@ pub enum ErrorCode {
     InvalidArgs,
     /// Redis or NATS cannot be reached (try again), or the gateway lacks what it needs.
     Unavailable,
+    /// The caller submitted more runs in the last minute than `DELTA_SUBMIT_PER_MINUTE` allows.
+    RateLimited,
 }
 
 impl ErrorCode {
     /// Every code, in the order the document lists them.
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 13] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -77,6 +79,7 @@ impl ErrorCode {
         ErrorCode::InputRequired,
         ErrorCode::InvalidArgs,
         ErrorCode::Unavailable,
+        ErrorCode::RateLimited,
     ];
 
     /// The HTTP status of this code: the one place it is decided.
@@ -91,6 +94,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::InvalidOption | ErrorCode::InputRequired | ErrorCode::InvalidArgs => 422,
             ErrorCode::Unavailable => 503,
+            ErrorCode::RateLimited => 429,
         }
     }
 
@@ -109,6 +113,7 @@ impl ErrorCode {
             ErrorCode::InputRequired => "input_required",
             ErrorCode::InvalidArgs => "invalid_args",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::RateLimited => "rate_limited",
         }
     }
 }

@@ -44,7 +44,7 @@ const OPEN: &[&str] = &[];
 
 use ErrorCode::{
     AlreadyResolved, BadRequest, Expired, Forbidden, InputRequired, InvalidArgs, InvalidOption,
-    NotFound, NotRetryable, PayloadTooLarge, Unauthorized, Unavailable,
+    NotFound, NotRetryable, PayloadTooLarge, RateLimited, Unauthorized, Unavailable,
 };
 
 /// Every operation by `operationId`: the roles it needs (none: open to all) and the codes it may
@@ -60,6 +60,7 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
             PayloadTooLarge,
             InvalidArgs,
             Unavailable,
+            RateLimited,
         ],
     ),
     (
@@ -193,6 +194,9 @@ fn meaning(code: ErrorCode) -> &'static str {
         Unavailable => {
             "Redis or NATS cannot be reached (try again), or a sensitive answer reached a gateway without `DELTA_SECRETS_KEY`"
         }
+        RateLimited => {
+            "the caller submitted more runs in the last minute than `DELTA_SUBMIT_PER_MINUTE` allows; try again later"
+        }
     }
 }
 
@@ -225,6 +229,9 @@ fn example(code: ErrorCode) -> &'static str {
         InputRequired => "option `other` needs a non-empty input",
         InvalidArgs => "`task` must not be empty",
         Unavailable => "the run store (Redis) is unavailable; try again shortly",
+        RateLimited => {
+            "`ci` submitted 600 runs in the last minute, as many as one identity may; try again in a few seconds"
+        }
     }
 }
 

@@ -129,6 +129,12 @@ pub struct Settings {
     pub max_ack_pending: i64,
     /// How long interaction events are kept for bots that catch up.
     pub interactions_max_age: Duration,
+    /// Jobs waiting at most: past it a publish is refused (the gateway says `unavailable`)
+    /// rather than the stream growing without bound.
+    pub jobs_max_messages: i64,
+    /// Dead letters kept at most, the oldest dropped first, and for how long.
+    pub dlq_max_messages: i64,
+    pub dlq_max_age: Duration,
 }
 
 impl Default for Settings {
@@ -138,6 +144,9 @@ impl Default for Settings {
             max_deliver: 5,
             max_ack_pending: 10_000,
             interactions_max_age: Duration::from_secs(7 * 24 * 3600),
+            jobs_max_messages: 1_000_000,
+            dlq_max_messages: 100_000,
+            dlq_max_age: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -368,6 +377,7 @@ impl Queue {
             retention: stream::RetentionPolicy::WorkQueue,
             storage: stream::StorageType::File,
             discard: stream::DiscardPolicy::New,
+            max_messages: settings.jobs_max_messages,
             duplicate_window: Duration::from_secs(120),
             ..Default::default()
         })
@@ -378,6 +388,9 @@ impl Queue {
             subjects: vec![format!("{p}.dlq.>")],
             retention: stream::RetentionPolicy::Limits,
             storage: stream::StorageType::File,
+            discard: stream::DiscardPolicy::Old,
+            max_messages: settings.dlq_max_messages,
+            max_age: settings.dlq_max_age,
             ..Default::default()
         })
         .await
