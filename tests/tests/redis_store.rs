@@ -11,6 +11,35 @@ fn msg(text: &str) -> Event {
     })
 }
 
+/// A new run of agent `a` (in `status`) paused on a `USER_INPUT` question with `prompt`,
+/// sensitive or not: its id and the question.
+async fn paused_run(
+    store: &RedisRunStore,
+    status: RunStatus,
+    prompt: &str,
+    sensitive: bool,
+) -> (RunId, delta_protocol::InteractionRequest) {
+    let rec = RunRecord::new(RunId::new(), "a", "t", status);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    let mut q = delta_protocol::InteractionRequest::new(
+        id,
+        "a",
+        delta_protocol::InteractionType::UserInput,
+        prompt,
+    );
+    q.sensitive = sensitive;
+    store
+        .append(
+            id,
+            vec![Event::HumanInputRequest(Box::new(q.clone()))],
+            Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
+        )
+        .await
+        .expect("pause");
+    (id, q)
+}
+
 #[tokio::test]
 async fn redis_store_passes_the_contract() {
     let redis = delta_e2e::Redis::start().expect("redis-server");
@@ -145,10 +174,7 @@ async fn runs_of_different_prefixes_do_not_see_each_other() {
 #[tokio::test]
 async fn a_sensitive_answer_is_sealed_whole_and_opens_only_with_the_key() {
     use delta_protocol::secret::SecretsKey;
-    use delta_protocol::{
-        InteractionRequest, InteractionResponse, InteractionType, Responder, Via,
-    };
-    use delta_store::StatusChange;
+    use delta_protocol::{InteractionResponse, Responder, Via};
     use std::sync::Arc;
 
     let redis = delta_e2e::Redis::start().expect("redis-server");
@@ -157,19 +183,7 @@ async fn a_sensitive_answer_is_sealed_whole_and_opens_only_with_the_key() {
         .expect("connect");
     let key = Arc::new(SecretsKey::from_hex(&"5a".repeat(32)).expect("key"));
     let store = plain.clone().with_secrets_key(key);
-    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
-    let id = rec.run_id;
-    store.create(rec).await.expect("create");
-    let mut q = InteractionRequest::new(id, "a", InteractionType::UserInput, "token?");
-    q.sensitive = true;
-    store
-        .append(
-            id,
-            vec![Event::HumanInputRequest(Box::new(q.clone()))],
-            Some(StatusChange::Waiting(Box::new(q.clone()))),
-        )
-        .await
-        .expect("pause");
+    let (id, q) = paused_run(&store, RunStatus::Running, "token?", true).await;
 
     let mut a = InteractionResponse::new(
         q.request_id,
@@ -227,7 +241,7 @@ async fn a_sensitive_answer_is_sealed_whole_and_opens_only_with_the_key() {
 /// and a question the failure closed before its deadline is open again.
 #[tokio::test]
 async fn requeue_brings_back_only_a_run_the_letter_failed_and_reopens_its_question() {
-    use delta_protocol::{EngineEnd, InteractionRequest, InteractionState, InteractionType};
+    use delta_protocol::{EngineEnd, InteractionState};
     use delta_store::redis::Requeue;
     use delta_store::{StatusChange, Terminal};
 
@@ -250,18 +264,7 @@ async fn requeue_brings_back_only_a_run_the_letter_failed_and_reopens_its_questi
         )
     };
     // A run failed while it waited on a question (its announcement could not be published).
-    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
-    let id = rec.run_id;
-    store.create(rec).await.expect("create");
-    let q = InteractionRequest::new(id, "a", InteractionType::UserInput, "name?");
-    store
-        .append(
-            id,
-            vec![Event::HumanInputRequest(Box::new(q.clone()))],
-            Some(StatusChange::Waiting(Box::new(q.clone()))),
-        )
-        .await
-        .expect("pause");
+    let (id, q) = paused_run(&store, RunStatus::Queued, "name?", false).await;
     let (events, change) = fail("publish failed\non every delivery");
     store.append(id, events, Some(change)).await.expect("fail");
     let closed = store.interaction(id, q.request_id).await.expect("read");
@@ -326,10 +329,8 @@ async fn requeue_brings_back_only_a_run_the_letter_failed_and_reopens_its_questi
 #[tokio::test]
 async fn an_answer_that_only_looks_sealed_is_kept_as_the_text_it_is() {
     use delta_protocol::secret::SecretsKey;
-    use delta_protocol::{
-        InteractionRequest, InteractionResponse, InteractionType, Responder, Via,
-    };
-    use delta_store::{AnswerStore, StatusChange};
+    use delta_protocol::{InteractionResponse, Responder, Via};
+    use delta_store::AnswerStore;
     use std::sync::Arc;
 
     let redis = delta_e2e::Redis::start().expect("redis-server");
@@ -342,19 +343,8 @@ async fn an_answer_that_only_looks_sealed_is_kept_as_the_text_it_is() {
         "sealed:v1:00112233445566778899aabbccddeeff",
         "sealed:v2:deadbeef:00112233445566778899aabbccddeeff",
     ] {
-        let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
-        let id = rec.run_id;
-        store.create(rec).await.expect("create");
         // Not sensitive: whatever its answer says is text, never something to open.
-        let q = InteractionRequest::new(id, "a", InteractionType::UserInput, "name?");
-        store
-            .append(
-                id,
-                vec![Event::HumanInputRequest(Box::new(q.clone()))],
-                Some(StatusChange::Waiting(Box::new(q.clone()))),
-            )
-            .await
-            .expect("pause");
+        let (id, q) = paused_run(&store, RunStatus::Running, "name?", false).await;
         let mut a = InteractionResponse::new(
             q.request_id,
             Responder {
