@@ -446,3 +446,34 @@ async fn submissions_and_streams_are_bounded() {
         "the dead-letter stream is bounded: {dlq:?}"
     );
 }
+
+/// Low finding: NATS and Redis credentials never appear in an error, whether the URL is
+/// malformed or the server cannot be reached.
+#[test]
+fn server_credentials_never_show_in_errors() {
+    let programs = delta_launcher::Programs::find().unwrap_or_else(|e| panic!("{}", e.chain()));
+    let dir = tempfile::tempdir().expect("tmp");
+    for (nats, redis) in [
+        ("nats://bot:s3cret-nats@127.0.0.1:1", "redis://127.0.0.1:1"),
+        (
+            "http://bot:s3cret-nats@127.0.0.1:1",
+            "rediz://u:s3cret-redis@x",
+        ),
+    ] {
+        let out = std::process::Command::new(&programs.worker)
+            .env_clear()
+            .env("DELTA_AGENTS_DIR", dir.path())
+            .env("DELTA_WORK_DIR", dir.path())
+            .env("DELTA_NATS_URL", nats)
+            .env("DELTA_REDIS_URL", redis)
+            .output()
+            .expect("delta-worker runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains("***@"),
+            "the URL is named, without its password: {err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+}

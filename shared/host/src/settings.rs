@@ -108,8 +108,9 @@ impl<'a> Settings<'a> {
                 .map(|s| format!("{s}://"))
                 .collect::<Vec<_>>()
                 .join(" or ");
+            let shown = delta_protocol::without_credentials(&v);
             self.errors
-                .push(format!("{from}: `{v}` is not a {want} URL"));
+                .push(format!("{from}: `{shown}` is not a {want} URL"));
         }
         v
     }

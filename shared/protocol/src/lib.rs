@@ -7,6 +7,24 @@
 pub mod journal;
 pub mod secret;
 
+/// `url` (or several, separated by commas) with any user and password replaced by `***`, for
+/// errors and logs: `nats://alice:s3cret@host:4222` becomes `nats://***@host:4222`.
+pub fn without_credentials(url: &str) -> String {
+    url.split(',')
+        .map(|one| {
+            let Some((scheme, rest)) = one.split_once("://") else {
+                return one.to_owned();
+            };
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => format!("{scheme}://***{}", &rest[at..]),
+                None => one.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
@@ -1038,6 +1056,21 @@ impl AcceptedAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_never_show_in_a_url_we_print() {
+        assert_eq!(
+            without_credentials("nats://alice:s3cret@10.0.0.1:4222"),
+            "nats://***@10.0.0.1:4222"
+        );
+        assert_eq!(
+            without_credentials("redis://:pw@r:6379/0,redis://u:p@s:6379"),
+            "redis://***@r:6379/0,redis://***@s:6379"
+        );
+        assert_eq!(without_credentials("nats://host:4222"), "nats://host:4222");
+        assert_eq!(without_credentials("http://h/a@b"), "http://h/a@b");
+        assert_eq!(without_credentials("not a url"), "not a url");
+    }
     use serde_json::json;
 
     fn roundtrip<T: Serialize + for<'de> Deserialize<'de>>(v: Value) {

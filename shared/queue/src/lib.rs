@@ -365,7 +365,7 @@ impl Queue {
         role: Role,
     ) -> Result<Queue, Error> {
         let client = async_nats::connect(url).await.map_err(|e| Error::Connect {
-            url: url.to_owned(),
+            url: delta_protocol::without_credentials(url),
             source: e.into(),
         })?;
         let js = jetstream::new(client.clone());
