@@ -338,6 +338,24 @@ fn rewrite_shell(template: &str) -> (String, Vec<String>) {
     let mut i = 0;
     let bytes = template.as_bytes();
     while i < template.len() {
+        // A backslash outside single quotes takes the next character as it is (as sh does): an
+        // escaped quote does not open or close a string, an escaped backslash leaves the quote
+        // after it a real one, and `\${p}` is the text `${p}`, not a placeholder.
+        if bytes[i] == b'\\' && !in_single {
+            script.push('\\');
+            i += 1;
+            if let Some(c) = template[i..].chars().next() {
+                if next.peek().is_some_and(|m| m.2.start == i) {
+                    let (_, _, range) = next.next().map(|m| m.clone()).unwrap_or_default();
+                    script.push_str(&template[range.clone()]);
+                    i = range.end;
+                } else {
+                    script.push(c);
+                    i += c.len_utf8();
+                }
+            }
+            continue;
+        }
         if let Some((name, raw, range)) = next.peek().map(|m| (&m.0, m.1, m.2.clone()))
             && range.start == i
             && !in_single
@@ -366,7 +384,7 @@ fn rewrite_shell(template: &str) -> (String, Vec<String>) {
         }
         let c = template[i..].chars().next().unwrap_or(' ');
         match c {
-            '"' if !in_single && (i == 0 || bytes[i - 1] != b'\\') => in_double = !in_double,
+            '"' if !in_single => in_double = !in_double,
             '\'' if !in_double => in_single = !in_single,
             _ => {}
         }
@@ -1008,6 +1026,18 @@ mod tests {
             "grep -c \"${1}\" \"${2}\" | wc -l; echo ${3} \"${2}\""
         );
         assert_eq!(inv.argv[3..], ["--", "p", "$(reboot)", "-n -e"]);
+    }
+
+    #[test]
+    fn a_backslash_never_leaves_a_placeholder_unquoted() {
+        // `\\"` is a backslash, then a real quote: the placeholder is inside double quotes.
+        let t = tool("name: t\nshell: 'echo \\\\\"${x}\" \\\"${y}'\n");
+        let inv = argv(&t, json!({"x": "a  *", "y": "b  *"}));
+        assert_eq!(inv.argv[2], "echo \\\\\"${1}\" \\\"\"${2}\"");
+        // `\${x}` is text, as in sh.
+        let t = tool("name: t\nshell: 'echo \\${x} ${x}'\n");
+        let inv = argv(&t, json!({"x": "v"}));
+        assert_eq!(inv.argv[2], "echo \\${x} \"${1}\"");
     }
 
     #[test]
