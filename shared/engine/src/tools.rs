@@ -346,7 +346,7 @@ fn rewrite_shell(template: &str) -> (String, Vec<String>) {
             i += 1;
             if let Some(c) = template[i..].chars().next() {
                 if next.peek().is_some_and(|m| m.2.start == i) {
-                    let (_, _, range) = next.next().map(|m| m.clone()).unwrap_or_default();
+                    let (_, _, range) = next.next().cloned().unwrap_or_default();
                     script.push_str(&template[range.clone()]);
                     i = range.end;
                 } else {
