@@ -513,6 +513,8 @@ impl Gateway {
             error: Some(why),
         };
         self.store.append(run_id, events, Some(change)).await?;
+        // A worker running one of its steps stops it (best effort: its writes are refused anyway).
+        self.queue.announce_cancelled(run_id).await;
         // Announced only if the cancel is what closed the question (not one answered already).
         let closed = match record.pending_request_id {
             Some(rid) => self

@@ -93,6 +93,11 @@ impl Agents {
 }
 
 struct Shared {
+    /// The runs this worker advances now, each with the tokens that stop it (by registration,
+    /// should two deliveries of a run meet here).
+    running: Mutex<HashMap<RunId, Vec<(u64, CancellationToken)>>>,
+    /// Numbers the registrations in `running`.
+    registrations: std::sync::atomic::AtomicU64,
     config: Config,
     queue: Queue,
     store: RedisRunStore,
@@ -100,10 +105,6 @@ struct Shared {
     /// Cancelled on shutdown: running engines checkpoint at their next safe point.
     stop: CancellationToken,
 }
-
-/// How often a worker looks whether the run it advances was cancelled (at most; less often when
-/// `ack_wait / 3` is shorter).
-const CANCEL_CHECK: Duration = Duration::from_secs(2);
 
 /// Jobs taken in one pull at most (bounded by the free slots).
 const FETCH_BATCH: usize = 16;
@@ -125,7 +126,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         queue,
         store,
         stop: CancellationToken::new(),
+        running: Mutex::new(HashMap::new()),
+        registrations: std::sync::atomic::AtomicU64::new(0),
     });
+    let cancels = tokio::spawn(follow_cancellations(shared.clone(), shutdown.clone()));
     let reaper = tokio::spawn(reap_exhausted(shared.clone(), shutdown.clone()));
     let heart = tokio::spawn(heartbeat(shared.clone(), shutdown.clone()));
     let permits = Arc::new(Semaphore::new(shared.config.concurrency.max(1)));
@@ -189,6 +193,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     }
     let _ = reaper.await;
     let _ = heart.await;
+    cancels.abort();
     // Under a target of its own, so that benchmarks can keep it while silencing the rest.
     tracing::info!(
         target: "delta_stats",
@@ -196,6 +201,82 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         "worker stopped"
     );
     Ok(())
+}
+
+/// A run this worker advances, registered for as long as the handle lives, so that a gateway's
+/// cancel announcement reaches its token.
+struct Running<'a> {
+    shared: &'a Shared,
+    run_id: RunId,
+    number: u64,
+}
+
+impl<'a> Running<'a> {
+    fn register(shared: &'a Shared, run_id: RunId, token: CancellationToken) -> Self {
+        let number = shared
+            .registrations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(run_id)
+            .or_default()
+            .push((number, token));
+        Running {
+            shared,
+            run_id,
+            number,
+        }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut running = self
+            .shared
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(tokens) = running.get_mut(&self.run_id) {
+            tokens.retain(|(n, _)| *n != self.number);
+            if tokens.is_empty() {
+                running.remove(&self.run_id);
+            }
+        }
+    }
+}
+
+/// Stops the steps of runs that gateways announce as cancelled (core NATS: a missed
+/// announcement only lets the step finish, and its writes are refused as before).
+async fn follow_cancellations(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let mut subscription = match shared.queue.cancellations().await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %delta_host::Chain(&e), "cannot follow cancellations; a cancelled run's step will finish first");
+            return;
+        }
+    };
+    loop {
+        let msg = tokio::select! {
+            m = futures_util::StreamExt::next(&mut subscription) => match m {
+                Some(m) => m,
+                None => return,
+            },
+            () = shutdown.cancelled() => return,
+        };
+        let Some(run_id) = std::str::from_utf8(&msg.payload)
+            .ok()
+            .and_then(|s| s.trim().parse::<RunId>().ok())
+        else {
+            continue;
+        };
+        let running = shared.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tokens) = running.get(&run_id) {
+            tracing::info!(%run_id, "the run was cancelled: stopping its step");
+            tokens.iter().for_each(|(_, t)| t.cancel());
+        }
+    }
 }
 
 /// Tells the gateways (`GET /v1/queue`) this worker is alive, every few seconds until shutdown.
@@ -392,38 +473,23 @@ async fn handle(shared: &Shared, d: Delivery) {
         work_dir: shared.config.work_dir.clone(),
         pause: PauseMode::Park,
     };
-    // Stopped when the worker stops, or when the run is cancelled while it advances (its running
-    // tool is killed then, rather than left to finish for nobody).
+    // Stopped when the worker stops, or when a gateway announces that the run was cancelled
+    // while it advances (its running tool is killed then, rather than left to finish for nobody).
     let run_cancel = shared.stop.child_token();
-    // Heartbeats while the run advances, so that long steps are not redelivered; and a look at
-    // the run's status, so that a cancel from a gateway reaches a step that takes long.
+    let _running = Running::register(shared, job.run_id, run_cancel.clone());
+    // Heartbeats while the run advances, so that long steps are not redelivered.
     let beat = CancellationToken::new();
     let heart = {
         let beat = beat.clone();
-        let run_cancel = run_cancel.clone();
         let every = shared.config.queue.ack_wait / 3;
-        let look = every.min(CANCEL_CHECK);
-        let (d, store, run_id) = (&d, &store, job.run_id);
+        let d = &d;
         async move {
-            let mut since_progress = Duration::ZERO;
             loop {
                 tokio::select! {
-                    () = tokio::time::sleep(look) => {}
+                    () = tokio::time::sleep(every) => {}
                     () = beat.cancelled() => return,
                 }
-                since_progress += look;
-                if since_progress >= every {
-                    let _ = d.progress().await;
-                    since_progress = Duration::ZERO;
-                }
-                if store
-                    .record(run_id)
-                    .await
-                    .is_ok_and(|r| r.status == RunStatus::Cancelled)
-                {
-                    tracing::info!(%run_id, "the run was cancelled: stopping its step");
-                    run_cancel.cancel();
-                }
+                let _ = d.progress().await;
             }
         }
     };

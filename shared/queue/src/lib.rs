@@ -18,7 +18,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer, stream};
 use futures_util::StreamExt;
 
-use delta_protocol::{Fence, InteractionRequest, Job, RequestId, Resolved, Timestamp};
+use delta_protocol::{Fence, InteractionRequest, Job, RequestId, Resolved, RunId, Timestamp};
 
 /// Why NATS refused or failed an operation (the client's own error).
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
@@ -115,6 +115,12 @@ impl Names {
     /// Where workers say that a run resumed on an answer (core NATS, for the gateways' metrics).
     pub fn resumed_subject(&self) -> String {
         format!("{}.events.resumed", self.prefix)
+    }
+
+    /// Where gateways say that a run was cancelled (core NATS, best effort; the payload is the
+    /// run id): the worker running one of its steps stops it.
+    pub fn cancelled_subject(&self) -> String {
+        format!("{}.events.cancelled", self.prefix)
     }
 }
 
@@ -584,6 +590,29 @@ impl Queue {
             .client
             .publish(self.names.resumed_subject(), payload.into())
             .await;
+    }
+
+    /// Says (core NATS, best effort) that `run_id` was cancelled, so that a worker running one of
+    /// its steps stops it now rather than when the step ends (its writes are refused either way).
+    pub async fn announce_cancelled(&self, run_id: RunId) {
+        let _ = self
+            .client
+            .publish(
+                self.names.cancelled_subject(),
+                run_id.to_string().into_bytes().into(),
+            )
+            .await;
+    }
+
+    /// The runs cancelled from now on, as gateways announce them.
+    pub async fn cancellations(&self) -> Result<async_nats::Subscriber, Error> {
+        self.client
+            .subscribe(self.names.cancelled_subject())
+            .await
+            .map_err(|e| Error::Fetch {
+                consumer: self.names.cancelled_subject(),
+                source: e.into(),
+            })
     }
 
     /// Whether the job stream still holds message `seq` (a job not yet acknowledged).
