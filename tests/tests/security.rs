@@ -22,6 +22,17 @@ fn process_running(needle: &str) -> bool {
     })
 }
 
+/// A gateway tokens file in `dir` with `(name, token, role)` entries.
+fn tokens_file(dir: &std::path::Path, entries: &[(&str, &str, &str)]) -> std::path::PathBuf {
+    let file = dir.join("tokens.yaml");
+    let text: String = entries
+        .iter()
+        .map(|(name, token, role)| format!("- name: {name}\n  token: {token}\n  roles: [{role}]\n"))
+        .collect();
+    std::fs::write(&file, text).expect("tokens");
+    file
+}
+
 /// Finding 12: cancelling a run stops its running tool (the whole process group), rather than
 /// leaving it to finish for nobody.
 #[tokio::test(flavor = "multi_thread")]
@@ -211,13 +222,13 @@ async fn a_request_that_never_finishes_its_body_times_out() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_token_holds_at_most_its_share_of_live_streams() {
     let dir = tempfile::tempdir().expect("tmp");
-    let tokens = dir.path().join("tokens.yaml");
-    std::fs::write(
-        &tokens,
-        "- name: alice\n  token: alice-token-0123456789\n  roles: [answer]\n\
-         - name: bob\n  token: bob-token-0123456789ab\n  roles: [answer]\n",
-    )
-    .expect("tokens");
+    let tokens = tokens_file(
+        dir.path(),
+        &[
+            ("alice", "alice-token-0123456789", "answer"),
+            ("bob", "bob-token-0123456789ab", "answer"),
+        ],
+    );
     let fleet = Fleet::start_with("sec8c", 1, 0, |s| {
         s.tokens_file = Some(tokens.clone());
         s.extra = vec![("DELTA_MAX_STREAMS_PER_IDENTITY", "2".into())];
@@ -357,13 +368,13 @@ fn a_gateway_without_tokens_starts_only_when_told_and_only_on_loopback() {
 #[tokio::test(flavor = "multi_thread")]
 async fn submissions_and_streams_are_bounded() {
     let dir = tempfile::tempdir().expect("tmp");
-    let tokens = dir.path().join("tokens.yaml");
-    std::fs::write(
-        &tokens,
-        "- name: ci\n  token: ci-token-0123456789abcd\n  roles: [submit]\n\
-         - name: ops\n  token: ops-token-0123456789abc\n  roles: [operate]\n",
-    )
-    .expect("tokens");
+    let tokens = tokens_file(
+        dir.path(),
+        &[
+            ("ci", "ci-token-0123456789abcd", "submit"),
+            ("ops", "ops-token-0123456789abc", "operate"),
+        ],
+    );
     let fleet = Fleet::start_with("sec9", 1, 0, |s| {
         s.tokens_file = Some(tokens.clone());
         s.extra = vec![
