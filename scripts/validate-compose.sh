@@ -6,7 +6,8 @@
 #                               for as healthy has a health check, named volumes are declared,
 #                               bind-mounted files and the Dockerfile exist, and the nats image
 #                               is the nats-server version the tests run;
-#   deploy/nats/nats.conf       with `nats-server -t`, the server's own parser (that version);
+#   deploy/nats/nats.conf       with `nats-server -t`, the server's own parser (that version),
+#                               users.conf included;
 #   deploy/otel/collector.yaml  parses, and its pipelines name only components it defines.
 # Then it checks the checks: a deliberately broken copy of each file must be refused, for the
 # reason that was broken into it.
@@ -127,7 +128,11 @@ check_compose() {
   "$VENV/bin/check-jsonschema" --schemafile "$SCHEMA" "$1" &&
     "$VENV/bin/python" -c "$CHECKS" compose "$1" "$ROOT" "$NATS_VERSION"
 }
-check_nats() { "$VENV/bin/nats-server" -t -c "$1"; }
+# The users' passwords come from the server's environment (deploy/nats/users.conf).
+check_nats() {
+  DELTA_NATS_GATEWAY_PASSWORD=g DELTA_NATS_WORKER_PASSWORD=w DELTA_NATS_BOT_PASSWORD=b \
+    DELTA_NATS_ADMIN_PASSWORD=a "$VENV/bin/nats-server" -t -c "$1"
+}
 check_otel() { "$VENV/bin/python" -c "$CHECKS" otel "$1"; }
 
 validate() { # KIND FILE
@@ -141,6 +146,7 @@ validate otel "$OTEL_CONF"
 # The checks themselves: each broken copy must be refused, with the broken part named.
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
+cp "$ROOT/deploy/nats/users.conf" "$TMP/users.conf" # what a broken nats.conf copy includes
 refused() { # KIND FILE SED-EXPRESSION EXPECTED-IN-OUTPUT
   local copy out
   copy="$TMP/broken-$(basename "$2")"
@@ -161,6 +167,7 @@ refused compose "$COMPOSE" 's/^  redis-data:$//' "named volume 'redis-data' is n
 refused compose "$COMPOSE" 's/^  nats:$/  nats: [/' "Failed to parse"
 refused nats "$NATS_CONF" 's/sync_interval: always/sync_interval: sometimes/' "sometimes"
 refused nats "$NATS_CONF" 's/^jetstream {/jetstreams {/' "jetstreams"
+refused nats "$NATS_CONF" 's/^include .\/users.conf/include .\/user.conf/' "user.conf"
 refused otel "$OTEL_CONF" 's/exporters: \[otlp_grpc\/jaeger\]/exporters: [otlp_grpc\/jaegr]/' \
   "'otlp_grpc/jaegr' is not defined"
 refused otel "$OTEL_CONF" 's/^receivers:/receivers: [/' "not valid YAML"

@@ -281,7 +281,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let store = RedisRunStore::connect(&fleet.redis_url, "delta")
         .await
         .context("connecting to Redis")?;
-    let nats = async_nats::connect(fleet.nats_url.as_str())
+    let nats = delta_queue::connect_client(&fleet.nats_url, &Default::default(), None)
         .await
         .context("connecting to NATS")?;
     let http = Client::new(&fleet.gateway_url, None).map_err(anyhow::Error::msg)?;

@@ -221,8 +221,18 @@ fn print_banner(
     s.push_str(&format!(
         "  gateway     {url}   (API: {url}/openapi.json, metrics: {url}/metrics)\n"
     ));
-    s.push_str(&format!("  nats        {}\n", fleet.nats_url));
-    s.push_str(&format!("  redis       {}\n", fleet.redis_url));
+    s.push_str(&format!(
+        "  nats        {}\n",
+        delta_protocol::without_credentials(&fleet.nats_url)
+    ));
+    s.push_str(&format!(
+        "  redis       {}\n",
+        delta_protocol::without_credentials(&fleet.redis_url)
+    ));
+    s.push_str(&format!(
+        "  logins      {}   (users per role; nothing connects without one)\n",
+        fleet.credentials.display()
+    ));
     s.push_str(&format!("  agents      {}\n", agents.display()));
     s.push_str(&format!(
         "  data, logs  {}  ({})\n",

@@ -991,7 +991,7 @@ async fn dlq_ls_retry_and_drop_bring_dead_lettered_runs_back() {
         assert!(s(&rec["error"]).contains("fragile"), "{rec}");
     }
     // And a message on the job subject that is not a job at all.
-    let nats = async_nats::connect(fleet.nats.url()).await.expect("nats");
+    let nats = delta_e2e::nats_client(&fleet.nats.url()).await;
     let js = async_nats::jetstream::new(nats);
     js.publish("opd.jobs.hello", "not json".into())
         .await

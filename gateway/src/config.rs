@@ -16,6 +16,8 @@ use crate::auth::Auth;
 pub const SETTINGS: &[Setting] = &[
     ("DELTA_NATS_URL", "nats-url", "nats://127.0.0.1:4222"),
     ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),
+    ("DELTA_NATS_CA_FILE", "nats-ca-file", ""),
+    ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
     ("DELTA_GATEWAY_ADDR", "addr", "127.0.0.1:8080"),
@@ -44,6 +46,10 @@ pub const SETTINGS: &[Setting] = &[
 pub struct Config {
     pub nats_url: String,
     pub redis_url: String,
+    /// CA certificates (PEM) that sign NATS's and Redis's TLS certificates (the system's roots
+    /// when `None`).
+    pub nats_ca: Option<PathBuf>,
+    pub redis_ca: Option<PathBuf>,
     pub prefix: String,
     /// Where agents live: a submission must name one of them.
     pub agents_dir: PathBuf,
@@ -81,6 +87,8 @@ impl Config {
         Self {
             nats_url: nats_url.to_owned(),
             redis_url: redis_url.to_owned(),
+            nats_ca: None,
+            redis_ca: None,
             prefix: prefix.to_owned(),
             agents_dir,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -105,6 +113,8 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let mut s = Settings::parse(SETTINGS, args, env);
     let nats_url = s.url("DELTA_NATS_URL", &["nats", "tls"]);
     let redis_url = s.url("DELTA_REDIS_URL", &["redis", "rediss"]);
+    let nats_ca = s.optional_file("DELTA_NATS_CA_FILE", "CA certificates (PEM) of NATS");
+    let redis_ca = s.optional_file("DELTA_REDIS_CA_FILE", "CA certificates (PEM) of Redis");
     let prefix = s.prefix("DELTA_KEY_PREFIX");
     let agents_dir = s.dir("DELTA_AGENTS_DIR", "agents");
     let (addr_text, from) = s.get("DELTA_GATEWAY_ADDR");
@@ -172,6 +182,8 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     Ok(Config {
         nats_url,
         redis_url,
+        nats_ca,
+        redis_ca,
         prefix,
         agents_dir,
         addr: addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),

@@ -81,14 +81,22 @@ impl Gateway {
     /// Connects to Redis and NATS (creating the streams if missing, never changing the workers'
     /// consumer settings).
     pub async fn connect(config: Config, shutdown: CancellationToken) -> Result<Self, Error> {
-        let mut store = RedisRunStore::connect(&config.redis_url, &config.prefix).await?;
+        let mut store = RedisRunStore::connect_with(
+            &config.redis_url,
+            &config.prefix,
+            config.redis_ca.as_deref(),
+        )
+        .await?;
         if let Some(key) = &config.secrets_key {
             store = store.with_secrets_key(key.clone());
         }
         let queue = Queue::connect_as(
             &config.nats_url,
             &config.prefix,
-            &queue::Settings::default(),
+            &queue::Settings {
+                ca_file: config.nats_ca.clone(),
+                ..Default::default()
+            },
             Role::Gateway,
         )
         .await?;

@@ -199,8 +199,9 @@ async fn runs(
             .expect("nats"),
     );
     let spec = Spec {
-        nats_url: nats.url(),
-        redis_url: redis.url(),
+        nats_url: nats.url_as(delta_e2e::NatsRole::Worker),
+        redis_url: redis.url_as(delta_e2e::RedisRole::Worker),
+        ca_file: None,
         prefix: prefix.clone(),
         agents_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
         work_dir: work.path().to_path_buf(),
@@ -218,7 +219,7 @@ async fn runs(
         .map(|w| delta_e2e::workers::spawn(&spec, &format!("bench-{w}"), Some(&logs[w])))
         .collect();
     // The human: answer each question as it is announced.
-    let client = async_nats::connect(&nats.url()).await.expect("connect");
+    let client = delta_e2e::nats_client(&nats.url()).await;
     let mut requested = client
         .subscribe(format!("{prefix}.interactions.requested.>"))
         .await

@@ -137,10 +137,25 @@ impl Fleet {
     ) -> Fleet {
         let redis = crate::Redis::start().expect("redis");
         let nats = crate::Nats::start().expect("nats");
+        Self::start_on(redis, nats, None, prefix, n_gateways, n_workers, tweak).await
+    }
+
+    /// As [`Fleet::start_with`], on servers started by the caller (over TLS, say, with the CA
+    /// file that signed their certificates).
+    pub async fn start_on(
+        redis: crate::Redis,
+        nats: crate::Nats,
+        ca_file: Option<PathBuf>,
+        prefix: &str,
+        n_gateways: usize,
+        n_workers: usize,
+        tweak: impl Fn(&mut gateways::Spec),
+    ) -> Fleet {
         let agents = agents_dir();
         let work = tempfile::tempdir().expect("work");
         let mut gateway_spec = gateways::spec(&nats, &redis, prefix);
         gateway_spec.agents_dir = agents.path().to_path_buf();
+        gateway_spec.ca_file = ca_file.clone();
         tweak(&mut gateway_spec);
         let worker_spec = workers::Spec {
             concurrency: 8,
@@ -153,7 +168,7 @@ impl Fleet {
             gateways: vec![],
             workers: vec![],
             client: Client::new(&gateway_spec.url(), None),
-            store: RedisRunStore::connect(&redis.url(), prefix)
+            store: RedisRunStore::connect_with(&redis.url(), prefix, ca_file.as_deref())
                 .await
                 .expect("store"),
             worker_spec,
@@ -248,9 +263,15 @@ impl Fleet {
             .expect("answer")
     }
 
-    /// A NATS client of the fleet's server (bots).
+    /// A NATS client of the fleet's server with every right (to look into or damage the
+    /// streams, as a test must).
+    pub async fn nats_admin(&self) -> async_nats::Client {
+        crate::nats_client(&self.nats.url()).await
+    }
+
+    /// A NATS client of the fleet's server, logged in as a bot.
     pub async fn nats(&self) -> async_nats::Client {
-        async_nats::connect(self.nats.url()).await.expect("nats")
+        crate::nats_client(&self.nats.url_as(crate::NatsRole::Bot)).await
     }
 }
 

@@ -22,9 +22,9 @@ pub fn spec(nats: &crate::Nats, redis: &crate::Redis, prefix: &str) -> Spec {
         resume_check_s: 1,
         lost_job_s: 3,
         max_body_bytes: 64 * 1024,
-        ..Spec::new(
-            &nats.url(),
-            &redis.url(),
+        ..Spec::on(
+            nats,
+            redis,
             prefix,
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
             crate::free_port().expect("free port"),

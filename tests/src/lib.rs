@@ -8,13 +8,43 @@
 
 use std::time::{Duration, Instant};
 
-pub use delta_launcher::{Nats, Redis, Signal, free_port, signal};
+pub use delta_launcher::{Nats, NatsRole, Redis, RedisRole, Signal, free_port, signal};
 
 pub mod browser;
 pub mod chaos;
 pub mod fleet;
 pub mod gateways;
+pub mod tls;
 pub mod workers;
+
+/// A NATS client logged in as the URL says (`user:password@`, which async-nats itself ignores).
+pub async fn nats_client(url: &str) -> async_nats::Client {
+    try_nats_client(url, None)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to NATS: {e}"))
+}
+
+/// A NATS client logged in as the URL says, trusting `ca` for TLS; the error with its causes.
+pub async fn try_nats_client(
+    url: &str,
+    ca: Option<&std::path::Path>,
+) -> Result<async_nats::Client, String> {
+    let settings = delta_queue::Settings {
+        ca_file: ca.map(std::path::Path::to_path_buf),
+        ..Default::default()
+    };
+    delta_queue::connect_client(url, &settings, None)
+        .await
+        .map_err(|e| {
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                text.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            text
+        })
+}
 
 /// Waits (up to 20 s) until a run in Redis has `status`; fails the test with the status it has.
 pub async fn wait_for_status(

@@ -969,7 +969,7 @@ async fn s5_poison_jobs_are_dead_lettered_after_one_delivery() {
     fleet.add_worker("w0");
     fleet.add_worker("w1");
     let human = Human::start(fleet.client.clone(), plain_answer);
-    let js = async_nats::jetstream::new(fleet.nats().await);
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let healthy = submit_many(&fleet.client, "chaos", per_kind).await;
     let mut unknown = vec![];
     for i in 0..per_kind {
@@ -1452,8 +1452,8 @@ async fn s6_a_sensitive_answer_appears_nowhere_but_in_its_tool() {
         let must = if aof || rdb { "sealed:v2:" } else { "" };
         places.push((format!("Redis file {}", path.display()), bytes, must));
     }
-    // NATS: every message of every stream, and the store's files.
-    let js = async_nats::jetstream::new(nc.clone());
+    // NATS: every message of every stream (read with every right), and the store's files.
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let mut names = js.stream_names();
     let mut nats_text = String::new();
     while let Some(Ok(name)) = names.next().await {

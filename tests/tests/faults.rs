@@ -426,11 +426,7 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     let error = run.record.error.unwrap_or_default();
     assert!(error.contains("delivered 2 times (max_deliver)"), "{error}");
 
-    let js = async_nats::jetstream::new(
-        async_nats::connect(&fleet.nats.url())
-            .await
-            .expect("connect"),
-    );
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
     let mut dlq = js.get_stream("XD_DLQ").await.expect("dlq");
     let copied = dlq
         .get_last_raw_message_by_subject("xd.dlq.crasher")

@@ -21,8 +21,9 @@ fn config(
     work: &Path,
 ) -> Config {
     Config {
-        nats_url: nats.url(),
-        redis_url: redis.url(),
+        nats_url: nats.url_as(delta_e2e::NatsRole::Worker),
+        redis_url: redis.url_as(delta_e2e::RedisRole::Worker),
+        redis_ca: None,
         prefix: prefix.into(),
         agents_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
         work_dir: work.to_path_buf(),
@@ -87,7 +88,7 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
     let q = Queue::connect(&nats.url(), "fa", &queue::Settings::default())
         .await
         .expect("nats");
-    let client = async_nats::connect(&nats.url()).await.expect("connect");
+    let client = delta_e2e::nats_client(&nats.url()).await;
     let mut requested = client
         .subscribe("fa.interactions.requested.>")
         .await
@@ -225,7 +226,7 @@ async fn poison_jobs_are_dead_lettered_and_their_runs_failed() {
     )
     .await
     .expect("unknown run");
-    let client = async_nats::connect(&nats.url()).await.expect("connect");
+    let client = delta_e2e::nats_client(&nats.url()).await;
     let js = async_nats::jetstream::new(client);
     js.publish("fb.jobs.hello", "{not json".into())
         .await
@@ -335,7 +336,7 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
     let q = Queue::connect(&nats.url(), "dp", &queue::Settings::default())
         .await
         .expect("nats");
-    let client = async_nats::connect(&nats.url()).await.expect("connect");
+    let client = delta_e2e::nats_client(&nats.url()).await;
     let mut questions = client
         .subscribe("dp.interactions.requested.>")
         .await
@@ -481,7 +482,7 @@ async fn a_sealed_secret_reaches_a_tool_after_a_later_pause_on_another_worker() 
     let q = Queue::connect(&nats.url(), "sv", &queue::Settings::default())
         .await
         .expect("nats");
-    let client = async_nats::connect(&nats.url()).await.expect("connect");
+    let client = delta_e2e::nats_client(&nats.url()).await;
     let mut questions = client
         .subscribe("sv.interactions.requested.>")
         .await

@@ -969,7 +969,7 @@ async fn sensitive_answers_need_the_key_and_never_show() {
 
 /// Messages in the fleet's jobs stream (a work queue: a job taken and acked is gone).
 async fn jobs_in_stream(fleet: &Fleet, stream: &str) -> u64 {
-    let js = async_nats::jetstream::new(fleet.nats().await);
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let mut stream = js.get_stream(stream).await.expect("stream");
     stream.info().await.expect("info").state.messages
 }
@@ -1148,7 +1148,7 @@ async fn a_run_whose_job_was_lost_is_enqueued_again() {
     let mut fleet = Fleet::start("gwn", 1, 0).await;
     let run = fleet.submit("hello", "lost").await;
     // NATS loses the job (as an unsynced write would be on a crash): the stream is emptied.
-    let js = async_nats::jetstream::new(fleet.nats().await);
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
     js.get_stream("GWN_JOBS")
         .await
         .expect("stream")

@@ -14,7 +14,7 @@ fn settings() -> Settings {
 }
 
 async fn stream_messages(q: &Queue, nats_url: &str, stream: &str) -> u64 {
-    let client = async_nats::connect(nats_url).await.expect("connect");
+    let client = delta_e2e::nats_client(nats_url).await;
     let js = async_nats::jetstream::new(client);
     let _ = q;
     let mut s = js.get_stream(stream).await.expect("stream");
@@ -109,7 +109,7 @@ async fn a_nak_redelivers_with_a_higher_fence_and_poison_goes_to_the_dlq() {
     second.ack().await.expect("ack");
 
     // A poison message: not a job at all.
-    let client = async_nats::connect(&nats.url()).await.expect("connect");
+    let client = delta_e2e::nats_client(&nats.url()).await;
     let js = async_nats::jetstream::new(client);
     js.publish("qb.jobs.hello", "{not json".into())
         .await

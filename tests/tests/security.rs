@@ -83,7 +83,7 @@ async fn cancelling_a_run_kills_its_running_tool() {
         stored.journal
     );
     // The worker let go of the job: nothing is left in the work queue.
-    let js = async_nats::jetstream::new(fleet.nats().await);
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let mut jobs = js.get_stream("SEC12_JOBS").await.expect("stream");
@@ -432,7 +432,7 @@ async fn submissions_and_streams_are_bounded() {
         .await
         .expect("post");
     assert_eq!(status, 202, "{body}");
-    let js = async_nats::jetstream::new(fleet.nats().await);
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let jobs = js
         .get_stream("SEC9_JOBS")
         .await

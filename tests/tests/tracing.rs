@@ -50,7 +50,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
     let q = Queue::connect(&nats.url(), "tr", &queue::Settings::default())
         .await
         .expect("nats");
-    let client = async_nats::connect(&nats.url()).await.expect("connect");
+    let client = delta_e2e::nats_client(&nats.url()).await;
     let mut requested = client
         .subscribe("tr.interactions.requested.>")
         .await
@@ -60,6 +60,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
         Config {
             nats_url: nats.url(),
             redis_url: redis.url(),
+            redis_ca: None,
             prefix: "tr".into(),
             agents_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
             work_dir: work.path().to_path_buf(),

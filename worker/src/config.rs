@@ -13,6 +13,8 @@ use delta_queue as queue;
 pub const SETTINGS: &[Setting] = &[
     ("DELTA_NATS_URL", "nats-url", "nats://127.0.0.1:4222"),
     ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),
+    ("DELTA_NATS_CA_FILE", "nats-ca-file", ""),
+    ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
     ("DELTA_WORK_DIR", "work-dir", "."),
@@ -33,6 +35,8 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let grace = s.seconds("DELTA_GRACE_S", 0.0);
     let nats_url = s.url("DELTA_NATS_URL", &["nats", "tls"]);
     let redis_url = s.url("DELTA_REDIS_URL", &["redis", "rediss"]);
+    let nats_ca = s.optional_file("DELTA_NATS_CA_FILE", "CA certificates (PEM) of NATS");
+    let redis_ca = s.optional_file("DELTA_REDIS_CA_FILE", "CA certificates (PEM) of Redis");
     let prefix = s.prefix("DELTA_KEY_PREFIX");
     let agents_dir = s.dir("DELTA_AGENTS_DIR", "agents");
     let (work_dir, _) = s.get("DELTA_WORK_DIR");
@@ -50,11 +54,13 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     Ok(Config {
         nats_url,
         redis_url,
+        redis_ca,
         prefix,
         agents_dir,
         work_dir: PathBuf::from(work_dir),
         concurrency: usize::try_from(concurrency).unwrap_or(usize::MAX),
         queue: queue::Settings {
+            ca_file: nats_ca,
             ack_wait,
             max_deliver: i64::try_from(max_deliver).unwrap_or(i64::MAX),
             ..Default::default()

@@ -40,6 +40,8 @@ use delta_store::{self as store, RunStore, StatusChange, Terminal};
 pub struct Config {
     pub nats_url: String,
     pub redis_url: String,
+    /// CA certificates (PEM) that sign Redis's TLS certificate (the system's roots when `None`).
+    pub redis_ca: Option<PathBuf>,
     pub prefix: String,
     pub agents_dir: PathBuf,
     /// Where tools run.
@@ -113,7 +115,12 @@ const FETCH_BATCH: usize = 16;
 /// finish or checkpoint within the grace period.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
     let queue = Queue::connect(&config.nats_url, &config.prefix, &config.queue).await?;
-    let mut store = RedisRunStore::connect(&config.redis_url, &config.prefix).await?;
+    let mut store = RedisRunStore::connect_with(
+        &config.redis_url,
+        &config.prefix,
+        config.redis_ca.as_deref(),
+    )
+    .await?;
     if let Some(key) = &config.secrets_key {
         store = store.with_secrets_key(key.clone());
     }

@@ -138,6 +138,19 @@ impl<'a> Settings<'a> {
         v.into()
     }
 
+    /// A file that must be readable, or none when the setting is empty.
+    pub fn optional_file(&mut self, env_name: &str, what: &str) -> Option<std::path::PathBuf> {
+        let (v, from) = self.get(env_name);
+        if v.is_empty() {
+            return None;
+        }
+        if let Err(e) = std::fs::File::open(&v) {
+            self.errors
+                .push(format!("{from}: cannot read `{v}`, the {what}: {e}"));
+        }
+        Some(v.into())
+    }
+
     /// The secrets keys (64 hex digits each, separated by commas; the first seals), or none when
     /// the setting is empty.
     pub fn secrets_key(&mut self, env_name: &str) -> Option<Arc<SecretsKey>> {

@@ -21,10 +21,12 @@ pub mod programs;
 pub mod servers;
 pub mod spec;
 
+pub use delta_queue::access::NatsRole;
+pub use delta_store::redis::access::RedisRole;
 pub use nix::sys::signal::Signal;
 pub use process::{Output, Process, signal};
 pub use programs::Programs;
-pub use servers::{Nats, Redis, ServerPrograms, free_port};
+pub use servers::{Nats, Redis, ServerPrograms, Tls, free_port};
 pub use spec::{GatewayProcess, GatewaySpec, WorkerSpec};
 
 /// Why a process could not be found or started.

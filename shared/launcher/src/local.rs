@@ -60,8 +60,12 @@ pub async fn find_programs(
 /// A running local fleet. Field order is drop order: workers, gateway, then the servers.
 pub struct LocalFleet {
     pub gateway_url: String,
+    /// The servers, logged in as the admin.
     pub nats_url: String,
     pub redis_url: String,
+    /// `credentials.env` in the fleet's directory (readable by this user only): the servers'
+    /// admin URLs and a bot's NATS URL, for an operator's tools and bots.
+    pub credentials: PathBuf,
     pub dir: PathBuf,
     workers: Vec<Process>,
     gateway: Option<GatewayProcess>,
@@ -94,6 +98,8 @@ impl LocalFleet {
             dir: Some(o.dir.join(name)),
             output: output(name),
             redis_fsync: fsync,
+            prefix: Some("delta".into()),
+            tls: None,
         };
         let redis = Redis::start_with(&server(
             "redis",
@@ -105,23 +111,29 @@ impl LocalFleet {
             Some(p) => p,
             None => free_port()?,
         };
+        let mut gateway =
+            GatewaySpec::on(&nats, &redis, "delta", o.agents_dir.clone(), gateway_port);
+        let credentials = o.dir.join("credentials.env");
+        crate::servers::write_private(
+            &credentials,
+            &format!(
+                "# The local fleet's servers (delta dev): log in with these.\nDELTA_REDIS_ADMIN_URL={}\nDELTA_NATS_ADMIN_URL={}\nDELTA_NATS_BOT_URL={}\n",
+                redis.url(),
+                nats.url(),
+                nats.url_as(crate::NatsRole::Bot)
+            ),
+        )?;
         let mut fleet = LocalFleet {
             gateway_url: format!("http://127.0.0.1:{gateway_port}"),
             nats_url: nats.url(),
             redis_url: redis.url(),
+            credentials,
             dir: o.dir.clone(),
             workers: vec![],
             gateway: None,
             nats: Some(nats),
             redis: Some(redis),
         };
-        let mut gateway = GatewaySpec::new(
-            &fleet.nats_url,
-            &fleet.redis_url,
-            "delta",
-            o.agents_dir.clone(),
-            gateway_port,
-        );
         gateway.secrets_key_hex = o.secrets_key_hex.clone();
         gateway.operator_token = o.operator_token.clone();
         fleet.gateway = Some(

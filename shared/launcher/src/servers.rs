@@ -4,6 +4,12 @@
 //! The programs come from `DELTA_REDIS_SERVER` / `DELTA_NATS_SERVER`, else the project's tools
 //! (`DELTA_TOOLS_DIR`, default `<repo>/.tools`, where `deploy/install-servers.sh` puts
 //! nats-server), else `PATH`; a missing one is reported with the command that installs it.
+//!
+//! Both servers run with credentials, as production does (docs/security.md): Redis with ACL
+//! users and its `default` user off, NATS with users and subject permissions, each role its own
+//! user and random password, made at start and kept across restarts. [`Server::url`] logs in as
+//! the admin (the tests' own checks, `delta bench`); [`Redis::url_as`] and [`Nats::url_as`] as
+//! one of the fleet's roles. With [`ServerOptions::tls`] they serve TLS only.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -11,6 +17,9 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+use delta_queue::access::{NatsRole, Scope};
+use delta_store::redis::access::RedisRole;
 
 use crate::process::{Output, Process};
 use crate::{Error, repo_root};
@@ -128,6 +137,67 @@ pub struct ServerOptions {
     pub output: Output,
     /// Redis's `appendfsync` (`everysec`, Redis's default, when `None`).
     pub redis_fsync: Option<String>,
+    /// The key prefix the roles' permissions cover (any prefix when `None`: a test's own server,
+    /// whose prefix is chosen later).
+    pub prefix: Option<String>,
+    /// Serve TLS only, with this certificate and key.
+    pub tls: Option<Tls>,
+}
+
+/// A server's TLS certificate (chain) and private key, PEM files.
+#[derive(Clone, Debug)]
+pub struct Tls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The users of a server: one per role, with a random password each.
+#[derive(Clone, Debug)]
+struct Users(Vec<(&'static str, String)>);
+
+impl Users {
+    fn new(roles: &[&'static str]) -> Result<Users, Error> {
+        roles
+            .iter()
+            .map(|r| Ok((*r, random_hex(16)?)))
+            .collect::<Result<_, _>>()
+            .map(Users)
+    }
+
+    fn password(&self, role: &str) -> &str {
+        self.0
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, p)| p.as_str())
+            .unwrap_or_default()
+    }
+}
+
+/// The user name of a role: `delta-<role>`.
+pub fn user_name(role: &str) -> String {
+    format!("delta-{role}")
+}
+
+/// `n` random bytes as hex, from the kernel.
+fn random_hex(n: usize) -> Result<String, Error> {
+    let mut bytes = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(Error::io("reading /dev/urandom"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes `text` to `path`, readable by this user only.
+pub(crate) fn write_private(path: &Path, text: &str) -> Result<(), Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(Error::io(format!("writing {}", path.display())))
 }
 
 /// Which server a [`Server`] is: says how to start it and how to tell it is ready.
@@ -145,15 +215,30 @@ impl Kind {
         }
     }
 
-    fn ready(self, port: u16) -> bool {
+    fn roles(self) -> Vec<&'static str> {
         match self {
+            Kind::Redis => RedisRole::ALL.iter().map(|r| r.name()).collect(),
+            Kind::Nats => NatsRole::ALL.iter().map(|r| r.name()).collect(),
+        }
+    }
+
+    fn ready(self, port: u16, users: &Users, tls: bool) -> bool {
+        match self {
+            // Over TLS: the port accepts connections (the clients' own retries cover the rest).
+            Kind::Redis if tls => TcpStream::connect(("127.0.0.1", port)).is_ok(),
             Kind::Redis => TcpStream::connect(("127.0.0.1", port))
                 .and_then(|mut s| {
                     s.set_read_timeout(Some(Duration::from_millis(500)))?;
-                    s.write_all(b"PING\r\n")?;
-                    let mut buf = [0u8; 7];
+                    let admin = RedisRole::Admin.name();
+                    let auth = format!(
+                        "AUTH {} {}\r\nPING\r\n",
+                        user_name(admin),
+                        users.password(admin)
+                    );
+                    s.write_all(auth.as_bytes())?;
+                    let mut buf = [0u8; 12];
                     s.read_exact(&mut buf)?;
-                    Ok(&buf == b"+PONG\r\n")
+                    Ok(&buf == b"+OK\r\n+PONG\r\n")
                 })
                 .unwrap_or(false),
             // The server greets every client with an INFO line once it accepts connections.
@@ -168,12 +253,77 @@ impl Kind {
         }
     }
 
+    /// Writes the server's users (Redis's ACL file, NATS's configuration) into `dir`, and gives
+    /// the arguments that load them.
+    fn auth_args(
+        self,
+        dir: &Path,
+        users: &Users,
+        o: &ServerOptions,
+    ) -> Result<Vec<OsString>, Error> {
+        let prefix = o.prefix.as_deref();
+        match self {
+            Kind::Redis => {
+                let mut acl = format!("{}\n", delta_store::redis::access::DEFAULT_USER);
+                for role in RedisRole::ALL {
+                    acl.push_str(&delta_store::redis::access::acl_line(
+                        prefix,
+                        role,
+                        &user_name(role.name()),
+                        users.password(role.name()),
+                    ));
+                    acl.push('\n');
+                }
+                let path = dir.join("users.acl");
+                write_private(&path, &acl)?;
+                let mut args: Vec<OsString> = vec!["--aclfile".into(), path.into()];
+                if let Some(t) = &o.tls {
+                    args.extend([
+                        "--tls-cert-file".into(),
+                        t.cert.clone().into_os_string(),
+                        "--tls-key-file".into(),
+                        t.key.clone().into_os_string(),
+                        // Clients show no certificate of their own: they log in as users.
+                        "--tls-auth-clients".into(),
+                        "no".into(),
+                    ]);
+                }
+                Ok(args)
+            }
+            Kind::Nats => {
+                let scope = match prefix {
+                    Some(p) => Scope::Prefix(p.to_owned()),
+                    None => Scope::Any,
+                };
+                let mut conf = delta_queue::access::authorization(&scope, |role| {
+                    delta_queue::access::quote(users.password(role.name()))
+                });
+                if let Some(t) = &o.tls {
+                    let quote = |p: &Path| format!("{:?}", p.display().to_string());
+                    conf.push_str(&format!(
+                        "tls {{\n  cert_file: {}\n  key_file: {}\n}}\n",
+                        quote(&t.cert),
+                        quote(&t.key)
+                    ));
+                }
+                let path = dir.join("nats.conf");
+                write_private(&path, &conf)?;
+                Ok(vec!["-c".into(), path.into()])
+            }
+        }
+    }
+
     fn args(self, port: u16, dir: &Path, o: &ServerOptions) -> Vec<OsString> {
         let port = port.to_string();
+        let (port_flag, port) = match (self, &o.tls) {
+            // TLS only: the plain port off.
+            (Kind::Redis, Some(_)) => ("--tls-port", port),
+            _ => ("--port", port),
+        };
         let mut args: Vec<&str> = match self {
             // AOF on, no RDB snapshots, and never evict (STACK.md).
             Kind::Redis => vec![
-                "--port",
+                port_flag,
                 &port,
                 "--bind",
                 "127.0.0.1",
@@ -189,6 +339,9 @@ impl Kind {
         };
         if let (Kind::Redis, Some(fsync)) = (self, &o.redis_fsync) {
             args.extend(["--appendfsync", fsync]);
+        }
+        if let (Kind::Redis, Some(_)) = (self, &o.tls) {
+            args.extend(["--port", "0"]);
         }
         let mut args: Vec<OsString> = args.into_iter().map(Into::into).collect();
         args.push(match self {
@@ -226,6 +379,7 @@ pub struct Server {
     /// Its port on 127.0.0.1 (the same across restarts).
     pub port: u16,
     options: ServerOptions,
+    users: Users,
     dir: DataDir,
 }
 
@@ -251,11 +405,12 @@ impl Server {
                 tempfile::tempdir().map_err(Error::io("creating a temporary directory"))?,
             ),
         };
+        let users = Users::new(&kind.roles())?;
         // A free port can be taken by someone else before the server binds it: three tries.
         let mut last = None;
         for _ in 0..3 {
             let port = free_port()?;
-            match Self::spawn(kind, &program, port, dir.path(), options) {
+            match Self::spawn(kind, &program, port, dir.path(), options, &users) {
                 Ok(process) => {
                     return Ok(Server {
                         process,
@@ -263,6 +418,7 @@ impl Server {
                         program,
                         port,
                         options: options.clone(),
+                        users,
                         dir,
                     });
                 }
@@ -278,11 +434,14 @@ impl Server {
         port: u16,
         dir: &Path,
         o: &ServerOptions,
+        users: &Users,
     ) -> Result<Process, Error> {
         let mut cmd = Command::new(program);
+        cmd.args(kind.auth_args(dir, users, o)?);
         cmd.args(kind.args(port, dir, o));
         let mut process = Process::spawn(kind.name(), &mut cmd, &o.output)?;
-        process.wait_ready(Duration::from_secs(10), || kind.ready(port))?;
+        let tls = o.tls.is_some();
+        process.wait_ready(Duration::from_secs(10), || kind.ready(port, users, tls))?;
         Ok(process)
     }
 
@@ -299,6 +458,7 @@ impl Server {
                 self.port,
                 self.dir.path(),
                 &self.options,
+                &self.users,
             ) {
                 Ok(process) => {
                     self.process = process;
@@ -312,13 +472,34 @@ impl Server {
 }
 
 impl Server {
-    /// Its URL (`redis://…` or `nats://…` on 127.0.0.1).
+    /// Its URL (`redis://…`, `rediss://…`, `nats://…` or `tls://…` on 127.0.0.1), logged in as
+    /// the admin (every right: the tests' own checks, `delta bench`).
     pub fn url(&self) -> String {
-        let scheme = match self.kind {
-            Kind::Redis => "redis",
-            Kind::Nats => "nats",
-        };
-        format!("{scheme}://127.0.0.1:{}", self.port)
+        self.url_for("admin")
+    }
+
+    /// Its URL without credentials: whoever uses it is refused everything.
+    pub fn anonymous_url(&self) -> String {
+        format!("{}://127.0.0.1:{}", self.scheme(), self.port)
+    }
+
+    fn scheme(&self) -> &'static str {
+        match (self.kind, self.options.tls.is_some()) {
+            (Kind::Redis, false) => "redis",
+            (Kind::Redis, true) => "rediss",
+            (Kind::Nats, false) => "nats",
+            (Kind::Nats, true) => "tls",
+        }
+    }
+
+    fn url_for(&self, role: &str) -> String {
+        format!(
+            "{}://{}:{}@127.0.0.1:{}",
+            self.scheme(),
+            user_name(role),
+            self.users.password(role),
+            self.port
+        )
     }
 
     pub fn pid(&self) -> u32 {
@@ -382,3 +563,17 @@ server_kind!(
     Nats,
     Kind::Nats
 );
+
+impl Redis {
+    /// Its URL, logged in as `role`.
+    pub fn url_as(&self, role: RedisRole) -> String {
+        self.0.url_for(role.name())
+    }
+}
+
+impl Nats {
+    /// Its URL, logged in as `role`.
+    pub fn url_as(&self, role: NatsRole) -> String {
+        self.0.url_for(role.name())
+    }
+}

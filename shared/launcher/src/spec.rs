@@ -14,8 +14,14 @@ use crate::{Error, Programs};
 /// A gateway's settings.
 #[derive(Clone, Debug)]
 pub struct GatewaySpec {
+    /// The servers, logged in as the gateway.
     pub nats_url: String,
     pub redis_url: String,
+    /// The same servers logged in as a worker, for [`WorkerSpec::joining`].
+    pub worker_nats_url: String,
+    pub worker_redis_url: String,
+    /// CA certificates (PEM) of the servers' TLS certificates, for gateways and workers.
+    pub ca_file: Option<PathBuf>,
     pub prefix: String,
     pub agents_dir: PathBuf,
     pub port: u16,
@@ -38,7 +44,30 @@ pub struct GatewaySpec {
 }
 
 impl GatewaySpec {
-    /// A gateway on `port` with the production defaults.
+    /// A gateway on `port` of the fleet on these servers, logged in as its role (and its
+    /// workers as theirs), with the production defaults.
+    pub fn on(
+        nats: &crate::Nats,
+        redis: &crate::Redis,
+        prefix: &str,
+        agents_dir: PathBuf,
+        port: u16,
+    ) -> Self {
+        use crate::{NatsRole, RedisRole};
+        Self {
+            worker_nats_url: nats.url_as(NatsRole::Worker),
+            worker_redis_url: redis.url_as(RedisRole::Worker),
+            ..Self::new(
+                &nats.url_as(NatsRole::Gateway),
+                &redis.url_as(RedisRole::Gateway),
+                prefix,
+                agents_dir,
+                port,
+            )
+        }
+    }
+
+    /// A gateway on `port` with the production defaults, its workers on the same URLs.
     pub fn new(
         nats_url: &str,
         redis_url: &str,
@@ -49,6 +78,9 @@ impl GatewaySpec {
         Self {
             nats_url: nats_url.to_owned(),
             redis_url: redis_url.to_owned(),
+            worker_nats_url: nats_url.to_owned(),
+            worker_redis_url: redis_url.to_owned(),
+            ca_file: None,
             prefix: prefix.to_owned(),
             agents_dir,
             port,
@@ -80,6 +112,7 @@ impl GatewaySpec {
             ("DELTA_LOST_JOB_S", self.lost_job_s.to_string()),
             ("DELTA_MAX_BODY_BYTES", self.max_body_bytes.to_string()),
         ];
+        env.extend(ca_settings(self.ca_file.as_ref()));
         if let Some(f) = &self.tokens_file {
             env.push(("DELTA_GATEWAY_TOKENS_FILE", f.display().to_string()));
         }
@@ -137,6 +170,19 @@ pub struct WorkerSpec {
     pub worker_id: String,
     /// `DELTA_SECRETS_KEY`, 64 hex digits.
     pub secrets_key_hex: Option<String>,
+    /// CA certificates (PEM) of the servers' TLS certificates.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// `DELTA_NATS_CA_FILE` and `DELTA_REDIS_CA_FILE`, when there is one.
+fn ca_settings(ca: Option<&PathBuf>) -> Vec<(&'static str, String)> {
+    ca.map(|f| {
+        vec![
+            ("DELTA_NATS_CA_FILE", f.display().to_string()),
+            ("DELTA_REDIS_CA_FILE", f.display().to_string()),
+        ]
+    })
+    .unwrap_or_default()
 }
 
 impl WorkerSpec {
@@ -145,8 +191,9 @@ impl WorkerSpec {
     /// 5 deliveries, 20 s of grace); named when started.
     pub fn joining(gateway: &GatewaySpec, work_dir: PathBuf) -> Self {
         Self {
-            nats_url: gateway.nats_url.clone(),
-            redis_url: gateway.redis_url.clone(),
+            nats_url: gateway.worker_nats_url.clone(),
+            redis_url: gateway.worker_redis_url.clone(),
+            ca_file: gateway.ca_file.clone(),
             prefix: gateway.prefix.clone(),
             agents_dir: gateway.agents_dir.clone(),
             work_dir,
@@ -176,6 +223,7 @@ impl WorkerSpec {
         if let Some(k) = &self.secrets_key_hex {
             env.push(("DELTA_SECRETS_KEY", k.clone()));
         }
+        env.extend(ca_settings(self.ca_file.as_ref()));
         env
     }
 

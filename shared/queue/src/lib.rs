@@ -20,6 +20,8 @@ use futures_util::StreamExt;
 
 use delta_protocol::{Fence, InteractionRequest, Job, RequestId, Resolved, RunId, Timestamp};
 
+pub mod access;
+
 /// Why NATS refused or failed an operation (the client's own error).
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
@@ -124,9 +126,12 @@ impl Names {
     }
 }
 
-/// Consumer settings.
+/// Consumer and connection settings.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// A PEM file of the certificate authorities that sign the server's TLS certificate (with a
+    /// `tls://` URL, or a server that requires TLS); the system's roots otherwise.
+    pub ca_file: Option<std::path::PathBuf>,
     /// How long a delivery may stay unacknowledged (heartbeats extend it).
     pub ack_wait: Duration,
     /// Deliveries of one job before it is dead-lettered.
@@ -146,6 +151,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
+            ca_file: None,
             ack_wait: Duration::from_secs(30),
             max_deliver: 5,
             max_ack_pending: 10_000,
@@ -280,6 +286,59 @@ pub struct Exhausted {
 }
 
 /// The durable pull consumer `config` on `stream_name`, updated to `config` or created.
+/// Connects to NATS at `url` (servers separated by commas; `user:password@` in a URL logs in),
+/// trusting `settings.ca_file` for TLS, and with `role`'s own inbox under `prefix` when given
+/// (see [`access`]).
+pub async fn connect_client(
+    url: &str,
+    settings: &Settings,
+    role: Option<(&str, access::NatsRole)>,
+) -> Result<async_nats::Client, Error> {
+    let shown = delta_protocol::without_credentials(url);
+    let connect_error = |source: Cause| Error::Connect {
+        url: shown.clone(),
+        source,
+    };
+    let servers: Vec<async_nats::ServerAddr> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<async_nats::ServerAddr>())
+        .collect::<Result<_, _>>()
+        // The parser's message can quote the URL, password and all: say what is wrong only.
+        .map_err(|_| connect_error("not a NATS URL (nats://[user:password@]host:port)".into()))?;
+    let mut options = async_nats::ConnectOptions::new();
+    if let Some(addr) = servers.iter().find(|a| a.has_user_pass()) {
+        let user = percent_decode(addr.username().unwrap_or_default());
+        let pass = percent_decode(addr.password().unwrap_or_default());
+        options = options.user_and_password(user, pass);
+    }
+    if let Some(ca) = &settings.ca_file {
+        if !ca.is_file() {
+            return Err(connect_error(
+                format!("the CA file {} cannot be read", ca.display()).into(),
+            ));
+        }
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let Some((prefix, role)) = role {
+        options = options
+            .name(format!("delta-{}", role.name()))
+            .custom_inbox_prefix(access::inbox_prefix(prefix, role));
+    }
+    options
+        .connect(servers)
+        .await
+        .map_err(|e| connect_error(e.into()))
+}
+
+/// A URL's user name or password, written `%XX`-escaped, as it is meant.
+fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
 async fn durable_consumer(
     js: &jetstream::Context,
     stream_name: &str,
@@ -370,10 +429,11 @@ impl Queue {
         settings: &Settings,
         role: Role,
     ) -> Result<Queue, Error> {
-        let client = async_nats::connect(url).await.map_err(|e| Error::Connect {
-            url: delta_protocol::without_credentials(url),
-            source: e.into(),
-        })?;
+        let nats_role = match role {
+            Role::Worker => access::NatsRole::Worker,
+            Role::Gateway => access::NatsRole::Gateway,
+        };
+        let client = connect_client(url, settings, Some((prefix, nats_role))).await?;
         let js = jetstream::new(client.clone());
         let names = Names::new(prefix);
         let p = prefix;

@@ -39,6 +39,7 @@ use std::time::Duration;
 use redis::Script;
 use redis::aio::ConnectionManager;
 
+pub mod access;
 mod index;
 
 pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
@@ -340,10 +341,59 @@ pub enum Resolution<'a> {
     Expired,
 }
 
+/// A client for `url`, trusting `ca_file` for TLS. Errors never quote the URL (it can hold a
+/// password).
+fn open_client(url: &str, ca_file: Option<&std::path::Path>) -> Result<redis::Client, Error> {
+    let bad_url = |_| {
+        Error::Backend(
+            format!(
+                "DELTA_REDIS_URL is not a Redis URL ({}): write redis://[user:password@]host:port, or rediss:// for TLS",
+                delta_protocol::without_credentials(url)
+            )
+            .into(),
+        )
+    };
+    match ca_file {
+        None => redis::Client::open(url).map_err(bad_url),
+        Some(ca) => {
+            if !url.starts_with("rediss://") {
+                return Err(Error::Backend(
+                    format!(
+                        "a CA file ({}) is given but the Redis URL is not rediss://: use rediss:// to connect with TLS",
+                        ca.display()
+                    )
+                    .into(),
+                ));
+            }
+            let root_cert = std::fs::read(ca).map_err(|e| {
+                Error::Backend(format!("cannot read the CA file {}: {e}", ca.display()).into())
+            })?;
+            redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            )
+            .map_err(bad_url)
+        }
+    }
+}
+
 impl RedisRunStore {
-    /// Connects to `url` (e.g. `redis://127.0.0.1:6379`).
+    /// Connects to `url` (e.g. `redis://127.0.0.1:6379`, `redis://user:password@host:port`).
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, Error> {
-        let client = redis::Client::open(url).map_err(backend)?;
+        Self::connect_with(url, prefix, None).await
+    }
+
+    /// Connects to `url`; with a `rediss://` URL the server's certificate is checked against
+    /// the certificate authorities in `ca_file` (PEM) when given, else against the system's.
+    pub async fn connect_with(
+        url: &str,
+        prefix: &str,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Self, Error> {
+        let client = open_client(url, ca_file)?;
         let conn = ConnectionManager::new(client.clone())
             .await
             .map_err(backend)?;

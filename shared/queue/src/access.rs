@@ -1,0 +1,298 @@
+//! Who may publish and subscribe to what on NATS: the least each of the fleet's roles needs
+//! (docs/security.md). The launcher writes these into the configuration of the `nats-server` it
+//! starts (`delta dev`, the tests), and `deploy/nats/nats.conf` spells out the same lists for
+//! the prefix `delta`; a test checks both against a real server.
+//!
+//! - The **gateway** serves the respond subjects (the only role that may subscribe to them, so a
+//!   bot's bearer token in a header reaches no one else), publishes jobs, `resolved`
+//!   announcements and cancellations, and reads the streams for its views.
+//! - A **worker** takes jobs from its consumer, publishes `requested` announcements, dead
+//!   letters and resumes, and hears cancellations. It may not answer, announce an answer or
+//!   publish a job.
+//! - A **bot** reads questions (live, or from the interactions stream with a consumer of its
+//!   own) and publishes answers to the respond subjects, and nothing else.
+//! - The **admin** may do everything: operators' tools and the tests' own checks.
+//!
+//! The gateway and workers receive replies on an inbox of their own role
+//! ([`inbox_prefix`]), so no other client can read the JetStream API's answers to them (jobs,
+//! dead letters); bots keep NATS's default `_INBOX.`.
+
+/// A role's permissions, as NATS's `permissions` block holds them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Permissions {
+    pub publish: Vec<String>,
+    pub subscribe: Vec<String>,
+    /// Whether it may reply to the requests it receives (the gateway answering bots).
+    pub allow_responses: bool,
+}
+
+/// A role on NATS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NatsRole {
+    Gateway,
+    Worker,
+    Bot,
+    Admin,
+}
+
+impl NatsRole {
+    pub const ALL: [NatsRole; 4] = [
+        NatsRole::Gateway,
+        NatsRole::Worker,
+        NatsRole::Bot,
+        NatsRole::Admin,
+    ];
+
+    /// Its name in user names and inbox prefixes.
+    pub fn name(self) -> &'static str {
+        match self {
+            NatsRole::Gateway => "gateway",
+            NatsRole::Worker => "worker",
+            NatsRole::Bot => "bot",
+            NatsRole::Admin => "admin",
+        }
+    }
+}
+
+/// Which prefixes the permissions cover: one (`delta`), or any (a server of the tests' own,
+/// where each test names its prefix only after the server started).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Prefix(String),
+    Any,
+}
+
+impl Scope {
+    /// The subject token of the prefix.
+    fn p(&self) -> &str {
+        match self {
+            Scope::Prefix(p) => p,
+            Scope::Any => "*",
+        }
+    }
+
+    /// A stream's name (`<P>_<SUFFIX>`), or `*`.
+    fn stream(&self, suffix: &str) -> String {
+        match self {
+            Scope::Prefix(p) => format!("{}_{suffix}", p.to_uppercase()),
+            Scope::Any => "*".into(),
+        }
+    }
+
+    /// A durable consumer's name (`<p>-<suffix>`), or `*`.
+    fn consumer(&self, suffix: &str) -> String {
+        match self {
+            Scope::Prefix(p) => format!("{p}-{suffix}"),
+            Scope::Any => "*".into(),
+        }
+    }
+}
+
+/// Where replies to a role's requests arrive: `_DELTA_INBOX.<prefix>.<role>`.
+pub fn inbox_prefix(prefix: &str, role: NatsRole) -> String {
+    format!("_DELTA_INBOX.{prefix}.{}", role.name())
+}
+
+/// The JetStream API subjects that create, update and read one stream.
+fn stream_admin(s: &str) -> Vec<String> {
+    ["CREATE", "UPDATE", "INFO"]
+        .iter()
+        .map(|verb| format!("$JS.API.STREAM.{verb}.{s}"))
+        .collect()
+}
+
+/// The JetStream API subjects a client needs to read a stream through consumers it creates
+/// (ordered ones, with generated names) and to acknowledge what they deliver.
+fn stream_reader(s: &str) -> Vec<String> {
+    vec![
+        format!("$JS.API.STREAM.INFO.{s}"),
+        format!("$JS.API.CONSUMER.CREATE.{s}"),
+        format!("$JS.API.CONSUMER.CREATE.{s}.>"),
+        format!("$JS.API.CONSUMER.DURABLE.CREATE.{s}.*"),
+        format!("$JS.API.CONSUMER.INFO.{s}.*"),
+        format!("$JS.API.CONSUMER.DELETE.{s}.*"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{s}.*"),
+        format!("$JS.ACK.{s}.>"),
+        format!("$JS.FC.{s}.>"),
+    ]
+}
+
+/// The JetStream API subjects that create, update and read one durable consumer.
+fn durable(s: &str, c: &str) -> Vec<String> {
+    vec![
+        format!("$JS.API.CONSUMER.CREATE.{s}.{c}"),
+        format!("$JS.API.CONSUMER.CREATE.{s}.{c}.>"),
+        format!("$JS.API.CONSUMER.DURABLE.CREATE.{s}.{c}"),
+        format!("$JS.API.CONSUMER.INFO.{s}.{c}"),
+    ]
+}
+
+/// The subjects that pull from one durable consumer and acknowledge what it delivers.
+fn pull(s: &str, c: &str) -> Vec<String> {
+    vec![
+        format!("$JS.API.CONSUMER.MSG.NEXT.{s}.{c}"),
+        format!("$JS.ACK.{s}.{c}.>"),
+    ]
+}
+
+/// What `role` may do under `scope`.
+pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
+    let p = scope.p();
+    let jobs = scope.stream("JOBS");
+    let dlq = scope.stream("DLQ");
+    let interactions = scope.stream("INTERACTIONS");
+    let exhausted = scope.stream("EXHAUSTED");
+    let workers = scope.consumer("workers");
+    let exhausted_consumer = scope.consumer("exhausted");
+    let inbox = |r: NatsRole| format!("_DELTA_INBOX.{p}.{}.>", r.name());
+    let all_streams = [&jobs, &dlq, &interactions, &exhausted];
+    // Both the gateway and workers create the streams at start, whichever comes first.
+    let setup = || {
+        let mut v = vec!["$JS.API.INFO".to_owned()];
+        for s in all_streams {
+            v.extend(stream_admin(s));
+        }
+        v.extend(durable(&jobs, &workers));
+        v.extend(durable(&exhausted, &exhausted_consumer));
+        v
+    };
+    let (publish, subscribe, allow_responses) = match role {
+        NatsRole::Gateway => {
+            let mut publish = setup();
+            publish.extend(stream_reader(&dlq));
+            publish.extend(stream_reader(&interactions));
+            publish.extend([
+                format!("$JS.API.STREAM.MSG.GET.{jobs}"),
+                format!("$JS.API.STREAM.MSG.GET.{dlq}"),
+                format!("$JS.API.STREAM.MSG.DELETE.{dlq}"),
+                format!("{p}.jobs.>"),
+                format!("{p}.interactions.resolved.>"),
+                format!("{p}.events.cancelled"),
+            ]);
+            let subscribe = vec![
+                format!("{p}.interactions.respond.*"),
+                format!("{p}.events.resumed"),
+                inbox(NatsRole::Gateway),
+            ];
+            (publish, subscribe, true)
+        }
+        NatsRole::Worker => {
+            let mut publish = setup();
+            publish.extend(pull(&jobs, &workers));
+            publish.extend(pull(&exhausted, &exhausted_consumer));
+            publish.extend([
+                format!("$JS.API.STREAM.MSG.GET.{jobs}"),
+                format!("$JS.API.STREAM.MSG.DELETE.{jobs}"),
+                format!("{p}.dlq.>"),
+                format!("{p}.interactions.requested.>"),
+                format!("{p}.events.resumed"),
+            ]);
+            let subscribe = vec![format!("{p}.events.cancelled"), inbox(NatsRole::Worker)];
+            (publish, subscribe, false)
+        }
+        NatsRole::Bot => {
+            let mut publish = vec!["$JS.API.INFO".to_owned()];
+            publish.extend(stream_reader(&interactions));
+            publish.push(format!("{p}.interactions.respond.*"));
+            let subscribe = vec![
+                format!("{p}.interactions.requested.>"),
+                format!("{p}.interactions.resolved.>"),
+                "_INBOX.>".to_owned(),
+            ];
+            (publish, subscribe, false)
+        }
+        NatsRole::Admin => (vec![">".to_owned()], vec![">".to_owned()], false),
+    };
+    Permissions {
+        publish: unique(publish),
+        subscribe: unique(subscribe),
+        allow_responses,
+    }
+}
+
+/// `v` without repeats, in its order.
+fn unique(v: Vec<String>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    v.into_iter().filter(|s| seen.insert(s.clone())).collect()
+}
+
+/// A string quoted for a `nats-server` configuration.
+pub fn quote(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// A user's entry in a `nats-server` configuration's `authorization.users` list. `password` is
+/// written as given: a [`quote`]d string, or a variable (`$DELTA_NATS_WORKER_PASSWORD`) that the
+/// server takes from its environment.
+pub fn user_entry(scope: &Scope, role: NatsRole, user: &str, password: &str) -> String {
+    let list = |v: &[String]| {
+        v.iter()
+            .map(|s| format!("          {}\n", quote(s)))
+            .collect::<String>()
+    };
+    let perms = permissions(scope, role);
+    let mut out = format!(
+        "    {{\n      user: {}\n      password: {}\n      permissions: {{\n        publish: {{ allow: [\n{}        ] }}\n        subscribe: {{ allow: [\n{}        ] }}\n",
+        quote(user),
+        password,
+        list(&perms.publish),
+        list(&perms.subscribe),
+    );
+    if perms.allow_responses {
+        out.push_str("        allow_responses: true\n");
+    }
+    out.push_str("      }\n    }\n");
+    out
+}
+
+/// The `authorization` block of a `nats-server` configuration: a user `delta-<role>` per role,
+/// with the password `password(role)` gives (written as [`user_entry`] says).
+pub fn authorization(scope: &Scope, password: impl Fn(NatsRole) -> String) -> String {
+    let mut conf = String::from("authorization {\n  users = [\n");
+    for role in NatsRole::ALL {
+        conf.push_str(&user_entry(
+            scope,
+            role,
+            &format!("delta-{}", role.name()),
+            &password(role),
+        ));
+    }
+    conf.push_str("  ]\n}\n");
+    conf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_gateway_may_hear_answers_and_only_bots_and_the_gateway_send_them() {
+        let scope = Scope::Prefix("delta".into());
+        let respond = "delta.interactions.respond.*".to_owned();
+        for role in NatsRole::ALL {
+            let p = permissions(&scope, role);
+            let hears = p.subscribe.contains(&respond) || p.subscribe.contains(&">".to_owned());
+            assert_eq!(
+                hears,
+                matches!(role, NatsRole::Gateway | NatsRole::Admin),
+                "{role:?}"
+            );
+        }
+        let worker = permissions(&scope, NatsRole::Worker);
+        assert!(!worker.publish.iter().any(|s| s.contains("respond")));
+        assert!(!worker.publish.iter().any(|s| s.starts_with("delta.jobs")));
+        let bot = permissions(&scope, NatsRole::Bot);
+        assert!(!bot.publish.iter().any(|s| s.starts_with("delta.jobs")));
+    }
+
+    #[test]
+    fn any_scope_names_no_prefix() {
+        let p = permissions(&Scope::Any, NatsRole::Worker);
+        assert!(p.publish.contains(&"*.dlq.>".to_owned()));
+        assert!(
+            p.publish
+                .contains(&"$JS.API.CONSUMER.MSG.NEXT.*.*".to_owned())
+        );
+        assert!(p.subscribe.contains(&"_DELTA_INBOX.*.worker.>".to_owned()));
+    }
+}

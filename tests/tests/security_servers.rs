@@ -1,0 +1,526 @@
+//! Issue 14, finding 3: Redis and NATS are the fleet's real trust boundary, so both run with a
+//! login per role and the least rights each role needs, over TLS when configured. Each test runs
+//! real servers: the launcher's (what `delta dev` and the tests run) and the files shipped for
+//! docker-compose.yml (`deploy/redis/start.sh`, `deploy/nats/users.conf`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use delta_e2e::fleet::Fleet;
+use delta_e2e::tls::TestCertificates;
+use delta_e2e::{Nats, NatsRole, Redis, RedisRole};
+use delta_launcher::servers::ServerOptions;
+use delta_protocol::RunStatus;
+use delta_queue::access::{Scope, authorization};
+use delta_store::redis::access::{DEFAULT_USER, acl_line};
+use futures_util::StreamExt;
+use serde_json::json;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A command's outcome on Redis: `Ok` with the reply, or the server's error text.
+async fn redis_try(url: &str, args: &[&str]) -> Result<redis::Value, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut c).await.map_err(|e| e.to_string())
+}
+
+/// What a fleet login may and may not do on a Redis whose users cover the prefix `delta`.
+async fn check_redis_roles(url_as: impl Fn(RedisRole) -> String, anonymous: &str) {
+    let refused = redis_try(anonymous, &["SET", "delta:x", "1"]).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_uppercase().contains("NOAUTH")),
+        "a connection without a login wrote: {refused:?}"
+    );
+    for role in [RedisRole::Gateway, RedisRole::Worker] {
+        let url = url_as(role);
+        // What the fleet does: the store's scripts on its prefix.
+        let store = delta_store::redis::RedisRunStore::connect(&url, "delta")
+            .await
+            .expect("store");
+        let id = delta_protocol::RunId::new();
+        let rec = delta_store::RunRecord::new(id, "hello", "t", RunStatus::Queued);
+        delta_store::RunStore::create(&store, rec)
+            .await
+            .unwrap_or_else(|e| panic!("{role:?} cannot create a run: {e}"));
+        delta_store::RunStore::load(&store, id)
+            .await
+            .unwrap_or_else(|e| panic!("{role:?} cannot load a run: {e}"));
+        // What it must not do.
+        for args in [
+            &["CONFIG", "GET", "*"][..],
+            &["ACL", "LIST"],
+            &["MONITOR"],
+            &["KEYS", "*"],
+            &["FLUSHALL"],
+            &["SCRIPT", "FLUSH"],
+            &["CLIENT", "LIST"],
+            &["SHUTDOWN"],
+            &["SET", "other:x", "1"],
+            &["GET", "other:x"],
+            &["PUBLISH", "delta:x", "1"],
+        ] {
+            let r = redis_try(&url, args).await;
+            assert!(
+                r.as_ref()
+                    .is_err_and(|e| e.to_uppercase().contains("NOPERM")),
+                "{role:?} may run {args:?}: {r:?}"
+            );
+        }
+    }
+    // The admin may.
+    redis_try(&url_as(RedisRole::Admin), &["CONFIG", "GET", "appendonly"])
+        .await
+        .expect("the admin administers");
+}
+
+#[tokio::test]
+async fn redis_logins_are_per_role_and_fleet_roles_cannot_administer_or_leave_their_prefix() {
+    let redis = Redis::start_with(&ServerOptions {
+        prefix: Some("delta".into()),
+        ..Default::default()
+    })
+    .expect("redis");
+    check_redis_roles(|r| redis.url_as(r), &redis.anonymous_url()).await;
+}
+
+/// A `redis-server` started by `deploy/redis/start.sh` (as docker-compose.yml does), killed on
+/// drop.
+struct ShippedServer {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for ShippedServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "port {port} never opened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const PASSWORD: &str = "0123456789abcdef0123456789abcdef";
+
+fn password_of(role: &str) -> String {
+    // Distinct per role, so a test notices one role logging in with another's password.
+    format!("{PASSWORD}{role}")
+}
+
+fn shipped_redis() -> ShippedServer {
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = delta_e2e::free_port().expect("port");
+    let programs = delta_launcher::ServerPrograms::find(Some(&repo())).expect("servers");
+    let bin = programs.redis.parent().expect("dir").to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new("sh");
+    cmd.arg(repo().join("deploy/redis/start.sh"))
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "yes"])
+        .arg("--dir")
+        .arg(dir.path())
+        .env("PATH", path)
+        .env("DELTA_REDIS_ACL_FILE", dir.path().join("users.acl"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for role in ["GATEWAY", "WORKER", "ADMIN"] {
+        cmd.env(
+            format!("DELTA_REDIS_{role}_PASSWORD"),
+            password_of(&role.to_lowercase()),
+        );
+    }
+    let child = cmd.spawn().expect("deploy/redis/start.sh");
+    wait_port(port);
+    ShippedServer {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+#[tokio::test]
+async fn the_shipped_redis_users_are_the_stores_and_hold_on_a_real_server() {
+    // The script writes what the store's code says, for the prefix `delta`.
+    let script = std::fs::read_to_string(repo().join("deploy/redis/start.sh")).expect("script");
+    assert!(script.contains(DEFAULT_USER), "start.sh: {DEFAULT_USER}");
+    for role in RedisRole::ALL {
+        let line = acl_line(
+            Some("delta"),
+            role,
+            &format!("delta-{}", role.name()),
+            &format!(
+                "${}",
+                format_args!("DELTA_REDIS_{}_PASSWORD", role.name().to_uppercase())
+            ),
+        );
+        assert!(
+            script.contains(&line),
+            "deploy/redis/start.sh lacks, or differs from, `{line}`"
+        );
+    }
+    // And a real server started by it behaves so.
+    let server = shipped_redis();
+    let url = |r: RedisRole| {
+        format!(
+            "redis://delta-{}:{}@127.0.0.1:{}",
+            r.name(),
+            password_of(r.name()),
+            server.port
+        )
+    };
+    check_redis_roles(url, &format!("redis://127.0.0.1:{}", server.port)).await;
+    // A wrong password is refused.
+    let wrong = format!(
+        "redis://delta-worker:{}@127.0.0.1:{}",
+        password_of("admin"),
+        server.port
+    );
+    assert!(redis_try(&wrong, &["PING"]).await.is_err());
+}
+
+#[test]
+fn the_shipped_redis_script_refuses_a_missing_or_unsafe_password() {
+    let out = Command::new("sh")
+        .arg(repo().join("deploy/redis/start.sh"))
+        .env("DELTA_REDIS_GATEWAY_PASSWORD", "has space")
+        .env("DELTA_REDIS_WORKER_PASSWORD", "abc")
+        .env("DELTA_REDIS_ADMIN_PASSWORD", "abc")
+        .env("DELTA_REDIS_ACL_FILE", "/nonexistent/never-written")
+        .output()
+        .expect("sh");
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("DELTA_REDIS_GATEWAY_PASSWORD"), "{err}");
+}
+
+/// Whether a subscriber logged in at `listener` hears what one at `sender` publishes on
+/// `subject`, judged against a control subscriber with every right (`admin`), which must hear
+/// it: `Some(heard)`, or `None` when even the control heard nothing (the publish was refused).
+/// Fresh connections each time, so one refusal cannot affect the next check.
+async fn hears(
+    admin: &str,
+    listener: &str,
+    queue_group: Option<&str>,
+    sender: &str,
+    subject: &str,
+) -> Option<bool> {
+    let admin = delta_e2e::nats_client(admin).await;
+    let listener = delta_e2e::nats_client(listener).await;
+    let sender = delta_e2e::nats_client(sender).await;
+    let mut control = admin.subscribe(subject.to_owned()).await.expect("control");
+    let mut sub = match queue_group {
+        Some(g) => listener
+            .queue_subscribe(subject.to_owned(), g.to_owned())
+            .await
+            .expect("subscribe"),
+        None => listener
+            .subscribe(subject.to_owned())
+            .await
+            .expect("subscribe"),
+    };
+    for c in [&admin, &listener, &sender] {
+        c.flush().await.expect("flush");
+    }
+    let _ = sender.publish(subject.to_owned(), "x".into()).await;
+    let _ = sender.flush().await;
+    let control_heard = tokio::time::timeout(Duration::from_secs(5), control.next())
+        .await
+        .ok()
+        .flatten()
+        .is_some();
+    if !control_heard {
+        return None;
+    }
+    // Delivered to both at once when allowed: a short wait after the control is enough.
+    let heard = tokio::time::timeout(Duration::from_millis(500), sub.next())
+        .await
+        .ok()
+        .flatten()
+        .is_some();
+    Some(heard)
+}
+
+/// What each NATS role may and may not do, on a server whose users cover the prefix `delta`.
+async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) {
+    let refused = delta_e2e::try_nats_client(anonymous, None).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.contains("uthoriz")),
+        "a client without a login connected: {:?}",
+        refused.map(|_| ())
+    );
+    let (admin, bot, worker) = (
+        url_as(NatsRole::Admin),
+        url_as(NatsRole::Bot),
+        url_as(NatsRole::Worker),
+    );
+    // The gateway's and workers' own connections, with their own inboxes, as the programs make
+    // them: setting up the streams works for both.
+    let settings = delta_queue::Settings::default();
+    let as_worker = delta_queue::Queue::connect(&url_as(NatsRole::Worker), "delta", &settings)
+        .await
+        .expect("a worker sets up the streams and its consumer");
+    let as_gateway = delta_queue::Queue::connect_as(
+        &url_as(NatsRole::Gateway),
+        "delta",
+        &settings,
+        delta_queue::Role::Gateway,
+    )
+    .await
+    .expect("a gateway sets up the streams");
+    let gateway = url_as(NatsRole::Gateway);
+
+    let respond = "delta.interactions.respond.r1";
+    // Only the gateway hears answers (and the bearer tokens in their headers).
+    assert_eq!(
+        hears(&admin, &gateway, Some("delta-gateway"), &bot, respond).await,
+        Some(true),
+        "the gateway hears a bot's answer"
+    );
+    for (name, listener) in [("a bot", &bot), ("a worker", &worker)] {
+        for group in [None, Some("delta-gateway")] {
+            assert_eq!(
+                hears(&admin, listener, group, &bot, respond).await,
+                Some(false),
+                "{name} (queue group {group:?}) heard a bot's answer"
+            );
+        }
+    }
+    // Workers cannot answer; bots may.
+    assert_eq!(
+        hears(&admin, &admin, None, &worker, respond).await,
+        None,
+        "a worker published an answer"
+    );
+    // Bots read questions; they cannot make them, nor announce answers or cancellations.
+    let requested = "delta.interactions.requested.hello.run1";
+    assert_eq!(
+        hears(&admin, &bot, None, &worker, requested).await,
+        Some(true)
+    );
+    for subject in [
+        requested,
+        "delta.interactions.resolved.hello.run1",
+        "delta.events.cancelled",
+        "delta.jobs.hello",
+    ] {
+        assert_eq!(
+            hears(&admin, &admin, None, &bot, subject).await,
+            None,
+            "a bot published on {subject}"
+        );
+    }
+    // Only gateways publish jobs: a worker's job publish is refused, nothing reaches the stream.
+    assert_eq!(
+        hears(&admin, &admin, None, &worker, "delta.jobs.hello").await,
+        None,
+        "a worker published a job"
+    );
+    let js_admin = async_nats::jetstream::new(delta_e2e::nats_client(&admin).await);
+    let jobs_before = js_admin
+        .get_stream("DELTA_JOBS")
+        .await
+        .expect("jobs")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    let job = delta_protocol::Job {
+        run_id: delta_protocol::RunId::new(),
+        kind: delta_protocol::JobKind::Start,
+        request_id: None,
+    };
+    as_gateway
+        .publish_job("hello", &job, None)
+        .await
+        .expect("the gateway publishes a job");
+    let jobs_after = js_admin
+        .get_stream("DELTA_JOBS")
+        .await
+        .expect("jobs")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    assert_eq!(jobs_after, jobs_before + 1);
+    // No fleet role may purge or delete a stream.
+    for (name, url) in [
+        ("a worker", &worker),
+        ("a bot", &bot),
+        ("the gateway", &gateway),
+    ] {
+        let js = async_nats::jetstream::new(delta_e2e::nats_client(url).await);
+        let purged = tokio::time::timeout(
+            Duration::from_secs(3),
+            js.delete_stream("DELTA_INTERACTIONS"),
+        )
+        .await;
+        assert!(
+            !matches!(purged, Ok(Ok(_))),
+            "{name} deleted the interactions stream"
+        );
+    }
+    drop(as_worker);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_logins_are_per_role_with_least_subject_permissions() {
+    let nats = Nats::start_with(&ServerOptions {
+        prefix: Some("delta".into()),
+        ..Default::default()
+    })
+    .expect("nats");
+    check_nats_roles(|r| nats.url_as(r), &nats.anonymous_url()).await;
+}
+
+/// `nats-server` on `deploy/nats/nats.conf` (with its users.conf), as docker-compose.yml runs it.
+fn shipped_nats() -> ShippedServer {
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = delta_e2e::free_port().expect("port");
+    let monitor = delta_e2e::free_port().expect("port");
+    let programs = delta_launcher::ServerPrograms::find(Some(&repo())).expect("servers");
+    // The shipped files as they are, but for where JetStream stores (a flag may not override a
+    // store_dir the file sets).
+    let conf = std::fs::read_to_string(repo().join("deploy/nats/nats.conf")).expect("conf");
+    assert!(conf.contains("store_dir: /data"), "nats.conf: store_dir");
+    let store = format!(
+        "store_dir: {:?}",
+        dir.path().join("js").display().to_string()
+    );
+    std::fs::write(
+        dir.path().join("nats.conf"),
+        conf.replace("store_dir: /data", &store),
+    )
+    .expect("conf");
+    std::fs::copy(
+        repo().join("deploy/nats/users.conf"),
+        dir.path().join("users.conf"),
+    )
+    .expect("users");
+    let mut cmd = Command::new(&programs.nats);
+    cmd.arg("-c")
+        .arg(dir.path().join("nats.conf"))
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-m", &monitor.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for role in NatsRole::ALL {
+        cmd.env(
+            format!("DELTA_NATS_{}_PASSWORD", role.name().to_uppercase()),
+            password_of(role.name()),
+        );
+    }
+    let child = cmd.spawn().expect("nats-server");
+    wait_port(port);
+    ShippedServer {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_shipped_nats_users_are_the_queues_and_hold_on_a_real_server() {
+    let shipped = std::fs::read_to_string(repo().join("deploy/nats/users.conf")).expect("users");
+    let body: String = shipped
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let expected = authorization(&Scope::Prefix("delta".into()), |r| {
+        format!("$DELTA_NATS_{}_PASSWORD", r.name().to_uppercase())
+    });
+    assert_eq!(
+        body, expected,
+        "deploy/nats/users.conf differs from what delta_queue::access gives"
+    );
+    let server = shipped_nats();
+    let url = |r: NatsRole| {
+        format!(
+            "nats://delta-{}:{}@127.0.0.1:{}",
+            r.name(),
+            password_of(r.name()),
+            server.port
+        )
+    };
+    // JetStream is up once a login can reach its API.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = delta_e2e::nats_client(&url(NatsRole::Admin)).await;
+        if async_nats::jetstream::new(c).query_account().await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "JetStream never came up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check_nats_roles(url, &format!("nats://127.0.0.1:{}", server.port)).await;
+}
+
+/// A whole fleet over TLS: Redis and NATS serve TLS only, with certificates made here; the
+/// gateway and worker trust the test's CA and a run goes through. Plain connections and clients
+/// that do not trust the CA are refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_runs_over_tls_to_redis_and_nats() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let certs = TestCertificates::make(dir.path());
+    let options = ServerOptions {
+        tls: Some(certs.server()),
+        ..Default::default()
+    };
+    let redis = Redis::start_with(&options).expect("redis over TLS");
+    let nats = Nats::start_with(&options).expect("nats over TLS");
+    assert!(redis.url().starts_with("rediss://") && nats.url().starts_with("tls://"));
+
+    // Refused: plain text, and TLS without trusting the test's CA.
+    let plain = format!("redis://{}", redis.url().split_once("://").expect("url").1);
+    assert!(redis_try(&plain, &["PING"]).await.is_err());
+    let untrusted = delta_store::redis::RedisRunStore::connect(&redis.url(), "tls").await;
+    let untrusted = match untrusted {
+        Ok(store) => delta_store::RunStore::load(&store, delta_protocol::RunId::new())
+            .await
+            .map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(
+        matches!(untrusted, Err(delta_store::Error::Backend(_))),
+        "a client without the CA reached Redis: {untrusted:?}"
+    );
+    let plain_nats = format!("nats://{}", nats.url().split_once("://").expect("url").1);
+    assert!(delta_e2e::try_nats_client(&plain_nats, None).await.is_err());
+    assert!(
+        delta_e2e::try_nats_client(&nats.url(), None).await.is_err(),
+        "a NATS client without the CA connected"
+    );
+
+    let mut fleet = Fleet::start_on(redis, nats, Some(certs.ca.clone()), "tls", 1, 0, |_| {}).await;
+    fleet.add_worker("w0");
+    let run = fleet.submit("hello", "over TLS").await;
+    let rid = fleet.pending(run).await;
+    let (status, body) = fleet.answer(&rid, json!({"input": "Ada"})).await;
+    assert_eq!(status, 200, "{body}");
+    fleet.wait_status(run, RunStatus::Completed).await;
+}
