@@ -477,7 +477,11 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
     finish(&store, fresh_id).await;
 
     let before = delta_e2e::redis_dump(&redis.url(), "rt:*").await;
-    for id in [old.to_string(), q.request_id.to_string(), q2.request_id.to_string()] {
+    for id in [
+        old.to_string(),
+        q.request_id.to_string(),
+        q2.request_id.to_string(),
+    ] {
         assert!(before.contains(&id), "{id} is stored before: {before}");
     }
     assert!(before.contains("rt:idempotency:k1"), "{before}");
@@ -492,7 +496,11 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
         }
     );
     let after = delta_e2e::redis_dump(&redis.url(), "rt:*").await;
-    for id in [old.to_string(), q.request_id.to_string(), q2.request_id.to_string()] {
+    for id in [
+        old.to_string(),
+        q.request_id.to_string(),
+        q2.request_id.to_string(),
+    ] {
         assert!(!after.contains(&id), "{id} is gone everywhere: {after}");
     }
     assert!(!after.contains("rt:idempotency:k1"), "{after}");

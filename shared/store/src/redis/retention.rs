@@ -144,7 +144,9 @@ impl RedisRunStore {
                 "GONE" => Ok(Purge::Gone),
                 "KEPT" => Ok(Purge::Kept),
                 "LIVE" => Ok(Purge::Live),
-                other => Err(Error::Corrupt(format!("purge of {run_id} answered `{other}`"))),
+                other => Err(Error::Corrupt(format!(
+                    "purge of {run_id} answered `{other}`"
+                ))),
             },
             Err(e) => Err(match ScriptError::of(&e) {
                 Some(known) => known.into_error(run_id),
@@ -187,10 +189,13 @@ impl RedisRunStore {
         Ok(scores.into_iter().map(|s| s.map(|s| s as i64)).collect())
     }
 
-    /// Adds to the finished index the runs of `status` (a terminal one) from `offset` on, at most
-    /// `max`, that finished before the index existed, with their `updated_at` as the finish
-    /// time (`ZADD NX`: an entry already there is kept). Returns how many it added and the offset
-    /// to go on from (0 once the status index was walked through).
+    /// Adds to the finished index the runs of `status` (a terminal one), newest first from
+    /// `offset` on, at most `max`, that finished before the index existed, with their
+    /// `updated_at` as the finish time (`ZADD NX`: an entry already there is kept). Returns how
+    /// many it added and the offset to go on from (0 once the status index was walked through).
+    /// Newest first, because retention deletes at the oldest end: those deletions do not shift
+    /// the offsets of a walk in progress (new runs at the newest end only make it read some
+    /// twice).
     pub async fn backfill_finished(
         &self,
         status: RunStatus,
@@ -202,7 +207,7 @@ impl RedisRunStore {
         }
         let mut conn = self.connection();
         let ids: Vec<String> = conn
-            .zrange(
+            .zrevrange(
                 self.index(&format!("runs:{}", status.as_str())),
                 offset as isize,
                 (offset + max) as isize - 1,
