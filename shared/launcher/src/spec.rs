@@ -137,11 +137,13 @@ pub struct WorkerSpec {
     pub worker_id: String,
     /// `DELTA_SECRETS_KEY`, 64 hex digits.
     pub secrets_key_hex: Option<String>,
+    /// Any other of the worker's settings, by environment name (`DELTA_RETENTION`, …).
+    pub extra: Vec<(&'static str, String)>,
 }
 
 impl WorkerSpec {
     /// A worker of the same fleet as `gateway` (its servers, prefix, agents and secrets key),
-    /// running tools in `work_dir`, with the production defaults (16 slots, `ack_wait` 30 s,
+    /// with its runs' work directories under `work_dir`, with the production defaults (16 slots, `ack_wait` 30 s,
     /// 5 deliveries, 20 s of grace); named when started.
     pub fn joining(gateway: &GatewaySpec, work_dir: PathBuf) -> Self {
         Self {
@@ -156,6 +158,7 @@ impl WorkerSpec {
             grace_ms: 20_000,
             worker_id: String::new(),
             secrets_key_hex: gateway.secrets_key_hex.clone(),
+            extra: vec![],
         }
     }
 
@@ -176,6 +179,7 @@ impl WorkerSpec {
         if let Some(k) = &self.secrets_key_hex {
             env.push(("DELTA_SECRETS_KEY", k.clone()));
         }
+        env.extend(self.extra.iter().cloned());
         env
     }
 
