@@ -220,3 +220,50 @@ async fn a_run_id_with_dot_dot_cannot_make_a_directory_outside_the_root() {
     fleet.pending(run).await;
     assert_eq!(names(&root), [run.to_string()]);
 }
+
+/// Finding 11: a worker also removes the directory of a run that finished longer than
+/// `DELTA_RETENTION` ago while the run is still in Redis (here the gateways keep runs forever),
+/// and keeps that of a paused run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_removes_the_directory_of_a_run_finished_past_retention() {
+    let mut fleet = Fleet::start_with("ret3", 1, 0, |s| {
+        s.extra = vec![("DELTA_RETENTION", "off".into())];
+    })
+    .await;
+    add_files_agent(&fleet);
+    fleet.worker_spec.extra = vec![
+        ("DELTA_RETENTION", "1s".into()),
+        ("DELTA_WORK_SWEEP_S", "0.3".into()),
+    ];
+    fleet.add_worker("w0");
+    let root = fleet
+        .worker_spec
+        .work_dir
+        .canonicalize()
+        .expect("work root");
+    let done = fleet.submit("files", "alpha").await;
+    let paused = fleet.submit("files", "beta").await;
+    let done_q = fleet.pending(done).await;
+    fleet.pending(paused).await;
+    let (status, body) = fleet.answer(&done_q, json!({"input": "go"})).await;
+    assert_eq!(status, 200, "{body}");
+    fleet.wait_status(done, RunStatus::Completed).await;
+
+    let done_dir = root.join(done.to_string());
+    eventually("the finished run's directory removed", 10, async || {
+        !done_dir.exists()
+    })
+    .await;
+    assert_eq!(
+        fleet
+            .store
+            .load(done)
+            .await
+            .expect("kept in Redis")
+            .record
+            .status,
+        RunStatus::Completed
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(names(&root), [paused.to_string()]);
+}
