@@ -207,7 +207,7 @@ pub fn period(text: &str) -> Result<Option<std::time::Duration>, String> {
     };
     let secs = number.trim().parse::<f64>().map(|n| n * scale);
     match secs {
-        Ok(s) if s == 0.0 => Ok(None),
+        Ok(0.0) => Ok(None),
         // Up to about 31 years: past that it is "forever" in all but name.
         Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => {
             Ok(Some(std::time::Duration::from_secs_f64(s)))
