@@ -350,28 +350,31 @@ async fn sweep(shared: &Arc<Shared>) -> Result<usize, String> {
     for batch in runs.chunks(SWEEP_BATCH) {
         let statuses = shared.store.statuses(batch).await.map_err(|e| why(&e))?;
         let finished_at = shared.store.finished_at(batch).await.map_err(|e| why(&e))?;
-        let due: Vec<RunId> = batch
-            .iter()
-            .zip(statuses.iter().zip(finished_at))
-            .filter(|(_, (status, at))| match status {
-                // Deleted from the store (retention): nothing will run here again.
-                None => true,
+        let mut due = vec![];
+        for (id, (status, at)) in batch.iter().zip(statuses.into_iter().zip(finished_at)) {
+            let expired = match status {
+                // No status: deleted from the store (retention), so nothing will run here again;
+                // unless the record is only damaged, which a second read tells apart.
+                None => matches!(
+                    shared.store.record(*id).await,
+                    Err(store::Error::NotFound(_))
+                ),
                 Some(s) if s.is_terminal() => {
-                    matches!((cutoff, at), (Some(c), Some(at)) if *at <= c)
+                    matches!((cutoff, at), (Some(c), Some(at)) if at <= c)
                 }
-                // In progress, paused or queued: kept.
+                // Queued, running, paused or interrupted: kept.
                 Some(_) => false,
-            })
-            .map(|(id, _)| *id)
+            };
             // Never the directory of a run this worker is advancing right now.
-            .filter(|id| {
-                !shared
-                    .running
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .contains_key(id)
-            })
-            .collect();
+            let here = shared
+                .running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(id);
+            if expired && !here {
+                due.push(*id);
+            }
+        }
         if due.is_empty() {
             continue;
         }
