@@ -39,7 +39,11 @@ pub const SETTINGS: &[Setting] = &[
     ),
     ("DELTA_MAX_TASK_BYTES", "max-task-bytes", "65536"),
     ("DELTA_SUBMIT_PER_MINUTE", "submit-per-minute", "600"),
+    ("DELTA_RETENTION", "retention", "7d"),
 ];
+
+/// `DELTA_RETENTION`'s default: finished runs are kept a week.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How a gateway runs.
 #[derive(Clone, Debug)]
@@ -79,6 +83,8 @@ pub struct Config {
     pub max_task_bytes: usize,
     /// Runs one identity may submit per minute (a burst of as many, then that rate).
     pub submit_per_minute: u32,
+    /// How long a finished run is kept before the reconcilers delete it; `None`: forever.
+    pub retention: Option<Duration>,
 }
 
 impl Config {
@@ -104,6 +110,7 @@ impl Config {
             max_streams_per_identity: 32,
             max_task_bytes: 64 * 1024,
             submit_per_minute: 600,
+            retention: Some(DEFAULT_RETENTION),
         }
     }
 }
@@ -178,6 +185,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let per_identity = s.number("DELTA_MAX_STREAMS_PER_IDENTITY", 1);
     let max_task = s.number("DELTA_MAX_TASK_BYTES", 1);
     let submit_rate = s.number("DELTA_SUBMIT_PER_MINUTE", 1);
+    let retention = s.period("DELTA_RETENTION");
     s.finish()?;
     Ok(Config {
         nats_url,
@@ -199,6 +207,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         max_streams_per_identity: usize::try_from(per_identity).unwrap_or(usize::MAX),
         max_task_bytes: usize::try_from(max_task).unwrap_or(usize::MAX),
         submit_per_minute: u32::try_from(submit_rate).unwrap_or(u32::MAX),
+        retention,
     })
 }
 
@@ -212,6 +221,7 @@ mod tests {
             ("DELTA_GATEWAY_ADDR", "localhost"),
             ("DELTA_GATEWAY_TOKENS_FILE", "/no/such/tokens.yaml"),
             ("DELTA_RECONCILE_MS", "0"),
+            ("DELTA_RETENTION", "a week"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -227,12 +237,13 @@ mod tests {
             "DELTA_GATEWAY_ADDR",
             "tokens.yaml",
             "DELTA_RECONCILE_MS",
+            "DELTA_RETENTION",
         ] {
             assert!(
                 errs.iter().any(|e| e.contains(needle)),
                 "{needle} in {errs:#?}"
             );
         }
-        assert_eq!(errs.len(), 5, "{errs:#?}");
+        assert_eq!(errs.len(), 6, "{errs:#?}");
     }
 }

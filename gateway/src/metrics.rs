@@ -38,6 +38,8 @@ pub struct Metrics {
     pub timeouts_applied: Counter,
     pub resumes_republished: Counter,
     pub jobs_requeued: Counter,
+    /// Finished runs deleted by this gateway's retention reconciler.
+    pub runs_purged: Counter,
     /// Connections closed at once because `DELTA_MAX_CONNECTIONS` were open.
     pub connections_refused: Counter,
     /// From a question being asked to its answer being accepted.
@@ -69,6 +71,7 @@ impl Metrics {
             timeouts_applied: Counter::default(),
             resumes_republished: Counter::default(),
             jobs_requeued: Counter::default(),
+            runs_purged: Counter::default(),
             connections_refused: Counter::default(),
             // 1 s … ~4.5 h
             time_to_answer: Histogram::new(
@@ -139,6 +142,11 @@ impl Metrics {
             "jobs_requeued",
             "Lost jobs enqueued again by the reconciler",
             m.jobs_requeued.clone(),
+        );
+        r.register(
+            "runs_purged",
+            "Finished runs deleted by the retention reconciler (DELTA_RETENTION)",
+            m.runs_purged.clone(),
         );
         r.register(
             "time_to_answer_seconds",

@@ -10,7 +10,11 @@
 //! - **lost jobs**: a `QUEUED`, `RUNNING` or `INTERRUPTED` run with no progress for
 //!   `lost_job_after` whose job is no longer in the stream (NATS lost it, or the gateway died
 //!   before publishing it) is enqueued again. A job still in the stream is JetStream's to
-//!   redeliver, so a long step on a live worker is never doubled.
+//!   redeliver, so a long step on a live worker is never doubled;
+//! - **retention**: runs finished longer than `DELTA_RETENTION` ago are deleted whole, a bounded
+//!   batch per round, each by one idempotent script that checks again that the run is finished
+//!   (two gateways deleting the same run delete it once). After a start, each gateway also walks
+//!   the terminal status indexes once to add runs finished before the finished index existed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -21,13 +25,33 @@ use delta_protocol::{InteractionState, Job, JobKind, RequestId, RunId, RunStatus
 use crate::Gateway;
 use crate::error::ApiError;
 
-/// Where the lost-job walk goes on next time, per status.
-#[derive(Default)]
+/// Where the lost-job walk goes on next time, per status, and where the retention backfill is.
 pub struct Cursors {
     queued: AtomicUsize,
     running: AtomicUsize,
     interrupted: AtomicUsize,
+    /// The terminal statuses whose index the backfill has yet to walk, with its offset.
+    backfill: std::sync::Mutex<Vec<(RunStatus, usize)>>,
 }
+
+impl Default for Cursors {
+    fn default() -> Self {
+        Self {
+            queued: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            interrupted: AtomicUsize::new(0),
+            backfill: std::sync::Mutex::new(vec![
+                (RunStatus::Completed, 0),
+                (RunStatus::Failed, 0),
+                (RunStatus::Cancelled, 0),
+            ]),
+        }
+    }
+}
+
+/// Runs deleted in one retention batch, and batches at most per round.
+const PURGE_BATCH: usize = 200;
+const PURGE_BATCHES: usize = 10;
 
 /// Runs the reconcilers every `reconcile_every` until `shutdown`.
 pub async fn run(gw: std::sync::Arc<Gateway>, shutdown: CancellationToken) {
@@ -49,6 +73,9 @@ pub async fn run(gw: std::sync::Arc<Gateway>, shutdown: CancellationToken) {
             && let Err(e) = lost_jobs(&gw, &cursors).await
         {
             tracing::warn!(error = %e, "lost-job reconciler");
+        }
+        if let Err(e) = retention(&gw, &cursors).await {
+            tracing::warn!(error = %e, "retention reconciler");
         }
         ticks += 1;
     }
@@ -235,6 +262,66 @@ async fn requeue_if_lost(
     gw.metrics.jobs_requeued.inc();
     tracing::warn!(run = %run.run_id, status = %run.status, lost_seq = seq, "job lost; enqueued again");
     Ok(true)
+}
+
+/// Deletes the runs that finished more than `DELTA_RETENTION` ago, up to [`PURGE_BATCHES`]
+/// batches of [`PURGE_BATCH`]; first, until it is done, a batch of the backfill. Returns how many
+/// runs it deleted. Logs counts only, never what the runs held.
+pub async fn retention(gw: &Gateway, cursors: &Cursors) -> Result<usize, ApiError> {
+    let Some(keep) = gw.config.retention else {
+        return Ok(0);
+    };
+    backfill(gw, cursors).await?;
+    let cutoff = Timestamp::now().micros().saturating_sub(micros(keep));
+    let mut purged = 0;
+    let mut skipped = 0;
+    for _ in 0..PURGE_BATCHES {
+        let pass = gw.store.purge_finished(cutoff, PURGE_BATCH).await?;
+        purged += pass.purged;
+        skipped += pass.skipped;
+        gw.metrics.runs_purged.inc_by(pass.purged as u64);
+        if !pass.more {
+            break;
+        }
+    }
+    if purged > 0 || skipped > 0 {
+        tracing::info!(
+            purged,
+            skipped,
+            retention_s = keep.as_secs(),
+            "finished runs past retention deleted"
+        );
+    }
+    Ok(purged)
+}
+
+/// One batch of the walk that adds runs finished before the finished index existed.
+async fn backfill(gw: &Gateway, cursors: &Cursors) -> Result<(), ApiError> {
+    let next = cursors
+        .backfill
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .first()
+        .copied();
+    let Some((status, offset)) = next else {
+        return Ok(());
+    };
+    let (added, next) = gw
+        .store
+        .backfill_finished(status, offset, PURGE_BATCH)
+        .await?;
+    if added > 0 {
+        tracing::info!(added, %status, "finished runs added to the retention index");
+    }
+    let mut left = cursors.backfill.lock().unwrap_or_else(|p| p.into_inner());
+    match (next, left.first_mut()) {
+        (0, Some(_)) => {
+            left.remove(0);
+        }
+        (n, Some(first)) => first.1 = n,
+        (_, None) => {}
+    }
+    Ok(())
 }
 
 fn micros(d: std::time::Duration) -> i64 {

@@ -79,8 +79,8 @@ impl Default for Rng {
     }
 }
 
-/// A tool that leaves a side effect: it appends `<label> <worker pid>` to `effects` in the work
-/// dir when it starts (its parent, `$PPID`, is the worker that runs it), sleeps `secs`, and
+/// A tool that leaves a side effect: it appends `<label> <worker pid>` to `effects` in its run's
+/// work dir (`<DELTA_WORK_DIR>/<run_id>/effects`) when it starts (its parent, `$PPID`, is the worker that runs it), sleeps `secs`, and
 /// prints `done <label> <worker pid>` (so the journal's observation names who ran it).
 pub const STEP_TOOL: &str = "  - name: step\n    shell: 'echo ${label} $PPID >> effects; sleep ${secs}; echo done ${label} $PPID'\n    idempotent: true\n";
 
@@ -111,16 +111,26 @@ pub fn step_agent(name: &str, steps: &[&str], ask_after: Option<usize>) -> (Stri
 pub struct Effects(pub HashMap<String, Vec<u32>>);
 
 impl Effects {
-    /// Reads `<work_dir>/effects`.
-    pub fn read(work_dir: &Path) -> Self {
-        let text = std::fs::read_to_string(work_dir.join("effects")).unwrap_or_default();
+    /// Reads `<work_root>/<run_id>/effects` of every run. A step labelled `<run_id>-<n>` must
+    /// have left its effect in its own run's directory: one found in another's fails the test.
+    pub fn read(work_root: &Path) -> Self {
         let mut map: HashMap<String, Vec<u32>> = HashMap::new();
-        for line in text.lines() {
-            let mut parts = line.split_whitespace();
-            if let (Some(label), Some(pid)) = (parts.next(), parts.next()) {
-                map.entry(label.to_owned())
-                    .or_default()
-                    .push(pid.parse().unwrap_or(0));
+        for (run_dir, text) in crate::run_files(work_root, "effects") {
+            for line in text.lines() {
+                let mut parts = line.split_whitespace();
+                if let (Some(label), Some(pid)) = (parts.next(), parts.next()) {
+                    if let Some((run, _step)) = label.rsplit_once('-')
+                        && run.parse::<delta_protocol::RunId>().is_ok()
+                    {
+                        assert_eq!(
+                            run, run_dir,
+                            "step {label} left its effect in another run's work directory"
+                        );
+                    }
+                    map.entry(label.to_owned())
+                        .or_default()
+                        .push(pid.parse().unwrap_or(0));
+                }
             }
         }
         Self(map)

@@ -183,6 +183,31 @@ pub async fn redis_dump(url: &str, pattern: &str) -> String {
     out
 }
 
+/// File `name` of every run's work directory under a worker's `DELTA_WORK_DIR` (`<root>/<run
+/// id>/<name>`, issue 14 finding 11), as `(run directory name, text)` sorted by directory; runs
+/// without the file are left out.
+pub fn run_files(root: &std::path::Path, name: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let text = std::fs::read_to_string(e.path().join(name)).ok()?;
+            Some((e.file_name().to_string_lossy().into_owned(), text))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The lines of file `name` in every run's work directory under `root` (see [`run_files`]).
+pub fn run_file_lines(root: &std::path::Path, name: &str) -> Vec<String> {
+    run_files(root, name)
+        .into_iter()
+        .flat_map(|(_, text)| text.lines().map(str::to_owned).collect::<Vec<_>>())
+        .collect()
+}
+
 /// A server that could not be started.
 #[derive(Debug)]
 pub struct Error(pub String);

@@ -67,9 +67,7 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
     let mut kills = 0;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let steps_run = std::fs::read_to_string(work.join("effects"))
-            .map(|t| t.lines().count())
-            .unwrap_or(0);
+        let steps_run = delta_e2e::run_file_lines(&work, "effects").len();
         if kills < thresholds.len() && steps_run >= thresholds[kills] {
             let victim = kills % workers.len();
             workers[victim].kill().expect("kill -9");
@@ -99,10 +97,12 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
     }
 
     let mut reruns = 0;
-    let effects = std::fs::read_to_string(work.join("effects")).expect("effects");
     for id in &ids {
         let run = store.load(*id).await.expect("load");
         delta_e2e::assert_each_step_once(&run, 3);
+        // Each run's steps ran in its own work directory.
+        let effects =
+            std::fs::read_to_string(work.join(id.to_string()).join("effects")).expect("effects");
         for step in 1..=3 {
             let n = effects
                 .lines()

@@ -15,7 +15,7 @@ use delta_queue::Queue;
 use delta_store::{RunRecord, RunStore, StoredRun};
 
 /// An agent `steps` running `count` steps of the `step` tool, each appending its label to
-/// `effects` in the work dir (so side effects can be counted), then sleeping `secs`.
+/// `effects` in its run's work dir (so side effects can be counted), then sleeping `secs`.
 fn agent(dir: &Path, count: usize, secs: &str, idempotent: bool) {
     let a = dir.join("steps");
     std::fs::create_dir_all(&a).expect("mkdir");
@@ -109,11 +109,9 @@ impl Fleet {
         ids
     }
 
-    /// Side effects so far, one line per step executed.
+    /// Side effects so far, one line per step executed (every run's work directory).
     fn effects(&self) -> Vec<String> {
-        std::fs::read_to_string(self.worker_spec.work_dir.join("effects"))
-            .map(|t| t.lines().map(str::to_owned).collect())
-            .unwrap_or_default()
+        delta_e2e::run_file_lines(&self.worker_spec.work_dir, "effects")
     }
 
     /// Loads a run, riding out a store that is restarting.

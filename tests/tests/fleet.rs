@@ -36,6 +36,8 @@ fn config(
         worker_id: id.into(),
         grace: Duration::from_secs(5),
         secrets_key: None,
+        retention: None,
+        sweep_every: Duration::from_secs(600),
     }
 }
 
@@ -432,7 +434,10 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
         checked,
         "check_key got the real key (its length), not a reference"
     );
-    let deployed = std::fs::read_to_string(work.path().join("deployments.log")).expect("log");
+    // In the run's own work directory.
+    let deployed =
+        std::fs::read_to_string(work.path().join(id.to_string()).join("deployments.log"))
+            .expect("log");
     assert_eq!(deployed, "production 1.4.3\n", "the edited call ran");
 
     // The canary is nowhere: not in the journal, not in Redis, not in its AOF.

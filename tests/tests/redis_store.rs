@@ -365,3 +365,249 @@ async fn an_answer_that_only_looks_sealed_is_kept_as_the_text_it_is() {
         );
     }
 }
+
+/// Finishes `id` `COMPLETED`.
+async fn finish(store: &RedisRunStore, id: RunId) {
+    use delta_store::{StatusChange, Terminal};
+    store
+        .append(
+            id,
+            vec![msg("done")],
+            Some(StatusChange::Finished {
+                status: Terminal::Completed,
+                result: Some("ok".into()),
+                error: None,
+            }),
+        )
+        .await
+        .expect("finish");
+}
+
+/// Retention (issue 14, finding 9): a run that finished before the cut-off is deleted whole, its
+/// record, journal, questions, idempotency key and every index entry, in one script; a paused
+/// run, a run finished after the cut-off and a failed run put back in the queue all stay. A second
+/// pass deletes nothing more.
+#[tokio::test]
+async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
+    use delta_protocol::{InteractionResponse, Responder, Via};
+    use delta_store::redis::{Purge, Purged, Requeue, Submitted};
+    use delta_store::{StatusChange, Terminal};
+
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "rt")
+        .await
+        .expect("connect");
+
+    // Old: submitted with an idempotency key, asked a question, was answered, finished.
+    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    let old = rec.run_id;
+    let created = store
+        .create_indexed(&rec, Some(("k1", "fp")))
+        .await
+        .expect("create");
+    assert_eq!(created, Submitted::Created);
+    let mut q = delta_protocol::InteractionRequest::new(
+        old,
+        "a",
+        delta_protocol::InteractionType::UserInput,
+        "name?",
+    );
+    q.expires_at = Some(q.timestamp.plus_seconds(3600));
+    store
+        .append(
+            old,
+            vec![Event::HumanInputRequest(Box::new(q.clone()))],
+            Some(StatusChange::Waiting(Box::new(q.clone()))),
+        )
+        .await
+        .expect("pause");
+    let mut a = InteractionResponse::new(
+        q.request_id,
+        Responder {
+            id: "bob".into(),
+            via: Via::Http,
+        },
+    );
+    a.input = Some("Ada".into());
+    assert!(store.answer(&q, &a).await.expect("answer"));
+    // A second question, left pending when the run is cancelled (closed by the finish).
+    let q2 = delta_protocol::InteractionRequest::new(
+        old,
+        "a",
+        delta_protocol::InteractionType::UserInput,
+        "again?",
+    );
+    store
+        .append(
+            old,
+            vec![Event::HumanInputRequest(Box::new(q2.clone()))],
+            Some(StatusChange::Waiting(Box::new(q2.clone()))),
+        )
+        .await
+        .expect("pause again");
+    finish(&store, old).await;
+
+    // Paused, created as long ago; failed and retried; both must stay.
+    let (paused, paused_q) = paused_run(&store, RunStatus::Queued, "still?", false).await;
+    let (retried, retried_q) = paused_run(&store, RunStatus::Queued, "x?", false).await;
+    store
+        .append(
+            retried,
+            vec![msg("dead-lettered")],
+            Some(StatusChange::Finished {
+                status: Terminal::Failed,
+                result: None,
+                error: Some("poison".into()),
+            }),
+        )
+        .await
+        .expect("fail");
+    let back = store
+        .requeue_failed(retried, "retried", "poison", Some(&retried_q))
+        .await
+        .expect("requeue");
+    assert!(matches!(back, Requeue::Queued { .. }), "{back:?}");
+
+    let cutoff = delta_protocol::Timestamp::now().micros();
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    // Finished after the cut-off: kept.
+    let fresh = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    let fresh_id = fresh.run_id;
+    store.create(fresh).await.expect("create");
+    finish(&store, fresh_id).await;
+
+    let before = delta_e2e::redis_dump(&redis.url(), "rt:*").await;
+    for id in [
+        old.to_string(),
+        q.request_id.to_string(),
+        q2.request_id.to_string(),
+    ] {
+        assert!(before.contains(&id), "{id} is stored before: {before}");
+    }
+    assert!(before.contains("rt:idempotency:k1"), "{before}");
+
+    let pass = store.purge_finished(cutoff, 100).await.expect("purge");
+    assert_eq!(
+        pass,
+        Purged {
+            purged: 1,
+            skipped: 0,
+            more: false
+        }
+    );
+    let after = delta_e2e::redis_dump(&redis.url(), "rt:*").await;
+    for id in [
+        old.to_string(),
+        q.request_id.to_string(),
+        q2.request_id.to_string(),
+    ] {
+        assert!(!after.contains(&id), "{id} is gone everywhere: {after}");
+    }
+    assert!(!after.contains("rt:idempotency:k1"), "{after}");
+    for id in [paused, retried, fresh_id] {
+        assert!(after.contains(&id.to_string()), "{id} stays: {after}");
+    }
+    assert!(matches!(store.load(old).await, Err(Error::NotFound(r)) if r == old));
+    assert_eq!(
+        store.load(paused).await.expect("paused").record.status,
+        RunStatus::WaitingForInput
+    );
+    assert!(
+        store
+            .interaction(paused, paused_q.request_id)
+            .await
+            .expect("read")
+            .is_some()
+    );
+    assert_eq!(
+        store.load(retried).await.expect("retried").record.status,
+        RunStatus::Queued
+    );
+    assert_eq!(
+        store.load(fresh_id).await.expect("fresh").record.status,
+        RunStatus::Completed
+    );
+
+    // Idempotent: again, by the pass or by the run, nothing more is deleted.
+    let again = store.purge_finished(cutoff, 100).await.expect("purge");
+    assert_eq!(again, Purged::default());
+    assert_eq!(
+        store.purge_run(old, cutoff).await.expect("purge"),
+        Purge::Gone
+    );
+    // A run not finished is never deleted, whatever the cut-off.
+    let now = delta_protocol::Timestamp::now().micros();
+    assert_eq!(
+        store.purge_run(paused, now).await.expect("purge"),
+        Purge::Live
+    );
+    assert_eq!(
+        store.purge_run(retried, now).await.expect("purge"),
+        Purge::Live
+    );
+    assert_eq!(delta_e2e::redis_dump(&redis.url(), "rt:*").await, after);
+
+    // The idempotency key went with the run: the same key makes a new run.
+    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    assert_eq!(
+        store
+            .create_indexed(&rec, Some(("k1", "fp")))
+            .await
+            .expect("create"),
+        Submitted::Created
+    );
+}
+
+/// Runs finished before the finished index existed are added to it from the status indexes, by
+/// their `updated_at`, and then expire like the others.
+#[tokio::test]
+async fn runs_finished_before_the_index_are_backfilled() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "bf")
+        .await
+        .expect("connect");
+    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    finish(&store, id).await;
+    // As an older version left it: finished, not in the index.
+    let client = redis::Client::open(redis.url()).expect("url");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let _: () = redis::cmd("ZREM")
+        .arg("bf:runs:finished")
+        .arg(id.to_string())
+        .query_async(&mut c)
+        .await
+        .expect("zrem");
+    let now = delta_protocol::Timestamp::now().micros();
+    assert_eq!(
+        store.purge_finished(now, 10).await.expect("purge").purged,
+        0
+    );
+    let (added, next) = store
+        .backfill_finished(RunStatus::Completed, 0, 10)
+        .await
+        .expect("backfill");
+    assert_eq!((added, next), (1, 0));
+    let updated = store.record(id).await.expect("record").updated_at.micros();
+    assert_eq!(
+        store.finished_at(&[id]).await.expect("read"),
+        vec![Some(updated)]
+    );
+    // Walking again adds nothing.
+    assert_eq!(
+        store
+            .backfill_finished(RunStatus::Completed, 0, 10)
+            .await
+            .expect("backfill"),
+        (0, 0)
+    );
+    assert_eq!(
+        store.purge_finished(now, 10).await.expect("purge").purged,
+        1
+    );
+    assert!(matches!(store.load(id).await, Err(Error::NotFound(_))));
+}

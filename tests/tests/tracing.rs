@@ -69,6 +69,8 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
             worker_id: "traced".into(),
             grace: Duration::from_secs(5),
             secrets_key: None,
+            retention: None,
+            sweep_every: Duration::from_secs(600),
         },
         stop.clone(),
     ));

@@ -24,6 +24,8 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_WORKER_ID", "worker-id", ""),
     ("DELTA_GRACE_S", "grace-s", "20"),
     ("DELTA_SECRETS_KEY", "secrets-key", ""),
+    ("DELTA_RETENTION", "retention", "7d"),
+    ("DELTA_WORK_SWEEP_S", "work-sweep-s", "600"),
 ];
 
 /// Builds the config from `--name value` / `--name=value` flags and an environment map.
@@ -42,6 +44,8 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let (work_dir, _) = s.get("DELTA_WORK_DIR");
     let (worker_id, _) = s.get("DELTA_WORKER_ID");
     let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
+    let retention = s.period("DELTA_RETENTION");
+    let sweep_every = s.seconds("DELTA_WORK_SWEEP_S", 0.1);
     s.finish()?;
     let worker_id = if worker_id.is_empty() {
         format!(
@@ -68,6 +72,8 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         worker_id,
         grace,
         secrets_key,
+        retention,
+        sweep_every,
     })
 }
 
@@ -101,6 +107,15 @@ mod tests {
         assert_eq!(c.queue.ack_wait, Duration::from_secs(7));
         assert_eq!(c.grace, Duration::from_millis(500));
         assert!(c.worker_id.starts_with("worker-"));
+        assert_eq!(c.retention, Some(Duration::from_secs(7 * 24 * 3600)));
+        assert_eq!(c.sweep_every, Duration::from_secs(600));
+        let off: HashMap<String, String> = [("DELTA_RETENTION", "off"), ("DELTA_AGENTS_DIR", &d)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let c = parse(&args(&["--work-sweep-s", "0.5"]), &off).expect("valid");
+        assert_eq!(c.retention, None);
+        assert_eq!(c.sweep_every, Duration::from_millis(500));
     }
 
     #[test]
@@ -109,6 +124,7 @@ mod tests {
             ("DELTA_REDIS_URL", "localhost:6379"),
             ("DELTA_WORKER_CONCURRENCY", "0"),
             ("DELTA_SECRETS_KEY", "not-hex"),
+            ("DELTA_RETENTION", "7 days"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -125,7 +141,7 @@ mod tests {
             &env,
         )
         .expect_err("invalid");
-        assert_eq!(errs.len(), 6, "{errs:#?}");
+        assert_eq!(errs.len(), 7, "{errs:#?}");
         for needle in [
             "--bogus",
             "DELTA_WORKER_CONCURRENCY",
@@ -133,6 +149,7 @@ mod tests {
             "DELTA_REDIS_URL",
             "--agents-dir",
             "DELTA_SECRETS_KEY: DELTA_SECRETS_KEY must be one or more keys of 64 hex digits",
+            "DELTA_RETENTION: `7 days` is not a period",
         ] {
             assert!(
                 errs.iter().any(|e| e.contains(needle)),

@@ -35,6 +35,8 @@ use delta_queue::{self as queue, Delivery, Exhausted, Queue};
 use delta_store::redis::RedisRunStore;
 use delta_store::{self as store, RunStore, StatusChange, Terminal};
 
+use crate::workdir::WorkDirs;
+
 /// How a worker runs.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -44,7 +46,7 @@ pub struct Config {
     pub redis_ca: Option<PathBuf>,
     pub prefix: String,
     pub agents_dir: PathBuf,
-    /// Where tools run.
+    /// The root of the runs' work directories: a run's tools run in `<work_dir>/<run_id>`.
     pub work_dir: PathBuf,
     pub concurrency: usize,
     pub queue: queue::Settings,
@@ -54,6 +56,11 @@ pub struct Config {
     pub grace: Duration,
     /// Opens sensitive answers sealed by the gateway (`DELTA_SECRETS_KEY`).
     pub secrets_key: Option<Arc<SecretsKey>>,
+    /// How long after it finished a run's work directory is kept (the gateways' retention of the
+    /// run itself); `None`: until the run is deleted from the store.
+    pub retention: Option<Duration>,
+    /// How often the work directories are swept.
+    pub sweep_every: Duration,
 }
 
 /// Why the worker could not run.
@@ -63,6 +70,12 @@ pub enum Error {
     Queue(#[from] queue::Error),
     #[error(transparent)]
     Store(#[from] store::Error),
+    #[error("DELTA_WORK_DIR {path}: cannot create or open it")]
+    WorkDir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Agents by name, loaded once from the agents directory.
@@ -106,6 +119,8 @@ struct Shared {
     agents: Agents,
     /// Cancelled on shutdown: running engines checkpoint at their next safe point.
     stop: CancellationToken,
+    /// Each run's work directory, under `DELTA_WORK_DIR`.
+    work_dirs: WorkDirs,
 }
 
 /// Jobs taken in one pull at most (bounded by the free slots).
@@ -115,6 +130,10 @@ const FETCH_BATCH: usize = 16;
 /// finish or checkpoint within the grace period.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
     let queue = Queue::connect(&config.nats_url, &config.prefix, &config.queue).await?;
+    let work_dirs = WorkDirs::open(&config.work_dir).map_err(|source| Error::WorkDir {
+        path: config.work_dir.display().to_string(),
+        source,
+    })?;
     let mut store = RedisRunStore::connect_with(
         &config.redis_url,
         &config.prefix,
@@ -135,10 +154,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         stop: CancellationToken::new(),
         running: Mutex::new(HashMap::new()),
         registrations: std::sync::atomic::AtomicU64::new(0),
+        work_dirs,
     });
     let cancels = tokio::spawn(follow_cancellations(shared.clone(), shutdown.clone()));
     let reaper = tokio::spawn(reap_exhausted(shared.clone(), shutdown.clone()));
     let heart = tokio::spawn(heartbeat(shared.clone(), shutdown.clone()));
+    let sweeper = tokio::spawn(sweep_work_dirs(shared.clone(), shutdown.clone()));
     let permits = Arc::new(Semaphore::new(shared.config.concurrency.max(1)));
     let tracker = TaskTracker::new();
     tracing::info!(worker = %shared.config.worker_id, "worker started");
@@ -200,6 +221,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     }
     let _ = reaper.await;
     let _ = heart.await;
+    let _ = sweeper.await;
     cancels.abort();
     // Under a target of its own, so that benchmarks can keep it while silencing the rest.
     tracing::info!(
@@ -297,6 +319,87 @@ async fn heartbeat(shared: Arc<Shared>, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
         }
     }
+}
+
+/// Removes, every `sweep_every` until shutdown, the work directories of runs that no longer
+/// exist in the store or finished longer than the retention period ago (see [`crate::workdir`]).
+async fn sweep_work_dirs(shared: Arc<Shared>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(shared.config.sweep_every) => {}
+            () = shutdown.cancelled() => return,
+        }
+        match sweep(&shared).await {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(removed, "work directories of finished runs removed"),
+            Err(e) => tracing::warn!(error = %e, "work directory sweep failed; will retry"),
+        }
+    }
+}
+
+/// Work directories looked up in the store per round trip.
+const SWEEP_BATCH: usize = 500;
+
+/// One sweep of the work directories; returns how many it removed.
+async fn sweep(shared: &Arc<Shared>) -> Result<usize, String> {
+    let dirs = shared.work_dirs.clone();
+    let runs = tokio::task::spawn_blocking(move || dirs.list())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("{}: {e}", shared.work_dirs.root().display()))?;
+    let cutoff = shared.config.retention.map(|keep| {
+        let keep = i64::try_from(keep.as_micros()).unwrap_or(i64::MAX);
+        delta_protocol::Timestamp::now()
+            .micros()
+            .saturating_sub(keep)
+    });
+    let mut removed = 0;
+    for batch in runs.chunks(SWEEP_BATCH) {
+        let statuses = shared.store.statuses(batch).await.map_err(|e| why(&e))?;
+        let finished_at = shared.store.finished_at(batch).await.map_err(|e| why(&e))?;
+        let mut due = vec![];
+        for (id, (status, at)) in batch.iter().zip(statuses.into_iter().zip(finished_at)) {
+            let expired = match status {
+                // No status: deleted from the store (retention), so nothing will run here again;
+                // unless the record is only damaged, which a second read tells apart.
+                None => matches!(
+                    shared.store.record(*id).await,
+                    Err(store::Error::NotFound(_))
+                ),
+                Some(s) if s.is_terminal() => {
+                    matches!((cutoff, at), (Some(c), Some(at)) if at <= c)
+                }
+                // Queued, running, paused or interrupted: kept.
+                Some(_) => false,
+            };
+            // Never the directory of a run this worker is advancing right now.
+            let here = shared
+                .running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(id);
+            if expired && !here {
+                due.push(*id);
+            }
+        }
+        if due.is_empty() {
+            continue;
+        }
+        let dirs = shared.work_dirs.clone();
+        removed += tokio::task::spawn_blocking(move || {
+            let mut n = 0;
+            for id in due {
+                match dirs.remove(id) {
+                    Ok(()) => n += 1,
+                    Err(e) => tracing::warn!(run = %id, error = %e, "work directory not removed"),
+                }
+            }
+            n
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(removed)
 }
 
 /// Fails a run with `reason` (fenced by the job's token, so a newer owner is not overridden).
@@ -475,9 +578,16 @@ async fn handle(shared: &Shared, d: Delivery) {
     if let (Some((rid, at)), RunStatus::WaitingForInput) = (answers.applying(), status_at_load) {
         shared.queue.announce_resumed(rid, at).await;
     }
+    // The run's own directory, made before any of its tools runs here.
+    let work_dir = match shared.work_dirs.create(job.run_id) {
+        Ok(dir) => dir,
+        Err(e) => {
+            return retry_or_poison(shared, &d, &format!("its work directory: {e}")).await;
+        }
+    };
     let settings = engine::Settings {
         worker: shared.config.worker_id.clone(),
-        work_dir: shared.config.work_dir.clone(),
+        work_dir,
         pause: PauseMode::Park,
     };
     // Stopped when the worker stops, or when a gateway announces that the run was cancelled

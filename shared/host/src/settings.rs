@@ -167,6 +167,19 @@ impl<'a> Settings<'a> {
         }
     }
 
+    /// How long finished runs are kept (`DELTA_RETENTION`): a [`period`], `None` to keep them
+    /// forever (`0` or `off`).
+    pub fn period(&mut self, env_name: &str) -> Option<std::time::Duration> {
+        let (v, from) = self.get(env_name);
+        match period(&v) {
+            Ok(p) => p,
+            Err(e) => {
+                self.errors.push(format!("{from}: {e}"));
+                None
+            }
+        }
+    }
+
     /// The errors, if any: `Err` with all of them.
     pub fn finish(self) -> Result<(), Vec<String>> {
         if self.errors.is_empty() {
@@ -185,4 +198,59 @@ pub fn usage(binary: &str, table: &[Setting]) -> String {
         s.push_str(&format!("  --{flag:<16} {env:<28} ({default})\n"));
     }
     s
+}
+
+/// A period such as `7d`, `36h`, `90m`, `30s` or `1.5d` (a bare number is seconds); `0` or `off`
+/// is `None` (forever). The error says what was wrong.
+pub fn period(text: &str) -> Result<Option<std::time::Duration>, String> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let (number, unit) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&t[..i], c.to_ascii_lowercase()),
+        _ => (t, 's'),
+    };
+    let scale = match unit {
+        's' => 1.0,
+        'm' => 60.0,
+        'h' => 3600.0,
+        'd' => 86_400.0,
+        _ => f64::NAN,
+    };
+    let secs = number.trim().parse::<f64>().map(|n| n * scale);
+    match secs {
+        Ok(0.0) => Ok(None),
+        // Up to about 31 years: past that it is "forever" in all but name.
+        Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => {
+            Ok(Some(std::time::Duration::from_secs_f64(s)))
+        }
+        _ => Err(format!(
+            "`{text}` is not a period like 7d, 36h, 90m or 30s (or 0/off: keep forever)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::period;
+    use std::time::Duration;
+
+    #[test]
+    fn periods_read_as_an_operator_writes_them() {
+        let h = |n: u64| Some(Duration::from_secs(n * 3600));
+        assert_eq!(period("7d"), Ok(h(7 * 24)));
+        assert_eq!(period("36h"), Ok(h(36)));
+        assert_eq!(period(" 90M "), Ok(Some(Duration::from_secs(5400))));
+        assert_eq!(period("30s"), Ok(Some(Duration::from_secs(30))));
+        assert_eq!(period("2"), Ok(Some(Duration::from_secs(2))));
+        assert_eq!(period("0.5"), Ok(Some(Duration::from_millis(500))));
+        assert_eq!(period("1.5d"), Ok(h(36)));
+        for forever in ["0", "0d", "off", "OFF"] {
+            assert_eq!(period(forever), Ok(None), "{forever}");
+        }
+        for bad in ["", "d", "7w", "-1d", "seven days", "1e12d", "NaN", "inf"] {
+            assert!(period(bad).is_err(), "{bad}");
+        }
+    }
 }

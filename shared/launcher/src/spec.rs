@@ -172,6 +172,8 @@ pub struct WorkerSpec {
     pub secrets_key_hex: Option<String>,
     /// CA certificates (PEM) of the servers' TLS certificates.
     pub ca_file: Option<PathBuf>,
+    /// Any other of the worker's settings, by environment name (`DELTA_RETENTION`, …).
+    pub extra: Vec<(&'static str, String)>,
 }
 
 /// `DELTA_NATS_CA_FILE` and `DELTA_REDIS_CA_FILE`, when there is one.
@@ -187,7 +189,7 @@ fn ca_settings(ca: Option<&PathBuf>) -> Vec<(&'static str, String)> {
 
 impl WorkerSpec {
     /// A worker of the same fleet as `gateway` (its servers, prefix, agents and secrets key),
-    /// running tools in `work_dir`, with the production defaults (16 slots, `ack_wait` 30 s,
+    /// with its runs' work directories under `work_dir`, with the production defaults (16 slots, `ack_wait` 30 s,
     /// 5 deliveries, 20 s of grace); named when started.
     pub fn joining(gateway: &GatewaySpec, work_dir: PathBuf) -> Self {
         Self {
@@ -203,6 +205,7 @@ impl WorkerSpec {
             grace_ms: 20_000,
             worker_id: String::new(),
             secrets_key_hex: gateway.secrets_key_hex.clone(),
+            extra: vec![],
         }
     }
 
@@ -224,6 +227,7 @@ impl WorkerSpec {
             env.push(("DELTA_SECRETS_KEY", k.clone()));
         }
         env.extend(ca_settings(self.ca_file.as_ref()));
+        env.extend(self.extra.iter().cloned());
         env
     }
 

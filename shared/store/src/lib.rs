@@ -4,6 +4,11 @@
 //! same atomic step, the run's status change. Locally that is [`file::FileRunStore`] (Delta Engine
 //! v1.2's `.delta/` layout); in the fleet it is the Redis store, fenced per delivery. Both pass the
 //! same [`contract`] suite.
+//!
+//! Retention (deleting finished runs some time after they finished) belongs to the Redis store
+//! alone (`redis::RedisRunStore::purge_finished`, run by the gateways' reconcilers): the fleet
+//! keeps every run of every user. The file store has none and needs none: `delta run` keeps its
+//! runs under `.delta/` in the user's own directory, where the user removes them.
 
 use std::future::Future;
 

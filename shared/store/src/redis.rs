@@ -1,11 +1,13 @@
 //! The fleet's run store: Redis (docs/protocol.md §5).
 //!
 //! ```text
-//! <p>:run:{<run_id>}                 hash    the run record, plus `seq` (last journal seq), the fence, `owner`, `job_seq`
+//! <p>:run:{<run_id>}                 hash    the run record, plus `seq` (last journal seq), the fence, `owner`, `job_seq`,
+//!                                            `idempotency_key` (the key its submission set, if any)
 //! <p>:run:{<run_id>}:journal         stream  one entry per event, entry id `<seq>-0`, field `e` = the event JSON
 //! <p>:run:{<run_id>}:ix:<request_id> hash    request JSON, state (PENDING/ANSWERED/EXPIRED/CANCELLED), response,
 //!                                            answered_at, resume_seq, traceparent
 //! <p>:runs:all, <p>:runs:<STATUS>    zset    run ids by creation time (µs)
+//! <p>:runs:finished                  zset    finished run ids by when they finished (µs): what retention reads
 //! <p>:interactions:all, …:pending    zset    request ids by request time (µs)
 //! <p>:interactions:deadlines         zset    pending request ids by `expires_at` (µs)
 //! <p>:interactions:runs              hash    request id → run id
@@ -41,8 +43,10 @@ use redis::aio::ConnectionManager;
 
 pub mod access;
 mod index;
+mod retention;
 
 pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
+pub use retention::{Purge, Purged};
 
 use super::{AnswerStore, Error, RunRecord, RunStore, Settled, StatusChange, StoredRun, numbered};
 use delta_protocol::journal;
@@ -184,6 +188,8 @@ if status ~= '' then
   if finished == '1' then
     if result ~= '' then redis.call('HSET', KEYS[1], 'result', result) end
     if err_text ~= '' then redis.call('HSET', KEYS[1], 'error', err_text) end
+    -- Retention finds finished runs by when they finished (redis/retention.rs).
+    redis.call('ZADD', p .. ':runs:finished', created_us, run)
   end
 end
 return seq
@@ -257,7 +263,14 @@ local run = redis.call('HGET', KEYS[1], 'run_id')
 local st = redis.call('HGET', KEYS[1], 'status')
 redis.call('ZADD', ARGV[1] .. ':runs:all', ARGV[2], run)
 redis.call('ZADD', ARGV[1] .. ':runs:' .. st, ARGV[2], run)
-if ARGV[3] ~= '' then redis.call('SET', ARGV[3], ARGV[4], 'EX', ARGV[5]) end
+if st == 'COMPLETED' or st == 'FAILED' or st == 'CANCELLED' then
+  redis.call('ZADD', ARGV[1] .. ':runs:finished', ARGV[2], run)
+end
+if ARGV[3] ~= '' then
+  redis.call('SET', ARGV[3], ARGV[4], 'EX', ARGV[5])
+  -- So that retention removes the key with the run (it lives 24 h anyway).
+  redis.call('HSET', KEYS[1], 'idempotency_key', ARGV[3])
+end
 return {'CREATED', ''}
 "#;
 

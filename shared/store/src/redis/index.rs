@@ -39,6 +39,7 @@ redis.call('HSET', KEYS[1], 'seq', seq, 'updated_at', ARGV[2], 'status', 'QUEUED
 redis.call('HDEL', KEYS[1], 'error', 'result', 'pending_request_id')
 local score = redis.call('ZSCORE', ARGV[1] .. ':runs:all', run) or ARGV[3]
 redis.call('ZREM', ARGV[1] .. ':runs:FAILED', run)
+redis.call('ZREM', ARGV[1] .. ':runs:finished', run)
 redis.call('ZADD', ARGV[1] .. ':runs:QUEUED', score, run)
 if ARGV[6] ~= '' and redis.call('HGET', KEYS[3], 'state') == 'EXPIRED'
   and (ARGV[8] == '' or tonumber(ARGV[8]) > tonumber(ARGV[3])) then

@@ -1,0 +1,269 @@
+//! Findings 9 (retention) and 11 (one shared work directory) of the security review (issue 14),
+//! reproduced against real nats-server, redis-server, gateway and worker processes: a finished
+//! run past `DELTA_RETENTION` is deleted whole by the gateways, every run has its own work
+//! directory under `DELTA_WORK_DIR`, and the workers sweep the directories of deleted runs.
+//! The store-level cases (what exactly is deleted, idempotency, the backfill) are in
+//! `redis_store.rs`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use delta_e2e::fleet::Fleet;
+use delta_protocol::{Event, RunId, RunStatus, Timestamp};
+use delta_store::RunStore;
+use delta_store::redis::Purge;
+use serde_json::json;
+
+/// An agent whose first tool writes the task to `mine.txt` and reports where it ran; after a
+/// question, a second tool lists what it can see by relative path.
+fn add_files_agent(fleet: &Fleet) {
+    fleet.add_agent(
+        "files",
+        "name: files\nbrain: scripted\ntools:\n  \
+         - name: write\n    shell: 'echo ${text} > mine.txt; echo \"cwd=$CWD pwd=$(pwd)\"'\n    idempotent: true\n  \
+         - name: look\n    shell: 'ls -A; cat mine.txt'\n    idempotent: true\n",
+        "steps:\n  - tool: write\n    args: {text: \"${task}\"}\n  \
+         - ask_human: {prompt: \"Go on?\"}\n  - tool: look\n  - finish: \"${observation}\"\n",
+    );
+}
+
+/// The observations of a run's tools, in order.
+fn observations(run: &delta_store::StoredRun) -> Vec<String> {
+    run.journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ActionResult(r) => Some(r.observation_content.trim_end().to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits (up to `secs`) for `ok`, failing with `what`.
+async fn eventually(what: &str, secs: u64, mut ok: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !ok().await {
+        assert!(Instant::now() < deadline, "{what}: not within {secs} s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The names in a directory.
+fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
+/// Findings 9 and 11 end to end: two runs on one worker work in two directories of their own
+/// and cannot see each other's files by relative path; once one finished longer than
+/// `DELTA_RETENTION` ago, a gateway deletes it from Redis (every key and index entry) and the
+/// worker removes its directory (without following a link out of the root), while the paused
+/// run keeps both.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_finished_run_past_retention_is_deleted_with_its_work_dir_and_a_paused_one_stays() {
+    let mut fleet = Fleet::start_with("ret1", 1, 0, |s| {
+        s.extra = vec![("DELTA_RETENTION", "2s".into())];
+    })
+    .await;
+    add_files_agent(&fleet);
+    fleet.worker_spec.extra = vec![
+        ("DELTA_RETENTION", "2s".into()),
+        ("DELTA_WORK_SWEEP_S", "0.3".into()),
+    ];
+    fleet.add_worker("w0");
+    let root = fleet
+        .worker_spec
+        .work_dir
+        .canonicalize()
+        .expect("work root");
+
+    let done = fleet.submit("files", "alpha").await;
+    let paused = fleet.submit("files", "beta").await;
+    let done_q = fleet.pending(done).await;
+    let paused_q = fleet.pending(paused).await;
+
+    // Each run wrote in its own directory, private to the worker's user, and its tool was told so.
+    for (run, text) in [(done, "alpha"), (paused, "beta")] {
+        let dir = root.join(run.to_string());
+        assert_eq!(
+            std::fs::read_to_string(dir.join("mine.txt")).expect("mine.txt"),
+            format!("{text}\n")
+        );
+        let mode = std::fs::metadata(&dir).expect("dir").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", dir.display());
+        let stored = fleet.store.load(run).await.expect("load");
+        let where_ = format!("cwd={} pwd={}", dir.display(), dir.display());
+        assert_eq!(observations(&stored), [where_]);
+    }
+
+    // A link out of the root, left in the finished run's directory.
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::write(outside.path().join("keep"), "x").expect("write");
+    std::os::unix::fs::symlink(outside.path(), root.join(done.to_string()).join("out"))
+        .expect("symlink");
+
+    let (status, body) = fleet.answer(&done_q, json!({"input": "go"})).await;
+    assert_eq!(status, 200, "{body}");
+    fleet.wait_status(done, RunStatus::Completed).await;
+    let finished = fleet.store.load(done).await.expect("load");
+    // By relative path, the tool saw its own files only.
+    let seen = observations(&finished);
+    let listed = seen.last().map(|o| o.lines().collect::<Vec<_>>());
+    assert_eq!(listed, Some(vec!["mine.txt", "out", "alpha"]), "{seen:?}");
+
+    // Past retention: gone from Redis, every key and index entry, and its directory swept.
+    let url = fleet.redis.url();
+    let id = done.to_string();
+    eventually("the finished run deleted", 20, async || {
+        !delta_e2e::redis_dump(&url, "ret1:*").await.contains(&id)
+    })
+    .await;
+    let dump = delta_e2e::redis_dump(&url, "ret1:*").await;
+    assert!(!dump.contains(&done_q), "its question is gone too: {dump}");
+    assert!(matches!(
+        fleet.store.load(done).await,
+        Err(delta_store::Error::NotFound(_))
+    ));
+    let done_dir = root.join(done.to_string());
+    eventually("its work directory removed", 10, async || {
+        !done_dir.exists()
+    })
+    .await;
+    assert!(
+        outside.path().join("keep").exists(),
+        "the sweep followed a link out of the root"
+    );
+
+    // The paused run, as old, keeps its record, question and directory.
+    assert_eq!(
+        fleet.store.load(paused).await.expect("load").record.status,
+        RunStatus::WaitingForInput
+    );
+    assert!(dump.contains(&paused.to_string()) && dump.contains(&paused_q));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(root.join(paused.to_string()).join("mine.txt").exists());
+    assert_eq!(names(&root), [paused.to_string()]);
+
+    // Deleting again (another gateway, a retry) deletes nothing more.
+    let now = Timestamp::now().micros();
+    assert_eq!(
+        fleet.store.purge_run(done, now).await.expect("purge"),
+        Purge::Gone
+    );
+    assert_eq!(
+        fleet.store.purge_run(paused, now).await.expect("purge"),
+        Purge::Live
+    );
+    assert_eq!(delta_e2e::redis_dump(&url, "ret1:*").await, dump);
+
+    // Counted, not listed.
+    let (_, metrics) = fleet.client.get("/metrics").await.expect("metrics");
+    let text = metrics.as_str().unwrap_or_default().to_owned();
+    assert!(
+        text.lines().any(|l| l == "delta_runs_purged_total 1"),
+        "{text}"
+    );
+}
+
+/// Finding 11: a job whose run id tries to climb out of the root makes no directory anywhere:
+/// it is not a run id, so it is dead-lettered before anything touches the disk.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_id_with_dot_dot_cannot_make_a_directory_outside_the_root() {
+    let fleet = Fleet::start("ret2", 1, 1).await;
+    add_files_agent(&fleet);
+    let root = fleet
+        .worker_spec
+        .work_dir
+        .canonicalize()
+        .expect("work root");
+    let escape = format!("escape-{}", RunId::new());
+    let nc = fleet.nats().await;
+    let js = async_nats::jetstream::new(nc);
+    for run_id in [
+        format!("../{escape}"),
+        format!("../../{escape}"),
+        format!("{}/../../{escape}", RunId::new()),
+    ] {
+        js.publish(
+            "ret2.jobs.files",
+            serde_json::to_vec(&json!({"run_id": run_id, "kind": "start"}))
+                .expect("json")
+                .into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    }
+    let client = fleet.client.clone();
+    eventually("the jobs dead-lettered", 20, async || {
+        let (_, body) = client.get("/v1/dlq").await.expect("dlq");
+        body["dead_letters"].as_array().map_or(0, Vec::len) == 3
+    })
+    .await;
+    for dir in [root.clone(), root.join(".."), root.join("../..")] {
+        assert!(
+            !dir.join(&escape).exists(),
+            "{} made outside the root",
+            dir.join(&escape).display()
+        );
+    }
+    assert!(names(&root).is_empty(), "{:?}", names(&root));
+
+    // A real run still works, in its own directory.
+    let run = fleet.submit("files", "gamma").await;
+    fleet.pending(run).await;
+    assert_eq!(names(&root), [run.to_string()]);
+}
+
+/// Finding 11: a worker also removes the directory of a run that finished longer than
+/// `DELTA_RETENTION` ago while the run is still in Redis (here the gateways keep runs forever),
+/// and keeps that of a paused run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_removes_the_directory_of_a_run_finished_past_retention() {
+    let mut fleet = Fleet::start_with("ret3", 1, 0, |s| {
+        s.extra = vec![("DELTA_RETENTION", "off".into())];
+    })
+    .await;
+    add_files_agent(&fleet);
+    fleet.worker_spec.extra = vec![
+        ("DELTA_RETENTION", "1s".into()),
+        ("DELTA_WORK_SWEEP_S", "0.3".into()),
+    ];
+    fleet.add_worker("w0");
+    let root = fleet
+        .worker_spec
+        .work_dir
+        .canonicalize()
+        .expect("work root");
+    let done = fleet.submit("files", "alpha").await;
+    let paused = fleet.submit("files", "beta").await;
+    let done_q = fleet.pending(done).await;
+    fleet.pending(paused).await;
+    let (status, body) = fleet.answer(&done_q, json!({"input": "go"})).await;
+    assert_eq!(status, 200, "{body}");
+    fleet.wait_status(done, RunStatus::Completed).await;
+
+    let done_dir = root.join(done.to_string());
+    eventually("the finished run's directory removed", 10, async || {
+        !done_dir.exists()
+    })
+    .await;
+    assert_eq!(
+        fleet
+            .store
+            .load(done)
+            .await
+            .expect("kept in Redis")
+            .record
+            .status,
+        RunStatus::Completed
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(names(&root), [paused.to_string()]);
+}
