@@ -6,7 +6,8 @@
 //! - [`bots`]: NATS request-reply for chat bots, the same answer path as HTTP.
 //! - [`ops`]: submit, answer, cancel: every channel and the reconcilers go through these.
 //! - [`reconcile`]: timeouts, unpublished or lost resumes, lost jobs.
-//! - [`auth`], [`metrics`], [`config`]; [`tls`] (HTTPS of its own).
+//! - [`auth`], [`metrics`], [`config`]; [`tls`] (HTTPS of its own) and [`tickets`] (one-time
+//!   tickets that open a live stream, so that no token rides in a URL).
 //!
 //! A gateway keeps no state of its own: everything is in Redis (runs, interactions, indexes)
 //! and NATS (jobs, announcements), changed by atomic scripts and idempotent publishes, so any
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod ops;
 pub mod reconcile;
 pub mod sse;
+pub mod tickets;
 pub mod tls;
 
 pub use config::Config;
