@@ -152,7 +152,7 @@ impl Fleet {
         let mut fleet = Fleet {
             gateways: vec![],
             workers: vec![],
-            client: Client::new(&gateway_spec.url(), None),
+            client: Client::of(&gateway_spec, &gateway_spec.url(), None),
             store: RedisRunStore::connect(&redis.url(), prefix)
                 .await
                 .expect("store"),
@@ -187,7 +187,7 @@ impl Fleet {
             }
             None => gateways::spawn(&spec, None).await,
         };
-        let client = Client::new(&gw.url, None);
+        let client = Client::of(&spec, &gw.url, None);
         self.gateways.push(gw);
         client
     }
