@@ -111,7 +111,10 @@ async fn open(base: &str, path: &str) -> (u16, Value) {
         return (status, Value::Null);
     }
     let text = resp.text().await.expect("body");
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// Submits a run as `client`: its id.
@@ -470,11 +473,7 @@ async fn a_stream_ticket_opens_its_stream_once() {
     let (status, body) = open(&base, &format!("/v1/runs/{run}/events?ticket={for_run}")).await;
     assert_eq!(status, 200, "a run's ticket on its run: {body}");
     let unknown = "ab".repeat(32);
-    let (status, _) = open(
-        &base,
-        &format!("/v1/interactions/stream?ticket={unknown}"),
-    )
-    .await;
+    let (status, _) = open(&base, &format!("/v1/interactions/stream?ticket={unknown}")).await;
     assert_eq!(status, 401);
 
     // Expired: refused once its TTL (2 s) has passed.
@@ -501,4 +500,56 @@ async fn a_ticket_from_one_gateway_opens_the_stream_on_another() {
     assert_eq!(status, 200, "made on gateway 1, used on gateway 2: {body}");
     let (status, _) = open(&fleet.gateways[0].url, &path).await;
     assert_eq!(status, 401, "and only once, on any gateway");
+}
+
+/// The `delta` CLI talks to an https:// gateway whose CA it is given (`DELTA_GATEWAY_CA`, or
+/// `--gateway-ca`), and refuses one whose certificate it cannot check, saying how to fix it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_trusts_the_ca_it_is_given() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tls = make_tls(dir.path());
+    let tokens = tokens_file(dir.path());
+    let fleet = Fleet::start_with("tls3", 1, 0, |s| {
+        s.tls = Some(tls.clone());
+        s.tokens_file = Some(tokens.clone());
+    })
+    .await;
+    let programs = delta_launcher::Programs::find().unwrap_or_else(|e| panic!("{}", e.chain()));
+    let delta = programs.gateway.with_file_name("delta");
+    let url = fleet.gateway_spec.url();
+    let run = |args: &[&str], ca: Option<&Path>| {
+        let mut cmd = std::process::Command::new(&delta);
+        cmd.env_clear()
+            .env("DELTA_GATEWAY_URL", &url)
+            .env("DELTA_TOKEN", ALICE)
+            .args(args);
+        if let Some(ca) = ca {
+            cmd.env("DELTA_GATEWAY_CA", ca);
+        }
+        let out = cmd.output().expect("delta runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(&["pending", "ls", "--json"], Some(&tls.ca));
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = run(
+        &[
+            "pending",
+            "ls",
+            "--json",
+            "--gateway-ca",
+            &tls.ca.to_string_lossy(),
+        ],
+        None,
+    );
+    assert_eq!(code, Some(0), "--gateway-ca: {out}{err}");
+    let (code, out, err) = run(&["pending", "ls"], None);
+    assert_ne!(code, Some(0), "an unknown CA was trusted: {out}");
+    assert!(err.contains("--gateway-ca"), "{err}");
+    let (code, _, err) = run(&["pending", "ls"], Some(&dir.path().join("no-ca.pem")));
+    assert_ne!(code, Some(0));
+    assert!(err.contains("no-ca.pem"), "{err}");
 }

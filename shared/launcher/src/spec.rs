@@ -249,7 +249,8 @@ fn tls_client(ca: &std::path::Path) -> Result<tokio_rustls::TlsConnector, Error>
     let pem = std::fs::read(ca).map_err(io(format!("cannot read the CA {}", ca.display())))?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        let cert = cert
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
             .map_err(io(format!("{}: not a PEM certificate", ca.display())))?;
         roots
             .add(cert)
@@ -264,7 +265,9 @@ fn tls_client(ca: &std::path::Path) -> Result<tokio_rustls::TlsConnector, Error>
     .map_err(io("cannot set up TLS".to_owned()))?
     .with_root_certificates(roots)
     .with_no_client_auth();
-    Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)))
+    Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+        config,
+    )))
 }
 
 /// Whether `GET <path>` on the local `port` answers 200 (over TLS with `tls`).
@@ -287,9 +290,8 @@ async fn http_ok(port: u16, path: &str, tls: Option<tokio_rustls::TlsConnector>)
         match tls {
             None => get(tcp, path).await,
             Some(connector) => {
-                let name = rustls::pki_types::ServerName::IpAddress(
-                    std::net::Ipv4Addr::LOCALHOST.into(),
-                );
+                let name =
+                    rustls::pki_types::ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
                 get(connector.connect(name, tcp).await?, path).await
             }
         }
