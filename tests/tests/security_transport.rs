@@ -553,3 +553,91 @@ async fn the_cli_trusts_the_ca_it_is_given() {
     assert_ne!(code, Some(0));
     assert!(err.contains("no-ca.pem"), "{err}");
 }
+
+/// The web inbox follows its live stream with one-time tickets: questions arrive live; when the
+/// gateway goes away and comes back, the page opens the stream again with a fresh ticket (never
+/// EventSource's own reconnect, which would present the spent one); the token is in no URL.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_inbox_streams_with_fresh_tickets_and_never_the_token() {
+    use delta_e2e::browser::{Browser, Screen};
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = tokens_file(dir.path());
+    let mut fleet = Fleet::start_with("tick4", 1, 1, |s| {
+        s.tokens_file = Some(tokens.clone());
+    })
+    .await;
+    let browser = Browser::start(
+        "the_inbox_streams_with_fresh_tickets_and_never_the_token",
+        Screen::Desktop,
+    )
+    .await;
+    let ci = fleet.client.with_token(Some(CI));
+    let alice = fleet.client.with_token(Some(ALICE));
+    let card = |rid: &str| format!(r#"article[data-request-id="{rid}"]"#);
+    let wait_conn = |state: &'static str| {
+        let browser = &browser;
+        async move {
+            browser
+                .wait_for_within(
+                    Duration::from_secs(30),
+                    &format!("the connection to be {state}"),
+                    "return document.getElementById('conn').dataset.state === arguments[0];",
+                    vec![json!(state)],
+                )
+                .await;
+        }
+    };
+    browser
+        .checked(async {
+            browser
+                .goto(&format!("{}/#token={ALICE}", fleet.gateway_spec.url()))
+                .await;
+            wait_conn("live").await;
+            // Every EventSource the page opens from now on is noted, with its URL.
+            browser
+                .js(
+                    "window.streamUrls = []; const Real = window.EventSource; \
+                     window.EventSource = class extends Real { \
+                       constructor(url, init) { super(url, init); window.streamUrls.push(String(url)); } };",
+                    vec![],
+                )
+                .await;
+            let run = submit(&ci, "hello", "first").await;
+            let rid = delta_e2e::fleet::pending(&alice, run).await;
+            browser.find(&card(&rid)).await;
+            // The gateway goes away and comes back on the same port.
+            fleet.gateways.clear();
+            browser
+                .wait_for(
+                    "the page to notice",
+                    "return document.getElementById('conn').dataset.state !== 'live';",
+                    vec![],
+                )
+                .await;
+            fleet.add_gateway(None).await;
+            wait_conn("live").await;
+            let again = submit(&ci, "hello", "second").await;
+            let rid = delta_e2e::fleet::pending(&alice, again).await;
+            browser.find(&card(&rid)).await;
+            let urls = browser.js("return window.streamUrls;", vec![]).await;
+            let urls: Vec<String> = serde_json::from_value(urls).expect("urls");
+            assert!(!urls.is_empty(), "the page opened its stream again");
+            let tickets: std::collections::HashSet<&str> = urls
+                .iter()
+                .map(|u| {
+                    assert!(!u.contains(ALICE) && !u.contains("access_token"), "{u}");
+                    u.split("ticket=").nth(1).expect("a ticket in the URL")
+                })
+                .collect();
+            assert_eq!(tickets.len(), urls.len(), "a fresh ticket each time: {urls:?}");
+            let timed = browser
+                .js(
+                    "return performance.getEntriesByType('resource').map(e => e.name);",
+                    vec![],
+                )
+                .await;
+            assert!(!timed.to_string().contains(ALICE), "{timed}");
+        })
+        .await;
+    browser.close().await;
+}
