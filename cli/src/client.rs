@@ -137,6 +137,18 @@ impl Client {
         self.token.is_some()
     }
 
+    /// Whether a token sent to this gateway would cross a network in clear: plain `http://` to a
+    /// host other than this machine's loopback.
+    pub fn token_in_clear(&self) -> bool {
+        let host = self.base.host_str().unwrap_or_default();
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let loopback = host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        self.base.scheme() == "http" && !loopback
+    }
+
     fn request(
         &self,
         method: Method,
@@ -410,6 +422,21 @@ impl SseStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_http_off_loopback_puts_a_token_in_clear() {
+        let clear = |url: &str| {
+            Client::new(url, Some("t".into()), None)
+                .expect("a client")
+                .token_in_clear()
+        };
+        assert!(clear("http://gateway.example:8080"));
+        assert!(clear("http://10.0.0.7:8080/prefix"));
+        assert!(!clear("https://gateway.example:8080"));
+        assert!(!clear("http://127.0.0.1:8080"));
+        assert!(!clear("http://localhost:8080"));
+        assert!(!clear("http://[::1]:8080"));
+    }
 
     #[test]
     fn a_query_type_becomes_its_parameters() {

@@ -343,6 +343,12 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
             return EXIT_USAGE;
         }
     };
+    if client.has_token() && client.token_in_clear() {
+        eprintln!(
+            "warning: the token goes to {} over plain HTTP, readable on the network: use an https:// gateway URL (docs/security.md)",
+            client.url()
+        );
+    }
     let json = remote.json;
     let work = async {
         match cmd {

@@ -718,8 +718,9 @@ pub struct StreamQuery {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "stream", rename_all = "snake_case", deny_unknown_fields)]
 pub enum StreamTarget {
-    /// `GET /v1/interactions/stream` (`{"stream": "interactions"}`). A struct variant with no
-    /// fields, not a unit variant: serde refuses unknown fields only in the former.
+    /// `GET /v1/interactions/stream` (`{"stream": "interactions"}`).
+    // A struct variant with no fields, not a unit variant: serde refuses unknown fields only in
+    // the former.
     Interactions {},
     /// `GET /v1/runs/{run_id}/events` of this run (`{"stream": "run", "run_id": "…"}`).
     Run { run_id: RunId },
