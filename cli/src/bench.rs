@@ -284,7 +284,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let nats = delta_queue::connect_client(&fleet.nats_url, &Default::default(), None)
         .await
         .context("connecting to NATS")?;
-    let http = Client::new(&fleet.gateway_url, None).map_err(anyhow::Error::msg)?;
+    let http = Client::new(&fleet.gateway_url, None, None).map_err(anyhow::Error::msg)?;
     let questions = Arc::new(Questions::default());
     let mut sub = nats
         .subscribe(format!("delta.interactions.requested.{AGENT}.>"))

@@ -88,8 +88,14 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client of the gateway at `base` (`http://host:port`, maybe with a path prefix).
-    pub fn new(base: &str, token: Option<String>) -> Result<Self, String> {
+    /// A client of the gateway at `base` (`http://host:port` or `https://…`, maybe with a path
+    /// prefix). An `https://` gateway's certificate is checked against the system's roots and,
+    /// when given, the CA certificates of the PEM file `ca` (`--gateway-ca`).
+    pub fn new(
+        base: &str,
+        token: Option<String>,
+        ca: Option<&std::path::Path>,
+    ) -> Result<Self, String> {
         let mut url = Url::parse(base).map_err(|e| {
             format!("--gateway-url / DELTA_GATEWAY_URL `{base}` is not a URL ({e}); e.g. http://127.0.0.1:8080")
         })?;
@@ -105,9 +111,13 @@ impl Client {
         }
         // The workspace builds reqwest with rustls but no crypto provider: install ring once.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            .user_agent(concat!("delta-cli/", env!("CARGO_PKG_VERSION")))
+            .user_agent(concat!("delta-cli/", env!("CARGO_PKG_VERSION")));
+        if let Some(ca) = ca {
+            builder = builder.tls_certs_merge(ca_certificates(ca)?);
+        }
+        let http = builder
             .build()
             .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
         Ok(Self {
@@ -125,6 +135,18 @@ impl Client {
     /// Whether calls carry a bearer token.
     pub fn has_token(&self) -> bool {
         self.token.is_some()
+    }
+
+    /// Whether a token sent to this gateway would cross a network in clear: plain `http://` to a
+    /// host other than this machine's loopback.
+    pub fn token_in_clear(&self) -> bool {
+        let host = self.base.host_str().unwrap_or_default();
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let loopback = host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        self.base.scheme() == "http" && !loopback
     }
 
     fn request(
@@ -273,7 +295,14 @@ impl Client {
             while let Some(s) = source.source() {
                 source = s;
             }
-            source.to_string()
+            let why = source.to_string();
+            if why.to_lowercase().contains("certificate") {
+                format!(
+                    "{why} (a gateway with a certificate of your own CA: give that CA's PEM file with --gateway-ca or DELTA_GATEWAY_CA)"
+                )
+            } else {
+                why
+            }
         } else {
             e.to_string()
         };
@@ -320,6 +349,29 @@ impl Client {
             message,
         }
     }
+}
+
+/// The CA certificates of a PEM file (`--gateway-ca` / `DELTA_GATEWAY_CA`), or why not.
+fn ca_certificates(file: &std::path::Path) -> Result<Vec<reqwest::Certificate>, String> {
+    let pem = std::fs::read(file).map_err(|e| {
+        format!(
+            "--gateway-ca / DELTA_GATEWAY_CA {}: cannot read it ({e}); give the PEM file of the CA that signed the gateway's certificate",
+            file.display()
+        )
+    })?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+        format!(
+            "--gateway-ca / DELTA_GATEWAY_CA {}: not PEM certificates ({e}); give the CA's certificate, `-----BEGIN CERTIFICATE-----`",
+            file.display()
+        )
+    })?;
+    if certs.is_empty() {
+        return Err(format!(
+            "--gateway-ca / DELTA_GATEWAY_CA {}: holds no `-----BEGIN CERTIFICATE-----` block; give the CA's certificate in PEM",
+            file.display()
+        ));
+    }
+    Ok(certs)
 }
 
 /// A query type's parameters as name and text: its fields as it serializes them (absent ones are
@@ -370,6 +422,21 @@ impl SseStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_plain_http_off_loopback_puts_a_token_in_clear() {
+        let clear = |url: &str| {
+            Client::new(url, Some("t".into()), None)
+                .expect("a client")
+                .token_in_clear()
+        };
+        assert!(clear("http://gateway.example:8080"));
+        assert!(clear("http://10.0.0.7:8080/prefix"));
+        assert!(!clear("https://gateway.example:8080"));
+        assert!(!clear("http://127.0.0.1:8080"));
+        assert!(!clear("http://localhost:8080"));
+        assert!(!clear("http://[::1]:8080"));
+    }
 
     #[test]
     fn a_query_type_becomes_its_parameters() {

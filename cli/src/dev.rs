@@ -112,7 +112,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         }
     };
     let client =
-        Client::new(&fleet.gateway_url, Some(token.clone())).map_err(anyhow::Error::msg)?;
+        Client::new(&fleet.gateway_url, Some(token.clone()), None).map_err(anyhow::Error::msg)?;
     let mut runs = vec![];
     if !a.no_demo {
         for (agent, task) in DEMO {

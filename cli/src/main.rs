@@ -26,7 +26,8 @@ mod terminal;
     about = "Delta Fleet: AI-agent runs that stop to ask people things",
     after_help = "\
 Operator commands (submit, runs, pending, answer, cancel, queue) talk to a gateway:
-DELTA_GATEWAY_URL or --gateway-url (default http://127.0.0.1:8080), DELTA_TOKEN or --token.
+DELTA_GATEWAY_URL or --gateway-url (default http://127.0.0.1:8080), DELTA_TOKEN or --token,
+DELTA_GATEWAY_CA or --gateway-ca (a PEM CA to trust for an https:// gateway).
 --json prints the gateway's JSON as is.
 
 Exit codes of the operator commands:

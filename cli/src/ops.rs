@@ -76,6 +76,10 @@ pub struct Remote {
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
+    /// A CA certificate (PEM) to trust for an https:// gateway, besides the system's roots (a
+    /// gateway with a certificate of your own CA: DELTA_GATEWAY_TLS_CERT).
+    #[arg(long, env = "DELTA_GATEWAY_CA", value_name = "FILE")]
+    pub gateway_ca: Option<std::path::PathBuf>,
     /// Print the gateway's JSON as is: one document (`--follow`: one JSON event per line).
     #[arg(long)]
     pub json: bool,
@@ -328,13 +332,23 @@ type Result<T, E = Failure> = std::result::Result<T, E>;
 /// stderr and, with `--json`, the error document on stdout.
 pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
     let remote = cmd.remote().clone();
-    let client = match Client::new(&remote.gateway_url, remote.token.clone()) {
+    let client = match Client::new(
+        &remote.gateway_url,
+        remote.token.clone(),
+        remote.gateway_ca.as_deref(),
+    ) {
         Ok(c) => c,
         Err(msg) => {
             eprintln!("error: {msg}");
             return EXIT_USAGE;
         }
     };
+    if client.has_token() && client.token_in_clear() {
+        eprintln!(
+            "warning: the token goes to {} over plain HTTP, readable on the network: use an https:// gateway URL (docs/security.md)",
+            client.url()
+        );
+    }
     let json = remote.json;
     let work = async {
         match cmd {

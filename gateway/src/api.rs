@@ -17,7 +17,7 @@ use delta_api::{
     DeadLetterPage, DeadLetterRetried, DlqQuery, DroppedStatus, ErrorCode, Health, HealthStatus,
     InteractionPage, InteractionView, InteractionsQuery, Journal, JournalQuery, QueueStats,
     Reachability, Readiness, RequeuedStatus, Run, RunAccepted, RunDetail, RunPage, RunsQuery,
-    Submission, WorkerSeen,
+    StreamTarget, StreamTicket, Submission, WorkerSeen,
 };
 use delta_protocol::{
     InteractionState, InteractionType, RequestId, RunId, RunStatus, Timestamp, Via,
@@ -40,6 +40,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/runs/{run_id}/journal", get(journal))
         .route("/v1/runs/{run_id}/events", get(crate::sse::run_events))
         .route("/v1/runs/{run_id}/cancel", post(cancel))
+        .route("/v1/stream-tickets", post(stream_ticket))
         .route("/v1/interactions", get(list_interactions))
         .route(
             "/v1/interactions/stream",
@@ -153,20 +154,13 @@ async fn within_time(
     }
 }
 
-/// The caller, if it holds one of `roles`. Live streams may pass the token as
-/// `?access_token=` (a browser's EventSource cannot set headers).
-pub fn caller(
-    gw: &Gateway,
-    headers: &HeaderMap,
-    roles: &[Role],
-    access_token: Option<&str>,
-) -> Result<Identity, ApiError> {
+/// The caller behind the `Authorization` header, if it holds one of `roles`. Never from the URL:
+/// a live stream opened without headers takes a one-time ticket instead ([`crate::tickets`]).
+pub fn caller(gw: &Gateway, headers: &HeaderMap, roles: &[Role]) -> Result<Identity, ApiError> {
     let header = headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| access_token.map(|t| format!("Bearer {t}")));
-    gw.config.auth.check_any(header.as_deref(), roles)
+        .and_then(|v| v.to_str().ok());
+    gw.config.auth.check_any(header, roles)
 }
 
 const READ: &[Role] = &[Role::Submit, Role::Answer, Role::Operate];
@@ -240,7 +234,7 @@ async fn submit(
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let who = caller(&gw, &headers, &[Role::Submit], None)?;
+    let who = caller(&gw, &headers, &[Role::Submit])?;
     // Per token: without authentication (loopback only) there is one caller, this machine.
     if let Some(name) = who.name.as_deref() {
         gw.submissions.take(name)?;
@@ -307,7 +301,7 @@ async fn list_runs(
     headers: HeaderMap,
     q: Result<Query<RunsQuery>, QueryRejection>,
 ) -> Result<Json<RunPage>, ApiError> {
-    caller(&gw, &headers, READ, None)?;
+    caller(&gw, &headers, READ)?;
     let q = query(q)?;
     let want = limit(q.limit)?;
     let index = match q.status.as_deref() {
@@ -374,7 +368,7 @@ async fn get_run(
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<Json<RunDetail>, ApiError> {
-    caller(&gw, &headers, READ, None)?;
+    caller(&gw, &headers, READ)?;
     let id = run_id(&raw)?;
     let record = gw.store.record(id).await?;
     let pending = match record.pending_request_id {
@@ -397,7 +391,7 @@ async fn journal(
     Path(raw): Path<String>,
     q: Result<Query<JournalQuery>, QueryRejection>,
 ) -> Result<Json<Journal>, ApiError> {
-    caller(&gw, &headers, READ, None)?;
+    caller(&gw, &headers, READ)?;
     let id = run_id(&raw)?;
     let q = query(q)?;
     let max = match q.limit {
@@ -424,13 +418,30 @@ async fn journal(
     }))
 }
 
+/// `POST /v1/stream-tickets`: a one-time ticket for the live stream the body names, for the
+/// caller (who must be allowed to follow it).
+async fn stream_ticket(
+    State(gw): Shared,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<StreamTicket>, ApiError> {
+    caller(&gw, &headers, READ)?;
+    let target: StreamTarget = body(bytes)?;
+    let who = caller(&gw, &headers, crate::tickets::roles_for(&target))?;
+    if let StreamTarget::Run { run_id } = target {
+        // 404 now rather than a ticket for a stream that cannot open.
+        gw.store.record(run_id).await?;
+    }
+    Ok(Json(crate::tickets::issue(&gw, who, &target).await?))
+}
+
 async fn cancel(
     State(gw): Shared,
     headers: HeaderMap,
     Path(raw): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CancelResult>, ApiError> {
-    let who = caller(&gw, &headers, &[Role::Operate], None)?;
+    let who = caller(&gw, &headers, &[Role::Operate])?;
     let id = run_id(&raw)?;
     let b: CancelBody = match &bytes {
         Ok(b) if b.is_empty() => CancelBody::default(),
@@ -446,7 +457,7 @@ async fn list_interactions(
     headers: HeaderMap,
     q: Result<Query<InteractionsQuery>, QueryRejection>,
 ) -> Result<Json<InteractionPage>, ApiError> {
-    caller(&gw, &headers, ANSWERERS, None)?;
+    caller(&gw, &headers, ANSWERERS)?;
     let q = query(q)?;
     let want = limit(q.limit)?;
     let state: Option<InteractionState> = match q.state.as_deref() {
@@ -505,7 +516,7 @@ async fn get_interaction(
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<Json<InteractionView>, ApiError> {
-    caller(&gw, &headers, ANSWERERS, None)?;
+    caller(&gw, &headers, ANSWERERS)?;
     let rid = request_id(&raw)?;
     let (run, ix) = gw.find(rid).await?;
     Ok(Json(interaction_view(run, &ix)))
@@ -517,7 +528,7 @@ async fn respond(
     Path(raw): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AnswerAccepted>, ApiError> {
-    let who = caller(&gw, &headers, ANSWERERS, None)?;
+    let who = caller(&gw, &headers, ANSWERERS)?;
     let rid = request_id(&raw)?;
     let answer: AnswerBody = body(bytes)?;
     let responder = gw.responder(who.name.as_deref(), answer.responder.as_ref(), Via::Http)?;
@@ -529,7 +540,7 @@ async fn respond(
 }
 
 async fn queue(State(gw): Shared, headers: HeaderMap) -> Result<Json<QueueStats>, ApiError> {
-    caller(&gw, &headers, &[Role::Operate], None)?;
+    caller(&gw, &headers, &[Role::Operate])?;
     let stats = gw.queue.stats().await?;
     let since = Timestamp::now().micros() / 1000 - 30_000;
     let workers: Vec<WorkerSeen> = gw
@@ -565,7 +576,7 @@ async fn list_dlq(
     headers: HeaderMap,
     q: Result<Query<DlqQuery>, QueryRejection>,
 ) -> Result<Json<DeadLetterPage>, ApiError> {
-    caller(&gw, &headers, &[Role::Operate], None)?;
+    caller(&gw, &headers, &[Role::Operate])?;
     let q = query(q)?;
     let want = limit(q.limit)?;
     let agent = match q.agent.as_deref() {
@@ -595,7 +606,7 @@ async fn retry_dlq(
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<Json<DeadLetterRetried>, ApiError> {
-    let who = caller(&gw, &headers, &[Role::Operate], None)?;
+    let who = caller(&gw, &headers, &[Role::Operate])?;
     let seq = dlq_seq(&raw)?;
     let by = who.name.unwrap_or_else(|| "an operator".into());
     let r = gw.retry_dead_letter(seq, &by).await?;
@@ -612,7 +623,7 @@ async fn drop_dlq(
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<Json<DeadLetterDropped>, ApiError> {
-    let who = caller(&gw, &headers, &[Role::Operate], None)?;
+    let who = caller(&gw, &headers, &[Role::Operate])?;
     let seq = dlq_seq(&raw)?;
     let by = who.name.unwrap_or_else(|| "an operator".into());
     gw.drop_dead_letter(seq, &by).await?;

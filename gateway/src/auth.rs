@@ -16,14 +16,14 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use ring::digest;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use delta_api::ErrorCode;
 
 use crate::error::ApiError;
 
 /// What a token allows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Submit runs (and read them).
@@ -34,8 +34,10 @@ pub enum Role {
     Operate,
 }
 
-/// The caller, once authenticated.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The caller, once authenticated. A stream ticket carries it (as JSON, in Redis) to whichever
+/// gateway the stream is opened on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Identity {
     /// The token's name; `None` with authentication off.
     pub name: Option<String>,

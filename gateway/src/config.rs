@@ -40,6 +40,10 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_MAX_TASK_BYTES", "max-task-bytes", "65536"),
     ("DELTA_SUBMIT_PER_MINUTE", "submit-per-minute", "600"),
     ("DELTA_RETENTION", "retention", "7d"),
+    ("DELTA_GATEWAY_TLS_CERT", "tls-cert", ""),
+    ("DELTA_GATEWAY_TLS_KEY", "tls-key", ""),
+    ("DELTA_GATEWAY_PLAIN_HTTP", "plain-http", "loopback"),
+    ("DELTA_STREAM_TICKET_TTL_S", "stream-ticket-ttl-s", "30"),
 ];
 
 /// `DELTA_RETENTION`'s default: finished runs are kept a week.
@@ -85,6 +89,11 @@ pub struct Config {
     pub submit_per_minute: u32,
     /// How long a finished run is kept before the reconcilers delete it; `None`: forever.
     pub retention: Option<Duration>,
+    /// Serve HTTPS with this (`DELTA_GATEWAY_TLS_CERT` and `DELTA_GATEWAY_TLS_KEY`); `None`:
+    /// plain HTTP, which tokens may cross only on loopback unless `DELTA_GATEWAY_PLAIN_HTTP=any`.
+    pub tls: Option<crate::tls::ServerConfig>,
+    /// How long a live-stream ticket opens its stream (`DELTA_STREAM_TICKET_TTL_S`).
+    pub stream_ticket_ttl: Duration,
 }
 
 impl Config {
@@ -111,6 +120,8 @@ impl Config {
             max_task_bytes: 64 * 1024,
             submit_per_minute: 600,
             retention: Some(DEFAULT_RETENTION),
+            tls: None,
+            stream_ticket_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -186,6 +197,14 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let max_task = s.number("DELTA_MAX_TASK_BYTES", 1);
     let submit_rate = s.number("DELTA_SUBMIT_PER_MINUTE", 1);
     let retention = s.period("DELTA_RETENTION");
+    let tls = tls_settings(&mut s, addr, has_tokens);
+    let ticket_ttl = s.number("DELTA_STREAM_TICKET_TTL_S", 1);
+    if ticket_ttl > 300 {
+        let (_, from) = s.get("DELTA_STREAM_TICKET_TTL_S");
+        s.errors.push(format!(
+            "{from}: `{ticket_ttl}` s is too long for a one-time stream ticket; keep it at most 300 (30 to 60 is usual)"
+        ));
+    }
     s.finish()?;
     Ok(Config {
         nats_url,
@@ -208,7 +227,65 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         max_task_bytes: usize::try_from(max_task).unwrap_or(usize::MAX),
         submit_per_minute: u32::try_from(submit_rate).unwrap_or(u32::MAX),
         retention,
+        tls,
+        stream_ticket_ttl: Duration::from_secs(ticket_ttl),
     })
+}
+
+/// The TLS settings: both files or neither. Without TLS, a gateway with tokens serves plain HTTP
+/// only on a loopback address unless told `DELTA_GATEWAY_PLAIN_HTTP=any` (TLS ends in front of
+/// it): elsewhere its bearer tokens and tickets would cross the network in clear.
+fn tls_settings(
+    s: &mut Settings,
+    addr: Option<SocketAddr>,
+    has_tokens: bool,
+) -> Option<crate::tls::ServerConfig> {
+    let (cert, cert_from) = s.get("DELTA_GATEWAY_TLS_CERT");
+    let (key, key_from) = s.get("DELTA_GATEWAY_TLS_KEY");
+    let (plain, plain_from) = s.get("DELTA_GATEWAY_PLAIN_HTTP");
+    let plain_anywhere = match plain.as_str() {
+        "loopback" => false,
+        "any" => true,
+        other => {
+            s.errors.push(format!(
+                "{plain_from}: `{other}` is not `loopback` (the default: plain HTTP on a loopback address only) or `any` (TLS ends in a proxy in front of the gateway)"
+            ));
+            false
+        }
+    };
+    match (cert.is_empty(), key.is_empty()) {
+        (false, false) => {
+            match crate::tls::load(std::path::Path::new(&cert), std::path::Path::new(&key)) {
+                Ok(config) => Some(config),
+                Err(e) => {
+                    s.errors.push(e);
+                    None
+                }
+            }
+        }
+        (true, true) => {
+            let exposed = addr.is_some_and(|a| !a.ip().is_loopback());
+            if exposed && has_tokens && !plain_anywhere {
+                s.errors.push(format!(
+                    "{} is not a loopback address and there is no TLS: bearer tokens and stream tickets would cross the network in clear. Set DELTA_GATEWAY_TLS_CERT and DELTA_GATEWAY_TLS_KEY (PEM files), or, if a proxy or load balancer in front terminates TLS, say so with DELTA_GATEWAY_PLAIN_HTTP=any (--plain-http any; docs/security.md)",
+                    addr.map(|a| a.to_string()).unwrap_or_default()
+                ));
+            }
+            None
+        }
+        (false, true) => {
+            s.errors.push(format!(
+                "{cert_from} is set but DELTA_GATEWAY_TLS_KEY (--tls-key) is not: give both (the certificate chain and its private key, PEM), or neither"
+            ));
+            None
+        }
+        (true, false) => {
+            s.errors.push(format!(
+                "{key_from} is set but DELTA_GATEWAY_TLS_CERT (--tls-cert) is not: give both (the certificate chain and its private key, PEM), or neither"
+            ));
+            None
+        }
+    }
 }
 
 #[cfg(test)]
@@ -245,5 +322,77 @@ mod tests {
             );
         }
         assert_eq!(errs.len(), 6, "{errs:#?}");
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        let agents = std::env::temp_dir().display().to_string();
+        let mut env: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        env.entry("DELTA_AGENTS_DIR".to_owned()).or_insert(agents);
+        env
+    }
+
+    #[test]
+    fn tokens_cross_plain_http_only_on_loopback_unless_told() {
+        let token = ("DELTA_GATEWAY_TOKEN", "operator-token-0123456789");
+        let errs = parse(&[], &env(&[token, ("DELTA_GATEWAY_ADDR", "0.0.0.0:8080")]))
+            .expect_err("plain HTTP with tokens on 0.0.0.0");
+        assert!(
+            errs.len() == 1
+                && errs[0].contains("DELTA_GATEWAY_TLS_CERT")
+                && errs[0].contains("DELTA_GATEWAY_PLAIN_HTTP=any"),
+            "{errs:#?}"
+        );
+        let told = parse(
+            &[],
+            &env(&[
+                token,
+                ("DELTA_GATEWAY_ADDR", "0.0.0.0:8080"),
+                ("DELTA_GATEWAY_PLAIN_HTTP", "any"),
+            ]),
+        )
+        .expect("told: TLS ends in front");
+        assert!(told.tls.is_none());
+        let local = parse(
+            &[],
+            &env(&[token, ("DELTA_GATEWAY_ADDR", "127.0.0.1:8080")]),
+        )
+        .expect("loopback");
+        assert!(local.tls.is_none());
+        assert_eq!(local.stream_ticket_ttl, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_readable_ones() {
+        let token = ("DELTA_GATEWAY_TOKEN", "operator-token-0123456789");
+        let errs = parse(
+            &[],
+            &env(&[token, ("DELTA_GATEWAY_TLS_CERT", "/no/cert.pem")]),
+        )
+        .expect_err("a cert without a key");
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("DELTA_GATEWAY_TLS_KEY (--tls-key) is not")),
+            "{errs:#?}"
+        );
+        let errs = parse(
+            &[],
+            &env(&[
+                token,
+                ("DELTA_GATEWAY_TLS_CERT", "/no/cert.pem"),
+                ("DELTA_GATEWAY_TLS_KEY", "/no/key.pem"),
+                ("DELTA_GATEWAY_PLAIN_HTTP", "sometimes"),
+                ("DELTA_STREAM_TICKET_TTL_S", "3600"),
+            ]),
+        )
+        .expect_err("unreadable files");
+        for needle in ["/no/cert.pem", "sometimes", "at most 300"] {
+            assert!(
+                errs.iter().any(|e| e.contains(needle)),
+                "{needle} in {errs:#?}"
+            );
+        }
     }
 }

@@ -6,7 +6,8 @@
 //! - [`bots`]: NATS request-reply for chat bots, the same answer path as HTTP.
 //! - [`ops`]: submit, answer, cancel: every channel and the reconcilers go through these.
 //! - [`reconcile`]: timeouts, unpublished or lost resumes, lost jobs.
-//! - [`auth`], [`metrics`], [`config`].
+//! - [`auth`], [`metrics`], [`config`]; [`tls`] (HTTPS of its own) and [`tickets`] (one-time
+//!   tickets that open a live stream, so that no token rides in a URL).
 //!
 //! A gateway keeps no state of its own: everything is in Redis (runs, interactions, indexes)
 //! and NATS (jobs, announcements), changed by atomic scripts and idempotent publishes, so any
@@ -31,6 +32,8 @@ pub mod metrics;
 pub mod ops;
 pub mod reconcile;
 pub mod sse;
+pub mod tickets;
+pub mod tls;
 
 pub use config::Config;
 
@@ -134,7 +137,15 @@ pub async fn run(
         tokio::spawn(async move { bots::serve(gw).await })
     };
     let reconcilers = tokio::spawn(reconcile::run(gw.clone(), shutdown.clone()));
-    tracing::info!(%bound, auth = gw.config.auth.is_on(), "gateway listening");
+    let tls = gw.config.tls.is_some();
+    tracing::info!(%bound, auth = gw.config.auth.is_on(), tls, "gateway listening");
+    if !tls && gw.config.auth.is_on() && !bound.ip().is_loopback() {
+        // Allowed only by DELTA_GATEWAY_PLAIN_HTTP=any (config.rs): say it once, loudly.
+        tracing::warn!(
+            %bound,
+            "serving plain HTTP on a non-loopback address: bearer tokens cross the network in clear unless a proxy in front terminates TLS (DELTA_GATEWAY_PLAIN_HTTP=any)"
+        );
+    }
     ready(bound);
     let app = api::router(gw.clone());
     serve(&gw, listener, app).await;
@@ -157,16 +168,15 @@ pub async fn run(
 }
 
 /// Accepts HTTP connections until shutdown: at most `max_connections` at once (one more is
-/// closed as soon as it is accepted), each given `header_timeout` to send a request's headers,
-/// so neither silent nor slow clients can hold the gateway's connections. On shutdown every
-/// connection finishes the request it is in and closes (live streams end with the shutdown).
+/// closed as soon as it is accepted), each given `header_timeout` to finish its TLS handshake
+/// (with TLS on) and then to send a request's headers, so neither silent nor slow clients can
+/// hold the gateway's connections. On shutdown every connection finishes the request it is in
+/// and closes (live streams end with the shutdown).
 async fn serve(gw: &Arc<Gateway>, listener: tokio::net::TcpListener, app: axum::Router) {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use hyper_util::service::TowerToHyperService;
-
     let slots = Arc::new(tokio::sync::Semaphore::new(
         gw.config.max_connections.max(1),
     ));
+    let tls = gw.config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     let connections = TaskTracker::new();
     loop {
         let (stream, _peer) = tokio::select! {
@@ -187,27 +197,62 @@ async fn serve(gw: &Arc<Gateway>, listener: tokio::net::TcpListener, app: axum::
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let app = app.clone();
         let header_timeout = gw.config.header_timeout;
         let shutdown = gw.shutdown.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
+            // The slot is held from the accept on: through the handshake, then the connection.
             let _slot = slot;
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                () = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+            let Some(acceptor) = tls else {
+                serve_connection(stream, app, header_timeout, shutdown).await;
+                return;
+            };
+            // A client that never finishes its handshake is dropped when the header timeout
+            // passes, like one that never sends its headers; a failed handshake (a plain-HTTP
+            // client on the TLS port, an untrusted certificate) just closes the connection.
+            let handshake = tokio::select! {
+                done = tokio::time::timeout(header_timeout, acceptor.accept(stream)) => done,
+                () = shutdown.cancelled() => return,
+            };
+            match handshake {
+                Ok(Ok(tls_stream)) => {
+                    serve_connection(tls_stream, app, header_timeout, shutdown).await;
                 }
+                Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!("TLS handshake not finished within the header timeout"),
             }
         });
     }
     connections.close();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), connections.wait()).await;
+}
+
+/// Serves HTTP/1 on one connection (plain or TLS) until it closes, or, on shutdown, until the
+/// request it is in is answered.
+async fn serve_connection<I>(
+    io: I,
+    app: axum::Router,
+    header_timeout: std::time::Duration,
+    shutdown: CancellationToken,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
 }
 
 /// How many runs each identity may still submit: a bucket per identity that holds a minute's

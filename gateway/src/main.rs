@@ -14,7 +14,12 @@ fn main() {
         args,
         config::parse,
         |config, shutdown| {
-            let ready = |addr| eprintln!("delta-gateway listening on http://{addr}");
+            let scheme = if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            let ready = move |addr| eprintln!("delta-gateway listening on {scheme}://{addr}");
             delta_gateway::run(config, shutdown, ready)
         },
     ));

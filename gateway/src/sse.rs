@@ -8,8 +8,10 @@
 //!   its sequence in the interactions stream, so a reconnect with `Last-Event-ID` catches up
 //!   on what it missed (for as long as the stream keeps it, 7 days by default).
 //!
-//! Both end when the gateway shuts down. Browsers' `EventSource` cannot send headers, so with
-//! authentication on these take `?access_token=` as well.
+//! Both end when the gateway shuts down. A client opens them with `Authorization: Bearer`, or,
+//! when it cannot set headers (a browser's `EventSource`), with `?ticket=`: a one-time ticket for
+//! that stream from `POST /v1/stream-tickets` ([`crate::tickets`]). The token itself is never
+//! taken from a URL, which proxies log: `?access_token=` is refused.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -17,19 +19,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
-use delta_api::{RunEnded, StreamQuery, sse};
+use delta_api::{ErrorCode, RunEnded, StreamQuery, StreamTarget, sse};
 use delta_protocol::{Event as JournalEventKind, InteractionRequest, RunId};
 
 use crate::Gateway;
 use crate::api::caller;
-use crate::auth::{Identity, Role};
+use crate::auth::Identity;
 use crate::error::ApiError;
 
 fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
@@ -42,6 +44,55 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
             .map(Some)
             .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be a whole number")),
     }
+}
+
+/// Whether a query string holds an `access_token` parameter (the name compared as sent).
+fn has_access_token(raw: Option<&str>) -> bool {
+    raw.unwrap_or_default()
+        .split('&')
+        .any(|pair| pair.split('=').next() == Some("access_token"))
+}
+
+/// Who opens a live stream, and the stream's query: the holder of a one-time ticket for
+/// `target` (`?ticket=`), else of a bearer token in `Authorization` with one of the stream's
+/// roles. A token in the URL (`?access_token=`) is refused without being looked at: it may be
+/// in some proxy's log already, which the warning says (never the token).
+async fn stream_caller(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    raw: Option<&str>,
+    q: Result<Query<StreamQuery>, QueryRejection>,
+    target: impl FnOnce() -> Result<StreamTarget, ApiError>,
+) -> Result<(Identity, StreamQuery), ApiError> {
+    if has_access_token(raw) {
+        tracing::warn!(
+            "a live stream was asked for with the bearer token in its URL (?access_token=), refused; the token may be in proxy logs now: consider rotating it"
+        );
+        return Err(ApiError::bad_request(
+            "a token in the URL (`?access_token=`) is not accepted: URLs end up in proxy logs. Send `Authorization: Bearer <token>`, or get a one-time ticket with POST /v1/stream-tickets and pass `?ticket=<ticket>`",
+        ));
+    }
+    let q = q
+        .map(|Query(q)| q)
+        .map_err(|e| ApiError::bad_request(format!("bad query string: {}", e.body_text())))?;
+    let target = target()?;
+    let who = match q.ticket.as_deref() {
+        Some(ticket) => crate::tickets::redeem(gw, ticket, &target).await?,
+        None => {
+            let roles = crate::tickets::roles_for(&target);
+            caller(gw, headers, roles).map_err(|e| {
+                if e.code == ErrorCode::Unauthorized && headers.get("authorization").is_none() {
+                    ApiError::new(
+                        ErrorCode::Unauthorized,
+                        "this gateway needs `Authorization: Bearer <token>`, or `?ticket=` with a one-time ticket from POST /v1/stream-tickets (for clients that cannot set headers); ask an operator for a token",
+                    )
+                } else {
+                    e
+                }
+            })?
+        }
+    };
+    Ok((who, q))
 }
 
 /// Live streams held by each identity (see [`Gateway::streams_by_identity`]).
@@ -111,20 +162,18 @@ pub async fn run_events(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
     Path(raw): Path<String>,
+    RawQuery(query): RawQuery,
     q: Result<Query<StreamQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let q = q
-        .map(|Query(q)| q)
-        .map_err(|e| ApiError::bad_request(format!("bad query string: {}", e.body_text())))?;
-    let who = caller(
-        &gw,
-        &headers,
-        &[Role::Submit, Role::Answer, Role::Operate],
-        q.access_token.as_deref(),
-    )?;
-    let run_id: RunId = raw
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("`{raw}` is not a run id (a UUID)")))?;
+    let parse = || {
+        raw.parse::<RunId>()
+            .map_err(|_| ApiError::bad_request(format!("`{raw}` is not a run id (a UUID)")))
+    };
+    let (who, q) = stream_caller(&gw, &headers, query.as_deref(), q, || {
+        parse().map(|run_id| StreamTarget::Run { run_id })
+    })
+    .await?;
+    let run_id = parse()?;
     // 404 now rather than an empty stream.
     gw.store.record(run_id).await?;
     let after = match last_event_id(&headers)? {
@@ -259,17 +308,13 @@ fn ended(status: RunEnded) -> Event {
 pub async fn interaction_events(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
+    RawQuery(query): RawQuery,
     q: Result<Query<StreamQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let q = q
-        .map(|Query(q)| q)
-        .map_err(|e| ApiError::bad_request(format!("bad query string: {}", e.body_text())))?;
-    let who = caller(
-        &gw,
-        &headers,
-        &[Role::Answer, Role::Operate],
-        q.access_token.as_deref(),
-    )?;
+    let (who, q) = stream_caller(&gw, &headers, query.as_deref(), q, || {
+        Ok(StreamTarget::Interactions {})
+    })
+    .await?;
     let from = last_event_id(&headers)?
         .map(|id| id.saturating_add(1))
         .or(q.from_seq);

@@ -167,7 +167,7 @@ impl Fleet {
         let mut fleet = Fleet {
             gateways: vec![],
             workers: vec![],
-            client: Client::new(&gateway_spec.url(), None),
+            client: Client::of(&gateway_spec, &gateway_spec.url(), None),
             store: RedisRunStore::connect_with(&redis.url(), prefix, ca_file.as_deref())
                 .await
                 .expect("store"),
@@ -202,7 +202,7 @@ impl Fleet {
             }
             None => gateways::spawn(&spec, None).await,
         };
-        let client = Client::new(&gw.url, None);
+        let client = Client::of(&spec, &gw.url, None);
         self.gateways.push(gw);
         client
     }

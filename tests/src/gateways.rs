@@ -113,6 +113,26 @@ impl Client {
         }
     }
 
+    /// The same gateway, trusting only the CA certificate(s) in `ca_pem` (a gateway started with
+    /// [`Spec::tls`]).
+    pub fn trusting(self, ca_pem: &[u8]) -> Self {
+        let roots = reqwest::Certificate::from_pem_bundle(ca_pem).expect("a PEM CA");
+        let http = reqwest::Client::builder()
+            .tls_certs_only(roots)
+            .build()
+            .expect("an HTTPS client");
+        Self { http, ..self }
+    }
+
+    /// A client of the gateway `spec` describes: trusting its CA when it serves HTTPS.
+    pub fn of(spec: &Spec, url: &str, token: Option<&str>) -> Self {
+        let client = Self::new(url, token);
+        match &spec.tls {
+            Some(tls) => client.trusting(&std::fs::read(&tls.ca).expect("the gateway's CA")),
+            None => client,
+        }
+    }
+
     /// The same gateway with another token (or none).
     pub fn with_token(&self, token: Option<&str>) -> Self {
         Self {

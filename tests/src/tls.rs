@@ -3,7 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 
 /// The PEM files: `ca.pem` (what clients trust), `server.pem` and `server-key.pem`.
 #[derive(Clone, Debug)]
@@ -22,12 +25,15 @@ impl TestCertificates {
             .distinguished_name
             .push(DnType::CommonName, "delta test CA");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_cert = ca_params.self_signed(&ca_key).expect("CA certificate");
         let issuer = Issuer::new(ca_params, ca_key);
 
         let key = KeyPair::generate().expect("server key");
-        let params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .expect("server params");
+        let mut params =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .expect("server params");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let cert = params.signed_by(&key, &issuer).expect("server certificate");
 
         let files = TestCertificates {
@@ -39,6 +45,15 @@ impl TestCertificates {
         std::fs::write(&files.cert, cert.pem()).expect("write server.pem");
         std::fs::write(&files.key, key.serialize_pem()).expect("write server-key.pem");
         files
+    }
+
+    /// The gateway's side, for [`delta_launcher::GatewaySpec::tls`].
+    pub fn gateway(&self) -> delta_launcher::GatewayTls {
+        delta_launcher::GatewayTls {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            ca: self.ca.clone(),
+        }
     }
 
     /// The server side, for [`delta_launcher::servers::ServerOptions::tls`].

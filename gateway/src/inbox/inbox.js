@@ -5,8 +5,10 @@
 // `/runs/<run_id>` one run: status, journal live (GET /v1/runs/<id>/events), its question.
 //
 // Everything the server sends is written with textContent (never as markup). The token, when
-// there is one, lives in localStorage and goes out as `Authorization: Bearer`, or as
-// `?access_token=` on the live streams (EventSource cannot send headers).
+// there is one, lives in localStorage and goes out only as `Authorization: Bearer`, never in a
+// URL: EventSource cannot send headers, so each live stream is opened with a one-time ticket
+// (POST /v1/stream-tickets), a fresh one for every connection. EventSource's own reconnect would
+// reuse a spent ticket, so on any error the stream is closed and opened anew.
 (() => {
   'use strict';
 
@@ -98,9 +100,11 @@
     try { return JSON.parse(text); } catch (_) { return null; }
   }
 
-  function withToken(path) {
-    if (!token) return path;
-    return path + (path.includes('?') ? '&' : '?') + 'access_token=' + encodeURIComponent(token);
+  /** `path` with a fresh one-time ticket for `target` (`{stream: 'interactions'}` or
+   * `{stream: 'run', run_id}`), asked for with the token: the token never goes in a URL. */
+  async function withTicket(path, target) {
+    const t = await api('POST', '/v1/stream-tickets', target);
+    return path + (path.includes('?') ? '&' : '?') + 'ticket=' + encodeURIComponent(t.ticket);
   }
 
   let toastTimer = 0;
@@ -634,6 +638,7 @@
     stream: null,
     retry: 1000,
     timer: 0,
+    attempt: 0, // each opening counts: a ticket that arrives for an older one is not used
   };
 
   function renderCount() {
@@ -753,13 +758,51 @@
     tokenFailed(b.textContent);
   }
 
+  /** After a stream failed (`err`: the ticket was refused): retry later, saying why in the
+   * banner when the API refuses. */
+  function inboxRetry(wasLive, err) {
+    if (wasLive) {
+      // It dropped: connect again soon (with a new ticket), the list caught up on open.
+      setConn('reconnecting');
+      inbox.timer = setTimeout(openInboxStream, 500);
+      return;
+    }
+    // Refused (401, 403, 503) or unreachable: the ticket's refusal, or else a plain call, says
+    // why (the token prompt, a banner); the list is brought up to date when the stream opens.
+    if (err && err.status === 401) {
+      showInboxError(err); // the token prompt is open, and the header says a token is needed
+    } else if (err) {
+      setConn('offline');
+      showInboxError(err);
+    } else {
+      setConn('offline');
+      api('GET', '/v1/interactions?state=pending&limit=1').then(() => {
+        $('inbox-error').hidden = true;
+      }, showInboxError);
+    }
+    inbox.timer = setTimeout(openInboxStream, inbox.retry);
+    inbox.retry = Math.min(inbox.retry * 2, 30000);
+  }
+
   function openInboxStream() {
     clearTimeout(inbox.timer);
     if (inbox.stream) inbox.stream.close();
+    inbox.stream = null;
     setConn('connecting');
-    const es = new EventSource(withToken('/v1/interactions/stream'));
+    const attempt = ++inbox.attempt;
+    withTicket('/v1/interactions/stream', { stream: 'interactions' }).then((url) => {
+      if (attempt === inbox.attempt) connectInbox(url, attempt);
+    }, (err) => {
+      if (attempt === inbox.attempt) inboxRetry(false, err);
+    });
+  }
+
+  function connectInbox(url, attempt) {
+    const es = new EventSource(url);
     inbox.stream = es;
+    let live = false;
     es.addEventListener('open', () => {
+      live = true;
       setConn('live');
       inbox.retry = 1000;
       loadPending().catch(showInboxError);
@@ -772,16 +815,11 @@
     });
     es.addEventListener('resolved', (e) => onResolved(parseJson(e.data)));
     es.addEventListener('error', () => {
-      if (es.readyState !== EventSource.CLOSED) { setConn('reconnecting'); return; }
-      // Refused (401, 403, 503) or unreachable: a plain call says why (the token prompt, a
-      // banner); the list itself is brought up to date when the stream opens again.
+      // Never EventSource's own reconnect: it would present the spent ticket again.
       es.close();
-      setConn('offline');
-      api('GET', '/v1/interactions?state=pending&limit=1').then(() => {
-        $('inbox-error').hidden = true;
-      }, showInboxError);
-      inbox.timer = setTimeout(openInboxStream, inbox.retry);
-      inbox.retry = Math.min(inbox.retry * 2, 30000);
+      if (attempt !== inbox.attempt) return;
+      inbox.stream = null;
+      inboxRetry(live);
     });
   }
 
@@ -796,7 +834,7 @@
   // ---------------------------------------------------------------------------------------
   // A run: `/runs/<run_id>`
 
-  const run = { id: '', stream: null, lastSeq: 0, card: null, ended: false, timer: 0, retry: 1000, refreshTimer: 0 };
+  const run = { id: '', stream: null, lastSeq: 0, card: null, ended: false, timer: 0, retry: 1000, refreshTimer: 0, attempt: 0 };
 
   const STATUS_CLASS = {
     QUEUED: 'neutral', RUNNING: 'info', WAITING_FOR_INPUT: 'warn', INTERRUPTED: 'warn',
@@ -918,14 +956,43 @@
     }
   }
 
+  /** After the run's stream failed: open it again (a new ticket, from the next line on). */
+  function runRetry(wasLive) {
+    if (run.ended) return;
+    if (wasLive) {
+      setConn('reconnecting');
+      $('journal-state').textContent = 'reconnecting…';
+      run.timer = setTimeout(openRunStream, 500);
+      return;
+    }
+    setConn('offline');
+    $('journal-state').textContent = 'offline: retrying';
+    refreshRun();
+    run.timer = setTimeout(openRunStream, run.retry);
+    run.retry = Math.min(run.retry * 2, 30000);
+  }
+
   function openRunStream() {
     clearTimeout(run.timer);
     if (run.stream) run.stream.close();
+    run.stream = null;
     if (run.ended) return;
     $('journal-state').textContent = 'connecting…';
-    const es = new EventSource(withToken(`/v1/runs/${encodeURIComponent(run.id)}/events?from_seq=${run.lastSeq + 1}`));
+    const attempt = ++run.attempt;
+    // Goes on after the last line shown (`from_seq`): a reconnect misses and repeats nothing.
+    withTicket(`/v1/runs/${encodeURIComponent(run.id)}/events`, { stream: 'run', run_id: run.id }).then((url) => {
+      if (attempt === run.attempt && !run.ended) connectRun(`${url}&from_seq=${run.lastSeq + 1}`, attempt);
+    }, () => {
+      if (attempt === run.attempt) runRetry(false);
+    });
+  }
+
+  function connectRun(url, attempt) {
+    const es = new EventSource(url);
     run.stream = es;
+    let live = false;
     es.addEventListener('open', () => {
+      live = true;
       setConn('live');
       run.retry = 1000;
       $('journal-state').textContent = 'live';
@@ -941,18 +1008,11 @@
       refreshRun();
     });
     es.addEventListener('error', () => {
-      if (run.ended) return;
-      if (es.readyState !== EventSource.CLOSED) {
-        setConn('reconnecting');
-        $('journal-state').textContent = 'reconnecting…';
-        return;
-      }
+      // Never EventSource's own reconnect: it would present the spent ticket again.
       es.close();
-      setConn('offline');
-      $('journal-state').textContent = 'offline: retrying';
-      refreshRun();
-      run.timer = setTimeout(openRunStream, run.retry);
-      run.retry = Math.min(run.retry * 2, 30000);
+      if (attempt !== run.attempt) return;
+      run.stream = null;
+      runRetry(live);
     });
   }
 

@@ -37,7 +37,8 @@ pub enum ErrorCode {
     /// Malformed or empty JSON, a wrong type, an unknown field or query parameter, a path id
     /// that is not a UUID, a bad `limit`, `cursor`, filter or header.
     BadRequest,
-    /// Authentication is on and the bearer token is missing or unknown.
+    /// Authentication is on and the bearer token is missing or unknown; or a live stream's
+    /// ticket is unknown, used, expired or for another stream.
     Unauthorized,
     /// The token lacks the role this needs, or may not answer this question.
     Forbidden,
@@ -701,19 +702,80 @@ pub struct StreamQuery {
     /// The first sequence wanted when there is no `Last-Event-ID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_seq: Option<u64>,
-    /// The bearer token, for clients that cannot set headers (a browser's `EventSource`). Used
-    /// only when there is no `Authorization` header.
+    /// A one-time ticket from `POST /v1/stream-tickets`, for clients that cannot set headers (a
+    /// browser's `EventSource`): it opens this one stream once, as the identity that asked for
+    /// it, within a few seconds. The bearer token itself is never accepted in a URL (proxies log
+    /// URLs): `?access_token=` is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub access_token: Option<String>,
+    pub ticket: Option<String>,
     /// On `/v1/interactions/stream`: only this agent's `requested` events (`resolved` events
     /// carry no agent and are always sent). Accepted and ignored on a run's events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
 }
 
+/// The live stream a ticket opens: the body of `POST /v1/stream-tickets`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "stream", rename_all = "snake_case", deny_unknown_fields)]
+pub enum StreamTarget {
+    /// `GET /v1/interactions/stream` (`{"stream": "interactions"}`).
+    // A struct variant with no fields, not a unit variant: serde refuses unknown fields only in
+    // the former.
+    Interactions {},
+    /// `GET /v1/runs/{run_id}/events` of this run (`{"stream": "run", "run_id": "…"}`).
+    Run { run_id: RunId },
+}
+
+impl StreamTarget {
+    /// The stream's name as a ticket records it: `interactions` or `run:<run_id>`.
+    pub fn name(&self) -> String {
+        match self {
+            StreamTarget::Interactions {} => "interactions".to_owned(),
+            StreamTarget::Run { run_id } => format!("run:{run_id}"),
+        }
+    }
+}
+
+/// A one-time stream ticket: pass it as `?ticket=` to the stream it was made for, once, before
+/// `expires_at`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StreamTicket {
+    /// Opaque; it opens the stream once (a second use is `401 unauthorized`).
+    pub ticket: String,
+    /// When it stops opening anything (`DELTA_STREAM_TICKET_TTL_S` after it was made).
+    pub expires_at: Timestamp,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_target_is_read_strictly() {
+        let run = RunId::new();
+        let parse = |v: Value| serde_json::from_value::<StreamTarget>(v);
+        assert_eq!(
+            parse(serde_json::json!({"stream": "interactions"})).ok(),
+            Some(StreamTarget::Interactions {})
+        );
+        assert_eq!(
+            parse(serde_json::json!({"stream": "run", "run_id": run.to_string()})).ok(),
+            Some(StreamTarget::Run { run_id: run })
+        );
+        for bad in [
+            serde_json::json!({"stream": "run"}),
+            serde_json::json!({"stream": "journal"}),
+            serde_json::json!({"stream": "interactions", "extra": 1}),
+            serde_json::json!({"stream": "run", "run_id": run.to_string(), "extra": 1}),
+            serde_json::json!({}),
+        ] {
+            assert!(parse(bad.clone()).is_err(), "{bad}");
+        }
+        assert_eq!(
+            StreamTarget::Run { run_id: run }.name(),
+            format!("run:{run}")
+        );
+    }
 
     #[test]
     fn codes_are_spelled_as_on_the_wire() {

@@ -22,7 +22,7 @@ use crate::{
     ErrorBody, ErrorCode, ErrorResponse, Health, HealthStatus, InteractionPage, InteractionRequest,
     InteractionResponse, InteractionView, InteractionsQuery, Journal, JournalEvent, JournalQuery,
     QueueStats, Reachability, Readiness, RequeuedStatus, Resolved, Run, RunAccepted, RunDetail,
-    RunEnded, RunPage, RunsQuery, StreamQuery, Submission, WorkerSeen,
+    RunEnded, RunPage, RunsQuery, StreamQuery, StreamTarget, StreamTicket, Submission, WorkerSeen,
 };
 
 /// The document as served.
@@ -82,6 +82,18 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
         "followRun",
         READ,
         &[BadRequest, Unauthorized, Forbidden, NotFound, Unavailable],
+    ),
+    (
+        "createStreamTicket",
+        READ,
+        &[
+            BadRequest,
+            Unauthorized,
+            Forbidden,
+            NotFound,
+            PayloadTooLarge,
+            Unavailable,
+        ],
     ),
     (
         "cancelRun",
@@ -171,7 +183,9 @@ fn meaning(code: ErrorCode) -> &'static str {
         BadRequest => {
             "malformed or empty JSON, a wrong type, an unknown field or query parameter, a path id that is not a UUID, a bad `limit`, `cursor`, filter or header"
         }
-        Unauthorized => "authentication is on and the bearer token is missing or unknown",
+        Unauthorized => {
+            "authentication is on and the bearer token is missing or unknown; on a live stream, also: a `ticket` that is unknown, used, expired or for another stream"
+        }
         Forbidden => {
             "the token lacks the role this needs, names another responder than its own, or is not in the request's `allowed_responders`"
         }
@@ -257,7 +271,7 @@ impl Modify for Contract {
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "Off by default: enforced only when the gateway is given a tokens file (`--tokens-file` / `DELTA_GATEWAY_TOKENS_FILE`), a YAML list of `{name, token, roles: [submit|answer|operate]}` (tokens of 16 characters or more). The token's `name` is the responder recorded with an answer. Live streams also take the token as `?access_token=`.",
+                        "Off by default: enforced only when the gateway is given a tokens file (`--tokens-file` / `DELTA_GATEWAY_TOKENS_FILE`), a YAML list of `{name, token, roles: [submit|answer|operate]}` (tokens of 16 characters or more). The token's `name` is the responder recorded with an answer. The token is never taken from a URL: a client that cannot set headers on a live stream (a browser's `EventSource`) gets a one-time ticket from `POST /v1/stream-tickets` and passes `?ticket=`.",
                     ))
                     .build(),
             ),
@@ -370,11 +384,14 @@ impl Modify for Streams {
 - Bots answer over NATS (core request-reply on `<prefix>.interactions.respond.<request_id>`, same body as `AnswerBody`, the token in an `Authorization` message header) through the same code and get a `BotReply`: `{\"ok\": true, \"run_id\"}` or `{\"ok\": false, \"error\": {\"code\", \"message\"}}` with these codes.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
-    servers((url = "http://127.0.0.1:8080", description = "The default `DELTA_GATEWAY_ADDR`.")),
+    servers(
+        (url = "http://127.0.0.1:8080", description = "The default `DELTA_GATEWAY_ADDR` (plain HTTP: loopback only, unless told otherwise)."),
+        (url = "https://127.0.0.1:8080", description = "With `DELTA_GATEWAY_TLS_CERT` and `DELTA_GATEWAY_TLS_KEY`."),
+    ),
     tags(
         (name = "runs", description = "Submit, read, follow and cancel runs."),
         (name = "interactions", description = "The questions runs ask, and their answers."),
-        (name = "operations", description = "Health, readiness, metrics, the queue, the dead letters, this document."),
+        (name = "operations", description = "Health, readiness, metrics, the queue, the dead letters, live-stream tickets, this document."),
         (name = "inbox", description = "The web inbox: static files (HTML, JavaScript, CSS, no build step) that use this API from the browser."),
     ),
     security(("bearerAuth" = [])),
@@ -384,6 +401,7 @@ impl Modify for Streams {
         paths::get_run,
         paths::get_journal,
         paths::follow_run,
+        paths::create_stream_ticket,
         paths::cancel_run,
         paths::list_interactions,
         paths::follow_interactions,
@@ -405,6 +423,7 @@ impl Modify for Streams {
     components(schemas(
         ErrorResponse, ErrorBody, ErrorCode, BotReply,
         Submission, RunAccepted, Run, RunPage, RunDetail, Journal, CancelBody, CancelResult, RunEnded,
+        StreamTarget, StreamTicket,
         InteractionView, InteractionPage, InteractionRequest, InteractionResponse, AnswerBody,
         ClaimedResponder, AnswerStatus, AnswerAccepted, Resolved, JournalEvent,
         WorkerSeen, QueueStats, Health, HealthStatus, Reachability, Readiness,
@@ -478,6 +497,25 @@ mod paths {
         responses((status = 200, description = "An event stream: `journal` events (`JournalEvent`), then one `status` event (`RunEnded`).", content_type = "text/event-stream", body = String)),
     )]
     fn follow_run() {}
+
+    /// Get a one-time ticket for a live stream
+    ///
+    /// For clients that cannot set headers on a stream (a browser's `EventSource`): the bearer
+    /// token is never accepted in a URL (proxies and servers log URLs), so such a client asks
+    /// for a ticket with its token here and opens the stream with `?ticket=<ticket>`. A ticket
+    /// opens only the stream it names (`{"stream": "interactions"}` or
+    /// `{"stream": "run", "run_id": "…"}`), only once, only until `expires_at`
+    /// (`DELTA_STREAM_TICKET_TTL_S`, 30 s by default), as the identity and roles of the token
+    /// that asked for it; any gateway of the fleet accepts it (tickets live in Redis, under a
+    /// hash of the ticket). A wrong, used or expired ticket is `401 unauthorized`: ask for a new
+    /// one before every connection, reconnects included. Clients that can set headers may open
+    /// the streams with `Authorization: Bearer` instead.
+    #[utoipa::path(
+        post, path = "/v1/stream-tickets", operation_id = "createStreamTicket", tag = "operations",
+        request_body = StreamTarget,
+        responses((status = 200, description = "The ticket.", body = StreamTicket)),
+    )]
+    fn create_stream_ticket() {}
 
     /// Cancel a run that is not over
     ///
@@ -639,7 +677,8 @@ mod paths {
     /// page of it), then the `requested` and `resolved` events of `GET /v1/interactions/stream`,
     /// and answers through `POST /v1/interactions/{request_id}/response`. No authentication to
     /// load it: with tokens on, the page asks for one, keeps it in the browser's `localStorage`
-    /// and sends it as `Authorization: Bearer` (and as `access_token` on the live streams).
+    /// and sends it as `Authorization: Bearer`; each live stream it opens with a fresh one-time
+    /// ticket (`POST /v1/stream-tickets`), never with the token in the URL.
     #[utoipa::path(
         get, path = "/", operation_id = "inboxPage", tag = "inbox",
         responses((status = 200, description = "The page (`text/html; charset=utf-8`).", content_type = "text/html", body = String)),

@@ -27,7 +27,7 @@ pub use nix::sys::signal::Signal;
 pub use process::{Output, Process, signal};
 pub use programs::Programs;
 pub use servers::{Nats, Redis, ServerPrograms, Tls, free_port};
-pub use spec::{GatewayProcess, GatewaySpec, WorkerSpec};
+pub use spec::{GatewayProcess, GatewaySpec, GatewayTls, WorkerSpec};
 
 /// Why a process could not be found or started.
 #[derive(Debug, thiserror::Error)]

@@ -41,6 +41,21 @@ pub struct GatewaySpec {
     pub failpoint: Option<String>,
     /// Any other of the gateway's settings, by environment name (`DELTA_MAX_CONNECTIONS`, …).
     pub extra: Vec<(&'static str, String)>,
+    /// HTTPS instead of plain HTTP: the gateway's certificate and key, and the CA that signed
+    /// the certificate (to check readiness, and for clients of [`GatewaySpec::url`]).
+    pub tls: Option<GatewayTls>,
+}
+
+/// A gateway's TLS files (PEM). The certificate must name `127.0.0.1` (or `localhost`): the
+/// gateway listens there and [`GatewaySpec::url`] says so.
+#[derive(Clone, Debug)]
+pub struct GatewayTls {
+    /// `DELTA_GATEWAY_TLS_CERT`: the certificate chain.
+    pub cert: PathBuf,
+    /// `DELTA_GATEWAY_TLS_KEY`: its private key.
+    pub key: PathBuf,
+    /// The certificate authority that signed `cert`.
+    pub ca: PathBuf,
 }
 
 impl GatewaySpec {
@@ -93,11 +108,14 @@ impl GatewaySpec {
             max_body_bytes: 1 << 20,
             failpoint: None,
             extra: vec![],
+            tls: None,
         }
     }
 
+    /// Where the gateway listens: `https://127.0.0.1:<port>` with TLS, else `http://…`.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     fn settings(&self) -> Vec<(&'static str, String)> {
@@ -128,6 +146,10 @@ impl GatewaySpec {
         if let Some(f) = &self.failpoint {
             env.push(("DELTA_FAILPOINT", f.clone()));
         }
+        if let Some(tls) = &self.tls {
+            env.push(("DELTA_GATEWAY_TLS_CERT", tls.cert.display().to_string()));
+            env.push(("DELTA_GATEWAY_TLS_KEY", tls.key.display().to_string()));
+        }
         env.extend(self.extra.iter().cloned());
         env
     }
@@ -140,12 +162,18 @@ impl GatewaySpec {
         name: &str,
         out: &Output,
     ) -> Result<GatewayProcess, Error> {
+        let tls = match &self.tls {
+            Some(t) => Some(tls_client(&t.ca)?),
+            None => None,
+        };
         let mut cmd = Command::new(&programs.gateway);
         configure(&mut cmd, &self.settings(), out);
         let mut process = Process::spawn(name, &mut cmd, out)?;
         let port = self.port;
         process
-            .wait_ready_async(Duration::from_secs(30), || http_ok(port, "/readyz"))
+            .wait_ready_async(Duration::from_secs(30), || {
+                http_ok(port, "/readyz", tls.clone())
+            })
             .await?;
         Ok(GatewayProcess {
             process,
@@ -259,10 +287,47 @@ fn configure(cmd: &mut Command, settings: &[(&'static str, String)], out: &Outpu
     }
 }
 
-/// Whether `GET <path>` on the local `port` answers 200.
-async fn http_ok(port: u16, path: &str) -> bool {
-    let get = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+/// A TLS client that trusts only the CA in the PEM file `ca` (ring, like the rest of the
+/// workspace).
+fn tls_client(ca: &std::path::Path) -> Result<tokio_rustls::TlsConnector, Error> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let io = |what: String| {
+        move |e: std::io::Error| Error::Io {
+            what: what.clone(),
+            source: e,
+        }
+    };
+    let pem = std::fs::read(ca).map_err(io(format!("cannot read the CA {}", ca.display())))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+            .map_err(io(format!("{}: not a PEM certificate", ca.display())))?;
+        roots
+            .add(cert)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+            .map_err(io(format!("{}: not a usable CA certificate", ca.display())))?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| std::io::Error::other(e.to_string()))
+    .map_err(io("cannot set up TLS".to_owned()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+        config,
+    )))
+}
+
+/// Whether `GET <path>` on the local `port` answers 200 (over TLS with `tls`).
+async fn http_ok(port: u16, path: &str, tls: Option<tokio_rustls::TlsConnector>) -> bool {
+    async fn get<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+        mut s: S,
+        path: &str,
+    ) -> std::io::Result<bool> {
         s.write_all(
             format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                 .as_bytes(),
@@ -270,7 +335,18 @@ async fn http_ok(port: u16, path: &str) -> bool {
         .await?;
         let mut head = [0u8; 12];
         s.read_exact(&mut head).await?;
-        Ok::<bool, std::io::Error>(head.ends_with(b" 200"))
+        Ok(head.ends_with(b" 200"))
+    }
+    let get = async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        match tls {
+            None => get(tcp, path).await,
+            Some(connector) => {
+                let name =
+                    rustls::pki_types::ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+                get(connector.connect(name, tcp).await?, path).await
+            }
+        }
     };
     matches!(
         tokio::time::timeout(Duration::from_secs(2), get).await,

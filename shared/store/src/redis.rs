@@ -15,6 +15,8 @@
 //!                                            resumed yet, by when a reconciler should look at it next
 //! <p>:workers                        zset    worker ids by last heartbeat (ms)
 //! <p>:idempotency:<sha256>           string  `<run_id> <body sha256>` of a submission (24 h)
+//! <p>:ticket:<sha256>                string  what a live-stream ticket grants (the gateway's JSON), for its
+//!                                            few seconds; taken with GETDEL on first use
 //! ```
 //!
 //! Every key of a run shares the hash tag `{<run_id>}`, and each state change is one Lua script.
@@ -44,6 +46,7 @@ use redis::aio::ConnectionManager;
 pub mod access;
 mod index;
 mod retention;
+mod tickets;
 
 pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
 pub use retention::{Purge, Purged};
