@@ -68,8 +68,10 @@ pub struct BenchArgs {
     /// Extra THOUGHT events each run journals before it pauses (to see a resume's cost grow).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub journal_len: u64,
-    /// Redis AOF fsync policy: everysec (as docker-compose.yml) or always (fsync every write).
-    #[arg(long, default_value = "everysec", value_parser = ["everysec", "always"])]
+    /// Redis AOF fsync policy: always (every write on disk before Redis answers it, as
+    /// docker-compose.yml and the fleet's default durability) or everysec (the fleet then runs
+    /// with DELTA_REDIS_DURABILITY=none: a Redis host crash can lose about a second of writes).
+    #[arg(long, default_value = "always", value_parser = ["always", "everysec"])]
     pub fsync: String,
     /// Before the timed runs, pause this many runs at once to measure what a paused run costs
     /// (Redis bytes, worker memory); they are answered before the timed runs start.

@@ -91,7 +91,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         secrets_key_hex: Some(key),
         operator_token: Some(token.clone()),
         cwd: root.clone(),
-        redis_fsync: "everysec".into(),
+        redis_fsync: "always".into(),
         log_level: "info".into(),
     };
     eprintln!(

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use delta_host::settings::{Setting, Settings};
 use delta_protocol::secret::SecretsKey;
+use delta_store::redis::Durability;
 
 use crate::auth::Auth;
 
@@ -18,6 +19,7 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),
     ("DELTA_NATS_CA_FILE", "nats-ca-file", ""),
     ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
+    ("DELTA_REDIS_DURABILITY", "redis-durability", "fsync-always"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
     ("DELTA_GATEWAY_ADDR", "addr", "127.0.0.1:8080"),
@@ -65,6 +67,9 @@ pub struct Config {
     pub auth: Auth,
     /// Seals sensitive answers (`DELTA_SECRETS_KEY`, the workers' key).
     pub secrets_key: Option<Arc<SecretsKey>>,
+    /// How an accepted answer is made durable before it is acknowledged
+    /// (`DELTA_REDIS_DURABILITY`).
+    pub durability: Durability,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     /// How often the reconcilers run.
@@ -109,6 +114,7 @@ impl Config {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             auth: Auth::off(),
             secrets_key: None,
+            durability: Durability::FsyncAlways,
             max_body_bytes: 1 << 20,
             reconcile_every: Duration::from_millis(1000),
             resume_check: Duration::from_secs(5),
@@ -186,6 +192,11 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         )),
     }
     let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
+    let (durability_text, durability_from) = s.get("DELTA_REDIS_DURABILITY");
+    let durability = Durability::parse(&durability_text).unwrap_or_else(|e| {
+        s.errors.push(format!("{durability_from}: {e}"));
+        Durability::FsyncAlways
+    });
     let max_body = s.number("DELTA_MAX_BODY_BYTES", 1024);
     let reconcile_ms = s.number("DELTA_RECONCILE_MS", 10);
     let resume_check = s.number("DELTA_RESUME_CHECK_S", 1);
@@ -216,6 +227,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         addr: addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
         auth,
         secrets_key,
+        durability,
         max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
         reconcile_every: Duration::from_millis(reconcile_ms),
         resume_check: Duration::from_secs(resume_check),

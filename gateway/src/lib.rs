@@ -89,6 +89,8 @@ impl Gateway {
             &config.prefix,
             config.redis_ca.as_deref(),
         )
+        .await?
+        .with_durability(config.durability)
         .await?;
         if let Some(key) = &config.secrets_key {
             store = store.with_secrets_key(key.clone());

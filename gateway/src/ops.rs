@@ -265,6 +265,9 @@ impl Gateway {
             let (_, now) = self.find(request_id).await?;
             return self.settled(run_id, &now, &response);
         }
+        // Accepted only once it is on disk: no "accepted" that a Redis crash forgets while
+        // the resume it queued goes ahead. A retry of this answer is acknowledged again.
+        self.store.sync().await?;
         let waited = Timestamp::now().micros() - ix.request.timestamp.micros();
         self.metrics
             .time_to_answer

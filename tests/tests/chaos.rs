@@ -472,7 +472,7 @@ async fn s3_restart_redis_and_nats_mid_load() {
     }
     let refused = refused.load(Ordering::SeqCst);
     let notes = format!(
-        "restarts {} (SIGTERM; AOF appendfsync everysec) at {effects_at:?} of {} steps; \
+        "restarts {} (SIGTERM; AOF appendfsync always) at {effects_at:?} of {} steps; \
          {refused} submissions and {} answers refused while down, then retried; {done} runs done",
         plan.iter().map(|(_, w)| *w).collect::<Vec<_>>().join(", "),
         2 * runs,

@@ -38,6 +38,7 @@ fn config(
         secrets_key: None,
         retention: None,
         sweep_every: Duration::from_secs(600),
+        durability: delta_store::redis::Durability::FsyncAlways,
     }
 }
 

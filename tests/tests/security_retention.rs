@@ -182,7 +182,8 @@ async fn a_run_id_with_dot_dot_cannot_make_a_directory_outside_the_root() {
         .canonicalize()
         .expect("work root");
     let escape = format!("escape-{}", RunId::new());
-    let nc = fleet.nats().await;
+    // Jobs no gateway would publish: with every right on NATS.
+    let nc = fleet.nats_admin().await;
     let js = async_nats::jetstream::new(nc);
     for run_id in [
         format!("../{escape}"),

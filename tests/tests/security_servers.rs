@@ -524,3 +524,80 @@ async fn a_fleet_runs_over_tls_to_redis_and_nats() {
     assert_eq!(status, 200, "{body}");
     fleet.wait_status(run, RunStatus::Completed).await;
 }
+
+/// Finding 7: a write that precedes an irreversible step is on disk before the fleet goes on.
+/// The launcher's Redis (`delta dev`, `delta bench`, every test) and the compose file's fsync
+/// every write before answering it, which is what the default `DELTA_REDIS_DURABILITY`
+/// (`fsync-always`) relies on; before the fix they fsynced once a second.
+#[tokio::test]
+async fn redis_fsyncs_every_write_where_the_fleet_relies_on_it() {
+    let redis = Redis::start().expect("redis");
+    let reply = redis_try(&redis.url(), &["CONFIG", "GET", "appendfsync"])
+        .await
+        .expect("config");
+    assert_eq!(
+        reply,
+        redis::Value::Array(vec![
+            redis::Value::BulkString(b"appendfsync".to_vec()),
+            redis::Value::BulkString(b"always".to_vec()),
+        ]),
+        "the launcher's Redis"
+    );
+    let compose = std::fs::read_to_string(repo().join("docker-compose.yml")).expect("compose");
+    assert!(
+        compose.contains("      - --appendfsync\n      - always\n"),
+        "docker-compose.yml runs Redis with appendfsync always"
+    );
+    assert!(
+        !compose.contains("DELTA_REDIS_DURABILITY:"),
+        "docker-compose.yml keeps the default durability, which its Redis matches"
+    );
+}
+
+/// `DELTA_REDIS_DURABILITY=waitaof` waits for Redis's AOF after an irreversible step's write;
+/// a Redis that cannot (before 7.2) is refused when the store is opened, with what to do.
+#[tokio::test]
+async fn waitaof_durability_works_where_redis_has_it_and_is_refused_where_not() {
+    let redis = Redis::start().expect("redis");
+    let info = redis_try(&redis.url(), &["INFO", "server"])
+        .await
+        .expect("info");
+    let text = match info {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("INFO: {other:?}"),
+    };
+    let version: Vec<u32> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .expect("redis_version")
+        .trim()
+        .split('.')
+        .map(|n| n.parse().unwrap_or(0))
+        .collect();
+    let has_waitaof = version.as_slice() >= [7, 2].as_slice();
+    let store = delta_store::redis::RedisRunStore::connect(&redis.url_as(RedisRole::Worker), "d")
+        .await
+        .expect("store");
+    let waitaof = delta_store::redis::Durability::parse("waitaof").expect("parse");
+    match store.with_durability(waitaof).await {
+        Ok(store) => {
+            assert!(
+                has_waitaof,
+                "Redis {version:?} has no WAITAOF, yet it was accepted"
+            );
+            delta_store::RunStore::sync(&store)
+                .await
+                .expect("WAITAOF confirms the AOF");
+        }
+        Err(e) => {
+            assert!(!has_waitaof, "Redis {version:?} has WAITAOF, yet: {e}");
+            let text = format!("{e}: {:?}", std::error::Error::source(&e));
+            assert!(
+                text.contains("Redis 7.2") && text.contains("fsync-always"),
+                "the refusal says what to do: {text}"
+            );
+        }
+    }
+    assert!(delta_store::redis::Durability::parse("sometimes").is_err());
+}

@@ -71,6 +71,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
             secrets_key: None,
             retention: None,
             sweep_every: Duration::from_secs(600),
+            durability: delta_store::redis::Durability::FsyncAlways,
         },
         stop.clone(),
     ));

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use delta_host::settings::{Setting, Settings};
+use delta_store::redis::Durability;
 
 use crate::fleet::Config;
 use delta_queue as queue;
@@ -15,6 +16,7 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),
     ("DELTA_NATS_CA_FILE", "nats-ca-file", ""),
     ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
+    ("DELTA_REDIS_DURABILITY", "redis-durability", "fsync-always"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
     ("DELTA_WORK_DIR", "work-dir", "."),
@@ -44,6 +46,11 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let (work_dir, _) = s.get("DELTA_WORK_DIR");
     let (worker_id, _) = s.get("DELTA_WORKER_ID");
     let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
+    let (durability_text, durability_from) = s.get("DELTA_REDIS_DURABILITY");
+    let durability = Durability::parse(&durability_text).unwrap_or_else(|e| {
+        s.errors.push(format!("{durability_from}: {e}"));
+        Durability::FsyncAlways
+    });
     let retention = s.period("DELTA_RETENTION");
     let sweep_every = s.seconds("DELTA_WORK_SWEEP_S", 0.1);
     s.finish()?;
@@ -72,6 +79,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         worker_id,
         grace,
         secrets_key,
+        durability,
         retention,
         sweep_every,
     })

@@ -56,6 +56,9 @@ pub struct Config {
     pub grace: Duration,
     /// Opens sensitive answers sealed by the gateway (`DELTA_SECRETS_KEY`).
     pub secrets_key: Option<Arc<SecretsKey>>,
+    /// How the record of a call to a tool that must not run twice is made durable before the
+    /// tool runs (`DELTA_REDIS_DURABILITY`).
+    pub durability: delta_store::redis::Durability,
     /// How long after it finished a run's work directory is kept (the gateways' retention of the
     /// run itself); `None`: until the run is deleted from the store.
     pub retention: Option<Duration>,
@@ -139,6 +142,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         &config.prefix,
         config.redis_ca.as_deref(),
     )
+    .await?
+    .with_durability(config.durability)
     .await?;
     if let Some(key) = &config.secrets_key {
         store = store.with_secrets_key(key.clone());

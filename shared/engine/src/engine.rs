@@ -975,8 +975,12 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         };
         let env = self.tool_env();
         let inv = tool.invocation(&values, &env);
-        // The request must be durable before the side effect.
+        // The request must be durable before the side effect: stored, and on disk when the tool
+        // must not run twice (a lost record would run it again on resume).
         self.commit(None).await?;
+        if !tool.idempotent {
+            self.store.sync().await?;
+        }
         let ex = match tool.run_builtin(&values) {
             Some(ex) => ex,
             None => {

@@ -35,7 +35,8 @@ pub struct Options {
     pub operator_token: Option<String>,
     /// Working directory of the workers (tools run in their work dir; this is for relative paths).
     pub cwd: Option<PathBuf>,
-    /// Redis's `appendfsync`: `everysec` (what docker-compose.yml runs) or `always`.
+    /// Redis's `appendfsync`: `always` (what docker-compose.yml runs, and the fleet's default
+    /// durability relies on) or `everysec` (then the fleet runs with `DELTA_REDIS_DURABILITY=none`).
     pub redis_fsync: String,
     /// `DELTA_LOG` of the gateway and workers when the caller's environment sets none.
     pub log_level: String,
@@ -136,15 +137,26 @@ impl LocalFleet {
         };
         gateway.secrets_key_hex = o.secrets_key_hex.clone();
         gateway.operator_token = o.operator_token.clone();
+        // Redis fsyncs every write (`always`), or the fleet is told it gets no guarantee.
+        let durability = match o.redis_fsync.as_str() {
+            "always" => "fsync-always",
+            _ => "none",
+        };
+        gateway
+            .extra
+            .push(("DELTA_REDIS_DURABILITY", durability.to_owned()));
         fleet.gateway = Some(
             gateway
                 .start(&o.programs, "gateway", &output("gateway"))
                 .await?,
         );
-        let worker = WorkerSpec {
+        let mut worker = WorkerSpec {
             concurrency: o.worker_concurrency,
             ..WorkerSpec::joining(&gateway, o.dir.join("work"))
         };
+        worker
+            .extra
+            .push(("DELTA_REDIS_DURABILITY", durability.to_owned()));
         for i in 1..=o.workers {
             let name = format!("worker-{i}");
             let out = Output {

@@ -135,7 +135,8 @@ pub struct ServerOptions {
     pub dir: Option<PathBuf>,
     /// Its log and process group.
     pub output: Output,
-    /// Redis's `appendfsync` (`everysec`, Redis's default, when `None`).
+    /// Redis's `appendfsync` (`always` when `None`: the fleet's default durability relies on
+    /// it). With `everysec`, run the fleet with `DELTA_REDIS_DURABILITY=none`.
     pub redis_fsync: Option<String>,
     /// The key prefix the roles' permissions cover (any prefix when `None`: a test's own server,
     /// whose prefix is chosen later).
@@ -337,8 +338,13 @@ impl Kind {
             // Always a store dir of its own, or servers share /tmp/nats/jetstream.
             Kind::Nats => vec!["-js", "-a", "127.0.0.1", "-p", &port],
         };
-        if let (Kind::Redis, Some(fsync)) = (self, &o.redis_fsync) {
-            args.extend(["--appendfsync", fsync]);
+        if let Kind::Redis = self {
+            // Every write on disk before Redis answers it: what the fleet's default
+            // durability (`DELTA_REDIS_DURABILITY=fsync-always`) relies on.
+            args.extend([
+                "--appendfsync",
+                o.redis_fsync.as_deref().unwrap_or("always"),
+            ]);
         }
         if let (Kind::Redis, Some(_)) = (self, &o.tls) {
             args.extend(["--port", "0"]);

@@ -203,6 +203,13 @@ pub trait RunStore: Send + Sync {
         events: Vec<Event>,
         change: Option<StatusChange>,
     ) -> impl Future<Output = Result<Vec<JournalEvent>, Error>> + Send;
+
+    /// Returns once what this handle wrote is on disk, for a write that precedes an
+    /// irreversible step (a tool that must not run twice). Stores whose every write is durable
+    /// when it returns need do nothing (the default).
+    fn sync(&self) -> impl Future<Output = Result<(), Error>> + Send {
+        std::future::ready(Ok(()))
+    }
 }
 
 /// A question of a run as the store settled it: what a resume applies.

@@ -331,6 +331,42 @@ pub struct RedisRunStore {
     /// For a fenced handle: the run it loaded or wrote last, and its journal length then, so that
     /// its takeover write is refused if someone wrote in between (see the module doc).
     seen: Arc<std::sync::Mutex<Option<(RunId, u64)>>>,
+    /// How a write that precedes an irreversible step is made durable ([`Durability`]).
+    durability: Durability,
+}
+
+/// How the fleet knows that a write is on disk before it does something that cannot be undone
+/// (`DELTA_REDIS_DURABILITY`; docs/operations.md#durability): an accepted answer before the
+/// gateway says so and queues the resume, the record of a tool call before a tool that must
+/// not run twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Redis runs with `appendfsync always`: it answers a write only once the write is fsynced,
+    /// so there is nothing to wait for. The default, and what the launcher and
+    /// docker-compose.yml run.
+    FsyncAlways,
+    /// Redis 7.2 or newer, with the AOF on (any `appendfsync`): after such a write, `WAITAOF`
+    /// waits (up to the timeout) until Redis fsynced it.
+    WaitAof { timeout: Duration },
+    /// Nothing is waited for: an acknowledged write can be lost if the Redis host crashes
+    /// within about a second (`appendfsync everysec`). For throwaway fleets only.
+    None,
+}
+
+impl Durability {
+    /// Parses `fsync-always`, `waitaof` (a 5 s timeout) or `none`.
+    pub fn parse(text: &str) -> Result<Durability, String> {
+        match text {
+            "fsync-always" => Ok(Durability::FsyncAlways),
+            "waitaof" => Ok(Durability::WaitAof {
+                timeout: Duration::from_secs(5),
+            }),
+            "none" => Ok(Durability::None),
+            other => Err(format!(
+                "`{other}` is not `fsync-always` (Redis runs with appendfsync always; the default), `waitaof` (Redis 7.2 or newer) or `none` (no guarantee)"
+            )),
+        }
+    }
 }
 
 /// An interaction as stored: the request, where it stands, and its (still sealed) answer.
@@ -426,7 +462,33 @@ impl RedisRunStore {
             trips: Arc::new(AtomicU64::new(0)),
             secrets: None,
             seen: Arc::default(),
+            durability: Durability::FsyncAlways,
         })
+    }
+
+    /// A handle that makes writes durable as `durability` says, once it checked that the server
+    /// can: `WAITAOF` needs Redis 7.2 or newer with the AOF on.
+    pub async fn with_durability(mut self, durability: Durability) -> Result<Self, Error> {
+        if let Durability::WaitAof { .. } = durability {
+            let mut conn = self.connection();
+            let probe: Result<Vec<i64>, _> = redis::cmd("WAITAOF")
+                .arg(0)
+                .arg(0)
+                .arg(1)
+                .query_async(&mut conn)
+                .await;
+            if let Err(e) = probe {
+                return Err(Error::Backend(
+                    format!(
+                        "DELTA_REDIS_DURABILITY=waitaof, but this Redis cannot wait for its AOF ({}): use Redis 7.2 or newer with appendonly yes, or run Redis with appendfsync always and DELTA_REDIS_DURABILITY=fsync-always",
+                        e.detail().unwrap_or("WAITAOF refused")
+                    )
+                    .into(),
+                ));
+            }
+        }
+        self.durability = durability;
+        Ok(self)
     }
 
     /// A handle whose writes carry the fencing token of one delivery.
@@ -828,6 +890,28 @@ impl AnswerStore for RedisRunStore {
 }
 
 impl RunStore for RedisRunStore {
+    async fn sync(&self) -> Result<(), Error> {
+        let Durability::WaitAof { timeout } = self.durability else {
+            return Ok(());
+        };
+        let mut conn = self.connection();
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        // Every write sent on this (shared) connection so far, this handle's included.
+        let (local, _replicas): (i64, i64) = redis::cmd("WAITAOF")
+            .arg(1)
+            .arg(0)
+            .arg(ms)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        if local < 1 {
+            return Err(Error::Backend(
+                format!("Redis did not fsync its AOF within {ms} ms; not going on").into(),
+            ));
+        }
+        Ok(())
+    }
+
     async fn create(&self, record: RunRecord) -> Result<(), Error> {
         match self.create_indexed(&record, None).await? {
             Submitted::Created => Ok(()),
