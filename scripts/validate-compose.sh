@@ -140,6 +140,16 @@ validate() { # KIND FILE
   "check_$1" "$2" 2>&1 | sed 's/^/   /' || fail "${2#"$ROOT"/} is invalid (see above)"
 }
 validate compose "$COMPOSE"
+# Every secret compose requires (`${NAME:?…}`) is one deploy/make-env.sh writes.
+echo "== deploy/make-env.sh"
+ENV_TMP="$(mktemp -d)"
+bash "$ROOT/deploy/make-env.sh" "$ENV_TMP/.env" >/dev/null
+for name in $(grep -o '\${[A-Z_]*:?' "$COMPOSE" | sed 's/^\${//; s/:?$//' | sort -u); do
+  grep -q "^$name=" "$ENV_TMP/.env" || fail "docker-compose.yml requires $name, which deploy/make-env.sh does not write"
+done
+[ "$(stat -c %a "$ENV_TMP/.env")" = 600 ] || fail "deploy/make-env.sh left .env readable by others"
+rm -rf "$ENV_TMP"
+echo "   every secret docker-compose.yml requires"
 validate nats "$NATS_CONF"
 validate otel "$OTEL_CONF"
 
