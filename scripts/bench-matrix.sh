@@ -21,4 +21,4 @@ run --runs 20 --concurrency 1 --journal-len 10
 run --runs 20 --concurrency 1 --journal-len 10000
 run --runs 2000 --concurrency 64 --paused-probe 1000
 run --runs 2000 --concurrency 64 --echo process
-run --runs 2000 --concurrency 64 --fsync always
+run --runs 2000 --concurrency 64 --fsync everysec
