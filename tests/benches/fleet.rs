@@ -210,6 +210,7 @@ async fn runs(
         grace_ms: 5000,
         worker_id: String::new(),
         secrets_key_hex: None,
+        extra: vec![],
     };
     let logs: Vec<PathBuf> = (0..workers)
         .map(|w| work.path().join(format!("worker-{w}.log")))

@@ -137,6 +137,9 @@ pub struct WorkerSpec {
     pub worker_id: String,
     /// `DELTA_SECRETS_KEY`, 64 hex digits.
     pub secrets_key_hex: Option<String>,
+    /// Any other variables of the worker's environment, by name: its other settings
+    /// (`DELTA_HEARTBEAT_S`, …), or host variables such as an LLM's API key.
+    pub extra: Vec<(&'static str, String)>,
 }
 
 impl WorkerSpec {
@@ -156,6 +159,7 @@ impl WorkerSpec {
             grace_ms: 20_000,
             worker_id: String::new(),
             secrets_key_hex: gateway.secrets_key_hex.clone(),
+            extra: vec![],
         }
     }
 
@@ -176,6 +180,7 @@ impl WorkerSpec {
         if let Some(k) = &self.secrets_key_hex {
             env.push(("DELTA_SECRETS_KEY", k.clone()));
         }
+        env.extend(self.extra.iter().cloned());
         env
     }
 
@@ -262,6 +267,7 @@ mod tests {
         let worker = WorkerSpec {
             ack_wait_ms: 2000,
             grace_ms: 500,
+            extra: vec![("OPENAI_API_KEY", "sk-x".into())],
             ..WorkerSpec::joining(&gateway, "/work".into())
         };
         let s = worker.settings();
@@ -272,6 +278,7 @@ mod tests {
             value(&s, "DELTA_SECRETS_KEY"),
             Some("ab".repeat(32).as_str())
         );
+        assert_eq!(value(&s, "OPENAI_API_KEY"), Some("sk-x"), "extra variables");
         let g = gateway.settings();
         assert_eq!(value(&g, "DELTA_GATEWAY_ADDR"), Some("127.0.0.1:8080"));
         assert_eq!(value(&g, "DELTA_GATEWAY_TOKENS_FILE"), None);
