@@ -181,9 +181,8 @@ async fn a_sensitive_answer_never_leaks_through_an_option_action() {
   - finish: "after: ${observation}"
 "#,
     );
-    let hidden = "(the reason given is hidden: the answer is sensitive)";
     let mut everywhere = vec![];
-    let mut secrets = vec![];
+    let mut runs = vec![];
     for (option, field, status) in [
         ("reject", "input", RunStatus::Completed),
         ("retry", "feedback", RunStatus::Completed),
@@ -198,33 +197,35 @@ async fn a_sensitive_answer_never_leaks_through_an_option_action() {
             .await;
         assert_eq!(s, 200, "{b}");
         fleet.wait_status(run, status).await;
-        let stored = fleet.store.load(run).await.expect("load");
-        // The answer was applied, with its reason hidden.
-        let r = results(&stored);
-        assert_eq!(r.len(), 1, "{r:?}");
-        assert!(r[0].1.contains(hidden), "{option}: {r:?}");
-        match status {
-            RunStatus::Cancelled => {
-                let error = stored.record.error.clone().unwrap_or_default();
-                assert!(error.contains(hidden), "the run's error: {error}");
-            }
-            _ => {
-                let result = stored.record.result.clone().unwrap_or_default();
-                assert!(result.contains(hidden), "the run's result: {result}");
-            }
-        }
         let stream = stream.await.expect("stream");
         assert!(stream.contains("status"), "{stream}");
         everywhere.push((format!("the event stream of run {run}"), stream));
         everywhere.extend(places(&fleet, &fleet.client, run).await);
-        secrets.push(secret);
+        runs.push((option, run, status, secret));
     }
     // The answers did go through Redis: sealed.
     let dump = delta_e2e::redis_dump(&fleet.redis.url(), "*").await;
     assert!(dump.matches("sealed:v2:").count() >= 3, "{dump}");
     everywhere.extend(stopped_logs(&mut fleet, &logs).await);
-    for secret in &secrets {
+    for (_, _, _, secret) in &runs {
         assert_nowhere(secret, &everywhere);
+    }
+    // Each answer was applied, its reason hidden: as the observation, and as the run's result
+    // (which echoes it) or error.
+    let hidden = "(the reason given is hidden: the answer is sensitive)";
+    for (option, run, status, _) in &runs {
+        let stored = fleet.store.load(*run).await.expect("load");
+        let r = results(&stored);
+        assert_eq!(r.len(), 1, "{option}: {r:?}");
+        assert!(r[0].1.contains(hidden), "{option}: {r:?}");
+        let shown = match status {
+            RunStatus::Cancelled => stored.record.error.clone(),
+            _ => stored.record.result.clone(),
+        };
+        assert!(
+            shown.as_deref().is_some_and(|t| t.contains(hidden)),
+            "{option}: {shown:?}"
+        );
     }
 }
 
@@ -378,9 +379,13 @@ tools:
     assert_eq!(s, 200, "{b}");
     fleet.wait_status(run, RunStatus::Completed).await;
     let stored = fleet.store.load(run).await.expect("load");
+    // `note` ran once, for the plain text: it never got the key, nor ran on a reference.
+    let notes =
+        std::fs::read_to_string(fleet.worker_spec.work_dir.join("notes.txt")).expect("notes.txt");
+    assert_eq!(notes, "plain\n", "what `note` was given");
     let r = results(&stored);
     assert_eq!(r.len(), 6, "two answers, four calls: {r:?}");
-    // Bob's reference and the script's were refused; the tool ran for plain text only.
+    // Bob's reference and the script's were refused, saying why.
     for refused in &r[2..4] {
         assert_eq!(refused.0, ActionStatus::Error, "{r:?}");
         assert!(
@@ -389,9 +394,6 @@ tools:
         );
     }
     assert_eq!(r[4], (ActionStatus::Success, "noted\n".into()));
-    let notes =
-        std::fs::read_to_string(fleet.worker_spec.work_dir.join("notes.txt")).expect("notes.txt");
-    assert_eq!(notes, "plain\n", "`note` never got the key nor ran on it");
     // The parameter declared `secret: true` got the key itself.
     let want = format!("{}  -\n", sha256_hex(&secret));
     assert_eq!(r[5], (ActionStatus::Success, want.clone()));
