@@ -403,3 +403,40 @@ tools:
     everywhere.push(("notes.txt".into(), notes));
     assert_nowhere(&secret, &everywhere);
 }
+
+/// Low finding "values starting with `-` are passed as options where a parameter is
+/// positional". The fix (`Tool::invocation`): a value that begins a word of an `exec:` (or
+/// `command:`) tool's argv, where no `--` of the template precedes it, may not start with `-`;
+/// the call is refused with an `ERROR` result saying to end the options with `--`. Behind the
+/// template's own `--` the same value is data. Without the fix, `ls -d --help` prints `ls`'s
+/// usage and `ls -d -rf` lists `.`: the value became options.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_value_starting_with_a_dash_reaches_a_tool_as_data_not_as_an_option() {
+    let fleet = Fleet::start("se6", 1, 1).await;
+    fleet.add_agent(
+        "lister",
+        "name: lister\nbrain: scripted\ntools:\n  - name: bare\n    exec: \"ls -d ${name}\"\n  - name: ended\n    exec: \"ls -d -- ${name}\"\n",
+        "steps:\n  - tool: bare\n    args: {name: \"${task}\"}\n  - tool: ended\n    args: {name: \"${task}\"}\n  - finish: \"${observation}\"\n",
+    );
+    for name in ["--help", "-rf"] {
+        // A file of that name in the work directory, for `ls` to find.
+        std::fs::write(fleet.worker_spec.work_dir.join(name), "").expect("file");
+        let run = fleet.submit("lister", name).await;
+        fleet.wait_status(run, RunStatus::Completed).await;
+        let stored = fleet.store.load(run).await.expect("load");
+        let r = results(&stored);
+        assert_eq!(r.len(), 2, "{r:?}");
+        let (status, bare) = &r[0];
+        assert_eq!(*status, ActionStatus::Error, "{name}: {bare}");
+        assert!(
+            bare.contains("`name` starts with `-`") && bare.contains("--"),
+            "{name}: {bare}"
+        );
+        assert!(!bare.contains("Usage"), "{bare}");
+        assert_eq!(
+            r[1],
+            (ActionStatus::Success, format!("{name}\n")),
+            "behind `--`, `{name}` is a file name"
+        );
+    }
+}
