@@ -88,16 +88,16 @@ async fn next_question(fleet: &Fleet, run: RunId, previous: &str) -> String {
 }
 
 /// Every place a person or an operator can read a run from: the API (the run, its journal, the
-/// interactions), the store (record and journal), every key of Redis in clear. Each as a name
-/// and its text.
-async fn places(fleet: &Fleet, client: &Client, run: RunId) -> Vec<(String, String)> {
+/// interactions, read with the fleet's client), the store (record and journal), every key of
+/// Redis in clear. Each as a name and its text.
+async fn places(fleet: &Fleet, run: RunId) -> Vec<(String, String)> {
     let mut out = vec![];
     for path in [
         format!("/v1/runs/{run}"),
         format!("/v1/runs/{run}/journal"),
         "/v1/interactions?state=all".to_owned(),
     ] {
-        let (status, body) = client.get(&path).await.expect("get");
+        let (status, body) = fleet.client.get(&path).await.expect("get");
         assert_eq!(status, 200, "{path}: {body}");
         out.push((format!("GET {path}"), body.to_string()));
     }
@@ -200,7 +200,7 @@ async fn a_sensitive_answer_never_leaks_through_an_option_action() {
         let stream = stream.await.expect("stream");
         assert!(stream.contains("status"), "{stream}");
         everywhere.push((format!("the event stream of run {run}"), stream));
-        everywhere.extend(places(&fleet, &fleet.client, run).await);
+        everywhere.extend(places(&fleet, run).await);
         runs.push((option, run, status, secret));
     }
     // The answers did go through Redis: sealed.
@@ -399,7 +399,7 @@ tools:
     assert_eq!(r[5], (ActionStatus::Success, want.clone()));
     assert_eq!(stored.record.result.as_deref(), Some(want.as_str()));
     // And the key shows nowhere.
-    let mut everywhere = places(&fleet, &fleet.client, run).await;
+    let mut everywhere = places(&fleet, run).await;
     everywhere.push(("notes.txt".into(), notes));
     assert_nowhere(&secret, &everywhere);
 }
