@@ -49,8 +49,13 @@ fuzz_target!(|data: &[u8]| {
             .expect("arguments of the declared types are accepted");
         let _ = tool.danger(&args);
         let _ = tool.needs_approval(&args);
-        let invocation = tool.invocation(&values, &env);
-        let _ = invocation.display();
+        // A value that starts with `-` where the program would read it as an option is refused.
+        match tool.invocation(&values, &env) {
+            Ok(invocation) => {
+                let _ = invocation.display();
+            }
+            Err(e) => assert_clear(&e),
+        }
         if let Err(e) = tool.check_args(&json!([1])) {
             assert_clear(&e);
         }

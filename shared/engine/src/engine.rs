@@ -974,7 +974,14 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             }
         };
         let env = self.tool_env();
-        let inv = tool.invocation(&values, &env);
+        let inv = match tool.invocation(&values, &env) {
+            Ok(inv) => inv,
+            Err(e) => {
+                let text = format!("invalid arguments: {e}");
+                self.result(&req.action_id, ActionStatus::Error, text, None, 0);
+                return Ok(None);
+            }
+        };
         // The request must be durable before the side effect: stored, and on disk when the tool
         // must not run twice (a lost record would run it again on resume).
         self.commit(None).await?;
@@ -1163,7 +1170,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
 
     fn command_line(&self, tool: &Tool, args: &Value) -> String {
         match tool.check_args(args) {
-            Ok(values) => tool.invocation(&values, &self.tool_env()).display(),
+            Ok(values) => match tool.invocation(&values, &self.tool_env()) {
+                Ok(inv) => inv.display(),
+                Err(e) => format!("({e})"),
+            },
             Err(e) => format!("({e})"),
         }
     }

@@ -7,6 +7,9 @@
 //! - `shell: "cat ${file} | wc -l"`: run as `sh -c <script> -- <values…>`, each `${p}` becoming a
 //!   quoted positional parameter (`${p:raw}` unquoted), so values are never parsed as shell code.
 //!
+//! In the first two forms a value that begins an argv word before the command's own `--` may not
+//! start with `-`, so that it is never read as an option ([`Tool::invocation`]).
+//!
 //! `${AGENT_HOME}` and `${CWD}` expand in the fixed parts. A child runs in its own process group
 //! in the work directory; on its timeout or on cancellation the whole group is killed. Output is
 //! captured up to a cap per stream; the rest is drained and counted, so a chatty tool never
@@ -71,6 +74,12 @@ pub struct ParamConfig {
     /// refused, whoever wrote it (the LLM, a task, another person's answer).
     #[serde(default)]
     pub secret: bool,
+    /// This parameter's value may start with `-` where it begins a word of the command line that
+    /// no `--` precedes: it is an option's argument (`grep -e ${pattern}`), or the program takes
+    /// such words as data. Without it such a value is refused, so that it is never read as an
+    /// option (see [`Tool::invocation`]).
+    #[serde(default)]
+    pub allow_leading_dash: bool,
 }
 
 fn yes() -> bool {
@@ -227,6 +236,21 @@ pub enum ToolError {
     UnknownDangerousParam(String),
     #[error("`dangerous_if.{param}`: not a valid regular expression ({message})")]
     BadPattern { param: String, message: String },
+}
+
+/// A call refused because a value would reach its program as an option: it starts with `-` and
+/// begins a word of the command line that no `--` precedes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`{param}` starts with `-`, which `{program}` would read as an option, not as the value of \
+     `{param}`: pass a value that does not start with `-`; or, in the tool `{tool}`, end the \
+     program's options with `--` before `${{{param}}}` (if `{program}` accepts it) or declare the \
+     parameter `allow_leading_dash: true`"
+)]
+pub struct LeadingDash {
+    pub tool: String,
+    pub param: String,
+    pub program: String,
 }
 
 /// One piece of an argv template.
@@ -441,6 +465,7 @@ impl Tool {
                     required: true,
                     position: None,
                     secret: false,
+                    allow_leading_dash: false,
                 });
             }
         };
@@ -573,7 +598,21 @@ impl Tool {
     }
 
     /// The argv and stdin for checked arguments.
-    pub fn invocation(&self, values: &BTreeMap<String, String>, env: &ToolEnv) -> Invocation {
+    ///
+    /// A value that begins a word of the argv, after the program and before any `--` the command
+    /// itself holds, must not start with `-` (a lone `-` excepted): the program would read it as
+    /// an option (`--help`, `-rf`, `--output=…`), whoever wrote it. Such a call is refused, with
+    /// what to change in the tool, unless the parameter is declared `allow_leading_dash: true`.
+    /// The engine does not insert `--` itself: it cannot know whether a word is an option's
+    /// argument (`-e ${pattern}`) or whether the program accepts `--` at all (`echo` prints it),
+    /// so the tool's author writes it where the program takes it (`exec: "rm -- ${file}"`).
+    /// `shell:` tools are not checked: their values are `$1`, `$2`…, and whether the script
+    /// passes `--` before them is the script's to say.
+    pub fn invocation(
+        &self,
+        values: &BTreeMap<String, String>,
+        env: &ToolEnv,
+    ) -> Result<Invocation, LeadingDash> {
         let stdin = self
             .params
             .iter()
@@ -582,12 +621,18 @@ impl Tool {
         let argv = match &self.form {
             Form::Command(cmd) => {
                 let mut argv: Vec<String> = cmd.iter().map(|s| expand_vars(s, env)).collect();
+                let ended = cmd.iter().skip(1).any(|w| w == "--");
                 for p in &self.params {
                     let Some(v) = values.get(&p.name) else {
                         continue;
                     };
                     match p.inject_as {
-                        InjectAs::Argument => argv.push(v.clone()),
+                        InjectAs::Argument => {
+                            if !ended {
+                                self.guard(&argv[0], p, v)?;
+                            }
+                            argv.push(v.clone());
+                        }
                         InjectAs::Option => {
                             argv.push(p.option_name.clone().unwrap_or_default());
                             argv.push(match &p.option_value_template {
@@ -600,25 +645,47 @@ impl Tool {
                 }
                 argv
             }
-            Form::Exec(words) => words
-                .iter()
-                .filter_map(|w| {
+            Form::Exec(words) => {
+                let mut argv: Vec<String> = vec![];
+                let mut ended = false;
+                for (i, w) in words.iter().enumerate() {
                     // A word that is a single absent optional parameter disappears.
                     if let [Piece::Param(n)] = w.as_slice()
                         && !values.contains_key(n)
                     {
-                        return None;
+                        continue;
                     }
-                    Some(
+                    if i > 0 && !ended {
+                        // The value that begins the word, if a value does (empty ones skipped).
+                        let first = w
+                            .iter()
+                            .map(|piece| match piece {
+                                Piece::Text(t) => (None, t.as_str()),
+                                Piece::Param(n) => {
+                                    (Some(n), values.get(n).map_or("", String::as_str))
+                                }
+                            })
+                            .find(|(_, text)| !text.is_empty());
+                        if let Some((Some(name), text)) = first
+                            && let Some(p) = self.params.iter().find(|p| &p.name == name)
+                        {
+                            self.guard(argv.first().map_or("", String::as_str), p, text)?;
+                        }
+                    }
+                    if i > 0 && matches!(w.as_slice(), [Piece::Text(t)] if t == "--") {
+                        ended = true;
+                    }
+                    argv.push(
                         w.iter()
                             .map(|p| match p {
                                 Piece::Text(t) => expand_vars(t, env),
                                 Piece::Param(n) => values.get(n).cloned().unwrap_or_default(),
                             })
                             .collect(),
-                    )
-                })
-                .collect(),
+                    );
+                }
+                argv
+            }
             Form::Shell { script, positional } => {
                 let mut argv = vec![
                     "sh".to_owned(),
@@ -638,11 +705,24 @@ impl Tool {
                 values.get("text").cloned().unwrap_or_default(),
             ],
         };
-        Invocation {
+        Ok(Invocation {
             argv,
             stdin,
             env: self.env.clone(),
+        })
+    }
+
+    /// Refuses `value` of `p` as the start of an argv word, where `program` would read it as an
+    /// option. The value itself is never named: it may be a secret.
+    fn guard(&self, program: &str, p: &ParamConfig, value: &str) -> Result<(), LeadingDash> {
+        if p.allow_leading_dash || !value.starts_with('-') || value == "-" {
+            return Ok(());
         }
+        Err(LeadingDash {
+            tool: self.name.clone(),
+            param: p.name.clone(),
+            program: program.to_owned(),
+        })
     }
 
     /// The outcome of a built-in tool, run here and now; `None` for a tool that is a process.
@@ -927,6 +1007,7 @@ mod tests {
     fn argv(t: &Tool, args: Value) -> Invocation {
         let values = t.check_args(&args).expect("args");
         t.invocation(&values, &env(Path::new("/work")))
+            .expect("an argv")
     }
 
     #[test]
@@ -968,7 +1049,9 @@ mod tests {
             "{cut}"
         );
         assert_eq!(
-            t.invocation(&values, &env(Path::new("/work"))).argv,
+            t.invocation(&values, &env(Path::new("/work")))
+                .expect("an argv")
+                .argv,
             ["echo", "run 7 step 2"],
             "shown as what it does"
         );
@@ -1026,6 +1109,102 @@ mod tests {
             "grep -c \"${1}\" \"${2}\" | wc -l; echo ${3} \"${2}\""
         );
         assert_eq!(inv.argv[3..], ["--", "p", "$(reboot)", "-n -e"]);
+    }
+
+    /// The argv of `args`, or the refusal of a value that would be read as an option.
+    fn try_argv(t: &Tool, args: Value) -> Result<Vec<String>, LeadingDash> {
+        let values = t.check_args(&args).expect("args");
+        t.invocation(&values, &env(Path::new("/work")))
+            .map(|inv| inv.argv)
+    }
+
+    #[test]
+    fn a_value_that_starts_a_word_never_becomes_an_option() {
+        let ls = tool("name: list\nexec: \"ls -la ${dir}\"\n");
+        for value in ["--help", "-rf", "--output=/etc/passwd", "--"] {
+            let e = try_argv(&ls, json!({"dir": value})).expect_err(value);
+            assert_eq!((e.param.as_str(), e.program.as_str()), ("dir", "ls"));
+            let text = e.to_string();
+            assert!(
+                text.contains("`dir` starts with `-`") && text.contains("allow_leading_dash"),
+                "{text}"
+            );
+            // The value is never repeated (it may be a secret); `--` is in the advice itself.
+            assert!(
+                value == "--" || !text.contains(value),
+                "the value is never repeated: {text}"
+            );
+        }
+        // Data that merely contains a dash, and a lone `-` (an operand by convention), pass.
+        for value in ["docs", "a-b", "-", " -x", "./-rf"] {
+            assert_eq!(
+                try_argv(&ls, json!({"dir": value})).expect(value),
+                ["ls", "-la", value]
+            );
+        }
+        // After the command's own `--`, a value is data, whatever it starts with.
+        let rm = tool("name: rm\nexec: \"rm -f -- ${file} ${other}\"\n");
+        assert_eq!(
+            try_argv(&rm, json!({"file": "-rf", "other": "--help"})).expect("after --"),
+            ["rm", "-f", "--", "-rf", "--help"]
+        );
+        // Inside a word the template starts, a value cannot start an option.
+        let cp = tool("name: cp\nexec: \"cp --target=${dst} ./${src} ${AGENT_HOME}/${x}\"\n");
+        assert!(try_argv(&cp, json!({"dst": "-x", "src": "-y", "x": "-z"})).is_ok());
+        // A word whose first value is empty starts with the next one.
+        let two = tool("name: t\nexec: \"x ${a}${b}\"\n");
+        let e = try_argv(&two, json!({"a": "", "b": "-r"})).expect_err("-r starts the word");
+        assert_eq!(e.param, "b");
+        assert!(try_argv(&two, json!({"a": "ok", "b": "-r"})).is_ok());
+        // An option's argument is declared to take such values; the positional one is not.
+        let grep = tool(
+            "name: grep\nexec: \"grep -e ${pattern} ${file}\"\n\
+             parameters: [{name: pattern, allow_leading_dash: true}]\n",
+        );
+        assert_eq!(
+            try_argv(&grep, json!({"pattern": "-v", "file": "f"})).expect("an option argument"),
+            ["grep", "-e", "-v", "f"]
+        );
+        let e = try_argv(&grep, json!({"pattern": "x", "file": "-r"})).expect_err("file");
+        assert_eq!((e.param.as_str(), e.program.as_str()), ("file", "grep"));
+        // An absent optional parameter leaves no word to check.
+        let opt =
+            tool("name: t\nexec: \"ls ${dir}\"\nparameters: [{name: dir, required: false}]\n");
+        assert_eq!(try_argv(&opt, json!({})).expect("absent"), ["ls"]);
+    }
+
+    #[test]
+    fn command_form_arguments_are_guarded_unless_the_command_ends_its_options() {
+        let grep = tool(
+            "name: grep\ncommand: [grep]\nparameters:\n\
+             \x20 - {name: pattern, inject_as: option, option_name: -e}\n\
+             \x20 - {name: file, inject_as: argument}\n",
+        );
+        // An option's value follows its option name: it is that option's argument.
+        assert_eq!(
+            try_argv(&grep, json!({"pattern": "--foo", "file": "f"})).expect("option value"),
+            ["grep", "-e", "--foo", "f"]
+        );
+        let e = try_argv(&grep, json!({"pattern": "x", "file": "--help"})).expect_err("file");
+        assert_eq!(e.param, "file");
+        let rm =
+            tool("name: rm\ncommand: [rm, --]\nparameters: [{name: file, inject_as: argument}]\n");
+        assert_eq!(
+            try_argv(&rm, json!({"file": "-rf"})).expect("after --"),
+            ["rm", "--", "-rf"]
+        );
+    }
+
+    #[test]
+    fn shell_and_builtin_values_are_not_checked() {
+        // `shell:` values are `$1`, `$2`…: whether they follow `--` is the script's to say.
+        let sh = tool("name: t\nshell: 'ls -- ${d}'\n");
+        assert_eq!(
+            try_argv(&sh, json!({"d": "--help"})).expect("shell")[3..],
+            ["--", "--help"]
+        );
+        let echo = tool("name: echo\nbuiltin: echo\n");
+        assert!(try_argv(&echo, json!({"text": "-n"})).is_ok(), "no process");
     }
 
     #[test]

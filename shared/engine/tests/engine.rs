@@ -634,6 +634,44 @@ steps:
 }
 
 #[tokio::test]
+async fn a_value_that_would_be_an_option_is_refused_even_when_it_is_a_secret() {
+    // `--help` from the task lands where `ls` reads options: refused, and the tool does not run.
+    // A secret is checked once opened, and the refusal names the parameter, never the value.
+    let f = Fixture::with_config(
+        "name: t\nbrain: scripted\ntools:\n  - name: list\n    exec: \"ls -d ${dir}\"\n\
+         \x20 - name: login\n    exec: \"test ${key} = x\"\n    parameters: [{name: key, secret: true}]\n",
+        r#"
+steps:
+  - tool: list
+    args: {dir: "${task}"}
+  - ask_human: {prompt: "API key?", sensitive: true}
+  - tool: login
+    args: {key: "${secret}"}
+  - finish: "${observation}"
+"#,
+    );
+    let id = f.start("--help").await;
+    let mut engine = f.holding_engine(id).await;
+    let q = paused(engine.advance(None).await.expect("advance"));
+    let out = engine
+        .advance(Some(answer(&q, None, Some("-secret-key"))))
+        .await
+        .expect("advance");
+    assert!(matches!(out, Outcome::Completed { .. }), "{out:?}");
+    let j = f.journal(id).await;
+    let r = results(&j);
+    assert_eq!(r[0].0, ActionStatus::Error, "{r:?}");
+    assert!(
+        r[0].1.contains("`dir` starts with `-`") && !r[0].1.contains("Usage"),
+        "{r:?}"
+    );
+    assert_eq!(r[2].0, ActionStatus::Error, "{r:?}");
+    assert!(r[2].1.contains("`key` starts with `-`"), "{r:?}");
+    let text = serde_json::to_string(&j).expect("json");
+    assert!(!text.contains("-secret-key"), "{text}");
+}
+
+#[tokio::test]
 async fn a_secret_that_looks_like_its_own_reference_is_passed_as_is() {
     let f = Fixture::new(
         r#"

@@ -200,7 +200,8 @@ pub struct WorkerSpec {
     pub secrets_key_hex: Option<String>,
     /// CA certificates (PEM) of the servers' TLS certificates.
     pub ca_file: Option<PathBuf>,
-    /// Any other of the worker's settings, by environment name (`DELTA_RETENTION`, …).
+    /// Any other variables of the worker's environment, by name: its other settings
+    /// (`DELTA_RETENTION`, …), or host variables such as an LLM's API key.
     pub extra: Vec<(&'static str, String)>,
 }
 
@@ -390,6 +391,7 @@ mod tests {
         let worker = WorkerSpec {
             ack_wait_ms: 2000,
             grace_ms: 500,
+            extra: vec![("OPENAI_API_KEY", "sk-x".into())],
             ..WorkerSpec::joining(&gateway, "/work".into())
         };
         let s = worker.settings();
@@ -400,6 +402,7 @@ mod tests {
             value(&s, "DELTA_SECRETS_KEY"),
             Some("ab".repeat(32).as_str())
         );
+        assert_eq!(value(&s, "OPENAI_API_KEY"), Some("sk-x"), "extra variables");
         let g = gateway.settings();
         assert_eq!(value(&g, "DELTA_GATEWAY_ADDR"), Some("127.0.0.1:8080"));
         assert_eq!(value(&g, "DELTA_GATEWAY_TOKENS_FILE"), None);
