@@ -488,3 +488,87 @@ fn server_credentials_never_show_in_errors() {
         assert!(!err.contains("s3cret"), "{err}");
     }
 }
+
+/// Finding 6: an answer that only looks sealed is text, and secrets keys rotate without a drain.
+/// A non-sensitive answer `sealed:v1:…` / `sealed:v2:…` is kept and applied as the text it is
+/// (before the fix the store tried to open it and the run failed for good). A sensitive answer
+/// sealed by a gateway under the old key is opened by a worker that already runs with
+/// `DELTA_SECRETS_KEY=<new>,<old>`: the key id in the sealed form says which key to use.
+#[tokio::test(flavor = "multi_thread")]
+async fn sealed_looking_answers_are_text_and_keys_rotate_without_a_drain() {
+    let old = "11".repeat(32);
+    let new = "22".repeat(32);
+    let mut fleet = Fleet::start_with("sec6", 1, 0, |s| s.secrets_key_hex = Some(old.clone())).await;
+    fleet.add_agent(
+        "keeper",
+        r#"name: keeper
+brain: scripted
+tools:
+  - name: fingerprint
+    exec: "sha256sum"
+    stdin: key
+    parameters: [{name: key, secret: true}]
+"#,
+        r#"steps:
+  - ask_human: {prompt: "Your name?"}
+  - ask_human: {prompt: "Your key?", sensitive: true}
+  - tool: fingerprint
+    args: {key: "${secret}"}
+  - finish: "${observation}"
+"#,
+    );
+    fleet.add_agent(
+        "echoer",
+        "name: echoer\nbrain: scripted\ntools: []\n",
+        "steps:\n  - ask_human: {prompt: \"Say something\"}\n  - finish: \"${answer}\"\n",
+    );
+    fleet.add_worker("w-old");
+    // Text that looks sealed, to questions that are not sensitive.
+    for text in [
+        "sealed:v1:deadbeef00",
+        "sealed:v2:k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+    ] {
+        let run = fleet.submit("echoer", "talk").await;
+        let rid = fleet.pending(run).await;
+        let (s, b) = fleet.answer(&rid, json!({"input": text})).await;
+        assert_eq!(s, 200, "{b}");
+        fleet.wait_status(run, RunStatus::Completed).await;
+        let stored = fleet.store.load(run).await.expect("load");
+        assert_eq!(stored.record.result.as_deref(), Some(text), "kept as text");
+    }
+    // A sensitive answer sealed under the old key, then opened by a worker on new,old.
+    let run = fleet.submit("keeper", "rotate").await;
+    let first = fleet.pending(run).await;
+    let (s, b) = fleet
+        .answer(&first, json!({"input": "sealed:v2:not:really"}))
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let second = loop {
+        let rid = fleet.pending(run).await;
+        if rid != first {
+            break rid;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The worker that knew only the old key goes; the gateway seals the answer under it.
+    fleet.workers.clear();
+    let secret = "sk-rotation-canary-7731";
+    let (s, b) = fleet.answer(&second, json!({"input": secret})).await;
+    assert_eq!(s, 200, "{b}");
+    let dump = delta_e2e::redis_dump(&fleet.redis.url(), "sec6:*").await;
+    assert!(
+        !dump.contains(secret) && dump.contains("sealed:v2:"),
+        "sealed in Redis"
+    );
+    fleet.worker_spec.secrets_key_hex = Some(format!("{new},{old}"));
+    fleet.add_worker("w-new");
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    let digest = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        stored.record.result.as_deref(),
+        Some(format!("{hex}  -\n").as_str()),
+        "the new worker opened the old key's answer"
+    );
+}

@@ -381,7 +381,8 @@ tools:
     let stored = fleet.store.load(run).await.expect("load");
     // `note` ran once, for the plain text: it never got the key, nor ran on a reference.
     let notes =
-        std::fs::read_to_string(fleet.worker_spec.work_dir.join("notes.txt")).expect("notes.txt");
+        std::fs::read_to_string(fleet.worker_spec.work_dir.join(run.to_string()).join("notes.txt"))
+            .expect("notes.txt");
     assert_eq!(notes, "plain\n", "what `note` was given");
     let r = results(&stored);
     assert_eq!(r.len(), 6, "two answers, four calls: {r:?}");
@@ -415,18 +416,18 @@ async fn a_value_starting_with_a_dash_reaches_a_tool_as_data_not_as_an_option() 
     let fleet = Fleet::start("se6", 1, 1).await;
     fleet.add_agent(
         "lister",
-        "name: lister\nbrain: scripted\ntools:\n  - name: bare\n    exec: \"ls -d ${name}\"\n  - name: ended\n    exec: \"ls -d -- ${name}\"\n",
-        "steps:\n  - tool: bare\n    args: {name: \"${task}\"}\n  - tool: ended\n    args: {name: \"${task}\"}\n  - finish: \"${observation}\"\n",
+        "name: lister\nbrain: scripted\ntools:\n  - name: make\n    exec: \"touch -- ${name}\"\n  - name: bare\n    exec: \"ls -d ${name}\"\n  - name: ended\n    exec: \"ls -d -- ${name}\"\n",
+        "steps:\n  - tool: make\n    args: {name: \"${task}\"}\n  - tool: bare\n    args: {name: \"${task}\"}\n  - tool: ended\n    args: {name: \"${task}\"}\n  - finish: \"${observation}\"\n",
     );
     for name in ["--help", "-rf"] {
-        // A file of that name in the work directory, for `ls` to find.
-        std::fs::write(fleet.worker_spec.work_dir.join(name), "").expect("file");
+        // The run first makes a file of that name in its work directory, for `ls` to find.
         let run = fleet.submit("lister", name).await;
         fleet.wait_status(run, RunStatus::Completed).await;
         let stored = fleet.store.load(run).await.expect("load");
         let r = results(&stored);
-        assert_eq!(r.len(), 2, "{r:?}");
-        let (status, bare) = &r[0];
+        assert_eq!(r.len(), 3, "{r:?}");
+        assert_eq!(r[0].0, ActionStatus::Success, "touch -- {name}: {r:?}");
+        let (status, bare) = &r[1];
         assert_eq!(*status, ActionStatus::Error, "{name}: {bare}");
         assert!(
             bare.contains("`name` starts with `-`") && bare.contains("--"),
@@ -434,7 +435,7 @@ async fn a_value_starting_with_a_dash_reaches_a_tool_as_data_not_as_an_option() 
         );
         assert!(!bare.contains("Usage"), "{bare}");
         assert_eq!(
-            r[1],
+            r[2],
             (ActionStatus::Success, format!("{name}\n")),
             "behind `--`, `{name}` is a file name"
         );
