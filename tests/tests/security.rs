@@ -498,7 +498,8 @@ fn server_credentials_never_show_in_errors() {
 async fn sealed_looking_answers_are_text_and_keys_rotate_without_a_drain() {
     let old = "11".repeat(32);
     let new = "22".repeat(32);
-    let mut fleet = Fleet::start_with("sec6", 1, 0, |s| s.secrets_key_hex = Some(old.clone())).await;
+    let mut fleet =
+        Fleet::start_with("sec6", 1, 0, |s| s.secrets_key_hex = Some(old.clone())).await;
     fleet.add_agent(
         "keeper",
         r#"name: keeper

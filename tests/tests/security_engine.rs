@@ -380,9 +380,14 @@ tools:
     fleet.wait_status(run, RunStatus::Completed).await;
     let stored = fleet.store.load(run).await.expect("load");
     // `note` ran once, for the plain text: it never got the key, nor ran on a reference.
-    let notes =
-        std::fs::read_to_string(fleet.worker_spec.work_dir.join(run.to_string()).join("notes.txt"))
-            .expect("notes.txt");
+    let notes = std::fs::read_to_string(
+        fleet
+            .worker_spec
+            .work_dir
+            .join(run.to_string())
+            .join("notes.txt"),
+    )
+    .expect("notes.txt");
     assert_eq!(notes, "plain\n", "what `note` was given");
     let r = results(&stored);
     assert_eq!(r.len(), 6, "two answers, four calls: {r:?}");

@@ -365,7 +365,10 @@ async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) 
             );
         }
     }
-    assert!(may_subscribe(&admin, respond, None).await, "the check itself");
+    assert!(
+        may_subscribe(&admin, respond, None).await,
+        "the check itself"
+    );
     // Workers cannot answer; bots may.
     assert!(
         !may_publish(&worker, respond).await,
