@@ -20,6 +20,7 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_NATS_CA_FILE", "nats-ca-file", ""),
     ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
     ("DELTA_REDIS_DURABILITY", "redis-durability", "fsync-always"),
+    ("DELTA_STREAM_REPLICAS", "stream-replicas", "1"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
     ("DELTA_GATEWAY_ADDR", "addr", "127.0.0.1:8080"),
@@ -70,6 +71,8 @@ pub struct Config {
     /// How an accepted answer is made durable before it is acknowledged
     /// (`DELTA_REDIS_DURABILITY`).
     pub durability: Durability,
+    /// Copies of each stream on a NATS cluster (`DELTA_STREAM_REPLICAS`), as the workers.
+    pub stream_replicas: usize,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     /// How often the reconcilers run.
@@ -115,6 +118,7 @@ impl Config {
             auth: Auth::off(),
             secrets_key: None,
             durability: Durability::FsyncAlways,
+            stream_replicas: 1,
             max_body_bytes: 1 << 20,
             reconcile_every: Duration::from_millis(1000),
             resume_check: Duration::from_secs(5),
@@ -192,6 +196,13 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         )),
     }
     let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
+    let replicas = s.number("DELTA_STREAM_REPLICAS", 1);
+    if replicas > 5 {
+        let (_, from) = s.get("DELTA_STREAM_REPLICAS");
+        s.errors.push(format!(
+            "{from}: `{replicas}` replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)"
+        ));
+    }
     let (durability_text, durability_from) = s.get("DELTA_REDIS_DURABILITY");
     let durability = Durability::parse(&durability_text).unwrap_or_else(|e| {
         s.errors.push(format!("{durability_from}: {e}"));
@@ -228,6 +239,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         auth,
         secrets_key,
         durability,
+        stream_replicas: usize::try_from(replicas).unwrap_or(1),
         max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
         reconcile_every: Duration::from_millis(reconcile_ms),
         resume_check: Duration::from_secs(resume_check),

@@ -100,6 +100,7 @@ impl Gateway {
             &config.prefix,
             &queue::Settings {
                 ca_file: config.nats_ca.clone(),
+                replicas: config.stream_replicas,
                 ..Default::default()
             },
             Role::Gateway,

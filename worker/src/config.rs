@@ -17,6 +17,7 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_NATS_CA_FILE", "nats-ca-file", ""),
     ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
     ("DELTA_REDIS_DURABILITY", "redis-durability", "fsync-always"),
+    ("DELTA_STREAM_REPLICAS", "stream-replicas", "1"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
     ("DELTA_WORK_DIR", "work-dir", "."),
@@ -46,6 +47,13 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let (work_dir, _) = s.get("DELTA_WORK_DIR");
     let (worker_id, _) = s.get("DELTA_WORKER_ID");
     let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
+    let replicas = s.number("DELTA_STREAM_REPLICAS", 1);
+    if replicas > 5 {
+        let (_, from) = s.get("DELTA_STREAM_REPLICAS");
+        s.errors.push(format!(
+            "{from}: `{replicas}` replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)"
+        ));
+    }
     let (durability_text, durability_from) = s.get("DELTA_REDIS_DURABILITY");
     let durability = Durability::parse(&durability_text).unwrap_or_else(|e| {
         s.errors.push(format!("{durability_from}: {e}"));
@@ -72,6 +80,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         concurrency: usize::try_from(concurrency).unwrap_or(usize::MAX),
         queue: queue::Settings {
             ca_file: nats_ca,
+            replicas: usize::try_from(replicas).unwrap_or(1),
             ack_wait,
             max_deliver: i64::try_from(max_deliver).unwrap_or(i64::MAX),
             ..Default::default()

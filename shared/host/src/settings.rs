@@ -99,10 +99,16 @@ impl<'a> Settings<'a> {
         }
     }
 
-    /// A URL with one of `schemes` (e.g. `["nats", "tls"]`).
+    /// A URL with one of `schemes` (e.g. `["nats", "tls"]`), or several separated by commas
+    /// (the servers of a cluster), each with one of them.
     pub fn url(&mut self, env_name: &str, schemes: &[&str]) -> String {
         let (v, from) = self.get(env_name);
-        if !schemes.iter().any(|s| v.starts_with(&format!("{s}://"))) {
+        let each_ok = v.split(',').all(|one| {
+            schemes
+                .iter()
+                .any(|s| one.trim().starts_with(&format!("{s}://")))
+        });
+        if !each_ok {
             let want = schemes
                 .iter()
                 .map(|s| format!("{s}://"))

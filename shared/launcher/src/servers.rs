@@ -223,7 +223,7 @@ impl Kind {
         }
     }
 
-    fn ready(self, port: u16, users: &Users, tls: bool) -> bool {
+    fn ready(self, port: u16, users: &Users, tls: bool, jetstream: bool) -> bool {
         match self {
             // Over TLS: the port accepts connections (the clients' own retries cover the rest).
             Kind::Redis if tls => TcpStream::connect(("127.0.0.1", port)).is_ok(),
@@ -248,7 +248,8 @@ impl Kind {
                     s.set_read_timeout(Some(Duration::from_millis(500)))?;
                     let mut line = String::new();
                     BufReader::new(s).read_line(&mut line)?;
-                    Ok(line.starts_with("INFO ") && line.contains("\"jetstream\":true"))
+                    Ok(line.starts_with("INFO ")
+                        && (!jetstream || line.contains("\"jetstream\":true")))
                 })
                 .unwrap_or(false),
         }
@@ -261,6 +262,7 @@ impl Kind {
         dir: &Path,
         users: &Users,
         o: &ServerOptions,
+        node: Option<&ClusterNode>,
     ) -> Result<Vec<OsString>, Error> {
         let prefix = o.prefix.as_deref();
         match self {
@@ -306,6 +308,9 @@ impl Kind {
                         quote(&t.cert),
                         quote(&t.key)
                     ));
+                }
+                if let Some(n) = node {
+                    conf.push_str(&n.conf);
                 }
                 let path = dir.join("nats.conf");
                 write_private(&path, &conf)?;
@@ -386,11 +391,42 @@ pub struct Server {
     pub port: u16,
     options: ServerOptions,
     users: Users,
+    /// As one node of a NATS cluster: its part of the configuration.
+    node: Option<ClusterNode>,
     dir: DataDir,
+}
+
+/// One node of a NATS cluster: its name, its ports, and the configuration that joins it to the
+/// others.
+#[derive(Clone, Debug)]
+struct ClusterNode {
+    name: String,
+    monitor_port: u16,
+    conf: String,
 }
 
 impl Server {
     fn start(kind: Kind, options: &ServerOptions) -> Result<Server, Error> {
+        let users = Users::new(&kind.roles())?;
+        // A free port can be taken by someone else before the server binds it: three tries.
+        let mut last = None;
+        for _ in 0..3 {
+            match Self::start_on(kind, options, users.clone(), free_port()?, None) {
+                Ok(server) => return Ok(server),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Failed(format!("{} not started", kind.name()))))
+    }
+
+    /// Starts a server on `port` with these users (a cluster's nodes share them).
+    fn start_on(
+        kind: Kind,
+        options: &ServerOptions,
+        users: Users,
+        port: u16,
+        node: Option<ClusterNode>,
+    ) -> Result<Server, Error> {
         let program = match &options.program {
             Some(p) => p.clone(),
             None => {
@@ -411,27 +447,25 @@ impl Server {
                 tempfile::tempdir().map_err(Error::io("creating a temporary directory"))?,
             ),
         };
-        let users = Users::new(&kind.roles())?;
-        // A free port can be taken by someone else before the server binds it: three tries.
-        let mut last = None;
-        for _ in 0..3 {
-            let port = free_port()?;
-            match Self::spawn(kind, &program, port, dir.path(), options, &users) {
-                Ok(process) => {
-                    return Ok(Server {
-                        process,
-                        kind,
-                        program,
-                        port,
-                        options: options.clone(),
-                        users,
-                        dir,
-                    });
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::Failed(format!("{} not started", kind.name()))))
+        let process = Self::spawn(
+            kind,
+            &program,
+            port,
+            dir.path(),
+            options,
+            &users,
+            node.as_ref(),
+        )?;
+        Ok(Server {
+            process,
+            kind,
+            program,
+            port,
+            options: options.clone(),
+            users,
+            node,
+            dir,
+        })
     }
 
     fn spawn(
@@ -441,13 +475,19 @@ impl Server {
         dir: &Path,
         o: &ServerOptions,
         users: &Users,
+        node: Option<&ClusterNode>,
     ) -> Result<Process, Error> {
         let mut cmd = Command::new(program);
-        cmd.args(kind.auth_args(dir, users, o)?);
+        cmd.args(kind.auth_args(dir, users, o, node)?);
         cmd.args(kind.args(port, dir, o));
         let mut process = Process::spawn(kind.name(), &mut cmd, &o.output)?;
         let tls = o.tls.is_some();
-        process.wait_ready(Duration::from_secs(10), || kind.ready(port, users, tls))?;
+        // A cluster's node has JetStream only once the cluster elected a leader: here it is
+        // enough that it takes connections ([`NatsCluster::start`] waits for the rest).
+        let jetstream = node.is_none();
+        process.wait_ready(Duration::from_secs(10), || {
+            kind.ready(port, users, tls, jetstream)
+        })?;
         Ok(process)
     }
 
@@ -465,6 +505,7 @@ impl Server {
                 self.dir.path(),
                 &self.options,
                 &self.users,
+                self.node.as_ref(),
             ) {
                 Ok(process) => {
                     self.process = process;
@@ -582,4 +623,133 @@ impl Nats {
     pub fn url_as(&self, role: NatsRole) -> String {
         self.0.url_for(role.name())
     }
+}
+
+/// A NATS cluster of `nats-server`s on loopback: JetStream on each, routes between all of them
+/// (logged in with a route password of their own), the same users on every node. The fleet's
+/// programs are given every node's URL ([`NatsCluster::url_as`]) and ride through the loss of
+/// one.
+#[derive(Debug)]
+pub struct NatsCluster {
+    nodes: Vec<Server>,
+}
+
+impl NatsCluster {
+    /// Starts `n` nodes (`n1`, `n2`, …) and waits until the cluster elected its JetStream
+    /// leader and every node is healthy.
+    pub fn start(n: usize, options: &ServerOptions) -> Result<NatsCluster, Error> {
+        // Its ports are picked before any node starts (each names the others' routes), so one
+        // can be taken meanwhile: three tries with new ports.
+        let mut last = None;
+        for _ in 0..3 {
+            match Self::try_start(n, options) {
+                Ok(cluster) => return Ok(cluster),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Failed("NATS cluster not started".into())))
+    }
+
+    fn try_start(n: usize, options: &ServerOptions) -> Result<NatsCluster, Error> {
+        let users = Users::new(&Kind::Nats.roles())?;
+        let route_password = random_hex(16)?;
+        let client_ports = (0..n).map(|_| free_port()).collect::<Result<Vec<_>, _>>()?;
+        let cluster_ports = (0..n).map(|_| free_port()).collect::<Result<Vec<_>, _>>()?;
+        let monitor_ports = (0..n).map(|_| free_port()).collect::<Result<Vec<_>, _>>()?;
+        let routes: Vec<String> = cluster_ports
+            .iter()
+            .map(|p| format!("    \"nats-route://route:{route_password}@127.0.0.1:{p}\"\n"))
+            .collect();
+        let mut nodes = vec![];
+        for i in 0..n {
+            let name = format!("n{}", i + 1);
+            let conf = format!(
+                "server_name: {name}\nhttp_port: {monitor}\ncluster {{\n  name: delta\n  listen: 127.0.0.1:{cport}\n  authorization {{\n    user: route\n    password: {route_password}\n  }}\n  routes: [\n{routes}  ]\n}}\n",
+                monitor = monitor_ports[i],
+                cport = cluster_ports[i],
+                routes = routes.concat(),
+            );
+            let node = ClusterNode {
+                name,
+                monitor_port: monitor_ports[i],
+                conf,
+            };
+            // Each node its own data directory under the one given, or a temporary one.
+            let node_options = ServerOptions {
+                dir: options.dir.as_ref().map(|d| d.join(&node.name)),
+                ..options.clone()
+            };
+            nodes.push(Server::start_on(
+                Kind::Nats,
+                &node_options,
+                users.clone(),
+                client_ports[i],
+                Some(node),
+            )?);
+        }
+        let cluster = NatsCluster { nodes };
+        cluster.wait_healthy(Duration::from_secs(30))?;
+        Ok(cluster)
+    }
+
+    /// Waits until every running node says it is healthy, JetStream included (`/healthz`).
+    pub fn wait_healthy(&self, within: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + within;
+        for node in &self.nodes {
+            let Some(n) = &node.node else { continue };
+            while !healthz(n.monitor_port) {
+                if Instant::now() > deadline {
+                    return Err(Error::Failed(format!(
+                        "NATS node {} not healthy within {}s",
+                        n.name,
+                        within.as_secs()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every node's URL, comma-separated, logged in as `role`.
+    pub fn url_as(&self, role: NatsRole) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.url_for(role.name()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Every node's URL, logged in as the admin.
+    pub fn url(&self) -> String {
+        self.url_as(NatsRole::Admin)
+    }
+
+    /// The node named `name` (`n1`, …: JetStream's `server_name`), to kill or restart it.
+    pub fn node(&mut self, name: &str) -> Option<&mut Server> {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.node.as_ref().is_some_and(|c| c.name == name))
+    }
+
+    /// The nodes' names.
+    pub fn names(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.node.as_ref().map(|c| c.name.clone()))
+            .collect()
+    }
+}
+
+/// Whether `GET /healthz` on a NATS monitoring `port` answers 200.
+fn healthz(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port))
+        .and_then(|mut s| {
+            s.set_read_timeout(Some(Duration::from_millis(500)))?;
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+            let mut head = [0u8; 12];
+            s.read_exact(&mut head)?;
+            Ok(head.ends_with(b" 200"))
+        })
+        .unwrap_or(false)
 }

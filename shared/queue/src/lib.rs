@@ -146,6 +146,9 @@ pub struct Settings {
     /// Dead letters kept at most, the oldest dropped first, and for how long.
     pub dlq_max_messages: i64,
     pub dlq_max_age: Duration,
+    /// Copies of each stream a NATS cluster keeps (`DELTA_STREAM_REPLICAS`): 1 on one server,
+    /// 3 on a cluster of three, where an acknowledged write is then on a majority of servers.
+    pub replicas: usize,
 }
 
 impl Default for Settings {
@@ -159,6 +162,7 @@ impl Default for Settings {
             jobs_max_messages: 1_000_000,
             dlq_max_messages: 100_000,
             dlq_max_age: Duration::from_secs(30 * 24 * 3600),
+            replicas: 1,
         }
     }
 }
@@ -438,6 +442,7 @@ impl Queue {
         let names = Names::new(prefix);
         let p = prefix;
         js.create_or_update_stream(stream::Config {
+            num_replicas: settings.replicas,
             name: names.jobs_stream(),
             subjects: vec![format!("{p}.jobs.>")],
             retention: stream::RetentionPolicy::WorkQueue,
@@ -450,6 +455,7 @@ impl Queue {
         .await
         .map_err(|e| setup(&names.jobs_stream())(e.into()))?;
         js.create_or_update_stream(stream::Config {
+            num_replicas: settings.replicas,
             name: names.dlq_stream(),
             subjects: vec![format!("{p}.dlq.>")],
             retention: stream::RetentionPolicy::Limits,
@@ -462,6 +468,7 @@ impl Queue {
         .await
         .map_err(|e| setup(&names.dlq_stream())(e.into()))?;
         js.create_or_update_stream(stream::Config {
+            num_replicas: settings.replicas,
             name: names.interactions_stream(),
             subjects: vec![
                 format!("{p}.interactions.requested.>"),
@@ -490,6 +497,7 @@ impl Queue {
         )
         .await?;
         js.create_or_update_stream(stream::Config {
+            num_replicas: settings.replicas,
             name: names.exhausted_stream(),
             subjects: vec![names.exhausted_advisory()],
             retention: stream::RetentionPolicy::WorkQueue,
