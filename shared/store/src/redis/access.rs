@@ -1,7 +1,7 @@
 //! The Redis ACL users of the fleet's roles (docs/security.md): the least each needs.
 //!
-//! The gateway and the workers run the store's scripts on the keys under their prefix and
-//! nothing else: no administration (`CONFIG`, `ACL`, `DEBUG`, `SHUTDOWN`), no `MONITOR` (which
+//! The gateway and the workers run the store's scripts on the keys under their prefix, and ask a
+//! Redis Cluster where the slots are (`CLUSTER SLOTS`/`SHARDS`, `ASKING`), and nothing else: no administration (`CONFIG`, `ACL`, `DEBUG`, `SHUTDOWN`), no `MONITOR` (which
 //! would show every command, answers included), no `KEYS`, `FLUSHALL` or `SCRIPT FLUSH`, no
 //! pub/sub channels, no key outside `<prefix>:*`. Both roles need the same commands, since every
 //! state change is a script over the same keys; they are separate users so that each credential
@@ -50,7 +50,8 @@ pub fn rules(prefix: Option<&str>, role: RedisRole) -> String {
             };
             format!(
                 "resetkeys {keys} resetchannels -@all +@read +@write +@scripting +@connection \
-                 +@transaction -@admin -@dangerous -script|flush -script|kill -function"
+                 +@transaction -@admin -@dangerous -script|flush -script|kill -function \
+                 +cluster|slots +cluster|shards +asking"
             )
         }
     }
