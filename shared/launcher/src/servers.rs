@@ -745,6 +745,24 @@ impl NatsCluster {
             .find(|n| n.node.as_ref().is_some_and(|c| c.name == name))
     }
 
+    /// The nodes by name, to stop or signal them.
+    pub fn named_nodes(&mut self) -> Vec<(String, &mut Server)> {
+        self.nodes
+            .iter_mut()
+            .map(|n| {
+                (
+                    n.node.as_ref().map(|c| c.name.clone()).unwrap_or_default(),
+                    n,
+                )
+            })
+            .collect()
+    }
+
+    /// The nodes' process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().map(|n| n.pid()).collect()
+    }
+
     /// The nodes' names.
     pub fn names(&self) -> Vec<String> {
         self.nodes
