@@ -8,6 +8,7 @@ error, never ignored):
 - `namespace`: set on every namespaced object;
 - `secretGenerator` with `envs` (KEY=VALUE lines) or `files`, with
   `generatorOptions.disableNameSuffixHash: true` (no hash suffixes are rendered);
+- `images`: `name` with `newName`, `newTag` or `digest` (as `kustomize edit set image` writes);
 - `patches` with `path`: strategic-merge patches matched by kind, name and namespace; lists of
   objects with a `name` (containers, env, volumes, ...) merge by name, other lists are replaced;
   `$patch: delete` removes the object.
@@ -35,7 +36,7 @@ import yaml
 
 KUSTOMIZATION_FIELDS = {
     "apiVersion", "kind", "namespace", "resources", "patches", "secretGenerator",
-    "generatorOptions",
+    "generatorOptions", "images",
 }
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
                   "PersistentVolume", "StorageClass", "PriorityClass"}
@@ -190,6 +191,22 @@ def render(directory, stand_ins, seen=()):
                 source = objects[i]["_source"]
                 objects[i] = merge(objects[i], pdoc)
                 objects[i]["_source"] = source
+
+    for image in k.get("images") or []:
+        unknown = set(image) - {"name", "newName", "newTag", "digest"}
+        if unknown or "name" not in image:
+            raise Fault(f"{path}: images: {sorted(unknown) or 'no name'} not rendered by this "
+                        "checker")
+        for _, spec in pod_specs(objects):
+            for c in spec.get("containers", []) + spec.get("initContainers", []):
+                name = re.split(r"[@]|:(?=[^/]*$)", c["image"])[0]
+                if name == image["name"]:
+                    new = image.get("newName", name)
+                    if image.get("digest"):
+                        c["image"] = f"{new}@{image['digest']}"
+                    else:
+                        tag = image.get("newTag") or (c["image"][len(name) + 1:] or "latest")
+                        c["image"] = f"{new}:{tag}"
 
     if k.get("namespace"):
         for o in objects:
