@@ -167,6 +167,10 @@ refused kustomize k8s/worker-scaledobject.yaml 's/consumer: delta-workers/consum
   "trigger consumer is 'delta-worker'" k8s
 refused kustomize k8s/worker-scaledobject.yaml 's/lagThreshold: "16"/lagThreshold: "100"/' \
   "lagThreshold 100 is not the workers' DELTA_WORKER_CONCURRENCY 16" k8s
+refused kustomize k8s/gateway.yaml 's/:\$(REDIS_PASSWORD)@/:hunter2hunter2@/' \
+  "DELTA_REDIS_URL carries a password in clear" k8s
+refused kustomize k8s/gateway.yaml '0,/- name: DELTA_GATEWAY_ADDR/s//- name: DELTA_GATEWAY_TOKEN_X\n              value: abc/' \
+  "env DELTA_GATEWAY_TOKEN_X looks like a secret" k8s
 refused kustomize k8s/config.yaml 's/^  DELTA_LOG: info$/  DELTA_GATEWAY_TOKEN: not-in-a-configmap/' \
   "data.DELTA_GATEWAY_TOKEN looks like a secret" k8s
 refused kustomize k8s/network-policies.yaml '0,/policyTypes: \[Ingress, Egress\]/s//policyTypes: [Ingress]/' \
@@ -189,5 +193,5 @@ refused nats_values k8s/nats-values.yaml '0,/key: DELTA_NATS_BOT_PASSWORD/s//key
 refused redis_cluster k8s/redis-cluster/values.yaml 's/appendfsync always/appendfsync everysec/' \
   "no \`appendfsync always\`"
 refused yamllint k8s/gateway.yaml 's/^kind: Service$/kind: Service   /' "trailing-spaces"
-refused yamllint k8s/worker.yaml 's/^  replicas: 2$/  replicas:   2/' "colons"
+refused yamllint k8s/gateway.yaml 's/^  replicas: 2$/  replicas:   2/' "colons"
 echo "ok: deploy/k8s (Kubernetes $K8S_VERSION schemas, KEDA $KEDA_VERSION ScaledObject CRD), its chart values and yamllint"

@@ -300,7 +300,7 @@ def fleet_checks(objects, redis_start):
                               "refer to the Secret instead")
         if o["kind"] == "ConfigMap":
             for key in o.get("data") or {}:
-                if SECRET_NAME.search(key):
+                if SECRET_NAME.search(key) and not key.endswith("_FILE"):
                     faults.append(f"{o['_source']}: {show(o)}: data.{key} looks like a secret: "
                                   "secrets go in the Secret, never in a ConfigMap")
 
@@ -338,6 +338,10 @@ def fleet_checks(objects, redis_start):
                 if m["name"] not in volumes and m["name"] not in claims:
                     faults.append(f"{cw}: mounts volume {m['name']!r}, which the pod does not "
                                   "have")
+            for word in (c.get("command") or []) + (c.get("args") or []):
+                if re.search(r"://[^/:@\s]+:[^@\s]+@|--(token|secrets-key)\b", str(word)):
+                    faults.append(f"{cw}: a secret on the command line ({str(word)[:12]}…): "
+                                  "`ps` shows it; use the environment from the Secret")
             # $(VAR) is expanded only from variables defined before it (else it stays literal,
             # and e.g. a password would be the text "$(NATS_PASSWORD)").
             defined = set()
@@ -350,6 +354,15 @@ def fleet_checks(objects, redis_start):
                     else:
                         defined |= set(configmaps[ref].get("data") or {})
             for e in c.get("env") or []:
+                literal = e.get("value")
+                if (literal is not None and SECRET_NAME.search(e["name"])
+                        and not e["name"].endswith("_FILE")):
+                    faults.append(f"{cw}: env {e['name']} looks like a secret but has a value "
+                                  "in the manifest: take it from the Secret (secretKeyRef)")
+                for password in re.findall(r"://[^/:@\s]+:([^@\s]+)@", literal or ""):
+                    if not re.fullmatch(r"\$\([A-Za-z_][A-Za-z0-9_]*\)", password):
+                        faults.append(f"{cw}: env {e['name']} carries a password in clear: "
+                                      "write $(VAR) with VAR from the Secret")
                 for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", e.get("value") or ""):
                     if ref not in defined:
                         faults.append(f"{cw}: env {e['name']} uses $({ref}), which is not "
