@@ -282,7 +282,14 @@ impl Kind {
                 }
                 let path = dir.join("users.acl");
                 write_private(&path, &acl)?;
-                let mut args: Vec<OsString> = vec!["--aclfile".into(), path.into()];
+                let mut args: Vec<OsString> = vec![];
+                if let Some(n) = node.filter(|n| !n.server_conf.is_empty()) {
+                    // A configuration file must be redis-server's first argument.
+                    let conf = dir.join("node.conf");
+                    write_private(&conf, &n.server_conf)?;
+                    args.push(conf.into());
+                }
+                args.extend(["--aclfile".into(), path.into_os_string()]);
                 if let Some(n) = node {
                     args.extend(n.args.iter().map(OsString::from));
                     // Its cluster state beside its data.
@@ -415,6 +422,8 @@ struct ClusterNode {
     conf: String,
     /// Arguments added to its command line.
     args: Vec<String>,
+    /// Redis: a configuration file of its own (read first), for what must not show in `ps`.
+    server_conf: String,
 }
 
 impl Server {
@@ -686,6 +695,7 @@ impl NatsCluster {
                 monitor_port: monitor_ports[i],
                 conf,
                 args: vec![],
+                server_conf: String::new(),
             };
             // Each node its own data directory under the one given, or a temporary one.
             let node_options = ServerOptions {
@@ -836,11 +846,11 @@ impl RedisCluster {
                         "yes".into(),
                         "--cluster-node-timeout".into(),
                         "2000".into(),
-                        "--masteruser".into(),
-                        "delta-replication".into(),
-                        "--masterauth".into(),
-                        replication.clone(),
                     ],
+                    // In a file of its own, not on the command line (`ps` shows that).
+                    server_conf: format!(
+                        "masteruser delta-replication\nmasterauth {replication}\n"
+                    ),
                 };
                 match Server::start_on(
                     Kind::Redis,
