@@ -363,29 +363,26 @@ pub async fn connect_client(
         url: shown.clone(),
         source,
     };
-    let servers: Vec<async_nats::ServerAddr> = url
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<async_nats::ServerAddr>())
-        .collect::<Result<_, _>>()
-        // The parser's message can quote the URL, password and all: say what is wrong only.
-        .map_err(|_| connect_error("not a NATS URL (nats://[user:password@]host:port)".into()))?;
+    let parse = |s: &str| {
+        s.parse::<async_nats::ServerAddr>()
+            // The parser's message can quote the URL, password and all: say what is wrong only.
+            .map_err(|_| connect_error("not a NATS URL (nats://[user:password@]host:port)".into()))
+    };
     let mut options = async_nats::ConnectOptions::new();
-    if let Some(addr) = servers.iter().find(|a| a.has_user_pass()) {
-        let user = percent_decode(addr.username().unwrap_or_default());
-        let pass = percent_decode(addr.password().unwrap_or_default());
-        options = options.user_and_password(user, pass);
+    let mut servers = vec![];
+    let mut logged_in = false;
+    for one in url.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let addr = parse(one)?;
+        if addr.has_user_pass() && !logged_in {
+            let user = percent_decode(addr.username().unwrap_or_default());
+            let pass = percent_decode(addr.password().unwrap_or_default());
+            options = options.user_and_password(user, pass);
+            logged_in = true;
+        }
+        // The address without its user and password, which the client would otherwise show in
+        // its own debug logs.
+        servers.push(parse(&strip_userinfo(one))?);
     }
-    // The addresses without their user and password, which the client would otherwise show in
-    // its own debug logs.
-    let servers: Vec<async_nats::ServerAddr> = url
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| strip_userinfo(s).parse::<async_nats::ServerAddr>())
-        .collect::<Result<_, _>>()
-        .map_err(|_| connect_error("not a NATS URL (nats://[user:password@]host:port)".into()))?;
     if let Some(ca) = &settings.ca_file {
         if !ca.is_file() {
             return Err(connect_error(
