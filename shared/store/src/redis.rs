@@ -45,10 +45,12 @@ use redis::aio::ConnectionManager;
 
 pub mod access;
 mod index;
+mod migrate;
 mod retention;
 mod tickets;
 
 pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
+pub use migrate::Migrated;
 pub use retention::{Purge, Purged};
 
 use super::{AnswerStore, Error, RunRecord, RunStore, Settled, StatusChange, StoredRun, numbered};
@@ -198,6 +200,24 @@ end
 return seq
 "#;
 
+/// Buckets when `DELTA_REDIS_BUCKETS` is not set.
+pub const DEFAULT_BUCKETS: u32 = 16;
+
+/// The most buckets a deployment may have (a listing reads every one of them).
+pub const MAX_BUCKETS: u32 = 1024;
+
+/// The bucket of `id` (a run id, or an idempotency key's digest) among `buckets`: the 32-bit
+/// FNV-1a hash of its text (a run id in its hyphenated lowercase form), modulo `buckets`.
+/// Where every key lives follows from it: it must never change.
+pub fn bucket_of(id: &str, buckets: u32) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in id.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % buckets.max(1)
+}
+
 /// An error a script returned on purpose (`redis.error_reply`), parsed from its code: the store
 /// acts on these, never on the text of other errors.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -315,6 +335,8 @@ pub struct RedisRunStore {
     conn: ConnectionManager,
     /// Key prefix (`DELTA_KEY_PREFIX`, default `delta`).
     prefix: String,
+    /// How many buckets the runs are spread over (`DELTA_REDIS_BUCKETS`), as stored in Redis.
+    buckets: u32,
     /// The fencing token of the delivery this handle writes for, if any.
     fence: Option<Fence>,
     /// The worker this handle writes for (the run record's `owner`).
@@ -445,6 +467,46 @@ impl RedisRunStore {
         prefix: &str,
         ca_file: Option<&std::path::Path>,
     ) -> Result<Self, Error> {
+        Self::connect_buckets(url, prefix, ca_file, DEFAULT_BUCKETS).await
+    }
+
+    /// Connects as [`Self::connect_with`] for a deployment of `buckets` buckets
+    /// (`DELTA_REDIS_BUCKETS`). The first program to connect to a prefix stores the count in
+    /// `<prefix>:buckets`; a program with another count is refused ([`Error::Buckets`]), and so
+    /// is one that finds the layout of before the buckets (run `delta migrate-redis` first).
+    pub async fn connect_buckets(
+        url: &str,
+        prefix: &str,
+        ca_file: Option<&std::path::Path>,
+        buckets: u32,
+    ) -> Result<Self, Error> {
+        let store = Self::connect_unchecked(url, prefix, ca_file, buckets).await?;
+        if store.has_old_layout().await? {
+            return Err(Error::Buckets(format!(
+                "Redis holds runs under the prefix `{prefix}` in the layout of before the buckets: stop the fleet and run `delta migrate-redis` (docs/operations.md#redis-buckets)"
+            )));
+        }
+        store.claim_buckets().await?;
+        Ok(store)
+    }
+
+    /// Connects without checking the layout or the bucket count (for the migration).
+    async fn connect_unchecked(
+        url: &str,
+        prefix: &str,
+        ca_file: Option<&std::path::Path>,
+        buckets: u32,
+    ) -> Result<Self, Error> {
+        if prefix.contains(['{', '}']) {
+            return Err(Error::Buckets(format!(
+                "the key prefix `{prefix}` holds a brace: braces mark Redis Cluster hash tags, pick a prefix without them"
+            )));
+        }
+        if !(1..=MAX_BUCKETS).contains(&buckets) {
+            return Err(Error::Buckets(format!(
+                "{buckets} buckets: DELTA_REDIS_BUCKETS must be 1 to {MAX_BUCKETS}"
+            )));
+        }
         let client = open_client(url, ca_file)?;
         let conn = ConnectionManager::new(client.clone())
             .await
@@ -453,6 +515,7 @@ impl RedisRunStore {
             client,
             conn,
             prefix: prefix.to_owned(),
+            buckets,
             fence: None,
             owner: None,
             traceparent: None,
@@ -464,6 +527,43 @@ impl RedisRunStore {
             seen: Arc::default(),
             durability: Durability::FsyncAlways,
         })
+    }
+
+    /// Stores this handle's bucket count in `<prefix>:buckets` unless a count is there, and
+    /// refuses to go on with another one.
+    async fn claim_buckets(&self) -> Result<(), Error> {
+        let key = self.index("buckets");
+        let mut conn = self.conn.clone();
+        let (stored,): (Option<String>,) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(self.buckets)
+            .arg("NX")
+            .ignore()
+            .get(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        match stored.as_deref().map(str::parse::<u32>) {
+            Some(Ok(n)) if n == self.buckets => Ok(()),
+            Some(Ok(n)) => Err(Error::Buckets(format!(
+                "this Redis spreads the runs of prefix `{}` over {n} buckets, but this program was started with DELTA_REDIS_BUCKETS={}: start it with DELTA_REDIS_BUCKETS={n} (the count is fixed for the life of a deployment, or runs would be lost)",
+                self.prefix, self.buckets
+            ))),
+            _ => Err(Error::Buckets(format!(
+                "`{key}` does not hold a bucket count ({stored:?}): it was not written by Delta Fleet"
+            ))),
+        }
+    }
+
+    /// Whether keys of the layout of before the buckets are there (`<prefix>:runs:all`).
+    async fn has_old_layout(&self) -> Result<bool, Error> {
+        let mut conn = self.conn.clone();
+        redis::cmd("EXISTS")
+            .arg(self.index("runs:all"))
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)
     }
 
     /// A handle that makes writes durable as `durability` says, once it checked that the server
@@ -546,8 +646,39 @@ impl RedisRunStore {
         self.conn.clone()
     }
 
+    /// How many buckets the runs are spread over (`DELTA_REDIS_BUCKETS`).
+    pub fn buckets(&self) -> u32 {
+        self.buckets
+    }
+
+    /// The bucket of `run_id`.
+    pub fn bucket(&self, run_id: RunId) -> u32 {
+        bucket_of(&run_id.to_string(), self.buckets)
+    }
+
+    /// The start of every key of bucket `k`: `<prefix>:{b<k>}`; the braces make it the hash tag,
+    /// so that all of them live in one Redis Cluster slot.
+    pub fn tag(&self, k: u32) -> String {
+        format!("{}:{{b{k}}}", self.prefix)
+    }
+
+    /// The tag of `run_id`'s bucket: what the scripts get as their prefix.
+    fn run_tag(&self, run_id: RunId) -> String {
+        self.tag(self.bucket(run_id))
+    }
+
+    /// The index `name` (`runs:all`, `interactions:pending`, …) of bucket `k`.
+    pub fn bucket_index(&self, k: u32, name: &str) -> String {
+        format!("{}:{name}", self.tag(k))
+    }
+
+    /// The index `name` of the bucket `run_id` is in.
+    pub fn run_index(&self, run_id: RunId, name: &str) -> String {
+        self.bucket_index(self.bucket(run_id), name)
+    }
+
     pub fn run_key(&self, run_id: RunId) -> String {
-        format!("{}:run:{{{run_id}}}", self.prefix)
+        format!("{}:run:{run_id}", self.run_tag(run_id))
     }
 
     fn journal_key(&self, run_id: RunId) -> String {
@@ -558,7 +689,21 @@ impl RedisRunStore {
         format!("{}:ix:{request_id}", self.run_key(run_id))
     }
 
-    /// An index key: `<prefix>:<name>`.
+    /// One command per bucket (`add(pipe, k)` adds bucket `k`'s), all in one round trip: the
+    /// replies in bucket order.
+    async fn per_bucket<T: redis::FromRedisValue>(
+        &self,
+        add: impl Fn(&mut redis::Pipeline, u32),
+    ) -> Result<Vec<T>, Error> {
+        let mut pipe = redis::pipe();
+        for k in 0..self.buckets {
+            add(&mut pipe, k);
+        }
+        let mut conn = self.connection();
+        pipe.query_async(&mut conn).await.map_err(backend)
+    }
+
+    /// A key of its own outside the buckets (`workers`, `ticket:…`, `buckets`): `<prefix>:<name>`.
     fn index(&self, name: &str) -> String {
         format!("{}:{name}", self.prefix)
     }
@@ -610,7 +755,7 @@ impl RedisRunStore {
             .arg(state.as_str())
             .arg(json)
             .arg(now.to_string())
-            .arg(&self.prefix)
+            .arg(self.run_tag(run_id))
             .arg(&rid)
             .arg(format!("{run_id}/{rid}"))
             .arg(check_at)
@@ -698,7 +843,7 @@ impl RedisRunStore {
         let mut conn = self.connection();
         let n: i64 = Script::new(REOPEN)
             .key(self.interaction_key(run_id, &request_id.to_string()))
-            .arg(&self.prefix)
+            .arg(self.run_tag(run_id))
             .arg(request_id.to_string())
             .arg(q.timestamp.micros())
             .arg(
@@ -954,7 +1099,7 @@ impl RunStore for RedisRunStore {
         let now = Timestamp::now();
         let mut args = AppendArgs {
             now: now.to_string(),
-            prefix: self.prefix.clone(),
+            prefix: self.run_tag(run_id),
             created_us: now.micros().to_string(),
             owner: self.owner.clone().unwrap_or_default(),
             traceparent: self.traceparent.clone().unwrap_or_default(),
