@@ -1,25 +1,35 @@
 //! The fleet's run store: Redis (docs/protocol.md §5).
 //!
+//! Runs are spread over `B` buckets (`DELTA_REDIS_BUCKETS`, default 16, fixed per deployment and
+//! stored in `<p>:buckets`); run `r` is in bucket `k = fnv1a32(r) mod B` ([`bucket_of`]). `<t>` is
+//! the bucket's tag `<p>:{b<k>}`: the braces make `b<k>` the Redis Cluster hash tag.
+//!
 //! ```text
-//! <p>:run:{<run_id>}                 hash    the run record, plus `seq` (last journal seq), the fence, `owner`, `job_seq`,
-//!                                            `idempotency_key` (the key its submission set, if any)
-//! <p>:run:{<run_id>}:journal         stream  one entry per event, entry id `<seq>-0`, field `e` = the event JSON
-//! <p>:run:{<run_id>}:ix:<request_id> hash    request JSON, state (PENDING/ANSWERED/EXPIRED/CANCELLED), response,
-//!                                            answered_at, resume_seq, traceparent
-//! <p>:runs:all, <p>:runs:<STATUS>    zset    run ids by creation time (µs)
-//! <p>:runs:finished                  zset    finished run ids by when they finished (µs): what retention reads
-//! <p>:interactions:all, …:pending    zset    request ids by request time (µs)
-//! <p>:interactions:deadlines         zset    pending request ids by `expires_at` (µs)
-//! <p>:interactions:runs              hash    request id → run id
-//! <p>:resumes                        zset    `<run_id>/<request_id>` of answered requests whose run has not
-//!                                            resumed yet, by when a reconciler should look at it next
-//! <p>:workers                        zset    worker ids by last heartbeat (ms)
-//! <p>:idempotency:<sha256>           string  `<run_id> <body sha256>` of a submission (24 h)
-//! <p>:ticket:<sha256>                string  what a live-stream ticket grants (the gateway's JSON), for its
-//!                                            few seconds; taken with GETDEL on first use
+//! <p>:buckets                       string  B, set by the first program to start
+//! <t>:run:<run_id>                  hash    the run record, plus `seq` (last journal seq), the fence, `owner`,
+//!                                           `job_seq`, `idempotency_key` (the key its submission set, if any)
+//! <t>:run:<run_id>:journal          stream  one entry per event, entry id `<seq>-0`, field `e` = the event JSON
+//! <t>:run:<run_id>:ix:<request_id>  hash    request JSON, state (PENDING/ANSWERED/EXPIRED/CANCELLED), response,
+//!                                           answered_at, resume_seq, traceparent
+//! <t>:runs:all, <t>:runs:<STATUS>   zset    the bucket's run ids by creation time (µs)
+//! <t>:runs:finished                 zset    finished run ids by when they finished (µs): what retention reads
+//! <t>:interactions:all, …:pending   zset    request ids by request time (µs)
+//! <t>:interactions:deadlines        zset    pending request ids by `expires_at` (µs)
+//! <t>:interactions:runs             hash    request id → run id
+//! <t>:resumes                       zset    `<run_id>/<request_id>` of answered requests whose run has not
+//!                                           resumed yet, by when a reconciler should look at it next
+//! <t'>:idempotency:<sha256>         string  `<run_id> <body sha256>` of a submission (24 h); `t'` is the
+//!                                           digest's bucket, and the run's id is drawn in that bucket
+//! <p>:workers                       zset    worker ids by last heartbeat (ms)
+//! <p>:ticket:<sha256>               string  what a live-stream ticket grants (the gateway's JSON), for its
+//!                                           few seconds; taken with GETDEL on first use
 //! ```
 //!
-//! Every key of a run shares the hash tag `{<run_id>}`, and each state change is one Lua script.
+//! A run's keys and its bucket's indexes share one hash tag, so each state change is one Lua
+//! script on one slot, on one Redis as on Redis Cluster; the keys outside the buckets are touched
+//! by no script. Listings, reconcilers and the request id → run lookup read every bucket with
+//! one pipelined command each, in one round trip (`redis/index.rs`).
+//!
 //! A store handle may carry a fencing token `(stream sequence, delivery count)` taken from the
 //! JetStream delivery it works for: a write with an older token than the run's is refused
 //! (`Error::Fenced`) and changes nothing; a newer one takes the run over. So a worker that stalled
@@ -31,9 +41,7 @@
 //! again and journal a second result for it).
 //!
 //! The indexes (`runs:*`, `interactions:*`, `resumes`) are updated inside the same scripts as the
-//! run's state, so on one Redis they are never stale. On Redis Cluster those scripts would touch
-//! two slots; there the index updates would have to move to a second step repaired by the
-//! reconcilers (not built: we run one Redis with AOF, see README).
+//! run's state, so they are never stale.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -112,6 +120,7 @@ script_args!(
         err_text,
         // The request JSON when the run starts waiting.
         request,
+        // The run's bucket tag `<p>:{b<k>}`: the indexes' keys start with it.
         prefix,
         // µs of the write (the score of a run new to an index), the owner ('' for none).
         created_us,
@@ -271,7 +280,7 @@ impl ScriptError {
 }
 
 /// Creates a run record unless one exists, indexed; with an idempotency key, a second submission
-/// returns the first one's value instead. KEYS: run. ARGV: prefix, created µs, idempotency key
+/// returns the first one's value instead. KEYS: run. ARGV: the run's bucket tag, created µs, idempotency key
 /// (or ''), its value, its TTL in seconds, then the record's fields.
 const CREATE: &str = r#"
 if ARGV[3] ~= '' then
@@ -299,7 +308,7 @@ return {'CREATED', ''}
 
 /// Settles a pending interaction: `ANSWERED` with its response, or `EXPIRED` by the clock, and
 /// queues its run's resume for the reconciler to check. Returns `WON`, or the state it was in.
-/// KEYS: the interaction. ARGV: new state, response JSON (or ''), now, prefix, request id,
+/// KEYS: the interaction. ARGV: new state, response JSON (or ''), now, bucket tag, request id,
 /// resume member, when to check the resume (µs).
 const RESOLVE: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'state')
@@ -315,7 +324,7 @@ return 'WON'
 
 /// Opens an answered interaction again (its answer was refused by the engine): `PENDING`,
 /// answer removed, back in the pending and deadline indexes. KEYS: the interaction. ARGV:
-/// prefix, request id, request time (µs), deadline (µs or ''), resume member.
+/// bucket tag, request id, request time (µs), deadline (µs or ''), resume member.
 const REOPEN: &str = r#"
 if redis.call('HGET', KEYS[1], 'state') ~= 'ANSWERED' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'PENDING')

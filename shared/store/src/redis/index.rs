@@ -22,7 +22,7 @@ use delta_protocol::{
 /// failure before its deadline, is `PENDING` again. Only a run whose error is the letter's
 /// reason: one that failed otherwise stays as it is. Returns `{'QUEUED', seq}`, or
 /// `{'STATUS', status}` / `{'OTHER', error}` when nothing changed.
-/// KEYS: run, journal, the open question (or a dummy). ARGV: prefix, now, now µs, the note's JSON
+/// KEYS: run, journal, the open question (or a dummy). ARGV: bucket tag, now, now µs, the note's JSON
 /// without its opening brace, the letter's reason, the question's id (or ''), when it was asked
 /// (µs), its deadline (µs or '').
 const REQUEUE: &str = r#"

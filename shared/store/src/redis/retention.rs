@@ -1,7 +1,7 @@
 //! Retention: finished runs are deleted, whole, some time after they finished (`DELTA_RETENTION`,
 //! issue 14 finding 9).
 //!
-//! `<p>:runs:finished` holds every finished run by when it finished (µs). The scripts that finish
+//! `<t>:runs:finished` (one per bucket) holds every finished run by when it finished (µs). The scripts that finish
 //! a run add it there (`APPEND` with a terminal status, `CREATE` of a terminal record) and the one
 //! that reopens a finished run takes it out (`REQUEUE`, a dead letter retried), so finding what is
 //! due is one `ZRANGEBYSCORE`, never a walk over the keys. [`PURGE`] then deletes one run
@@ -22,7 +22,7 @@ use crate::Error;
 use delta_protocol::{RunId, RunStatus, Timestamp};
 
 /// Deletes one finished run entirely, if it finished at or before the cut-off. KEYS: run,
-/// journal. ARGV: prefix, run id, cut-off (µs). Returns `PURGED`, `GONE` (nothing was left but
+/// journal. ARGV: bucket tag, run id, cut-off (µs). Returns `PURGED`, `GONE` (nothing was left but
 /// index entries, now removed), `KEPT` (finished after the cut-off, or not in the finished index)
 /// or `LIVE` (not finished: reopened; its stale finished entry is removed).
 ///
