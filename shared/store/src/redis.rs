@@ -1171,3 +1171,21 @@ impl RunStore for RedisRunStore {
         Ok(numbered(events, first, now))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::bucket_of;
+
+    /// Where every key lives follows from the bucket hash: these values must never change
+    /// (32-bit FNV-1a reference values, and a run id's bucket as stored).
+    #[test]
+    fn the_bucket_hash_is_fnv1a_and_never_changes() {
+        assert_eq!(bucket_of("", u32::MAX), 0x811c_9dc5);
+        assert_eq!(bucket_of("a", u32::MAX), 0xe40c_292c);
+        assert_eq!(bucket_of("foobar", u32::MAX), 0xbf9c_f968);
+        let run = "0192f1c4-8a3b-7c2d-9e4f-5a6b7c8d9e0f";
+        assert_eq!(bucket_of(run, 16), 1);
+        assert_eq!(bucket_of(run, 256), 33);
+        assert_eq!(bucket_of("anything", 1), 0);
+    }
+}
