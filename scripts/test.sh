@@ -17,6 +17,9 @@ deploy/install-browser.sh
 echo "== docker-compose.yml and its configs (no container engine needed)"
 scripts/validate-compose.sh
 
+echo "== deploy/k8s: Kubernetes manifests, KEDA ScaledObject, chart values (no cluster needed)"
+scripts/validate-k8s.sh
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -73,6 +73,9 @@ pub struct BenchArgs {
     /// with DELTA_REDIS_DURABILITY=none: a Redis host crash can lose about a second of writes).
     #[arg(long, default_value = "always", value_parser = ["always", "everysec"])]
     pub fsync: String,
+    /// NATS servers: 1, or a cluster of 3 (or 5) keeping each stream on three of them (R3).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=5))]
+    pub nats_servers: u16,
     /// Before the timed runs, pause this many runs at once to measure what a paused run costs
     /// (Redis bytes, worker memory); they are answered before the timed runs start.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100_000))]
@@ -215,10 +218,17 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
         redis_fsync: a.fsync.clone(),
         // Quiet, but for each process's Redis round trips, logged as it stops.
         log_level: "warn".into(),
+        nats_servers: usize::from(a.nats_servers),
     };
     eprintln!(
-        "starting redis-server (appendfsync {}), nats-server, a gateway and {} worker(s)…",
-        a.fsync, a.workers
+        "starting redis-server (appendfsync {}), {}, a gateway and {} worker(s)…",
+        a.fsync,
+        if a.nats_servers > 1 {
+            format!("a cluster of {} nats-servers (R3)", a.nats_servers)
+        } else {
+            "nats-server".to_owned()
+        },
+        a.workers
     );
     let fleet = match LocalFleet::start(&opts).await {
         Ok(f) => f,
@@ -444,6 +454,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         "journal_len": a.journal_len,
         "echo": match a.echo { Echo::Builtin => "builtin", Echo::Process => "process" },
         "redis_appendfsync": a.fsync,
+        "nats_servers": a.nats_servers,
         "redis_commands_per_run": round(fleet_commands as f64 / a.runs as f64, 2),
         "redis_commands": commands.into_iter().collect::<HashMap<_, _>>(),
         "redis_bytes_per_completed_run": (after_mem.saturating_sub(before_mem)) / a.runs.max(1),
@@ -788,10 +799,18 @@ impl CpuTimes {
         }
         parts.push(("workers".to_owned(), worker_ticks));
         parts.push(("tools".to_owned(), tool_ticks));
-        for name in ["gateway", "redis", "nats"] {
+        for name in ["gateway", "redis"] {
             let t = fleet.pid(name).and_then(ticks).map_or(0, |(own, _)| own);
             parts.push((name.to_owned(), t));
         }
+        // Every NATS server of a cluster.
+        let nats: u64 = fleet
+            .nats_pids()
+            .into_iter()
+            .filter_map(ticks)
+            .map(|(own, _)| own)
+            .sum();
+        parts.push(("nats".to_owned(), nats));
         let me = ticks(std::process::id()).map_or(0, |(own, _)| own);
         parts.push(("bench".to_owned(), me));
         CpuTimes(parts)

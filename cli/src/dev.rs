@@ -20,6 +20,9 @@ pub struct DevArgs {
     /// How many workers to start.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub workers: u16,
+    /// NATS servers: 1, or a cluster of 3 (or 5) keeping each stream on three of them (R3).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=5))]
+    pub nats_servers: u16,
     /// The gateway's port (a free one when left out).
     #[arg(long)]
     pub port: Option<u16>,
@@ -93,6 +96,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         cwd: root.clone(),
         redis_fsync: "always".into(),
         log_level: "info".into(),
+        nats_servers: usize::from(a.nats_servers),
     };
     eprintln!(
         "starting redis-server, nats-server, a gateway and {} worker(s)…",

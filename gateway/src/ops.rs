@@ -242,7 +242,10 @@ impl Gateway {
         };
         let (run_id, ix) = self.find(request_id).await?;
         if ix.state != InteractionState::Pending {
-            return self.settled(run_id, &ix, &response);
+            let run = self.settled(run_id, &ix, &response)?;
+            // The same answer again (a retry after a 503): acknowledged once it is on disk.
+            self.store.sync().await?;
+            return Ok(run);
         }
         if !ix.request.allows(&response.responder) {
             return Err(
@@ -269,7 +272,9 @@ impl Gateway {
         if won.is_some() {
             // Someone else settled it between our read and our write.
             let (_, now) = self.find(request_id).await?;
-            return self.settled(run_id, &now, &response);
+            let run = self.settled(run_id, &now, &response)?;
+            self.store.sync().await?;
+            return Ok(run);
         }
         // Accepted only once it is on disk: no "accepted" that a Redis crash forgets while
         // the resume it queued goes ahead. A retry of this answer is acknowledged again.

@@ -167,3 +167,118 @@ async fn a_fleet_on_a_nats_cluster_loses_nothing_when_the_jobs_leader_is_killed(
     let now = leader(&js, "NC_JOBS").await;
     assert_ne!(now, killed, "a new leader");
 }
+
+/// The harness's Redis Cluster (3 masters, a replica each, ACL users on every node, replicas
+/// logged in to their masters with a user that may only replicate) takes writes across slots
+/// from a cluster client logged in as a fleet role; once the replicas caught up, a master is
+/// killed and its replica takes over with every write. (What asynchronous replication loses
+/// when a master dies before its replica caught up is for the fleet's store on a cluster, with
+/// `WAIT`/`WAITAOF`, to come.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_cluster_fails_over_to_a_replica_that_caught_up() {
+    use redis::AsyncCommands;
+    let mut cluster =
+        delta_launcher::RedisCluster::start(3, 1, &ServerOptions::default()).expect("cluster");
+    let seeds: Vec<String> = cluster
+        .url_as(RedisRole::Worker)
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let client = redis::cluster::ClusterClient::new(seeds.clone()).expect("client");
+    let mut c = client.get_async_connection().await.expect("connect");
+    for i in 0..200 {
+        let _: () = c.set(format!("t:{i}"), i).await.expect("set");
+    }
+    // The replicas have them (asynchronous replication: wait for it), then a master goes.
+    let admin = cluster.url_as(RedisRole::Admin);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut all = true;
+        for url in admin.split(',') {
+            let node = redis::Client::open(url).expect("url");
+            let mut n = node.get_multiplexed_async_connection().await.expect("node");
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut n)
+                .await
+                .expect("info");
+            // A master's replicas report an offset equal to its own when caught up.
+            if info.contains("role:master") {
+                let own = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("master_repl_offset:"))
+                    .unwrap_or("0")
+                    .trim()
+                    .to_owned();
+                if !info.contains(&format!("offset={own},")) {
+                    all = false;
+                }
+            }
+        }
+        if all {
+            break;
+        }
+        assert!(Instant::now() < deadline, "replicas never caught up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let master = {
+        let mut found = None;
+        for (i, url) in admin.split(',').enumerate() {
+            let node = redis::Client::open(url).expect("url");
+            let mut n = node.get_multiplexed_async_connection().await.expect("node");
+            let role: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut n)
+                .await
+                .expect("info");
+            if role.contains("role:master") {
+                found = Some(i);
+                break;
+            }
+        }
+        found.expect("a master")
+    };
+    cluster.nodes()[master].process().signal(Signal::SIGKILL);
+    // Its replica takes over; every key is there, read through the cluster client.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut missing;
+    loop {
+        missing = 0;
+        let mut failed = false;
+        for i in 0..200 {
+            match c.get::<_, Option<i64>>(format!("t:{i}")).await {
+                Ok(Some(v)) if v == i => {}
+                Ok(_) => missing += 1,
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        if !failed && missing == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after failover: {missing} keys missing, or the cluster never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A fleet role still may not administer a node (one that is alive).
+    let live = (master + 1) % seeds.len();
+    let worker = redis::Client::open(seeds[live].as_str()).expect("url");
+    let mut n = worker
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a live node");
+    let r: Result<String, _> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("*")
+        .query_async(&mut n)
+        .await;
+    assert!(
+        r.as_ref()
+            .is_err_and(|e| e.to_string().to_uppercase().contains("NOPERM")),
+        "a worker ran CONFIG on a cluster node: {r:?}"
+    );
+}

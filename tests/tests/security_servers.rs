@@ -64,6 +64,8 @@ async fn check_redis_roles(url_as: impl Fn(RedisRole) -> String, anonymous: &str
             &["ACL", "LIST"],
             &["MONITOR"],
             &["KEYS", "*"],
+            &["SCAN", "0"],
+            &["SELECT", "1"],
             &["FLUSHALL"],
             &["SCRIPT", "FLUSH"],
             &["CLIENT", "LIST"],
@@ -336,11 +338,8 @@ async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) 
         url_as(NatsRole::Worker),
     );
     // The gateway's and workers' own connections, with their own inboxes, as the programs make
-    // them: setting up the streams works for both.
+    // them: the gateway creates the streams, a worker finds them and sets up its consumer.
     let settings = delta_queue::Settings::default();
-    let as_worker = delta_queue::Queue::connect(&url_as(NatsRole::Worker), "delta", &settings)
-        .await
-        .expect("a worker sets up the streams and its consumer");
     let as_gateway = delta_queue::Queue::connect_as(
         &url_as(NatsRole::Gateway),
         "delta",
@@ -349,6 +348,9 @@ async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) 
     )
     .await
     .expect("a gateway sets up the streams");
+    let as_worker = delta_queue::Queue::connect(&url_as(NatsRole::Worker), "delta", &settings)
+        .await
+        .expect("a worker finds the streams and sets up its consumer");
     let gateway = url_as(NatsRole::Gateway);
 
     let respond = "delta.interactions.respond.r1";
@@ -393,6 +395,25 @@ async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) 
     assert!(
         !may_publish(&worker, "delta.jobs.hello").await,
         "a worker may publish a job"
+    );
+    // A worker cannot change what a stream keeps: one that added `respond.*` to a stream could
+    // read bots' answers, tokens and all, back from it.
+    let (wc, werrors) = watched_client(&worker).await;
+    let wjs = async_nats::jetstream::new(wc.clone());
+    let hijack = wjs.update_stream(async_nats::jetstream::stream::Config {
+        name: "DELTA_JOBS".into(),
+        subjects: vec!["delta.jobs.>".into(), "delta.interactions.respond.*".into()],
+        retention: async_nats::jetstream::stream::RetentionPolicy::WorkQueue,
+        ..Default::default()
+    });
+    let outcome = tokio::time::timeout(Duration::from_secs(8), hijack).await;
+    assert!(
+        !matches!(outcome, Ok(Ok(_))),
+        "a worker changed the jobs stream's subjects"
+    );
+    assert!(
+        violation(&wc, &werrors, "$JS.API.STREAM.UPDATE.DELTA_JOBS").await,
+        "the update was refused by permissions"
     );
     let js_admin = async_nats::jetstream::new(delta_e2e::nats_client(&admin).await);
     let jobs_before = js_admin

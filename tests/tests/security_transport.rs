@@ -153,7 +153,7 @@ async fn a_client_that_never_handshakes_is_dropped() {
         s.tls = Some(tls.clone());
         s.extra = vec![
             ("DELTA_MAX_CONNECTIONS", "4".into()),
-            ("DELTA_HEADER_TIMEOUT_S", "1".into()),
+            ("DELTA_HEADER_TIMEOUT_S", "3".into()),
         ];
     })
     .await;
@@ -171,12 +171,12 @@ async fn a_client_that_never_handshakes_is_dropped() {
         .await
         .expect("connect");
     assert!(
-        closed_within(&mut fifth, Duration::from_millis(500)).await,
+        closed_within(&mut fifth, Duration::from_secs(2)).await,
         "a connection past the cap was kept while silent ones held every slot"
     );
     for conn in &mut silent {
         assert!(
-            closed_within(conn, Duration::from_secs(5)).await,
+            closed_within(conn, Duration::from_secs(8)).await,
             "a connection that never began its TLS handshake is still open"
         );
     }
@@ -335,7 +335,7 @@ async fn a_stream_ticket_opens_its_stream_once() {
     let fleet = Fleet::start_with("tick2", 1, 1, |s| {
         s.tokens_file = Some(tokens.clone());
         s.extra = vec![
-            ("DELTA_STREAM_TICKET_TTL_S", "2".into()),
+            ("DELTA_STREAM_TICKET_TTL_S", "5".into()),
             ("DELTA_MAX_STREAMS_PER_IDENTITY", "1".into()),
         ];
     })
@@ -366,7 +366,7 @@ async fn a_stream_ticket_opens_its_stream_once() {
     let expires: delta_protocol::Timestamp =
         serde_json::from_value(body["expires_at"].clone()).expect("expires_at");
     let left = expires.micros() - delta_protocol::Timestamp::now().micros();
-    assert!((0..=2_000_000).contains(&left), "{left} µs left");
+    assert!((0..=5_000_000).contains(&left), "{left} µs left");
     let dump = delta_e2e::redis_dump(&fleet.redis.url(), "tick2:ticket:*").await;
     assert!(!dump.is_empty() && !dump.contains(&t), "{dump}");
     let digest: String = ring::digest::digest(&ring::digest::SHA256, t.as_bytes())
@@ -376,7 +376,7 @@ async fn a_stream_ticket_opens_its_stream_once() {
         .collect();
     let ttl = fleet.store.ticket_ttl(&digest).await.expect("ttl");
     assert!(
-        ttl.is_some_and(|t| t > Duration::ZERO && t <= Duration::from_secs(2)),
+        ttl.is_some_and(|t| t > Duration::ZERO && t <= Duration::from_secs(5)),
         "{ttl:?}"
     );
 
@@ -447,9 +447,9 @@ async fn a_stream_ticket_opens_its_stream_once() {
     let (status, _) = open(&base, &format!("/v1/interactions/stream?ticket={unknown}")).await;
     assert_eq!(status, 401);
 
-    // Expired: refused once its TTL (2 s) has passed.
+    // Expired: refused once its TTL (5 s) has passed.
     let late = ticket(&alice, json!({"stream": "interactions"})).await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(5500)).await;
     let (status, body) = open(&base, &format!("/v1/interactions/stream?ticket={late}")).await;
     assert_eq!(status, 401, "an expired ticket: {body}");
 }

@@ -394,9 +394,19 @@ async fn sweep(shared: &Arc<Shared>) -> Result<usize, String> {
             continue;
         }
         let dirs = shared.work_dirs.clone();
+        let shared = shared.clone();
         removed += tokio::task::spawn_blocking(move || {
             let mut n = 0;
             for id in due {
+                // Looked at again just before: a run retried meanwhile may have started here.
+                let here = shared
+                    .running
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains_key(&id);
+                if here {
+                    continue;
+                }
                 match dirs.remove(id) {
                     Ok(()) => n += 1,
                     Err(e) => tracing::warn!(run = %id, error = %e, "work directory not removed"),

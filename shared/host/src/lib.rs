@@ -185,6 +185,24 @@ pub fn shutdown_on_signals() -> tokio_util::sync::CancellationToken {
     shutdown
 }
 
+/// Makes this process "not dumpable": no core dump, and no other process of the same user may
+/// read its memory or its `/proc/<pid>/environ` or trace it. The fleet's programs hold secrets
+/// (`DELTA_SECRETS_KEY`, their Redis and NATS logins, an LLM's key) and start agents' tools as
+/// children of the same user: a tool's environment is cleared, and this keeps it from reading its
+/// worker's anyway. A child that `exec`s a program is dumpable again, for itself. Only a process
+/// with `CAP_SYS_PTRACE` (root) still can: run the fleet as a user of its own, not root.
+pub fn protect_process() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        nix::sys::prctl::set_dumpable(false)
+            .map_err(|e| format!("cannot make the process non-dumpable: {e}"))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Ok(())
+    }
+}
+
 /// The whole `main` of a fleet program (`delta-gateway`, `delta-worker`): `--help` prints the
 /// settings `table`; the configuration comes from `args` and the environment through `parse`,
 /// every bad value reported at once (exit 64); then logging (`DELTA_LOG`, `info` by default),
@@ -201,6 +219,10 @@ where
     Fut: std::future::Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
+    if let Err(e) = protect_process() {
+        eprintln!("error: {e}");
+        return 1;
+    }
     if args.iter().any(|a| a == "--help" || a == "-h") {
         eprint!("{}", settings::usage(name, table));
         return 0;
@@ -249,6 +271,15 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("outer")]
     struct Outer(#[source] std::io::Error);
+
+    /// What `program_main` does first: afterwards no other process of this user may read this
+    /// one's memory or environment (Linux).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_protected_process_is_not_dumpable() {
+        super::protect_process().expect("prctl");
+        assert!(!nix::sys::prctl::get_dumpable().expect("prctl"));
+    }
 
     #[test]
     fn a_chain_prints_each_cause_once() {

@@ -26,7 +26,7 @@ pub use delta_store::redis::access::RedisRole;
 pub use nix::sys::signal::Signal;
 pub use process::{Output, Process, signal};
 pub use programs::Programs;
-pub use servers::{Nats, NatsCluster, Redis, ServerPrograms, Tls, free_port};
+pub use servers::{Nats, NatsCluster, Redis, RedisCluster, ServerPrograms, Tls, free_port};
 pub use spec::{GatewayProcess, GatewaySpec, GatewayTls, WorkerSpec};
 
 /// Why a process could not be found or started.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::process::{Output, Process};
 use crate::servers::ServerOptions;
 use crate::spec::{GatewayProcess, GatewaySpec, WorkerSpec};
-use crate::{Error, Nats, Programs, Redis, ServerPrograms, free_port};
+use crate::{Error, Nats, NatsCluster, Programs, Redis, ServerPrograms, free_port};
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -40,6 +40,15 @@ pub struct Options {
     pub redis_fsync: String,
     /// `DELTA_LOG` of the gateway and workers when the caller's environment sets none.
     pub log_level: String,
+    /// NATS servers: 1, or a cluster of that many with every stream kept on each
+    /// (`DELTA_STREAM_REPLICAS`, at most 3).
+    pub nats_servers: usize,
+}
+
+/// The fleet's NATS: one server or a cluster.
+enum NatsServers {
+    One(Box<Nats>),
+    Cluster(NatsCluster),
 }
 
 /// The programs a local fleet runs, for the checkout at `root`: the servers (installed first
@@ -70,7 +79,7 @@ pub struct LocalFleet {
     pub dir: PathBuf,
     workers: Vec<Process>,
     gateway: Option<GatewayProcess>,
-    nats: Option<Nats>,
+    nats: Option<NatsServers>,
     redis: Option<Redis>,
 }
 
@@ -107,26 +116,49 @@ impl LocalFleet {
             &o.servers.redis,
             Some(o.redis_fsync.clone()),
         ))?;
-        let nats = Nats::start_with(&server("nats", &o.servers.nats, None))?;
         let gateway_port = match o.gateway_port {
             Some(p) => p,
             None => free_port()?,
         };
-        let mut gateway =
-            GatewaySpec::on(&nats, &redis, "delta", o.agents_dir.clone(), gateway_port);
+        let (nats, mut gateway) = if o.nats_servers > 1 {
+            let cluster =
+                NatsCluster::start(o.nats_servers, &server("nats", &o.servers.nats, None))?;
+            let replicas = o.nats_servers.min(3).to_string();
+            let mut spec = GatewaySpec {
+                worker_nats_url: cluster.url_as(crate::NatsRole::Worker),
+                worker_redis_url: redis.url_as(crate::RedisRole::Worker),
+                ..GatewaySpec::new(
+                    &cluster.url_as(crate::NatsRole::Gateway),
+                    &redis.url_as(crate::RedisRole::Gateway),
+                    "delta",
+                    o.agents_dir.clone(),
+                    gateway_port,
+                )
+            };
+            spec.extra.push(("DELTA_STREAM_REPLICAS", replicas));
+            (NatsServers::Cluster(cluster), spec)
+        } else {
+            let nats = Nats::start_with(&server("nats", &o.servers.nats, None))?;
+            let spec = GatewaySpec::on(&nats, &redis, "delta", o.agents_dir.clone(), gateway_port);
+            (NatsServers::One(Box::new(nats)), spec)
+        };
+        let (nats_admin, nats_bot) = match &nats {
+            NatsServers::One(n) => (n.url(), n.url_as(crate::NatsRole::Bot)),
+            NatsServers::Cluster(c) => (c.url(), c.url_as(crate::NatsRole::Bot)),
+        };
         let credentials = o.dir.join("credentials.env");
         crate::servers::write_private(
             &credentials,
             &format!(
                 "# The local fleet's servers (delta dev): log in with these.\nDELTA_REDIS_ADMIN_URL={}\nDELTA_NATS_ADMIN_URL={}\nDELTA_NATS_BOT_URL={}\n",
                 redis.url(),
-                nats.url(),
-                nats.url_as(crate::NatsRole::Bot)
+                nats_admin,
+                nats_bot
             ),
         )?;
         let mut fleet = LocalFleet {
             gateway_url: format!("http://127.0.0.1:{gateway_port}"),
-            nats_url: nats.url(),
+            nats_url: nats_admin.clone(),
             redis_url: redis.url(),
             credentials,
             dir: o.dir.clone(),
@@ -157,6 +189,14 @@ impl LocalFleet {
         worker
             .extra
             .push(("DELTA_REDIS_DURABILITY", durability.to_owned()));
+        // The gateway's and the workers' streams must agree on their replicas.
+        worker.extra.extend(
+            gateway
+                .extra
+                .iter()
+                .filter(|(k, _)| *k == "DELTA_STREAM_REPLICAS")
+                .cloned(),
+        );
         for i in 1..=o.workers {
             let name = format!("worker-{i}");
             let out = Output {
@@ -178,8 +218,14 @@ impl LocalFleet {
         if let Some(g) = &mut self.gateway {
             all.push(("gateway".into(), &mut g.process));
         }
-        if let Some(n) = &mut self.nats {
-            all.push(("nats".into(), n.process()));
+        match &mut self.nats {
+            Some(NatsServers::One(n)) => all.push(("nats".into(), n.process())),
+            Some(NatsServers::Cluster(c)) => {
+                for (name, node) in c.named_nodes() {
+                    all.push((format!("nats-{name}"), node.process()));
+                }
+            }
+            None => {}
         }
         if let Some(r) = &mut self.redis {
             all.push(("redis".into(), r.process()));
@@ -195,11 +241,25 @@ impl LocalFleet {
             .collect()
     }
 
-    /// The process id of `name` (`worker-1`, `gateway`, `nats`, `redis`).
+    /// The process ids of the NATS servers (one, or each node of the cluster).
+    pub fn nats_pids(&self) -> Vec<u32> {
+        match self.nats.as_ref() {
+            Some(NatsServers::One(n)) => vec![n.pid()],
+            Some(NatsServers::Cluster(c)) => c.pids(),
+            None => vec![],
+        }
+    }
+
+    /// The process id of `name` (`worker-1`, `gateway`, `nats` (the first node of a cluster),
+    /// `redis`).
     pub fn pid(&self, name: &str) -> Option<u32> {
         match name {
             "gateway" => self.gateway.as_ref().map(|g| g.pid()),
-            "nats" => self.nats.as_ref().map(|n| n.pid()),
+            "nats" => match self.nats.as_ref() {
+                Some(NatsServers::One(n)) => Some(n.pid()),
+                Some(NatsServers::Cluster(c)) => c.pids().first().copied(),
+                None => None,
+            },
             "redis" => self.redis.as_ref().map(|r| r.pid()),
             _ => self
                 .workers

@@ -277,9 +277,25 @@ impl Kind {
                     ));
                     acl.push('\n');
                 }
+                if let Some(n) = node {
+                    acl.push_str(&n.conf);
+                }
                 let path = dir.join("users.acl");
                 write_private(&path, &acl)?;
-                let mut args: Vec<OsString> = vec!["--aclfile".into(), path.into()];
+                let mut args: Vec<OsString> = vec![];
+                if let Some(n) = node.filter(|n| !n.server_conf.is_empty()) {
+                    // A configuration file must be redis-server's first argument.
+                    let conf = dir.join("node.conf");
+                    write_private(&conf, &n.server_conf)?;
+                    args.push(conf.into());
+                }
+                args.extend(["--aclfile".into(), path.into_os_string()]);
+                if let Some(n) = node {
+                    args.extend(n.args.iter().map(OsString::from));
+                    // Its cluster state beside its data.
+                    args.push("--cluster-config-file".into());
+                    args.push(dir.join("nodes.conf").into());
+                }
                 if let Some(t) = &o.tls {
                     args.extend([
                         "--tls-cert-file".into(),
@@ -402,7 +418,12 @@ pub struct Server {
 struct ClusterNode {
     name: String,
     monitor_port: u16,
+    /// Lines added to its configuration (NATS) or ACL file (Redis).
     conf: String,
+    /// Arguments added to its command line.
+    args: Vec<String>,
+    /// Redis: a configuration file of its own (read first), for what must not show in `ps`.
+    server_conf: String,
 }
 
 impl Server {
@@ -673,6 +694,8 @@ impl NatsCluster {
                 name,
                 monitor_port: monitor_ports[i],
                 conf,
+                args: vec![],
+                server_conf: String::new(),
             };
             // Each node its own data directory under the one given, or a temporary one.
             let node_options = ServerOptions {
@@ -732,6 +755,24 @@ impl NatsCluster {
             .find(|n| n.node.as_ref().is_some_and(|c| c.name == name))
     }
 
+    /// The nodes by name, to stop or signal them.
+    pub fn named_nodes(&mut self) -> Vec<(String, &mut Server)> {
+        self.nodes
+            .iter_mut()
+            .map(|n| {
+                (
+                    n.node.as_ref().map(|c| c.name.clone()).unwrap_or_default(),
+                    n,
+                )
+            })
+            .collect()
+    }
+
+    /// The nodes' process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().map(|n| n.pid()).collect()
+    }
+
     /// The nodes' names.
     pub fn names(&self) -> Vec<String> {
         self.nodes
@@ -752,4 +793,186 @@ fn healthz(port: u16) -> bool {
             Ok(head.ends_with(b" 200"))
         })
         .unwrap_or(false)
+}
+
+/// A Redis Cluster on loopback: `masters` masters with `replicas` replicas each, created with
+/// `redis-cli --cluster create`, every node with the same ACL users (the `default` user off)
+/// and AOF on. Replicas log in to their masters as a user that may only replicate. Ready when
+/// every node says `cluster_state:ok`.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<Server>,
+}
+
+/// A port whose cluster bus port (+10000) is free too, below 55536 (STACK.md, trap 10).
+fn cluster_port() -> Result<u16, Error> {
+    for _ in 0..200 {
+        let port = free_port()?;
+        let port = if port >= 55536 { port - 30000 } else { port };
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if port > 1024 && free(port) && free(port + 10000) {
+            return Ok(port);
+        }
+    }
+    Err(Error::Failed(
+        "no free port pair (p, p+10000) for a Redis Cluster node".into(),
+    ))
+}
+
+impl RedisCluster {
+    /// Starts the nodes, creates the cluster and waits until it is ready.
+    pub fn start(masters: usize, replicas: usize, options: &ServerOptions) -> Result<Self, Error> {
+        let users = Users::new(&Kind::Redis.roles())?;
+        let replication = random_hex(16)?;
+        let n = masters * (1 + replicas);
+        let mut nodes = vec![];
+        for i in 0..n {
+            let node_options = ServerOptions {
+                dir: options.dir.as_ref().map(|d| d.join(format!("r{}", i + 1))),
+                ..options.clone()
+            };
+            let mut last = None;
+            let mut started = None;
+            for _ in 0..3 {
+                let node = ClusterNode {
+                    name: format!("r{}", i + 1),
+                    monitor_port: 0,
+                    // Replicas log in to their masters as a user that may only replicate.
+                    conf: format!(
+                        "user delta-replication on >{replication} -@all +psync +replconf +ping\n"
+                    ),
+                    args: vec![
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-node-timeout".into(),
+                        "2000".into(),
+                    ],
+                    // In a file of its own, not on the command line (`ps` shows that).
+                    server_conf: format!(
+                        "masteruser delta-replication\nmasterauth {replication}\n"
+                    ),
+                };
+                match Server::start_on(
+                    Kind::Redis,
+                    &node_options,
+                    users.clone(),
+                    cluster_port()?,
+                    Some(node),
+                ) {
+                    Ok(s) => {
+                        started = Some(s);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            match started {
+                Some(s) => nodes.push(s),
+                None => {
+                    return Err(last.unwrap_or_else(|| Error::Failed("redis node".into())));
+                }
+            }
+        }
+        let cluster = RedisCluster { nodes };
+        cluster.create(replicas, &replication)?;
+        cluster.wait_ok(Duration::from_secs(30))?;
+        Ok(cluster)
+    }
+
+    /// `redis-cli --cluster create` over the nodes (the program beside redis-server, else
+    /// `PATH`), as the admin.
+    fn create(&self, replicas: usize, _replication: &str) -> Result<(), Error> {
+        let first = &self.nodes[0];
+        let cli = first
+            .program
+            .parent()
+            .map(|d| d.join("redis-cli"))
+            .filter(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from("redis-cli"));
+        let admin = RedisRole::Admin.name();
+        let out = Command::new(&cli)
+            .arg("--cluster")
+            .arg("create")
+            .args(self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .args(["--user", &user_name(admin)])
+            .env("REDISCLI_AUTH", first.users.password(admin))
+            .output()
+            .map_err(Error::io(format!("running {}", cli.display())))?;
+        if !out.status.success() {
+            return Err(Error::Failed(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .chain(String::from_utf8_lossy(&out.stderr).lines())
+                    .filter(|l| l.contains("ERR") || l.contains("rror"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Waits until every running node says `cluster_state:ok`.
+    pub fn wait_ok(&self, within: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + within;
+        for node in &self.nodes {
+            while !node.cluster_ok() {
+                if Instant::now() > deadline {
+                    return Err(Error::Failed(format!(
+                        "Redis Cluster node on {} not ok within {}s",
+                        node.port,
+                        within.as_secs()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every node's URL, comma-separated, logged in as `role` (seed nodes for a cluster client).
+    pub fn url_as(&self, role: RedisRole) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.url_for(role.name()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The nodes, to stop, freeze or kill one.
+    pub fn nodes(&mut self) -> &mut [Server] {
+        &mut self.nodes
+    }
+}
+
+impl Server {
+    /// Whether this Redis Cluster node says `cluster_state:ok` (asked as the admin).
+    fn cluster_ok(&self) -> bool {
+        let admin = RedisRole::Admin.name();
+        TcpStream::connect(("127.0.0.1", self.port))
+            .and_then(|mut s| {
+                s.set_read_timeout(Some(Duration::from_millis(500)))?;
+                let cmd = format!(
+                    "AUTH {} {}\r\nCLUSTER INFO\r\n",
+                    user_name(admin),
+                    self.users.password(admin)
+                );
+                s.write_all(cmd.as_bytes())?;
+                let mut buf = vec![0u8; 4096];
+                let mut got = 0;
+                while got < buf.len() {
+                    let n = s.read(&mut buf[got..])?;
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                    if String::from_utf8_lossy(&buf[..got]).contains("cluster_state:") {
+                        break;
+                    }
+                }
+                Ok(String::from_utf8_lossy(&buf[..got]).contains("cluster_state:ok"))
+            })
+            .unwrap_or(false)
+    }
 }

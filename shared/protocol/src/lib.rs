@@ -11,15 +11,14 @@ pub mod secret;
 /// errors and logs: `nats://alice:s3cret@host:4222` becomes `nats://***@host:4222`.
 pub fn without_credentials(url: &str) -> String {
     url.split(',')
-        .map(|one| {
-            let Some((scheme, rest)) = one.split_once("://") else {
-                return one.to_owned();
-            };
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            match rest[..authority_end].rfind('@') {
-                Some(at) => format!("{scheme}://***{}", &rest[at..]),
-                None => one.to_owned(),
-            }
+        .map(|one| match one.rfind('@') {
+            // Everything before the last `@` may be a user and password, whatever the scheme
+            // (or none, and a password may hold a `/`): keep the scheme only.
+            Some(at) => match one[..at].find("://") {
+                Some(s) => format!("{}://***{}", &one[..s], &one[at..]),
+                None => format!("***{}", &one[at..]),
+            },
+            None => one.to_owned(),
         })
         .collect::<Vec<_>>()
         .join(",")
@@ -1068,7 +1067,9 @@ mod tests {
             "redis://***@r:6379/0,redis://***@s:6379"
         );
         assert_eq!(without_credentials("nats://host:4222"), "nats://host:4222");
-        assert_eq!(without_credentials("http://h/a@b"), "http://h/a@b");
+        // A server URL has no path: an `@` anywhere is taken for the end of a login (a raw `/` in
+        // a password would otherwise show it).
+        assert_eq!(without_credentials("http://h/a@b"), "http://***@b");
         assert_eq!(without_credentials("not a url"), "not a url");
     }
     use serde_json::json;
@@ -1413,4 +1414,25 @@ mod schemas {
         }
     }
     impl ToSchema for super::InputType {}
+}
+
+#[cfg(test)]
+mod credential_tests {
+    use super::without_credentials;
+
+    #[test]
+    fn credentials_are_masked_whatever_the_url_looks_like() {
+        for (url, shown) in [
+            ("nats://alice:s3cret@host:4222", "nats://***@host:4222"),
+            ("alice:s3cret@host:4222", "***@host:4222"),
+            ("redis://u:pa/ss@h:6379", "redis://***@h:6379"),
+            (
+                "nats://a:b@n1:4222,nats://a:b@n2:4222",
+                "nats://***@n1:4222,nats://***@n2:4222",
+            ),
+            ("nats://host:4222", "nats://host:4222"),
+        ] {
+            assert_eq!(without_credentials(url), shown, "{url}");
+        }
+    }
 }

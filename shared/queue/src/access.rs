@@ -7,8 +7,9 @@
 //!   bot's bearer token in a header reaches no one else), publishes jobs, `resolved`
 //!   announcements and cancellations, and reads the streams for its views.
 //! - A **worker** takes jobs from its consumer, publishes `requested` announcements, dead
-//!   letters and resumes, and hears cancellations. It may not answer, announce an answer or
-//!   publish a job.
+//!   letters and resumes, and hears cancellations. It may not answer, announce an answer,
+//!   publish a job, or create or change a stream (a stream's subjects decide what it keeps: a
+//!   worker that could add `respond.*` to one could read bots' tokens from it).
 //! - A **bot** reads questions (live, or from the interactions stream with a consumer of its
 //!   own) and publishes answers to the respond subjects, and nothing else.
 //! - The **admin** may do everything: operators' tools and the tests' own checks.
@@ -146,11 +147,17 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
     let exhausted_consumer = scope.consumer("exhausted");
     let inbox = |r: NatsRole| format!("_DELTA_INBOX.{p}.{}.>", r.name());
     let all_streams = [&jobs, &dlq, &interactions, &exhausted];
-    // Both the gateway and workers create the streams at start, whichever comes first.
-    let setup = || {
+    // Gateways create and update the streams; workers only read them (a stream's subjects decide
+    // what it captures, so whoever may update a stream could make it keep bots' answers). Both
+    // set up the two durable consumers, whichever comes first.
+    let setup = |admin: bool| {
         let mut v = vec!["$JS.API.INFO".to_owned()];
         for s in all_streams {
-            v.extend(stream_admin(s));
+            if admin {
+                v.extend(stream_admin(s));
+            } else {
+                v.push(format!("$JS.API.STREAM.INFO.{s}"));
+            }
         }
         v.extend(durable(&jobs, &workers));
         v.extend(durable(&exhausted, &exhausted_consumer));
@@ -158,7 +165,7 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
     };
     let (publish, subscribe, allow_responses) = match role {
         NatsRole::Gateway => {
-            let mut publish = setup();
+            let mut publish = setup(true);
             publish.extend(stream_reader(&dlq));
             publish.extend(stream_reader(&interactions));
             publish.extend([
@@ -177,7 +184,7 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
             (publish, subscribe, true)
         }
         NatsRole::Worker => {
-            let mut publish = setup();
+            let mut publish = setup(false);
             publish.extend(pull(&jobs, &workers));
             publish.extend(pull(&exhausted, &exhausted_consumer));
             publish.extend([
@@ -280,6 +287,12 @@ mod tests {
         }
         let worker = permissions(&scope, NatsRole::Worker);
         assert!(!worker.publish.iter().any(|s| s.contains("respond")));
+        assert!(
+            !worker
+                .publish
+                .iter()
+                .any(|s| s.contains("STREAM.UPDATE") || s.contains("STREAM.CREATE"))
+        );
         assert!(!worker.publish.iter().any(|s| s.starts_with("delta.jobs")));
         let bot = permissions(&scope, NatsRole::Bot);
         assert!(!bot.publish.iter().any(|s| s.starts_with("delta.jobs")));

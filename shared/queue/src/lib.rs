@@ -290,6 +290,66 @@ pub struct Exhausted {
 }
 
 /// The durable pull consumer `config` on `stream_name`, updated to `config` or created.
+/// Makes sure a stream exists. A gateway creates it, or updates it to `config` (never lowering
+/// the replicas it has: a gateway left on the default cannot scale an R3 fleet down). A worker
+/// never changes a stream (its login may not: a stream's subjects decide who can read what): it
+/// creates one only where its login allows (an admin's, in tests), and otherwise waits for a
+/// gateway to create it.
+async fn ensure_stream(
+    js: &jetstream::Context,
+    mut config: stream::Config,
+    role: Role,
+) -> Result<(), Error> {
+    let name = config.name.clone();
+    let existing = match js.get_stream(&name).await {
+        Ok(mut s) => s.info().await.ok().map(|i| i.config.num_replicas),
+        Err(_) => None,
+    };
+    match (role, existing) {
+        (Role::Worker, Some(_)) => Ok(()),
+        (Role::Gateway, Some(replicas)) => {
+            if replicas > config.num_replicas {
+                tracing::warn!(
+                    stream = %name,
+                    has = replicas,
+                    configured = config.num_replicas,
+                    "the stream keeps more replicas than DELTA_STREAM_REPLICAS says; keeping them (set the same value everywhere)"
+                );
+                config.num_replicas = replicas;
+            }
+            js.update_stream(config)
+                .await
+                .map(|_| ())
+                .map_err(|e| setup(&name)(e.into()))
+        }
+        (Role::Gateway, None) => js
+            .create_or_update_stream(config)
+            .await
+            .map(|_| ())
+            .map_err(|e| setup(&name)(e.into())),
+        (Role::Worker, None) => {
+            if js.create_stream(config).await.is_ok() {
+                return Ok(());
+            }
+            // Not allowed (a worker's login): a gateway creates it.
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                if js.get_stream(&name).await.is_ok() {
+                    return Ok(());
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(setup(&name)(
+                        "the stream does not exist, and a worker may not create it: start a gateway first (it creates the streams)"
+                            .into(),
+                    ));
+                }
+                tracing::info!(stream = %name, "waiting for a gateway to create the stream");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
 /// Connects to NATS at `url` (servers separated by commas; `user:password@` in a URL logs in),
 /// trusting `settings.ca_file` for TLS, and with `role`'s own inbox under `prefix` when given
 /// (see [`access`]).
@@ -317,6 +377,15 @@ pub async fn connect_client(
         let pass = percent_decode(addr.password().unwrap_or_default());
         options = options.user_and_password(user, pass);
     }
+    // The addresses without their user and password, which the client would otherwise show in
+    // its own debug logs.
+    let servers: Vec<async_nats::ServerAddr> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| strip_userinfo(s).parse::<async_nats::ServerAddr>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| connect_error("not a NATS URL (nats://[user:password@]host:port)".into()))?;
     if let Some(ca) = &settings.ca_file {
         if !ca.is_file() {
             return Err(connect_error(
@@ -334,6 +403,14 @@ pub async fn connect_client(
         .connect(servers)
         .await
         .map_err(|e| connect_error(e.into()))
+}
+
+/// `url` without its `user:password@`.
+fn strip_userinfo(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}{}", &url[..s + 3], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
 }
 
 /// A URL's user name or password, written `%XX`-escaped, as it is meant.
@@ -441,47 +518,56 @@ impl Queue {
         let js = jetstream::new(client.clone());
         let names = Names::new(prefix);
         let p = prefix;
-        js.create_or_update_stream(stream::Config {
-            num_replicas: settings.replicas,
-            name: names.jobs_stream(),
-            subjects: vec![format!("{p}.jobs.>")],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            discard: stream::DiscardPolicy::New,
-            max_messages: settings.jobs_max_messages,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| setup(&names.jobs_stream())(e.into()))?;
-        js.create_or_update_stream(stream::Config {
-            num_replicas: settings.replicas,
-            name: names.dlq_stream(),
-            subjects: vec![format!("{p}.dlq.>")],
-            retention: stream::RetentionPolicy::Limits,
-            storage: stream::StorageType::File,
-            discard: stream::DiscardPolicy::Old,
-            max_messages: settings.dlq_max_messages,
-            max_age: settings.dlq_max_age,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| setup(&names.dlq_stream())(e.into()))?;
-        js.create_or_update_stream(stream::Config {
-            num_replicas: settings.replicas,
-            name: names.interactions_stream(),
-            subjects: vec![
-                format!("{p}.interactions.requested.>"),
-                format!("{p}.interactions.resolved.>"),
-            ],
-            retention: stream::RetentionPolicy::Limits,
-            storage: stream::StorageType::File,
-            max_age: settings.interactions_max_age,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| setup(&names.interactions_stream())(e.into()))?;
+        ensure_stream(
+            &js,
+            stream::Config {
+                num_replicas: settings.replicas,
+                name: names.jobs_stream(),
+                subjects: vec![format!("{p}.jobs.>")],
+                retention: stream::RetentionPolicy::WorkQueue,
+                storage: stream::StorageType::File,
+                discard: stream::DiscardPolicy::New,
+                max_messages: settings.jobs_max_messages,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            },
+            role,
+        )
+        .await?;
+        ensure_stream(
+            &js,
+            stream::Config {
+                num_replicas: settings.replicas,
+                name: names.dlq_stream(),
+                subjects: vec![format!("{p}.dlq.>")],
+                retention: stream::RetentionPolicy::Limits,
+                storage: stream::StorageType::File,
+                discard: stream::DiscardPolicy::Old,
+                max_messages: settings.dlq_max_messages,
+                max_age: settings.dlq_max_age,
+                ..Default::default()
+            },
+            role,
+        )
+        .await?;
+        ensure_stream(
+            &js,
+            stream::Config {
+                num_replicas: settings.replicas,
+                name: names.interactions_stream(),
+                subjects: vec![
+                    format!("{p}.interactions.requested.>"),
+                    format!("{p}.interactions.resolved.>"),
+                ],
+                retention: stream::RetentionPolicy::Limits,
+                storage: stream::StorageType::File,
+                max_age: settings.interactions_max_age,
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            },
+            role,
+        )
+        .await?;
         let (stream, consumer) = durable_consumer(
             &js,
             &names.jobs_stream(),
@@ -496,17 +582,20 @@ impl Queue {
             role,
         )
         .await?;
-        js.create_or_update_stream(stream::Config {
-            num_replicas: settings.replicas,
-            name: names.exhausted_stream(),
-            subjects: vec![names.exhausted_advisory()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            storage: stream::StorageType::File,
-            max_age: settings.interactions_max_age,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| setup(&names.exhausted_stream())(e.into()))?;
+        ensure_stream(
+            &js,
+            stream::Config {
+                num_replicas: settings.replicas,
+                name: names.exhausted_stream(),
+                subjects: vec![names.exhausted_advisory()],
+                retention: stream::RetentionPolicy::WorkQueue,
+                storage: stream::StorageType::File,
+                max_age: settings.interactions_max_age,
+                ..Default::default()
+            },
+            role,
+        )
+        .await?;
         let (_, exhausted) = durable_consumer(
             &js,
             &names.exhausted_stream(),

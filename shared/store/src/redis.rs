@@ -580,10 +580,11 @@ impl RedisRunStore {
     pub async fn with_durability(mut self, durability: Durability) -> Result<Self, Error> {
         if let Durability::WaitAof { .. } = durability {
             let mut conn = self.connection();
+            // `numlocal` 1: refused when the AOF is off, not only when WAITAOF is unknown.
             let probe: Result<Vec<i64>, _> = redis::cmd("WAITAOF")
-                .arg(0)
-                .arg(0)
                 .arg(1)
+                .arg(0)
+                .arg(1000)
                 .query_async(&mut conn)
                 .await;
             if let Err(e) = probe {

@@ -1,9 +1,11 @@
 //! The Redis ACL users of the fleet's roles (docs/security.md): the least each needs.
 //!
-//! The gateway and the workers run the store's scripts on the keys under their prefix and
-//! nothing else: no administration (`CONFIG`, `ACL`, `DEBUG`, `SHUTDOWN`), no `MONITOR` (which
-//! would show every command, answers included), no `KEYS`, `FLUSHALL` or `SCRIPT FLUSH`, no
-//! pub/sub channels, no key outside `<prefix>:*`. Both roles need the same commands, since every
+//! The gateway and the workers may read and write (scripts included) the keys under their prefix,
+//! and ask a Redis Cluster where the slots are (`CLUSTER SLOTS`/`SHARDS`, `ASKING`); nothing
+//! else: no administration (`CONFIG`, `ACL`, `DEBUG`, `SHUTDOWN`), no `MONITOR` (which
+//! would show every command, answers included), no `KEYS` or `SCAN` (key names outside the
+//! prefix), no `SELECT`/`MOVE` (other databases), no `FLUSHALL` or `SCRIPT FLUSH`, no pub/sub
+//! channels, no key outside `<prefix>:*`. Both roles need the same commands, since every
 //! state change is a script over the same keys; they are separate users so that each credential
 //! can be rotated and revoked on its own, and a server's `ACL LOG` says which role did what. The
 //! admin user (operators, `delta bench`, the tests' own checks) may do everything.
@@ -50,7 +52,8 @@ pub fn rules(prefix: Option<&str>, role: RedisRole) -> String {
             };
             format!(
                 "resetkeys {keys} resetchannels -@all +@read +@write +@scripting +@connection \
-                 +@transaction -@admin -@dangerous -script|flush -script|kill -function"
+                 +@transaction -@admin -@dangerous -script|flush -script|kill -function \
+                 -scan -select -move +cluster|slots +cluster|shards +asking"
             )
         }
     }
