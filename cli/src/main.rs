@@ -12,6 +12,7 @@ mod bench;
 mod client;
 mod dev;
 use delta_cli::mailbox;
+mod migrate;
 mod ops;
 mod render;
 mod run;
@@ -54,6 +55,9 @@ enum Command {
     /// Benchmarks against a fleet started on this machine; each prints one JSON line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Move a fleet's Redis keys to the bucketed layout (docs/operations.md#redis-buckets):
+    /// stop the fleet first; safe to run again.
+    MigrateRedis(migrate::MigrateArgs),
     #[command(flatten)]
     Ops(ops::Command),
 }
@@ -69,6 +73,7 @@ fn main() {
             Command::Run(args) => run::run(args, cancel).await,
             Command::Dev(args) => dev::run(args, cancel).await,
             Command::Bench(cmd) => bench::run(cmd, cancel).await,
+            Command::MigrateRedis(args) => migrate::run(args).await,
             Command::Ops(cmd) => ops::run(cmd, cancel).await,
         }
     });

@@ -20,6 +20,7 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_NATS_CA_FILE", "nats-ca-file", ""),
     ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
     ("DELTA_REDIS_DURABILITY", "redis-durability", "fsync-always"),
+    ("DELTA_REDIS_BUCKETS", "redis-buckets", "16"),
     ("DELTA_STREAM_REPLICAS", "stream-replicas", "1"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
@@ -71,6 +72,9 @@ pub struct Config {
     /// How an accepted answer is made durable before it is acknowledged
     /// (`DELTA_REDIS_DURABILITY`).
     pub durability: Durability,
+    /// How many buckets the runs are spread over in Redis (`DELTA_REDIS_BUCKETS`), fixed for
+    /// the life of a deployment (docs/operations.md#redis-buckets).
+    pub redis_buckets: u32,
     /// Copies of each stream on a NATS cluster (`DELTA_STREAM_REPLICAS`), as the workers.
     pub stream_replicas: usize,
     /// Largest request body accepted.
@@ -118,6 +122,7 @@ impl Config {
             auth: Auth::off(),
             secrets_key: None,
             durability: Durability::FsyncAlways,
+            redis_buckets: delta_store::redis::DEFAULT_BUCKETS,
             stream_replicas: 1,
             max_body_bytes: 1 << 20,
             reconcile_every: Duration::from_millis(1000),
@@ -203,6 +208,14 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
             "{from}: `{replicas}` replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)"
         ));
     }
+    let buckets = s.number("DELTA_REDIS_BUCKETS", 1);
+    if buckets > u64::from(delta_store::redis::MAX_BUCKETS) {
+        let (_, from) = s.get("DELTA_REDIS_BUCKETS");
+        s.errors.push(format!(
+            "{from}: `{buckets}` buckets: at most {} (a listing reads every bucket)",
+            delta_store::redis::MAX_BUCKETS
+        ));
+    }
     let (durability_text, durability_from) = s.get("DELTA_REDIS_DURABILITY");
     let durability = Durability::parse(&durability_text).unwrap_or_else(|e| {
         s.errors.push(format!("{durability_from}: {e}"));
@@ -239,6 +252,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         auth,
         secrets_key,
         durability,
+        redis_buckets: u32::try_from(buckets).unwrap_or(delta_store::redis::DEFAULT_BUCKETS),
         stream_replicas: usize::try_from(replicas).unwrap_or(1),
         max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
         reconcile_every: Duration::from_millis(reconcile_ms),

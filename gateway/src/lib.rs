@@ -84,10 +84,11 @@ impl Gateway {
     /// Connects to Redis and NATS (creating the streams if missing, never changing the workers'
     /// consumer settings).
     pub async fn connect(config: Config, shutdown: CancellationToken) -> Result<Self, Error> {
-        let mut store = RedisRunStore::connect_with(
+        let mut store = RedisRunStore::connect_buckets(
             &config.redis_url,
             &config.prefix,
             config.redis_ca.as_deref(),
+            config.redis_buckets,
         )
         .await?
         .with_durability(config.durability)

@@ -100,7 +100,13 @@ impl Gateway {
             Some(k) => Some(sha256_hex(k.as_bytes())),
             None => None,
         };
-        let mut record = RunRecord::new(RunId::new(), &s.agent, &s.task, RunStatus::Queued);
+        // With a key, the run goes to the key's bucket: checking and setting the key is then
+        // part of the one script that creates the run.
+        let run_id = match &key {
+            Some(k) => self.store.run_id_for_key(k),
+            None => RunId::new(),
+        };
+        let mut record = RunRecord::new(run_id, &s.agent, &s.task, RunStatus::Queued);
         record.input = s.input;
         let submitted = self
             .store
@@ -445,11 +451,11 @@ impl Gateway {
     /// default option, or fails without one. `false` when it was no longer pending.
     pub async fn expire(&self, run_id: RunId, request_id: RequestId) -> Result<bool, ApiError> {
         let Some(ix) = self.store.interaction(run_id, request_id).await? else {
-            self.store.drop_deadline(request_id).await?;
+            self.store.drop_deadline(run_id, request_id).await?;
             return Ok(false);
         };
         if ix.state != InteractionState::Pending {
-            self.store.drop_deadline(request_id).await?;
+            self.store.drop_deadline(run_id, request_id).await?;
             return Ok(false);
         }
         if !ix.request.is_expired_at(Timestamp::now()) {

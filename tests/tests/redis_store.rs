@@ -399,7 +399,7 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
         .expect("connect");
 
     // Old: submitted with an idempotency key, asked a question, was answered, finished.
-    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    let rec = RunRecord::new(store.run_id_for_key("k1"), "a", "t", RunStatus::Queued);
     let old = rec.run_id;
     let created = store
         .create_indexed(&rec, Some(("k1", "fp")))
@@ -484,7 +484,7 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
     ] {
         assert!(before.contains(&id), "{id} is stored before: {before}");
     }
-    assert!(before.contains("rt:idempotency:k1"), "{before}");
+    assert!(before.contains(":idempotency:k1"), "{before}");
 
     let pass = store.purge_finished(cutoff, 100).await.expect("purge");
     assert_eq!(
@@ -503,7 +503,7 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
     ] {
         assert!(!after.contains(&id), "{id} is gone everywhere: {after}");
     }
-    assert!(!after.contains("rt:idempotency:k1"), "{after}");
+    assert!(!after.contains(":idempotency:k1"), "{after}");
     for id in [paused, retried, fresh_id] {
         assert!(after.contains(&id.to_string()), "{id} stays: {after}");
     }
@@ -548,7 +548,7 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
     assert_eq!(delta_e2e::redis_dump(&redis.url(), "rt:*").await, after);
 
     // The idempotency key went with the run: the same key makes a new run.
-    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    let rec = RunRecord::new(store.run_id_for_key("k1"), "a", "t", RunStatus::Queued);
     assert_eq!(
         store
             .create_indexed(&rec, Some(("k1", "fp")))
@@ -577,7 +577,7 @@ async fn runs_finished_before_the_index_are_backfilled() {
         .await
         .expect("redis");
     let _: () = redis::cmd("ZREM")
-        .arg("bf:runs:finished")
+        .arg(store.run_index(id, "runs:finished"))
         .arg(id.to_string())
         .query_async(&mut c)
         .await

@@ -17,6 +17,7 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_NATS_CA_FILE", "nats-ca-file", ""),
     ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
     ("DELTA_REDIS_DURABILITY", "redis-durability", "fsync-always"),
+    ("DELTA_REDIS_BUCKETS", "redis-buckets", "16"),
     ("DELTA_STREAM_REPLICAS", "stream-replicas", "1"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
@@ -54,6 +55,14 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
             "{from}: `{replicas}` replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)"
         ));
     }
+    let buckets = s.number("DELTA_REDIS_BUCKETS", 1);
+    if buckets > u64::from(delta_store::redis::MAX_BUCKETS) {
+        let (_, from) = s.get("DELTA_REDIS_BUCKETS");
+        s.errors.push(format!(
+            "{from}: `{buckets}` buckets: at most {} (a listing reads every bucket)",
+            delta_store::redis::MAX_BUCKETS
+        ));
+    }
     let (durability_text, durability_from) = s.get("DELTA_REDIS_DURABILITY");
     let durability = Durability::parse(&durability_text).unwrap_or_else(|e| {
         s.errors.push(format!("{durability_from}: {e}"));
@@ -89,6 +98,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         grace,
         secrets_key,
         durability,
+        redis_buckets: u32::try_from(buckets).unwrap_or(delta_store::redis::DEFAULT_BUCKETS),
         retention,
         sweep_every,
     })

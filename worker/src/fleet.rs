@@ -59,6 +59,8 @@ pub struct Config {
     /// How the record of a call to a tool that must not run twice is made durable before the
     /// tool runs (`DELTA_REDIS_DURABILITY`).
     pub durability: delta_store::redis::Durability,
+    /// How many buckets the runs are spread over in Redis (`DELTA_REDIS_BUCKETS`).
+    pub redis_buckets: u32,
     /// How long after it finished a run's work directory is kept (the gateways' retention of the
     /// run itself); `None`: until the run is deleted from the store.
     pub retention: Option<Duration>,
@@ -137,10 +139,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         path: config.work_dir.display().to_string(),
         source,
     })?;
-    let mut store = RedisRunStore::connect_with(
+    let mut store = RedisRunStore::connect_buckets(
         &config.redis_url,
         &config.prefix,
         config.redis_ca.as_deref(),
+        config.redis_buckets,
     )
     .await?
     .with_durability(config.durability)

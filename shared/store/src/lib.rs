@@ -185,6 +185,10 @@ pub enum Error {
         "a sensitive answer cannot be stored without DELTA_SECRETS_KEY (it would sit in Redis in clear); set the same key on gateways and workers"
     )]
     NoSecretsKey,
+    /// The Redis key layout does not fit this program: another bucket count, or the layout of
+    /// before the buckets (the message says what to do).
+    #[error("{0}")]
+    Buckets(String),
 }
 
 /// Durable runs and journals. Every call is atomic: either all of it is stored or none.

@@ -1,25 +1,35 @@
 //! The fleet's run store: Redis (docs/protocol.md §5).
 //!
+//! Runs are spread over `B` buckets (`DELTA_REDIS_BUCKETS`, default 16, fixed per deployment and
+//! stored in `<p>:buckets`); run `r` is in bucket `k = fnv1a32(r) mod B` ([`bucket_of`]). `<t>` is
+//! the bucket's tag `<p>:{b<k>}`: the braces make `b<k>` the Redis Cluster hash tag.
+//!
 //! ```text
-//! <p>:run:{<run_id>}                 hash    the run record, plus `seq` (last journal seq), the fence, `owner`, `job_seq`,
-//!                                            `idempotency_key` (the key its submission set, if any)
-//! <p>:run:{<run_id>}:journal         stream  one entry per event, entry id `<seq>-0`, field `e` = the event JSON
-//! <p>:run:{<run_id>}:ix:<request_id> hash    request JSON, state (PENDING/ANSWERED/EXPIRED/CANCELLED), response,
-//!                                            answered_at, resume_seq, traceparent
-//! <p>:runs:all, <p>:runs:<STATUS>    zset    run ids by creation time (µs)
-//! <p>:runs:finished                  zset    finished run ids by when they finished (µs): what retention reads
-//! <p>:interactions:all, …:pending    zset    request ids by request time (µs)
-//! <p>:interactions:deadlines         zset    pending request ids by `expires_at` (µs)
-//! <p>:interactions:runs              hash    request id → run id
-//! <p>:resumes                        zset    `<run_id>/<request_id>` of answered requests whose run has not
-//!                                            resumed yet, by when a reconciler should look at it next
-//! <p>:workers                        zset    worker ids by last heartbeat (ms)
-//! <p>:idempotency:<sha256>           string  `<run_id> <body sha256>` of a submission (24 h)
-//! <p>:ticket:<sha256>                string  what a live-stream ticket grants (the gateway's JSON), for its
-//!                                            few seconds; taken with GETDEL on first use
+//! <p>:buckets                       string  B, set by the first program to start
+//! <t>:run:<run_id>                  hash    the run record, plus `seq` (last journal seq), the fence, `owner`,
+//!                                           `job_seq`, `idempotency_key` (the key its submission set, if any)
+//! <t>:run:<run_id>:journal          stream  one entry per event, entry id `<seq>-0`, field `e` = the event JSON
+//! <t>:run:<run_id>:ix:<request_id>  hash    request JSON, state (PENDING/ANSWERED/EXPIRED/CANCELLED), response,
+//!                                           answered_at, resume_seq, traceparent
+//! <t>:runs:all, <t>:runs:<STATUS>   zset    the bucket's run ids by creation time (µs)
+//! <t>:runs:finished                 zset    finished run ids by when they finished (µs): what retention reads
+//! <t>:interactions:all, …:pending   zset    request ids by request time (µs)
+//! <t>:interactions:deadlines        zset    pending request ids by `expires_at` (µs)
+//! <t>:interactions:runs             hash    request id → run id
+//! <t>:resumes                       zset    `<run_id>/<request_id>` of answered requests whose run has not
+//!                                           resumed yet, by when a reconciler should look at it next
+//! <t'>:idempotency:<sha256>         string  `<run_id> <body sha256>` of a submission (24 h); `t'` is the
+//!                                           digest's bucket, and the run's id is drawn in that bucket
+//! <p>:workers                       zset    worker ids by last heartbeat (ms)
+//! <p>:ticket:<sha256>               string  what a live-stream ticket grants (the gateway's JSON), for its
+//!                                           few seconds; taken with GETDEL on first use
 //! ```
 //!
-//! Every key of a run shares the hash tag `{<run_id>}`, and each state change is one Lua script.
+//! A run's keys and its bucket's indexes share one hash tag, so each state change is one Lua
+//! script on one slot, on one Redis as on Redis Cluster; the keys outside the buckets are touched
+//! by no script. Listings, reconcilers and the request id → run lookup read every bucket with
+//! one pipelined command each, in one round trip (`redis/index.rs`).
+//!
 //! A store handle may carry a fencing token `(stream sequence, delivery count)` taken from the
 //! JetStream delivery it works for: a write with an older token than the run's is refused
 //! (`Error::Fenced`) and changes nothing; a newer one takes the run over. So a worker that stalled
@@ -31,9 +41,7 @@
 //! again and journal a second result for it).
 //!
 //! The indexes (`runs:*`, `interactions:*`, `resumes`) are updated inside the same scripts as the
-//! run's state, so on one Redis they are never stale. On Redis Cluster those scripts would touch
-//! two slots; there the index updates would have to move to a second step repaired by the
-//! reconcilers (not built: we run one Redis with AOF, see README).
+//! run's state, so they are never stale.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,10 +53,12 @@ use redis::aio::ConnectionManager;
 
 pub mod access;
 mod index;
+mod migrate;
 mod retention;
 mod tickets;
 
 pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
+pub use migrate::Migrated;
 pub use retention::{Purge, Purged};
 
 use super::{AnswerStore, Error, RunRecord, RunStore, Settled, StatusChange, StoredRun, numbered};
@@ -110,6 +120,7 @@ script_args!(
         err_text,
         // The request JSON when the run starts waiting.
         request,
+        // The run's bucket tag `<p>:{b<k>}`: the indexes' keys start with it.
         prefix,
         // µs of the write (the score of a run new to an index), the owner ('' for none).
         created_us,
@@ -198,6 +209,24 @@ end
 return seq
 "#;
 
+/// Buckets when `DELTA_REDIS_BUCKETS` is not set.
+pub const DEFAULT_BUCKETS: u32 = 16;
+
+/// The most buckets a deployment may have (a listing reads every one of them).
+pub const MAX_BUCKETS: u32 = 1024;
+
+/// The bucket of `id` (a run id, or an idempotency key's digest) among `buckets`: the 32-bit
+/// FNV-1a hash of its text (a run id in its hyphenated lowercase form), modulo `buckets`.
+/// Where every key lives follows from it: it must never change.
+pub fn bucket_of(id: &str, buckets: u32) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in id.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % buckets.max(1)
+}
+
 /// An error a script returned on purpose (`redis.error_reply`), parsed from its code: the store
 /// acts on these, never on the text of other errors.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -251,7 +280,7 @@ impl ScriptError {
 }
 
 /// Creates a run record unless one exists, indexed; with an idempotency key, a second submission
-/// returns the first one's value instead. KEYS: run. ARGV: prefix, created µs, idempotency key
+/// returns the first one's value instead. KEYS: run. ARGV: the run's bucket tag, created µs, idempotency key
 /// (or ''), its value, its TTL in seconds, then the record's fields.
 const CREATE: &str = r#"
 if ARGV[3] ~= '' then
@@ -279,7 +308,7 @@ return {'CREATED', ''}
 
 /// Settles a pending interaction: `ANSWERED` with its response, or `EXPIRED` by the clock, and
 /// queues its run's resume for the reconciler to check. Returns `WON`, or the state it was in.
-/// KEYS: the interaction. ARGV: new state, response JSON (or ''), now, prefix, request id,
+/// KEYS: the interaction. ARGV: new state, response JSON (or ''), now, bucket tag, request id,
 /// resume member, when to check the resume (µs).
 const RESOLVE: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'state')
@@ -295,7 +324,7 @@ return 'WON'
 
 /// Opens an answered interaction again (its answer was refused by the engine): `PENDING`,
 /// answer removed, back in the pending and deadline indexes. KEYS: the interaction. ARGV:
-/// prefix, request id, request time (µs), deadline (µs or ''), resume member.
+/// bucket tag, request id, request time (µs), deadline (µs or ''), resume member.
 const REOPEN: &str = r#"
 if redis.call('HGET', KEYS[1], 'state') ~= 'ANSWERED' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'PENDING')
@@ -315,6 +344,8 @@ pub struct RedisRunStore {
     conn: ConnectionManager,
     /// Key prefix (`DELTA_KEY_PREFIX`, default `delta`).
     prefix: String,
+    /// How many buckets the runs are spread over (`DELTA_REDIS_BUCKETS`), as stored in Redis.
+    buckets: u32,
     /// The fencing token of the delivery this handle writes for, if any.
     fence: Option<Fence>,
     /// The worker this handle writes for (the run record's `owner`).
@@ -445,6 +476,46 @@ impl RedisRunStore {
         prefix: &str,
         ca_file: Option<&std::path::Path>,
     ) -> Result<Self, Error> {
+        Self::connect_buckets(url, prefix, ca_file, DEFAULT_BUCKETS).await
+    }
+
+    /// Connects as [`Self::connect_with`] for a deployment of `buckets` buckets
+    /// (`DELTA_REDIS_BUCKETS`). The first program to connect to a prefix stores the count in
+    /// `<prefix>:buckets`; a program with another count is refused ([`Error::Buckets`]), and so
+    /// is one that finds the layout of before the buckets (run `delta migrate-redis` first).
+    pub async fn connect_buckets(
+        url: &str,
+        prefix: &str,
+        ca_file: Option<&std::path::Path>,
+        buckets: u32,
+    ) -> Result<Self, Error> {
+        let store = Self::connect_unchecked(url, prefix, ca_file, buckets).await?;
+        if store.has_old_layout().await? {
+            return Err(Error::Buckets(format!(
+                "Redis holds runs under the prefix `{prefix}` in the layout of before the buckets: stop the fleet and run `delta migrate-redis` (docs/operations.md#redis-buckets)"
+            )));
+        }
+        store.claim_buckets().await?;
+        Ok(store)
+    }
+
+    /// Connects without checking the layout or the bucket count (for the migration).
+    async fn connect_unchecked(
+        url: &str,
+        prefix: &str,
+        ca_file: Option<&std::path::Path>,
+        buckets: u32,
+    ) -> Result<Self, Error> {
+        if prefix.contains(['{', '}']) {
+            return Err(Error::Buckets(format!(
+                "the key prefix `{prefix}` holds a brace: braces mark Redis Cluster hash tags, pick a prefix without them"
+            )));
+        }
+        if !(1..=MAX_BUCKETS).contains(&buckets) {
+            return Err(Error::Buckets(format!(
+                "{buckets} buckets: DELTA_REDIS_BUCKETS must be 1 to {MAX_BUCKETS}"
+            )));
+        }
         let client = open_client(url, ca_file)?;
         let conn = ConnectionManager::new(client.clone())
             .await
@@ -453,6 +524,7 @@ impl RedisRunStore {
             client,
             conn,
             prefix: prefix.to_owned(),
+            buckets,
             fence: None,
             owner: None,
             traceparent: None,
@@ -464,6 +536,43 @@ impl RedisRunStore {
             seen: Arc::default(),
             durability: Durability::FsyncAlways,
         })
+    }
+
+    /// Stores this handle's bucket count in `<prefix>:buckets` unless a count is there, and
+    /// refuses to go on with another one.
+    async fn claim_buckets(&self) -> Result<(), Error> {
+        let key = self.index("buckets");
+        let mut conn = self.conn.clone();
+        let (stored,): (Option<String>,) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(self.buckets)
+            .arg("NX")
+            .ignore()
+            .get(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        match stored.as_deref().map(str::parse::<u32>) {
+            Some(Ok(n)) if n == self.buckets => Ok(()),
+            Some(Ok(n)) => Err(Error::Buckets(format!(
+                "this Redis spreads the runs of prefix `{}` over {n} buckets, but this program was started with DELTA_REDIS_BUCKETS={}: start it with DELTA_REDIS_BUCKETS={n} (the count is fixed for the life of a deployment, or runs would be lost)",
+                self.prefix, self.buckets
+            ))),
+            _ => Err(Error::Buckets(format!(
+                "`{key}` does not hold a bucket count ({stored:?}): it was not written by Delta Fleet"
+            ))),
+        }
+    }
+
+    /// Whether keys of the layout of before the buckets are there (`<prefix>:runs:all`).
+    async fn has_old_layout(&self) -> Result<bool, Error> {
+        let mut conn = self.conn.clone();
+        redis::cmd("EXISTS")
+            .arg(self.index("runs:all"))
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)
     }
 
     /// A handle that makes writes durable as `durability` says, once it checked that the server
@@ -547,8 +656,39 @@ impl RedisRunStore {
         self.conn.clone()
     }
 
+    /// How many buckets the runs are spread over (`DELTA_REDIS_BUCKETS`).
+    pub fn buckets(&self) -> u32 {
+        self.buckets
+    }
+
+    /// The bucket of `run_id`.
+    pub fn bucket(&self, run_id: RunId) -> u32 {
+        bucket_of(&run_id.to_string(), self.buckets)
+    }
+
+    /// The start of every key of bucket `k`: `<prefix>:{b<k>}`; the braces make it the hash tag,
+    /// so that all of them live in one Redis Cluster slot.
+    pub fn tag(&self, k: u32) -> String {
+        format!("{}:{{b{k}}}", self.prefix)
+    }
+
+    /// The tag of `run_id`'s bucket: what the scripts get as their prefix.
+    fn run_tag(&self, run_id: RunId) -> String {
+        self.tag(self.bucket(run_id))
+    }
+
+    /// The index `name` (`runs:all`, `interactions:pending`, …) of bucket `k`.
+    pub fn bucket_index(&self, k: u32, name: &str) -> String {
+        format!("{}:{name}", self.tag(k))
+    }
+
+    /// The index `name` of the bucket `run_id` is in.
+    pub fn run_index(&self, run_id: RunId, name: &str) -> String {
+        self.bucket_index(self.bucket(run_id), name)
+    }
+
     pub fn run_key(&self, run_id: RunId) -> String {
-        format!("{}:run:{{{run_id}}}", self.prefix)
+        format!("{}:run:{run_id}", self.run_tag(run_id))
     }
 
     fn journal_key(&self, run_id: RunId) -> String {
@@ -559,7 +699,21 @@ impl RedisRunStore {
         format!("{}:ix:{request_id}", self.run_key(run_id))
     }
 
-    /// An index key: `<prefix>:<name>`.
+    /// One command per bucket (`add(pipe, k)` adds bucket `k`'s), all in one round trip: the
+    /// replies in bucket order.
+    async fn per_bucket<T: redis::FromRedisValue>(
+        &self,
+        add: impl Fn(&mut redis::Pipeline, u32),
+    ) -> Result<Vec<T>, Error> {
+        let mut pipe = redis::pipe();
+        for k in 0..self.buckets {
+            add(&mut pipe, k);
+        }
+        let mut conn = self.connection();
+        pipe.query_async(&mut conn).await.map_err(backend)
+    }
+
+    /// A key of its own outside the buckets (`workers`, `ticket:…`, `buckets`): `<prefix>:<name>`.
     fn index(&self, name: &str) -> String {
         format!("{}:{name}", self.prefix)
     }
@@ -611,7 +765,7 @@ impl RedisRunStore {
             .arg(state.as_str())
             .arg(json)
             .arg(now.to_string())
-            .arg(&self.prefix)
+            .arg(self.run_tag(run_id))
             .arg(&rid)
             .arg(format!("{run_id}/{rid}"))
             .arg(check_at)
@@ -699,7 +853,7 @@ impl RedisRunStore {
         let mut conn = self.connection();
         let n: i64 = Script::new(REOPEN)
             .key(self.interaction_key(run_id, &request_id.to_string()))
-            .arg(&self.prefix)
+            .arg(self.run_tag(run_id))
             .arg(request_id.to_string())
             .arg(q.timestamp.micros())
             .arg(
@@ -955,7 +1109,7 @@ impl RunStore for RedisRunStore {
         let now = Timestamp::now();
         let mut args = AppendArgs {
             now: now.to_string(),
-            prefix: self.prefix.clone(),
+            prefix: self.run_tag(run_id),
             created_us: now.micros().to_string(),
             owner: self.owner.clone().unwrap_or_default(),
             traceparent: self.traceparent.clone().unwrap_or_default(),
@@ -1016,5 +1170,23 @@ impl RunStore for RedisRunStore {
         self.saw(run_id, last);
         let first = last + 1 - events.len() as u64;
         Ok(numbered(events, first, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket_of;
+
+    /// Where every key lives follows from the bucket hash: these values must never change
+    /// (32-bit FNV-1a reference values, and a run id's bucket as stored).
+    #[test]
+    fn the_bucket_hash_is_fnv1a_and_never_changes() {
+        assert_eq!(bucket_of("", u32::MAX), 0x811c_9dc5);
+        assert_eq!(bucket_of("a", u32::MAX), 0xe40c_292c);
+        assert_eq!(bucket_of("foobar", u32::MAX), 0xbf9c_f968);
+        let run = "0192f1c4-8a3b-7c2d-9e4f-5a6b7c8d9e0f";
+        assert_eq!(bucket_of(run, 16), 1);
+        assert_eq!(bucket_of(run, 256), 33);
+        assert_eq!(bucket_of("anything", 1), 0);
     }
 }

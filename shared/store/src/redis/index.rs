@@ -22,7 +22,7 @@ use delta_protocol::{
 /// failure before its deadline, is `PENDING` again. Only a run whose error is the letter's
 /// reason: one that failed otherwise stays as it is. Returns `{'QUEUED', seq}`, or
 /// `{'STATUS', status}` / `{'OTHER', error}` when nothing changed.
-/// KEYS: run, journal, the open question (or a dummy). ARGV: prefix, now, now µs, the note's JSON
+/// KEYS: run, journal, the open question (or a dummy). ARGV: bucket tag, now, now µs, the note's JSON
 /// without its opening brace, the letter's reason, the question's id (or ''), when it was asked
 /// (µs), its deadline (µs or '').
 const REQUEUE: &str = r#"
@@ -164,16 +164,25 @@ impl RedisRunStore {
         record: &RunRecord,
         idempotency: Option<(&str, &str)>,
     ) -> Result<Submitted, Error> {
-        let mut conn = self.connection();
-        let mut inv = self.create.key(self.run_key(record.run_id));
         let (idem_key, idem_value) = match idempotency {
-            Some((key, fingerprint)) => (
-                self.index(&format!("idempotency:{key}")),
-                format!("{} {fingerprint}", record.run_id),
-            ),
+            Some((key, fingerprint)) => {
+                let k = super::bucket_of(key, self.buckets);
+                if k != self.bucket(record.run_id) {
+                    return Err(Error::Buckets(format!(
+                        "run {} is not in the bucket of its idempotency key: mint its id with run_id_for_key",
+                        record.run_id
+                    )));
+                }
+                (
+                    self.bucket_index(k, &format!("idempotency:{key}")),
+                    format!("{} {fingerprint}", record.run_id),
+                )
+            }
             None => Default::default(),
         };
-        inv.arg(&self.prefix)
+        let mut conn = self.connection();
+        let mut inv = self.create.key(self.run_key(record.run_id));
+        inv.arg(self.run_tag(record.run_id))
             .arg(record.created_at.micros())
             .arg(idem_key)
             .arg(idem_value)
@@ -197,6 +206,19 @@ impl RedisRunStore {
                 Some(known) => known.into_error(record.run_id),
                 None => backend(e),
             }),
+        }
+    }
+
+    /// A new run id in the bucket of the idempotency key `key` (its digest): a submission with
+    /// a key creates its run, and checks and sets the key, in one script in one slot. Random ids
+    /// are drawn until one falls in that bucket (`buckets` draws on average).
+    pub fn run_id_for_key(&self, key: &str) -> RunId {
+        let want = super::bucket_of(key, self.buckets);
+        loop {
+            let id = RunId::new();
+            if self.bucket(id) == want {
+                return id;
+            }
         }
     }
 
@@ -237,13 +259,16 @@ impl RedisRunStore {
     }
 
     /// The run a request belongs to, if the request exists.
+    /// A request id does not say its bucket: every bucket's `interactions:runs` is asked, in
+    /// one round trip.
     pub async fn interaction_run(&self, request_id: RequestId) -> Result<Option<RunId>, Error> {
-        let mut conn = self.connection();
-        let run: Option<String> = conn
-            .hget(self.index("interactions:runs"), request_id.to_string())
-            .await
-            .map_err(backend)?;
-        Ok(run.and_then(|r| r.parse().ok()))
+        let rid = request_id.to_string();
+        let runs: Vec<Option<String>> = self
+            .per_bucket(|pipe, k| {
+                pipe.hget(self.bucket_index(k, "interactions:runs"), &rid);
+            })
+            .await?;
+        Ok(runs.into_iter().flatten().find_map(|r| r.parse().ok()))
     }
 
     /// Interactions by id (each with its run), skipping unknown ones; two round trips.
@@ -254,17 +279,23 @@ impl RedisRunStore {
         if ids.is_empty() {
             return Ok(vec![]);
         }
-        let mut conn = self.connection();
-        let runs: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(self.index("interactions:runs"))
-            .arg(ids.iter().map(ToString::to_string).collect::<Vec<_>>())
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
+        let texts: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        let by_bucket: Vec<Vec<Option<String>>> = self
+            .per_bucket(|pipe, k| {
+                pipe.cmd("HMGET")
+                    .arg(self.bucket_index(k, "interactions:runs"))
+                    .arg(&texts);
+            })
+            .await?;
         let known: Vec<(RequestId, RunId)> = ids
             .iter()
-            .zip(runs)
-            .filter_map(|(rid, run)| Some((*rid, run?.parse().ok()?)))
+            .enumerate()
+            .filter_map(|(i, rid)| {
+                let run = by_bucket
+                    .iter()
+                    .find_map(|b| b.get(i).cloned().flatten().and_then(|r| r.parse().ok()))?;
+                Some((*rid, run))
+            })
             .collect();
         let mut pipe = redis::pipe();
         for (rid, run) in &known {
@@ -299,7 +330,7 @@ impl RedisRunStore {
             )
             .ignore()
             .cmd("ZADD")
-            .arg(self.index("resumes"))
+            .arg(self.run_index(run_id, "resumes"))
             .arg("XX")
             .arg(recheck_us)
             .arg(format!("{run_id}/{request_id}"))
@@ -315,54 +346,97 @@ impl RedisRunStore {
         now_us: i64,
         max: usize,
     ) -> Result<Vec<(RunId, RequestId)>, Error> {
-        let mut conn = self.connection();
-        let ids: Vec<String> = conn
-            .zrangebyscore_limit(
-                self.index("interactions:deadlines"),
-                "-inf",
-                now_us,
-                0,
-                max as isize,
-            )
-            .await
-            .map_err(backend)?;
-        if ids.is_empty() {
+        // Each bucket's earliest `max`, then the earliest `max` of them all.
+        let due = self
+            .due_per_bucket("interactions:deadlines", now_us, max)
+            .await?;
+        if due.is_empty() {
             return Ok(vec![]);
         }
+        let mut ids: Vec<Vec<String>> = vec![vec![]; self.buckets as usize];
+        for (k, id) in &due {
+            if let Some(list) = ids.get_mut(*k as usize) {
+                list.push(id.clone());
+            }
+        }
+        let mut pipe = redis::pipe();
+        for (k, list) in ids.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+            pipe.cmd("HMGET")
+                .arg(self.bucket_index(k as u32, "interactions:runs"))
+                .arg(list);
+        }
         let mut conn = self.connection();
-        let runs: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(self.index("interactions:runs"))
-            .arg(&ids)
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        let mut due = vec![];
-        let mut junk = vec![];
-        for (raw, run) in ids.iter().zip(runs) {
+        let runs: Vec<Vec<Option<String>>> = pipe.query_async(&mut conn).await.map_err(backend)?;
+        let mut found: HashMap<String, Option<String>> = HashMap::new();
+        for (list, runs) in ids.iter().filter(|l| !l.is_empty()).zip(runs) {
+            for (id, run) in list.iter().zip(runs) {
+                found.insert(id.clone(), run);
+            }
+        }
+        let mut out = vec![];
+        let mut junk = redis::pipe();
+        let mut any_junk = false;
+        for (k, raw) in &due {
+            let run = found.get(raw).cloned().flatten();
             match (
                 raw.parse::<RequestId>(),
                 run.and_then(|r| r.parse::<RunId>().ok()),
             ) {
-                (Ok(rid), Some(run)) => due.push((run, rid)),
+                (Ok(rid), Some(run)) => out.push((run, rid)),
                 // Not a request of any run: it would sit at the front of the index forever.
-                _ => junk.push(raw.clone()),
+                _ => {
+                    junk.zrem(self.bucket_index(*k, "interactions:deadlines"), raw)
+                        .ignore();
+                    any_junk = true;
+                }
             }
         }
-        if !junk.is_empty() {
+        if any_junk {
             let mut conn = self.connection();
-            conn.zrem::<_, _, ()>(self.index("interactions:deadlines"), junk)
-                .await
-                .map_err(backend)?;
+            junk.query_async::<()>(&mut conn).await.map_err(backend)?;
         }
-        Ok(due)
+        Ok(out)
+    }
+
+    /// The members of every bucket's index `name` scored at or before `until`: the earliest
+    /// `max` of them all, earliest first, each with its bucket. One round trip.
+    pub(super) async fn due_per_bucket(
+        &self,
+        name: &str,
+        until: i64,
+        max: usize,
+    ) -> Result<Vec<(u32, String)>, Error> {
+        let lists: Vec<Vec<(String, f64)>> = self
+            .per_bucket(|pipe, k| {
+                pipe.cmd("ZRANGEBYSCORE")
+                    .arg(self.bucket_index(k, name))
+                    .arg("-inf")
+                    .arg(until)
+                    .arg("WITHSCORES")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(max);
+            })
+            .await?;
+        let mut all: Vec<(f64, u32, String)> = lists
+            .into_iter()
+            .enumerate()
+            .flat_map(|(k, l)| l.into_iter().map(move |(m, s)| (s, k as u32, m)))
+            .collect();
+        all.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.cmp(&b.2)));
+        all.truncate(max);
+        Ok(all.into_iter().map(|(_, k, m)| (k, m)).collect())
     }
 
     /// Drops a deadline that needs no action (its interaction is no longer pending).
-    pub async fn drop_deadline(&self, request_id: RequestId) -> Result<(), Error> {
+    pub async fn drop_deadline(&self, run_id: RunId, request_id: RequestId) -> Result<(), Error> {
         let mut conn = self.connection();
-        conn.zrem::<_, _, ()>(self.index("interactions:deadlines"), request_id.to_string())
-            .await
-            .map_err(backend)
+        conn.zrem::<_, _, ()>(
+            self.run_index(run_id, "interactions:deadlines"),
+            request_id.to_string(),
+        )
+        .await
+        .map_err(backend)
     }
 
     /// Answered interactions whose run has not resumed, due for a look at `now_us`.
@@ -371,14 +445,10 @@ impl RedisRunStore {
         now_us: i64,
         max: usize,
     ) -> Result<Vec<(RunId, RequestId)>, Error> {
-        let mut conn = self.connection();
-        let members: Vec<String> = conn
-            .zrangebyscore_limit(self.index("resumes"), "-inf", now_us, 0, max as isize)
-            .await
-            .map_err(backend)?;
+        let members = self.due_per_bucket("resumes", now_us, max).await?;
         Ok(members
             .iter()
-            .filter_map(|m| {
+            .filter_map(|(_, m)| {
                 let (run, rid) = m.split_once('/')?;
                 Some((run.parse().ok()?, rid.parse().ok()?))
             })
@@ -394,7 +464,7 @@ impl RedisRunStore {
     ) -> Result<(), Error> {
         let mut conn = self.connection();
         redis::cmd("ZADD")
-            .arg(self.index("resumes"))
+            .arg(self.run_index(run_id, "resumes"))
             .arg("XX")
             .arg(at_us)
             .arg(format!("{run_id}/{request_id}"))
@@ -406,13 +476,22 @@ impl RedisRunStore {
     /// Forgets a resume that needs no more looking after.
     pub async fn drop_resume(&self, run_id: RunId, request_id: RequestId) -> Result<(), Error> {
         let mut conn = self.connection();
-        conn.zrem::<_, _, ()>(self.index("resumes"), format!("{run_id}/{request_id}"))
-            .await
-            .map_err(backend)
+        conn.zrem::<_, _, ()>(
+            self.run_index(run_id, "resumes"),
+            format!("{run_id}/{request_id}"),
+        )
+        .await
+        .map_err(backend)
     }
 
     /// Up to `max` entries of the index `name` (`runs:all`, `runs:QUEUED`, `interactions:pending`,
-    /// …) after `cursor`, newest or oldest first. A bad cursor is `Ok(None)`.
+    /// …) after `cursor`, newest or oldest first, across every bucket. A bad cursor is `Ok(None)`.
+    ///
+    /// The order is by `(score, member)`, as within one sorted set, so a cursor is one position
+    /// `<score>_<member>` that applies to every bucket alike: each bucket gives its first
+    /// entries after it (one command per bucket, one round trip) and the page is the first
+    /// `max` of their merge. An entry that ranks among the page's in the merged order ranks no
+    /// lower in its own bucket, so each bucket's first `max + 1` are enough.
     pub async fn index_page(
         &self,
         name: &str,
@@ -430,32 +509,59 @@ impl RedisRunStore {
         // Entries at the cursor's own score may repeat: fetch a little more and skip them.
         let want = max + 1;
         let slack = 64;
-        let mut conn = self.connection();
-        let key = self.index(name);
-        let raw: Vec<(String, f64)> = match (newest_first, after) {
-            (true, None) => conn.zrevrange_withscores(&key, 0, want as isize - 1).await,
-            (false, None) => conn.zrange_withscores(&key, 0, want as isize - 1).await,
-            (true, Some((s, _))) => {
-                conn.zrevrangebyscore_limit_withscores(&key, s, "-inf", 0, (want + slack) as isize)
-                    .await
-            }
-            (false, Some((s, _))) => {
-                conn.zrangebyscore_limit_withscores(&key, s, "+inf", 0, (want + slack) as isize)
-                    .await
-            }
-        }
-        .map_err(backend)?;
-        let mut entries: Vec<(String, i64)> = raw
-            .into_iter()
-            // Scores are µs timestamps: exact in an f64.
-            .map(|(m, s)| (m, s as i64))
-            .filter(|(m, s)| match after {
-                None => true,
-                Some((cs, cm)) if newest_first => *s < cs || (*s == cs && m.as_str() < cm),
-                Some((cs, cm)) => *s > cs || (*s == cs && m.as_str() > cm),
+        let lists: Vec<Vec<(String, f64)>> = self
+            .per_bucket(|pipe, k| {
+                let key = self.bucket_index(k, name);
+                match (newest_first, after) {
+                    (true, None) => {
+                        pipe.zrevrange_withscores(key, 0, want as isize - 1);
+                    }
+                    (false, None) => {
+                        pipe.zrange_withscores(key, 0, want as isize - 1);
+                    }
+                    (true, Some((s, _))) => {
+                        pipe.zrevrangebyscore_limit_withscores(
+                            key,
+                            s,
+                            "-inf",
+                            0,
+                            (want + slack) as isize,
+                        );
+                    }
+                    (false, Some((s, _))) => {
+                        pipe.zrangebyscore_limit_withscores(
+                            key,
+                            s,
+                            "+inf",
+                            0,
+                            (want + slack) as isize,
+                        );
+                    }
+                }
             })
-            .collect();
-        let more = entries.len() > max;
+            .await?;
+        // A bucket that filled its whole reply may hold more than it gave.
+        let limit = if after.is_some() { want + slack } else { want };
+        let mut cut_short = false;
+        let mut entries: Vec<(String, i64)> = vec![];
+        for raw in lists {
+            cut_short |= raw.len() >= limit;
+            entries.extend(
+                raw.into_iter()
+                    // Scores are µs timestamps: exact in an f64.
+                    .map(|(m, s)| (m, s as i64))
+                    .filter(|(m, s)| match after {
+                        None => true,
+                        Some((cs, cm)) if newest_first => *s < cs || (*s == cs && m.as_str() < cm),
+                        Some((cs, cm)) => *s > cs || (*s == cs && m.as_str() > cm),
+                    }),
+            );
+        }
+        entries.sort_by(|a, b| {
+            let order = a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0));
+            if newest_first { order.reverse() } else { order }
+        });
+        let more = entries.len() > max || cut_short;
         entries.truncate(max);
         Ok(Some(Page { entries, more }))
     }
@@ -501,15 +607,26 @@ impl RedisRunStore {
 
     /// Runs by status and interactions pending, for `/metrics`.
     pub async fn counts(&self) -> Result<(HashMap<RunStatus, u64>, u64), Error> {
+        // Every bucket's counts, one round trip.
         let mut pipe = redis::pipe();
-        for s in RunStatus::ALL {
-            pipe.zcard(self.index(&format!("runs:{}", s.as_str())));
+        for k in 0..self.buckets {
+            for s in RunStatus::ALL {
+                pipe.zcard(self.bucket_index(k, &format!("runs:{}", s.as_str())));
+            }
+            pipe.zcard(self.bucket_index(k, "interactions:pending"));
         }
-        pipe.zcard(self.index("interactions:pending"));
         let mut conn = self.connection();
         let n: Vec<u64> = pipe.query_async(&mut conn).await.map_err(backend)?;
-        let by_status = RunStatus::ALL.into_iter().zip(n.iter().copied()).collect();
-        Ok((by_status, n.last().copied().unwrap_or(0)))
+        let width = RunStatus::ALL.len() + 1;
+        let mut by_status: HashMap<RunStatus, u64> = HashMap::new();
+        let mut pending = 0;
+        for row in n.chunks(width) {
+            for (s, c) in RunStatus::ALL.into_iter().zip(row) {
+                *by_status.entry(s).or_default() += c;
+            }
+            pending += row.last().copied().unwrap_or(0);
+        }
+        Ok((by_status, pending))
     }
 
     /// Records that `worker` is alive (and forgets workers silent for an hour).
@@ -547,16 +664,9 @@ impl RedisRunStore {
         offset: usize,
         max: usize,
     ) -> Result<(Vec<QueueRun>, usize), Error> {
-        let mut conn = self.connection();
-        let ids: Vec<String> = conn
-            .zrange(
-                self.index(&format!("runs:{}", status.as_str())),
-                offset as isize,
-                (offset + max) as isize - 1,
-            )
-            .await
-            .map_err(backend)?;
-        let next = if ids.len() < max { 0 } else { offset + max };
+        let (ids, next) = self
+            .walk_buckets(&format!("runs:{}", status.as_str()), false, offset, max)
+            .await?;
         let ids: Vec<RunId> = ids.iter().filter_map(|i| i.parse().ok()).collect();
         if ids.is_empty() {
             return Ok((vec![], next));
@@ -579,6 +689,44 @@ impl RedisRunStore {
             .filter_map(|(run_id, row)| queue_row(run_id, &row))
             .collect();
         Ok((runs, next))
+    }
+
+    /// One step of a walk over every bucket's index `name`, oldest or newest first: the
+    /// entries at `offset .. offset + share` of each bucket, `share` being `max / buckets`
+    /// rounded up, in one round trip. Returns them and the offset of the next step (0 once no
+    /// bucket holds more): a cursor of one number, as before the buckets.
+    pub(super) async fn walk_buckets(
+        &self,
+        name: &str,
+        newest_first: bool,
+        offset: usize,
+        max: usize,
+    ) -> Result<(Vec<String>, usize), Error> {
+        let share = max.div_ceil(self.buckets as usize).max(1);
+        let lists: Vec<Vec<String>> = self
+            .per_bucket(|pipe, k| {
+                let key = self.bucket_index(k, name);
+                // One more than the share: whether the bucket goes on past it.
+                let (from, to) = (offset as isize, (offset + share) as isize);
+                if newest_first {
+                    pipe.zrevrange(key, from, to);
+                } else {
+                    pipe.zrange(key, from, to);
+                }
+            })
+            .await?;
+        let next = if lists.iter().any(|l| l.len() > share) {
+            offset + share
+        } else {
+            0
+        };
+        Ok((
+            lists
+                .into_iter()
+                .flat_map(|l| l.into_iter().take(share))
+                .collect(),
+            next,
+        ))
     }
 
     /// What the lost-job reconciler needs of one run, read afresh.
@@ -617,7 +765,7 @@ impl RedisRunStore {
             .key(self.run_key(run_id))
             .key(self.journal_key(run_id))
             .key(self.interaction_key(run_id, if rid.is_empty() { "none" } else { &rid }))
-            .arg(&self.prefix)
+            .arg(self.run_tag(run_id))
             .arg(now.to_string())
             .arg(now.micros())
             .arg(json.strip_prefix('{').unwrap_or(&json))

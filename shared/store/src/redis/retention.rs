@@ -1,7 +1,7 @@
 //! Retention: finished runs are deleted, whole, some time after they finished (`DELTA_RETENTION`,
 //! issue 14 finding 9).
 //!
-//! `<p>:runs:finished` holds every finished run by when it finished (µs). The scripts that finish
+//! `<t>:runs:finished` (one per bucket) holds every finished run by when it finished (µs). The scripts that finish
 //! a run add it there (`APPEND` with a terminal status, `CREATE` of a terminal record) and the one
 //! that reopens a finished run takes it out (`REQUEUE`, a dead letter retried), so finding what is
 //! due is one `ZRANGEBYSCORE`, never a walk over the keys. [`PURGE`] then deletes one run
@@ -17,14 +17,12 @@
 //! The local file store has no retention: `delta run` keeps its runs under `.delta/` in the
 //! user's own directory, as Delta Engine v1.2 does, and the user removes them.
 
-use redis::AsyncCommands;
-
 use super::{RedisRunStore, ScriptError, backend};
 use crate::Error;
 use delta_protocol::{RunId, RunStatus, Timestamp};
 
 /// Deletes one finished run entirely, if it finished at or before the cut-off. KEYS: run,
-/// journal. ARGV: prefix, run id, cut-off (µs). Returns `PURGED`, `GONE` (nothing was left but
+/// journal. ARGV: bucket tag, run id, cut-off (µs). Returns `PURGED`, `GONE` (nothing was left but
 /// index entries, now removed), `KEPT` (finished after the cut-off, or not in the finished index)
 /// or `LIVE` (not finished: reopened; its stale finished entry is removed).
 ///
@@ -105,23 +103,23 @@ impl RedisRunStore {
     /// Finished runs that finished at or before `before_us`, oldest first, at most `max`.
     /// Entries that are not run ids are removed from the index.
     pub async fn due_for_purge(&self, before_us: i64, max: usize) -> Result<Vec<RunId>, Error> {
-        let key = self.index("runs:finished");
-        let mut conn = self.connection();
-        let ids: Vec<String> = conn
-            .zrangebyscore_limit(&key, "-inf", before_us, 0, max as isize)
-            .await
-            .map_err(backend)?;
-        let (mut due, mut junk) = (vec![], vec![]);
-        for raw in ids {
+        let ids = self.due_per_bucket("runs:finished", before_us, max).await?;
+        let (mut due, mut junk) = (vec![], redis::pipe());
+        let mut any_junk = false;
+        for (k, raw) in ids {
             match raw.parse::<RunId>() {
                 Ok(id) => due.push(id),
                 // It would sit at the front of the index forever.
-                Err(_) => junk.push(raw),
+                Err(_) => {
+                    junk.zrem(self.bucket_index(k, "runs:finished"), raw)
+                        .ignore();
+                    any_junk = true;
+                }
             }
         }
-        if !junk.is_empty() {
+        if any_junk {
             let mut conn = self.connection();
-            conn.zrem::<_, _, ()>(&key, junk).await.map_err(backend)?;
+            junk.query_async::<()>(&mut conn).await.map_err(backend)?;
         }
         Ok(due)
     }
@@ -133,7 +131,7 @@ impl RedisRunStore {
         let reply: Result<String, _> = redis::Script::new(PURGE)
             .key(self.run_key(run_id))
             .key(self.journal_key(run_id))
-            .arg(&self.prefix)
+            .arg(self.run_tag(run_id))
             .arg(run_id.to_string())
             .arg(before_us)
             .invoke_async(&mut conn)
@@ -178,10 +176,9 @@ impl RedisRunStore {
         if ids.is_empty() {
             return Ok(vec![]);
         }
-        let key = self.index("runs:finished");
         let mut pipe = redis::pipe();
         for id in ids {
-            pipe.zscore(&key, id.to_string());
+            pipe.zscore(self.run_index(*id, "runs:finished"), id.to_string());
         }
         let mut conn = self.connection();
         let scores: Vec<Option<f64>> = pipe.query_async(&mut conn).await.map_err(backend)?;
@@ -205,16 +202,9 @@ impl RedisRunStore {
         if !status.is_terminal() || max == 0 {
             return Ok((0, 0));
         }
-        let mut conn = self.connection();
-        let ids: Vec<String> = conn
-            .zrevrange(
-                self.index(&format!("runs:{}", status.as_str())),
-                offset as isize,
-                (offset + max) as isize - 1,
-            )
-            .await
-            .map_err(backend)?;
-        let next = if ids.len() < max { 0 } else { offset + max };
+        let (ids, next) = self
+            .walk_buckets(&format!("runs:{}", status.as_str()), true, offset, max)
+            .await?;
         let ids: Vec<RunId> = ids.iter().filter_map(|i| i.parse().ok()).collect();
         if ids.is_empty() {
             return Ok((0, next));
@@ -225,13 +215,18 @@ impl RedisRunStore {
         }
         let mut conn = self.connection();
         let times: Vec<Option<String>> = pipe.query_async(&mut conn).await.map_err(backend)?;
-        let mut add = redis::cmd("ZADD");
-        add.arg(self.index("runs:finished")).arg("NX").arg("CH");
+        // One `ZADD NX CH` per run, each into its bucket's index, in one round trip.
+        let mut add = redis::pipe();
         let mut any = false;
         for (id, at) in ids.iter().zip(times) {
             // A run gone meanwhile, or with a damaged time, is left out.
             if let Some(t) = at.and_then(|t| t.parse::<Timestamp>().ok()) {
-                add.arg(t.micros()).arg(id.to_string());
+                add.cmd("ZADD")
+                    .arg(self.run_index(*id, "runs:finished"))
+                    .arg("NX")
+                    .arg("CH")
+                    .arg(t.micros())
+                    .arg(id.to_string());
                 any = true;
             }
         }
@@ -239,7 +234,7 @@ impl RedisRunStore {
             return Ok((0, next));
         }
         let mut conn = self.connection();
-        let added: usize = add.query_async(&mut conn).await.map_err(backend)?;
-        Ok((added, next))
+        let added: Vec<usize> = add.query_async(&mut conn).await.map_err(backend)?;
+        Ok((added.iter().sum(), next))
     }
 }

@@ -1,0 +1,60 @@
+//! `delta migrate-redis`: moves a fleet's Redis keys from the layout of before the buckets to
+//! the bucketed one (docs/operations.md#redis-buckets). Stop the fleet first; running it again
+//! finishes a migration cut short and otherwise moves nothing.
+
+use delta_store::redis::{DEFAULT_BUCKETS, MAX_BUCKETS, RedisRunStore};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct MigrateArgs {
+    /// The Redis to migrate (prefer the environment: `ps` shows flags, and the URL may hold a
+    /// password).
+    #[arg(
+        long,
+        env = "DELTA_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub redis_url: String,
+    /// A CA certificate (PEM) to trust for a rediss:// URL.
+    #[arg(long, env = "DELTA_REDIS_CA_FILE", value_name = "FILE")]
+    pub redis_ca_file: Option<std::path::PathBuf>,
+    /// The fleet's key prefix.
+    #[arg(long, env = "DELTA_KEY_PREFIX", default_value = "delta")]
+    pub key_prefix: String,
+    /// How many buckets to spread the runs over: the fleet's DELTA_REDIS_BUCKETS, fixed from now on.
+    #[arg(long, env = "DELTA_REDIS_BUCKETS", default_value_t = DEFAULT_BUCKETS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BUCKETS)))]
+    pub redis_buckets: u32,
+}
+
+/// Migrates, prints what moved as one JSON line; exit 0, or 1 with the reason on stderr.
+pub async fn run(args: MigrateArgs) -> i32 {
+    match RedisRunStore::migrate_layout(
+        &args.redis_url,
+        &args.key_prefix,
+        args.redis_ca_file.as_deref(),
+        args.redis_buckets,
+    )
+    .await
+    {
+        Ok(m) => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "prefix": args.key_prefix,
+                    "buckets": args.redis_buckets,
+                    "run_keys": m.run_keys,
+                    "index_entries": m.index_entries,
+                    "idempotency_keys": m.idempotency_keys,
+                    "skipped": m.skipped,
+                })
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {}", delta_host::Chain(&e));
+            1
+        }
+    }
+}

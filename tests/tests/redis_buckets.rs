@@ -1,0 +1,658 @@
+//! The bucketed Redis layout (issue 15, Redis Cluster): every key a run's lifecycle writes lives
+//! in one cluster slot with the indexes that name it; listings merge the buckets and page
+//! without skips or repeats; a program with another bucket count is refused; the layout of
+//! before the buckets is migrated.
+
+use std::collections::{BTreeSet, HashMap};
+
+use delta_protocol::{
+    Event, InteractionRequest, InteractionResponse, InteractionType, MessageLevel, Responder,
+    RunId, RunStatus, SystemMessage, Timestamp, Via,
+};
+use delta_store::redis::{Migrated, RedisRunStore, Submitted};
+use delta_store::{Error, RunRecord, RunStore, StatusChange, Terminal};
+
+/// CRC16-CCITT (XMODEM), the checksum Redis Cluster takes of a key's hash tag.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The cluster slot of `key`, as `CLUSTER KEYSLOT` computes it: the CRC16 of the text between
+/// the first `{` and the next `}` when that is not empty, else of the whole key, mod 16384.
+fn slot(key: &str) -> u16 {
+    let tagged = key.find('{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.find('}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key).as_bytes()) % 16384
+}
+
+#[test]
+fn the_slot_function_is_redis_clusters() {
+    // The reference value of the Redis Cluster specification.
+    assert_eq!(crc16(b"123456789"), 0x31C3);
+    assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+    assert_eq!(slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
+}
+
+async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis")
+}
+
+fn msg(text: &str) -> Event {
+    Event::SystemMessage(SystemMessage {
+        level: MessageLevel::Info,
+        content: text.into(),
+    })
+}
+
+fn question(run: RunId, prompt: &str) -> InteractionRequest {
+    let mut q = InteractionRequest::new(run, "a", InteractionType::UserInput, prompt);
+    q.expires_at = Some(q.timestamp.plus_seconds(3600));
+    q
+}
+
+/// A run through its whole life: submitted with an idempotency key, paused, answered, paused
+/// again, failed, put back in the queue, finished. Returns its id and its questions.
+async fn lifecycle(store: &RedisRunStore, key: &str) -> (RunId, Vec<InteractionRequest>) {
+    let rec = RunRecord::new(store.run_id_for_key(key), "a", "t", RunStatus::Queued);
+    let id = rec.run_id;
+    assert_eq!(
+        store
+            .create_indexed(&rec, Some((key, "fp")))
+            .await
+            .expect("create"),
+        Submitted::Created
+    );
+    store.set_job_seq(id, 1).await.expect("job seq");
+    let q1 = question(id, "name?");
+    store
+        .append(
+            id,
+            vec![Event::HumanInputRequest(Box::new(q1.clone()))],
+            Some(StatusChange::Waiting(Box::new(q1.clone()))),
+        )
+        .await
+        .expect("pause");
+    let mut a = InteractionResponse::new(
+        q1.request_id,
+        Responder {
+            id: "bob".into(),
+            via: Via::Http,
+        },
+    );
+    a.input = Some("Ada".into());
+    assert!(store.answer(&q1, &a).await.expect("answer"));
+    store
+        .resume_published(id, q1.request_id, 7, Timestamp::now().micros())
+        .await
+        .expect("published");
+    let q2 = question(id, "again?");
+    store
+        .append(
+            id,
+            vec![Event::HumanInputRequest(Box::new(q2.clone()))],
+            Some(StatusChange::Waiting(Box::new(q2.clone()))),
+        )
+        .await
+        .expect("pause again");
+    store
+        .append(
+            id,
+            vec![msg("dead-lettered")],
+            Some(StatusChange::Finished {
+                status: Terminal::Failed,
+                result: None,
+                error: Some("poison".into()),
+            }),
+        )
+        .await
+        .expect("fail");
+    store
+        .requeue_failed(id, "retried", "poison", Some(&q2))
+        .await
+        .expect("requeue");
+    store
+        .append(
+            id,
+            vec![msg("done")],
+            Some(StatusChange::Finished {
+                status: Terminal::Completed,
+                result: Some("ok".into()),
+                error: None,
+            }),
+        )
+        .await
+        .expect("finish");
+    (id, vec![q1, q2])
+}
+
+/// Every key under `prefix` with the text of its members, fields and values.
+async fn keys_and_contents(url: &str, prefix: &str) -> HashMap<String, String> {
+    let mut c = raw(url).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut c)
+        .await
+        .expect("keys");
+    let mut out = HashMap::new();
+    for k in keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&k)
+            .query_async(&mut c)
+            .await
+            .expect("type");
+        let text = match kind.as_str() {
+            "zset" => {
+                let m: Vec<String> = redis::cmd("ZRANGE")
+                    .arg(&k)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut c)
+                    .await
+                    .expect("zrange");
+                m.join(" ")
+            }
+            "hash" => {
+                let m: Vec<String> = redis::cmd("HGETALL")
+                    .arg(&k)
+                    .query_async(&mut c)
+                    .await
+                    .expect("hgetall");
+                m.join(" ")
+            }
+            "string" => {
+                let v: String = redis::cmd("GET")
+                    .arg(&k)
+                    .query_async(&mut c)
+                    .await
+                    .expect("get");
+                v
+            }
+            _ => String::new(),
+        };
+        out.insert(k, text);
+    }
+    out
+}
+
+/// Issue 15: a state change is one script in one slot. Every key a run's lifecycle writes
+/// (record, journal, questions, idempotency key) and every index entry that names the run or
+/// one of its questions is in the slot of the run's record; the only keys outside the buckets
+/// are the bucket count and the worker heartbeats, which no script touches.
+#[tokio::test]
+async fn a_runs_keys_and_the_indexes_that_name_it_share_one_slot() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "sl")
+        .await
+        .expect("connect");
+    assert_eq!(store.buckets(), 16);
+    let mut runs = vec![];
+    for i in 0..6 {
+        runs.push(lifecycle(&store, &format!("key-{i}")).await);
+    }
+    // A run paused for good, and one purged: their keys and entries are checked too.
+    let (paused, _) = {
+        let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+        let id = rec.run_id;
+        store.create(rec).await.expect("create");
+        let q = question(id, "still?");
+        store
+            .append(
+                id,
+                vec![Event::HumanInputRequest(Box::new(q.clone()))],
+                Some(StatusChange::Waiting(Box::new(q.clone()))),
+            )
+            .await
+            .expect("pause");
+        (id, q)
+    };
+    store.heartbeat("w1").await.expect("heartbeat");
+    let contents = keys_and_contents(&redis.url(), "sl").await;
+    let singletons = ["sl:buckets", "sl:workers"];
+    let mut buckets_seen = BTreeSet::new();
+    for (key, text) in &contents {
+        if singletons.contains(&key.as_str()) {
+            continue;
+        }
+        assert!(key.starts_with("sl:{b"), "{key} is in a bucket");
+        let k: u32 = key["sl:{b".len()..]
+            .split('}')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("bucket number");
+        buckets_seen.insert(k);
+        assert_eq!(slot(key), slot(&store.tag(k)), "{key}");
+        let all = runs
+            .iter()
+            .map(|(id, qs)| (*id, qs.clone()))
+            .chain([(paused, vec![])]);
+        for (id, qs) in all {
+            let named = key.contains(&id.to_string())
+                || text.contains(&id.to_string())
+                || qs.iter().any(|q| {
+                    let rid = q.request_id.to_string();
+                    key.contains(&rid) || text.split(' ').any(|m| m == rid)
+                });
+            if named {
+                assert_eq!(
+                    slot(key),
+                    slot(&store.run_key(id)),
+                    "{key} names run {id} and lives in its slot"
+                );
+            }
+        }
+    }
+    assert!(buckets_seen.len() > 1, "runs spread over buckets");
+    // Retention deletes a run whole: the scripts' keys again in one slot.
+    let cutoff = Timestamp::now().micros();
+    let pass = store.purge_finished(cutoff, 100).await.expect("purge");
+    assert_eq!(pass.purged, runs.len());
+    let left = keys_and_contents(&redis.url(), "sl").await;
+    for (id, _) in &runs {
+        assert!(
+            left.iter()
+                .all(|(k, v)| !k.contains(&id.to_string()) && !v.contains(&id.to_string())),
+            "{id} is gone whole"
+        );
+    }
+}
+
+/// `GET /v1/runs` and `/v1/interactions` read every bucket: pages of any size, newest or oldest
+/// first, give each entry once in `(score, id)` order, entries with one score included (ties
+/// across buckets), while runs are added between pages.
+#[tokio::test]
+async fn listings_merge_the_buckets_and_page_without_skips_or_repeats() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect_buckets(&redis.url(), "pg", None, 7)
+        .await
+        .expect("connect");
+    let base = Timestamp::now().micros();
+    let mut first = vec![];
+    for i in 0..40i64 {
+        let mut rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+        // Groups of four runs with the same creation time.
+        rec.created_at = Timestamp::from_micros(base - 1_000_000 + (i / 4) * 1000).expect("a time");
+        first.push((rec.run_id.to_string(), rec.created_at.micros()));
+        store.create(rec).await.expect("create");
+    }
+    let buckets: BTreeSet<u32> = first
+        .iter()
+        .map(|(id, _)| store.bucket(id.parse().expect("id")))
+        .collect();
+    assert!(buckets.len() > 3, "{buckets:?}");
+    for newest_first in [true, false] {
+        for page_size in [1, 3, 7, 40, 100] {
+            let mut want = first.clone();
+            want.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+            if newest_first {
+                want.reverse();
+            }
+            let mut got = vec![];
+            let mut cursor: Option<String> = None;
+            loop {
+                let page = store
+                    .index_page("runs:all", newest_first, cursor.as_deref(), page_size)
+                    .await
+                    .expect("page")
+                    .expect("good cursor");
+                got.extend(page.entries.iter().cloned());
+                // New runs arrive meanwhile (during the first pages, so that an oldest-first
+                // walk, which meets them at its end, ends): newer than everything listed.
+                if got.len() <= 10 {
+                    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+                    store.create(rec).await.expect("create");
+                }
+                let Some((m, s)) = page.entries.last() else {
+                    break;
+                };
+                if !page.more {
+                    break;
+                }
+                cursor = Some(delta_store::redis::Page::cursor(m, *s));
+            }
+            let got: Vec<(String, i64)> = got
+                .into_iter()
+                .filter(|(id, _)| first.iter().any(|(f, _)| f == id))
+                .collect();
+            if newest_first {
+                // Runs added meanwhile are newer: never in a later page.
+                assert_eq!(got, want, "newest first, pages of {page_size}");
+            } else {
+                assert_eq!(got, want, "oldest first, pages of {page_size}");
+            }
+        }
+    }
+    // A cursor that is not one: refused (the API answers 400).
+    assert!(
+        store
+            .index_page("runs:all", true, Some("garbage"), 5)
+            .await
+            .expect("read")
+            .is_none()
+    );
+    // Counts add the buckets up.
+    let (by_status, _) = store.counts().await.expect("counts");
+    assert!(by_status[&RunStatus::Queued] >= 40);
+}
+
+/// The request id → run lookup needs no bucket; deadlines and resumes are found in every bucket.
+#[tokio::test]
+async fn lookups_and_reconcilers_cover_every_bucket() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect_buckets(&redis.url(), "rc", None, 5)
+        .await
+        .expect("connect");
+    let mut asked = vec![];
+    for _ in 0..12 {
+        let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+        let id = rec.run_id;
+        store.create(rec).await.expect("create");
+        let mut q = question(id, "now?");
+        q.expires_at = Timestamp::from_micros(Timestamp::now().micros() - 1000);
+        store
+            .append(
+                id,
+                vec![Event::HumanInputRequest(Box::new(q.clone()))],
+                Some(StatusChange::Waiting(Box::new(q.clone()))),
+            )
+            .await
+            .expect("pause");
+        asked.push(q);
+    }
+    for q in &asked {
+        assert_eq!(
+            store.interaction_run(q.request_id).await.expect("lookup"),
+            Some(q.run_id)
+        );
+    }
+    let ids: Vec<_> = asked.iter().map(|q| q.request_id).collect();
+    assert_eq!(store.interactions(&ids).await.expect("read").len(), 12);
+    let now = Timestamp::now().micros();
+    let due: BTreeSet<_> = store
+        .due_deadlines(now, 100)
+        .await
+        .expect("due")
+        .into_iter()
+        .collect();
+    let want: BTreeSet<_> = asked.iter().map(|q| (q.run_id, q.request_id)).collect();
+    assert_eq!(due, want);
+    assert_eq!(store.due_deadlines(now, 5).await.expect("due").len(), 5);
+    let mut a = InteractionResponse::new(
+        asked[0].request_id,
+        Responder {
+            id: "bob".into(),
+            via: Via::Http,
+        },
+    );
+    a.input = Some("x".into());
+    for q in &asked {
+        a.request_id = q.request_id;
+        assert!(store.answer(q, &a).await.expect("answer"));
+    }
+    let later = now + 60_000_000;
+    let resumes: BTreeSet<_> = store
+        .due_resumes(later, 100)
+        .await
+        .expect("resumes")
+        .into_iter()
+        .collect();
+    assert_eq!(resumes, want);
+    // The lost-job walk sees every waiting run once over its steps.
+    let mut seen = BTreeSet::new();
+    let mut offset = 0;
+    loop {
+        let (runs, next) = store
+            .queue_runs(RunStatus::WaitingForInput, offset, 4)
+            .await
+            .expect("walk");
+        for r in runs {
+            assert!(seen.insert(r.run_id), "{} twice", r.run_id);
+        }
+        if next == 0 {
+            break;
+        }
+        offset = next;
+    }
+    assert_eq!(seen.len(), 12);
+}
+
+/// The bucket count is fixed at the first start: a program with another one is refused.
+#[tokio::test]
+async fn a_program_with_another_bucket_count_is_refused() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let first = RedisRunStore::connect_buckets(&redis.url(), "cf", None, 8).await;
+    assert!(first.is_ok());
+    let other = RedisRunStore::connect_buckets(&redis.url(), "cf", None, 16).await;
+    assert!(matches!(other, Err(Error::Buckets(_))), "{:?}", other.err());
+    let again = RedisRunStore::connect_buckets(&redis.url(), "cf", None, 8).await;
+    assert!(again.is_ok());
+    // Nonsense counts and prefixes are refused before anything is written.
+    for (prefix, n) in [("cf2", 0), ("cf2", 100_000), ("c{f}", 8)] {
+        let bad = RedisRunStore::connect_buckets(&redis.url(), prefix, None, n).await;
+        assert!(matches!(bad, Err(Error::Buckets(_))), "{prefix} {n}");
+    }
+}
+
+/// The layout of before the buckets: `<p>:run:{<id>}…` and global indexes. Written here by
+/// moving the keys of a bucketed store of one bucket back to their old names, which is what
+/// the old version wrote (same scripts, other key names).
+async fn make_old_layout(url: &str, store: &RedisRunStore) {
+    let p = store.prefix().to_owned();
+    let tag = store.tag(0);
+    let mut c = raw(url).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{p}:*"))
+        .query_async(&mut c)
+        .await
+        .expect("keys");
+    for key in keys {
+        let old = if key == format!("{p}:buckets") {
+            let _: () = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut c)
+                .await
+                .expect("del");
+            continue;
+        } else if let Some(rest) = key.strip_prefix(&format!("{tag}:run:")) {
+            let (id, suffix) = rest.split_at(36);
+            format!("{p}:run:{{{id}}}{suffix}")
+        } else if let Some(rest) = key.strip_prefix(&format!("{tag}:")) {
+            format!("{p}:{rest}")
+        } else {
+            continue;
+        };
+        let _: () = redis::cmd("RENAME")
+            .arg(&key)
+            .arg(&old)
+            .query_async(&mut c)
+            .await
+            .expect("rename");
+        if old.starts_with(&format!("{p}:run:{{")) && old.len() == p.len() + 5 + 38 {
+            // A record: it names its idempotency key by its old name.
+            let idem: Option<String> = redis::cmd("HGET")
+                .arg(&old)
+                .arg("idempotency_key")
+                .query_async(&mut c)
+                .await
+                .expect("hget");
+            if let Some(i) = idem {
+                let _: () = redis::cmd("HSET")
+                    .arg(&old)
+                    .arg("idempotency_key")
+                    .arg(i.replace(&format!("{tag}:"), &format!("{p}:")))
+                    .query_async(&mut c)
+                    .await
+                    .expect("hset");
+            }
+        }
+    }
+}
+
+/// `delta migrate-redis`: a fleet's keys in the layout of before the buckets are refused at
+/// start, moved by the migration (runs, questions, every index, idempotency keys with their
+/// time to live), and work afterwards; migrating again moves nothing.
+#[tokio::test]
+async fn migration_moves_the_layout_of_before_the_buckets() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let url = redis.url();
+    let old = RedisRunStore::connect_buckets(&url, "mg", None, 1)
+        .await
+        .expect("connect");
+    let (done, qs) = lifecycle(&old, "key-done").await;
+    let rec = RunRecord::new(
+        old.run_id_for_key("key-paused"),
+        "a",
+        "t",
+        RunStatus::Queued,
+    );
+    let paused = rec.run_id;
+    old.create_indexed(&rec, Some(("key-paused", "fp")))
+        .await
+        .expect("create");
+    let q = question(paused, "still?");
+    old.append(
+        paused,
+        vec![Event::HumanInputRequest(Box::new(q.clone()))],
+        Some(StatusChange::Waiting(Box::new(q.clone()))),
+    )
+    .await
+    .expect("pause");
+    let pending_before = old
+        .index_page("interactions:pending", true, None, 10)
+        .await
+        .expect("page")
+        .expect("cursor");
+    let runs_before = old
+        .index_page("runs:all", true, None, 10)
+        .await
+        .expect("page")
+        .expect("cursor");
+    make_old_layout(&url, &old).await;
+    let dump = delta_e2e::redis_dump(&url, "mg:*").await;
+    assert!(dump.contains(&format!("mg:run:{{{paused}}}")), "{dump}");
+
+    // Not started on the old layout.
+    let refused = RedisRunStore::connect_buckets(&url, "mg", None, 16).await;
+    assert!(matches!(refused, Err(Error::Buckets(_))));
+
+    let moved = RedisRunStore::migrate_layout(&url, "mg", None, 16)
+        .await
+        .expect("migrate");
+    assert!(moved.run_keys >= 5, "{moved:?}");
+    assert!(moved.index_entries > 0, "{moved:?}");
+    assert_eq!(moved.idempotency_keys, 2);
+    assert_eq!(moved.skipped, 0);
+    let again = RedisRunStore::migrate_layout(&url, "mg", None, 16)
+        .await
+        .expect("migrate again");
+    assert_eq!(again, Migrated::default());
+    let other = RedisRunStore::migrate_layout(&url, "mg", None, 8).await;
+    assert!(matches!(other, Err(Error::Buckets(_))));
+
+    let store = RedisRunStore::connect_buckets(&url, "mg", None, 16)
+        .await
+        .expect("connect after the migration");
+    let c = keys_and_contents(&url, "mg").await;
+    assert!(
+        c.keys()
+            .all(|k| k == "mg:buckets" || k.starts_with("mg:{b")),
+        "{c:?}"
+    );
+    assert_eq!(
+        store.load(done).await.expect("done").record.status,
+        RunStatus::Completed
+    );
+    assert_eq!(store.load(done).await.expect("journal").journal.len(), 5);
+    assert_eq!(
+        store
+            .interaction_run(qs[0].request_id)
+            .await
+            .expect("lookup"),
+        Some(done)
+    );
+    assert_eq!(
+        store.interaction_run(q.request_id).await.expect("lookup"),
+        Some(paused)
+    );
+    let page = store
+        .index_page("interactions:pending", true, None, 10)
+        .await
+        .expect("page")
+        .expect("cursor");
+    assert_eq!(page.entries, pending_before.entries);
+    assert!(
+        page.entries
+            .iter()
+            .any(|(id, _)| *id == q.request_id.to_string())
+    );
+    let runs = store
+        .index_page("runs:all", true, None, 10)
+        .await
+        .expect("page")
+        .expect("cursor");
+    assert_eq!(runs.entries, runs_before.entries);
+    assert_eq!(runs.entries.len(), 2);
+    // The paused run's question can be answered, and its submission key still holds.
+    let mut a = InteractionResponse::new(
+        q.request_id,
+        Responder {
+            id: "bob".into(),
+            via: Via::Http,
+        },
+    );
+    a.input = Some("yes".into());
+    assert!(store.answer(&q, &a).await.expect("answer"));
+    let retry = RunRecord::new(
+        store.run_id_for_key("key-paused"),
+        "a",
+        "t",
+        RunStatus::Queued,
+    );
+    assert_eq!(
+        store
+            .create_indexed(&retry, Some(("key-paused", "fp")))
+            .await
+            .expect("submit again"),
+        Submitted::Existing {
+            run_id: paused,
+            fingerprint: "fp".into()
+        }
+    );
+    // Retention still deletes a migrated run whole.
+    let cutoff = Timestamp::now().micros();
+    assert_eq!(
+        store
+            .purge_finished(cutoff, 10)
+            .await
+            .expect("purge")
+            .purged,
+        1
+    );
+    // Its idempotency key, moved to another bucket than the run's, expires on its own (24 h).
+    let left = keys_and_contents(&url, "mg").await;
+    for (k, v) in &left {
+        if !k.contains(":idempotency:") {
+            assert!(
+                !k.contains(&done.to_string()) && !v.contains(&done.to_string()),
+                "{k}: {v}"
+            );
+        }
+    }
+}
