@@ -48,26 +48,26 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let (work_dir, _) = s.get("DELTA_WORK_DIR");
     let (worker_id, _) = s.get("DELTA_WORKER_ID");
     let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
-    let replicas = s.number("DELTA_STREAM_REPLICAS", 1);
-    if replicas > 5 {
-        let (_, from) = s.get("DELTA_STREAM_REPLICAS");
-        s.errors.push(format!(
-            "{from}: `{replicas}` replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)"
-        ));
-    }
-    let buckets = s.number("DELTA_REDIS_BUCKETS", 1);
-    if buckets > u64::from(delta_store::redis::MAX_BUCKETS) {
-        let (_, from) = s.get("DELTA_REDIS_BUCKETS");
-        s.errors.push(format!(
-            "{from}: `{buckets}` buckets: at most {} (a listing reads every bucket)",
+    let replicas = s.number_at_most(
+        "DELTA_STREAM_REPLICAS",
+        1,
+        5,
+        "replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)",
+    );
+    let buckets = s.number_at_most(
+        "DELTA_REDIS_BUCKETS",
+        1,
+        u64::from(delta_store::redis::MAX_BUCKETS),
+        &format!(
+            "buckets: at most {} (a listing reads every bucket)",
             delta_store::redis::MAX_BUCKETS
-        ));
-    }
-    let (durability_text, durability_from) = s.get("DELTA_REDIS_DURABILITY");
-    let durability = Durability::parse(&durability_text).unwrap_or_else(|e| {
-        s.errors.push(format!("{durability_from}: {e}"));
-        Durability::FsyncAlways
-    });
+        ),
+    );
+    let durability = s.parsed(
+        "DELTA_REDIS_DURABILITY",
+        Durability::parse,
+        Durability::FsyncAlways,
+    );
     let retention = s.period("DELTA_RETENTION");
     let sweep_every = s.seconds("DELTA_WORK_SWEEP_S", 0.1);
     s.finish()?;

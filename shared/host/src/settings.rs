@@ -85,6 +85,31 @@ impl<'a> Settings<'a> {
         }
     }
 
+    /// A whole number ≥ `min` and ≤ `max`; a larger one is reported as "`<n>` `past_max`".
+    pub fn number_at_most(&mut self, env_name: &str, min: u64, max: u64, past_max: &str) -> u64 {
+        let n = self.number(env_name, min);
+        if n > max {
+            let (_, from) = self.get(env_name);
+            self.errors.push(format!("{from}: `{n}` {past_max}"));
+            return max;
+        }
+        n
+    }
+
+    /// What `parse` makes of the value, or `fallback` with `parse`'s error reported.
+    pub fn parsed<T>(
+        &mut self,
+        env_name: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+        fallback: T,
+    ) -> T {
+        let (v, from) = self.get(env_name);
+        parse(&v).unwrap_or_else(|e| {
+            self.errors.push(format!("{from}: {e}"));
+            fallback
+        })
+    }
+
     /// A duration in seconds ≥ `min`, with a fraction if need be (`0.5`): tests and tight
     /// deployments want less than a second.
     pub fn seconds(&mut self, env_name: &str, min: f64) -> std::time::Duration {
