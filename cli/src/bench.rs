@@ -76,6 +76,10 @@ pub struct BenchArgs {
     /// NATS servers: 1, or a cluster of 3 (or 5) keeping each stream on three of them (R3).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=5))]
     pub nats_servers: u16,
+    /// Run on clusters: 3 NATS servers keeping each stream on all three (R3) and a Redis
+    /// Cluster of 3 masters with a replica each (every write waits for its replica).
+    #[arg(long)]
+    pub cluster: bool,
     /// Before the timed runs, pause this many runs at once to measure what a paused run costs
     /// (Redis bytes, worker memory); they are answered before the timed runs start.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=100_000))]
@@ -218,13 +222,23 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
         redis_fsync: a.fsync.clone(),
         // Quiet, but for each process's Redis round trips, logged as it stops.
         log_level: "warn".into(),
-        nats_servers: usize::from(a.nats_servers),
+        nats_servers: if a.cluster {
+            usize::from(a.nats_servers).max(3)
+        } else {
+            usize::from(a.nats_servers)
+        },
+        redis_cluster: a.cluster,
     };
     eprintln!(
-        "starting redis-server (appendfsync {}), {}, a gateway and {} worker(s)…",
+        "starting {} (appendfsync {}), {}, a gateway and {} worker(s)…",
+        if a.cluster {
+            "a Redis Cluster of 3 masters and 3 replicas"
+        } else {
+            "redis-server"
+        },
         a.fsync,
-        if a.nats_servers > 1 {
-            format!("a cluster of {} nats-servers (R3)", a.nats_servers)
+        if opts.nats_servers > 1 {
+            format!("a cluster of {} nats-servers (R3)", opts.nats_servers)
         } else {
             "nats-server".to_owned()
         },
@@ -290,7 +304,11 @@ fn logged_round_trips(log: &Path) -> Option<u64> {
 }
 
 async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bool)> {
-    let store = RedisRunStore::connect(&fleet.redis_url, "delta")
+    let options = delta_store::redis::Options {
+        cluster: fleet.redis_cluster,
+        ..Default::default()
+    };
+    let store = RedisRunStore::connect_options(&fleet.redis_url, "delta", &options)
         .await
         .context("connecting to Redis")?;
     let nats = delta_queue::connect_client(&fleet.nats_url, &Default::default(), None)

@@ -23,6 +23,10 @@ pub struct DevArgs {
     /// NATS servers: 1, or a cluster of 3 (or 5) keeping each stream on three of them (R3).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=5))]
     pub nats_servers: u16,
+    /// Run on clusters: 3 NATS servers keeping each stream on all three (R3) and a Redis
+    /// Cluster of 3 masters with a replica each (every write waits for its replica).
+    #[arg(long)]
+    pub cluster: bool,
     /// The gateway's port (a free one when left out).
     #[arg(long)]
     pub port: Option<u16>,
@@ -96,10 +100,25 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         cwd: root.clone(),
         redis_fsync: "always".into(),
         log_level: "info".into(),
-        nats_servers: usize::from(a.nats_servers),
+        nats_servers: if a.cluster {
+            usize::from(a.nats_servers).max(3)
+        } else {
+            usize::from(a.nats_servers)
+        },
+        redis_cluster: a.cluster,
     };
     eprintln!(
-        "starting redis-server, nats-server, a gateway and {} worker(s)…",
+        "starting {}, {}, a gateway and {} worker(s)…",
+        if a.cluster {
+            "a Redis Cluster (3 masters, 3 replicas)"
+        } else {
+            "redis-server"
+        },
+        if opts.nats_servers > 1 {
+            format!("{} nats-servers (R3)", opts.nats_servers)
+        } else {
+            "nats-server".to_owned()
+        },
         a.workers
     );
     let started = tokio::select! {

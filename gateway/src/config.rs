@@ -19,7 +19,8 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),
     ("DELTA_NATS_CA_FILE", "nats-ca-file", ""),
     ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
-    ("DELTA_REDIS_DURABILITY", "redis-durability", "fsync-always"),
+    ("DELTA_REDIS_CLUSTER", "redis-cluster", "0"),
+    ("DELTA_REDIS_DURABILITY", "redis-durability", ""),
     ("DELTA_REDIS_BUCKETS", "redis-buckets", "16"),
     ("DELTA_STREAM_REPLICAS", "stream-replicas", "1"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
@@ -72,6 +73,8 @@ pub struct Config {
     /// How an accepted answer is made durable before it is acknowledged
     /// (`DELTA_REDIS_DURABILITY`).
     pub durability: Durability,
+    /// `redis_url` lists seed nodes of a Redis Cluster (`DELTA_REDIS_CLUSTER`).
+    pub redis_cluster: bool,
     /// How many buckets the runs are spread over in Redis (`DELTA_REDIS_BUCKETS`), fixed for
     /// the life of a deployment (docs/operations.md#redis-buckets).
     pub redis_buckets: u32,
@@ -122,6 +125,7 @@ impl Config {
             auth: Auth::off(),
             secrets_key: None,
             durability: Durability::FsyncAlways,
+            redis_cluster: false,
             redis_buckets: delta_store::redis::DEFAULT_BUCKETS,
             stream_replicas: 1,
             max_body_bytes: 1 << 20,
@@ -216,9 +220,14 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
             delta_store::redis::MAX_BUCKETS
         ),
     );
+    let redis_cluster = s.switch("DELTA_REDIS_CLUSTER");
     let durability = s.parsed(
         "DELTA_REDIS_DURABILITY",
-        Durability::parse,
+        |text| match text {
+            // Unset: what keeps an acknowledged write through the loss of one server.
+            "" => Ok(Durability::default_for(redis_cluster)),
+            text => Durability::parse(text),
+        },
         Durability::FsyncAlways,
     );
     let max_body = s.number("DELTA_MAX_BODY_BYTES", 1024);
@@ -252,6 +261,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         auth,
         secrets_key,
         durability,
+        redis_cluster,
         redis_buckets: u32::try_from(buckets).unwrap_or(delta_store::redis::DEFAULT_BUCKETS),
         stream_replicas: usize::try_from(replicas).unwrap_or(1),
         max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),

@@ -84,11 +84,14 @@ impl Gateway {
     /// Connects to Redis and NATS (creating the streams if missing, never changing the workers'
     /// consumer settings).
     pub async fn connect(config: Config, shutdown: CancellationToken) -> Result<Self, Error> {
-        let mut store = RedisRunStore::connect_buckets(
+        let mut store = RedisRunStore::connect_options(
             &config.redis_url,
             &config.prefix,
-            config.redis_ca.as_deref(),
-            config.redis_buckets,
+            &delta_store::redis::Options {
+                cluster: config.redis_cluster,
+                ca_file: config.redis_ca.clone(),
+                buckets: config.redis_buckets,
+            },
         )
         .await?
         .with_durability(config.durability)

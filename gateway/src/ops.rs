@@ -244,7 +244,7 @@ impl Gateway {
         if ix.state != InteractionState::Pending {
             let run = self.settled(run_id, &ix, &response)?;
             // The same answer again (a retry after a 503): acknowledged once it is on disk.
-            self.store.sync().await?;
+            self.store.sync(run_id).await?;
             return Ok(run);
         }
         if !ix.request.allows(&response.responder) {
@@ -273,12 +273,12 @@ impl Gateway {
             // Someone else settled it between our read and our write.
             let (_, now) = self.find(request_id).await?;
             let run = self.settled(run_id, &now, &response)?;
-            self.store.sync().await?;
+            self.store.sync(run_id).await?;
             return Ok(run);
         }
         // Accepted only once it is on disk: no "accepted" that a Redis crash forgets while
         // the resume it queued goes ahead. A retry of this answer is acknowledged again.
-        self.store.sync().await?;
+        self.store.sync(run_id).await?;
         let waited = Timestamp::now().micros() - ix.request.timestamp.micros();
         self.metrics
             .time_to_answer

@@ -39,6 +39,7 @@ fn config(
         retention: None,
         sweep_every: Duration::from_secs(600),
         durability: delta_store::redis::Durability::FsyncAlways,
+        redis_cluster: false,
         redis_buckets: delta_store::redis::DEFAULT_BUCKETS,
     }
 }

@@ -283,6 +283,12 @@ async fn listings_merge_the_buckets_and_page_without_skips_or_repeats() {
     let store = RedisRunStore::connect_buckets(&redis.url(), "pg", None, 7)
         .await
         .expect("connect");
+    listings_page_through(&store).await;
+}
+
+/// 40 runs (in groups of four with the same creation time) listed in pages of every size, both
+/// ways, runs arriving meanwhile: each once, in order.
+async fn listings_page_through(store: &RedisRunStore) {
     let base = Timestamp::now().micros();
     let mut first = vec![];
     for i in 0..40i64 {
@@ -359,6 +365,12 @@ async fn lookups_and_reconcilers_cover_every_bucket() {
     let store = RedisRunStore::connect_buckets(&redis.url(), "rc", None, 5)
         .await
         .expect("connect");
+    lookups_and_reconcilers(&store).await;
+}
+
+/// 12 paused runs with deadlines past: found by request id, by deadline, by resume, by the
+/// lost-job walk, each once.
+async fn lookups_and_reconcilers(store: &RedisRunStore) {
     let mut asked = vec![];
     for _ in 0..12 {
         let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
@@ -655,4 +667,164 @@ async fn migration_moves_the_layout_of_before_the_buckets() {
             );
         }
     }
+}
+
+/// The same store on a Redis Cluster of 3 masters with a replica each, logged in as the fleet's
+/// roles: every write waits for a replica (the cluster's default durability), the runs' keys
+/// spread over the three masters, listings, lookups and reconcilers see every bucket across the
+/// nodes, a run's whole life (each state change one script in one slot) works, a journal tail
+/// follows a run, and `INFO` is read per master. One seed URL is enough; several URLs without
+/// cluster mode are refused, saying what to set.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_works_the_same_on_a_redis_cluster() {
+    use delta_e2e::RedisRole;
+    use delta_store::redis::{Durability, Options};
+    let cluster = delta_launcher::RedisCluster::start(
+        3,
+        1,
+        &delta_launcher::servers::ServerOptions::default(),
+    )
+    .expect("a Redis Cluster");
+    let options = Options {
+        cluster: true,
+        ..Options::default()
+    };
+    let store = RedisRunStore::connect_options(&cluster.url_as(RedisRole::Gateway), "cl", &options)
+        .await
+        .expect("connect to the cluster")
+        .with_durability(Durability::default_for(true))
+        .await
+        .expect("every master has a replica");
+    assert!(store.is_cluster());
+    let workers = cluster.url_as(RedisRole::Worker);
+    let one_seed = workers.split(',').next_back().expect("a node");
+    let worker = RedisRunStore::connect_options(one_seed, "cl", &options)
+        .await
+        .expect("one seed is enough")
+        .with_durability(Durability::default_for(true))
+        .await
+        .expect("replicas");
+
+    listings_page_through(&store).await;
+    lookups_and_reconcilers(&worker).await;
+    let (id, questions) = lifecycle(&store, "key-1").await;
+    let run = worker.load(id).await.expect("load");
+    assert_eq!(run.record.status, RunStatus::Completed);
+    assert_eq!(
+        worker
+            .interaction(id, questions[0].request_id)
+            .await
+            .expect("read")
+            .expect("stored")
+            .state,
+        delta_protocol::InteractionState::Answered
+    );
+
+    // A tail on a connection of its own sees what is written after it started waiting.
+    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    let tailed = rec.run_id;
+    worker.create(rec).await.expect("create");
+    let mut tail = store.journal_tail(tailed).await.expect("tail");
+    let writer = worker.clone();
+    let write = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        writer
+            .append(tailed, vec![msg("late")], None)
+            .await
+            .expect("append")
+    });
+    let events = tail.next(0, 10_000).await.expect("tail");
+    write.await.expect("writer");
+    assert_eq!(events.len(), 1, "{events:?}");
+
+    // The keys spread over every master.
+    let admin = RedisRunStore::connect_options(&cluster.url_as(RedisRole::Admin), "cl", &options)
+        .await
+        .expect("admin");
+    let masters = admin.info_by_master("keyspace").await.expect("info");
+    assert_eq!(masters.len(), 3, "{masters:?}");
+    for (node, fields) in &masters {
+        let keys: u64 = fields
+            .get("db0")
+            .and_then(|v| v.split(',').next())
+            .and_then(|k| k.strip_prefix("keys="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(keys > 10, "master {node} holds {keys} keys");
+    }
+    let summed = admin.info("keyspace").await.expect("info");
+    assert!(summed["db0"].starts_with("keys="), "{summed:?}");
+
+    // Several URLs without cluster mode: refused, saying what to do.
+    let refused = RedisRunStore::connect_options(&workers, "cl", &Options::default()).await;
+    let text = format!("{:?}", refused.err().expect("refused"));
+    assert!(text.contains("DELTA_REDIS_CLUSTER=1"), "{text}");
+    assert!(!text.contains('@'), "no password in the error: {text}");
+}
+
+/// A journal that lost writes its writer made (as when Redis fails over to a replica that had
+/// not received them): that writer's next write is refused (`Rewound`) and changes nothing, and
+/// the next delivery, which loads the journal as it is, goes on.
+#[tokio::test]
+async fn a_journal_that_lost_writes_refuses_the_writer_that_made_them() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "rw")
+        .await
+        .expect("connect");
+    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    let first = store.fenced(delta_protocol::Fence {
+        stream_seq: 1,
+        delivery: 1,
+    });
+    first.load(id).await.expect("load");
+    first
+        .append(id, vec![msg("one"), msg("two")], None)
+        .await
+        .expect("append");
+    // The second event is lost, as a failover to a replica that had only the first loses it:
+    // the journal as the replica has it.
+    let mut raw = raw(&redis.url()).await;
+    let journal = format!("{}:journal", store.run_key(id));
+    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(&journal)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut raw)
+        .await
+        .expect("xrange");
+    let _: () = redis::pipe()
+        .del(&journal)
+        .ignore()
+        .cmd("XADD")
+        .arg(&journal)
+        .arg("1-0")
+        .arg("e")
+        .arg(&entries[0].1["e"])
+        .ignore()
+        .cmd("HSET")
+        .arg(store.run_key(id))
+        .arg("seq")
+        .arg(1)
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .expect("rewind");
+    let refused = first.append(id, vec![msg("three")], None).await;
+    assert!(
+        matches!(refused, Err(Error::Rewound(r)) if r == id),
+        "{refused:?}"
+    );
+    assert_eq!(store.load(id).await.expect("load").journal.len(), 1);
+    // The job's next delivery goes on from the journal as it is.
+    let next = store.fenced(delta_protocol::Fence {
+        stream_seq: 1,
+        delivery: 2,
+    });
+    assert_eq!(next.load(id).await.expect("load").journal.len(), 1);
+    next.append(id, vec![msg("two again")], None)
+        .await
+        .expect("the next delivery writes");
+    assert_eq!(store.load(id).await.expect("load").journal.len(), 2);
 }

@@ -663,7 +663,7 @@ async fn waitaof_durability_works_where_redis_has_it_and_is_refused_where_not() 
                 has_waitaof,
                 "Redis {version:?} has no WAITAOF, yet it was accepted"
             );
-            delta_store::RunStore::sync(&store)
+            delta_store::RunStore::sync(&store, delta_protocol::RunId::new())
                 .await
                 .expect("WAITAOF confirms the AOF");
         }
@@ -677,4 +677,15 @@ async fn waitaof_durability_works_where_redis_has_it_and_is_refused_where_not() 
         }
     }
     assert!(delta_store::redis::Durability::parse("sometimes").is_err());
+    // A Redis without a replica cannot keep `replica` durability: refused at the start.
+    let store = delta_store::redis::RedisRunStore::connect(&redis.url_as(RedisRole::Worker), "d")
+        .await
+        .expect("store");
+    let replica = delta_store::redis::Durability::parse("replica").expect("parse");
+    let refused = store.with_durability(replica).await.err().expect("refused");
+    let text = format!("{refused}: {:?}", std::error::Error::source(&refused));
+    assert!(
+        text.contains("no replica") && text.contains("fsync-always"),
+        "the refusal says what to do: {text}"
+    );
 }

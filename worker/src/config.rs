@@ -16,7 +16,8 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_REDIS_URL", "redis-url", "redis://127.0.0.1:6379"),
     ("DELTA_NATS_CA_FILE", "nats-ca-file", ""),
     ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
-    ("DELTA_REDIS_DURABILITY", "redis-durability", "fsync-always"),
+    ("DELTA_REDIS_CLUSTER", "redis-cluster", "0"),
+    ("DELTA_REDIS_DURABILITY", "redis-durability", ""),
     ("DELTA_REDIS_BUCKETS", "redis-buckets", "16"),
     ("DELTA_STREAM_REPLICAS", "stream-replicas", "1"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
@@ -63,9 +64,14 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
             delta_store::redis::MAX_BUCKETS
         ),
     );
+    let redis_cluster = s.switch("DELTA_REDIS_CLUSTER");
     let durability = s.parsed(
         "DELTA_REDIS_DURABILITY",
-        Durability::parse,
+        |text| match text {
+            // Unset: what keeps an acknowledged write through the loss of one server.
+            "" => Ok(Durability::default_for(redis_cluster)),
+            text => Durability::parse(text),
+        },
         Durability::FsyncAlways,
     );
     let retention = s.period("DELTA_RETENTION");
@@ -98,6 +104,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         grace,
         secrets_key,
         durability,
+        redis_cluster,
         redis_buckets: u32::try_from(buckets).unwrap_or(delta_store::redis::DEFAULT_BUCKETS),
         retention,
         sweep_every,

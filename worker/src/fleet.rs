@@ -59,6 +59,8 @@ pub struct Config {
     /// How the record of a call to a tool that must not run twice is made durable before the
     /// tool runs (`DELTA_REDIS_DURABILITY`).
     pub durability: delta_store::redis::Durability,
+    /// `redis_url` lists seed nodes of a Redis Cluster (`DELTA_REDIS_CLUSTER`).
+    pub redis_cluster: bool,
     /// How many buckets the runs are spread over in Redis (`DELTA_REDIS_BUCKETS`).
     pub redis_buckets: u32,
     /// How long after it finished a run's work directory is kept (the gateways' retention of the
@@ -139,11 +141,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         path: config.work_dir.display().to_string(),
         source,
     })?;
-    let mut store = RedisRunStore::connect_buckets(
+    let mut store = RedisRunStore::connect_options(
         &config.redis_url,
         &config.prefix,
-        config.redis_ca.as_deref(),
-        config.redis_buckets,
+        &delta_store::redis::Options {
+            cluster: config.redis_cluster,
+            ca_file: config.redis_ca.clone(),
+            buckets: config.redis_buckets,
+        },
     )
     .await?
     .with_durability(config.durability)
@@ -709,6 +714,12 @@ async fn handle(shared: &Shared, d: Delivery) {
             if owner.is_ok_and(|o| o.stream_seq > d.fence.stream_seq) {
                 let _ = d.ack().await;
             }
+        }
+        Err(engine::Error::Store(e @ store::Error::Rewound(_))) => {
+            // Writes this delivery made are gone (a Redis failover): at once to whichever
+            // worker takes it next, which goes on from what the journal holds.
+            tracing::warn!(error = %delta_host::Chain(&e), "write refused: giving the job back to be replayed from the journal");
+            let _ = d.nak(None).await;
         }
         Err(engine::Error::Store(e @ store::Error::Terminal { .. })) => {
             // Finished elsewhere (a newer delivery, or cancelled): nothing left for this job.

@@ -986,7 +986,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         // must not run twice (a lost record would run it again on resume).
         self.commit(None).await?;
         if !tool.idempotent {
-            self.store.sync().await?;
+            self.store.sync(self.record.run_id).await?;
         }
         let ex = match tool.run_builtin(&values) {
             Some(ex) => ex,

@@ -110,6 +110,20 @@ impl<'a> Settings<'a> {
         })
     }
 
+    /// On or off: `1`, `true`, `yes`, `on` or `0`, `false`, `no`, `off`, or empty (off).
+    pub fn switch(&mut self, env_name: &str) -> bool {
+        let (v, from) = self.get(env_name);
+        match v.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => true,
+            "" | "0" | "false" | "no" | "off" => false,
+            _ => {
+                self.errors
+                    .push(format!("{from}: `{v}` is not 1 (on) or 0 (off)"));
+                false
+            }
+        }
+    }
+
     /// A duration in seconds ≥ `min`, with a fraction if need be (`0.5`): tests and tight
     /// deployments want less than a second.
     pub fn seconds(&mut self, env_name: &str, min: f64) -> std::time::Duration {

@@ -13,7 +13,9 @@ use std::time::Duration;
 use crate::process::{Output, Process};
 use crate::servers::ServerOptions;
 use crate::spec::{GatewayProcess, GatewaySpec, WorkerSpec};
-use crate::{Error, Nats, NatsCluster, Programs, Redis, ServerPrograms, free_port};
+use crate::{
+    Error, Nats, NatsCluster, Programs, Redis, RedisCluster, RedisRole, ServerPrograms, free_port,
+};
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -43,12 +45,31 @@ pub struct Options {
     /// NATS servers: 1, or a cluster of that many with every stream kept on each
     /// (`DELTA_STREAM_REPLICAS`, at most 3).
     pub nats_servers: usize,
+    /// A Redis Cluster of 3 masters with a replica each instead of one Redis
+    /// (`DELTA_REDIS_CLUSTER=1`; every write waits for a replica, `DELTA_REDIS_DURABILITY=replica`).
+    pub redis_cluster: bool,
 }
 
 /// The fleet's NATS: one server or a cluster.
 enum NatsServers {
     One(Box<Nats>),
     Cluster(NatsCluster),
+}
+
+/// The fleet's Redis: one server or a cluster.
+enum RedisServers {
+    One(Box<Redis>),
+    Cluster(RedisCluster),
+}
+
+impl RedisServers {
+    /// The URL (a cluster's: every node's, comma-separated) logged in as `role`.
+    fn url_as(&self, role: RedisRole) -> String {
+        match self {
+            RedisServers::One(r) => r.url_as(role),
+            RedisServers::Cluster(c) => c.url_as(role),
+        }
+    }
 }
 
 /// The programs a local fleet runs, for the checkout at `root`: the servers (installed first
@@ -72,7 +93,10 @@ pub struct LocalFleet {
     pub gateway_url: String,
     /// The servers, logged in as the admin.
     pub nats_url: String,
+    /// One Redis's URL, or every node's of a Redis Cluster, comma-separated.
     pub redis_url: String,
+    /// Whether `redis_url` is a Redis Cluster's.
+    pub redis_cluster: bool,
     /// `credentials.env` in the fleet's directory (readable by this user only): the servers'
     /// admin URLs and a bot's NATS URL, for an operator's tools and bots.
     pub credentials: PathBuf,
@@ -80,7 +104,7 @@ pub struct LocalFleet {
     workers: Vec<Process>,
     gateway: Option<GatewayProcess>,
     nats: Option<NatsServers>,
-    redis: Option<Redis>,
+    redis: Option<RedisServers>,
 }
 
 impl LocalFleet {
@@ -111,11 +135,12 @@ impl LocalFleet {
             prefix: Some("delta".into()),
             tls: None,
         };
-        let redis = Redis::start_with(&server(
-            "redis",
-            &o.servers.redis,
-            Some(o.redis_fsync.clone()),
-        ))?;
+        let redis_options = server("redis", &o.servers.redis, Some(o.redis_fsync.clone()));
+        let redis = if o.redis_cluster {
+            RedisServers::Cluster(RedisCluster::start(3, 1, &redis_options)?)
+        } else {
+            RedisServers::One(Box::new(Redis::start_with(&redis_options)?))
+        };
         let gateway_port = match o.gateway_port {
             Some(p) => p,
             None => free_port()?,
@@ -126,10 +151,10 @@ impl LocalFleet {
             let replicas = o.nats_servers.min(3).to_string();
             let mut spec = GatewaySpec {
                 worker_nats_url: cluster.url_as(crate::NatsRole::Worker),
-                worker_redis_url: redis.url_as(crate::RedisRole::Worker),
+                worker_redis_url: redis.url_as(RedisRole::Worker),
                 ..GatewaySpec::new(
                     &cluster.url_as(crate::NatsRole::Gateway),
-                    &redis.url_as(crate::RedisRole::Gateway),
+                    &redis.url_as(RedisRole::Gateway),
                     "delta",
                     o.agents_dir.clone(),
                     gateway_port,
@@ -139,7 +164,17 @@ impl LocalFleet {
             (NatsServers::Cluster(cluster), spec)
         } else {
             let nats = Nats::start_with(&server("nats", &o.servers.nats, None))?;
-            let spec = GatewaySpec::on(&nats, &redis, "delta", o.agents_dir.clone(), gateway_port);
+            let spec = GatewaySpec {
+                worker_nats_url: nats.url_as(crate::NatsRole::Worker),
+                worker_redis_url: redis.url_as(RedisRole::Worker),
+                ..GatewaySpec::new(
+                    &nats.url_as(crate::NatsRole::Gateway),
+                    &redis.url_as(RedisRole::Gateway),
+                    "delta",
+                    o.agents_dir.clone(),
+                    gateway_port,
+                )
+            };
             (NatsServers::One(Box::new(nats)), spec)
         };
         let (nats_admin, nats_bot) = match &nats {
@@ -151,7 +186,7 @@ impl LocalFleet {
             &credentials,
             &format!(
                 "# The local fleet's servers (delta dev): log in with these.\nDELTA_REDIS_ADMIN_URL={}\nDELTA_NATS_ADMIN_URL={}\nDELTA_NATS_BOT_URL={}\n",
-                redis.url(),
+                redis.url_as(RedisRole::Admin),
                 nats_admin,
                 nats_bot
             ),
@@ -159,7 +194,8 @@ impl LocalFleet {
         let mut fleet = LocalFleet {
             gateway_url: format!("http://127.0.0.1:{gateway_port}"),
             nats_url: nats_admin.clone(),
-            redis_url: redis.url(),
+            redis_url: redis.url_as(RedisRole::Admin),
+            redis_cluster: o.redis_cluster,
             credentials,
             dir: o.dir.clone(),
             workers: vec![],
@@ -169,14 +205,19 @@ impl LocalFleet {
         };
         gateway.secrets_key_hex = o.secrets_key_hex.clone();
         gateway.operator_token = o.operator_token.clone();
-        // Redis fsyncs every write (`always`), or the fleet is told it gets no guarantee.
-        let durability = match o.redis_fsync.as_str() {
-            "always" => "fsync-always",
+        // Redis fsyncs every write (`always`), or the fleet is told it gets no guarantee; on a
+        // cluster, every write also waits for a replica (unless no guarantee is wanted).
+        let durability = match (o.redis_fsync.as_str(), o.redis_cluster) {
+            ("always", false) => "fsync-always",
+            ("always", true) => "replica",
             _ => "none",
         };
         gateway
             .extra
             .push(("DELTA_REDIS_DURABILITY", durability.to_owned()));
+        if o.redis_cluster {
+            gateway.extra.push(("DELTA_REDIS_CLUSTER", "1".to_owned()));
+        }
         fleet.gateway = Some(
             gateway
                 .start(&o.programs, "gateway", &output("gateway"))
@@ -189,12 +230,13 @@ impl LocalFleet {
         worker
             .extra
             .push(("DELTA_REDIS_DURABILITY", durability.to_owned()));
-        // The gateway's and the workers' streams must agree on their replicas.
+        // The gateway's and the workers' streams must agree on their replicas, and both must
+        // know a Redis Cluster for one.
         worker.extra.extend(
             gateway
                 .extra
                 .iter()
-                .filter(|(k, _)| *k == "DELTA_STREAM_REPLICAS")
+                .filter(|(k, _)| matches!(*k, "DELTA_STREAM_REPLICAS" | "DELTA_REDIS_CLUSTER"))
                 .cloned(),
         );
         for i in 1..=o.workers {
@@ -227,8 +269,14 @@ impl LocalFleet {
             }
             None => {}
         }
-        if let Some(r) = &mut self.redis {
-            all.push(("redis".into(), r.process()));
+        match &mut self.redis {
+            Some(RedisServers::One(r)) => all.push(("redis".into(), r.process())),
+            Some(RedisServers::Cluster(c)) => {
+                for (i, node) in c.nodes().iter_mut().enumerate() {
+                    all.push((format!("redis-{}", i + 1), node.process()));
+                }
+            }
+            None => {}
         }
         all
     }
@@ -250,8 +298,17 @@ impl LocalFleet {
         }
     }
 
-    /// The process id of `name` (`worker-1`, `gateway`, `nats` (the first node of a cluster),
-    /// `redis`).
+    /// The process ids of the Redis servers (one, or each node of the cluster).
+    pub fn redis_pids(&self) -> Vec<u32> {
+        match self.redis.as_ref() {
+            Some(RedisServers::One(r)) => vec![r.pid()],
+            Some(RedisServers::Cluster(c)) => c.pids(),
+            None => vec![],
+        }
+    }
+
+    /// The process id of `name` (`worker-1`, `gateway`, `nats` or `redis`: the first node of a
+    /// cluster).
     pub fn pid(&self, name: &str) -> Option<u32> {
         match name {
             "gateway" => self.gateway.as_ref().map(|g| g.pid()),
@@ -260,7 +317,7 @@ impl LocalFleet {
                 Some(NatsServers::Cluster(c)) => c.pids().first().copied(),
                 None => None,
             },
-            "redis" => self.redis.as_ref().map(|r| r.pid()),
+            "redis" => self.redis_pids().first().copied(),
             _ => self
                 .workers
                 .iter()

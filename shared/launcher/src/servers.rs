@@ -913,7 +913,8 @@ impl RedisCluster {
         Ok(())
     }
 
-    /// Waits until every running node says `cluster_state:ok`.
+    /// Waits until every running node says `cluster_state:ok` and every replica's link to its
+    /// master is up.
     pub fn wait_ok(&self, within: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + within;
         for node in &self.nodes {
@@ -940,6 +941,11 @@ impl RedisCluster {
             .join(",")
     }
 
+    /// The nodes' process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().map(Server::pid).collect()
+    }
+
     /// The nodes, to stop, freeze or kill one.
     pub fn nodes(&mut self) -> &mut [Server] {
         &mut self.nodes
@@ -947,14 +953,25 @@ impl RedisCluster {
 }
 
 impl Server {
-    /// Whether this Redis Cluster node says `cluster_state:ok` (asked as the admin).
+    /// Whether this Redis Cluster node says `cluster_state:ok`, and, if it is a replica, that
+    /// its link to its master is up (asked as the admin).
     fn cluster_ok(&self) -> bool {
+        self.ask_admin("CLUSTER INFO", "cluster_state:")
+            .is_some_and(|t| t.contains("cluster_state:ok"))
+            && self
+                .ask_admin("INFO replication", "role:")
+                .is_some_and(|t| !t.contains("role:slave") || t.contains("master_link_status:up"))
+    }
+
+    /// The reply of this Redis node to `command` sent as the admin, read until it holds
+    /// `until` (or 4 KiB).
+    fn ask_admin(&self, command: &str, until: &str) -> Option<String> {
         let admin = RedisRole::Admin.name();
         TcpStream::connect(("127.0.0.1", self.port))
             .and_then(|mut s| {
                 s.set_read_timeout(Some(Duration::from_millis(500)))?;
                 let cmd = format!(
-                    "AUTH {} {}\r\nCLUSTER INFO\r\n",
+                    "AUTH {} {}\r\n{command}\r\n",
                     user_name(admin),
                     self.users.password(admin)
                 );
@@ -967,12 +984,17 @@ impl Server {
                         break;
                     }
                     got += n;
-                    if String::from_utf8_lossy(&buf[..got]).contains("cluster_state:") {
+                    let text = String::from_utf8_lossy(&buf[..got]);
+                    // The reply to the command (not only AUTH's +OK) holds `until`, and the
+                    // link status when asked about replication.
+                    if text.contains(until)
+                        && (!until.starts_with("role:") || text.contains("master_repl_offset"))
+                    {
                         break;
                     }
                 }
-                Ok(String::from_utf8_lossy(&buf[..got]).contains("cluster_state:ok"))
+                Ok(String::from_utf8_lossy(&buf[..got]).into_owned())
             })
-            .unwrap_or(false)
+            .ok()
     }
 }

@@ -157,6 +157,13 @@ pub enum Error {
     /// since this writer loaded it: this writer is stale and must stop.
     #[error("run {0}: write refused, another owner holds the run or wrote to it")]
     Fenced(RunId),
+    /// The run's journal is shorter than this writer left it: writes it was told were stored
+    /// are gone (a Redis failover to a replica that had not received them). The writer must
+    /// stop and the run go on from what its journal holds.
+    #[error(
+        "run {0}: its journal is shorter than this writer left it (writes lost at a Redis failover); the run goes on from its journal"
+    )]
+    Rewound(RunId),
     #[error("run {run_id} is in use by another process ({detail})")]
     Locked { run_id: RunId, detail: String },
     #[error(transparent)]
@@ -208,10 +215,12 @@ pub trait RunStore: Send + Sync {
         change: Option<StatusChange>,
     ) -> impl Future<Output = Result<Vec<JournalEvent>, Error>> + Send;
 
-    /// Returns once what this handle wrote is on disk, for a write that precedes an
-    /// irreversible step (a tool that must not run twice). Stores whose every write is durable
-    /// when it returns need do nothing (the default).
-    fn sync(&self) -> impl Future<Output = Result<(), Error>> + Send {
+    /// Returns once what this handle wrote to `run_id` is durable (on disk, or on a replica
+    /// as well, as the store is configured), for a write that precedes an irreversible step
+    /// (a tool that must not run twice, an answer acknowledged). Stores whose every write is
+    /// durable when it returns need do nothing (the default).
+    fn sync(&self, run_id: RunId) -> impl Future<Output = Result<(), Error>> + Send {
+        let _ = run_id;
         std::future::ready(Ok(()))
     }
 }

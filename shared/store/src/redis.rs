@@ -49,14 +49,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 pub mod access;
+mod conn;
 mod index;
 mod migrate;
 mod retention;
 mod tickets;
 
+use conn::{Client, Conn};
 pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
 pub use migrate::Migrated;
 pub use retention::{Purge, Purged};
@@ -138,7 +139,8 @@ script_args!(
 /// Appends events and applies a status change, fenced, keeping the indexes. KEYS: run, journal,
 /// the interaction paused on (or a dummy). ARGV: [`AppendArgs`], then one event each.
 /// Errors: `NOTFOUND`, `TERMINAL <status>`, `FENCED` (an older token), `FENCED moved` (a takeover
-/// after the journal moved): see [`ScriptError`].
+/// after the journal moved), `REWOUND` (the journal lost writes this writer made): see
+/// [`ScriptError`].
 const APPEND: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return redis.error_reply('NOTFOUND') end
@@ -151,6 +153,9 @@ if fence_seq ~= '' then
   local fn = tonumber(redis.call('HGET', KEYS[1], 'fence_n') or '0')
   local s, n = tonumber(fence_seq), tonumber(fence_n)
   if fs > s or (fs == s and fn > n) then return redis.error_reply('FENCED') end
+  -- Shorter than this writer left it: writes it was told were stored are gone (a failover
+  -- to a replica that had not received them).
+  if seen_len ~= '' and tonumber(seen_len) > seq then return redis.error_reply('REWOUND') end
   local takeover = fs < s or fn < n
   if takeover and seen_len ~= '' and tonumber(seen_len) ~= seq then
     return redis.error_reply('FENCED moved')
@@ -240,6 +245,8 @@ enum ScriptError {
     Fenced,
     /// `EXISTS`: the run exists already.
     Exists,
+    /// `REWOUND`: the journal is shorter than this writer saw it.
+    Rewound,
 }
 
 impl ScriptError {
@@ -258,6 +265,7 @@ impl ScriptError {
             "NOTFOUND" => Some(ScriptError::NotFound),
             "FENCED" => Some(ScriptError::Fenced),
             "EXISTS" => Some(ScriptError::Exists),
+            "REWOUND" => Some(ScriptError::Rewound),
             "TERMINAL" => {
                 let status = detail?.trim().parse::<RunStatus>().ok()?;
                 status
@@ -275,6 +283,7 @@ impl ScriptError {
             ScriptError::Terminal(status) => Error::Terminal { run_id, status },
             ScriptError::Fenced => Error::Fenced(run_id),
             ScriptError::Exists => Error::AlreadyExists(run_id),
+            ScriptError::Rewound => Error::Rewound(run_id),
         }
     }
 }
@@ -339,9 +348,10 @@ return 1
 #[derive(Clone)]
 pub struct RedisRunStore {
     /// For dedicated connections (blocking stream reads must not hold up the shared one).
-    client: redis::Client,
-    /// A multiplexed connection that reconnects by itself; cheap to clone.
-    conn: ConnectionManager,
+    client: Client,
+    /// A multiplexed connection (to one Redis or a cluster) that reconnects by itself; cheap
+    /// to clone.
+    conn: Conn,
     /// Key prefix (`DELTA_KEY_PREFIX`, default `delta`).
     prefix: String,
     /// How many buckets the runs are spread over (`DELTA_REDIS_BUCKETS`), as stored in Redis.
@@ -366,36 +376,77 @@ pub struct RedisRunStore {
     durability: Durability,
 }
 
-/// How the fleet knows that a write is on disk before it does something that cannot be undone
+/// How the fleet knows that a write is durable before it does something that cannot be undone
 /// (`DELTA_REDIS_DURABILITY`; docs/operations.md#durability): an accepted answer before the
 /// gateway says so and queues the resume, the record of a tool call before a tool that must
 /// not run twice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
     /// Redis runs with `appendfsync always`: it answers a write only once the write is fsynced,
-    /// so there is nothing to wait for. The default, and what the launcher and
+    /// so there is nothing to wait for. The default on one Redis, and what the launcher and
     /// docker-compose.yml run.
     FsyncAlways,
     /// Redis 7.2 or newer, with the AOF on (any `appendfsync`): after such a write, `WAITAOF`
     /// waits (up to the timeout) until Redis fsynced it.
     WaitAof { timeout: Duration },
+    /// Every write to a run returns only once a replica of its master has it too (`WAIT 1`),
+    /// on top of the master's own `appendfsync always`: a failover to that replica loses no
+    /// acknowledged write. The default on a Redis Cluster. A master without a live replica
+    /// refuses to go on (the write is retried) rather than risk losing it.
+    Replica { timeout: Duration },
     /// Nothing is waited for: an acknowledged write can be lost if the Redis host crashes
     /// within about a second (`appendfsync everysec`). For throwaway fleets only.
     None,
 }
 
 impl Durability {
-    /// Parses `fsync-always`, `waitaof` (a 5 s timeout) or `none`.
+    /// Parses `fsync-always`, `waitaof` or `replica` (each waits at most 1 s), or `none`.
     pub fn parse(text: &str) -> Result<Durability, String> {
         match text {
             "fsync-always" => Ok(Durability::FsyncAlways),
             "waitaof" => Ok(Durability::WaitAof {
-                timeout: Duration::from_secs(5),
+                timeout: Duration::from_secs(1),
             }),
+            "replica" => Ok(Durability::default_for(true)),
             "none" => Ok(Durability::None),
             other => Err(format!(
-                "`{other}` is not `fsync-always` (Redis runs with appendfsync always; the default), `waitaof` (Redis 7.2 or newer) or `none` (no guarantee)"
+                "`{other}` is not `fsync-always` (Redis runs with appendfsync always; the default on one Redis), `replica` (each write waits for a replica; the default on a Redis Cluster), `waitaof` (Redis 7.2 or newer) or `none` (no guarantee)"
             )),
+        }
+    }
+
+    /// The default for one Redis (`cluster` false) or a Redis Cluster.
+    pub fn default_for(cluster: bool) -> Durability {
+        if cluster {
+            // Below the response timeout (2 s), so that a replica that does not answer is
+            // reported as such, not as a master that does not.
+            Durability::Replica {
+                timeout: Duration::from_secs(1),
+            }
+        } else {
+            Durability::FsyncAlways
+        }
+    }
+}
+
+/// How to reach Redis: the programs' `DELTA_REDIS_CLUSTER`, `DELTA_REDIS_CA_FILE` and
+/// `DELTA_REDIS_BUCKETS`.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The URLs are seed nodes of a Redis Cluster (`DELTA_REDIS_CLUSTER=1`).
+    pub cluster: bool,
+    /// Certificate authorities (PEM) to check a `rediss://` server against.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// How many buckets the runs are spread over.
+    pub buckets: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            cluster: false,
+            ca_file: None,
+            buckets: DEFAULT_BUCKETS,
         }
     }
 }
@@ -424,45 +475,6 @@ pub enum Resolution<'a> {
     Expired,
 }
 
-/// A client for `url`, trusting `ca_file` for TLS. Errors never quote the URL (it can hold a
-/// password).
-fn open_client(url: &str, ca_file: Option<&std::path::Path>) -> Result<redis::Client, Error> {
-    let bad_url = |_| {
-        Error::Backend(
-            format!(
-                "DELTA_REDIS_URL is not a Redis URL ({}): write redis://[user:password@]host:port, or rediss:// for TLS",
-                delta_protocol::without_credentials(url)
-            )
-            .into(),
-        )
-    };
-    match ca_file {
-        None => redis::Client::open(url).map_err(bad_url),
-        Some(ca) => {
-            if !url.starts_with("rediss://") {
-                return Err(Error::Backend(
-                    format!(
-                        "a CA file ({}) is given but the Redis URL is not rediss://: use rediss:// to connect with TLS",
-                        ca.display()
-                    )
-                    .into(),
-                ));
-            }
-            let root_cert = std::fs::read(ca).map_err(|e| {
-                Error::Backend(format!("cannot read the CA file {}: {e}", ca.display()).into())
-            })?;
-            redis::Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert),
-                },
-            )
-            .map_err(bad_url)
-        }
-    }
-}
-
 impl RedisRunStore {
     /// Connects to `url` (e.g. `redis://127.0.0.1:6379`, `redis://user:password@host:port`).
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, Error> {
@@ -489,7 +501,23 @@ impl RedisRunStore {
         ca_file: Option<&std::path::Path>,
         buckets: u32,
     ) -> Result<Self, Error> {
-        let store = Self::connect_unchecked(url, prefix, ca_file, buckets).await?;
+        let options = Options {
+            cluster: false,
+            ca_file: ca_file.map(std::path::Path::to_owned),
+            buckets,
+        };
+        Self::connect_options(url, prefix, &options).await
+    }
+
+    /// Connects to one Redis or, with `options.cluster`, to the Redis Cluster whose seed
+    /// nodes `urls` lists (comma-separated); checks the layout and the bucket count as
+    /// [`Self::connect_buckets`] does.
+    pub async fn connect_options(
+        urls: &str,
+        prefix: &str,
+        options: &Options,
+    ) -> Result<Self, Error> {
+        let store = Self::connect_unchecked(urls, prefix, options).await?;
         if store.has_old_layout().await? {
             return Err(Error::Buckets(format!(
                 "Redis holds runs under the prefix `{prefix}` in the layout of before the buckets: stop the fleet and run `delta migrate-redis` (docs/operations.md#redis-buckets)"
@@ -500,12 +528,8 @@ impl RedisRunStore {
     }
 
     /// Connects without checking the layout or the bucket count (for the migration).
-    async fn connect_unchecked(
-        url: &str,
-        prefix: &str,
-        ca_file: Option<&std::path::Path>,
-        buckets: u32,
-    ) -> Result<Self, Error> {
+    async fn connect_unchecked(urls: &str, prefix: &str, options: &Options) -> Result<Self, Error> {
+        let buckets = options.buckets;
         if prefix.contains(['{', '}']) {
             return Err(Error::Buckets(format!(
                 "the key prefix `{prefix}` holds a brace: braces mark Redis Cluster hash tags, pick a prefix without them"
@@ -516,10 +540,8 @@ impl RedisRunStore {
                 "{buckets} buckets: DELTA_REDIS_BUCKETS must be 1 to {MAX_BUCKETS}"
             )));
         }
-        let client = open_client(url, ca_file)?;
-        let conn = ConnectionManager::new(client.clone())
-            .await
-            .map_err(backend)?;
+        let client = Client::open(urls, options.cluster, options.ca_file.as_deref())?;
+        let conn = client.connect().await.map_err(backend)?;
         Ok(Self {
             client,
             conn,
@@ -578,27 +600,91 @@ impl RedisRunStore {
     /// A handle that makes writes durable as `durability` says, once it checked that the server
     /// can: `WAITAOF` needs Redis 7.2 or newer with the AOF on.
     pub async fn with_durability(mut self, durability: Durability) -> Result<Self, Error> {
-        if let Durability::WaitAof { .. } = durability {
-            let mut conn = self.connection();
-            // `numlocal` 1: refused when the AOF is off, not only when WAITAOF is unknown.
-            let probe: Result<Vec<i64>, _> = redis::cmd("WAITAOF")
-                .arg(1)
-                .arg(0)
-                .arg(1000)
-                .query_async(&mut conn)
-                .await;
-            if let Err(e) = probe {
-                return Err(Error::Backend(
-                    format!(
-                        "DELTA_REDIS_DURABILITY=waitaof, but this Redis cannot wait for its AOF ({}): use Redis 7.2 or newer with appendonly yes, or run Redis with appendfsync always and DELTA_REDIS_DURABILITY=fsync-always",
-                        e.detail().unwrap_or("WAITAOF refused")
-                    )
-                    .into(),
-                ));
+        let mut conn = self.connection();
+        match durability {
+            Durability::WaitAof { .. } => {
+                // `numlocal` 1: refused when the AOF is off, not only when WAITAOF is unknown.
+                let probe = redis::cmd("WAITAOF").arg(1).arg(0).arg(1000).to_owned();
+                if let Err(e) = conn.on_masters(&probe).await {
+                    return Err(Error::Backend(
+                        format!(
+                            "DELTA_REDIS_DURABILITY=waitaof, but this Redis cannot wait for its AOF ({}): use Redis 7.2 or newer with appendonly yes, or run Redis with appendfsync always and DELTA_REDIS_DURABILITY=fsync-always",
+                            e.detail().unwrap_or("WAITAOF refused")
+                        )
+                        .into(),
+                    ));
+                }
             }
+            Durability::Replica { timeout } => {
+                // Every master must have a replica that keeps up, or no write would go through.
+                // A replica may still be connecting (a cluster just created): a while to.
+                let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+                let probe = redis::cmd("WAIT").arg(1).arg(ms).to_owned();
+                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                loop {
+                    let alone: Vec<String> = match conn.on_masters(&probe).await {
+                        Ok(replies) => replies
+                            .into_iter()
+                            .filter(|(_, v)| !matches!(v, redis::Value::Int(n) if *n >= 1))
+                            .map(|(addr, _)| {
+                                if addr.is_empty() {
+                                    "Redis".to_owned()
+                                } else {
+                                    addr
+                                }
+                            })
+                            .collect(),
+                        Err(e) if std::time::Instant::now() < deadline => {
+                            tracing::debug!(error = %e, "waiting for the replicas");
+                            vec![String::new()]
+                        }
+                        Err(e) => return Err(backend(e)),
+                    };
+                    if alone.is_empty() {
+                        break;
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return Err(Error::Backend(
+                            format!(
+                                "DELTA_REDIS_DURABILITY=replica, but {} has no replica that acknowledged within {ms} ms: give every master a replica, or choose DELTA_REDIS_DURABILITY=fsync-always (a failover can then lose the last writes)",
+                                alone.join(", ")
+                            )
+                            .into(),
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+            Durability::FsyncAlways | Durability::None => {}
         }
         self.durability = durability;
         Ok(self)
+    }
+
+    /// With [`Durability::Replica`]: returns once a replica of the master that holds `run_id`
+    /// has every write this process sent there, the last one included; an error (the write
+    /// stands, but must not be relied on) when none acknowledged in time.
+    async fn replicated(&self, run_id: RunId) -> Result<(), Error> {
+        let Durability::Replica { timeout } = self.durability else {
+            return Ok(());
+        };
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut conn = self.connection();
+        let wait = redis::cmd("WAIT").arg(1).arg(ms).to_owned();
+        let acked = conn
+            .on_master_of(&self.run_key(run_id), &wait)
+            .await
+            .map_err(backend)?;
+        if matches!(acked, redis::Value::Int(n) if n >= 1) {
+            Ok(())
+        } else {
+            Err(Error::Backend(
+                format!(
+                    "no Redis replica acknowledged the write to run {run_id} within {ms} ms (DELTA_REDIS_DURABILITY=replica): not going on until its master has a replica again"
+                )
+                .into(),
+            ))
+        }
     }
 
     /// A handle whose writes carry the fencing token of one delivery.
@@ -650,8 +736,18 @@ impl RedisRunStore {
         &self.prefix
     }
 
+    /// Whether this store is on a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.client.is_cluster()
+    }
+
+    /// How writes are made durable.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
     /// The connection for one round trip (counted).
-    fn connection(&self) -> ConnectionManager {
+    fn connection(&self) -> Conn {
         self.trips.fetch_add(1, Ordering::Relaxed);
         self.conn.clone()
     }
@@ -865,6 +961,7 @@ impl RedisRunStore {
             .invoke_async(&mut conn)
             .await
             .map_err(backend)?;
+        self.replicated(run_id).await?;
         Ok(n == 1)
     }
 
@@ -1045,20 +1142,23 @@ impl AnswerStore for RedisRunStore {
 }
 
 impl RunStore for RedisRunStore {
-    async fn sync(&self) -> Result<(), Error> {
-        let Durability::WaitAof { timeout } = self.durability else {
-            return Ok(());
+    async fn sync(&self, run_id: RunId) -> Result<(), Error> {
+        let timeout = match self.durability {
+            Durability::WaitAof { timeout } => timeout,
+            Durability::Replica { .. } => return self.replicated(run_id).await,
+            Durability::FsyncAlways | Durability::None => return Ok(()),
         };
         let mut conn = self.connection();
         let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        // Every write sent on this (shared) connection so far, this handle's included.
-        let (local, _replicas): (i64, i64) = redis::cmd("WAITAOF")
-            .arg(1)
-            .arg(0)
-            .arg(ms)
-            .query_async(&mut conn)
+        // Every write sent on this (shared) connection to the run's master so far, this
+        // handle's included.
+        let wait = redis::cmd("WAITAOF").arg(1).arg(0).arg(ms).to_owned();
+        let reply = conn
+            .on_master_of(&self.run_key(run_id), &wait)
             .await
             .map_err(backend)?;
+        let (local, _replicas): (i64, i64) = redis::FromRedisValue::from_redis_value(reply)
+            .map_err(|e| Error::Corrupt(format!("WAITAOF replied {e}")))?;
         if local < 1 {
             return Err(Error::Backend(
                 format!("Redis did not fsync its AOF within {ms} ms; not going on").into(),
@@ -1168,6 +1268,7 @@ impl RunStore for RedisRunStore {
                     None => backend(e),
                 })?;
         self.saw(run_id, last);
+        self.replicated(run_id).await?;
         let first = last + 1 - events.len() as u64;
         Ok(numbered(events, first, now))
     }

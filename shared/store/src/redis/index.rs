@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
 
 use super::{
     Fields, RedisRunStore, ScriptError, StoredInteraction, backend, parse_interaction, parse_record,
@@ -124,7 +123,7 @@ fn queue_row(run_id: RunId, row: &[Option<String>]) -> Option<QueueRun> {
 
 /// A live view of one run's journal on a connection of its own (blocking reads).
 pub struct JournalTail {
-    conn: MultiplexedConnection,
+    conn: super::Conn,
     key: String,
 }
 
@@ -201,7 +200,10 @@ impl RedisRunStore {
                     fingerprint: fingerprint.to_owned(),
                 })
             }
-            Ok(_) => Ok(Submitted::Created),
+            Ok(_) => {
+                self.replicated(record.run_id).await?;
+                Ok(Submitted::Created)
+            }
             Err(e) => Err(match ScriptError::of(&e) {
                 Some(known) => known.into_error(record.run_id),
                 None => backend(e),
@@ -593,12 +595,7 @@ impl RedisRunStore {
 
     /// A blocking reader of one run's journal, on a connection of its own.
     pub async fn journal_tail(&self, run_id: RunId) -> Result<JournalTail, Error> {
-        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(backend)?;
+        let conn = self.client.dedicated().await.map_err(backend)?;
         Ok(JournalTail {
             conn,
             key: self.journal_key(run_id),
@@ -781,9 +778,12 @@ impl RedisRunStore {
             .invoke_async(&mut conn)
             .await;
         match reply {
-            Ok((kind, v)) if kind == "QUEUED" => Ok(Requeue::Queued {
-                seq: v.parse().unwrap_or(0),
-            }),
+            Ok((kind, v)) if kind == "QUEUED" => {
+                self.replicated(run_id).await?;
+                Ok(Requeue::Queued {
+                    seq: v.parse().unwrap_or(0),
+                })
+            }
             Ok((kind, v)) if kind == "OTHER" => Ok(Requeue::FailedOtherwise(v)),
             Ok((_, status)) => Ok(Requeue::NotFailed(status.parse().map_err(Error::Corrupt)?)),
             Err(e) => Err(match ScriptError::of(&e) {
@@ -810,28 +810,84 @@ impl RedisRunStore {
             .collect())
     }
 
-    /// `INFO <section>` as `field → value` (for benchmarks and diagnostics).
+    /// `INFO <section>` as `field → value` (for benchmarks and diagnostics); on a cluster, the
+    /// masters' numeric fields summed (see [`Self::info_by_master`]).
     pub async fn info(&self, section: &str) -> Result<HashMap<String, String>, Error> {
-        let mut conn = self.connection();
-        let text: String = redis::cmd("INFO")
-            .arg(section)
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        Ok(text
-            .lines()
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
-            .collect())
+        let masters = self.info_by_master(section).await?;
+        if let [(_, one)] = &masters[..] {
+            return Ok(one.clone());
+        }
+        let mut sum: HashMap<String, String> = HashMap::new();
+        for (_, fields) in masters {
+            for (k, v) in fields {
+                // `cmdstat_*` lines are `calls=…,usec=…`: summed field by field.
+                let merged = match sum.get(&k) {
+                    None => v,
+                    Some(prior) => sum_info_values(prior, &v),
+                };
+                sum.insert(k, merged);
+            }
+        }
+        Ok(sum)
     }
 
-    /// Whether Redis answers (`PING`).
+    /// `INFO <section>` of every master (one on one Redis), by node address.
+    pub async fn info_by_master(
+        &self,
+        section: &str,
+    ) -> Result<Vec<(String, HashMap<String, String>)>, Error> {
+        let mut conn = self.connection();
+        let replies = conn
+            .on_masters(redis::cmd("INFO").arg(section))
+            .await
+            .map_err(backend)?;
+        let mut out = vec![];
+        for (addr, value) in replies {
+            let text: String = redis::FromRedisValue::from_redis_value(value)
+                .map_err(|e| Error::Corrupt(format!("INFO replied {e}")))?;
+            let fields = text
+                .lines()
+                .filter_map(|l| l.split_once(':'))
+                .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+                .collect();
+            out.push((addr, fields));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Whether Redis answers (`PING`); on a cluster, every master.
     pub async fn ping(&self) -> Result<(), Error> {
         let mut conn = self.connection();
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
+        conn.on_masters(&redis::cmd("PING"))
             .await
             .map(|_| ())
             .map_err(backend)
     }
+}
+
+/// Two values of one `INFO` field summed: numbers as numbers, `a=1,b=2` lists key by key;
+/// anything else keeps the first.
+fn sum_info_values(a: &str, b: &str) -> String {
+    if let (Ok(x), Ok(y)) = (a.parse::<i64>(), b.parse::<i64>()) {
+        return (x + y).to_string();
+    }
+    if let (Ok(x), Ok(y)) = (a.parse::<f64>(), b.parse::<f64>()) {
+        return (x + y).to_string();
+    }
+    if a.contains('=') {
+        let theirs: HashMap<&str, &str> = b.split(',').filter_map(|p| p.split_once('=')).collect();
+        return a
+            .split(',')
+            .map(|p| match p.split_once('=') {
+                Some((k, v)) => match theirs.get(k) {
+                    Some(w) => format!("{k}={}", sum_info_values(v, w)),
+                    None => p.to_owned(),
+                },
+                None => p.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+    }
+    a.to_owned()
 }

@@ -59,7 +59,14 @@ impl RedisRunStore {
         ca_file: Option<&std::path::Path>,
         buckets: u32,
     ) -> Result<Migrated, Error> {
-        let store = Self::connect_unchecked(url, prefix, ca_file, buckets).await?;
+        // One Redis only: the old layout could not run on a cluster (docs/operations.md says
+        // how to move a migrated Redis into one).
+        let options = super::Options {
+            cluster: false,
+            ca_file: ca_file.map(std::path::Path::to_owned),
+            buckets,
+        };
+        let store = Self::connect_unchecked(url, prefix, &options).await?;
         store.claim_buckets().await?;
         store.migrate().await
     }
