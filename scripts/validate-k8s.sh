@@ -11,7 +11,8 @@
 #                               exist, no secret outside a Secret, non-root read-only containers
 #                               with requests, the workers' drain inside their grace period, KEDA
 #                               on the workers' consumer, a default-deny NetworkPolicy, the Redis
-#                               start script identical to deploy/redis/start.sh;
+#                               start script identical to deploy/redis/start.sh, one Redis mode
+#                               for every program and replica durability on a Redis Cluster;
 #   nats-values.yaml            the NATS chart's values: users.conf identical to
 #                               deploy/nats/users.conf, the tests' nats-server version, 3 servers
 #                               with JetStream on files; users and JetStream settings through
@@ -182,6 +183,10 @@ refused kustomize k8s/redis-cluster/without-single-redis.yaml 's/^  name: redis-
   "ConfigMap/redis-begin, which the kustomization does not have" k8s/redis-cluster
 refused kustomize k8s/redis-cluster/worker-redis-cluster.yaml 's/\$(REDIS_PASSWORD)/$(REDIS_PASS)/' \
   "uses \$(REDIS_PASS)" k8s/redis-cluster
+refused kustomize k8s/redis-cluster/durability-replica.yaml 's/: replica$/: fsync-always/' \
+  "use replica" k8s/redis-cluster
+refused kustomize k8s/redis-cluster/kustomization.yaml '/worker-redis-cluster.yaml/d' \
+  "DELTA_REDIS_CLUSTER differs" k8s/redis-cluster
 refused kustomize k8s/worker.yaml 's/^spec:$/spec: [/' "not valid YAML" k8s
 refused nats_values k8s/nats-values.yaml 's/tag: 2\.12\.8-alpine/tag: 2.14.2-alpine/' \
   "is not nats-server $NATS_VERSION"

@@ -458,6 +458,25 @@ def fleet_checks(objects, redis_start):
         if name not in own:
             faults.append(f"{o['_source']}: {show(o)}: no NetworkPolicy of its own")
 
+    # One Redis or a cluster, the same for every program; on a cluster every write waits for a
+    # replica (a failover loses nothing acknowledged), on one Redis fsync-always.
+    config = (configmaps.get("delta-config") or {}).get("data") or {}
+    modes = {}
+    for o, spec in pod_specs(objects):
+        for c in spec["containers"]:
+            if env_value(c, "DELTA_REDIS_URL") is not None:
+                modes[f"{o['_source']}: {show(o)}"] = env_value(c, "DELTA_REDIS_CLUSTER") == "1"
+    if len(set(modes.values())) > 1:
+        faults.append("DELTA_REDIS_CLUSTER differs between the programs: "
+                      + ", ".join(f"{k} {'1' if v else 'unset'}" for k, v in modes.items()))
+    cluster = any(modes.values())
+    durability = config.get("DELTA_REDIS_DURABILITY", "")
+    if cluster and durability not in ("", "replica"):
+        faults.append(f"a Redis Cluster with DELTA_REDIS_DURABILITY={durability}: a failover "
+                      "loses writes the replica had not received; use replica")
+    if cluster and "redis" in by.get("StatefulSet", {}):
+        faults.append("cluster mode, yet the single Redis StatefulSet is still deployed")
+
     start = by.get("ConfigMap", {}).get("redis-start")
     if start is not None:
         with open(redis_start, encoding="utf-8") as f:

@@ -361,6 +361,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
 
     let cpu_before = CpuTimes::read(fleet, usize::from(a.workers));
     let before = store.info("commandstats").await?;
+    let before_masters = store.info_by_master("commandstats").await?;
     let before_mem = used_memory(&store).await?;
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         indicatif::ProgressBar::new(a.runs)
@@ -399,6 +400,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     }
     bar.finish_and_clear();
     let after = store.info("commandstats").await?;
+    let after_masters = store.info_by_master("commandstats").await?;
     let cpu = CpuTimes::read(fleet, usize::from(a.workers)).since(&cpu_before);
     let after_mem = used_memory(&store).await?;
     drop((sampler, listener, poller));
@@ -472,7 +474,8 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         "journal_len": a.journal_len,
         "echo": match a.echo { Echo::Builtin => "builtin", Echo::Process => "process" },
         "redis_appendfsync": a.fsync,
-        "nats_servers": a.nats_servers,
+        "nats_servers": fleet.nats_pids().len(),
+        "redis_nodes": fleet.redis_pids().len(),
         "redis_commands_per_run": round(fleet_commands as f64 / a.runs as f64, 2),
         "redis_commands": commands.into_iter().collect::<HashMap<_, _>>(),
         "redis_bytes_per_completed_run": (after_mem.saturating_sub(before_mem)) / a.runs.max(1),
@@ -486,6 +489,9 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let mut line = line;
     if let Some(obj) = line.as_object_mut() {
         obj.extend(report);
+        if fleet.redis_cluster {
+            obj.extend(master_shares(&before_masters, &after_masters));
+        }
     }
     for e in errors.iter().chain(bad.iter()).take(10) {
         eprintln!("error: {e}");
@@ -776,6 +782,52 @@ async fn used_memory(store: &RedisRunStore) -> anyhow::Result<u64> {
         .context("INFO memory has no used_memory")
 }
 
+/// Each Redis master's share of the commands between two readings (by node address), and how
+/// far the busiest is from the mean: `redis_master_spread` (max / mean; 1.0 is perfectly even)
+/// and `redis_masters_balanced` (every master within 1.25× of the mean).
+fn master_shares(
+    before: &[(String, HashMap<String, String>)],
+    after: &[(String, HashMap<String, String>)],
+) -> serde_json::Map<String, Value> {
+    let per_master: Vec<(String, u64)> = after
+        .iter()
+        .map(|(node, fields)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| b == node)
+                .map(|(_, f)| f.clone())
+                .unwrap_or_default();
+            let n = commands_between(&was, fields).iter().map(|(_, n)| n).sum();
+            (node.clone(), n)
+        })
+        .collect();
+    let total: u64 = per_master.iter().map(|(_, n)| n).sum();
+    let mean = total as f64 / per_master.len().max(1) as f64;
+    let max = per_master.iter().map(|(_, n)| *n).max().unwrap_or(0) as f64;
+    let min = per_master.iter().map(|(_, n)| *n).min().unwrap_or(0) as f64;
+    let spread = if mean > 0.0 { max / mean } else { 0.0 };
+    let mut out = serde_json::Map::new();
+    out.insert(
+        "redis_masters".into(),
+        per_master
+            .iter()
+            .map(|(node, n)| {
+                json!({
+                    "node": node,
+                    "commands": n,
+                    "share": round(*n as f64 / total.max(1) as f64, 3),
+                })
+            })
+            .collect(),
+    );
+    out.insert("redis_master_spread".into(), json!(round(spread, 3)));
+    out.insert(
+        "redis_masters_balanced".into(),
+        json!(mean > 0.0 && max <= 1.25 * mean && min >= mean / 1.25),
+    );
+    out
+}
+
 /// `cmdstat_<name>:calls=N,…` lines: calls by command between two readings.
 fn commands_between(
     before: &HashMap<String, String>,
@@ -817,10 +869,19 @@ impl CpuTimes {
         }
         parts.push(("workers".to_owned(), worker_ticks));
         parts.push(("tools".to_owned(), tool_ticks));
-        for name in ["gateway", "redis"] {
-            let t = fleet.pid(name).and_then(ticks).map_or(0, |(own, _)| own);
-            parts.push((name.to_owned(), t));
-        }
+        let gateway = fleet
+            .pid("gateway")
+            .and_then(ticks)
+            .map_or(0, |(own, _)| own);
+        parts.push(("gateway".to_owned(), gateway));
+        // Every Redis node of a cluster, masters and replicas.
+        let redis: u64 = fleet
+            .redis_pids()
+            .into_iter()
+            .filter_map(ticks)
+            .map(|(own, _)| own)
+            .sum();
+        parts.push(("redis".to_owned(), redis));
         // Every NATS server of a cluster.
         let nats: u64 = fleet
             .nats_pids()
