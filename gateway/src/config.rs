@@ -21,7 +21,7 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
     ("DELTA_REDIS_CLUSTER", "redis-cluster", "0"),
     ("DELTA_REDIS_DURABILITY", "redis-durability", ""),
-    ("DELTA_REDIS_BUCKETS", "redis-buckets", "16"),
+    ("DELTA_REDIS_BUCKETS", "redis-buckets", ""),
     ("DELTA_STREAM_REPLICAS", "stream-replicas", "1"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
@@ -76,8 +76,9 @@ pub struct Config {
     /// `redis_url` lists seed nodes of a Redis Cluster (`DELTA_REDIS_CLUSTER`).
     pub redis_cluster: bool,
     /// How many buckets the runs are spread over in Redis (`DELTA_REDIS_BUCKETS`), fixed for
-    /// the life of a deployment (docs/operations.md#redis-buckets).
-    pub redis_buckets: u32,
+    /// the life of a deployment (docs/operations.md#redis-buckets); `None`: the count Redis
+    /// holds (a new deployment's default).
+    pub redis_buckets: Option<u32>,
     /// Copies of each stream on a NATS cluster (`DELTA_STREAM_REPLICAS`), as the workers.
     pub stream_replicas: usize,
     /// Largest request body accepted.
@@ -126,7 +127,7 @@ impl Config {
             secrets_key: None,
             durability: Durability::FsyncAlways,
             redis_cluster: false,
-            redis_buckets: delta_store::redis::DEFAULT_BUCKETS,
+            redis_buckets: None,
             stream_replicas: 1,
             max_body_bytes: 1 << 20,
             reconcile_every: Duration::from_millis(1000),
@@ -211,15 +212,18 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         5,
         "replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)",
     );
-    let buckets = s.number_at_most(
-        "DELTA_REDIS_BUCKETS",
-        1,
-        u64::from(delta_store::redis::MAX_BUCKETS),
-        &format!(
-            "buckets: at most {} (a listing reads every bucket)",
-            delta_store::redis::MAX_BUCKETS
-        ),
-    );
+    // Unset: the count Redis holds, or for a new deployment 16 (one Redis) or 64 (a cluster).
+    let buckets = (!s.get("DELTA_REDIS_BUCKETS").0.trim().is_empty()).then(|| {
+        s.number_at_most(
+            "DELTA_REDIS_BUCKETS",
+            1,
+            u64::from(delta_store::redis::MAX_BUCKETS),
+            &format!(
+                "buckets: at most {} (a listing reads every bucket)",
+                delta_store::redis::MAX_BUCKETS
+            ),
+        )
+    });
     let redis_cluster = s.switch("DELTA_REDIS_CLUSTER");
     let durability = s.parsed(
         "DELTA_REDIS_DURABILITY",
@@ -262,7 +266,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         secrets_key,
         durability,
         redis_cluster,
-        redis_buckets: u32::try_from(buckets).unwrap_or(delta_store::redis::DEFAULT_BUCKETS),
+        redis_buckets: buckets.map(|n| u32::try_from(n).unwrap_or(delta_store::redis::MAX_BUCKETS)),
         stream_replicas: usize::try_from(replicas).unwrap_or(1),
         max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
         reconcile_every: Duration::from_millis(reconcile_ms),

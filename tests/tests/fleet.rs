@@ -40,7 +40,7 @@ fn config(
         sweep_every: Duration::from_secs(600),
         durability: delta_store::redis::Durability::FsyncAlways,
         redis_cluster: false,
-        redis_buckets: delta_store::redis::DEFAULT_BUCKETS,
+        redis_buckets: None,
     }
 }
 

@@ -455,6 +455,17 @@ async fn a_program_with_another_bucket_count_is_refused() {
     assert!(matches!(other, Err(Error::Buckets(_))), "{:?}", other.err());
     let again = RedisRunStore::connect_buckets(&redis.url(), "cf", None, 8).await;
     assert!(again.is_ok());
+    // A program given no count (DELTA_REDIS_BUCKETS unset) takes the one Redis holds, and a
+    // new deployment's default otherwise.
+    let unset = delta_store::redis::Options::default();
+    let adopted = RedisRunStore::connect_options(&redis.url(), "cf", &unset)
+        .await
+        .expect("takes the stored count");
+    assert_eq!(adopted.buckets(), 8);
+    let fresh = RedisRunStore::connect_options(&redis.url(), "cf-new", &unset)
+        .await
+        .expect("a new deployment");
+    assert_eq!(fresh.buckets(), delta_store::redis::DEFAULT_BUCKETS);
     // Nonsense counts and prefixes are refused before anything is written.
     for (prefix, n) in [("cf2", 0), ("cf2", 100_000), ("c{f}", 8)] {
         let bad = RedisRunStore::connect_buckets(&redis.url(), prefix, None, n).await;
@@ -696,6 +707,8 @@ async fn the_store_works_the_same_on_a_redis_cluster() {
         .await
         .expect("every master has a replica");
     assert!(store.is_cluster());
+    // A new deployment on a cluster spreads its runs over 64 buckets (even over 3 masters).
+    assert_eq!(store.buckets(), delta_store::redis::DEFAULT_CLUSTER_BUCKETS);
     let workers = cluster.url_as(RedisRole::Worker);
     let one_seed = workers.split(',').next_back().expect("a node");
     let worker = RedisRunStore::connect_options(one_seed, "cl", &options)

@@ -73,7 +73,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
             sweep_every: Duration::from_secs(600),
             durability: delta_store::redis::Durability::FsyncAlways,
             redis_cluster: false,
-            redis_buckets: delta_store::redis::DEFAULT_BUCKETS,
+            redis_buckets: None,
         },
         stop.clone(),
     ));

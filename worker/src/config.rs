@@ -18,7 +18,7 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_REDIS_CA_FILE", "redis-ca-file", ""),
     ("DELTA_REDIS_CLUSTER", "redis-cluster", "0"),
     ("DELTA_REDIS_DURABILITY", "redis-durability", ""),
-    ("DELTA_REDIS_BUCKETS", "redis-buckets", "16"),
+    ("DELTA_REDIS_BUCKETS", "redis-buckets", ""),
     ("DELTA_STREAM_REPLICAS", "stream-replicas", "1"),
     ("DELTA_KEY_PREFIX", "key-prefix", "delta"),
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
@@ -55,15 +55,18 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         5,
         "replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)",
     );
-    let buckets = s.number_at_most(
-        "DELTA_REDIS_BUCKETS",
-        1,
-        u64::from(delta_store::redis::MAX_BUCKETS),
-        &format!(
-            "buckets: at most {} (a listing reads every bucket)",
-            delta_store::redis::MAX_BUCKETS
-        ),
-    );
+    // Unset: the count Redis holds, or for a new deployment 16 (one Redis) or 64 (a cluster).
+    let buckets = (!s.get("DELTA_REDIS_BUCKETS").0.trim().is_empty()).then(|| {
+        s.number_at_most(
+            "DELTA_REDIS_BUCKETS",
+            1,
+            u64::from(delta_store::redis::MAX_BUCKETS),
+            &format!(
+                "buckets: at most {} (a listing reads every bucket)",
+                delta_store::redis::MAX_BUCKETS
+            ),
+        )
+    });
     let redis_cluster = s.switch("DELTA_REDIS_CLUSTER");
     let durability = s.parsed(
         "DELTA_REDIS_DURABILITY",
@@ -105,7 +108,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         secrets_key,
         durability,
         redis_cluster,
-        redis_buckets: u32::try_from(buckets).unwrap_or(delta_store::redis::DEFAULT_BUCKETS),
+        redis_buckets: buckets.map(|n| u32::try_from(n).unwrap_or(delta_store::redis::MAX_BUCKETS)),
         retention,
         sweep_every,
     })

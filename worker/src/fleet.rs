@@ -62,7 +62,7 @@ pub struct Config {
     /// `redis_url` lists seed nodes of a Redis Cluster (`DELTA_REDIS_CLUSTER`).
     pub redis_cluster: bool,
     /// How many buckets the runs are spread over in Redis (`DELTA_REDIS_BUCKETS`).
-    pub redis_buckets: u32,
+    pub redis_buckets: Option<u32>,
     /// How long after it finished a run's work directory is kept (the gateways' retention of the
     /// run itself); `None`: until the run is deleted from the store.
     pub retention: Option<Duration>,

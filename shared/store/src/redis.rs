@@ -214,8 +214,22 @@ end
 return seq
 "#;
 
-/// Buckets when `DELTA_REDIS_BUCKETS` is not set.
+/// Buckets when `DELTA_REDIS_BUCKETS` is not set, on one Redis.
 pub const DEFAULT_BUCKETS: u32 = 16;
+
+/// Buckets when `DELTA_REDIS_BUCKETS` is not set, on a Redis Cluster: enough that the buckets'
+/// slots spread evenly over the masters (16 buckets on 3 masters put 4, 6 and 6 on them; 64 put
+/// 22, 22 and 20).
+pub const DEFAULT_CLUSTER_BUCKETS: u32 = 64;
+
+/// The bucket count a new deployment gets on one Redis or on a cluster.
+pub fn default_buckets(cluster: bool) -> u32 {
+    if cluster {
+        DEFAULT_CLUSTER_BUCKETS
+    } else {
+        DEFAULT_BUCKETS
+    }
+}
 
 /// The most buckets a deployment may have (a listing reads every one of them).
 pub const MAX_BUCKETS: u32 = 1024;
@@ -431,24 +445,16 @@ impl Durability {
 
 /// How to reach Redis: the programs' `DELTA_REDIS_CLUSTER`, `DELTA_REDIS_CA_FILE` and
 /// `DELTA_REDIS_BUCKETS`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Options {
     /// The URLs are seed nodes of a Redis Cluster (`DELTA_REDIS_CLUSTER=1`).
     pub cluster: bool,
     /// Certificate authorities (PEM) to check a `rediss://` server against.
     pub ca_file: Option<std::path::PathBuf>,
-    /// How many buckets the runs are spread over.
-    pub buckets: u32,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            cluster: false,
-            ca_file: None,
-            buckets: DEFAULT_BUCKETS,
-        }
-    }
+    /// How many buckets the runs are spread over (`DELTA_REDIS_BUCKETS`): refused if Redis
+    /// already holds another count. `None`: the count Redis holds, or for a new deployment
+    /// [`default_buckets`].
+    pub buckets: Option<u32>,
 }
 
 /// An interaction as stored: the request, where it stands, and its (still sealed) answer.
@@ -504,7 +510,7 @@ impl RedisRunStore {
         let options = Options {
             cluster: false,
             ca_file: ca_file.map(std::path::Path::to_owned),
-            buckets,
+            buckets: Some(buckets),
         };
         Self::connect_options(url, prefix, &options).await
     }
@@ -517,19 +523,21 @@ impl RedisRunStore {
         prefix: &str,
         options: &Options,
     ) -> Result<Self, Error> {
-        let store = Self::connect_unchecked(urls, prefix, options).await?;
+        let mut store = Self::connect_unchecked(urls, prefix, options).await?;
         if store.has_old_layout().await? {
             return Err(Error::Buckets(format!(
                 "Redis holds runs under the prefix `{prefix}` in the layout of before the buckets: stop the fleet and run `delta migrate-redis` (docs/operations.md#redis-buckets)"
             )));
         }
-        store.claim_buckets().await?;
+        store.claim_buckets(options.buckets.is_some()).await?;
         Ok(store)
     }
 
     /// Connects without checking the layout or the bucket count (for the migration).
     async fn connect_unchecked(urls: &str, prefix: &str, options: &Options) -> Result<Self, Error> {
-        let buckets = options.buckets;
+        let buckets = options
+            .buckets
+            .unwrap_or_else(|| default_buckets(options.cluster));
         if prefix.contains(['{', '}']) {
             return Err(Error::Buckets(format!(
                 "the key prefix `{prefix}` holds a brace: braces mark Redis Cluster hash tags, pick a prefix without them"
@@ -560,9 +568,10 @@ impl RedisRunStore {
         })
     }
 
-    /// Stores this handle's bucket count in `<prefix>:buckets` unless a count is there, and
-    /// refuses to go on with another one.
-    async fn claim_buckets(&self) -> Result<(), Error> {
+    /// Stores this handle's bucket count in `<prefix>:buckets` unless a count is there. With
+    /// `strict` (a count was given), refuses to go on with another one; otherwise takes the
+    /// count Redis holds.
+    async fn claim_buckets(&mut self, strict: bool) -> Result<(), Error> {
         let key = self.index("buckets");
         let mut conn = self.conn.clone();
         let (stored,): (Option<String>,) = redis::pipe()
@@ -577,6 +586,10 @@ impl RedisRunStore {
             .map_err(backend)?;
         match stored.as_deref().map(str::parse::<u32>) {
             Some(Ok(n)) if n == self.buckets => Ok(()),
+            Some(Ok(n)) if !strict && (1..=MAX_BUCKETS).contains(&n) => {
+                self.buckets = n;
+                Ok(())
+            }
             Some(Ok(n)) => Err(Error::Buckets(format!(
                 "this Redis spreads the runs of prefix `{}` over {n} buckets, but this program was started with DELTA_REDIS_BUCKETS={}: start it with DELTA_REDIS_BUCKETS={n} (the count is fixed for the life of a deployment, or runs would be lost)",
                 self.prefix, self.buckets

@@ -64,10 +64,10 @@ impl RedisRunStore {
         let options = super::Options {
             cluster: false,
             ca_file: ca_file.map(std::path::Path::to_owned),
-            buckets,
+            buckets: Some(buckets),
         };
-        let store = Self::connect_unchecked(url, prefix, &options).await?;
-        store.claim_buckets().await?;
+        let mut store = Self::connect_unchecked(url, prefix, &options).await?;
+        store.claim_buckets(true).await?;
         store.migrate().await
     }
 
