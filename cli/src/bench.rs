@@ -360,6 +360,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     }
 
     let cpu_before = CpuTimes::read(fleet, usize::from(a.workers));
+    let nodes_before = redis_node_ticks(fleet);
     let before = store.info("commandstats").await?;
     let before_masters = store.info_by_master("commandstats").await?;
     let before_mem = used_memory(&store).await?;
@@ -402,6 +403,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let after = store.info("commandstats").await?;
     let after_masters = store.info_by_master("commandstats").await?;
     let cpu = CpuTimes::read(fleet, usize::from(a.workers)).since(&cpu_before);
+    let nodes_after = redis_node_ticks(fleet);
     let after_mem = used_memory(&store).await?;
     drop((sampler, listener, poller));
 
@@ -491,6 +493,23 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         obj.extend(report);
         if fleet.redis_cluster {
             obj.extend(master_shares(&before_masters, &after_masters));
+            // The masters' CPU and the replicas', apart: what the capacity model needs.
+            let (mut masters, mut replicas) = (0u64, 0u64);
+            for (port, after) in &nodes_after {
+                let used = after.saturating_sub(nodes_before.get(port).copied().unwrap_or(0));
+                let suffix = format!(":{port}");
+                if after_masters
+                    .iter()
+                    .any(|(node, _)| node.ends_with(&suffix))
+                {
+                    masters += used;
+                } else {
+                    replicas += used;
+                }
+            }
+            let per_run = |ticks: u64| json!(round(ticks as f64 * 10.0 / a.runs as f64, 3));
+            obj.insert("redis_masters_cpu_ms_per_run".into(), per_run(masters));
+            obj.insert("redis_replicas_cpu_ms_per_run".into(), per_run(replicas));
         }
     }
     for e in errors.iter().chain(bad.iter()).take(10) {
@@ -780,6 +799,15 @@ async fn used_memory(store: &RedisRunStore) -> anyhow::Result<u64> {
     info.get("used_memory")
         .and_then(|v| v.parse().ok())
         .context("INFO memory has no used_memory")
+}
+
+/// CPU clock ticks used so far by each Redis server, by port.
+fn redis_node_ticks(fleet: &LocalFleet) -> HashMap<u16, u64> {
+    fleet
+        .redis_nodes()
+        .into_iter()
+        .filter_map(|(pid, port)| ticks(pid).map(|(own, _)| (port, own)))
+        .collect()
 }
 
 /// Each Redis master's share of the commands between two readings (by node address), and how

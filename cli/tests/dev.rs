@@ -164,12 +164,11 @@ async fn listening(addr: &str) -> bool {
     tokio::net::TcpStream::connect(addr).await.is_ok()
 }
 
+/// `host:port` of a URL, without its scheme and login (`***@` in the banner).
 fn host_port(url: &str) -> String {
-    url.split("://")
-        .nth(1)
-        .unwrap_or(url)
-        .trim_end_matches('/')
-        .to_owned()
+    let rest = url.split("://").nth(1).unwrap_or(url);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    rest.trim_end_matches('/').to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -187,6 +186,12 @@ async fn delta_dev_runs_the_demo_and_ctrl_c_stops_and_cleans_everything() {
         out.contains(&format!("export DELTA_GATEWAY_URL={url}")),
         "{out}"
     );
+    for addr in [host_port(&nats), host_port(&redis)] {
+        assert!(
+            listening(&addr).await,
+            "{addr} listens while the fleet runs"
+        );
+    }
     let anonymous = delta_fails(&url, &["pending", "ls"]).await;
     assert!(anonymous.contains("unauthorized"), "{anonymous}");
     for cmd in [
@@ -235,6 +240,55 @@ async fn delta_dev_runs_the_demo_and_ctrl_c_stops_and_cleans_everything() {
     assert!(err.contains(&format!("stopped; removed {data}")), "{err}");
     assert!(!std::path::Path::new(&data).exists(), "{data} removed");
     for addr in [host_port(&url), host_port(&nats), host_port(&redis)] {
+        assert!(!listening(&addr).await, "{addr} still listens after Ctrl+C");
+    }
+}
+
+/// `delta dev --cluster`: the same demo on 3 NATS servers (R3) and a Redis Cluster of 3 masters
+/// with a replica each; a question answered with the CLI completes its run; Ctrl+C stops every
+/// node.
+#[tokio::test(flavor = "multi_thread")]
+async fn delta_dev_cluster_runs_the_demo_on_clusters() {
+    let mut dev = Dev::spawn(&["--cluster"]);
+    let out = dev.wait_for("The live log:").await;
+    let url = banner(&out, "gateway");
+    let token = banner(&out, "export DELTA_TOKEN=");
+    let (nats, redis) = (banner(&out, "nats"), banner(&out, "redis"));
+    assert_eq!(nats.split(',').count(), 3, "three NATS servers: {out}");
+    assert_eq!(redis.split(',').count(), 6, "six Redis nodes: {out}");
+    assert!(
+        nats.split(',')
+            .chain(redis.split(','))
+            .all(|u| u.contains("://***@")),
+        "logins are not shown: {out}"
+    );
+    for addr in nats.split(',').chain(redis.split(',')) {
+        assert!(listening(&host_port(addr)).await, "{addr} listens");
+    }
+    for kind in ["USER_INPUT", "USER_CHOICE", "USER_CONFIRMATION"] {
+        dev.wait_for(&format!("asks ({kind})")).await;
+    }
+    let pending = delta(&url, &token, &["pending", "ls", "--agent", "hello"]).await;
+    let rid = pending["interactions"][0]["request_id"]
+        .as_str()
+        .expect("hello's question")
+        .to_owned();
+    let run = pending["interactions"][0]["run_id"]
+        .as_str()
+        .expect("run")
+        .to_owned();
+    delta(&url, &token, &["answer", &rid, "--input", "Ada"]).await;
+    dev.wait_for(&format!("run {run} hello     COMPLETED: Greeted Ada."))
+        .await;
+    let runs = delta(&url, &token, &["runs", "ls"]).await;
+    assert_eq!(
+        runs["runs"].as_array().map(Vec::len),
+        Some(3),
+        "the three demo runs, listed across the cluster's buckets: {runs}"
+    );
+    assert_eq!(dev.interrupt().await, 0, "stderr: {}", dev.err());
+    for addr in nats.split(',').chain(redis.split(',')) {
+        let addr = host_port(addr);
         assert!(!listening(&addr).await, "{addr} still listens after Ctrl+C");
     }
 }

@@ -101,3 +101,39 @@ async fn the_engine_writes_the_same_journal_to_redis_as_to_files() {
             .any(|e| matches!(e.event, Event::HumanInputReceived(_)))
     );
 }
+
+/// The questions an engine asks on Redis get request ids in their run's bucket, so an answer
+/// finds its run by asking that one bucket; and the run is found.
+#[tokio::test]
+async fn questions_on_redis_get_ids_in_their_runs_bucket() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let agent = Agent::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/hello"),
+    )
+    .expect("agent");
+    let work = tempfile::tempdir().expect("tmp");
+    let store = RedisRunStore::connect(&redis.url(), "rb")
+        .await
+        .expect("connect");
+    for _ in 0..5 {
+        let journal = run_hello(&store, &agent, work.path()).await;
+        let q = journal
+            .iter()
+            .find_map(|e| match &e.event {
+                Event::HumanInputRequest(q) => Some(q.clone()),
+                _ => None,
+            })
+            .expect("a question");
+        assert_eq!(
+            delta_store::redis::bucket_of(&q.request_id.to_string(), store.buckets()),
+            store.bucket(q.run_id),
+            "request {} of run {}",
+            q.request_id,
+            q.run_id
+        );
+        assert_eq!(
+            store.interaction_run(q.request_id).await.expect("lookup"),
+            Some(q.run_id)
+        );
+    }
+}

@@ -1089,6 +1089,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         action_id: &str,
     ) -> InteractionRequest {
         let mut q = InteractionRequest::new(self.record.run_id, &self.record.agent, kind, prompt);
+        q.request_id = self.store.new_request_id(self.record.run_id);
         q.context.insert("action_id".to_owned(), json!(action_id));
         q
     }
@@ -1247,6 +1248,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 risk_name(plan.risk_level)
             ),
         );
+        q.request_id = self.store.new_request_id(self.record.run_id);
         q.title = Some(format!("Confirm the plan (round {} of {max})", plan.round));
         let mut details: Vec<String> = plan
             .tasks

@@ -307,6 +307,15 @@ impl LocalFleet {
         }
     }
 
+    /// Each Redis server's process id and port (one, or each node of the cluster).
+    pub fn redis_nodes(&self) -> Vec<(u32, u16)> {
+        match self.redis.as_ref() {
+            Some(RedisServers::One(r)) => vec![(r.pid(), r.port)],
+            Some(RedisServers::Cluster(c)) => c.pids_and_ports(),
+            None => vec![],
+        }
+    }
+
     /// The process id of `name` (`worker-1`, `gateway`, `nats` or `redis`: the first node of a
     /// cluster).
     pub fn pid(&self, name: &str) -> Option<u32> {

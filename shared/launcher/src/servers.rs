@@ -946,6 +946,11 @@ impl RedisCluster {
         self.nodes.iter().map(Server::pid).collect()
     }
 
+    /// The nodes' process ids and ports.
+    pub fn pids_and_ports(&self) -> Vec<(u32, u16)> {
+        self.nodes.iter().map(|n| (n.pid(), n.port)).collect()
+    }
+
     /// The nodes, to stop, freeze or kill one.
     pub fn nodes(&mut self) -> &mut [Server] {
         &mut self.nodes

@@ -223,6 +223,13 @@ pub trait RunStore: Send + Sync {
         let _ = run_id;
         std::future::ready(Ok(()))
     }
+
+    /// A new request id for a question `run_id` asks. Any fresh id will do; a store may pick
+    /// one that its lookups find faster (the Redis store: one in the run's bucket).
+    fn new_request_id(&self, run_id: RunId) -> RequestId {
+        let _ = run_id;
+        RequestId::new()
+    }
 }
 
 /// A question of a run as the store settled it: what a resume applies.

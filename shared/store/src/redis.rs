@@ -1180,6 +1180,20 @@ impl RunStore for RedisRunStore {
         Ok(())
     }
 
+    fn new_request_id(&self, run_id: RunId) -> RequestId {
+        // Drawn until it falls in the run's bucket (`buckets` draws on average), so that an
+        // answer finds its run by asking one bucket, not all of them.
+        let want = self.bucket(run_id);
+        let mut id = RequestId::new();
+        for _ in 0..self.buckets.saturating_mul(32) {
+            if bucket_of(&id.to_string(), self.buckets) == want {
+                break;
+            }
+            id = RequestId::new();
+        }
+        id
+    }
+
     async fn create(&self, record: RunRecord) -> Result<(), Error> {
         match self.create_indexed(&record, None).await? {
             Submitted::Created => Ok(()),

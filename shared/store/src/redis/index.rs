@@ -260,11 +260,20 @@ impl RedisRunStore {
             .collect()
     }
 
-    /// The run a request belongs to, if the request exists.
-    /// A request id does not say its bucket: every bucket's `interactions:runs` is asked, in
-    /// one round trip.
+    /// The run a request belongs to, if the request exists. A request id is drawn in its run's
+    /// bucket (`new_request_id`), so its own bucket is asked first; one made otherwise (by an
+    /// older worker) is looked for in every bucket, in one more round trip.
     pub async fn interaction_run(&self, request_id: RequestId) -> Result<Option<RunId>, Error> {
         let rid = request_id.to_string();
+        let own = super::bucket_of(&rid, self.buckets);
+        let mut conn = self.connection();
+        let found: Option<String> = conn
+            .hget(self.bucket_index(own, "interactions:runs"), &rid)
+            .await
+            .map_err(backend)?;
+        if let Some(run) = found.and_then(|r| r.parse().ok()) {
+            return Ok(Some(run));
+        }
         let runs: Vec<Option<String>> = self
             .per_bucket(|pipe, k| {
                 pipe.hget(self.bucket_index(k, "interactions:runs"), &rid);
