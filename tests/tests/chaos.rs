@@ -1498,3 +1498,83 @@ async fn s6_a_sensitive_answer_appears_nowhere_but_in_its_tool() {
     );
     scenario.report(&tally, 0, &notes);
 }
+
+// -- 7 ----------------------------------------------------------------------------------------
+
+/// Redis frozen (SIGSTOP) for longer than a job's every retry would take, mid-load, then woken:
+/// the workers hold their jobs while Redis cannot take writes instead of using up their
+/// deliveries (`max_deliver` 3 here, about 1.4 s of retries), so no run is dead-lettered and
+/// every run completes, each step once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s7_freeze_redis_longer_than_the_retries() {
+    let scenario = Scenario::begin(7, "7 SIGSTOP redis past the retries");
+    let runs = size(24, 120);
+    let frozen = Duration::from_secs(if long() { 30 } else { 8 });
+    let logs = tempfile::tempdir().expect("tmp");
+    let mut fleet = fleet("cz", 1, &logs, |w| {
+        w.ack_wait_ms = 2000;
+        w.max_deliver = 3;
+    })
+    .await;
+    let (config, script) = step_agent("steps", &["0.2", "0.2", "0.2", "0.2"], Some(2));
+    fleet.add_agent("steps", &config, &script);
+    fleet.add_worker("w0");
+    fleet.add_worker("w1");
+    let human = Human::start(fleet.client.clone(), plain_answer);
+    let ids = submit_many(&fleet.client, "steps", runs).await;
+    // Frozen once the runs are under way: some before their question, some after.
+    chaos::wait_until("runs to get going", Duration::from_secs(60), || {
+        std::future::ready(work_effects(&fleet).total() >= runs)
+    })
+    .await;
+    let steps_before = work_effects(&fleet).total();
+    fleet.redis.process().signal(Signal::SIGSTOP);
+    tokio::time::sleep(frozen).await;
+    fleet.redis.process().signal(Signal::SIGCONT);
+    let woken = Instant::now();
+    let done = chaos::wait_terminal(&fleet.store, &ids, Duration::from_secs(180)).await;
+    let recovered = woken.elapsed();
+    let stats = human.stop().await;
+    let mut tally = chaos::check_runs(
+        &fleet.store,
+        &ids,
+        &Expect {
+            status: RunStatus::Completed,
+            questions: Some(1),
+            counted_tool: Some("step"),
+        },
+        &work_effects(&fleet),
+    )
+    .await;
+    tally.runs = runs;
+    let (status, dlq) = fleet.client.get("/v1/dlq").await.expect("dlq");
+    let dead = dlq["entries"].as_array().map_or(0, Vec::len);
+    if status != 200 || dead > 0 {
+        tally.problem(format!("{dead} jobs dead-lettered ({status}): {dlq}"));
+    }
+    let held = fleet
+        .workers
+        .iter()
+        .enumerate()
+        .map(|(i, _)| {
+            log_lines(
+                fleet.logs.as_ref().expect("logs"),
+                &format!("w{i}"),
+                "holding the job",
+                "",
+            )
+        })
+        .sum::<usize>();
+    if steps_before >= 4 * runs {
+        tally.problem("the freeze came after the load was over");
+    }
+    let notes = format!(
+        "Redis frozen {} s after {steps_before} of {} steps; {held} jobs held while it could \
+         not take writes; {done} runs done {:.1} s after it woke; {} answers retried",
+        frozen.as_secs(),
+        4 * runs,
+        recovered.as_secs_f64(),
+        stats.retried.load(Ordering::Relaxed),
+    );
+    scenario.report(&tally, 0, &notes);
+}

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -546,6 +546,45 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
 }
 
 /// A failure that may pass: nak with backoff, or dead-letter on the last delivery.
+/// The longest a job is held while Redis cannot take its writes, before it is given back and
+/// counted as a failed delivery.
+const HOLD_WHILE_STORE_DOWN: Duration = Duration::from_secs(600);
+
+/// Redis could not take this job's writes (down, failing over, or a master without the replica
+/// its durability needs). Not the job's fault: it is held (its ack deadline pushed back) until
+/// the store can take writes again, then given back at once to be redone from its journal. So
+/// an outage costs a job one delivery, however long it lasts (up to
+/// [`HOLD_WHILE_STORE_DOWN`]), instead of using up its deliveries and dead-lettering its run.
+async fn store_down(shared: &Shared, d: &Delivery, reason: &str) {
+    tracing::warn!(
+        reason,
+        "the run store cannot take writes; holding the job until it can"
+    );
+    let started = Instant::now();
+    // Probes at most a third of `ack_wait` apart, so that the job stays this worker's.
+    let longest = (shared.config.queue.ack_wait / 3)
+        .clamp(Duration::from_millis(100), Duration::from_secs(2));
+    let mut wait = Duration::from_millis(250).min(longest);
+    loop {
+        let _ = d.progress().await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shared.stop.cancelled() => {
+                let _ = d.nak(None).await;
+                return;
+            }
+        }
+        if shared.store.writable().await.is_ok() {
+            let _ = d.nak(None).await;
+            return;
+        }
+        if started.elapsed() > HOLD_WHILE_STORE_DOWN {
+            return retry_or_poison(shared, d, reason).await;
+        }
+        wait = (wait * 2).min(longest);
+    }
+}
+
 async fn retry_or_poison(shared: &Shared, d: &Delivery, reason: &str) {
     if i64::try_from(d.fence.delivery).unwrap_or(i64::MAX) >= shared.config.queue.max_deliver {
         poison(
@@ -580,6 +619,7 @@ async fn handle(shared: &Shared, d: Delivery) {
         Err(store::Error::NotFound(_)) => {
             return poison(shared, &d, &format!("unknown run {}", job.run_id)).await;
         }
+        Err(e @ store::Error::Backend(_)) => return store_down(shared, &d, &why(&e)).await,
         Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
     };
     if run.record.status.is_terminal() {
@@ -595,6 +635,7 @@ async fn handle(shared: &Shared, d: Delivery) {
     // The question this job resumes, its answer and the earlier secrets: read by the engine.
     let answers = match Answers::load(&store, &run, job.request_id).await {
         Ok(a) => a,
+        Err(e @ store::Error::Backend(_)) => return store_down(shared, &d, &why(&e)).await,
         Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
     };
     let status_at_load = run.record.status;
@@ -720,6 +761,9 @@ async fn handle(shared: &Shared, d: Delivery) {
             // worker takes it next, which goes on from what the journal holds.
             tracing::warn!(error = %delta_host::Chain(&e), "write refused: giving the job back to be replayed from the journal");
             let _ = d.nak(None).await;
+        }
+        Err(engine::Error::Store(e @ store::Error::Backend(_))) => {
+            store_down(shared, &d, &why(&e)).await;
         }
         Err(engine::Error::Store(e @ store::Error::Terminal { .. })) => {
             // Finished elsewhere (a newer delivery, or cancelled): nothing left for this job.

@@ -865,6 +865,32 @@ impl RedisRunStore {
         Ok(out)
     }
 
+    /// Whether the store can take writes as configured: every master answers and, with
+    /// [`super::Durability::Replica`], has a replica that acknowledges.
+    pub async fn writable(&self) -> Result<(), Error> {
+        self.ping().await?;
+        let super::Durability::Replica { timeout } = self.durability() else {
+            return Ok(());
+        };
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut conn = self.connection();
+        let replies = conn
+            .on_masters(redis::cmd("WAIT").arg(1).arg(ms))
+            .await
+            .map_err(backend)?;
+        if replies
+            .iter()
+            .all(|(_, v)| matches!(v, redis::Value::Int(n) if *n >= 1))
+        {
+            Ok(())
+        } else {
+            Err(Error::Backend(
+                "a Redis master has no replica that acknowledges (DELTA_REDIS_DURABILITY=replica)"
+                    .into(),
+            ))
+        }
+    }
+
     /// Whether Redis answers (`PING`); on a cluster, every master.
     pub async fn ping(&self) -> Result<(), Error> {
         let mut conn = self.connection();
