@@ -159,6 +159,14 @@ impl NatsServers {
         }
     }
 
+    /// Queue settings whose streams fit these servers (R3 on the cluster), the rest default.
+    pub fn queue_settings(&self) -> delta_queue::Settings {
+        delta_queue::Settings {
+            replicas: self.replicas(),
+            ..Default::default()
+        }
+    }
+
     /// The URL (a cluster's: every node's, comma-separated) logged in as the admin.
     pub fn url(&self) -> String {
         self.url_as(NatsRole::Admin)
@@ -238,6 +246,24 @@ impl RedisServers {
         }
     }
 
+    /// How the fleet's programs make writes durable on these servers by default: Redis's own
+    /// fsync on one, a replica's copy too on the cluster.
+    pub fn durability(&self) -> Durability {
+        Durability::default_for(self.is_cluster())
+    }
+
+    /// Every node's data directory (its AOF), masters and replicas: to search them.
+    pub fn data_dirs(&mut self) -> Vec<std::path::PathBuf> {
+        match self {
+            RedisServers::One(r) => vec![r.data_dir().to_path_buf()],
+            RedisServers::Cluster(c) => c
+                .nodes()
+                .iter()
+                .map(|n| n.data_dir().to_path_buf())
+                .collect(),
+        }
+    }
+
     /// A store of `prefix` logged in as the admin, as the fleet's programs open it: on a
     /// cluster, a cluster client whose writes wait for a replica (the cluster default).
     pub async fn store(&self, prefix: &str, ca_file: Option<&std::path::Path>) -> RedisRunStore {
@@ -251,7 +277,7 @@ impl RedisServers {
             .expect("store");
         if self.is_cluster() {
             store
-                .with_durability(Durability::default_for(true))
+                .with_durability(self.durability())
                 .await
                 .expect("replica durability")
         } else {
