@@ -94,26 +94,26 @@ pub fn add_missing(extra: &mut Vec<(&'static str, String)>, settings: &[(&'stati
 /// The fleet's NATS: one server, or a cluster of three.
 #[derive(Debug)]
 pub enum NatsServers {
-    One(Nats),
+    One(Box<Nats>),
     Cluster(NatsCluster),
 }
 
 /// The fleet's Redis: one server, or a Redis Cluster of 3 masters with a replica each.
 #[derive(Debug)]
 pub enum RedisServers {
-    One(Redis),
+    One(Box<Redis>),
     Cluster(RedisCluster),
 }
 
 impl From<Nats> for NatsServers {
     fn from(n: Nats) -> Self {
-        NatsServers::One(n)
+        NatsServers::One(Box::new(n))
     }
 }
 
 impl From<Redis> for RedisServers {
     fn from(r: Redis) -> Self {
-        RedisServers::One(r)
+        RedisServers::One(Box::new(r))
     }
 }
 
@@ -136,7 +136,7 @@ impl NatsServers {
 
     /// One `nats-server` with JetStream.
     pub fn one() -> Self {
-        NatsServers::One(Nats::start().expect("nats-server"))
+        NatsServers::One(Box::new(Nats::start().expect("nats-server")))
     }
 
     /// A 3-node NATS cluster, JetStream on each, ready for R3 streams.
@@ -216,7 +216,7 @@ impl RedisServers {
 
     /// One `redis-server`.
     pub fn one() -> Self {
-        RedisServers::One(Redis::start().expect("redis-server"))
+        RedisServers::One(Box::new(Redis::start().expect("redis-server")))
     }
 
     /// A Redis Cluster of 3 masters with a replica each.
