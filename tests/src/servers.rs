@@ -371,6 +371,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_test_program_is_named_without_cargos_hash() {
+        // This unit test runs in `target/debug/deps/delta_e2e-<16 hex digits>`.
+        assert_eq!(test_program().as_deref(), Some("delta_e2e"));
+    }
+
+    #[test]
     fn settings_are_added_where_missing_and_a_tests_own_win() {
         let mut extra = vec![("DELTA_STREAM_REPLICAS", "1".to_owned())];
         add_missing(
