@@ -1,8 +1,27 @@
 #!/usr/bin/env bash
 # The project's test command: formatting, lints and every test of the workspace.
 # It installs what the tests need first, so it works on a fresh machine with a Rust toolchain.
+#
+#   scripts/test.sh             one nats-server and one redis-server per test fleet
+#   scripts/test.sh --cluster   the same, with every fleet the test harness starts on a 3-node
+#                               NATS cluster and a Redis Cluster of 3 masters with a replica each
+#                               (DELTA_TEST_CLUSTER=1; docs/testing.md#on-clusters)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+for arg in "$@"; do
+  case "$arg" in
+    --cluster) export DELTA_TEST_CLUSTER=1 ;;
+    -h | --help)
+      sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "scripts/test.sh: unknown argument \`$arg\` (use --cluster, or nothing)" >&2
+      exit 2
+      ;;
+  esac
+done
 
 if ! rustup component list --installed 2>/dev/null | grep -q '^rustfmt'; then
   rustup component add rustfmt clippy
@@ -26,5 +45,9 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== the fleet's programs (delta-gateway, delta-worker: the tests start them as processes)"
 cargo build --workspace --bins
-echo "== cargo test"
+if [ "${DELTA_TEST_CLUSTER:-}" = 1 ]; then
+  echo "== cargo test (fleets on clusters: DELTA_TEST_CLUSTER=1)"
+else
+  echo "== cargo test"
+fi
 cargo test --workspace

@@ -1,5 +1,6 @@
 //! A whole fleet for end-to-end tests, a thin convenience on the launcher: `redis-server` and
-//! `nats-server` on free ports, `delta-gateway` and `delta-worker` processes (see
+//! `nats-server` on free ports (or, with `DELTA_TEST_CLUSTER=1`, a NATS cluster and a Redis
+//! Cluster: [`crate::servers`]), `delta-gateway` and `delta-worker` processes (see
 //! [`crate::gateways`], [`crate::workers`]) under one key prefix, a temporary agents directory,
 //! and the calls tests make most (submit, wait for the question, answer, wait for a status).
 
@@ -12,6 +13,7 @@ use delta_store::redis::RedisRunStore;
 use serde_json::{Value, json};
 
 use crate::gateways::{self, Client, GatewayProcess};
+use crate::servers::{NatsServers, RedisServers};
 use crate::workers::{self, WorkerProcess};
 
 /// Agents for fleet tests: the examples `hello` and `chooser`, plus `timed` (a choice with a
@@ -89,10 +91,15 @@ pub struct Fleet {
     /// Where gateways and workers started from now on report (log files, filter, spans), if
     /// anywhere: see [`FleetLogs`].
     pub logs: Option<FleetLogs>,
+    /// What every gateway and worker of this fleet is started with on top of its spec, so that
+    /// a test replacing a spec's `extra` keeps it: the clusters' settings
+    /// ([`crate::servers::cluster_settings`]).
+    servers_env: Vec<(&'static str, String)>,
     _work: tempfile::TempDir,
     _agents: tempfile::TempDir,
-    pub nats: crate::Nats,
-    pub redis: crate::Redis,
+    /// One server or a cluster each ([`crate::servers`]); they deref to the one server.
+    pub nats: NatsServers,
+    pub redis: RedisServers,
 }
 
 /// Log files (and optionally span files) for a fleet's processes: `<dir>/<name>.log` and
@@ -123,7 +130,8 @@ impl FleetLogs {
 }
 
 impl Fleet {
-    /// Servers, `gateways` gateways and `workers` workers, all processes.
+    /// Servers, `gateways` gateways and `workers` workers, all processes. The servers are one
+    /// of each, or clusters under `DELTA_TEST_CLUSTER=1` ([`crate::servers::on_clusters`]).
     pub async fn start(prefix: &str, gateways: usize, workers: usize) -> Fleet {
         Self::start_with(prefix, gateways, workers, |_| {}).await
     }
@@ -135,45 +143,48 @@ impl Fleet {
         n_workers: usize,
         tweak: impl Fn(&mut gateways::Spec),
     ) -> Fleet {
-        let redis = crate::Redis::start().expect("redis");
-        let nats = crate::Nats::start().expect("nats");
+        let redis = RedisServers::start();
+        let nats = NatsServers::start();
         Self::start_on(redis, nats, None, prefix, n_gateways, n_workers, tweak).await
     }
 
-    /// As [`Fleet::start_with`], on servers started by the caller (over TLS, say, with the CA
-    /// file that signed their certificates).
+    /// As [`Fleet::start_with`], on servers started by the caller: single ones (over TLS, say,
+    /// with the CA file that signed their certificates), or clusters whatever the switch says.
     pub async fn start_on(
-        redis: crate::Redis,
-        nats: crate::Nats,
+        redis: impl Into<RedisServers>,
+        nats: impl Into<NatsServers>,
         ca_file: Option<PathBuf>,
         prefix: &str,
         n_gateways: usize,
         n_workers: usize,
         tweak: impl Fn(&mut gateways::Spec),
     ) -> Fleet {
+        let (redis, nats) = (redis.into(), nats.into());
         let agents = agents_dir();
         let work = tempfile::tempdir().expect("work");
         let mut gateway_spec = gateways::spec(&nats, &redis, prefix);
         gateway_spec.agents_dir = agents.path().to_path_buf();
         gateway_spec.ca_file = ca_file.clone();
         tweak(&mut gateway_spec);
-        let worker_spec = workers::Spec {
+        let servers_env = crate::servers::cluster_settings(&nats, &redis);
+        crate::servers::add_missing(&mut gateway_spec.extra, &servers_env);
+        let mut worker_spec = workers::Spec {
             concurrency: 8,
             ack_wait_ms: 5000,
             max_deliver: 3,
             grace_ms: 2000,
             ..workers::Spec::joining(&gateway_spec, work.path().to_path_buf())
         };
+        crate::servers::add_missing(&mut worker_spec.extra, &servers_env);
         let mut fleet = Fleet {
             gateways: vec![],
             workers: vec![],
             client: Client::of(&gateway_spec, &gateway_spec.url(), None),
-            store: RedisRunStore::connect_with(&redis.url(), prefix, ca_file.as_deref())
-                .await
-                .expect("store"),
+            store: redis.store(prefix, ca_file.as_deref()).await,
             worker_spec,
             gateway_spec,
             logs: None,
+            servers_env,
             _work: work,
             _agents: agents,
             nats,
@@ -191,6 +202,7 @@ impl Fleet {
     /// Another gateway on its own port (a failpoint makes it exit there).
     pub async fn add_gateway(&mut self, failpoint: Option<&str>) -> Client {
         let mut spec = self.gateway_spec.clone();
+        crate::servers::add_missing(&mut spec.extra, &self.servers_env);
         if !self.gateways.is_empty() || failpoint.is_some() {
             spec.port = crate::free_port().expect("port");
         }
@@ -223,10 +235,17 @@ impl Fleet {
 
     /// A worker process named `id` with the fleet's settings and logs, not (yet) in `workers`.
     pub fn spawn_worker(&self, id: &str) -> WorkerProcess {
+        let mut spec = self.worker_spec.clone();
+        crate::servers::add_missing(&mut spec.extra, &self.servers_env);
         match &self.logs {
-            Some(logs) => workers::spawn_with(&self.worker_spec, id, &logs.output(id)),
-            None => workers::spawn(&self.worker_spec, id, None),
+            Some(logs) => workers::spawn_with(&spec, id, &logs.output(id)),
+            None => workers::spawn(&spec, id, None),
         }
+    }
+
+    /// Whether this fleet runs on clusters (a NATS cluster or a Redis Cluster).
+    pub fn on_clusters(&self) -> bool {
+        self.nats.is_cluster() || self.redis.is_cluster()
     }
 
     /// Submits a run over HTTP and returns its id.

@@ -14,17 +14,25 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// A gateway spec on a free port with fast reconcilers, for the servers and prefix given, with
-/// the example agents.
-pub fn spec(nats: &crate::Nats, redis: &crate::Redis, prefix: &str) -> Spec {
+/// A gateway spec on a free port with fast reconcilers, for the servers and prefix given (each
+/// role logged in as itself; a cluster's every node), with the example agents. The clusters'
+/// own settings are the fleet's to add ([`crate::servers::cluster_settings`]).
+pub fn spec(
+    nats: &crate::servers::NatsServers,
+    redis: &crate::servers::RedisServers,
+    prefix: &str,
+) -> Spec {
+    use crate::{NatsRole, RedisRole};
     Spec {
         reconcile_ms: 200,
         resume_check_s: 1,
         lost_job_s: 3,
         max_body_bytes: 64 * 1024,
-        ..Spec::on(
-            nats,
-            redis,
+        worker_nats_url: nats.url_as(NatsRole::Worker),
+        worker_redis_url: redis.url_as(RedisRole::Worker),
+        ..Spec::new(
+            &nats.url_as(NatsRole::Gateway),
+            &redis.url_as(RedisRole::Gateway),
             prefix,
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
             crate::free_port().expect("free port"),

@@ -1,8 +1,9 @@
 //! What the end-to-end tests share: real servers and fleet processes from the one launcher
 //! (`delta-launcher`: `redis-server` and `nats-server` on free loopback ports in temporary data
 //! directories, the real `delta-gateway` and `delta-worker` programs, all killed on drop), the
-//! fleet harness ([`fleet`]), the browser driver ([`browser`]), the chaos suite's checker
-//! ([`chaos`]) and checks on journals.
+//! fleet harness ([`fleet`]) on one server of each or, with `DELTA_TEST_CLUSTER=1`, on clusters
+//! ([`servers`]), the browser driver ([`browser`]), the chaos suite's checker ([`chaos`]) and
+//! checks on journals.
 //!
 //! The programs must be built first (`cargo build --bins`; `scripts/test.sh` does).
 
@@ -14,6 +15,7 @@ pub mod browser;
 pub mod chaos;
 pub mod fleet;
 pub mod gateways;
+pub mod servers;
 pub mod tls;
 pub mod workers;
 
@@ -143,44 +145,110 @@ pub fn answers_of(run: &delta_store::StoredRun) -> Vec<delta_protocol::HumanInpu
 }
 
 /// Every key matching `pattern` in Redis with its value, as text: hashes, streams, sorted sets,
-/// sets, lists and strings read in clear (a `DUMP` is compressed, so a search could miss).
+/// sets, lists and strings read in clear (a `DUMP` is compressed, so a search could miss). With
+/// several URLs (a Redis Cluster's nodes, comma-separated), the keys of every master.
 pub async fn redis_dump(url: &str, pattern: &str) -> String {
-    let client = redis::Client::open(url).expect("url");
-    let mut c = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(pattern)
-        .query_async(&mut c)
-        .await
-        .expect("keys");
     let mut out = String::new();
-    for k in keys {
-        let kind: String = redis::cmd("TYPE")
-            .arg(&k)
+    for one in url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let client = redis::Client::open(one).expect("url");
+        let mut c = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut c).await.expect("role");
+        // A replica holds its master's keys again.
+        if !matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+            continue;
+        }
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(pattern)
             .query_async(&mut c)
             .await
-            .expect("type");
-        let read = match kind.as_str() {
-            "hash" => redis::cmd("HGETALL").arg(&k).clone(),
-            "stream" => redis::cmd("XRANGE").arg(&k).arg("-").arg("+").clone(),
-            "zset" => redis::cmd("ZRANGE")
+            .expect("keys");
+        for k in keys {
+            let kind: String = redis::cmd("TYPE")
                 .arg(&k)
-                .arg(0)
-                .arg(-1)
-                .arg("WITHSCORES")
-                .clone(),
-            "set" => redis::cmd("SMEMBERS").arg(&k).clone(),
-            "list" => redis::cmd("LRANGE").arg(&k).arg(0).arg(-1).clone(),
-            "string" => redis::cmd("GET").arg(&k).clone(),
-            _ => redis::cmd("DUMP").arg(&k).clone(),
-        };
-        let value: redis::Value = read.query_async(&mut c).await.expect("read key");
-        out.push_str(&k);
-        out.push_str(&format!(" {value:?}\n"));
+                .query_async(&mut c)
+                .await
+                .expect("type");
+            let read = match kind.as_str() {
+                "hash" => redis::cmd("HGETALL").arg(&k).clone(),
+                "stream" => redis::cmd("XRANGE").arg(&k).arg("-").arg("+").clone(),
+                "zset" => redis::cmd("ZRANGE")
+                    .arg(&k)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .clone(),
+                "set" => redis::cmd("SMEMBERS").arg(&k).clone(),
+                "list" => redis::cmd("LRANGE").arg(&k).arg(0).arg(-1).clone(),
+                "string" => redis::cmd("GET").arg(&k).clone(),
+                _ => redis::cmd("DUMP").arg(&k).clone(),
+            };
+            let value: redis::Value = read.query_async(&mut c).await.expect("read key");
+            out.push_str(&k);
+            out.push_str(&format!(" {value:?}\n"));
+        }
     }
     out
+}
+
+/// A connection for a test's own commands to the Redis at `url`: one server, or with several
+/// URLs (comma-separated) the Redis Cluster they are nodes of, each command sent to the master
+/// of its key's slot.
+pub async fn redis_connection(url: &str) -> RedisConnection {
+    let urls: Vec<&str> = url.split(',').map(str::trim).collect();
+    match urls[..] {
+        [one] => RedisConnection::One(
+            redis::Client::open(one)
+                .expect("redis url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("redis"),
+        ),
+        _ => RedisConnection::Cluster(
+            redis::cluster::ClusterClient::new(urls)
+                .expect("cluster urls")
+                .get_async_connection()
+                .await
+                .expect("redis cluster"),
+        ),
+    }
+}
+
+/// See [`redis_connection`].
+#[derive(Clone)]
+pub enum RedisConnection {
+    One(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            RedisConnection::One(c) => c.req_packed_command(cmd),
+            RedisConnection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            RedisConnection::One(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
 }
 
 /// File `name` of every run's work directory under a worker's `DELTA_WORK_DIR` (`<root>/<run

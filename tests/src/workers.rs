@@ -83,11 +83,20 @@ pub fn stop(worker: &mut WorkerProcess) {
     worker.stop_blocking(Duration::from_secs(120));
 }
 
-/// The queue settings a worker of `spec` runs its consumer with (for a test's own publisher).
+/// The queue settings a worker of `spec` runs its consumer with (for a test's own publisher),
+/// its streams' replicas included (`DELTA_STREAM_REPLICAS`, 3 on the test's NATS cluster).
 pub fn queue_settings(spec: &Spec) -> delta_queue::Settings {
+    let replicas = spec
+        .extra
+        .iter()
+        .find(|(k, _)| *k == "DELTA_STREAM_REPLICAS")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(1);
     delta_queue::Settings {
         ack_wait: Duration::from_millis(spec.ack_wait_ms),
         max_deliver: spec.max_deliver,
+        replicas,
+        ca_file: spec.ca_file.clone(),
         ..Default::default()
     }
 }

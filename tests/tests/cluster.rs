@@ -1,6 +1,8 @@
 //! Issue 15: the fleet on a 3-node NATS cluster (routes on loopback, JetStream, R3 streams),
 //! given every node's URL, rides through the loss of a server with nothing lost, answers
-//! arriving over HTTP and over NATS all along; and the harness's Redis Cluster.
+//! arriving over HTTP and over NATS all along; the harness's Redis Cluster; and the fleet's main
+//! scenarios on both clusters at once (what CI runs on clusters every time; the whole suite
+//! runs so with `DELTA_TEST_CLUSTER=1`, docs/testing.md).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -304,4 +306,328 @@ async fn a_redis_cluster_fails_over_to_a_replica_that_caught_up() {
             .is_err_and(|e| e.to_string().to_uppercase().contains("NOPERM")),
         "a worker ran CONFIG on a cluster node: {r:?}"
     );
+}
+
+/// The pages of a listing (`path` with `limit`, then each `next_cursor` passed back) until the
+/// last, as the items' `key` field (`run_id`, `request_id`); fails on a page that is not `200`.
+async fn all_pages(client: &Client, path: &str, items: &str, key: &str) -> Vec<String> {
+    let mut listed = vec![];
+    let mut cursor: Option<String> = None;
+    let sep = if path.contains('?') { '&' } else { '?' };
+    loop {
+        let page_path = match &cursor {
+            Some(c) => format!("{path}{sep}cursor={c}"),
+            None => path.to_owned(),
+        };
+        let (status, page) = client.get(&page_path).await.expect("list");
+        assert_eq!(status, 200, "{page_path}: {page}");
+        for item in page[items].as_array().expect("a list") {
+            listed.push(item[key].as_str().expect("an id").to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => return listed,
+        }
+    }
+}
+
+/// Asserts that `listed` holds every one of `expected` once and nothing else.
+fn each_once(what: &str, listed: &[String], expected: &[String]) {
+    let mut seen = std::collections::HashSet::new();
+    for id in listed {
+        assert!(seen.insert(id), "{what}: {id} listed twice in {listed:?}");
+    }
+    let mut a = listed.to_vec();
+    let mut b = expected.to_vec();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "{what}: every one once");
+}
+
+/// Issue 15: the fleet's main scenarios on a 3-node NATS cluster (R3 streams) and a Redis
+/// Cluster of 3 masters with a replica each (every run write waiting for a replica), whatever
+/// `DELTA_TEST_CLUSTER` says: runs submitted and paused, spread over buckets on every master,
+/// listed page by page through the API (each run and each question once); answers over HTTP
+/// and as a bot over NATS, each applied once; a run resumed on another worker than the one
+/// that paused it; the reconcilers applying an expired deadline (its default, or failing the
+/// run) and publishing a resume a gateway lost when it died; a run dead-lettered, then retried
+/// once its cause is mended.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_main_scenarios_hold_on_a_nats_cluster_and_a_redis_cluster() {
+    use delta_e2e::fleet::{Fleet, bot_answer, pending};
+    use delta_e2e::servers::{NatsServers, RedisServers};
+    use delta_protocol::{Event, Via};
+    const PAUSED: usize = 12;
+    let mut fleet = Fleet::start_on(
+        RedisServers::cluster(),
+        NatsServers::cluster(),
+        None,
+        "mc",
+        1,
+        2,
+        |_| {},
+    )
+    .await;
+    assert!(fleet.store.is_cluster());
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    for stream in ["MC_JOBS", "MC_DLQ", "MC_INTERACTIONS"] {
+        let info = js
+            .get_stream(stream)
+            .await
+            .expect("stream")
+            .info()
+            .await
+            .expect("info")
+            .clone();
+        assert_eq!(info.config.num_replicas, 3, "{stream} is R3");
+    }
+
+    // Runs submitted and paused, spread over buckets and over the three masters.
+    let mut runs = vec![];
+    for i in 0..PAUSED {
+        runs.push(fleet.submit("hello", &format!("run {i}")).await);
+    }
+    let mut rids = vec![];
+    for run in &runs {
+        rids.push(fleet.pending(*run).await);
+    }
+    let buckets: std::collections::HashSet<u32> =
+        runs.iter().map(|r| fleet.store.bucket(*r)).collect();
+    assert!(buckets.len() > 1, "{PAUSED} runs in one bucket");
+    let mut masters_with_runs = 0;
+    for node in fleet.redis.url().split(',') {
+        // Replicas are skipped: only masters count.
+        let dump = delta_e2e::redis_dump(node, "mc:*").await;
+        if runs.iter().any(|r| dump.contains(&r.to_string())) {
+            masters_with_runs += 1;
+        }
+    }
+    assert!(
+        masters_with_runs > 1,
+        "the runs' keys are on {masters_with_runs} master(s)"
+    );
+
+    // Listings across the buckets, a few at a time: each run and each question once, the runs
+    // newest first.
+    let ids: Vec<String> = runs.iter().map(ToString::to_string).collect();
+    let listed = all_pages(&fleet.client, "/v1/runs?limit=5", "runs", "run_id").await;
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!(listed, newest_first, "every run once, newest first");
+    let asked = all_pages(
+        &fleet.client,
+        "/v1/interactions?limit=5",
+        "interactions",
+        "request_id",
+    )
+    .await;
+    each_once("pending questions", &asked, &rids);
+
+    // The worker that paused the first run goes; another resumes it after the answer.
+    let starter = delta_e2e::workers_of(&fleet.store.load(runs[0]).await.expect("load"))[0].clone();
+    let gone = fleet
+        .workers
+        .iter()
+        .position(|w| w.name() == starter)
+        .expect("a worker of the fleet paused it");
+    let mut stopped = fleet.workers.remove(gone);
+    workers::stop(&mut stopped);
+    fleet.add_worker("w2");
+
+    // Answers: every other one over HTTP, the rest as a bot over NATS, through the clusters.
+    let bot = fleet.nats().await;
+    for (i, rid) in rids.iter().enumerate() {
+        let body = json!({"input": format!("name {i}"), "responder": {"id": format!("p{i}")}});
+        if i % 2 == 0 {
+            let (status, reply) = fleet.answer(rid, body).await;
+            assert_eq!(
+                (status, &reply["status"]),
+                (200, &json!("accepted")),
+                "{reply}"
+            );
+        } else {
+            let reply = bot_answer(&bot, "mc", rid, body.to_string().into_bytes(), None).await;
+            assert_eq!(reply, json!({"ok": true, "run_id": ids[i]}));
+        }
+    }
+    for run in &runs {
+        fleet.wait_status(*run, RunStatus::Completed).await;
+    }
+    // A second, different answer is refused on either channel.
+    let (status, reply) = fleet.answer(&rids[1], json!({"input": "late"})).await;
+    assert_eq!(
+        (status, &reply["error"]["code"]),
+        (409, &json!("already_resolved"))
+    );
+    let reply = bot_answer(&bot, "mc", &rids[0], br#"{"input": "late"}"#.to_vec(), None).await;
+    assert_eq!(reply["error"]["code"], "already_resolved", "{reply}");
+    for (i, run) in runs.iter().enumerate() {
+        let stored = fleet.store.load(*run).await.expect("load");
+        let answers = delta_e2e::answers_of(&stored);
+        assert_eq!(answers.len(), 1, "run {run}: one answer applied once");
+        let via = if i % 2 == 0 { Via::Http } else { Via::Nats };
+        assert_eq!(
+            (answers[0].responder.id.as_str(), answers[0].responder.via),
+            (format!("p{i}").as_str(), via)
+        );
+        assert_eq!(
+            stored.record.result.as_deref(),
+            Some(format!("Greeted name {i}.").as_str())
+        );
+        // `hello`: a tool, the question (an action too), a tool.
+        delta_e2e::assert_each_step_once(&stored, 3);
+        let sessions = delta_e2e::workers_of(&stored);
+        assert_eq!(sessions.len(), 2, "run {run}: started and resumed once");
+        if i == 0 {
+            assert_eq!(sessions[0], starter);
+            assert_ne!(sessions[1], starter, "resumed on another worker");
+        }
+    }
+
+    // Reconcilers: deadlines applied (the default, or the run failed)...
+    let with_default = fleet.submit("timed", "wait").await;
+    let without = fleet.submit("timed_nodefault", "wait").await;
+    let timed_rids = [
+        fleet.pending(with_default).await,
+        fleet.pending(without).await,
+    ];
+    fleet.wait_status(with_default, RunStatus::Completed).await;
+    fleet.wait_status(without, RunStatus::Failed).await;
+    let done = fleet.store.load(with_default).await.expect("load");
+    assert_eq!(done.record.result.as_deref(), Some("done: later"));
+    let h = delta_e2e::answers_of(&done);
+    assert_eq!(h.len(), 1, "the deadline applied once");
+    assert_eq!(
+        (h[0].responder.id.as_str(), h[0].option_id.as_deref()),
+        ("timeout", Some("later"))
+    );
+    let failed = fleet.store.load(without).await.expect("load");
+    assert!(
+        failed
+            .record
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("expired")),
+        "{:?}",
+        failed.record.error
+    );
+    // ... and a resume that a gateway stored the answer for, then died before publishing.
+    let doomed = fleet.add_gateway(Some("answer:before-publish")).await;
+    let lost = fleet.submit("hello", "lost resume").await;
+    let lost_rid = pending(&doomed, lost).await;
+    let reply = doomed
+        .post(
+            &format!("/v1/interactions/{lost_rid}/response"),
+            &json!({"input": "Grace"}),
+        )
+        .await;
+    assert!(reply.is_err(), "the gateway died answering: {reply:?}");
+    assert_eq!(
+        fleet.gateways[1].wait_exit(Duration::from_secs(10)),
+        Some(86)
+    );
+    let ix = fleet
+        .store
+        .interaction(lost, lost_rid.parse().expect("rid"))
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(ix.resume_seq, None, "no resume was published");
+    fleet.wait_status(lost, RunStatus::Completed).await;
+    let stored = fleet.store.load(lost).await.expect("load");
+    assert_eq!(stored.record.result.as_deref(), Some("Greeted Grace."));
+    assert_eq!(delta_e2e::answers_of(&stored).len(), 1);
+
+    // A run dead-lettered (its agent's config is broken), retried once it is mended.
+    fleet.add_agent(
+        "fragile",
+        "name: fragile\nbrain: [unclosed\n",
+        "steps: []\n",
+    );
+    let fragile = fleet.submit("fragile", "break").await;
+    fleet.wait_status(fragile, RunStatus::Failed).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let letter = loop {
+        let (_, page) = fleet.client.get("/v1/dlq").await.expect("dlq");
+        let found = page["dead_letters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["run_id"] == json!(fragile.to_string()))
+            .cloned();
+        if let Some(l) = found {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "never dead-lettered: {page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (&letter["retryable"], &letter["run_status"]),
+        (&json!(true), &json!("FAILED")),
+        "{letter}"
+    );
+    fleet.add_agent(
+        "fragile",
+        "name: fragile\nbrain: scripted\n",
+        "steps:\n  - finish: \"mended\"\n",
+    );
+    let seq = letter["seq"].as_u64().expect("seq");
+    let (status, retried) = fleet
+        .client
+        .post(&format!("/v1/dlq/{seq}/retry"), &json!({}))
+        .await
+        .expect("retry");
+    assert_eq!(status, 200, "{retried}");
+    assert_eq!(
+        (&retried["status"], &retried["run_id"]),
+        (&json!("requeued"), &json!(fragile.to_string()))
+    );
+    fleet.wait_status(fragile, RunStatus::Completed).await;
+    let stored = fleet.store.load(fragile).await.expect("load");
+    assert_eq!(stored.record.result.as_deref(), Some("mended"));
+    assert!(
+        stored
+            .journal
+            .iter()
+            .any(|e| matches!(&e.event, Event::SystemMessage(m)
+            if m.content.starts_with("retried from the dead-letter queue"))),
+        "the retry is journaled"
+    );
+    let (_, page) = fleet.client.get("/v1/dlq").await.expect("dlq");
+    assert!(
+        !page.to_string().contains(&fragile.to_string()),
+        "the letter is gone: {page}"
+    );
+
+    // In the end, through the API: every run once in its status's listing, every question once.
+    let mut completed = ids.clone();
+    completed.extend([with_default, lost, fragile].map(|r| r.to_string()));
+    let listed = all_pages(
+        &fleet.client,
+        "/v1/runs?status=COMPLETED&limit=4",
+        "runs",
+        "run_id",
+    )
+    .await;
+    each_once("completed runs", &listed, &completed);
+    let listed = all_pages(&fleet.client, "/v1/runs?status=FAILED", "runs", "run_id").await;
+    assert_eq!(listed, [without.to_string()]);
+    let mut questions = rids.clone();
+    questions.extend(timed_rids);
+    questions.push(lost_rid);
+    let listed = all_pages(
+        &fleet.client,
+        "/v1/interactions?state=all&limit=4",
+        "interactions",
+        "request_id",
+    )
+    .await;
+    each_once("questions", &listed, &questions);
+    let pending_now = all_pages(
+        &fleet.client,
+        "/v1/interactions",
+        "interactions",
+        "request_id",
+    )
+    .await;
+    assert!(pending_now.is_empty(), "{pending_now:?}");
 }

@@ -238,7 +238,11 @@ async fn restarting_redis_and_nats_mid_batch_loses_nothing() {
     let _serial = SERIAL.lock().await;
     const RUNS: usize = 100;
     let mut fleet = Fleet::start("rs", 2000, 5000, 20).await;
-    agent(&fleet.worker_spec.agents_dir, 3, "0.05", true);
+    // On clusters (DELTA_TEST_CLUSTER=1) a restart is a rolling one, node after node, each
+    // waited for until healthy: seconds where one server takes a fraction of one. Steps last
+    // longer there, so that both restarts still land within the batch.
+    let step = if fleet.on_clusters() { "1.5" } else { "0.05" };
+    agent(&fleet.worker_spec.agents_dir, 3, step, true);
     let ids = fleet.submit(RUNS).await;
     let workers = [fleet.worker("w0"), fleet.worker("w1")];
 

@@ -1,8 +1,10 @@
-//! The fleet worker against real nats-server and redis-server processes.
+//! The fleet worker against real nats-server and redis-server processes (or clusters of them
+//! with `DELTA_TEST_CLUSTER=1`: `delta_e2e::servers`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use delta_e2e::servers::{NatsServers, RedisServers};
 use delta_protocol::{
     Event, InteractionRequest, InteractionResponse, Job, JobKind, Responder, RunId, RunStatus, Via,
 };
@@ -13,13 +15,7 @@ use delta_worker::fleet::{self, Config};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-fn config(
-    nats: &delta_e2e::Nats,
-    redis: &delta_e2e::Redis,
-    prefix: &str,
-    id: &str,
-    work: &Path,
-) -> Config {
+fn config(nats: &NatsServers, redis: &RedisServers, prefix: &str, id: &str, work: &Path) -> Config {
     Config {
         nats_url: nats.url_as(delta_e2e::NatsRole::Worker),
         redis_url: redis.url_as(delta_e2e::RedisRole::Worker),
@@ -31,15 +27,15 @@ fn config(
         queue: queue::Settings {
             ack_wait: Duration::from_secs(5),
             max_deliver: 3,
-            ..Default::default()
+            ..nats.queue_settings()
         },
         worker_id: id.into(),
         grace: Duration::from_secs(5),
         secrets_key: None,
         retention: None,
         sweep_every: Duration::from_secs(600),
-        durability: delta_store::redis::Durability::FsyncAlways,
-        redis_cluster: false,
+        durability: redis.durability(),
+        redis_cluster: redis.is_cluster(),
         redis_buckets: None,
     }
 }
@@ -82,15 +78,10 @@ async fn submit(store: &RedisRunStore, q: &Queue, agent: &str, task: &str) -> Ru
 
 #[tokio::test]
 async fn a_run_paused_on_one_worker_is_resumed_by_another() {
-    let (nats, redis) = (
-        delta_e2e::Nats::start().expect("nats"),
-        delta_e2e::Redis::start().expect("redis"),
-    );
+    let (nats, redis) = (NatsServers::start(), RedisServers::start());
     let work = tempfile::tempdir().expect("tmp");
-    let store = RedisRunStore::connect(&redis.url(), "fa")
-        .await
-        .expect("redis");
-    let q = Queue::connect(&nats.url(), "fa", &queue::Settings::default())
+    let store = redis.store("fa", None).await;
+    let q = Queue::connect(&nats.url(), "fa", &nats.queue_settings())
         .await
         .expect("nats");
     let client = delta_e2e::nats_client(&nats.url()).await;
@@ -206,15 +197,10 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
 
 #[tokio::test]
 async fn poison_jobs_are_dead_lettered_and_their_runs_failed() {
-    let (nats, redis) = (
-        delta_e2e::Nats::start().expect("nats"),
-        delta_e2e::Redis::start().expect("redis"),
-    );
+    let (nats, redis) = (NatsServers::start(), RedisServers::start());
     let work = tempfile::tempdir().expect("tmp");
-    let store = RedisRunStore::connect(&redis.url(), "fb")
-        .await
-        .expect("redis");
-    let q = Queue::connect(&nats.url(), "fb", &queue::Settings::default())
+    let store = redis.store("fb", None).await;
+    let q = Queue::connect(&nats.url(), "fb", &nats.queue_settings())
         .await
         .expect("nats");
     let w = start(config(&nats, &redis, "fb", "worker-p", work.path()));
@@ -323,10 +309,7 @@ async fn next_question(sub: &mut async_nats::Subscriber) -> InteractionRequest {
 #[tokio::test]
 async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
     const CANARY: &str = "canary-7f3a9c-api-key";
-    let (nats, redis) = (
-        delta_e2e::Nats::start().expect("nats"),
-        delta_e2e::Redis::start().expect("redis"),
-    );
+    let (nats, mut redis) = (NatsServers::start(), RedisServers::start());
     let work = tempfile::tempdir().expect("tmp");
     let key = std::sync::Arc::new(
         delta_protocol::secret::SecretsKey::from_hex(
@@ -334,11 +317,9 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
         )
         .expect("key"),
     );
-    let plain = RedisRunStore::connect(&redis.url(), "dp")
-        .await
-        .expect("redis");
+    let plain = redis.store("dp", None).await;
     let store = plain.clone().with_secrets_key(key.clone());
-    let q = Queue::connect(&nats.url(), "dp", &queue::Settings::default())
+    let q = Queue::connect(&nats.url(), "dp", &nats.queue_settings())
         .await
         .expect("nats");
     let client = delta_e2e::nats_client(&nats.url()).await;
@@ -449,8 +430,10 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
     assert!(dump.contains("sealed:v2:"), "the answer is stored sealed");
     assert!(!dump.contains(CANARY), "the key is not in Redis in clear");
     let mut aof = Vec::new();
-    for entry in std::fs::read_dir(redis.data_dir().join("appendonlydir")).expect("aof dir") {
-        aof.extend(std::fs::read(entry.expect("entry").path()).expect("read"));
+    for dir in redis.data_dirs() {
+        for entry in std::fs::read_dir(dir.join("appendonlydir")).expect("aof dir") {
+            aof.extend(std::fs::read(entry.expect("entry").path()).expect("read"));
+        }
     }
     assert!(!aof.is_empty(), "the AOF was found");
     assert!(
@@ -462,10 +445,7 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
 #[tokio::test]
 async fn a_sealed_secret_reaches_a_tool_after_a_later_pause_on_another_worker() {
     const CANARY: &str = "canary-2b9d-token";
-    let (nats, redis) = (
-        delta_e2e::Nats::start().expect("nats"),
-        delta_e2e::Redis::start().expect("redis"),
-    );
+    let (nats, redis) = (NatsServers::start(), RedisServers::start());
     let work = tempfile::tempdir().expect("tmp");
     let agents = work.path().join("agents");
     let vault = agents.join("vault");
@@ -483,11 +463,8 @@ async fn a_sealed_secret_reaches_a_tool_after_a_later_pause_on_another_worker() 
     let key = std::sync::Arc::new(
         delta_protocol::secret::SecretsKey::from_hex(&"ab".repeat(32)).expect("key"),
     );
-    let store = RedisRunStore::connect(&redis.url(), "sv")
-        .await
-        .expect("redis")
-        .with_secrets_key(key.clone());
-    let q = Queue::connect(&nats.url(), "sv", &queue::Settings::default())
+    let store = redis.store("sv", None).await.with_secrets_key(key.clone());
+    let q = Queue::connect(&nats.url(), "sv", &nats.queue_settings())
         .await
         .expect("nats");
     let client = delta_e2e::nats_client(&nats.url()).await;

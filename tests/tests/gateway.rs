@@ -1049,11 +1049,7 @@ async fn an_answer_the_engine_refuses_reopens_the_question_everywhere_and_a_corr
     // between the answer and the resume): the gateway can check only the protocol's rules, and
     // the engine's check at resume is the defence.
     let key = fleet.store.interaction_key(run, &rid);
-    let mut redis = redis::Client::open(fleet.redis.url())
-        .expect("redis url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
+    let mut redis = delta_e2e::redis_connection(&fleet.redis.url()).await;
     let stored: String = redis::cmd("HGET")
         .arg(&key)
         .arg("request")

@@ -9,8 +9,7 @@ use std::time::Duration;
 use delta_protocol::{
     InteractionRequest, InteractionResponse, Job, JobKind, Responder, RunId, RunStatus, Via,
 };
-use delta_queue::{self as queue, Queue};
-use delta_store::redis::RedisRunStore;
+use delta_queue::Queue;
 use delta_store::{RunRecord, RunStore};
 use delta_worker::fleet::{self, Config};
 use futures_util::StreamExt;
@@ -39,15 +38,14 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
         .init();
 
+    // One server of each, or clusters with DELTA_TEST_CLUSTER=1 (`delta_e2e::servers`).
     let (nats, redis) = (
-        delta_e2e::Nats::start().expect("nats"),
-        delta_e2e::Redis::start().expect("redis"),
+        delta_e2e::servers::NatsServers::start(),
+        delta_e2e::servers::RedisServers::start(),
     );
     let work = tempfile::tempdir().expect("tmp");
-    let store = RedisRunStore::connect(&redis.url(), "tr")
-        .await
-        .expect("redis");
-    let q = Queue::connect(&nats.url(), "tr", &queue::Settings::default())
+    let store = redis.store("tr", None).await;
+    let q = Queue::connect(&nats.url(), "tr", &nats.queue_settings())
         .await
         .expect("nats");
     let client = delta_e2e::nats_client(&nats.url()).await;
@@ -65,14 +63,14 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
             agents_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
             work_dir: work.path().to_path_buf(),
             concurrency: 2,
-            queue: queue::Settings::default(),
+            queue: nats.queue_settings(),
             worker_id: "traced".into(),
             grace: Duration::from_secs(5),
             secrets_key: None,
             retention: None,
             sweep_every: Duration::from_secs(600),
-            durability: delta_store::redis::Durability::FsyncAlways,
-            redis_cluster: false,
+            durability: redis.durability(),
+            redis_cluster: redis.is_cluster(),
             redis_buckets: None,
         },
         stop.clone(),
