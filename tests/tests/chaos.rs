@@ -1499,15 +1499,15 @@ async fn s6_a_sensitive_answer_appears_nowhere_but_in_its_tool() {
     scenario.report(&tally, 0, &notes);
 }
 
-// -- 7 ----------------------------------------------------------------------------------------
+// -- 10 ---------------------------------------------------------------------------------------
 
 /// Redis frozen (SIGSTOP) for longer than a job's every retry would take, mid-load, then woken:
 /// the workers hold their jobs while Redis cannot take writes instead of using up their
 /// deliveries (`max_deliver` 3 here, about 1.4 s of retries), so no run is dead-lettered and
 /// every run completes, each step once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s7_freeze_redis_longer_than_the_retries() {
-    let scenario = Scenario::begin(7, "7 SIGSTOP redis past the retries");
+async fn s10_freeze_redis_longer_than_the_retries() {
+    let scenario = Scenario::begin(10, "10 SIGSTOP redis past the retries");
     let runs = size(24, 120);
     let frozen = Duration::from_secs(if long() { 30 } else { 8 });
     let logs = tempfile::tempdir().expect("tmp");
