@@ -38,7 +38,11 @@
 //! the journal was when it loaded the run, and its first write with the newer token is refused
 //! (`Error::Fenced`) if the journal grew since, because the old owner, still alive, wrote in
 //! between. Otherwise the new owner would act on a journal it did not see (run a finished step
-//! again and journal a second result for it).
+//! again and journal a second result for it). Each later write of that handle checks the length
+//! as well: shorter than the handle left it, writes it was told were stored are gone (a
+//! failover); longer, this very write was applied already (the Redis client sends a command
+//! again when its connection drops, and the script may have run before the drop). Either way
+//! the write is refused (`Error::Rewound`) and the run goes on from its journal.
 //!
 //! With replica durability (a Redis Cluster's default), each write travels with its `WAIT` in
 //! one pipeline, so that the `WAIT` answers for that write (`invoke_replicated`).
@@ -142,8 +146,8 @@ script_args!(
 /// Appends events and applies a status change, fenced, keeping the indexes. KEYS: run, journal,
 /// the interaction paused on (or a dummy). ARGV: [`AppendArgs`], then one event each.
 /// Errors: `NOTFOUND`, `TERMINAL <status>`, `FENCED` (an older token), `FENCED moved` (a takeover
-/// after the journal moved), `REWOUND` (the journal lost writes this writer made): see
-/// [`ScriptError`].
+/// after the journal moved), `REWOUND` (the journal lost writes this writer made, or holds this
+/// write already): see [`ScriptError`].
 const APPEND: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return redis.error_reply('NOTFOUND') end
@@ -162,6 +166,11 @@ if fence_seq ~= '' then
   local takeover = fs < s or fn < n
   if takeover and seen_len ~= '' and tonumber(seen_len) ~= seq then
     return redis.error_reply('FENCED moved')
+  end
+  -- Longer than this writer left it, and nobody else may write: this very write was applied
+  -- already (the client sent it again after its connection dropped, as at a failover).
+  if not takeover and seen_len ~= '' and tonumber(seen_len) < seq then
+    return redis.error_reply('REWOUND applied already')
   end
   redis.call('HSET', KEYS[1], 'fence_seq', s, 'fence_n', n)
 end
@@ -248,7 +257,8 @@ enum ScriptError {
     Fenced,
     /// `EXISTS`: the run exists already.
     Exists,
-    /// `REWOUND`: the journal is shorter than this writer saw it.
+    /// `REWOUND`: the journal is not as long as this writer left it (shorter: writes lost at a
+    /// failover; longer: this write, sent again, was applied already).
     Rewound,
 }
 
