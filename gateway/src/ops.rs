@@ -123,6 +123,16 @@ impl Gateway {
                     "this Idempotency-Key was used for a different submission; use a new key for a new run",
                 ));
             }
+            // The first try may have been refused (`503`) because its run was not replicated
+            // yet: acknowledged only once it is. A run that is not on its master any more was
+            // lost at a failover with the key: this try is refused too, and the next one creates
+            // the run again.
+            self.store.sync(run_id).await.map_err(|e| match e {
+                delta_store::Error::NotFound(_) => ApiError::unavailable(
+                    "the run store (Redis) lost this submission at a failover; try again shortly with the same Idempotency-Key",
+                ),
+                other => other.into(),
+            })?;
             let status = self.store.record(run_id).await?.status;
             return Ok(RunAccepted { run_id, status });
         }

@@ -168,6 +168,10 @@ pub struct Tally {
     pub duplicated: usize,
     /// Unfinished idempotent steps run again (allowed, and journaled).
     pub reruns: usize,
+    /// Of `duplicated`: steps requested or resulted twice, or executed past their checkpoint.
+    pub steps_twice: usize,
+    /// Of `duplicated`: questions answered (`HUMAN_INPUT_RECEIVED`) more than once.
+    pub answers_twice: usize,
     /// What was wrong, one line each.
     pub problems: Vec<String>,
 }
@@ -300,11 +304,13 @@ pub fn check_run(run: &StoredRun, expect: &Expect, effects: &Effects, t: &mut Ta
     }
     for (action, n) in requested.iter().filter(|(_, n)| **n > 1) {
         t.duplicated += n - 1;
+        t.steps_twice += n - 1;
         t.problems
             .push(format!("run {id}: step {action} requested {n} times"));
     }
     for (action, n) in resulted.iter().filter(|(_, n)| **n > 1) {
         t.duplicated += n - 1;
+        t.steps_twice += n - 1;
         t.problems
             .push(format!("run {id}: step {action} has {n} results"));
     }
@@ -312,6 +318,7 @@ pub fn check_run(run: &StoredRun, expect: &Expect, effects: &Effects, t: &mut Ta
         let n = received.get(rid).copied().unwrap_or(0);
         if n > 1 {
             t.duplicated += n - 1;
+            t.answers_twice += n - 1;
             t.problems
                 .push(format!("run {id}: question {rid} answered {n} times"));
         } else if n == 0 && status == RunStatus::Completed {
@@ -344,6 +351,7 @@ pub fn check_run(run: &StoredRun, expect: &Expect, effects: &Effects, t: &mut Ta
         t.reruns += allowed - 1;
         if ran > allowed {
             t.duplicated += ran - allowed;
+            t.steps_twice += ran - allowed;
             t.problems.push(format!(
                 "run {id}: step {} ({label}) ran {ran} times, {allowed} journaled: executed past its checkpoint",
                 a.action_id
@@ -381,6 +389,12 @@ pub struct HumanStats {
     pub refused: AtomicUsize,
     /// Answers that did not get through (`503`, connection errors) and were tried again.
     pub retried: AtomicUsize,
+    /// Of `accepted`: those given as a bot over NATS ([`Human::start_with_bot`]).
+    pub over_nats: AtomicUsize,
+    /// Every answer accepted: `(run id, request id)`, once each.
+    pub answered: Mutex<Vec<(String, String)>>,
+    /// Every refusal: `<code> <request id>` (the HTTP status over HTTP, the code over NATS).
+    pub refusals: Mutex<Vec<String>>,
 }
 
 /// A person answering every question over HTTP as soon as it appears: it follows
@@ -398,12 +412,33 @@ type AnswerFn = dyn Fn(&Value) -> Value + Send + Sync;
 
 impl Human {
     pub fn start(client: Client, answer: impl Fn(&Value) -> Value + Send + Sync + 'static) -> Self {
+        Self::start_on(client, None, answer)
+    }
+
+    /// As [`Human::start`], but about half the questions (by their id) are answered as a bot
+    /// over NATS instead, on `<prefix>.interactions.respond.<request id>` through `bot` (a
+    /// question's tries all go by the same channel, so a retry is always the same answer).
+    pub fn start_with_bot(
+        client: Client,
+        bot: async_nats::Client,
+        prefix: &str,
+        answer: impl Fn(&Value) -> Value + Send + Sync + 'static,
+    ) -> Self {
+        Self::start_on(client, Some((bot, prefix.to_owned())), answer)
+    }
+
+    fn start_on(
+        client: Client,
+        bot: Option<(async_nats::Client, String)>,
+        answer: impl Fn(&Value) -> Value + Send + Sync + 'static,
+    ) -> Self {
         let stop = CancellationToken::new();
         let stats = Arc::new(HumanStats::default());
         let answer: Arc<AnswerFn> = Arc::new(answer);
         let done: Arc<Mutex<std::collections::HashSet<String>>> = Arc::default();
         let ctx = HumanCtx {
             client,
+            bot,
             answer,
             done,
             stats: stats.clone(),
@@ -433,9 +468,20 @@ impl Human {
     }
 }
 
+/// What became of one try at answering.
+enum Answered {
+    Accepted,
+    /// Refused for good, with the HTTP status (over HTTP) or the code (over NATS).
+    Refused(String),
+    /// Not through (a server down, no reply): to be tried again.
+    Again,
+}
+
 #[derive(Clone)]
 struct HumanCtx {
     client: Client,
+    /// A bot's NATS client and the fleet's prefix: half the questions are answered there.
+    bot: Option<(async_nats::Client, String)>,
     answer: Arc<AnswerFn>,
     /// Questions answered (accepted or settled): never answered again.
     done: Arc<Mutex<std::collections::HashSet<String>>>,
@@ -505,19 +551,77 @@ impl HumanCtx {
             return;
         }
         let body = (self.answer)(q);
-        let path = format!("/v1/interactions/{rid}/response");
-        match self.client.post(&path, &body).await {
-            Ok((200, _)) => {
+        let bot = self
+            .bot
+            .as_ref()
+            .filter(|_| rid.bytes().last().is_some_and(|b| b % 2 == 1));
+        let outcome = match bot {
+            Some((nc, prefix)) => Self::over_nats(nc, prefix, rid, &body).await,
+            None => {
+                let path = format!("/v1/interactions/{rid}/response");
+                match self.client.post(&path, &body).await {
+                    Ok((200, _)) => Answered::Accepted,
+                    Ok((status, _)) if (400..500).contains(&status) => {
+                        Answered::Refused(status.to_string())
+                    }
+                    _ => Answered::Again,
+                }
+            }
+        };
+        match outcome {
+            Answered::Accepted => {
                 self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                if bot.is_some() {
+                    self.stats.over_nats.fetch_add(1, Ordering::Relaxed);
+                }
+                let run = q["run_id"].as_str().unwrap_or_default().to_owned();
+                let mut answered = self
+                    .stats
+                    .answered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if !answered.iter().any(|(_, r)| r == rid) {
+                    answered.push((run, rid.to_owned()));
+                }
+                drop(answered);
                 self.settle(rid);
             }
-            Ok((status, _)) if (400..500).contains(&status) => {
+            Answered::Refused(code) => {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .refusals
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("{code} {rid}"));
                 self.settle(rid);
             }
-            _ => {
+            Answered::Again => {
                 self.stats.retried.fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// A bot's answer over NATS request-reply: `{"ok": true}` is accepted, `unavailable` or no
+    /// reply in 5 s is tried again, any other refusal settles the question.
+    async fn over_nats(nc: &async_nats::Client, prefix: &str, rid: &str, body: &Value) -> Answered {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(5),
+            nc.request(
+                format!("{prefix}.interactions.respond.{rid}"),
+                body.to_string().into_bytes().into(),
+            ),
+        )
+        .await;
+        let Ok(Ok(msg)) = reply else {
+            return Answered::Again;
+        };
+        let Ok(v) = serde_json::from_slice::<Value>(&msg.payload) else {
+            return Answered::Again;
+        };
+        match (v["ok"].as_bool(), v["error"]["code"].as_str()) {
+            (Some(true), _) => Answered::Accepted,
+            (_, Some("unavailable")) | (_, None) => Answered::Again,
+            (_, Some(code)) => Answered::Refused(code.to_owned()),
         }
     }
 
@@ -563,8 +667,9 @@ static ROWS: Mutex<Vec<Row>> = Mutex::new(Vec::new());
 static RUNNING: AtomicUsize = AtomicUsize::new(0);
 
 /// One scenario in progress: its row is recorded when it reports, or as failed if it panics
-/// first. When no other scenario of this process is running, the table is printed to stderr and
-/// written to `<target dir>/chaos-summary.txt`.
+/// first. When no other scenario of this process is running, the table is printed to stderr.
+/// Every row is also written to `<target dir>/chaos-summary.txt`, with the last rows of the
+/// other chaos programs (see `merged`).
 pub struct Scenario {
     order: usize,
     name: String,
@@ -639,9 +744,67 @@ fn record(row: Row) {
     rows.retain(|r| r.scenario != row.scenario);
     rows.push(row);
     rows.sort_by_key(|r| r.order);
-    let text = render(&rows);
+    let text = merged(&rows);
     drop(rows);
     let _ = std::fs::write(summary_path(), text);
+}
+
+/// The name of this test program without cargo's hash (`chaos`, `chaos_cluster`).
+fn program() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .map(|stem| match stem.rsplit_once('-') {
+            Some((name, _hash)) => name.to_owned(),
+            None => stem,
+        })
+        .unwrap_or_default()
+}
+
+/// The table of `rows` with the rows the other chaos programs (`tests/tests/chaos*.rs`) recorded
+/// last in `<target dir>/chaos-summary.json`, which it updates: each program's scenarios appear
+/// in the one summary, whichever ran last. A program run in the other form than this one has
+/// its form in its rows' notes.
+fn merged(rows: &[Row]) -> String {
+    let json_path = summary_path().with_extension("json");
+    let mut all: serde_json::Map<String, Value> = std::fs::read_to_string(&json_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let form = if long() { "long" } else { "short" };
+    let ours: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({"order": r.order, "scenario": r.scenario, "runs": r.runs, "lost": r.lost,
+                "duplicated": r.duplicated, "refused": r.refused, "passed": r.passed,
+                "notes": r.notes})
+        })
+        .collect();
+    all.insert(program(), json!({"form": form, "rows": ours}));
+    let _ = std::fs::write(&json_path, Value::Object(all.clone()).to_string());
+    let mut merged: Vec<Row> = vec![];
+    for entry in all.values() {
+        let their_form = entry["form"].as_str().unwrap_or(form);
+        for r in entry["rows"].as_array().into_iter().flatten() {
+            let n = |k: &str| r[k].as_u64().unwrap_or(0) as usize;
+            let mut notes = r["notes"].as_str().unwrap_or_default().to_owned();
+            if their_form != form {
+                notes = format!("[{their_form} form] {notes}");
+            }
+            merged.push(Row {
+                order: n("order"),
+                scenario: r["scenario"].as_str().unwrap_or_default().to_owned(),
+                runs: n("runs"),
+                lost: n("lost"),
+                duplicated: n("duplicated"),
+                refused: n("refused"),
+                passed: r["passed"].as_bool().unwrap_or(false),
+                notes,
+            });
+        }
+    }
+    merged.sort_by_key(|r| r.order);
+    render(&merged)
 }
 
 /// The table of every scenario reported so far in this process.
@@ -679,6 +842,48 @@ pub fn summary_path() -> PathBuf {
         .and_then(|exe| exe.ancestors().nth(3).map(Path::to_path_buf))
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
         .join("chaos-summary.txt")
+}
+
+// -- answers the human was told were accepted -------------------------------------------------
+
+/// Checks that every answer a [`Human`] was told was accepted (`answered`: `(run id, request
+/// id)`, as [`HumanStats::answered`] lists them) reached its run: the run's journal holds a
+/// `HUMAN_INPUT_RECEIVED` for that request. One that is missing is an answer lost (a problem in
+/// `t`, and the count returned); a second one is counted by [`check_run`] already.
+pub async fn check_answers(
+    store: &RedisRunStore,
+    answered: &[(String, String)],
+    t: &mut Tally,
+) -> usize {
+    let mut lost = 0;
+    for (run, rid) in answered {
+        let Ok(id) = run.parse::<RunId>() else {
+            t.problem(format!(
+                "answer to {rid}: its question named no run ({run:?})"
+            ));
+            continue;
+        };
+        let received = match load(store, id).await {
+            Ok(r) => r
+                .journal
+                .iter()
+                .filter(|e| {
+                    matches!(&e.event, Event::HumanInputReceived(h) if h.request_id.to_string() == *rid)
+                })
+                .count(),
+            Err(e) => {
+                t.problem(e);
+                continue;
+            }
+        };
+        if received == 0 {
+            lost += 1;
+            t.problem(format!(
+                "run {id}: the answer to {rid} was accepted but the run never applied it (lost)"
+            ));
+        }
+    }
+    lost
 }
 
 #[cfg(test)]
@@ -820,9 +1025,13 @@ mod tests {
     #[test]
     fn second_answers_and_results_are_duplicates() {
         let r = run(vec![], 2);
-        assert_eq!(check(&r, &effects(&r, [1, 1])).duplicated, 1);
+        let t = check(&r, &effects(&r, [1, 1]));
+        assert_eq!((t.duplicated, t.answers_twice, t.steps_twice), (1, 1, 0));
         let r = run(vec![result("a1-1")], 1);
-        assert_eq!(check(&r, &effects(&r, [1, 1])).duplicated, 1);
+        let t = check(&r, &effects(&r, [1, 1]));
+        assert_eq!((t.duplicated, t.answers_twice, t.steps_twice), (1, 0, 1));
+        let t = check(&r, &effects(&r, [2, 1]));
+        assert_eq!(t.steps_twice, 2, "a second result and a second start");
     }
 
     #[test]

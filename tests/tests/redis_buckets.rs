@@ -841,3 +841,71 @@ async fn a_journal_that_lost_writes_refuses_the_writer_that_made_them() {
         .expect("the next delivery writes");
     assert_eq!(store.load(id).await.expect("load").journal.len(), 2);
 }
+
+/// A write its writer sends again after it was applied (the Redis client resends a command when
+/// its connection drops, as at a failover, and the script may have run before the drop): the
+/// journal is longer than that writer left it, so the second copy is refused (`Rewound`) and
+/// changes nothing, instead of journaling the same events twice; the next delivery goes on.
+#[tokio::test]
+async fn a_write_applied_already_is_refused_when_it_comes_again() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "ra")
+        .await
+        .expect("connect");
+    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    let writer = store.fenced(delta_protocol::Fence {
+        stream_seq: 1,
+        delivery: 1,
+    });
+    writer.load(id).await.expect("load");
+    writer
+        .append(id, vec![msg("one")], None)
+        .await
+        .expect("append");
+    // The next write reaches Redis and runs, but its reply is lost with the connection: the
+    // journal holds it, and the writer still has the length it left before it.
+    let mut raw = raw(&redis.url()).await;
+    let journal = format!("{}:journal", store.run_key(id));
+    let entry: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(&journal)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut raw)
+        .await
+        .expect("xrange");
+    let applied = entry[0].1["e"]
+        .replace("\"seq\":1", "\"seq\":2")
+        .replace("one", "two");
+    let _: () = redis::pipe()
+        .cmd("XADD")
+        .arg(&journal)
+        .arg("2-0")
+        .arg("e")
+        .arg(&applied)
+        .ignore()
+        .cmd("HSET")
+        .arg(store.run_key(id))
+        .arg("seq")
+        .arg(2)
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .expect("the first copy");
+    let again = writer.append(id, vec![msg("two")], None).await;
+    assert!(
+        matches!(again, Err(Error::Rewound(r)) if r == id),
+        "{again:?}"
+    );
+    assert_eq!(store.load(id).await.expect("load").journal.len(), 2);
+    let next = store.fenced(delta_protocol::Fence {
+        stream_seq: 1,
+        delivery: 2,
+    });
+    assert_eq!(next.load(id).await.expect("load").journal.len(), 2);
+    next.append(id, vec![msg("three")], None)
+        .await
+        .expect("the next delivery writes");
+    assert_eq!(store.load(id).await.expect("load").journal.len(), 3);
+}

@@ -757,8 +757,9 @@ async fn handle(shared: &Shared, d: Delivery) {
             }
         }
         Err(engine::Error::Store(e @ store::Error::Rewound(_))) => {
-            // Writes this delivery made are gone (a Redis failover): at once to whichever
-            // worker takes it next, which goes on from what the journal holds.
+            // The journal is not as this delivery left it (writes lost at a Redis failover, or
+            // a write applied already that the client sent again): at once to whichever worker
+            // takes it next, which goes on from what the journal holds.
             tracing::warn!(error = %delta_host::Chain(&e), "write refused: giving the job back to be replayed from the journal");
             let _ = d.nak(None).await;
         }

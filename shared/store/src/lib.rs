@@ -157,11 +157,13 @@ pub enum Error {
     /// since this writer loaded it: this writer is stale and must stop.
     #[error("run {0}: write refused, another owner holds the run or wrote to it")]
     Fenced(RunId),
-    /// The run's journal is shorter than this writer left it: writes it was told were stored
-    /// are gone (a Redis failover to a replica that had not received them). The writer must
-    /// stop and the run go on from what its journal holds.
+    /// The run's journal is not as this (fenced) writer left it: shorter, writes it was told
+    /// were stored are gone (a Redis failover to a replica that had not received them); or
+    /// longer, the write it is making was applied already (the Redis client sent it again after
+    /// its connection dropped, as at a failover). The writer must stop and the run go on from
+    /// what its journal holds.
     #[error(
-        "run {0}: its journal is shorter than this writer left it (writes lost at a Redis failover); the run goes on from its journal"
+        "run {0}: its journal is not as this writer left it (writes lost at a Redis failover, or this write applied already); the run goes on from its journal"
     )]
     Rewound(RunId),
     #[error("run {run_id} is in use by another process ({detail})")]

@@ -38,7 +38,14 @@
 //! the journal was when it loaded the run, and its first write with the newer token is refused
 //! (`Error::Fenced`) if the journal grew since, because the old owner, still alive, wrote in
 //! between. Otherwise the new owner would act on a journal it did not see (run a finished step
-//! again and journal a second result for it).
+//! again and journal a second result for it). Each later write of that handle checks the length
+//! as well: shorter than the handle left it, writes it was told were stored are gone (a
+//! failover); longer, this very write was applied already (the Redis client sends a command
+//! again when its connection drops, and the script may have run before the drop). Either way
+//! the write is refused (`Error::Rewound`) and the run goes on from its journal.
+//!
+//! With replica durability (a Redis Cluster's default), each write travels with its `WAIT` in
+//! one pipeline, so that the `WAIT` answers for that write (`invoke_replicated`).
 //!
 //! The indexes (`runs:*`, `interactions:*`, `resumes`) are updated inside the same scripts as the
 //! run's state, so they are never stale.
@@ -139,8 +146,8 @@ script_args!(
 /// Appends events and applies a status change, fenced, keeping the indexes. KEYS: run, journal,
 /// the interaction paused on (or a dummy). ARGV: [`AppendArgs`], then one event each.
 /// Errors: `NOTFOUND`, `TERMINAL <status>`, `FENCED` (an older token), `FENCED moved` (a takeover
-/// after the journal moved), `REWOUND` (the journal lost writes this writer made): see
-/// [`ScriptError`].
+/// after the journal moved), `REWOUND` (the journal lost writes this writer made, or holds this
+/// write already): see [`ScriptError`].
 const APPEND: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return redis.error_reply('NOTFOUND') end
@@ -159,6 +166,11 @@ if fence_seq ~= '' then
   local takeover = fs < s or fn < n
   if takeover and seen_len ~= '' and tonumber(seen_len) ~= seq then
     return redis.error_reply('FENCED moved')
+  end
+  -- Longer than this writer left it, and nobody else may write: this very write was applied
+  -- already (the client sent it again after its connection dropped, as at a failover).
+  if not takeover and seen_len ~= '' and tonumber(seen_len) < seq then
+    return redis.error_reply('REWOUND applied already')
   end
   redis.call('HSET', KEYS[1], 'fence_seq', s, 'fence_n', n)
 end
@@ -259,7 +271,8 @@ enum ScriptError {
     Fenced,
     /// `EXISTS`: the run exists already.
     Exists,
-    /// `REWOUND`: the journal is shorter than this writer saw it.
+    /// `REWOUND`: the journal is not as long as this writer left it (shorter: writes lost at a
+    /// failover; longer: this write, sent again, was applied already).
     Rewound,
 }
 
@@ -355,6 +368,15 @@ redis.call('HDEL', KEYS[1], 'response', 'answered_at', 'resume_seq')
 redis.call('ZADD', ARGV[1] .. ':interactions:pending', ARGV[3], ARGV[2])
 if ARGV[4] ~= '' then redis.call('ZADD', ARGV[1] .. ':interactions:deadlines', ARGV[4], ARGV[2]) end
 redis.call('ZREM', ARGV[1] .. ':resumes', ARGV[5])
+return 1
+"#;
+
+/// Marks a run as synced (`synced_at`), so that a `WAIT` behind it in the same pipeline answers
+/// for every write its master holds ([`RunStore::sync`] with replica durability). KEYS: run.
+/// ARGV: now. Errors: `NOTFOUND` (not on this master: lost at a failover, or never there).
+const SYNC: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('NOTFOUND') end
+redis.call('HSET', KEYS[1], 'synced_at', ARGV[1])
 return 1
 "#;
 
@@ -674,29 +696,73 @@ impl RedisRunStore {
         Ok(self)
     }
 
-    /// With [`Durability::Replica`]: returns once a replica of the master that holds `run_id`
-    /// has every write this process sent there, the last one included; an error (the write
-    /// stands, but must not be relied on) when none acknowledged in time.
-    async fn replicated(&self, run_id: RunId) -> Result<(), Error> {
+    /// Runs the script `inv` (on `run_id`'s slot) and, with [`Durability::Replica`], `WAIT 1`
+    /// right behind it in the same pipeline. Returns the script's reply (an error reply as the
+    /// redis error, for [`ScriptError::of`]) and whether a replica of the node that ran the
+    /// script has its write (always `Ok` without replica durability).
+    ///
+    /// Together, because `WAIT` counts the writes sent earlier *on its connection*: the pipeline
+    /// goes to one node on one connection, so the `WAIT` answers for this very write. Sent on
+    /// its own, a `WAIT` is routed by the slot once more, and after a failover it lands on the
+    /// new master, where it answers for other writes: a write the old master took in its last
+    /// moments (commands it had queued while frozen, run as it woke up) and lost when it turned
+    /// replica was then taken as replicated (the chaos suite's scenario 9 lost a run that way).
+    async fn invoke_replicated<T: redis::FromRedisValue>(
+        &self,
+        run_id: RunId,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> (redis::RedisResult<T>, Result<(), Error>) {
         let Durability::Replica { timeout } = self.durability else {
-            return Ok(());
+            let mut conn = self.connection();
+            return (inv.invoke_async(&mut conn).await, Ok(()));
         };
         let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        let mut conn = self.connection();
-        let wait = redis::cmd("WAIT").arg(1).arg(ms).to_owned();
-        let acked = conn
-            .on_master_of(&self.run_key(run_id), &wait)
-            .await
-            .map_err(backend)?;
-        if matches!(acked, redis::Value::Int(n) if n >= 1) {
-            Ok(())
-        } else {
-            Err(Error::Backend(
-                format!(
-                    "no Redis replica acknowledged the write to run {run_id} within {ms} ms (DELTA_REDIS_DURABILITY=replica): not going on until its master has a replica again"
-                )
-                .into(),
-            ))
+        let mut loaded = false;
+        loop {
+            let mut pipe = redis::pipe();
+            pipe.invoke_script(inv)
+                .cmd("WAIT")
+                .arg(1)
+                .arg(ms)
+                .ignore_errors();
+            let mut conn = self.connection();
+            let replies: Vec<redis::Value> = match pipe.query_async(&mut conn).await {
+                Ok(r) => r,
+                Err(e) => return (Err(e), Ok(())),
+            };
+            let mut replies = replies.into_iter();
+            let (Some(reply), Some(acked)) = (replies.next(), replies.next()) else {
+                let e = (
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "a script and WAIT gave no two replies",
+                );
+                return (Err(e.into()), Ok(()));
+            };
+            let reply = match reply.extract_error() {
+                // A node that has not seen the script yet (new, restarted, promoted): load it
+                // there and try once more.
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+                        && !loaded =>
+                {
+                    loaded = true;
+                    if let Err(e) = inv.load_async(&mut conn).await {
+                        return (Err(e), Ok(()));
+                    }
+                    continue;
+                }
+                Err(e) => return (Err(e), Ok(())),
+                Ok(v) => v,
+            };
+            let replicated = if matches!(acked, redis::Value::Int(n) if n >= 1) {
+                Ok(())
+            } else {
+                Err(not_replicated(run_id, ms))
+            };
+            return (
+                redis::FromRedisValue::from_redis_value(reply).map_err(Into::into),
+                replicated,
+            );
         }
     }
 
@@ -867,26 +933,21 @@ impl RedisRunStore {
         };
         let rid = request.request_id.to_string();
         let check_at = now.micros() + i64::try_from(check_after.as_micros()).unwrap_or(0);
-        let mut conn = self.connection();
-        let reply: Result<String, _> = self
-            .resolve
-            .key(self.interaction_key(run_id, &rid))
-            .arg(state.as_str())
+        let mut inv = self.resolve.key(self.interaction_key(run_id, &rid));
+        inv.arg(state.as_str())
             .arg(json)
             .arg(now.to_string())
             .arg(self.run_tag(run_id))
             .arg(&rid)
             .arg(format!("{run_id}/{rid}"))
-            .arg(check_at)
-            .invoke_async(&mut conn)
-            .await;
+            .arg(check_at);
+        // Replicated, as every write to a run: an answer the gateway accepts must not be lost
+        // at a failover (the caller's `sync` alone would not tell, see `invoke_replicated`).
+        let (reply, replicated) = self.invoke_replicated::<String>(run_id, &inv).await;
         match reply {
-            Ok(s) if s == "WON" => Ok(None),
+            Ok(s) if s == "WON" => replicated.map(|()| None),
             Ok(s) => Ok(Some(s.parse().map_err(Error::Corrupt)?)),
-            Err(e) => Err(match ScriptError::of(&e) {
-                Some(known) => known.into_error(run_id),
-                None => backend(e),
-            }),
+            Err(e) => Err(script_error(e, run_id)),
         }
     }
 
@@ -959,10 +1020,9 @@ impl RedisRunStore {
             return Ok(false);
         };
         let q = &ix.request;
-        let mut conn = self.connection();
-        let n: i64 = Script::new(REOPEN)
-            .key(self.interaction_key(run_id, &request_id.to_string()))
-            .arg(self.run_tag(run_id))
+        let script = Script::new(REOPEN);
+        let mut inv = script.key(self.interaction_key(run_id, &request_id.to_string()));
+        inv.arg(self.run_tag(run_id))
             .arg(request_id.to_string())
             .arg(q.timestamp.micros())
             .arg(
@@ -970,11 +1030,10 @@ impl RedisRunStore {
                     .map(|t| t.micros().to_string())
                     .unwrap_or_default(),
             )
-            .arg(format!("{run_id}/{request_id}"))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        self.replicated(run_id).await?;
+            .arg(format!("{run_id}/{request_id}"));
+        let (n, replicated) = self.invoke_replicated::<i64>(run_id, &inv).await;
+        let n = n.map_err(backend)?;
+        replicated?;
         Ok(n == 1)
     }
 
@@ -1065,6 +1124,24 @@ type Fields = HashMap<String, String>;
 
 fn backend(e: redis::RedisError) -> Error {
     Error::Backend(Box::new(e))
+}
+
+/// A write to `run_id` that no replica acknowledged within `ms` (replica durability).
+fn not_replicated(run_id: RunId, ms: u64) -> Error {
+    Error::Backend(
+        format!(
+            "no Redis replica acknowledged the write to run {run_id} within {ms} ms (DELTA_REDIS_DURABILITY=replica): not going on until its master has a replica again"
+        )
+        .into(),
+    )
+}
+
+/// The store error a script's error reply `e` means for `run_id`.
+fn script_error(e: redis::RedisError, run_id: RunId) -> Error {
+    match ScriptError::of(&e) {
+        Some(known) => known.into_error(run_id),
+        None => backend(e),
+    }
 }
 
 fn opt(s: &Option<String>) -> String {
@@ -1158,7 +1235,16 @@ impl RunStore for RedisRunStore {
     async fn sync(&self, run_id: RunId) -> Result<(), Error> {
         let timeout = match self.durability {
             Durability::WaitAof { timeout } => timeout,
-            Durability::Replica { .. } => return self.replicated(run_id).await,
+            Durability::Replica { .. } => {
+                // A write of its own in the run's slot, `WAIT` behind it: once a replica has it,
+                // it has every earlier write the run's master holds.
+                let script = Script::new(SYNC);
+                let mut inv = script.key(self.run_key(run_id));
+                inv.arg(Timestamp::now().to_string());
+                let (reply, replicated) = self.invoke_replicated::<i64>(run_id, &inv).await;
+                reply.map_err(|e| script_error(e, run_id))?;
+                return replicated;
+            }
             Durability::FsyncAlways | Durability::None => return Ok(()),
         };
         let mut conn = self.connection();
@@ -1286,16 +1372,10 @@ impl RunStore for RedisRunStore {
             let json = serde_json::to_string(e).unwrap_or_default();
             inv.arg(json.strip_prefix('{').unwrap_or(&json).to_owned());
         }
-        let mut conn = self.connection();
-        let last: u64 =
-            inv.invoke_async::<u64>(&mut conn)
-                .await
-                .map_err(|e| match ScriptError::of(&e) {
-                    Some(known) => known.into_error(run_id),
-                    None => backend(e),
-                })?;
+        let (last, replicated) = self.invoke_replicated::<u64>(run_id, &inv).await;
+        let last = last.map_err(|e| script_error(e, run_id))?;
         self.saw(run_id, last);
-        self.replicated(run_id).await?;
+        replicated?;
         let first = last + 1 - events.len() as u64;
         Ok(numbered(events, first, now))
     }

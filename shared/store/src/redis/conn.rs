@@ -14,8 +14,12 @@
 //!   sent to each master ([`Conn::on_masters`]).
 //! - A blocking read gets a cluster connection of its own, without a response timeout
 //!   ([`Client::dedicated`]).
+//! - A cluster connection whose command timed out is replaced by a new one ([`ClusterConn`]): the
+//!   redis crate's connection can stop for good after a failover (see there), and a new one
+//!   also learns the cluster's slots afresh from the seed nodes.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::try_join_all;
@@ -61,7 +65,97 @@ pub enum Conn {
     One(ConnectionManager),
     /// One Redis, a connection of its own (for blocking reads).
     Plain(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConn),
+}
+
+/// How long making a new cluster connection may take (seeds, then the slots).
+const RECONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The redis crate's cluster connection, replaced by a new one when a command through it timed
+/// out (the overall timeout, or every retry timed out).
+///
+/// Why: that connection is one task that routes every command, and it can stop for good. While
+/// it refreshes its view of the slots (after a `MOVED`, as at a failover) it polls nothing but
+/// the refresh, which needs the write lock of its map of connections. A command already under
+/// way, or the repair of a connection that dropped, can hold a permit of that lock unawares:
+/// tokio's semaphore grants the permits and only then, when the task's cooperative budget is
+/// spent, returns `Pending` (a burst spends it: a status read of many runs is one command per
+/// run, and a master that wakes up answers every command queued while it was frozen at once).
+/// That future is not polled again until the refresh ends, and the refresh waits for its
+/// permit, so every later command times out, for good (redis 1.8.1, tokio 1.54; the chaos
+/// suite's SIGSTOP of a master, scenario 9, showed it, in the gateway and in the test's own
+/// store). A new connection has its own task and map; once the last
+/// command on the stuck one has timed out, the crate aborts its task and closes its sockets.
+/// A master that stopped answering (frozen) also ends in timeouts: a new connection then reads
+/// the slots from the nodes that answer, and so finds the replica promoted in its place.
+#[derive(Clone)]
+pub struct ClusterConn(Arc<ClusterState>);
+
+/// What the clones of a [`ClusterConn`] share.
+struct ClusterState {
+    /// To make a new connection.
+    client: ClusterClient,
+    /// The connection in use, and how many were made before it.
+    current: Mutex<(u64, ClusterConnection)>,
+    /// Held while a new connection is made, so that commands failing together make one.
+    replacing: tokio::sync::Mutex<()>,
+}
+
+impl ClusterConn {
+    async fn new(client: &ClusterClient) -> Result<Self, redis::RedisError> {
+        let conn = client.get_async_connection().await?;
+        Ok(Self(Arc::new(ClusterState {
+            client: client.clone(),
+            current: Mutex::new((0, conn)),
+            replacing: tokio::sync::Mutex::new(()),
+        })))
+    }
+
+    /// The connection in use and its generation.
+    fn current(&self) -> (u64, ClusterConnection) {
+        let guard = self.0.current.lock().unwrap_or_else(|p| p.into_inner());
+        (guard.0, guard.1.clone())
+    }
+
+    /// Passes on the `reply` of a command sent on connection `generation`, after replacing that
+    /// connection if the command timed out.
+    async fn checked<T>(
+        &self,
+        generation: u64,
+        reply: redis::RedisResult<T>,
+    ) -> redis::RedisResult<T> {
+        if let Err(e) = &reply
+            && e.is_timeout()
+        {
+            self.replace(generation).await;
+        }
+        reply
+    }
+
+    /// Makes a new connection in place of `generation`, unless that one was replaced already.
+    /// Should it fail, the old one stays (the next timeout tries again).
+    async fn replace(&self, generation: u64) {
+        let _one_at_a_time = self.0.replacing.lock().await;
+        if self.current().0 != generation {
+            return;
+        }
+        tracing::warn!(
+            "a Redis Cluster command timed out: replacing the cluster connection (a master that stopped answering, or a connection that stopped routing)"
+        );
+        match tokio::time::timeout(RECONNECT_TIMEOUT, self.0.client.get_async_connection()).await {
+            Ok(Ok(conn)) => {
+                *self.0.current.lock().unwrap_or_else(|p| p.into_inner()) = (generation + 1, conn);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "no new Redis Cluster connection yet; keeping the old one");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "no new Redis Cluster connection within {RECONNECT_TIMEOUT:?}; keeping the old one"
+                );
+            }
+        }
+    }
 }
 
 /// The error for a bad `DELTA_REDIS_URL` (never quoting it: it can hold a password).
@@ -179,7 +273,7 @@ impl Client {
                     .set_connection_timeout(Some(RESPONSE_TIMEOUT));
                 Conn::One(ConnectionManager::new_with_config(c.as_ref().clone(), config).await?)
             }
-            Client::Cluster(c) => Conn::Cluster(c.shared.get_async_connection().await?),
+            Client::Cluster(c) => Conn::Cluster(ClusterConn::new(&c.shared).await?),
         })
     }
 
@@ -193,7 +287,7 @@ impl Client {
                         .await?,
                 )
             }
-            Client::Cluster(c) => Conn::Cluster(c.blocking.get_async_connection().await?),
+            Client::Cluster(c) => Conn::Cluster(ClusterConn::new(&c.blocking).await?),
         })
     }
 }
@@ -210,7 +304,9 @@ impl Conn {
             Conn::Cluster(c) => {
                 // No response policy: the crate returns each node's reply under its address.
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-                match c.route_command(cmd.clone(), routing).await? {
+                let (generation, mut conn) = c.current();
+                let reply = conn.route_command(cmd.clone(), routing).await;
+                match c.checked(generation, reply).await? {
                     Value::Map(pairs) => Ok(pairs
                         .into_iter()
                         .map(|(k, v)| {
@@ -235,11 +331,14 @@ impl Conn {
             Conn::Plain(c) => cmd.query_async(c).await,
             Conn::Cluster(c) => {
                 let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
-                c.route_command(
-                    cmd.clone(),
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                )
-                .await
+                let (generation, mut conn) = c.current();
+                let reply = conn
+                    .route_command(
+                        cmd.clone(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await;
+                c.checked(generation, reply).await
             }
         }
     }
@@ -250,7 +349,11 @@ impl ConnectionLike for Conn {
         match self {
             Conn::One(c) => c.req_packed_command(cmd),
             Conn::Plain(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => Box::pin(async move {
+                let (generation, mut conn) = c.current();
+                let reply = conn.req_packed_command(cmd).await;
+                c.checked(generation, reply).await
+            }),
         }
     }
 
@@ -264,22 +367,23 @@ impl ConnectionLike for Conn {
             Conn::One(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => Box::pin(async move {
-                match c.req_packed_commands(pipeline, offset, count).await {
+                let (generation, mut conn) = c.current();
+                let reply = match conn.req_packed_commands(pipeline, offset, count).await {
                     // The crate refuses a pipeline over several slots before sending anything:
                     // each command then goes on its own, all at once, replies in order.
                     Err(e)
                         if e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot)
                             && !pipeline.is_transaction() =>
                     {
-                        let c = c.clone();
                         try_join_all(pipeline.cmd_iter().map(|cmd| {
-                            let mut c = c.clone();
-                            async move { c.req_packed_command(cmd).await }
+                            let mut conn = conn.clone();
+                            async move { conn.req_packed_command(cmd).await }
                         }))
                         .await
                     }
                     other => other,
-                }
+                };
+                c.checked(generation, reply).await
             }),
         }
     }

@@ -179,7 +179,6 @@ impl RedisRunStore {
             }
             None => Default::default(),
         };
-        let mut conn = self.connection();
         let mut inv = self.create.key(self.run_key(record.run_id));
         inv.arg(self.run_tag(record.run_id))
             .arg(record.created_at.micros())
@@ -189,7 +188,10 @@ impl RedisRunStore {
         for (k, v) in super::record_fields(record) {
             inv.arg(k).arg(v);
         }
-        match inv.invoke_async::<(String, String)>(&mut conn).await {
+        let (reply, replicated) = self
+            .invoke_replicated::<(String, String)>(record.run_id, &inv)
+            .await;
+        match reply {
             Ok((outcome, prior)) if outcome == "IDEMPOTENT" => {
                 let (run, fingerprint) = prior.split_once(' ').unwrap_or((&prior, ""));
                 let run_id = run
@@ -201,7 +203,7 @@ impl RedisRunStore {
                 })
             }
             Ok(_) => {
-                self.replicated(record.run_id).await?;
+                replicated?;
                 Ok(Submitted::Created)
             }
             Err(e) => Err(match ScriptError::of(&e) {
@@ -766,10 +768,9 @@ impl RedisRunStore {
         let rid = question
             .map(|q| q.request_id.to_string())
             .unwrap_or_default();
-        let mut conn = self.connection();
-        let reply: Result<(String, String), _> = redis::Script::new(REQUEUE)
-            .key(self.run_key(run_id))
-            .key(self.journal_key(run_id))
+        let script = redis::Script::new(REQUEUE);
+        let mut inv = script.key(self.run_key(run_id));
+        inv.key(self.journal_key(run_id))
             .key(self.interaction_key(run_id, if rid.is_empty() { "none" } else { &rid }))
             .arg(self.run_tag(run_id))
             .arg(now.to_string())
@@ -783,12 +784,13 @@ impl RedisRunStore {
                     .and_then(|q| q.expires_at)
                     .map(|t| t.micros().to_string())
                     .unwrap_or_default(),
-            )
-            .invoke_async(&mut conn)
+            );
+        let (reply, replicated) = self
+            .invoke_replicated::<(String, String)>(run_id, &inv)
             .await;
         match reply {
             Ok((kind, v)) if kind == "QUEUED" => {
-                self.replicated(run_id).await?;
+                replicated?;
                 Ok(Requeue::Queued {
                     seq: v.parse().unwrap_or(0),
                 })
