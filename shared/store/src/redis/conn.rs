@@ -19,15 +19,16 @@
 //!   also learns the cluster's slots afresh from the seed nodes.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 
@@ -71,8 +72,17 @@ pub enum Conn {
 /// How long making a new cluster connection may take (seeds, then the slots).
 const RECONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The redis crate's cluster connection, replaced by a new one when a command through it timed
-/// out (the overall timeout, or every retry timed out).
+/// How long a cluster connection may give nothing back while commands wait on it before it is
+/// taken for stuck. Longer than a command takes when all is well (a `WAIT` is 1 s, a node's
+/// reply at most [`RESPONSE_TIMEOUT`]); a connection replaced for nothing costs a new one.
+const STALL: Duration = Duration::from_secs(5);
+
+/// How often a waiting command looks whether its connection is stuck.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// The redis crate's cluster connection, replaced by a new one when it stops routing commands
+/// (nothing came back through it for [`STALL`] while commands waited, and no master answers a
+/// `PING` through it), or when a command timed out (the overall timeout, or every retry).
 ///
 /// Why: that connection is one task that routes every command, and it can stop for good. While
 /// it refreshes its view of the slots (after a `MOVED`, as at a failover) it polls nothing but
@@ -84,10 +94,10 @@ const RECONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// That future is not polled again until the refresh ends, and the refresh waits for its
 /// permit, so every later command times out, for good (redis 1.8.1, tokio 1.54; the chaos
 /// suite's SIGSTOP of a master, scenario 9, showed it, in the gateway and in the test's own
-/// store). A new connection has its own task and map; once the last
-/// command on the stuck one has timed out, the crate aborts its task and closes its sockets.
-/// A master that stopped answering (frozen) also ends in timeouts: a new connection then reads
-/// the slots from the nodes that answer, and so finds the replica promoted in its place.
+/// store). A new connection has its own task and map; once the last command on the stuck one
+/// has timed out, the crate aborts its task and closes its sockets. A master that stopped
+/// answering (frozen) makes its commands wait too, but the other masters answer the `PING`:
+/// those commands go on waiting, within the overall timeout, as before.
 #[derive(Clone)]
 pub struct ClusterConn(Arc<ClusterState>);
 
@@ -99,16 +109,98 @@ struct ClusterState {
     current: Mutex<(u64, ClusterConnection)>,
     /// Held while a new connection is made, so that commands failing together make one.
     replacing: tokio::sync::Mutex<()>,
+    /// Whether a stall replaces the connection: not for blocking reads, which wait on purpose.
+    watched: bool,
+    /// When a reply last came back (ms since `epoch`), or the connection was made.
+    last_reply_ms: AtomicU64,
+    epoch: Instant,
 }
 
 impl ClusterConn {
-    async fn new(client: &ClusterClient) -> Result<Self, redis::RedisError> {
+    async fn new(client: &ClusterClient, watched: bool) -> Result<Self, redis::RedisError> {
         let conn = client.get_async_connection().await?;
         Ok(Self(Arc::new(ClusterState {
             client: client.clone(),
             current: Mutex::new((0, conn)),
             replacing: tokio::sync::Mutex::new(()),
+            watched,
+            last_reply_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
         })))
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.0.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Awaits `command`, sent on connection `generation`, and passes its reply on. Replaces
+    /// that connection when the command timed out, or when it stalls meanwhile (nothing came
+    /// back through it for [`STALL`]) and turns out to route nothing any more: the command is
+    /// then given up with a timeout error, as the overall timeout would give it up later.
+    async fn watch<T>(
+        &self,
+        generation: u64,
+        command: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
+        let started = self.now_ms();
+        let mut command = std::pin::pin!(command);
+        let reply = loop {
+            match tokio::time::timeout(WATCH_EVERY, &mut command).await {
+                Ok(reply) => break reply,
+                Err(_) => {
+                    // Quiet since this command was sent, or since the last reply after that.
+                    let since = started.max(self.0.last_reply_ms.load(Ordering::Relaxed));
+                    let quiet = self.now_ms().saturating_sub(since);
+                    // Replaced because it stopped routing: given up here, as the overall
+                    // timeout would give it up later, so that the caller tries again on the new
+                    // connection now rather than in 20 s.
+                    if self.0.watched
+                        && u128::from(quiet) > STALL.as_millis()
+                        && self.unstick(generation).await
+                    {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "the Redis Cluster connection stopped routing commands and was replaced",
+                        )
+                        .into());
+                    }
+                }
+            }
+        };
+        match &reply {
+            Err(e) if e.is_timeout() => self.replace(generation, "a command timed out").await,
+            _ => self.0.last_reply_ms.store(self.now_ms(), Ordering::Relaxed),
+        }
+        reply
+    }
+
+    /// After a stall of connection `generation`: whether it was replaced because it stopped
+    /// routing commands. It is asked to `PING` every master; if none answers in time, its
+    /// task is stuck (a master that is only frozen leaves the others to answer) and a new
+    /// connection takes its place. If one answers, commands just wait for a node: they go on
+    /// waiting (the overall timeout still bounds them).
+    async fn unstick(&self, generation: u64) -> bool {
+        let _one_at_a_time = self.0.replacing.lock().await;
+        let (now, mut conn) = self.current();
+        if now != generation {
+            return true;
+        }
+        let ping = redis::cmd("PING");
+        let any_master = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllMasters,
+            Some(ResponsePolicy::OneSucceeded),
+        ));
+        // Twice a node's timeout: a slot refresh under way may first wait for a frozen node.
+        let routes =
+            tokio::time::timeout(2 * RESPONSE_TIMEOUT, conn.route_command(ping, any_master))
+                .await
+                .is_ok();
+        if routes {
+            self.0.last_reply_ms.store(self.now_ms(), Ordering::Relaxed);
+            return false;
+        }
+        self.connect_anew(generation, "it stopped routing commands")
+            .await
     }
 
     /// The connection in use and its generation.
@@ -117,42 +209,39 @@ impl ClusterConn {
         (guard.0, guard.1.clone())
     }
 
-    /// Passes on the `reply` of a command sent on connection `generation`, after replacing that
-    /// connection if the command timed out.
-    async fn checked<T>(
-        &self,
-        generation: u64,
-        reply: redis::RedisResult<T>,
-    ) -> redis::RedisResult<T> {
-        if let Err(e) = &reply
-            && e.is_timeout()
-        {
-            self.replace(generation).await;
-        }
-        reply
-    }
-
-    /// Makes a new connection in place of `generation`, unless that one was replaced already.
-    /// Should it fail, the old one stays (the next timeout tries again).
-    async fn replace(&self, generation: u64) {
+    /// Makes a new connection in place of `generation`, after a command on it timed out, unless
+    /// that one was replaced already.
+    async fn replace(&self, generation: u64, why: &str) {
         let _one_at_a_time = self.0.replacing.lock().await;
         if self.current().0 != generation {
             return;
         }
+        self.connect_anew(generation, why).await;
+    }
+
+    /// Puts a new connection in place of `generation` (stuck because of `why`); whether it did.
+    /// Should it fail, the old one stays (the next stall or timeout tries again). The caller
+    /// holds `replacing`.
+    async fn connect_anew(&self, generation: u64, why: &str) -> bool {
         tracing::warn!(
-            "a Redis Cluster command timed out: replacing the cluster connection (a master that stopped answering, or a connection that stopped routing)"
+            why,
+            "replacing the Redis Cluster connection: a master stopped answering, or the connection stopped routing"
         );
         match tokio::time::timeout(RECONNECT_TIMEOUT, self.0.client.get_async_connection()).await {
             Ok(Ok(conn)) => {
                 *self.0.current.lock().unwrap_or_else(|p| p.into_inner()) = (generation + 1, conn);
+                self.0.last_reply_ms.store(self.now_ms(), Ordering::Relaxed);
+                true
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "no new Redis Cluster connection yet; keeping the old one");
+                false
             }
             Err(_) => {
                 tracing::warn!(
                     "no new Redis Cluster connection within {RECONNECT_TIMEOUT:?}; keeping the old one"
                 );
+                false
             }
         }
     }
@@ -273,7 +362,7 @@ impl Client {
                     .set_connection_timeout(Some(RESPONSE_TIMEOUT));
                 Conn::One(ConnectionManager::new_with_config(c.as_ref().clone(), config).await?)
             }
-            Client::Cluster(c) => Conn::Cluster(ClusterConn::new(&c.shared).await?),
+            Client::Cluster(c) => Conn::Cluster(ClusterConn::new(&c.shared, true).await?),
         })
     }
 
@@ -287,7 +376,7 @@ impl Client {
                         .await?,
                 )
             }
-            Client::Cluster(c) => Conn::Cluster(ClusterConn::new(&c.blocking).await?),
+            Client::Cluster(c) => Conn::Cluster(ClusterConn::new(&c.blocking, false).await?),
         })
     }
 }
@@ -305,8 +394,10 @@ impl Conn {
                 // No response policy: the crate returns each node's reply under its address.
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 let (generation, mut conn) = c.current();
-                let reply = conn.route_command(cmd.clone(), routing).await;
-                match c.checked(generation, reply).await? {
+                let reply = c
+                    .watch(generation, conn.route_command(cmd.clone(), routing))
+                    .await;
+                match reply? {
                     Value::Map(pairs) => Ok(pairs
                         .into_iter()
                         .map(|(k, v)| {
@@ -332,13 +423,9 @@ impl Conn {
             Conn::Cluster(c) => {
                 let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
                 let (generation, mut conn) = c.current();
-                let reply = conn
-                    .route_command(
-                        cmd.clone(),
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                    )
-                    .await;
-                c.checked(generation, reply).await
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                c.watch(generation, conn.route_command(cmd.clone(), routing))
+                    .await
             }
         }
     }
@@ -351,8 +438,7 @@ impl ConnectionLike for Conn {
             Conn::Plain(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => Box::pin(async move {
                 let (generation, mut conn) = c.current();
-                let reply = conn.req_packed_command(cmd).await;
-                c.checked(generation, reply).await
+                c.watch(generation, conn.req_packed_command(cmd)).await
             }),
         }
     }
@@ -368,22 +454,24 @@ impl ConnectionLike for Conn {
             Conn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => Box::pin(async move {
                 let (generation, mut conn) = c.current();
-                let reply = match conn.req_packed_commands(pipeline, offset, count).await {
-                    // The crate refuses a pipeline over several slots before sending anything:
-                    // each command then goes on its own, all at once, replies in order.
-                    Err(e)
-                        if e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot)
-                            && !pipeline.is_transaction() =>
-                    {
-                        try_join_all(pipeline.cmd_iter().map(|cmd| {
-                            let mut conn = conn.clone();
-                            async move { conn.req_packed_command(cmd).await }
-                        }))
-                        .await
+                let sent = async {
+                    match conn.req_packed_commands(pipeline, offset, count).await {
+                        // The crate refuses a pipeline over several slots before sending anything:
+                        // each command then goes on its own, all at once, replies in order.
+                        Err(e)
+                            if e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot)
+                                && !pipeline.is_transaction() =>
+                        {
+                            try_join_all(pipeline.cmd_iter().map(|cmd| {
+                                let mut conn = conn.clone();
+                                async move { conn.req_packed_command(cmd).await }
+                            }))
+                            .await
+                        }
+                        other => other,
                     }
-                    other => other,
                 };
-                c.checked(generation, reply).await
+                c.watch(generation, sent).await
             }),
         }
     }
