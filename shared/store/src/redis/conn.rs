@@ -7,23 +7,24 @@
 //! routes it as it is. What differs between the two:
 //!
 //! - A pipeline whose commands are in several slots (the listings, one command per bucket) is
-//!   sent as one request per command, all at once: the cluster connection sends each to its
+//!   sent as one request per command, 32 at a time: the cluster connection sends each to its
 //!   slot's master, and the replies come back in the pipeline's order. A pipeline within one
 //!   slot goes as one request, in order, as on one Redis.
 //! - A command without a key that concerns every master (`INFO`, `PING`, `WAIT` probes) is
 //!   sent to each master ([`Conn::on_masters`]).
 //! - A blocking read gets a cluster connection of its own, without a response timeout
 //!   ([`Client::dedicated`]).
-//! - A cluster connection whose command timed out is replaced by a new one ([`ClusterConn`]): the
-//!   redis crate's connection can stop for good after a failover (see there), and a new one
-//!   also learns the cluster's slots afresh from the seed nodes.
+//! - A cluster connection that stops routing commands (one timed out, or nothing came back for
+//!   a while and no master answers a `PING` through it) is replaced by a new one
+//!   ([`ClusterConn`]): the redis crate's connection can get stuck for good after a failover
+//!   (see there).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::future::try_join_all;
+use futures_util::{StreamExt, TryStreamExt, stream};
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
@@ -79,6 +80,11 @@ const STALL: Duration = Duration::from_secs(5);
 
 /// How often a waiting command looks whether its connection is stuck.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// How many commands of a pipeline split over slots are under way at once (a status read of
+/// 400 runs is 400 commands): more than the buckets of a listing, few enough not to flood the
+/// cluster connection's task, whose refresh can get stuck behind a burst (see [`ClusterConn`]).
+const SPLIT_AT_ONCE: usize = 32;
 
 /// The redis crate's cluster connection, replaced by a new one when it stops routing commands
 /// (nothing came back through it for [`STALL`] while commands waited, and no master answers a
@@ -457,16 +463,23 @@ impl ConnectionLike for Conn {
                 let sent = async {
                     match conn.req_packed_commands(pipeline, offset, count).await {
                         // The crate refuses a pipeline over several slots before sending anything:
-                        // each command then goes on its own, all at once, replies in order.
+                        // each command then goes on its own, [`SPLIT_AT_ONCE`] at a time, replies
+                        // in order.
                         Err(e)
                             if e.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot)
                                 && !pipeline.is_transaction() =>
                         {
-                            try_join_all(pipeline.cmd_iter().map(|cmd| {
-                                let mut conn = conn.clone();
-                                async move { conn.req_packed_command(cmd).await }
-                            }))
-                            .await
+                            let calls: Vec<_> = pipeline
+                                .cmd_iter()
+                                .map(|cmd| {
+                                    let mut conn = conn.clone();
+                                    async move { conn.req_packed_command(cmd).await }
+                                })
+                                .collect();
+                            stream::iter(calls)
+                                .buffered(SPLIT_AT_ONCE)
+                                .try_collect()
+                                .await
                         }
                         other => other,
                     }
