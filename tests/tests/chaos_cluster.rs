@@ -479,7 +479,15 @@ async fn kill_jobs_leader(fleet: &mut ClusterFleet) -> Done {
 async fn busiest_master(fleet: &ClusterFleet, runs: &[Submitted]) -> (NodeView, NodeView) {
     let view = fleet.cluster_view(None).await.expect("a cluster view");
     let ids: Vec<RunId> = runs.iter().map(|s| s.id).collect();
-    let statuses = fleet.store.statuses(&ids).await.expect("statuses");
+    // Riding out a store that is still recovering from the previous fault.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let statuses = loop {
+        match fleet.store.statuses(&ids).await {
+            Ok(s) => break s,
+            Err(e) => assert!(Instant::now() < deadline, "statuses: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let open: Vec<u16> = ids
         .iter()
         .zip(statuses)
