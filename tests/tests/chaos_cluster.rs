@@ -730,9 +730,8 @@ async fn scenario(order: usize, name: &str, prefix: &'static str, fault: Fault) 
         .clone();
     let answers_lost = chaos::check_answers(&fleet.store, &answered, &mut tally).await;
     // A question read before it was durable (the pending listing reads a master before its
-    // replica has the question, or a node just demoted) can vanish at a failover and be asked
-    // again under a new id: answering the vanished one is `404`. Any other refusal is a fault of
-    // the fleet.
+    // replica has the question) can vanish at a failover and be asked again under a new id:
+    // answering the vanished one is `404`. Any other refusal is a fault of the fleet.
     let refusals = stats
         .refusals
         .lock()
