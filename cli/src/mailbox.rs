@@ -53,6 +53,9 @@ struct LooseResponse {
     feedback: Option<String>,
     #[serde(default)]
     responder: Option<Responder>,
+    /// The request's `request_hash` as the person saw it: a mismatch is refused (`stale`).
+    #[serde(default)]
+    request_hash: Option<String>,
 }
 
 /// Who answers through the mailbox: the local user.
@@ -339,38 +342,23 @@ pub fn parse_json(q: &InteractionRequest, text: &str) -> Result<InteractionRespo
         responder: loose
             .responder
             .unwrap_or_else(|| local_responder(Via::File)),
+        request_hash: loose.request_hash,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use delta_protocol::{
-        InputType, InteractionOption, InteractionType, OptionAction, RunId, Timestamp,
-    };
+    use delta_protocol::{InputType, InteractionOption, InteractionType, OptionAction, RunId};
 
     fn request(options: &[(&str, &str)]) -> InteractionRequest {
-        InteractionRequest {
-            request_id: RequestId::new(),
-            run_id: RunId::new(),
-            agent: "a".into(),
-            timestamp: Timestamp::now(),
-            kind: InteractionType::UserChoice,
-            prompt: "?".into(),
-            title: None,
-            details: None,
-            input_type: InputType::Choice,
-            sensitive: false,
-            options: options
-                .iter()
-                .map(|(id, label)| InteractionOption::new(*id, *label, OptionAction::ProvideInfo))
-                .collect(),
-            default_option_id: None,
-            timeout_seconds: None,
-            expires_at: None,
-            context: Default::default(),
-            allowed_responders: vec![],
-        }
+        let mut q = InteractionRequest::new(RunId::new(), "a", InteractionType::UserChoice, "?");
+        q.input_type = InputType::Choice;
+        q.options = options
+            .iter()
+            .map(|(id, label)| InteractionOption::new(*id, *label, OptionAction::ProvideInfo))
+            .collect();
+        q
     }
 
     #[test]

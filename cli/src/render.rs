@@ -52,6 +52,16 @@ pub fn line(e: &JournalEvent) -> Option<String> {
                 .map(|o| format!(": option {o}"))
                 .unwrap_or_default()
         ),
+        Event::HumanVote(v) => format!(
+            "[vote]  {} by {} via {:?}: option {}",
+            match v.ballot {
+                delta_protocol::Ballot::Approve => "approve",
+                delta_protocol::Ballot::Reject => "reject",
+            },
+            v.responder.id,
+            v.responder.via,
+            v.option_id
+        ),
         Event::SystemMessage(m) => {
             format!(
                 "[{}] {}",

@@ -982,3 +982,100 @@ async fn at_phone_width_nothing_overflows() {
         .await;
     browser.close().await;
 }
+
+/// A question that needs two approvals: the card says so, shows another person's claim live
+/// (and a refusal while it holds), takes and gives back a claim of its own, counts its vote
+/// ("1 of 2 approvals"), and sends the hash of what it showed.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_and_votes_show_and_work_on_the_card() {
+    let fleet = Fleet::start("ibq", 1, 1).await;
+    add_asker(
+        &fleet,
+        "council",
+        "      prompt: \"Ship the release?\"\n      approvals: {min: 2}\n      options:\n        - {id: approve, label: Approve, action: APPROVE_AND_EXECUTE}\n        - {id: reject, label: Reject, action: REJECT_WITH_REASON}",
+    );
+    let browser = Browser::start(
+        "claims_and_votes_show_and_work_on_the_card",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let run = fleet.submit("council", "ship").await;
+            let rid = fleet.pending(run).await;
+            let c = card(&rid);
+            open_inbox(&browser, &fleet).await;
+            wait_live(&browser).await;
+            browser.click("#settings-toggle").await;
+            browser.type_into("#responder", "ann").await;
+            browser.click("#settings-save").await;
+            let rule = browser.text(&format!("{c} .human .rule")).await.expect("rule");
+            assert!(rule.contains("Needs 2 approvals"), "{rule}");
+            let claim_path = format!("/v1/interactions/{rid}/claim");
+            // Someone else claims it: the card shows it live, and an answer is held off.
+            let (s, b) = fleet
+                .client
+                .post(&claim_path, &json!({"responder": {"id": "bob"}}))
+                .await
+                .expect("claim");
+            assert_eq!(s, 200, "{b}");
+            browser
+                .wait_for(
+                    "bob's claim on the card",
+                    "const l = document.querySelector(arguments[0] + ' .human .claim'); \
+                     return l && !l.hidden && l.textContent.includes('Claimed by bob until');",
+                    vec![json!(c)],
+                )
+                .await;
+            browser.click(&format!(r#"{c} button[data-option-id="approve"]"#)).await;
+            let said = wait_outcome(&browser, &rid, "Claimed").await;
+            assert!(said.contains("bob"), "{said}");
+            // Given back: the card shows nobody; ann claims it herself.
+            let (s, _) = fleet
+                .client
+                .post(&claim_path, &json!({"release": true, "responder": {"id": "bob"}}))
+                .await
+                .expect("release");
+            assert_eq!(s, 200);
+            browser
+                .wait_for(
+                    "the claim to go",
+                    "return document.querySelector(arguments[0] + ' .human .claim').hidden;",
+                    vec![json!(c)],
+                )
+                .await;
+            browser.click(&format!("{c} .claim-btn")).await;
+            browser
+                .wait_for(
+                    "ann's claim on the card",
+                    "const b = document.querySelector(arguments[0] + ' .claim-btn'); \
+                     return b.textContent === 'Release' && document.querySelector(arguments[0] + ' .human .claim').textContent.includes('ann');",
+                    vec![json!(c)],
+                )
+                .await;
+            let (_, view) = fleet.client.get(&format!("/v1/interactions/{rid}")).await.expect("get");
+            assert_eq!(view["claim"]["by"], "ann");
+            // Her vote is counted, not decisive.
+            browser.click(&format!(r#"{c} button[data-option-id="approve"]"#)).await;
+            let said = wait_outcome(&browser, &rid, "Your vote is counted").await;
+            assert!(said.contains("1 of 2 approvals (ann)"), "{said}");
+            let (s, b) = fleet
+                .answer(&rid, json!({"option_id": "approve", "responder": {"id": "bob"}}))
+                .await;
+            assert_eq!((s, &b["status"]), (200, &json!("accepted")), "{b}");
+            fleet.wait_status(run, RunStatus::Completed).await;
+            let stored = fleet.store.load(run).await.expect("load");
+            let votes: Vec<(String, String)> = stored
+                .journal
+                .iter()
+                .filter_map(|e| match &e.event {
+                    Event::HumanVote(v) => Some((v.responder.id.clone(), v.request_hash.clone())),
+                    _ => None,
+                })
+                .collect();
+            let hash = view["request_hash"].as_str().expect("hash").to_owned();
+            assert_eq!(votes, [("ann".to_owned(), hash.clone()), ("bob".to_owned(), hash)]);
+        })
+        .await;
+    browser.close().await;
+}

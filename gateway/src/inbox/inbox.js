@@ -392,6 +392,10 @@
       body.push(argsBlock);
     }
 
+    // Who holds a claim on it, where its votes stand, and a button to claim it or give it back.
+    const human = humanBlock(q, card, () => setOutcome('', 'info'), (text) => setOutcome(text, 'error'));
+    body.push(human.node);
+
     const outcome = el('p', { class: 'outcome', role: 'alert', hidden: true });
     const form = el('form', { class: 'answer', novalidate: true, 'aria-labelledby': headingId });
 
@@ -427,14 +431,21 @@
       if (card.busy || card.settled) return;
       const bodyOut = { ...answer };
       if (!token && responderName) bodyOut.responder = { id: responderName };
+      // What was shown: an answer to another version of the question is refused (409 stale).
+      if (q.request_hash) bodyOut.request_hash = q.request_hash;
       // A sensitive answer leaves the page now: it is never kept or shown again.
       if (sensitive) for (const f of fields || []) f.value = '';
       setBusy(true);
       setOutcome('Sending…', 'info');
       try {
-        await api('POST', `/v1/interactions/${encodeURIComponent(rid)}/response`, bodyOut);
+        const reply = await api('POST', `/v1/interactions/${encodeURIComponent(rid)}/response`, bodyOut);
         card.sent = true;
-        settle('ok', 'Answer sent: the run resumes.');
+        if (reply && reply.tally) card.setHuman({ claim: null, tally: reply.tally });
+        if (reply && reply.status === 'counted') {
+          settle('ok', `Your vote is counted: ${tallyText(reply.tally)}. The question waits for more votes.`);
+        } else {
+          settle('ok', 'Answer sent: the run resumes.');
+        }
         onDone(card, 'sent');
       } catch (err) {
         setBusy(false);
@@ -457,6 +468,20 @@
           settle('error', 'Expired: the deadline passed, so its default was applied (or the run failed).');
           return;
         case 409: {
+          if (err.code === 'claimed') {
+            // Someone else is on it: the card stays, and says who until when.
+            setOutcome(`Claimed: ${err.message}`, 'error');
+            card.refreshHuman();
+            return;
+          }
+          if (err.code === 'stale') {
+            settle('error', 'This question changed since it was shown here: reload the page to see it as it is now.');
+            return;
+          }
+          if (err.code === 'already_voted') {
+            settle('error', `Not counted: ${err.message}`);
+            return;
+          }
           const since = el('span', { class: 'ago' });
           let text = 'Already answered elsewhere.';
           try {
@@ -609,7 +634,87 @@
       'aria-labelledby': headingId,
     }, head, ...body, form, outcome);
     card.settle = settle;
+    card.setHuman = human.set;
+    card.refreshHuman = human.refresh;
     return card;
+  }
+
+  /** "1 of 2 approvals (alice), 1 rejected (bob)". */
+  function tallyText(t) {
+    if (!t) return '';
+    let s = `${t.approvals} of ${t.needed} approvals`;
+    if ((t.approved_by || []).length) s += ` (${t.approved_by.join(', ')})`;
+    if (t.rejections) s += `, ${t.rejections} rejected (${(t.rejected_by || []).join(', ')})`;
+    return s;
+  }
+
+  /**
+   * The part of a card about people rather than the question: the approvals it needs, where
+   * its votes stand, who holds a claim on it until when, and a Claim / Release button.
+   * `set({claim, tally})` shows a view's or an `updated` event's state.
+   */
+  function humanBlock(q, card, cleared, failed) {
+    const rid = q.request_id;
+    const rule = q.approvals
+      ? el('p', { class: 'rule', text: `Needs ${q.approvals.min} approval${q.approvals.min === 1 ? '' : 's'}`
+        + ((q.approvals.of || []).length ? ` from ${q.approvals.of.join(', ')}` : '')
+        + (q.approvals.veto ? '; one rejection decides' : '')
+        + (q.approvals.exclude_requester === false ? '' : '; not by whoever submitted the run') })
+      : null;
+    const votes = el('p', { class: 'votes', hidden: true });
+    const claimLine = el('p', { class: 'claim', hidden: true });
+    const button = el('button', { type: 'button', class: 'btn btn-small claim-btn', text: 'Claim' });
+    const state = { claim: null, tally: null };
+    const me = () => token ? null : (responderName || null);
+
+    function set(s) {
+      if (s.tally !== undefined && s.tally !== null) state.tally = s.tally;
+      if (s.claim !== undefined) state.claim = s.claim;
+      votes.hidden = !state.tally;
+      votes.textContent = state.tally ? `Votes: ${tallyText(state.tally)}` : '';
+      const c = state.claim;
+      const until = c ? parseTime(c.until) : NaN;
+      const live = c && !(until < Date.now());
+      claimLine.hidden = !live;
+      if (live) {
+        claimLine.replaceChildren(`Claimed by ${c.by} until ${clock(until)}`);
+        claimLine.dataset.by = c.by;
+      } else {
+        delete claimLine.dataset.by;
+      }
+      const mine = live && card.claimedHere;
+      button.textContent = mine ? 'Release' : 'Claim';
+      button.dataset.action = mine ? 'release' : 'claim';
+    }
+
+    async function refresh() {
+      try {
+        const v = await api('GET', `/v1/interactions/${encodeURIComponent(rid)}`);
+        set({ claim: v.claim, tally: v.tally });
+      } catch (_) { /* the card's own calls say what is wrong */ }
+    }
+
+    button.addEventListener('click', async () => {
+      const release = button.dataset.action === 'release';
+      const body = release ? { release: true } : {};
+      if (me()) body.responder = { id: me() };
+      button.disabled = true;
+      try {
+        const r = await api('POST', `/v1/interactions/${encodeURIComponent(rid)}/claim`, body);
+        card.claimedHere = !release && Boolean(r.claim);
+        card.claimedBy = r.claim ? r.claim.by : null;
+        set({ claim: r.claim });
+        cleared();
+      } catch (err) {
+        failed(err.code === 'claimed' ? `Claimed: ${err.message}` : `Cannot claim it: ${err.message}`);
+        refresh();
+      } finally {
+        button.disabled = card.settled;
+      }
+    });
+    set({});
+    const node = el('div', { class: 'human' }, rule, votes, claimLine, el('div', { class: 'claim-actions' }, button));
+    return { node, set, refresh };
   }
 
   /** Refreshes every relative time and countdown on the page (once a second). */
@@ -661,12 +766,16 @@
     }
   }
 
-  function addCard(q) {
+  function addCard(q, view) {
     if (!q || !q.request_id) return;
     const shown = inbox.cards.get(q.request_id);
-    if (shown && !shown.settled) return;
+    if (shown && !shown.settled) {
+      if (view) shown.setHuman({ claim: view.claim, tally: view.tally });
+      return;
+    }
     if (shown) removeCard(q.request_id); // asked again after an answer the engine refused
     const card = makeCard(q, 'inbox', inboxDone);
+    if (view) card.setHuman({ claim: view.claim, tally: view.tally });
     const at = parseTime(q.timestamp);
     const list = $('cards');
     let before = null;
@@ -733,7 +842,7 @@
       if (!ids.has(rid) && !card.settled && card.addedAt < started) removeCard(rid);
     }
     for (const v of found) {
-      if (!inbox.gone.has(v.request_id) && v.request) addCard(v.request);
+      if (!inbox.gone.has(v.request_id) && v.request) addCard(v.request, v);
     }
     const old = Date.now() - 10 * 60 * 1000;
     for (const [rid, t] of inbox.gone) if (t < old) inbox.gone.delete(rid);
@@ -814,6 +923,15 @@
       addCard(q);
     });
     es.addEventListener('resolved', (e) => onResolved(parseJson(e.data)));
+    es.addEventListener('updated', (e) => {
+      // A claim taken, given back or broken, or a vote counted: the card shows it.
+      const u = parseJson(e.data);
+      const card = u && inbox.cards.get(u.request_id);
+      if (!card || card.settled) return;
+      // This page holds the claim only until someone else's change says otherwise.
+      if (u.change !== 'voted' && !(u.change === 'claimed' && u.by === card.claimedBy)) card.claimedHere = false;
+      card.setHuman({ claim: u.claim, tally: u.tally });
+    });
     es.addEventListener('error', () => {
       // Never EventSource's own reconnect: it would present the spent ticket again.
       es.close();
@@ -903,8 +1021,10 @@
     if (run.card && (!pending || run.card.q.request_id !== pending.request_id)) {
       if (!run.card.settled || run.card.sent) { run.card.node.remove(); run.card = null; }
     }
+    if (run.card && pending && !run.card.settled) run.card.setHuman({ claim: p.claim, tally: p.tally });
     if (pending && !run.card) {
       run.card = makeCard(pending, 'run', runDone);
+      run.card.setHuman({ claim: p.claim, tally: p.tally });
       $('run-question').replaceChildren(run.card.node);
       tick();
     }
@@ -934,6 +1054,10 @@
         if (p.feedback) parts.push(`feedback “${cut(p.feedback, 200)}”`);
         if (p.edited_args) parts.push('edited arguments');
         return `from ${who}${parts.length ? `: ${parts.join(', ')}` : ''}`;
+      }
+      case 'HUMAN_VOTE': {
+        const who = p.responder ? `${p.responder.id} via ${p.responder.via}` : 'someone';
+        return `${who} ${p.ballot === 'approve' ? 'approves' : 'rejects'} (option ${p.option_id})${p.feedback ? `: “${cut(p.feedback, 200)}”` : ''}`;
       }
       case 'SYSTEM_MESSAGE': return `${p.level ?? 'info'}: ${cut(p.content, 300)}`;
       case 'ENGINE_END': return `${p.status}${p.result ? `: ${cut(p.result, 300)}` : ''}${p.error ? `: ${cut(p.error, 300)}` : ''}`;

@@ -368,7 +368,14 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         self.push_raw(event);
     }
 
-    fn push_raw(&mut self, event: Event) {
+    fn push_raw(&mut self, mut event: Event) {
+        // Asking is the last step of building a request: what it shows is then fixed, and so is
+        // its hash (as in `pause`, which stores the same request).
+        if let Event::HumanInputRequest(q) = &mut event
+            && q.request_hash.is_none()
+        {
+            q.seal_hash();
+        }
         let e = JournalEvent {
             seq: self.journal.len() as u64 + 1,
             timestamp: Timestamp::now(),
@@ -614,7 +621,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         })
     }
 
-    async fn pause(&mut self, q: InteractionRequest) -> Result<Option<Outcome>, Error> {
+    async fn pause(&mut self, mut q: InteractionRequest) -> Result<Option<Outcome>, Error> {
+        if q.request_hash.is_none() {
+            q.seal_hash();
+        }
         match self.settings.pause {
             PauseMode::Hold => self.commit(None).await?,
             PauseMode::Park => {
@@ -674,6 +684,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                         data: rec.data.clone(),
                         feedback: rec.feedback.clone(),
                         responder: rec.responder.clone(),
+                        request_hash: rec.request_hash.clone(),
                     },
                 };
                 self.apply_answer(&req, &q, accepted).await
@@ -1139,6 +1150,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         q.details = ask.details.clone();
         q.sensitive = ask.sensitive;
         q.allowed_responders.clone_from(&ask.allowed_responders);
+        q.approvals.clone_from(&ask.approvals);
         q.input_type = ask.input_type.clone().unwrap_or(if ask.options.is_empty() {
             if ask.sensitive {
                 InputType::Password
@@ -1228,6 +1240,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             InteractionOption::new("terminate", "Terminate the run", OptionAction::Terminate);
         terminate.is_dangerous = true;
         q.options = vec![approve, retry, reject, terminate];
+        q.approvals.clone_from(&tool.approvals);
         self.tool_context(&mut q, req, tool);
         self.with_timeout(&mut q, None, None);
         q

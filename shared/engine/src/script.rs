@@ -75,9 +75,13 @@ pub struct AskHuman {
     pub title: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<String>,
-    /// Who may answer (responder ids); empty: anyone the gateway lets answer.
+    /// Who may answer (responder ids, `group:<name>`); empty: anyone the gateway lets answer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_responders: Vec<String>,
+    /// Decided by votes: how many must approve, and who may vote (its options need one that
+    /// approves, `APPROVE_AND_EXECUTE`, and one that does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<delta_protocol::Approvals>,
 }
 
 impl AskHuman {
@@ -85,6 +89,24 @@ impl AskHuman {
     pub fn check(&self) -> Result<(), String> {
         if self.prompt.trim().is_empty() {
             return Err("`prompt` must not be empty".into());
+        }
+        delta_protocol::human::check_responder_list(
+            "allowed_responders",
+            &self.allowed_responders,
+        )?;
+        if let Some(a) = &self.approvals {
+            a.check()?;
+            let approves = self
+                .options
+                .iter()
+                .any(|o| o.action == Some(delta_protocol::OptionAction::ApproveAndExecute));
+            let other = self
+                .options
+                .iter()
+                .any(|o| o.action != Some(delta_protocol::OptionAction::ApproveAndExecute));
+            if !(approves && other) {
+                return Err("`approvals` needs options to vote with: one whose action is APPROVE_AND_EXECUTE and one that is not".into());
+            }
         }
         let mut seen = std::collections::HashSet::new();
         for o in &self.options {

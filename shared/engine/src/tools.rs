@@ -176,6 +176,10 @@ pub struct ToolConfig {
     pub parameters: Vec<ParamConfig>,
     #[serde(default)]
     pub approval: Approval,
+    /// When its calls are approved by votes: how many people, and who may vote
+    /// (docs/protocol.md §3 "Quorum").
+    #[serde(default)]
+    pub approvals: Option<delta_protocol::Approvals>,
     #[serde(default)]
     pub dangerous: bool,
     /// Argument patterns that make one call dangerous: `{parameter: regex}`. A call is dangerous
@@ -236,6 +240,8 @@ pub enum ToolError {
     UnknownDangerousParam(String),
     #[error("`dangerous_if.{param}`: not a valid regular expression ({message})")]
     BadPattern { param: String, message: String },
+    #[error("{0}")]
+    Approvals(String),
 }
 
 /// A call refused because a value would reach its program as an option: it starts with `-` and
@@ -286,6 +292,8 @@ pub struct Tool {
     pub specs: Vec<ParamSpec>,
     form: Form,
     pub approval: Approval,
+    /// `approvals:`: its approval questions are decided by votes.
+    pub approvals: Option<delta_protocol::Approvals>,
     pub dangerous: bool,
     /// `dangerous_if`, compiled: a call whose argument matches is dangerous.
     pub dangerous_if: Vec<(String, regex::Regex)>,
@@ -532,6 +540,14 @@ impl Tool {
                 _ => {}
             }
         }
+        if let Some(a) = &c.approvals {
+            a.check().map_err(ToolError::Approvals)?;
+            if c.approval == Approval::Never {
+                return Err(ToolError::Approvals(
+                    "`approvals` needs `approval: always` or `approval: when_dangerous` (they say when a call is put to a vote)".into(),
+                ));
+            }
+        }
         let mut dangerous_if = vec![];
         for (param, pattern) in &c.dangerous_if {
             if !params.iter().any(|p| &p.name == param) {
@@ -550,6 +566,7 @@ impl Tool {
             params,
             form,
             approval: c.approval,
+            approvals: c.approvals.clone(),
             dangerous: c.dangerous,
             dangerous_if,
             idempotent: c.idempotent,

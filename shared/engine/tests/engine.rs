@@ -143,6 +143,7 @@ fn answer(
             id: "tester".into(),
             via: Via::File,
         },
+        request_hash: None,
     }
 }
 

@@ -168,6 +168,7 @@ async fn the_openai_brain_drives_tools_and_questions_and_never_sees_secrets() {
             id: "t".into(),
             via: Via::Stdin,
         },
+        request_hash: None,
     };
     let out = engine.advance(Some(answer)).await.expect("advance");
     assert_eq!(

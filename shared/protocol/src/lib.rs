@@ -4,6 +4,7 @@
 //! plus the validation rules every entry point applies to an interaction response (§3). No I/O,
 //! no async, so that the CLI, the worker, the gateway and the fuzzers all agree by construction.
 
+pub mod human;
 pub mod journal;
 pub mod secret;
 
@@ -33,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+pub use human::{Approvals, Ballot, Change, Claim, InteractionUpdate, Tally, Vote};
 pub use time::Timestamp;
 
 /// Timestamps: RFC 3339, UTC, always six fractional digits (`2026-11-20T10:00:00.123456Z`).
@@ -275,6 +277,9 @@ pub enum Event {
     ActionResult(ActionResult),
     HumanInputRequest(Box<InteractionRequest>),
     HumanInputReceived(HumanInputReceived),
+    /// A vote on a question that needs several approvals, journaled by the gateway as it counts
+    /// it (docs/protocol.md §3, "Quorum").
+    HumanVote(Vote),
     SystemMessage(SystemMessage),
     EngineEnd(EngineEnd),
 }
@@ -290,6 +295,7 @@ impl Event {
             Event::ActionResult(_) => "ACTION_RESULT",
             Event::HumanInputRequest(_) => "HUMAN_INPUT_REQUEST",
             Event::HumanInputReceived(_) => "HUMAN_INPUT_RECEIVED",
+            Event::HumanVote(_) => "HUMAN_VOTE",
             Event::SystemMessage(_) => "SYSTEM_MESSAGE",
             Event::EngineEnd(_) => "ENGINE_END",
         }
@@ -439,6 +445,9 @@ pub struct HumanInputReceived {
     /// `{"changed": {k: {"from", "to"}}, "added": {k: v}, "removed": [k]}` (see [`args_diff`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edited_args: Option<Value>,
+    /// The hash of the request as it was shown and decided on ([`human::request_hash`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_hash: Option<String>,
 }
 
 /// The difference between a call's arguments and their edited version, in the shape journaled
@@ -799,6 +808,13 @@ pub struct InteractionRequest {
     /// to answer at all. From the agent's `interaction_defaults` or the `ask_human` call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_responders: Vec<String>,
+    /// Decided by votes: how many must approve, and who may vote (docs/protocol.md §3, "Quorum").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<Approvals>,
+    /// The SHA-256 of what the request shows ([`human::request_hash`]), set when it is asked. An
+    /// answer that echoes another hash is refused (`409 stale`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_hash: Option<String>,
 }
 
 impl InteractionRequest {
@@ -826,14 +842,33 @@ impl InteractionRequest {
             expires_at: None,
             context: BTreeMap::new(),
             allowed_responders: vec![],
+            approvals: None,
+            request_hash: None,
         }
     }
 
-    /// Whether `responder` may answer: anyone when the list is empty, the clock always.
-    pub fn allows(&self, responder: &Responder) -> bool {
+    /// Whether `responder`, a member of `groups`, may answer: anyone when the list is empty, the
+    /// clock always; else an id the list names, or a member of a `group:<name>` it names.
+    pub fn allows(&self, responder: &Responder, groups: &[String]) -> bool {
         self.allowed_responders.is_empty()
             || responder.via == Via::Timeout
-            || self.allowed_responders.contains(&responder.id)
+            || human::admitted_by(&self.allowed_responders, &responder.id, groups)
+    }
+
+    /// The hash of what this request shows, as [`human::request_hash`] computes it.
+    pub fn hash(&self) -> String {
+        human::request_hash(self)
+    }
+
+    /// The hash an answer must echo: the one set when the request was asked, else (a request
+    /// asked before hashes existed) its hash now.
+    pub fn shown_hash(&self) -> String {
+        self.request_hash.clone().unwrap_or_else(|| self.hash())
+    }
+
+    /// Sets `request_hash` to this request's hash: the last step of asking.
+    pub fn seal_hash(&mut self) {
+        self.request_hash = Some(self.hash());
     }
 
     pub fn option(&self, option_id: &str) -> Option<&InteractionOption> {
@@ -877,6 +912,9 @@ pub struct InteractionResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedback: Option<String>,
     pub responder: Responder,
+    /// The `request_hash` of the request as the responder saw it; when given, it must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_hash: Option<String>,
 }
 
 impl InteractionResponse {
@@ -889,6 +927,7 @@ impl InteractionResponse {
             data: None,
             feedback: None,
             responder,
+            request_hash: None,
         }
     }
 }
@@ -930,6 +969,21 @@ pub enum ResponseError {
     InvalidArgs(String),
     #[error("`{0}` may not answer this request (it names who may: see allowed_responders)")]
     NotAllowed(String),
+    /// The answer echoed the hash of another version of the request than the one pending.
+    #[error(
+        "request {0} is not the one you were shown (its request_hash differs): load it again and answer what it asks now"
+    )]
+    Stale(RequestId),
+    #[error(
+        "request {request_id} is claimed by {by} until {until}: only they may answer until then"
+    )]
+    Claimed {
+        request_id: RequestId,
+        by: String,
+        until: Timestamp,
+    },
+    #[error("`{0}` has voted on this request already: a person votes once")]
+    AlreadyVoted(String),
 }
 
 impl ResponseError {
@@ -943,6 +997,9 @@ impl ResponseError {
             ResponseError::InputRequired(_) | ResponseError::EmptyInput => "input_required",
             ResponseError::InvalidArgs(_) => "invalid_args",
             ResponseError::NotAllowed(_) => "forbidden",
+            ResponseError::Stale(_) => "stale",
+            ResponseError::Claimed { .. } => "claimed",
+            ResponseError::AlreadyVoted(_) => "already_voted",
         }
     }
 }
@@ -965,6 +1022,13 @@ impl InteractionRequest {
     ) -> Result<AcceptedAnswer, ResponseError> {
         if response.request_id != self.request_id {
             return Err(ResponseError::NotFound(response.request_id.to_string()));
+        }
+        if response
+            .request_hash
+            .as_ref()
+            .is_some_and(|h| *h != self.shown_hash())
+        {
+            return Err(ResponseError::Stale(self.request_id));
         }
         if response.responder.via != Via::Timeout {
             if let Some(expires_at) = self.expires_at.filter(|_| self.is_expired_at(now)) {
@@ -1048,6 +1112,7 @@ impl AcceptedAnswer {
             },
             feedback: hide(&r.feedback),
             edited_args: None,
+            request_hash: Some(request.shown_hash()),
         }
     }
 }
@@ -1251,7 +1316,25 @@ mod tests {
                 id: "alice".into(),
                 via: Via::Http,
             },
+            request_hash: None,
         }
+    }
+
+    #[test]
+    fn an_answer_echoing_another_version_of_the_request_is_stale() {
+        let mut q = InteractionRequest::new(RunId::new(), "a", InteractionType::UserInput, "Name?");
+        q.seal_hash();
+        let mut r = response(&q, None, Some("x"));
+        r.request_hash = Some(q.hash());
+        assert!(q.validate(r.clone(), Timestamp::now()).is_ok());
+        r.request_hash = Some("0".repeat(64));
+        let e = q.validate(r.clone(), Timestamp::now()).unwrap_err();
+        assert_eq!(e.code(), "stale");
+        r.request_hash = None;
+        assert!(
+            q.validate(r, Timestamp::now()).is_ok(),
+            "an answer need not echo it"
+        );
     }
 
     #[test]

@@ -209,6 +209,7 @@ fn response_to(
                     data,
                     feedback,
                     responder,
+                    request_hash: None,
                 };
                 (q.clone(), r)
             },
@@ -308,6 +309,7 @@ fn event() -> impl Strategy<Value = Event> {
                     data,
                     feedback: None,
                     edited_args: None,
+                    request_hash: None,
                 })
             }),
         text().prop_map(|content| Event::SystemMessage(SystemMessage {

@@ -174,10 +174,12 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("$JS.API.STREAM.MSG.DELETE.{dlq}"),
                 format!("{p}.jobs.>"),
                 format!("{p}.interactions.resolved.>"),
+                format!("{p}.interactions.updated.>"),
                 format!("{p}.events.cancelled"),
             ]);
             let subscribe = vec![
                 format!("{p}.interactions.respond.*"),
+                format!("{p}.interactions.claim.*"),
                 format!("{p}.events.resumed"),
                 inbox(NatsRole::Gateway),
             ];
@@ -201,9 +203,11 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
             let mut publish = vec!["$JS.API.INFO".to_owned()];
             publish.extend(stream_reader(&interactions));
             publish.push(format!("{p}.interactions.respond.*"));
+            publish.push(format!("{p}.interactions.claim.*"));
             let subscribe = vec![
                 format!("{p}.interactions.requested.>"),
                 format!("{p}.interactions.resolved.>"),
+                format!("{p}.interactions.updated.>"),
                 "_INBOX.>".to_owned(),
             ];
             (publish, subscribe, false)

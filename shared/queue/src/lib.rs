@@ -106,9 +106,17 @@ impl Names {
     pub fn resolved_subject(&self, agent: &str, run: &str) -> String {
         format!("{}.interactions.resolved.{agent}.{run}", self.prefix)
     }
+    /// Where a pending question's claims and votes are announced (`InteractionUpdate`).
+    pub fn updated_subject(&self, agent: &str, run: &str) -> String {
+        format!("{}.interactions.updated.{agent}.{run}", self.prefix)
+    }
     /// Where bots answer a request (core NATS request-reply).
     pub fn respond_subject(&self, request_id: &str) -> String {
         format!("{}.interactions.respond.{request_id}", self.prefix)
+    }
+    /// Where bots claim a request, renew or give back their claim (core NATS request-reply).
+    pub fn claim_subject(&self, request_id: &str) -> String {
+        format!("{}.interactions.claim.{request_id}", self.prefix)
     }
     /// The queue group the gateways serve the respond subjects in.
     pub fn gateway_group(&self) -> String {
@@ -555,6 +563,7 @@ impl Queue {
                 subjects: vec![
                     format!("{p}.interactions.requested.>"),
                     format!("{p}.interactions.resolved.>"),
+                    format!("{p}.interactions.updated.>"),
                 ],
                 retention: stream::RetentionPolicy::Limits,
                 storage: stream::StorageType::File,
@@ -729,6 +738,21 @@ impl Queue {
             .names
             .resolved_subject(agent, &resolved.run_id.to_string());
         self.publish(subject, headers, payload).await.map(drop)
+    }
+
+    /// Announces a claim taken, given back or broken, or a vote counted, on
+    /// `…interactions.updated.<agent>.<run_id>`.
+    pub async fn publish_update(
+        &self,
+        update: &delta_protocol::InteractionUpdate,
+    ) -> Result<(), Error> {
+        let payload = serde_json::to_vec(update).unwrap_or_default();
+        let subject = self
+            .names
+            .updated_subject(&update.agent, &update.run_id.to_string());
+        self.publish(subject, HeaderMap::new(), payload)
+            .await
+            .map(drop)
     }
 
     /// Says (core NATS, best effort) that the answer to `request_id`, accepted at `answered_at`,
@@ -928,11 +952,15 @@ impl Queue {
             .await
             .map_err(|e| err(e.into()))?;
         let requested = format!("{}.interactions.requested.", self.names.prefix);
+        let updated = format!("{}.interactions.updated.", self.names.prefix);
         Ok(messages.filter_map(move |m| {
             let event = m.ok().and_then(|m| {
                 let seq = m.info().ok()?.stream_sequence;
-                let kind = if m.subject.as_str().starts_with(&requested) {
+                let subject = m.subject.as_str();
+                let kind = if subject.starts_with(&requested) {
                     "requested"
+                } else if subject.starts_with(&updated) {
+                    "updated"
                 } else {
                     "resolved"
                 };

@@ -58,7 +58,9 @@ use std::time::Duration;
 use redis::Script;
 
 pub mod access;
+pub use human::{ClaimMode, Claimed, Counted};
 mod conn;
+mod human;
 mod index;
 mod migrate;
 mod retention;
@@ -345,11 +347,20 @@ return {'CREATED', ''}
 /// Settles a pending interaction: `ANSWERED` with its response, or `EXPIRED` by the clock, and
 /// queues its run's resume for the reconciler to check. Returns `WON`, or the state it was in.
 /// KEYS: the interaction. ARGV: new state, response JSON (or ''), now, bucket tag, request id,
-/// resume member, when to check the resume (µs).
+/// resume member, when to check the resume (µs), the responder (`''` for the clock), now (µs).
+/// `CLAIMED|<until µs>|<holder>` when someone else holds a live claim on it.
 const RESOLVE: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return redis.error_reply('NOTFOUND') end
 if st ~= 'PENDING' then return st end
+if ARGV[8] ~= '' then
+  local by = redis.call('HGET', KEYS[1], 'claim_by')
+  local till = redis.call('HGET', KEYS[1], 'claim_until')
+  if by and by ~= ARGV[8] and tonumber(till or '0') > tonumber(ARGV[9]) then
+    return 'CLAIMED|' .. till .. '|' .. by
+  end
+end
+redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'answered_at', ARGV[3])
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'response', ARGV[2]) end
 redis.call('ZREM', ARGV[4] .. ':interactions:pending', ARGV[5])
@@ -492,6 +503,10 @@ pub struct StoredInteraction {
     pub resume_seq: Option<u64>,
     /// The `traceparent` of the run's span that asked it.
     pub traceparent: Option<String>,
+    /// A person's live claim on it (none once it lapsed).
+    pub claim: Option<delta_protocol::Claim>,
+    /// The votes cast on it (a question with `approvals`), in order.
+    pub votes: Vec<delta_protocol::Vote>,
 }
 
 /// How a pending interaction is settled.
@@ -920,16 +935,22 @@ impl RedisRunStore {
         check_after: Duration,
     ) -> Result<Option<InteractionState>, Error> {
         let run_id = request.run_id;
-        let (state, json, now) = match how {
+        let (state, json, now, by) = match how {
             Resolution::Answer(response, at) => {
                 let stored = self.seal(request, response)?;
                 (
                     InteractionState::Answered,
                     serde_json::to_string(&stored).unwrap_or_default(),
                     at,
+                    response.responder.id.clone(),
                 )
             }
-            Resolution::Expired => (InteractionState::Expired, String::new(), Timestamp::now()),
+            Resolution::Expired => (
+                InteractionState::Expired,
+                String::new(),
+                Timestamp::now(),
+                String::new(),
+            ),
         };
         let rid = request.request_id.to_string();
         let check_at = now.micros() + i64::try_from(check_after.as_micros()).unwrap_or(0);
@@ -940,12 +961,22 @@ impl RedisRunStore {
             .arg(self.run_tag(run_id))
             .arg(&rid)
             .arg(format!("{run_id}/{rid}"))
-            .arg(check_at);
+            .arg(check_at)
+            .arg(by)
+            .arg(Timestamp::now().micros());
         // Replicated, as every write to a run: an answer the gateway accepts must not be lost
         // at a failover (the caller's `sync` alone would not tell, see `invoke_replicated`).
         let (reply, replicated) = self.invoke_replicated::<String>(run_id, &inv).await;
         match reply {
             Ok(s) if s == "WON" => replicated.map(|()| None),
+            Ok(s) if s.starts_with("CLAIMED|") => {
+                let mut parts = s.splitn(3, '|').skip(1);
+                let until = parts.next().unwrap_or_default();
+                let by = parts.next().unwrap_or_default().to_owned();
+                human::claim_of(by, until)
+                    .map(|c| Err(Error::Claimed(c)))
+                    .unwrap_or_else(|| Err(Error::Corrupt(format!("request {rid}: bad claim"))))
+            }
             Ok(s) => Ok(Some(s.parse().map_err(Error::Corrupt)?)),
             Err(e) => Err(script_error(e, run_id)),
         }
@@ -1105,6 +1136,7 @@ fn parse_interaction(
         .unwrap_or("")
         .parse()
         .map_err(|e| bad("state", e))?;
+    let (claim, votes) = human::claim_and_votes(h, Timestamp::now());
     let response = match h.get("response") {
         Some(r) => Some(serde_json::from_str(r).map_err(|e| bad("response", e.to_string()))?),
         None => None,
@@ -1116,6 +1148,8 @@ fn parse_interaction(
         answered_at: h.get("answered_at").and_then(|t| t.parse().ok()),
         resume_seq: h.get("resume_seq").and_then(|t| t.parse().ok()),
         traceparent: h.get("traceparent").cloned(),
+        claim,
+        votes,
     }))
 }
 
@@ -1169,6 +1203,7 @@ fn record_fields(r: &RunRecord) -> Vec<(String, String)> {
         ("result", &r.result),
         ("error", &r.error),
         ("agent_dir", &r.agent_dir),
+        ("submitted_by", &r.submitted_by),
     ] {
         if let Some(v) = v {
             f.push((k.into(), v.clone()));
@@ -1207,6 +1242,7 @@ fn parse_record(run_id: RunId, h: &HashMap<String, String>) -> Result<RunRecord,
         result: get("result"),
         error: get("error"),
         agent_dir: get("agent_dir"),
+        submitted_by: get("submitted_by"),
     })
 }
 
