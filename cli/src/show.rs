@@ -452,6 +452,13 @@ fn summary(e: &Event) -> String {
             }
             s
         }
+        Event::Escalated(x) => format!(
+            "step {} of {} (after {}){}",
+            x.step,
+            x.of,
+            humantime::format_duration(x.what.after),
+            crate::render::escalation_what(&x.what)
+        ),
         Event::SystemMessage(m) => format!(
             "{}: {}",
             format!("{:?}", m.level).to_lowercase(),

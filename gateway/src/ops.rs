@@ -305,7 +305,7 @@ impl Gateway {
                 ..Answered::decided(run)
             });
         }
-        if !ix.request.allows(&response.responder, groups) {
+        if !may_answer(&ix, &response.responder, groups) {
             return Err(ResponseError::NotAllowed(response.responder.id.clone()).into());
         }
         let now = Timestamp::now();
@@ -399,7 +399,7 @@ impl Gateway {
     ) -> Result<Answered, ApiError> {
         let q = &ix.request;
         let who = response.responder.id.clone();
-        if !approvals.admits(&who, groups) {
+        if !may_vote(ix, approvals, &who, groups) {
             return Err(ApiError::new(
                 ErrorCode::Forbidden,
                 format!(
@@ -525,12 +525,12 @@ impl Gateway {
             ));
         }
         let who = responder.id.clone();
-        let may_answer = ix.request.allows(&responder, groups)
+        let may_answer = may_answer(&ix, &responder, groups)
             && ix
                 .request
                 .approvals
                 .as_ref()
-                .is_none_or(|a| a.admits(&who, groups));
+                .is_none_or(|a| may_vote(&ix, a, &who, groups));
         let someone_elses = ix.claim.as_ref().is_some_and(|c| c.by != who);
         let mode = match (body.release, someone_elses && operator) {
             (true, true) => ClaimMode::Break,
@@ -936,7 +936,23 @@ pub fn interaction_view(run_id: RunId, ix: &StoredInteraction) -> InteractionVie
             .approvals
             .as_ref()
             .map(|a| Tally::of(&ix.votes, a.min)),
+        escalated: ix.escalated,
+        added_responders: ix.added_responders.clone(),
     }
+}
+
+/// Whether `responder` (a member of `groups`) may answer `ix`: its `allowed_responders`, or
+/// one its escalation added.
+pub fn may_answer(ix: &StoredInteraction, responder: &Responder, groups: &[String]) -> bool {
+    ix.request.allows(responder, groups)
+        || delta_protocol::human::admitted_by(&ix.added_responders, &responder.id, groups)
+}
+
+/// Whether `id` (a member of `groups`) may vote on `ix`: `approvals.of`, or one its escalation
+/// added.
+fn may_vote(ix: &StoredInteraction, approvals: &Approvals, id: &str, groups: &[String]) -> bool {
+    approvals.admits(id, groups)
+        || delta_protocol::human::admitted_by(&ix.added_responders, id, groups)
 }
 
 /// The free text a vote journals: the reason given (`input`, else `feedback`), `"***"` for a

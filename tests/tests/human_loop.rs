@@ -727,3 +727,142 @@ async fn a_storm_of_votes_and_claims_resumes_each_run_once() {
     assert!(tally.keys().any(|k| k.starts_with("vote ok")));
     assert!(tally.keys().any(|k| k.starts_with("claim ok")));
 }
+
+/// Escalation steps are carried out on time by the gateways alone (every worker stopped), each
+/// once although two gateways run the reconciler: a reminder, more responders (who may then
+/// answer and claim), the default applied; each is journaled and announced on NATS and the live
+/// stream; the run resumes with the default when a worker is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn escalation_steps_fire_on_time_with_every_worker_stopped() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = tokens_file(
+        dir.path(),
+        &[
+            ("sub", &token("sub"), "submit, answer", ""),
+            ("alice", &token("alice"), "answer", ""),
+            ("carol", &token("carol"), "answer", "oncall"),
+        ],
+    );
+    let mut fleet = Fleet::start_with("hle", 2, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    fleet.add_agent(
+        "escalating",
+        "name: escalating\nbrain: scripted\n",
+        "steps:\n  - ask_human:\n      prompt: \"Restart the database?\"\n      allowed_responders: [alice]\n      default_option_id: later\n      escalation:\n        - {after: 2s, remind: true}\n        - {after: 4s, add_responders: [\"group:oncall\"]}\n        - {after: 7s, apply_default: true}\n      options:\n        - {id: now, label: Now}\n        - {id: later, label: Later}\n  - finish: \"chose ${answer}\"\n",
+    );
+    let who = |n: &str| fleet.client.with_token(Some(&token(n)));
+    let (sub, carol) = (who("sub"), who("carol"));
+    let nc = fleet.nats().await;
+    let mut escalated = nc
+        .subscribe("hle.interactions.escalated.>")
+        .await
+        .expect("sub");
+    let run = submit(&sub, "escalating").await;
+    let rid = pending(&sub, run).await;
+    for w in &mut fleet.workers {
+        delta_e2e::workers::stop(w);
+    }
+    let (_, view) = sub
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    let asked: delta_protocol::Timestamp =
+        serde_json::from_value(view["created_at"].clone()).expect("created_at");
+    assert_eq!(view["escalated"], 0);
+    // Before the second step carol may not answer.
+    let claim = format!("/v1/interactions/{rid}/claim");
+    let (s, b) = carol.post(&claim, &json!({})).await.expect("claim");
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{b}"
+    );
+
+    let mut steps = vec![];
+    for expected in 1..=3 {
+        let m = tokio::time::timeout(Duration::from_secs(15), escalated.next())
+            .await
+            .expect("a step in time")
+            .expect("message");
+        let seen_at = delta_protocol::Timestamp::now();
+        let e: delta_protocol::Escalated = serde_json::from_slice(&m.payload).expect("escalated");
+        assert_eq!(
+            (e.step, e.of, e.request_id.to_string()),
+            (expected, 3, rid.clone())
+        );
+        let due = asked.micros() + i64::try_from(e.what.after.as_micros()).unwrap();
+        assert_eq!(e.due_at.micros(), due);
+        let late_ms = (seen_at.micros() - due) / 1000;
+        assert!(
+            (0..2000).contains(&late_ms),
+            "step {expected} was announced {late_ms} ms after it was due"
+        );
+        if expected == 2 {
+            // The on-call group may answer now: carol can claim it (and give it back).
+            let (s, b) = carol.post(&claim, &json!({})).await.expect("claim");
+            assert_eq!(s, 200, "{b}");
+            let (s, _) = carol
+                .post(&claim, &json!({"release": true}))
+                .await
+                .expect("release");
+            assert_eq!(s, 200);
+            let (_, v) = carol
+                .get(&format!("/v1/interactions/{rid}"))
+                .await
+                .expect("get");
+            assert_eq!(v["added_responders"], json!(["group:oncall"]));
+        }
+        steps.push(e);
+    }
+    assert!(steps[0].what.remind && !steps[1].what.add_responders.is_empty());
+    assert!(steps[2].what.apply_default);
+    let (_, v) = sub
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(
+        (v["state"].as_str(), v["escalated"].as_u64()),
+        (Some("EXPIRED"), Some(3))
+    );
+    // The live stream has them too.
+    let mut live = sub
+        .sse("/v1/interactions/stream", Some(0))
+        .await
+        .expect("sse");
+    let mut on_stream = 0;
+    while on_stream < 3 {
+        let e = live.next(Duration::from_secs(10)).await.expect("an event");
+        if e.event == "escalated" {
+            on_stream += 1;
+        }
+    }
+    // A worker again: the run goes on with the default.
+    fleet.add_worker("back");
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(stored.record.result.as_deref(), Some("chose later"));
+    let journaled: Vec<u32> = stored
+        .journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Escalated(x) => Some(x.step),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        journaled,
+        [1, 2, 3],
+        "each step journaled once, with two gateways"
+    );
+    let note = stored
+        .journal
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::SystemMessage(m) if m.content.contains("escalation") => Some(m.content.clone()),
+            _ => None,
+        })
+        .expect("the default's note");
+    assert!(
+        note.contains("applied the default option `later`"),
+        "{note}"
+    );
+}

@@ -20,9 +20,9 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 pub use delta_protocol::{
-    Change, Claim, InteractionRequest, InteractionResponse, InteractionState, InteractionType,
-    InteractionUpdate, JobKind, JournalEvent, RequestId, Resolved, RunId, RunStatus, Tally,
-    Timestamp, Via,
+    Change, Claim, Escalated, EscalationStep, InteractionRequest, InteractionResponse,
+    InteractionState, InteractionType, InteractionUpdate, JobKind, JournalEvent, RequestId,
+    Resolved, RunId, RunStatus, Tally, Timestamp, Via,
 };
 
 pub mod openapi;
@@ -346,6 +346,9 @@ pub mod sse {
     /// `GET /v1/interactions/stream`: a pending question was claimed, released, its claim
     /// broken, or a vote on it counted (`data` = `InteractionUpdate`).
     pub const UPDATED: &str = "updated";
+    /// `GET /v1/interactions/stream`: a step of a question's escalation was carried out
+    /// (`data` = `Escalated`).
+    pub const ESCALATED: &str = "escalated";
 
     /// One event of a live stream as a client reads it: its `id` (to resume from), its name and
     /// its `data` lines joined.
@@ -442,6 +445,11 @@ pub struct InteractionView {
     /// Where its votes stand (a question with `approvals`); always present (`null` otherwise).
     #[schema(required = true)]
     pub tally: Option<Tally>,
+    /// How many of its `escalation` steps were carried out.
+    pub escalated: u32,
+    /// Who its escalation let answer besides `request.allowed_responders`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added_responders: Vec<String>,
 }
 
 /// `GET /v1/interactions`: a page of interactions, oldest first.

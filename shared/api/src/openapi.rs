@@ -19,11 +19,11 @@ use utoipa::{Modify, OpenApi};
 use crate::{
     AnswerAccepted, AnswerBody, AnswerStatus, BotReply, CancelBody, CancelResult, ClaimBody,
     ClaimState, ClaimedResponder, DeadLetterDropped, DeadLetterPage, DeadLetterRetried,
-    DeadLetterView, DlqQuery, DroppedStatus, ErrorBody, ErrorCode, ErrorResponse, Health,
-    HealthStatus, InteractionPage, InteractionRequest, InteractionResponse, InteractionUpdate,
-    InteractionView, InteractionsQuery, Journal, JournalEvent, JournalQuery, QueueStats,
-    Reachability, Readiness, RequeuedStatus, Resolved, Run, RunAccepted, RunDetail, RunEnded,
-    RunPage, RunsQuery, StreamQuery, StreamTarget, StreamTicket, Submission, WorkerSeen,
+    DeadLetterView, DlqQuery, DroppedStatus, ErrorBody, ErrorCode, ErrorResponse, Escalated,
+    EscalationStep, Health, HealthStatus, InteractionPage, InteractionRequest, InteractionResponse,
+    InteractionUpdate, InteractionView, InteractionsQuery, Journal, JournalEvent, JournalQuery,
+    QueueStats, Reachability, Readiness, RequeuedStatus, Resolved, Run, RunAccepted, RunDetail,
+    RunEnded, RunPage, RunsQuery, StreamQuery, StreamTarget, StreamTicket, Submission, WorkerSeen,
 };
 
 /// The document as served.
@@ -386,6 +386,7 @@ impl Modify for Streams {
                     crate::sse::REQUESTED: {"$ref": "#/components/schemas/InteractionRequest"},
                     crate::sse::RESOLVED: {"$ref": "#/components/schemas/Resolved"},
                     crate::sse::UPDATED: {"$ref": "#/components/schemas/InteractionUpdate"},
+                    crate::sse::ESCALATED: {"$ref": "#/components/schemas/Escalated"},
                 }),
             ),
         ];
@@ -461,7 +462,7 @@ impl Modify for Streams {
         StreamTarget, StreamTicket,
         InteractionView, InteractionPage, InteractionRequest, InteractionResponse, AnswerBody,
         ClaimedResponder, AnswerStatus, AnswerAccepted, Resolved, JournalEvent,
-        ClaimBody, ClaimState, InteractionUpdate,
+        ClaimBody, ClaimState, InteractionUpdate, Escalated, EscalationStep,
         WorkerSeen, QueueStats, Health, HealthStatus, Reachability, Readiness,
         DeadLetterView, DeadLetterPage, DeadLetterRetried, RequeuedStatus, DeadLetterDropped, DroppedStatus,
     )),

@@ -783,23 +783,32 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     async fn apply_timeout(&mut self, q: &InteractionRequest) -> Result<Received, Error> {
         match timeout_answer(q) {
             Some(a) => {
+                let when = match q.expires_at.filter(|_| q.is_expired_at(Timestamp::now())) {
+                    Some(t) => format!("before {t}"),
+                    // Closed by the last step of its escalation, before any deadline.
+                    None => "by the last step of its escalation".to_owned(),
+                };
                 self.push(Event::SystemMessage(SystemMessage {
                     level: MessageLevel::Warn,
                     content: format!(
-                        "no answer to request {} before {}: applied the default option `{}`",
+                        "no answer to request {} {when}: applied the default option `{}`",
                         q.request_id,
-                        q.expires_at.map(|t| t.to_string()).unwrap_or_default(),
                         a.response.option_id.clone().unwrap_or_default()
                     ),
                 }));
                 Ok(Received::Answer(Box::new(a)))
             }
             None => {
-                let error = format!(
-                    "interaction {} expired at {} without an answer and has no default option",
-                    q.request_id,
-                    q.expires_at.map(|t| t.to_string()).unwrap_or_default()
-                );
+                let error = match q.expires_at.filter(|_| q.is_expired_at(Timestamp::now())) {
+                    Some(t) => format!(
+                        "interaction {} expired at {t} without an answer and has no default option",
+                        q.request_id
+                    ),
+                    None => format!(
+                        "interaction {} was closed by the last step of its escalation (apply_default) and has no default option",
+                        q.request_id
+                    ),
+                };
                 let outcome = self.finish(Terminal::Failed, None, Some(error)).await?;
                 Ok(Received::Stop(Some(outcome)))
             }
@@ -1151,6 +1160,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         q.sensitive = ask.sensitive;
         q.allowed_responders.clone_from(&ask.allowed_responders);
         q.approvals.clone_from(&ask.approvals);
+        q.escalation.clone_from(&ask.escalation);
         q.input_type = ask.input_type.clone().unwrap_or(if ask.options.is_empty() {
             if ask.sensitive {
                 InputType::Password
@@ -1241,6 +1251,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         terminate.is_dangerous = true;
         q.options = vec![approve, retry, reject, terminate];
         q.approvals.clone_from(&tool.approvals);
+        q.escalation.clone_from(&tool.escalation);
         self.tool_context(&mut q, req, tool);
         self.with_timeout(&mut q, None, None);
         q

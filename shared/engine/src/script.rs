@@ -82,6 +82,9 @@ pub struct AskHuman {
     /// approves, `APPROVE_AND_EXECUTE`, and one that does not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approvals: Option<delta_protocol::Approvals>,
+    /// What happens while it waits: reminders, more responders, its default applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalation: Vec<delta_protocol::EscalationStep>,
 }
 
 impl AskHuman {
@@ -94,6 +97,7 @@ impl AskHuman {
             "allowed_responders",
             &self.allowed_responders,
         )?;
+        delta_protocol::human::check_escalation(&self.escalation)?;
         if let Some(a) = &self.approvals {
             a.check()?;
             let approves = self

@@ -180,6 +180,10 @@ pub struct ToolConfig {
     /// (docs/protocol.md §3 "Quorum").
     #[serde(default)]
     pub approvals: Option<delta_protocol::Approvals>,
+    /// What happens while its approval question waits (reminders, more approvers, its
+    /// default applied), carried out by the gateway.
+    #[serde(default)]
+    pub escalation: Vec<delta_protocol::EscalationStep>,
     #[serde(default)]
     pub dangerous: bool,
     /// Argument patterns that make one call dangerous: `{parameter: regex}`. A call is dangerous
@@ -294,6 +298,8 @@ pub struct Tool {
     pub approval: Approval,
     /// `approvals:`: its approval questions are decided by votes.
     pub approvals: Option<delta_protocol::Approvals>,
+    /// `escalation:` of its approval questions.
+    pub escalation: Vec<delta_protocol::EscalationStep>,
     pub dangerous: bool,
     /// `dangerous_if`, compiled: a call whose argument matches is dangerous.
     pub dangerous_if: Vec<(String, regex::Regex)>,
@@ -548,6 +554,12 @@ impl Tool {
                 ));
             }
         }
+        delta_protocol::human::check_escalation(&c.escalation).map_err(ToolError::Approvals)?;
+        if !c.escalation.is_empty() && c.approval == Approval::Never {
+            return Err(ToolError::Approvals(
+                "`escalation` needs `approval: always` or `approval: when_dangerous` (it escalates the approval question)".into(),
+            ));
+        }
         let mut dangerous_if = vec![];
         for (param, pattern) in &c.dangerous_if {
             if !params.iter().any(|p| &p.name == param) {
@@ -567,6 +579,7 @@ impl Tool {
             form,
             approval: c.approval,
             approvals: c.approvals.clone(),
+            escalation: c.escalation.clone(),
             dangerous: c.dangerous,
             dangerous_if,
             idempotent: c.idempotent,

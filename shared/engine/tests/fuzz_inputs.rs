@@ -280,6 +280,7 @@ fn step() -> impl Strategy<Value = (Step, Value)> {
                     details: None,
                     allowed_responders: vec![],
                     approvals: None,
+                    escalation: vec![],
                 };
                 let v = json!({"ask_human": serde_json::to_value(&ask).expect("ser")});
                 (Step::Ask { ask_human: ask }, v)

@@ -210,6 +210,119 @@ pub struct Claim {
     pub until: Timestamp,
 }
 
+/// One step of `escalation:` (docs/protocol.md §3 "Escalation"): once the question has been
+/// pending for `after`, remind people of it, let more people answer it, or apply its default.
+/// The gateway carries each step out once, on time, with no worker running.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EscalationStep {
+    /// How long after the question was asked: `90s`, `15m`, `1h`, `1h 30m`, or seconds.
+    #[serde(with = "after")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "15m"))]
+    pub after: std::time::Duration,
+    /// Announce it again (`escalated`, with `remind: true`): channels notify people anew.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remind: bool,
+    /// Let these responders (ids, `group:<name>`) answer and vote too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub add_responders: Vec<String>,
+    /// Settle the question with its default option (the run fails without one), as its
+    /// deadline would. Only the last step may.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub apply_default: bool,
+}
+
+/// The most steps an escalation may have, and the longest `after`.
+pub const MAX_ESCALATION_STEPS: usize = 10;
+pub const MAX_ESCALATION_AFTER: std::time::Duration =
+    std::time::Duration::from_secs(90 * 24 * 3600);
+
+/// Checks an `escalation:` list, with a message naming the step that is wrong.
+pub fn check_escalation(steps: &[EscalationStep]) -> Result<(), String> {
+    if steps.len() > MAX_ESCALATION_STEPS {
+        return Err(format!(
+            "`escalation` has {} steps; at most {MAX_ESCALATION_STEPS}",
+            steps.len()
+        ));
+    }
+    let mut last = std::time::Duration::ZERO;
+    for (i, s) in steps.iter().enumerate() {
+        let n = i + 1;
+        if s.after < std::time::Duration::from_secs(1) || s.after > MAX_ESCALATION_AFTER {
+            return Err(format!(
+                "`escalation` step {n}: `after` must be 1 s to 90 days"
+            ));
+        }
+        if i > 0 && s.after <= last {
+            return Err(format!(
+                "`escalation` step {n}: `after` ({}) must be later than the step before ({})",
+                humantime::format_duration(s.after),
+                humantime::format_duration(last)
+            ));
+        }
+        last = s.after;
+        if !s.remind && s.add_responders.is_empty() && !s.apply_default {
+            return Err(format!(
+                "`escalation` step {n} does nothing: give it `remind: true`, `add_responders` or `apply_default: true`"
+            ));
+        }
+        if s.apply_default && n != steps.len() {
+            return Err(format!(
+                "`escalation` step {n}: only the last step may `apply_default` (the question is settled then)"
+            ));
+        }
+        check_responder_list("escalation.add_responders", &s.add_responders)?;
+    }
+    Ok(())
+}
+
+/// `after` as people write it (`15m`, `1h 30m`) or as seconds; written back as `15m`.
+mod after {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Secs(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Secs(s) => Ok(Duration::from_secs(s)),
+            Raw::Text(t) => humantime::parse_duration(t.trim()).map_err(|e| {
+                D::Error::custom(format!(
+                    "`after: {t}` is not a duration ({e}); write e.g. 90s, 15m, 1h or 1h 30m"
+                ))
+            }),
+        }
+    }
+}
+
+/// An escalation step carried out (the journal's `ESCALATED`, and the payload of
+/// `…interactions.escalated.<agent>.<run_id>` and the live stream's `escalated` event).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Escalated {
+    pub request_id: RequestId,
+    pub run_id: crate::RunId,
+    pub agent: String,
+    /// Which step (1 for the first) of how many.
+    pub step: u32,
+    pub of: u32,
+    /// The step as declared.
+    #[serde(flatten)]
+    pub what: EscalationStep,
+    /// When it was due, and when it was carried out.
+    pub due_at: Timestamp,
+    pub at: Timestamp,
+}
+
 /// What changed on a pending question short of settling it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -386,6 +499,42 @@ mod tests {
         assert!(loose.check().unwrap_err().contains("distinct"));
         assert!(serde_json::from_value::<Approvals>(json!({"min": 1, "quorum": 2})).is_err());
         assert!(a.admits("x", &["leads".into()]) && !a.admits("x", &[]));
+    }
+
+    #[test]
+    fn escalation_steps_read_as_people_write_them_and_are_checked() {
+        let steps: Vec<EscalationStep> = serde_json::from_value(json!([
+            {"after": "15m", "remind": true},
+            {"after": "1h", "add_responders": ["group:oncall"]},
+            {"after": 14400, "apply_default": true}
+        ]))
+        .unwrap();
+        assert_eq!(steps[0].after.as_secs(), 900);
+        assert_eq!(steps[2].after.as_secs(), 4 * 3600);
+        assert!(check_escalation(&steps).is_ok());
+        assert_eq!(serde_json::to_value(&steps[1]).unwrap()["after"], "1h");
+        let bad = |v: Value| -> String {
+            match serde_json::from_value::<Vec<EscalationStep>>(v) {
+                Ok(s) => check_escalation(&s).unwrap_err(),
+                Err(e) => e.to_string(),
+            }
+        };
+        assert!(bad(json!([{"after": "soon", "remind": true}])).contains("not a duration"));
+        assert!(
+            bad(json!([{"after": "1h", "remind": true}, {"after": "30m", "remind": true}]))
+                .contains("step 2")
+        );
+        assert!(bad(json!([{"after": "1h"}])).contains("does nothing"));
+        assert!(
+            bad(json!([{"after": "1h", "apply_default": true}, {"after": "2h", "remind": true}]))
+                .contains("only the last")
+        );
+        assert!(
+            bad(json!([{"after": "1h", "add_responders": ["group:"]}])).contains("add_responders")
+        );
+        assert!(
+            bad(json!([{"after": "1h", "remind": true, "page": true}])).contains("unknown field")
+        );
     }
 
     #[test]

@@ -34,7 +34,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-pub use human::{Approvals, Ballot, Change, Claim, InteractionUpdate, Tally, Vote};
+pub use human::{
+    Approvals, Ballot, Change, Claim, Escalated, EscalationStep, InteractionUpdate, Tally, Vote,
+};
 pub use time::Timestamp;
 
 /// Timestamps: RFC 3339, UTC, always six fractional digits (`2026-11-20T10:00:00.123456Z`).
@@ -280,6 +282,8 @@ pub enum Event {
     /// A vote on a question that needs several approvals, journaled by the gateway as it counts
     /// it (docs/protocol.md §3, "Quorum").
     HumanVote(Vote),
+    /// A step of a question's escalation, carried out by the gateway while the run waits.
+    Escalated(Escalated),
     SystemMessage(SystemMessage),
     EngineEnd(EngineEnd),
 }
@@ -296,6 +300,7 @@ impl Event {
             Event::HumanInputRequest(_) => "HUMAN_INPUT_REQUEST",
             Event::HumanInputReceived(_) => "HUMAN_INPUT_RECEIVED",
             Event::HumanVote(_) => "HUMAN_VOTE",
+            Event::Escalated(_) => "ESCALATED",
             Event::SystemMessage(_) => "SYSTEM_MESSAGE",
             Event::EngineEnd(_) => "ENGINE_END",
         }
@@ -811,6 +816,10 @@ pub struct InteractionRequest {
     /// Decided by votes: how many must approve, and who may vote (docs/protocol.md §3, "Quorum").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approvals: Option<Approvals>,
+    /// What happens while it waits: reminders, more responders, its default applied
+    /// (docs/protocol.md §3 "Escalation"), carried out by the gateway.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalation: Vec<EscalationStep>,
     /// The SHA-256 of what the request shows ([`human::request_hash`]), set when it is asked. An
     /// answer that echoes another hash is refused (`409 stale`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -843,6 +852,7 @@ impl InteractionRequest {
             context: BTreeMap::new(),
             allowed_responders: vec![],
             approvals: None,
+            escalation: vec![],
             request_hash: None,
         }
     }

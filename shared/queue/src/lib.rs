@@ -106,6 +106,10 @@ impl Names {
     pub fn resolved_subject(&self, agent: &str, run: &str) -> String {
         format!("{}.interactions.resolved.{agent}.{run}", self.prefix)
     }
+    /// Where a question's escalation steps are announced (`Escalated`).
+    pub fn escalated_subject(&self, agent: &str, run: &str) -> String {
+        format!("{}.interactions.escalated.{agent}.{run}", self.prefix)
+    }
     /// Where a pending question's claims and votes are announced (`InteractionUpdate`).
     pub fn updated_subject(&self, agent: &str, run: &str) -> String {
         format!("{}.interactions.updated.{agent}.{run}", self.prefix)
@@ -564,6 +568,7 @@ impl Queue {
                     format!("{p}.interactions.requested.>"),
                     format!("{p}.interactions.resolved.>"),
                     format!("{p}.interactions.updated.>"),
+                    format!("{p}.interactions.escalated.>"),
                 ],
                 retention: stream::RetentionPolicy::Limits,
                 storage: stream::StorageType::File,
@@ -753,6 +758,21 @@ impl Queue {
         self.publish(subject, HeaderMap::new(), payload)
             .await
             .map(drop)
+    }
+
+    /// Announces an escalation step carried out, on `…interactions.escalated.<agent>.<run_id>`
+    /// (idempotent per step).
+    pub async fn publish_escalated(&self, e: &delta_protocol::Escalated) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("escalated:{}:{}", e.request_id, e.step).as_str(),
+        );
+        let payload = serde_json::to_vec(e).unwrap_or_default();
+        let subject = self
+            .names
+            .escalated_subject(&e.agent, &e.run_id.to_string());
+        self.publish(subject, headers, payload).await.map(drop)
     }
 
     /// Says (core NATS, best effort) that the answer to `request_id`, accepted at `answered_at`,
@@ -953,6 +973,7 @@ impl Queue {
             .map_err(|e| err(e.into()))?;
         let requested = format!("{}.interactions.requested.", self.names.prefix);
         let updated = format!("{}.interactions.updated.", self.names.prefix);
+        let escalated = format!("{}.interactions.escalated.", self.names.prefix);
         Ok(messages.filter_map(move |m| {
             let event = m.ok().and_then(|m| {
                 let seq = m.info().ok()?.stream_sequence;
@@ -961,6 +982,8 @@ impl Queue {
                     "requested"
                 } else if subject.starts_with(&updated) {
                     "updated"
+                } else if subject.starts_with(&escalated) {
+                    "escalated"
                 } else {
                     "resolved"
                 };

@@ -58,7 +58,7 @@ use std::time::Duration;
 use redis::Script;
 
 pub mod access;
-pub use human::{ClaimMode, Claimed, Counted};
+pub use human::{ClaimMode, Claimed, Counted, Escalation};
 mod conn;
 mod human;
 mod index;
@@ -138,6 +138,8 @@ script_args!(
         // µs when the request was asked, and of its deadline ('' for none).
         asked_us,
         expires_us,
+        // µs when its first escalation step is due ('' for none).
+        escalate_us,
         traceparent,
         // The journal length the writer saw ('' when unknown): a takeover is refused when the
         // journal has grown since.
@@ -202,6 +204,7 @@ if status ~= '' then
       redis.call('HSET', okey, 'state', closed, 'answered_at', now)
       redis.call('ZREM', p .. ':interactions:pending', old)
       redis.call('ZREM', p .. ':interactions:deadlines', old)
+      redis.call('ZREM', p .. ':interactions:escalations', old)
     end
     redis.call('ZREM', p .. ':resumes', run .. '/' .. old)
   end
@@ -213,6 +216,7 @@ if status ~= '' then
       redis.call('ZADD', p .. ':interactions:all', asked_us, pending)
       redis.call('ZADD', p .. ':interactions:pending', asked_us, pending)
       if expires_us ~= '' then redis.call('ZADD', p .. ':interactions:deadlines', expires_us, pending) end
+      if escalate_us ~= '' then redis.call('ZADD', p .. ':interactions:escalations', escalate_us, pending) end
       redis.call('HSET', p .. ':interactions:runs', pending, run)
     end
   else
@@ -365,19 +369,22 @@ redis.call('HSET', KEYS[1], 'state', ARGV[1], 'answered_at', ARGV[3])
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'response', ARGV[2]) end
 redis.call('ZREM', ARGV[4] .. ':interactions:pending', ARGV[5])
 redis.call('ZREM', ARGV[4] .. ':interactions:deadlines', ARGV[5])
+redis.call('ZREM', ARGV[4] .. ':interactions:escalations', ARGV[5])
 redis.call('ZADD', ARGV[4] .. ':resumes', ARGV[7], ARGV[6])
 return 'WON'
 "#;
 
 /// Opens an answered interaction again (its answer was refused by the engine): `PENDING`,
-/// answer removed, back in the pending and deadline indexes. KEYS: the interaction. ARGV:
-/// bucket tag, request id, request time (µs), deadline (µs or ''), resume member.
+/// answer removed, back in the pending and deadline indexes (and the escalation index, for the
+/// reconciler to find its next step). KEYS: the interaction. ARGV: bucket tag, request id,
+/// request time (µs), deadline (µs or ''), resume member, `1` when it has an escalation.
 const REOPEN: &str = r#"
 if redis.call('HGET', KEYS[1], 'state') ~= 'ANSWERED' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'PENDING')
 redis.call('HDEL', KEYS[1], 'response', 'answered_at', 'resume_seq')
 redis.call('ZADD', ARGV[1] .. ':interactions:pending', ARGV[3], ARGV[2])
 if ARGV[4] ~= '' then redis.call('ZADD', ARGV[1] .. ':interactions:deadlines', ARGV[4], ARGV[2]) end
+if ARGV[6] == '1' then redis.call('ZADD', ARGV[1] .. ':interactions:escalations', 0, ARGV[2]) end
 redis.call('ZREM', ARGV[1] .. ':resumes', ARGV[5])
 return 1
 "#;
@@ -507,6 +514,10 @@ pub struct StoredInteraction {
     pub claim: Option<delta_protocol::Claim>,
     /// The votes cast on it (a question with `approvals`), in order.
     pub votes: Vec<delta_protocol::Vote>,
+    /// How many of its escalation steps were carried out.
+    pub escalated: u32,
+    /// Who its escalation let answer besides `allowed_responders` (`add_responders`).
+    pub added_responders: Vec<String>,
 }
 
 /// How a pending interaction is settled.
@@ -1061,7 +1072,8 @@ impl RedisRunStore {
                     .map(|t| t.micros().to_string())
                     .unwrap_or_default(),
             )
-            .arg(format!("{run_id}/{request_id}"));
+            .arg(format!("{run_id}/{request_id}"))
+            .arg(if q.escalation.is_empty() { "" } else { "1" });
         let (n, replicated) = self.invoke_replicated::<i64>(run_id, &inv).await;
         let n = n.map_err(backend)?;
         replicated?;
@@ -1150,6 +1162,11 @@ fn parse_interaction(
         traceparent: h.get("traceparent").cloned(),
         claim,
         votes,
+        escalated: h.get("escalated").and_then(|n| n.parse().ok()).unwrap_or(0),
+        added_responders: h
+            .get("added_responders")
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_default(),
     }))
 }
 
@@ -1379,6 +1396,15 @@ impl RunStore for RedisRunStore {
                     args.expires_us = q
                         .expires_at
                         .map(|t| t.micros().to_string())
+                        .unwrap_or_default();
+                    args.escalate_us = q
+                        .escalation
+                        .first()
+                        .map(|s| {
+                            (q.timestamp.micros()
+                                + i64::try_from(s.after.as_micros()).unwrap_or(i64::MAX / 2))
+                            .to_string()
+                        })
                         .unwrap_or_default();
                 }
                 StatusChange::Finished { result, error, .. } => {

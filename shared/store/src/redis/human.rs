@@ -57,6 +57,7 @@ redis.call('HSET', KEYS[1], 'state', 'ANSWERED', 'answered_at', ARGV[6], 'respon
 redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
 redis.call('ZREM', ARGV[10] .. ':interactions:pending', ARGV[11])
 redis.call('ZREM', ARGV[10] .. ':interactions:deadlines', ARGV[11])
+redis.call('ZREM', ARGV[10] .. ':interactions:escalations', ARGV[11])
 redis.call('ZADD', ARGV[10] .. ':resumes', ARGV[13], ARGV[12])
 return {'DECIDED', tostring(a), tostring(r)}
 "#;
@@ -86,6 +87,58 @@ end
 redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
 return {'OK', '', ''}
 "#;
+
+/// Carries out step `n` (0-based) of a question's escalation, once: journals it, counts it
+/// (`escalated`), widens who may answer (`added_responders`), schedules the next step or, with
+/// `apply_default`, settles the question `EXPIRED` and queues its resume. KEYS: the question,
+/// the run, its journal. ARGV: n, now, now (µs), the journal event (after its opening brace),
+/// the added responders' JSON after this step (`''`: unchanged), the next step's due time (µs,
+/// `''`: none), `1` to apply the default, bucket tag, request id, resume member, when to check
+/// the resume (µs). Returns `{outcome, x}`: `DONE`, `DEFAULT`, `STALE` (another gateway did this
+/// step: x is how many are done), `STATE` (not pending: x is the state).
+const ESCALATE: &str = r#"
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return redis.error_reply('NOTFOUND') end
+if st ~= 'PENDING' then
+  redis.call('ZREM', ARGV[8] .. ':interactions:escalations', ARGV[9])
+  return {'STATE', st}
+end
+local done = tonumber(redis.call('HGET', KEYS[1], 'escalated') or '0')
+if done ~= tonumber(ARGV[1]) then return {'STALE', tostring(done)} end
+local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0') + 1
+redis.call('XADD', KEYS[3], seq .. '-0', 'e', '{"seq":' .. seq .. ',"timestamp":"' .. ARGV[2] .. '",' .. ARGV[4])
+redis.call('HSET', KEYS[2], 'seq', seq, 'updated_at', ARGV[2])
+redis.call('HSET', KEYS[1], 'escalated', done + 1)
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'added_responders', ARGV[5]) end
+if ARGV[7] == '1' then
+  redis.call('HSET', KEYS[1], 'state', 'EXPIRED', 'answered_at', ARGV[2])
+  redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
+  redis.call('ZREM', ARGV[8] .. ':interactions:pending', ARGV[9])
+  redis.call('ZREM', ARGV[8] .. ':interactions:deadlines', ARGV[9])
+  redis.call('ZREM', ARGV[8] .. ':interactions:escalations', ARGV[9])
+  redis.call('ZADD', ARGV[8] .. ':resumes', ARGV[11], ARGV[10])
+  return {'DEFAULT', ''}
+end
+if ARGV[6] ~= '' then
+  redis.call('ZADD', ARGV[8] .. ':interactions:escalations', ARGV[6], ARGV[9])
+else
+  redis.call('ZREM', ARGV[8] .. ':interactions:escalations', ARGV[9])
+end
+return {'DONE', ''}
+"#;
+
+/// What [`RedisRunStore::escalate`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Escalation {
+    /// The step is journaled and counted; the next one (if any) is scheduled.
+    Done,
+    /// The step applied the default: the question is settled `EXPIRED`, its resume queued.
+    DefaultApplied,
+    /// Another gateway carried this step out already (`n` steps are done).
+    Stale(u32),
+    /// The question is no longer pending.
+    Settled(InteractionState),
+}
 
 /// What became of a vote ([`RedisRunStore::vote`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -213,6 +266,73 @@ impl RedisRunStore {
             replicated?;
         }
         Ok(counted)
+    }
+
+    /// Carries out step `n` (0-based) of `request`'s escalation, described by `event`, once
+    /// across every gateway: see [`ESCALATE`]. `added` is who may answer besides
+    /// `allowed_responders` after this step (`None`: unchanged); `next_due` when the next step is.
+    pub async fn escalate(
+        &self,
+        request: &InteractionRequest,
+        n: u32,
+        event: &delta_protocol::Escalated,
+        added: Option<&[String]>,
+        next_due: Option<Timestamp>,
+        check_after: Duration,
+    ) -> Result<Escalation, Error> {
+        let run_id = request.run_id;
+        let rid = request.request_id.to_string();
+        let now = event.at;
+        let json = serde_json::to_string(&Event::Escalated(event.clone())).unwrap_or_default();
+        let tail = json.strip_prefix('{').unwrap_or(&json).to_owned();
+        let check_at = now.micros() + i64::try_from(check_after.as_micros()).unwrap_or(0);
+        let script = Script::new(ESCALATE);
+        let mut inv = script.key(self.interaction_key(run_id, &rid));
+        inv.key(self.run_key(run_id))
+            .key(self.journal_key(run_id))
+            .arg(n)
+            .arg(now.to_string())
+            .arg(now.micros())
+            .arg(tail)
+            .arg(
+                added
+                    .map(|a| serde_json::to_string(a).unwrap_or_default())
+                    .unwrap_or_default(),
+            )
+            .arg(next_due.map(|t| t.micros().to_string()).unwrap_or_default())
+            .arg(if event.what.apply_default { "1" } else { "" })
+            .arg(self.run_tag(run_id))
+            .arg(&rid)
+            .arg(format!("{run_id}/{rid}"))
+            .arg(check_at);
+        let (reply, replicated) = self
+            .invoke_replicated::<(String, String)>(run_id, &inv)
+            .await;
+        let (outcome, x) = reply.map_err(|e| script_error(e, run_id))?;
+        match outcome.as_str() {
+            "DONE" => replicated.map(|()| Escalation::Done),
+            "DEFAULT" => replicated.map(|()| Escalation::DefaultApplied),
+            "STALE" => Ok(Escalation::Stale(x.parse().unwrap_or(0))),
+            "STATE" => Ok(Escalation::Settled(x.parse().map_err(Error::Corrupt)?)),
+            other => Err(Error::Corrupt(format!("escalate: unexpected `{other}`"))),
+        }
+    }
+
+    /// Schedules the look at a question's next escalation step for `due`.
+    pub async fn reschedule_escalation(
+        &self,
+        run_id: RunId,
+        request_id: delta_protocol::RequestId,
+        due: Timestamp,
+    ) -> Result<(), Error> {
+        let mut conn = self.connection();
+        redis::cmd("ZADD")
+            .arg(self.run_index(run_id, "interactions:escalations"))
+            .arg(due.micros())
+            .arg(request_id.to_string())
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(super::backend)
     }
 
     /// Takes, renews, releases or breaks `who`'s claim on question `request_id` of `run_id`.
