@@ -370,6 +370,7 @@ mod tests {
             expires_at: None,
             context: Default::default(),
             allowed_responders: vec![],
+            response_schema: None,
         }
     }
 

@@ -86,6 +86,7 @@ impl From<ResponseError> for ApiError {
             ResponseError::InputRequired(_) | ResponseError::EmptyInput => ErrorCode::InputRequired,
             ResponseError::InvalidArgs(_) => ErrorCode::InvalidArgs,
             ResponseError::NotAllowed(_) => ErrorCode::Forbidden,
+            ResponseError::InvalidData(_) => ErrorCode::InvalidData,
         };
         Self::new(code, e.to_string())
     }
@@ -140,6 +141,10 @@ mod tests {
             ResponseError::EmptyInput,
             ResponseError::InvalidArgs("x".into()),
             ResponseError::NotAllowed("bob".into()),
+            ResponseError::InvalidData(delta_protocol::schema::FieldError {
+                field: Some("email".into()),
+                message: "is required".into(),
+            }),
         ] {
             let code = e.code();
             assert_eq!(ApiError::from(e).code.as_str(), code);

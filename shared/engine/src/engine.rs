@@ -326,11 +326,11 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     /// Keeps the input of a sensitive answer for the tools, whether or not the answer is already
     /// journaled (a redelivered resume job hands it over again).
     pub fn remember_sensitive(&mut self, answer: &InteractionResponse) {
-        if let (Some((q, _)), Some(value)) =
-            (self.replay.interaction(answer.request_id), &answer.input)
+        if let Some((q, _)) = self.replay.interaction(answer.request_id)
             && q.is_sensitive()
+            && let Some(value) = secret_of(q, answer)
         {
-            self.secrets.insert(answer.request_id, value.clone());
+            self.secrets.insert(answer.request_id, value);
         }
     }
 
@@ -692,7 +692,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 }
                 self.push(Event::HumanInputReceived(record));
                 if q.is_sensitive()
-                    && let Some(secret) = accepted.response.input.clone()
+                    && let Some(secret) = secret_of(&q, &accepted.response)
                 {
                     self.secrets.insert(q.request_id, secret);
                 }
@@ -1052,10 +1052,13 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     break;
                 };
                 let id = &rest[start + 9..start + len];
-                let secret = id
+                // `<request_id>.<field>`: one field of a sensitive typed answer.
+                let (rid, field) = id.split_once('.').unwrap_or((id, ""));
+                let secret = rid
                     .parse::<RequestId>()
                     .ok()
-                    .and_then(|id| self.secrets.get(&id))
+                    .and_then(|rid| self.secrets.get(&rid))
+                    .and_then(|s| secret_field(s, field))
                     .ok_or_else(|| {
                         format!(
                             "the sensitive answer {{{{secret:{id}}}}} is not available: secrets are never stored, \
@@ -1063,7 +1066,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                         )
                     })?;
                 out.push_str(&rest[..start]);
-                out.push_str(secret);
+                out.push_str(&secret);
                 rest = &rest[start + len + 2..];
             }
             out.push_str(rest);
@@ -1076,6 +1079,14 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     fn mask(&self, mut text: String) -> String {
         for s in self.secrets.values().filter(|s| !s.is_empty()) {
             text = text.replace(s.as_str(), MASK);
+            // A typed answer's secret is its object: each of its texts is hidden too.
+            if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(s) {
+                for f in fields.values().filter_map(Value::as_str) {
+                    if !f.is_empty() {
+                        text = text.replace(f, MASK);
+                    }
+                }
+            }
         }
         text
     }
@@ -1165,6 +1176,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             })
             .collect();
         q.context.insert("tool".into(), json!(ASK_HUMAN));
+        q.response_schema.clone_from(&ask.response_schema);
         self.with_timeout(&mut q, ask.timeout_seconds, ask.default_option_id.clone());
         Ok(q)
     }
@@ -1385,12 +1397,39 @@ fn answer_observation(q: &InteractionRequest, a: &AcceptedAnswer) -> String {
             secret_ref(q.request_id)
         );
     }
+    if q.response_schema.is_some()
+        && let Some(data) = &a.response.data
+    {
+        // A typed answer: the object itself, as JSON.
+        return data.to_string();
+    }
     let input = a.response.input.clone().filter(|s| !s.trim().is_empty());
     match (&a.option, input) {
         (None, Some(text)) => text,
         (None, None) => String::new(),
         (Some(o), None) => format!("chose \"{}\" (option {})", o.label, o.option_id),
         (Some(o), Some(text)) => format!("chose \"{}\" (option {}): {text}", o.label, o.option_id),
+    }
+}
+
+/// The secret itself (`field` empty), or one field of a typed answer's object: a string as it
+/// is, any other value as JSON.
+fn secret_field<'s>(secret: &'s str, field: &str) -> Option<std::borrow::Cow<'s, str>> {
+    if field.is_empty() {
+        return Some(std::borrow::Cow::Borrowed(secret));
+    }
+    match serde_json::from_str::<Value>(secret).ok()?.get(field)? {
+        Value::String(s) => Some(std::borrow::Cow::Owned(s.clone())),
+        other => Some(std::borrow::Cow::Owned(other.to_string())),
+    }
+}
+
+/// The value a sensitive answer gives the tools through `{{secret:…}}`: its text, or the JSON of
+/// a typed answer's `data`.
+fn secret_of(q: &InteractionRequest, answer: &InteractionResponse) -> Option<String> {
+    match (&q.response_schema, &answer.data) {
+        (Some(_), Some(data)) => Some(data.to_string()),
+        _ => answer.input.clone(),
     }
 }
 

@@ -279,6 +279,7 @@ fn step() -> impl Strategy<Value = (Step, Value)> {
                     title: None,
                     details: None,
                     allowed_responders: vec![],
+                    response_schema: None,
                 };
                 let v = json!({"ask_human": serde_json::to_value(&ask).expect("ser")});
                 (Step::Ask { ask_human: ask }, v)

@@ -5,6 +5,7 @@
 //! no async, so that the CLI, the worker, the gateway and the fuzzers all agree by construction.
 
 pub mod journal;
+pub mod schema;
 pub mod secret;
 
 /// `url` (or several, separated by commas) with any user and password replaced by `***`, for
@@ -799,6 +800,10 @@ pub struct InteractionRequest {
     /// to answer at all. From the agent's `interaction_defaults` or the `ask_human` call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_responders: Vec<String>,
+    /// A typed answer: the restricted JSON Schema of MCP elicitation (see [`schema`]) that the
+    /// answer's `data` must fit. Absent: the answer is an option and/or free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_schema: Option<Value>,
 }
 
 impl InteractionRequest {
@@ -826,6 +831,7 @@ impl InteractionRequest {
             expires_at: None,
             context: BTreeMap::new(),
             allowed_responders: vec![],
+            response_schema: None,
         }
     }
 
@@ -930,6 +936,9 @@ pub enum ResponseError {
     InvalidArgs(String),
     #[error("`{0}` may not answer this request (it names who may: see allowed_responders)")]
     NotAllowed(String),
+    /// A typed answer's `data` does not fit the request's `response_schema`.
+    #[error("data refused: {0}")]
+    InvalidData(schema::FieldError),
 }
 
 impl ResponseError {
@@ -943,6 +952,7 @@ impl ResponseError {
             ResponseError::InputRequired(_) | ResponseError::EmptyInput => "input_required",
             ResponseError::InvalidArgs(_) => "invalid_args",
             ResponseError::NotAllowed(_) => "forbidden",
+            ResponseError::InvalidData(_) => "invalid_data",
         }
     }
 }
@@ -978,6 +988,18 @@ impl InteractionRequest {
             .input
             .as_deref()
             .is_some_and(|s| !s.trim().is_empty());
+        if let Some(v) = &self.response_schema {
+            // A typed answer is its `data`; text, if any, goes along as a comment.
+            let schema = schema::ResponseSchema::parse(v).map_err(|e| {
+                ResponseError::InvalidData(schema::FieldError {
+                    field: None,
+                    message: format!("this request cannot be answered: {e}"),
+                })
+            })?;
+            schema
+                .check(response.data.as_ref())
+                .map_err(ResponseError::InvalidData)?;
+        }
         if self.options.is_empty() {
             if response.option_id.is_some() {
                 return Err(ResponseError::InvalidOption {
@@ -985,7 +1007,7 @@ impl InteractionRequest {
                     valid: "(none: this request takes free text)".into(),
                 });
             }
-            if !has_input {
+            if !has_input && self.response_schema.is_none() {
                 return Err(ResponseError::EmptyInput);
             }
             return Ok(AcceptedAnswer {
@@ -1317,6 +1339,41 @@ mod tests {
                 .action,
             OptionAction::ProvideInfo
         );
+    }
+
+    #[test]
+    fn typed_requests_need_data_that_fits_their_schema() {
+        let mut req: InteractionRequest =
+            serde_json::from_value(approval_request_json()).expect("ok");
+        req.options.clear();
+        req.expires_at = None;
+        req.response_schema = Some(json!({"type": "object",
+            "properties": {"email": {"type": "string", "format": "email"},
+                           "args": {"type": "integer"}},
+            "required": ["email"]}));
+        let back: InteractionRequest =
+            serde_json::from_value(serde_json::to_value(&req).expect("ok")).expect("ok");
+        assert_eq!(back.response_schema, req.response_schema);
+        let now = Timestamp::now();
+        let with = |data: Value| {
+            let mut r = response(&req, None, None);
+            r.data = Some(data);
+            req.validate(r, now)
+        };
+        let ok = with(json!({"email": "ada@example.com", "args": 3})).expect("valid");
+        assert_eq!(ok.action, OptionAction::ProvideInfo);
+        let e = with(json!({"email": "ada"})).unwrap_err();
+        assert_eq!(e.code(), "invalid_data");
+        assert!(e.to_string().contains("field `email`"), "{e}");
+        let e = with(json!({"email": "a@b.c", "extra": 1})).unwrap_err();
+        assert!(e.to_string().contains("field `extra`"), "{e}");
+        let e = req
+            .validate(response(&req, None, Some("text")), now)
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_data", "text alone is no typed answer");
+        // Untyped requests never look at the schema rules.
+        req.response_schema = None;
+        assert!(req.validate(response(&req, None, Some("x")), now).is_ok());
     }
 
     #[test]
