@@ -183,6 +183,15 @@ impl Refused {
 pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionResponse, Refused> {
     let text = text.trim_end_matches(['\n', '\r']);
     let mut resp = InteractionResponse::new(q.request_id, local_responder(Via::File));
+    if q.response_schema.is_some() {
+        return Err(Refused::new(
+            "invalid_data",
+            format!(
+                "this request takes a typed answer: write it as {{\"data\": {}}} into response.json instead",
+                typed_example(q)
+            ),
+        ));
+    }
     if q.options.is_empty() {
         if text.trim().is_empty() {
             return Err(Refused::new(
@@ -243,6 +252,42 @@ pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionRespon
     resp.option_id = Some(option_id);
     resp.input = (!input.is_empty()).then_some(input);
     Ok(resp)
+}
+
+/// An example of a typed answer's `data` for `q`: each field with its default or a value of its
+/// kind (`{}` when `q` has no usable schema).
+pub fn typed_example(q: &InteractionRequest) -> String {
+    use delta_protocol::schema::{FieldKind, ResponseSchema};
+    let Some(schema) = q
+        .response_schema
+        .as_ref()
+        .and_then(|v| ResponseSchema::parse(v).ok())
+    else {
+        return "{}".into();
+    };
+    let mut obj = serde_json::Map::new();
+    for f in &schema.fields {
+        let v = f.default_value().unwrap_or_else(|| match &f.kind {
+            FieldKind::Text { format, .. } => {
+                Value::String(format.map(|f| f.example()).unwrap_or("…").to_owned())
+            }
+            FieldKind::Number { minimum, .. } => {
+                serde_json::json!(minimum.map(|m| m.max(0.0)).unwrap_or(1.0) as i64)
+            }
+            FieldKind::Boolean { .. } => Value::Bool(true),
+            FieldKind::Choice { choices, .. } => {
+                Value::String(choices.first().map(|c| c.value.clone()).unwrap_or_default())
+            }
+            FieldKind::Choices { choices, .. } => serde_json::json!(
+                choices
+                    .first()
+                    .map(|c| vec![c.value.clone()])
+                    .unwrap_or_default()
+            ),
+        });
+        obj.insert(f.name.clone(), v);
+    }
+    Value::Object(obj).to_string()
 }
 
 /// The arguments an answer picking `option_id` may edit: those of the tool call a

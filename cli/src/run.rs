@@ -411,6 +411,32 @@ fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, agent_dir: &Path) {
             q.default_option_id.as_deref().unwrap_or("the run fails")
         ));
     }
+    if let Some(schema) = q
+        .response_schema
+        .as_ref()
+        .and_then(|v| delta_protocol::schema::ResponseSchema::parse(v).ok())
+    {
+        for f in &schema.fields {
+            s.push_str(&format!(
+                "    {}{}{}\n",
+                f.name,
+                if f.required { " (required)" } else { "" },
+                f.title
+                    .as_deref()
+                    .map(|t| format!(": {t}"))
+                    .unwrap_or_default()
+            ));
+        }
+        s.push_str(&format!(
+            "  request: {}\n  answer:  echo '{{\"data\": {}}}' > {}\n  resume:  delta run --agent {}\n",
+            shown(&mailbox.request_path()),
+            crate::mailbox::typed_example(q),
+            shown(&mailbox.json_path()),
+            shown(agent_dir)
+        ));
+        eprint!("{s}");
+        return;
+    }
     let example = if q.options.is_empty() {
         "your answer".to_owned()
     } else {
