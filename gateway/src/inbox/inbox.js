@@ -394,7 +394,16 @@
           return v;
         };
       }
-      if (!wrap) wrap = el('div', { class: 'field' }, el('label', { for: id }, ...labelText), control, hint, err);
+      if (!wrap) {
+        // What the field takes, when the schema bounds it.
+        const range = (lo, hi, unit) => (lo !== undefined && hi !== undefined ? `From ${lo} to ${hi}${unit}.`
+          : lo !== undefined ? `At least ${lo}${unit}.` : hi !== undefined ? `At most ${hi}${unit}.` : '');
+        const bounds = (p.type === 'number' || p.type === 'integer')
+          ? range(p.minimum, p.maximum, '')
+          : choices ? '' : range(p.minLength, p.maxLength, ' characters');
+        wrap = el('div', { class: 'field' }, el('label', { for: id }, ...labelText), control, hint,
+          bounds ? el('p', { class: 'hint', text: bounds }) : null, err);
+      }
       if (must && control instanceof HTMLInputElement && control.type !== 'checkbox') control.required = true;
       if (must && control instanceof HTMLSelectElement) control.required = true;
       fields.push({ name, must, control, err, read, wrap });
