@@ -30,6 +30,7 @@ use crate::brain::{Brain, Decision, View, parse_tasks};
 use crate::script::AskHuman;
 use crate::tools::{self, Approval, Tool, ToolEnv};
 use delta_protocol::journal::{NextCall, Replay};
+use delta_protocol::schema::{FieldKind, ResponseSchema};
 use delta_protocol::{
     AcceptedAnswer, ActionRequest, ActionResult, ActionStatus, EngineEnd, EngineStart, Event,
     InputType, InteractionOption, InteractionRequest, InteractionResponse, InteractionType,
@@ -1077,14 +1078,25 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
 
     /// Hides every secret this process holds from text bound for the journal.
     fn mask(&self, mut text: String) -> String {
-        for s in self.secrets.values().filter(|s| !s.is_empty()) {
+        for (rid, s) in self.secrets.iter().filter(|(_, s)| !s.is_empty()) {
             text = text.replace(s.as_str(), MASK);
-            // A typed answer's secret is its object: each of its texts is hidden too.
-            if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(s) {
-                for f in fields.values().filter_map(Value::as_str) {
-                    if !f.is_empty() {
-                        text = text.replace(f, MASK);
-                    }
+            // A typed answer's secret is its object: each text field's value is hidden too (not
+            // its choices, numbers or booleans, which the schema itself shows).
+            let schema = self
+                .replay
+                .interaction(*rid)
+                .and_then(|(q, _)| q.response_schema.as_ref())
+                .and_then(|v| ResponseSchema::parse(v).ok());
+            if let (Some(schema), Ok(Value::Object(fields))) =
+                (schema, serde_json::from_str::<Value>(s))
+            {
+                let texts = schema
+                    .fields
+                    .iter()
+                    .filter(|f| matches!(f.kind, FieldKind::Text { .. }))
+                    .filter_map(|f| fields.get(&f.name).and_then(Value::as_str));
+                for t in texts.filter(|t| !t.is_empty()) {
+                    text = text.replace(t, MASK);
                 }
             }
         }
