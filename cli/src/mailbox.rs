@@ -254,6 +254,78 @@ pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionRespon
     Ok(resp)
 }
 
+/// One line per field of `q`'s typed answer (none without a usable schema), e.g.
+/// `email (required): Contact email - email` or `env: one of staging, production`.
+pub fn typed_fields(q: &InteractionRequest) -> Vec<String> {
+    use delta_protocol::schema::{FieldKind, ResponseSchema, number_text};
+    let Some(schema) = q
+        .response_schema
+        .as_ref()
+        .and_then(|v| ResponseSchema::parse(v).ok())
+    else {
+        return vec![];
+    };
+    let range = |lo: Option<String>, hi: Option<String>| match (lo, hi) {
+        (Some(l), Some(h)) => format!(" {l} to {h}"),
+        (Some(l), None) => format!(" from {l}"),
+        (None, Some(h)) => format!(" up to {h}"),
+        (None, None) => String::new(),
+    };
+    let values = |c: &[delta_protocol::schema::Choice]| {
+        c.iter()
+            .map(|c| c.value.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    schema
+        .fields
+        .iter()
+        .map(|f| {
+            let what = match &f.kind {
+                FieldKind::Text {
+                    format,
+                    min_length,
+                    max_length,
+                    ..
+                } => {
+                    let len = range(
+                        min_length.map(|n| n.to_string()),
+                        max_length.map(|n| n.to_string()),
+                    );
+                    let kind = format.map(|f| f.as_str()).unwrap_or("text");
+                    if len.is_empty() {
+                        kind.to_owned()
+                    } else {
+                        format!("{kind},{len} characters")
+                    }
+                }
+                FieldKind::Number {
+                    integer,
+                    minimum,
+                    maximum,
+                    ..
+                } => format!(
+                    "{}{}",
+                    if *integer { "integer" } else { "number" },
+                    range(minimum.map(number_text), maximum.map(number_text))
+                ),
+                FieldKind::Boolean { .. } => "true or false".to_owned(),
+                FieldKind::Choice { choices, .. } => format!("one of {}", values(choices)),
+                FieldKind::Choices { choices, .. } => format!("a list of {}", values(choices)),
+            };
+            format!(
+                "{}{}{} - {what}",
+                f.name,
+                if f.required { " (required)" } else { "" },
+                f.title
+                    .as_deref()
+                    .map(|t| format!(": {t}"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 /// An example of a typed answer's `data` for `q`: each field with its default or a value of its
 /// kind (`{}` when `q` has no usable schema).
 pub fn typed_example(q: &InteractionRequest) -> String {

@@ -411,21 +411,11 @@ fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, agent_dir: &Path) {
             q.default_option_id.as_deref().unwrap_or("the run fails")
         ));
     }
-    if let Some(schema) = q
-        .response_schema
-        .as_ref()
-        .and_then(|v| delta_protocol::schema::ResponseSchema::parse(v).ok())
-    {
-        for f in &schema.fields {
-            s.push_str(&format!(
-                "    {}{}{}\n",
-                f.name,
-                if f.required { " (required)" } else { "" },
-                f.title
-                    .as_deref()
-                    .map(|t| format!(": {t}"))
-                    .unwrap_or_default()
-            ));
+    let fields = crate::mailbox::typed_fields(q);
+    if !fields.is_empty() {
+        s.push_str("  fields:\n");
+        for f in fields {
+            s.push_str(&format!("    {f}\n"));
         }
         s.push_str(&format!(
             "  request: {}\n  answer:  echo '{{\"data\": {}}}' > {}\n  resume:  delta run --agent {}\n",

@@ -264,6 +264,13 @@ pub fn interaction(view: &InteractionView, now: DateTime<Utc>) -> String {
     if !q.options.is_empty() {
         s.push_str("options:\n");
     }
+    let fields = crate::mailbox::typed_fields(q);
+    if !fields.is_empty() {
+        s.push_str("fields (answer with --data, a JSON object):\n");
+        for f in fields {
+            s.push_str(&format!("  {f}\n"));
+        }
+    }
     for (i, o) in q.options.iter().enumerate() {
         let mut line = format!("  {}) {} [{}]", i + 1, o.label, o.option_id);
         if let Some(d) = &o.description {

@@ -1161,12 +1161,14 @@ async fn a_typed_question_is_shown_with_its_data_example_and_answered_with_data(
     let run = s(&rec["run_id"]).to_owned();
     let rid = s(&rec["pending_interaction"]["request_id"]).to_owned();
     let show = fleet.delta(&["pending", "show", &rid]).await;
-    assert!(
-        show.ok()
-            .contains(&format!("delta answer {rid} --data '{{\"copies\":1,")),
-        "{}",
-        show.stdout
-    );
+    for line in [
+        "fields (answer with --data, a JSON object):",
+        "  copies (required): Copies - integer 1 to 5",
+        "  env (required): Environment - one of staging, production",
+        &format!("delta answer {rid} --data '{{\"copies\":1,"),
+    ] {
+        assert!(show.ok().contains(line), "{line}: {}", show.stdout);
+    }
     let bad = fleet
         .delta(&[
             "answer",
