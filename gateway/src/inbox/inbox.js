@@ -310,8 +310,9 @@
   }
 
   /**
-   * The form of a typed question: one control per field, in the gateway's order (the fields
-   * listed in `required` first, as listed, then the others by name). Returns {node, read, mark}:
+   * The form of a typed question: one control per field, in the order every UI asks them (the fields
+   * listed in `required` first, as listed, then the others by name). Returns {node, inputs, read,
+   * mark}: `inputs()` lists its controls (cleared after a sensitive answer is sent);
    * `read()` gives the `data` object, or null when a required field is empty (said at the
    * field); `mark(message)` flags the field a refusal names.
    */
