@@ -919,8 +919,9 @@ async fn at_phone_width_nothing_overflows() {
                 .submit("chooser", "a rather long task name for a phone")
                 .await;
             let free = fleet.submit("hello", "greet").await;
+            let typed = fleet.submit("intake", "a form on a phone").await;
             let mut rids = vec![];
-            for run in [plan, approval, choice, free] {
+            for run in [plan, approval, choice, free, typed] {
                 rids.push(fleet.pending(run).await);
             }
             open_inbox(&browser, &fleet).await;
