@@ -816,7 +816,9 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
     let mut input = a.input;
     if input.is_none() && pending && q.is_sensitive() {
         let chosen = option.as_deref().and_then(|o| q.option(o));
-        let needs_text = q.options.is_empty() || chosen.is_some_and(|o| o.requires_input);
+        // A typed answer is its `--data`, not text.
+        let needs_text = (q.options.is_empty() && q.response_schema.is_none())
+            || chosen.is_some_and(|o| o.requires_input);
         if needs_text {
             let prompt = chosen
                 .and_then(|o| o.input_prompt.clone())

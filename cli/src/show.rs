@@ -198,6 +198,12 @@ pub fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
 fn answer_hint(ix: &InteractionView) -> String {
     let rid = ix.request_id;
     let sensitive = ix.request.is_sensitive();
+    if ix.request.response_schema.is_some() {
+        return format!(
+            "delta answer {rid} --data '{}'",
+            crate::mailbox::typed_example(&ix.request)
+        );
+    }
     match ix.request.options.first() {
         Some(o) => format!("delta answer {rid} --option {}", o.option_id),
         None if sensitive => format!("delta answer {rid}   (asks for it without echo)"),
@@ -314,6 +320,13 @@ pub fn interaction(view: &InteractionView, now: DateTime<Utc>) -> String {
     }
     if !q.options.is_empty() {
         s.push_str("options:\n");
+    }
+    let fields = crate::mailbox::typed_fields(q);
+    if !fields.is_empty() {
+        s.push_str("fields (answer with --data, a JSON object):\n");
+        for f in fields {
+            s.push_str(&format!("  {f}\n"));
+        }
     }
     for (i, o) in q.options.iter().enumerate() {
         let mut line = format!("  {}) {} [{}]", i + 1, o.label, o.option_id);

@@ -1151,6 +1151,84 @@ async fn dlq_ls_retry_and_drop_bring_dead_lettered_runs_back() {
     assert_eq!(q["dead_lettered"], 0, "{q}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_typed_question_is_shown_with_its_data_example_and_answered_with_data() {
+    let fleet = Fleet::start("opt", None, true).await;
+    fleet.add_agent(
+        "typed_secret",
+        "name: typed_secret\nbrain: scripted\n",
+        "steps:\n  - ask_human:\n      prompt: \"Login?\"\n      sensitive: true\n      response_schema: {type: object, properties: {user: {type: string}, pin: {type: string, minLength: 4}}, required: [user, pin]}\n  - finish: \"in as ${answer.user}\"\n",
+    );
+    let rec = submit_and_wait(&fleet, "intake", "q3").await;
+    let run = s(&rec["run_id"]).to_owned();
+    let rid = s(&rec["pending_interaction"]["request_id"]).to_owned();
+    let show = fleet.delta(&["pending", "show", &rid]).await;
+    for line in [
+        "fields (answer with --data, a JSON object):",
+        "  copies (required): Copies - integer 1 to 5",
+        "  env (required): Environment - one of staging, production",
+        &format!("delta answer {rid} --data '{{\"copies\":1,"),
+    ] {
+        assert!(show.ok().contains(line), "{line}: {}", show.stdout);
+    }
+    let bad = fleet
+        .delta(&[
+            "answer",
+            &rid,
+            "--data",
+            r#"{"email": "ada", "copies": 1, "env": "staging"}"#,
+        ])
+        .await;
+    bad.refused(1, "invalid_data");
+    assert!(bad.stderr.contains("field `email`"), "{}", bad.stderr);
+    let view = fleet
+        .delta(&["pending", "show", &rid, "--json"])
+        .await
+        .json();
+    assert_eq!(view["state"], "PENDING");
+    fleet
+        .delta(&[
+            "answer",
+            &rid,
+            "--data",
+            r#"{"email": "ada@example.com", "copies": 4, "env": "staging"}"#,
+        ])
+        .await
+        .ok();
+    let done = wait_status(&fleet, &run, "COMPLETED").await;
+    assert_eq!(
+        done["result"], "ada@example.com gets 4 on staging",
+        "{done}"
+    );
+
+    // A sensitive typed question takes its `--data` too: nothing is asked on the terminal, and
+    // the answer never shows.
+    let rec = submit_and_wait(&fleet, "typed_secret", "in").await;
+    let run = s(&rec["run_id"]).to_owned();
+    let rid = s(&rec["pending_interaction"]["request_id"]).to_owned();
+    let answered = delta(
+        &fleet.url,
+        None,
+        &[
+            "answer",
+            &rid,
+            "--data",
+            r#"{"user": "ada", "pin": "c4n4ry-77"}"#,
+        ],
+        Some(""),
+    )
+    .await;
+    answered.ok();
+    assert!(!answered.stderr.contains("(hidden)"), "{}", answered.stderr);
+    let done = wait_status(&fleet, &run, "COMPLETED").await;
+    assert!(!done.to_string().contains("c4n4ry-77"), "{done}");
+    let view = fleet
+        .delta(&["pending", "show", &rid, "--json"])
+        .await
+        .json();
+    assert_eq!(view["response"]["data"], "***");
+}
+
 /// `delta claim` takes, shows and gives back a claim; `delta answer` on a question that needs
 /// two approvals counts a vote and says so; `pending ls` and `pending show` show both; an
 /// answer pinned to another version of the question (`--request-hash`) is refused `stale`.

@@ -89,6 +89,7 @@ impl From<ResponseError> for ApiError {
             ResponseError::Stale(_) => ErrorCode::Stale,
             ResponseError::Claimed { .. } => ErrorCode::Claimed,
             ResponseError::AlreadyVoted(_) => ErrorCode::AlreadyVoted,
+            ResponseError::InvalidData(_) => ErrorCode::InvalidData,
         };
         Self::new(code, e.to_string())
     }
@@ -157,6 +158,10 @@ mod tests {
                 until: delta_protocol::Timestamp::now(),
             },
             ResponseError::AlreadyVoted("ada".into()),
+            ResponseError::InvalidData(delta_protocol::schema::FieldError {
+                field: Some("email".into()),
+                message: "is required".into(),
+            }),
         ] {
             let code = e.code();
             assert_eq!(ApiError::from(e).code.as_str(), code);

@@ -274,9 +274,6 @@ impl Gateway {
                 "the body's request_id is not {request_id}, the request being answered"
             )));
         }
-        if let Some(data) = &body.data {
-            check_data_shape(data)?;
-        }
         let response = InteractionResponse {
             request_id,
             option_id: body.option_id,
@@ -287,6 +284,13 @@ impl Gateway {
             request_hash: body.request_hash,
         };
         let (run_id, ix) = self.find(request_id).await?;
+        // A typed answer's `data` is checked against its schema instead (a field may be named
+        // `args` or `tasks`).
+        if let Some(data) = &response.data
+            && ix.request.response_schema.is_none()
+        {
+            check_data_shape(data)?;
+        }
         if ix.state != InteractionState::Pending {
             // A voter's same vote again (a retry after a 503), once the question is decided.
             let tally = ix

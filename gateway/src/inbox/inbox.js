@@ -282,6 +282,167 @@
     return { field: el('div', { class: 'field' }, label, input, hint), input };
   }
 
+  // ---------------------------------------------------------------------------------------
+  // Typed answers: a form from the request's `response_schema` (MCP elicitation's flat schema)
+
+  function isTyped(q) {
+    const s = q.response_schema;
+    return Boolean(s && typeof s === 'object' && s.properties && typeof s.properties === 'object');
+  }
+
+  /** The choices of an enum property: [{value, title}], or null when it is none. */
+  function choicesOf(p) {
+    if (Array.isArray(p.oneOf)) return p.oneOf.map((c) => ({ value: String(c.const), title: c.title || String(c.const) }));
+    if (Array.isArray(p.anyOf)) return p.anyOf.map((c) => ({ value: String(c.const), title: c.title || String(c.const) }));
+    if (Array.isArray(p.enum)) {
+      const names = Array.isArray(p.enumNames) ? p.enumNames : [];
+      return p.enum.map((v, i) => ({ value: String(v), title: names[i] || String(v) }));
+    }
+    return null;
+  }
+
+  /** `2026-11-24T10:00:00Z` as a datetime-local value (local time, minutes). */
+  function localDateTime(s) {
+    const t = Date.parse(s);
+    if (Number.isNaN(t)) return '';
+    const d = new Date(t - new Date(t).getTimezoneOffset() * 60000);
+    return d.toISOString().slice(0, 16);
+  }
+
+  /**
+   * The form of a typed question: one control per field, in the order every UI asks them (the fields
+   * listed in `required` first, as listed, then the others by name). Returns {node, inputs, read,
+   * mark}: `inputs()` lists its controls (cleared after a sensitive answer is sent);
+   * `read()` gives the `data` object, or null when a required field is empty (said at the
+   * field); `mark(message)` flags the field a refusal names.
+   */
+  function typedForm(q, rid) {
+    const schema = q.response_schema;
+    const required = Array.isArray(schema.required) ? schema.required.map(String) : [];
+    const names = Object.keys(schema.properties).sort((a, b) => {
+      const ia = required.indexOf(a); const ib = required.indexOf(b);
+      if (ia !== ib) return (ia < 0 ? Infinity : ia) - (ib < 0 ? Infinity : ib) || (a < b ? -1 : 1);
+      return a < b ? -1 : a > b ? 1 : 0;
+    });
+    const node = el('div', { class: 'typed-form' });
+    const fields = [];
+    names.forEach((name, index) => {
+      const p = schema.properties[name] || {};
+      const id = `f-${rid}-${index}`;
+      const must = required.includes(name);
+      const choices = p.type === 'array' ? choicesOf(p.items || {}) : choicesOf(p);
+      const hintId = `${id}-hint`;
+      const errId = `${id}-err`;
+      const err = el('p', { id: errId, class: 'field-error', role: 'alert' });
+      const labelText = [p.title || name, must ? el('span', { class: 'req', title: 'required', 'aria-hidden': 'true', text: ' *' }) : null];
+      const hint = p.description ? el('p', { id: hintId, class: 'hint', text: p.description }) : null;
+      const described = [p.description ? hintId : null, errId].filter(Boolean).join(' ');
+      let control; let read; let wrap;
+      if (p.type === 'boolean') {
+        control = el('input', { id, type: 'checkbox', name, 'aria-describedby': described });
+        control.checked = p.default === true;
+        read = () => control.checked;
+        wrap = el('div', { class: 'field field-check' }, el('label', { for: id }, control, ' ', ...labelText), hint, err);
+      } else if (p.type === 'array') {
+        const boxes = (choices || []).map((c, i) => {
+          const box = el('input', { id: `${id}-${i}`, type: 'checkbox', name, value: c.value });
+          box.checked = Array.isArray(p.default) && p.default.map(String).includes(c.value);
+          return { box, row: el('label', { for: `${id}-${i}`, class: 'choice' }, box, ' ', c.title) };
+        });
+        const bounds = [p.minItems !== undefined ? `at least ${p.minItems}` : null, p.maxItems !== undefined ? `at most ${p.maxItems}` : null].filter(Boolean).join(', ');
+        wrap = el('fieldset', { class: 'field field-choices', 'aria-describedby': described },
+          el('legend', { class: 'label' }, ...labelText), hint,
+          bounds ? el('p', { class: 'hint', text: `Choose ${bounds}.` }) : null,
+          ...boxes.map((b) => b.row), err);
+        control = boxes.length ? boxes[0].box : wrap;
+        read = () => {
+          const picked = boxes.filter((b) => b.box.checked).map((b) => b.box.value);
+          return picked.length || must ? picked : undefined;
+        };
+      } else if (choices) {
+        control = el('select', { id, name, 'aria-describedby': described },
+          el('option', { value: '', text: must ? 'Choose…' : '(none)' }),
+          ...choices.map((c) => el('option', { value: c.value, text: c.title })));
+        if (p.default !== undefined) control.value = String(p.default);
+        read = () => control.value === '' ? undefined : control.value;
+      } else if (p.type === 'number' || p.type === 'integer') {
+        control = el('input', {
+          id, name, type: 'number', inputmode: p.type === 'integer' ? 'numeric' : 'decimal',
+          step: p.type === 'integer' ? '1' : 'any', min: p.minimum, max: p.maximum, 'aria-describedby': described,
+        });
+        if (p.default !== undefined) control.value = String(p.default);
+        read = () => {
+          const v = control.value.trim();
+          if (v === '') return undefined;
+          const n = Number(v);
+          return Number.isFinite(n) ? n : v;
+        };
+      } else {
+        const kinds = { email: 'email', uri: 'url', date: 'date', 'date-time': 'datetime-local' };
+        const type = isSensitive(q) ? 'password' : (kinds[p.format] || 'text');
+        control = el('input', {
+          id, name, type, autocomplete: 'off', minlength: p.minLength, maxlength: p.maxLength,
+          'aria-describedby': described,
+        });
+        if (typeof p.default === 'string') control.value = p.format === 'date-time' ? localDateTime(p.default) : p.default;
+        read = () => {
+          const v = control.value;
+          if (v === '') return undefined;
+          if (p.format === 'date-time') {
+            const t = Date.parse(v);
+            return Number.isNaN(t) ? v : new Date(t).toISOString();
+          }
+          return v;
+        };
+      }
+      if (!wrap) {
+        // What the field takes, when the schema bounds it.
+        const range = (lo, hi, unit) => (lo !== undefined && hi !== undefined ? `From ${lo} to ${hi}${unit}.`
+          : lo !== undefined ? `At least ${lo}${unit}.` : hi !== undefined ? `At most ${hi}${unit}.` : '');
+        const bounds = (p.type === 'number' || p.type === 'integer')
+          ? range(p.minimum, p.maximum, '')
+          : choices ? '' : range(p.minLength, p.maxLength, ' characters');
+        wrap = el('div', { class: 'field' }, el('label', { for: id }, ...labelText), control, hint,
+          bounds ? el('p', { class: 'hint', text: bounds }) : null, err);
+      }
+      if (must && control instanceof HTMLInputElement && control.type !== 'checkbox') control.required = true;
+      if (must && control instanceof HTMLSelectElement) control.required = true;
+      fields.push({ name, must, control, err, read, wrap });
+      node.append(wrap);
+    });
+    const flag = (f, text) => {
+      f.err.textContent = text;
+      f.control.setAttribute('aria-invalid', 'true');
+      f.control.focus();
+    };
+    return {
+      node,
+      inputs: () => fields.map((f) => f.control),
+      read() {
+        const data = {};
+        for (const f of fields) {
+          f.err.textContent = '';
+          f.control.removeAttribute('aria-invalid');
+        }
+        for (const f of fields) {
+          const v = f.read();
+          if (v === undefined) {
+            if (f.must) { flag(f, 'Required.'); return null; }
+            continue;
+          }
+          data[f.name] = v;
+        }
+        return data;
+      },
+      /** Flags the field a refusal names (`field \`email\`: …`). */
+      mark(message) {
+        const m = /field `([^`]+)`/.exec(message || '');
+        const f = m && fields.find((x) => x.name === m[1]);
+        if (f) flag(f, message.slice(message.indexOf(m[0]) + m[0].length + 1).trim());
+      },
+    };
+  }
+
   /**
    * One question as a card. `place` is 'inbox' or 'run'. Returns the card object: {q, node,
    * settled, ...}. The node carries `data-request-id`; option buttons `data-option-id`.
@@ -398,6 +559,7 @@
 
     const outcome = el('p', { class: 'outcome', role: 'alert', hidden: true });
     const form = el('form', { class: 'answer', novalidate: true, 'aria-labelledby': headingId });
+    const typed = isTyped(q) ? typedForm(q, rid) : null;
 
     function setOutcome(text, kind, ...extra) {
       outcome.replaceChildren(text, ...extra);
@@ -405,7 +567,7 @@
       outcome.hidden = !text && !extra.length;
     }
 
-    function controls() { return form.querySelectorAll('button, input, textarea'); }
+    function controls() { return form.querySelectorAll('button, input, textarea, select'); }
     function setBusy(busy) {
       card.busy = busy;
       form.setAttribute('aria-busy', String(busy));
@@ -416,7 +578,7 @@
     function settle(kind, text, ...extra) {
       card.settled = true;
       card.node.classList.add('settled', `settled-${kind}`);
-      for (const c2 of card.node.querySelectorAll('button, input, textarea')) c2.disabled = true;
+      for (const c2 of card.node.querySelectorAll('button, input, textarea, select')) c2.disabled = true;
       setOutcome(text, kind, ...extra);
       if (kind !== 'ok') {
         const dismiss = el('button', { type: 'button', class: 'btn btn-small dismiss', text: 'Dismiss' });
@@ -506,13 +668,24 @@
         case 400:
         case 413:
           setOutcome(`Not accepted: ${err.message}`, 'error');
+          if (typed) typed.mark(err.message);
           return;
         default:
           setOutcome(err.status === 0 ? err.message : `The gateway could not take the answer (${err.message}). Try again.`, 'error');
       }
     }
 
-    if (!(q.options || []).length) {
+    if (typed) {
+      // A typed answer: a form, sent as `data`.
+      const submit = el('button', { type: 'submit', class: 'btn btn-primary', text: 'Send answer' });
+      form.append(typed.node, el('div', { class: 'actions' }, submit));
+      form.addEventListener('submit', (e) => {
+        e.preventDefault();
+        const data = typed.read();
+        if (!data) { setOutcome('Fill in the required fields first.', 'error'); return; }
+        send({ data }, sensitive ? typed.inputs() : []);
+      });
+    } else if (!(q.options || []).length) {
       // Free text.
       const { field, input } = answerField(q, `in-${rid}`, sensitive ? 'Your answer (hidden)' : 'Your answer', true);
       const submit = el('button', { type: 'submit', class: 'btn btn-primary', text: 'Send answer' });

@@ -60,6 +60,9 @@ pub enum ErrorCode {
     /// The submission or the answer's `data` is not valid (unknown agent, blank task, edited
     /// arguments the tool refuses, an `Idempotency-Key` reused for another body).
     InvalidArgs,
+    /// A typed answer's `data` does not fit the request's `response_schema` (the message names
+    /// the field).
+    InvalidData,
     /// Redis or NATS cannot be reached (try again), or the gateway lacks what it needs.
     Unavailable,
     /// The caller submitted more runs in the last minute than `DELTA_SUBMIT_PER_MINUTE` allows.
@@ -74,7 +77,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in the order the document lists them.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -86,6 +89,7 @@ impl ErrorCode {
         ErrorCode::InvalidOption,
         ErrorCode::InputRequired,
         ErrorCode::InvalidArgs,
+        ErrorCode::InvalidData,
         ErrorCode::Unavailable,
         ErrorCode::RateLimited,
         ErrorCode::Stale,
@@ -107,7 +111,10 @@ impl ErrorCode {
             | ErrorCode::AlreadyVoted => 409,
             ErrorCode::Expired => 410,
             ErrorCode::PayloadTooLarge => 413,
-            ErrorCode::InvalidOption | ErrorCode::InputRequired | ErrorCode::InvalidArgs => 422,
+            ErrorCode::InvalidOption
+            | ErrorCode::InputRequired
+            | ErrorCode::InvalidArgs
+            | ErrorCode::InvalidData => 422,
             ErrorCode::Unavailable => 503,
             ErrorCode::RateLimited => 429,
         }
@@ -127,6 +134,7 @@ impl ErrorCode {
             ErrorCode::InvalidOption => "invalid_option",
             ErrorCode::InputRequired => "input_required",
             ErrorCode::InvalidArgs => "invalid_args",
+            ErrorCode::InvalidData => "invalid_data",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::Stale => "stale",
@@ -471,7 +479,8 @@ pub struct InteractionPage {
 #[schema(examples(
     json!({"input": "Ada"}),
     json!({"option_id": "other", "input": "qa-east"}),
-    json!({"option_id": "approve", "data": {"args": {"env": "staging", "version": "1.4.2"}}})
+    json!({"option_id": "approve", "data": {"args": {"env": "staging", "version": "1.4.2"}}}),
+    json!({"data": {"email": "ada@example.com", "count": 3}})
 ))]
 pub struct AnswerBody {
     /// Optional; when given it must be the request of the path or subject (`400 bad_request`).
@@ -483,6 +492,9 @@ pub struct AnswerBody {
     pub input: Option<String>,
     /// Must be an object, with `args` an object (edited arguments of the tool call being
     /// approved) and `tasks` a list (an edited plan) when present, else `422 invalid_args`.
+    /// For a request with a `response_schema`: the typed answer itself, e.g.
+    /// `{"email": "ada@example.com", "count": 3}`, checked against the schema (`422 invalid_data`
+    /// naming the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -45,8 +45,8 @@ const OPEN: &[&str] = &[];
 
 use ErrorCode::{
     AlreadyResolved, AlreadyVoted, BadRequest, Claimed, Expired, Forbidden, InputRequired,
-    InvalidArgs, InvalidOption, NotFound, NotRetryable, PayloadTooLarge, RateLimited, Stale,
-    Unauthorized, Unavailable,
+    InvalidArgs, InvalidData, InvalidOption, NotFound, NotRetryable, PayloadTooLarge, RateLimited,
+    Stale, Unauthorized, Unavailable,
 };
 
 /// Every operation by `operationId`: the roles it needs (none: open to all) and the codes it may
@@ -139,6 +139,7 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
             InvalidOption,
             InputRequired,
             InvalidArgs,
+            InvalidData,
             Stale,
             Claimed,
             AlreadyVoted,
@@ -224,6 +225,9 @@ fn meaning(code: ErrorCode) -> &'static str {
         InvalidArgs => {
             "a submission's `agent` is not a name or not in the agents directory, its `task` is blank, or its `Idempotency-Key` was used for a different body; an answer's `data` is not an object, `data.args` not an object, `data.tasks` not a list, or edited arguments the tool refuses"
         }
+        InvalidData => {
+            "the request has a `response_schema` and the answer's `data` does not fit it: not an object, a required field missing, an unknown field, or a value of the wrong type, out of its bounds, not of its format or not one of its choices (the message names the field)"
+        }
         Unavailable => {
             "Redis or NATS cannot be reached (try again), or a sensitive answer reached a gateway without `DELTA_SECRETS_KEY`"
         }
@@ -268,6 +272,9 @@ fn example(code: ErrorCode) -> &'static str {
         }
         InputRequired => "option `other` needs a non-empty input",
         InvalidArgs => "`task` must not be empty",
+        InvalidData => {
+            "data refused: field `email`: `ada` is not a valid email (e.g. ada@example.com)"
+        }
         Unavailable => "the run store (Redis) is unavailable; try again shortly",
         RateLimited => {
             "`ci` submitted 600 runs in the last minute, as many as one identity may; try again in a few seconds"

@@ -30,6 +30,7 @@ use crate::brain::{Brain, Decision, View, parse_tasks};
 use crate::script::AskHuman;
 use crate::tools::{self, Approval, Tool, ToolEnv};
 use delta_protocol::journal::{NextCall, Replay};
+use delta_protocol::schema::{FieldKind, ResponseSchema};
 use delta_protocol::{
     AcceptedAnswer, ActionRequest, ActionResult, ActionStatus, EngineEnd, EngineStart, Event,
     InputType, InteractionOption, InteractionRequest, InteractionResponse, InteractionType,
@@ -326,11 +327,11 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     /// Keeps the input of a sensitive answer for the tools, whether or not the answer is already
     /// journaled (a redelivered resume job hands it over again).
     pub fn remember_sensitive(&mut self, answer: &InteractionResponse) {
-        if let (Some((q, _)), Some(value)) =
-            (self.replay.interaction(answer.request_id), &answer.input)
+        if let Some((q, _)) = self.replay.interaction(answer.request_id)
             && q.is_sensitive()
+            && let Some(value) = secret_of(q, answer)
         {
-            self.secrets.insert(answer.request_id, value.clone());
+            self.secrets.insert(answer.request_id, value);
         }
     }
 
@@ -703,7 +704,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 }
                 self.push(Event::HumanInputReceived(record));
                 if q.is_sensitive()
-                    && let Some(secret) = accepted.response.input.clone()
+                    && let Some(secret) = secret_of(&q, &accepted.response)
                 {
                     self.secrets.insert(q.request_id, secret);
                 }
@@ -1072,10 +1073,13 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     break;
                 };
                 let id = &rest[start + 9..start + len];
-                let secret = id
+                // `<request_id>.<field>`: one field of a sensitive typed answer.
+                let (rid, field) = id.split_once('.').unwrap_or((id, ""));
+                let secret = rid
                     .parse::<RequestId>()
                     .ok()
-                    .and_then(|id| self.secrets.get(&id))
+                    .and_then(|rid| self.secrets.get(&rid))
+                    .and_then(|s| secret_field(s, field))
                     .ok_or_else(|| {
                         format!(
                             "the sensitive answer {{{{secret:{id}}}}} is not available: secrets are never stored, \
@@ -1083,7 +1087,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                         )
                     })?;
                 out.push_str(&rest[..start]);
-                out.push_str(secret);
+                out.push_str(&secret);
                 rest = &rest[start + len + 2..];
             }
             out.push_str(rest);
@@ -1094,8 +1098,27 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
 
     /// Hides every secret this process holds from text bound for the journal.
     fn mask(&self, mut text: String) -> String {
-        for s in self.secrets.values().filter(|s| !s.is_empty()) {
+        for (rid, s) in self.secrets.iter().filter(|(_, s)| !s.is_empty()) {
             text = text.replace(s.as_str(), MASK);
+            // A typed answer's secret is its object: each text field's value is hidden too (not
+            // its choices, numbers or booleans, which the schema itself shows).
+            let schema = self
+                .replay
+                .interaction(*rid)
+                .and_then(|(q, _)| q.response_schema.as_ref())
+                .and_then(|v| ResponseSchema::parse(v).ok());
+            if let (Some(schema), Ok(Value::Object(fields))) =
+                (schema, serde_json::from_str::<Value>(s))
+            {
+                let texts = schema
+                    .fields
+                    .iter()
+                    .filter(|f| matches!(f.kind, FieldKind::Text { .. }))
+                    .filter_map(|f| fields.get(&f.name).and_then(Value::as_str));
+                for t in texts.filter(|t| !t.is_empty()) {
+                    text = text.replace(t, MASK);
+                }
+            }
         }
         text
     }
@@ -1187,6 +1210,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             })
             .collect();
         q.context.insert("tool".into(), json!(ASK_HUMAN));
+        q.response_schema.clone_from(&ask.response_schema);
         self.with_timeout(&mut q, ask.timeout_seconds, ask.default_option_id.clone());
         Ok(q)
     }
@@ -1409,12 +1433,39 @@ fn answer_observation(q: &InteractionRequest, a: &AcceptedAnswer) -> String {
             secret_ref(q.request_id)
         );
     }
+    if q.response_schema.is_some()
+        && let Some(data) = &a.response.data
+    {
+        // A typed answer: the object itself, as JSON.
+        return data.to_string();
+    }
     let input = a.response.input.clone().filter(|s| !s.trim().is_empty());
     match (&a.option, input) {
         (None, Some(text)) => text,
         (None, None) => String::new(),
         (Some(o), None) => format!("chose \"{}\" (option {})", o.label, o.option_id),
         (Some(o), Some(text)) => format!("chose \"{}\" (option {}): {text}", o.label, o.option_id),
+    }
+}
+
+/// The secret itself (`field` empty), or one field of a typed answer's object: a string as it
+/// is, any other value as JSON.
+fn secret_field<'s>(secret: &'s str, field: &str) -> Option<std::borrow::Cow<'s, str>> {
+    if field.is_empty() {
+        return Some(std::borrow::Cow::Borrowed(secret));
+    }
+    match serde_json::from_str::<Value>(secret).ok()?.get(field)? {
+        Value::String(s) => Some(std::borrow::Cow::Owned(s.clone())),
+        other => Some(std::borrow::Cow::Owned(other.to_string())),
+    }
+}
+
+/// The value a sensitive answer gives the tools through `{{secret:…}}`: its text, or the JSON of
+/// a typed answer's `data`.
+fn secret_of(q: &InteractionRequest, answer: &InteractionResponse) -> Option<String> {
+    match (&q.response_schema, &answer.data) {
+        (Some(_), Some(data)) => Some(data.to_string()),
+        _ => answer.input.clone(),
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub mod human;
 pub mod journal;
+pub mod schema;
 pub mod secret;
 
 /// `url` (or several, separated by commas) with any user and password replaced by `***`, for
@@ -824,6 +825,10 @@ pub struct InteractionRequest {
     /// answer that echoes another hash is refused (`409 stale`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_hash: Option<String>,
+    /// A typed answer: the restricted JSON Schema of MCP elicitation (see [`schema`]) that the
+    /// answer's `data` must fit. Absent: the answer is an option and/or free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_schema: Option<Value>,
 }
 
 impl InteractionRequest {
@@ -854,6 +859,7 @@ impl InteractionRequest {
             approvals: None,
             escalation: vec![],
             request_hash: None,
+            response_schema: None,
         }
     }
 
@@ -994,6 +1000,9 @@ pub enum ResponseError {
     },
     #[error("`{0}` has voted on this request already: a person votes once")]
     AlreadyVoted(String),
+    /// A typed answer's `data` does not fit the request's `response_schema`.
+    #[error("data refused: {0}")]
+    InvalidData(schema::FieldError),
 }
 
 impl ResponseError {
@@ -1010,6 +1019,7 @@ impl ResponseError {
             ResponseError::Stale(_) => "stale",
             ResponseError::Claimed { .. } => "claimed",
             ResponseError::AlreadyVoted(_) => "already_voted",
+            ResponseError::InvalidData(_) => "invalid_data",
         }
     }
 }
@@ -1052,6 +1062,18 @@ impl InteractionRequest {
             .input
             .as_deref()
             .is_some_and(|s| !s.trim().is_empty());
+        if let Some(v) = &self.response_schema {
+            // A typed answer is its `data`; text, if any, goes along as a comment.
+            let schema = schema::ResponseSchema::parse(v).map_err(|e| {
+                ResponseError::InvalidData(schema::FieldError {
+                    field: None,
+                    message: format!("this request cannot be answered: {e}"),
+                })
+            })?;
+            schema
+                .check(response.data.as_ref())
+                .map_err(ResponseError::InvalidData)?;
+        }
         if self.options.is_empty() {
             if response.option_id.is_some() {
                 return Err(ResponseError::InvalidOption {
@@ -1059,7 +1081,7 @@ impl InteractionRequest {
                     valid: "(none: this request takes free text)".into(),
                 });
             }
-            if !has_input {
+            if !has_input && self.response_schema.is_none() {
                 return Err(ResponseError::EmptyInput);
             }
             return Ok(AcceptedAnswer {
@@ -1410,6 +1432,41 @@ mod tests {
                 .action,
             OptionAction::ProvideInfo
         );
+    }
+
+    #[test]
+    fn typed_requests_need_data_that_fits_their_schema() {
+        let mut req: InteractionRequest =
+            serde_json::from_value(approval_request_json()).expect("ok");
+        req.options.clear();
+        req.expires_at = None;
+        req.response_schema = Some(json!({"type": "object",
+            "properties": {"email": {"type": "string", "format": "email"},
+                           "args": {"type": "integer"}},
+            "required": ["email"]}));
+        let back: InteractionRequest =
+            serde_json::from_value(serde_json::to_value(&req).expect("ok")).expect("ok");
+        assert_eq!(back.response_schema, req.response_schema);
+        let now = Timestamp::now();
+        let with = |data: Value| {
+            let mut r = response(&req, None, None);
+            r.data = Some(data);
+            req.validate(r, now)
+        };
+        let ok = with(json!({"email": "ada@example.com", "args": 3})).expect("valid");
+        assert_eq!(ok.action, OptionAction::ProvideInfo);
+        let e = with(json!({"email": "ada"})).unwrap_err();
+        assert_eq!(e.code(), "invalid_data");
+        assert!(e.to_string().contains("field `email`"), "{e}");
+        let e = with(json!({"email": "a@b.c", "extra": 1})).unwrap_err();
+        assert!(e.to_string().contains("field `extra`"), "{e}");
+        let e = req
+            .validate(response(&req, None, Some("text")), now)
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_data", "text alone is no typed answer");
+        // Untyped requests never look at the schema rules.
+        req.response_schema = None;
+        assert!(req.validate(response(&req, None, Some("x")), now).is_ok());
     }
 
     #[test]
