@@ -1477,6 +1477,7 @@ pub fn timeout_answer(q: &InteractionRequest) -> Option<AcceptedAnswer> {
         Responder {
             id: "timeout".into(),
             via: Via::Timeout,
+            on_behalf_of: None,
         },
     );
     resp.option_id = Some(option.option_id.clone());
