@@ -439,7 +439,7 @@ impl RedisRunStore {
                 .query_async(&mut conn)
                 .await;
         }
-        live.sort_by(|a, b| a.created_at.micros().cmp(&b.created_at.micros()));
+        live.sort_by_key(|d| d.created_at.micros());
         Ok(live)
     }
 
