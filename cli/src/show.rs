@@ -536,6 +536,14 @@ pub fn final_status(v: &RunEnded) -> String {
     s
 }
 
+/// A responder's id, with whom they answered for: `bob on behalf of alice`.
+pub fn who(r: &delta_protocol::Responder) -> String {
+    match &r.on_behalf_of {
+        Some(from) => format!("{} on behalf of {from}", r.id),
+        None => r.id.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -568,13 +576,5 @@ mod tests {
     fn an_unknown_event_still_shows_its_seq_and_type() {
         let e = json!({"seq": 3, "timestamp": "x", "type": "SOMETHING_NEW", "payload": {}});
         assert_eq!(unknown_journal_line(&e), "   3    SOMETHING_NEW");
-    }
-}
-
-/// A responder's id, with whom they answered for: `bob on behalf of alice`.
-pub fn who(r: &delta_protocol::Responder) -> String {
-    match &r.on_behalf_of {
-        Some(from) => format!("{} on behalf of {from}", r.id),
-        None => r.id.clone(),
     }
 }
