@@ -100,6 +100,13 @@ pub async fn ask(q: &InteractionRequest, cancel: &CancellationToken) -> Asked {
             "  (answer before {e}; then the default applies: {default})\n"
         ));
     }
+    if let Some(a) = &q.approvals {
+        // Votes, claims and escalation belong to the fleet's gateway; here one person answers.
+        header.push_str(&format!(
+            "  (in the fleet this needs {} approvals; here, your answer decides it)\n",
+            a.min
+        ));
+    }
     for (i, o) in q.options.iter().enumerate() {
         let mut line = format!("  {}) {}", i + 1, o.label);
         if o.label != o.option_id {

@@ -1554,3 +1554,119 @@ async fn a_schema_outside_the_subset_is_refused_when_the_script_loads() {
         assert!(e.to_string().contains("script.yaml"), "{e}");
     }
 }
+
+/// A tool's `approvals` and `escalation` reach its approval question, which carries the hash of
+/// what it shows (the same in the journal and in the pause); an `ask_human` step's too.
+#[tokio::test]
+async fn approvals_escalation_and_the_hash_reach_the_question() {
+    let config = "name: t\nbrain: scripted\ntools:\n  - name: deploy\n    exec: \"echo deploying ${env}\"\n    approval: always\n    approvals: {min: 2, of: [\"group:leads\"], veto: true}\n    escalation:\n      - {after: 15m, remind: true}\n      - {after: 1h, apply_default: true}\n";
+    let f = Fixture::with_config(
+        config,
+        "steps:\n  - tool: deploy\n    args: {env: prod}\n  - finish: done\n",
+    );
+    let id = f.start("go").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let a = q.approvals.clone().expect("approvals");
+    assert_eq!(
+        (a.min, a.of.as_slice(), a.veto),
+        (2, ["group:leads".to_owned()].as_slice(), true)
+    );
+    assert!(a.exclude_requester, "on by default");
+    assert_eq!(q.escalation.len(), 2);
+    assert_eq!(q.escalation[1].after.as_secs(), 3600);
+    let hash = q.request_hash.clone().expect("a hash");
+    assert_eq!(hash, q.hash(), "the hash of what it shows");
+    let journaled = f
+        .journal(id)
+        .await
+        .into_iter()
+        .find_map(|e| match e.event {
+            delta_protocol::Event::HumanInputRequest(q) => Some(q),
+            _ => None,
+        })
+        .expect("asked");
+    assert_eq!(journaled.request_hash.as_deref(), Some(hash.as_str()));
+    // An answer echoing another hash is refused; the right one is applied and journaled with it.
+    let mut stale = answer(&q, Some("approve"), None);
+    stale.request_hash = Some("0".repeat(64));
+    let e = f
+        .engine(id)
+        .await
+        .advance(Some(stale))
+        .await
+        .expect_err("stale");
+    assert!(e.to_string().contains("not the one you were shown"), "{e}");
+    let mut right = answer(&q, Some("approve"), None);
+    right.request_hash = Some(hash.clone());
+    f.engine(id)
+        .await
+        .advance(Some(right))
+        .await
+        .expect("applied");
+    let received = f
+        .journal(id)
+        .await
+        .into_iter()
+        .find_map(|e| match e.event {
+            delta_protocol::Event::HumanInputReceived(r) => Some(r),
+            _ => None,
+        })
+        .expect("received");
+    assert_eq!(received.request_hash.as_deref(), Some(hash.as_str()));
+}
+
+/// Approvals and escalation that cannot work are refused where they are declared, naming what is
+/// wrong: in `config.yaml` when the agent loads, on an `ask_human` step when the script loads.
+#[test]
+fn bad_approvals_and_escalation_are_refused_where_declared() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tool = |extra: &str| {
+        format!(
+            "name: t\nbrain: scripted\ntools:\n  - name: deploy\n    exec: \"echo ${{env}}\"\n{extra}"
+        )
+    };
+    std::fs::write(dir.path().join("script.yaml"), "steps:\n  - finish: done\n").expect("write");
+    for (config, says) in [
+        (
+            tool("    approval: always\n    approvals: {min: 0}\n"),
+            "approvals.min",
+        ),
+        (
+            tool("    approvals: {min: 2}\n"),
+            "needs `approval: always`",
+        ),
+        (
+            tool(
+                "    approval: always\n    escalation: [{after: 1h, remind: true}, {after: 30m, remind: true}]\n",
+            ),
+            "step 2",
+        ),
+        (
+            tool("    approval: always\n    escalation: [{after: soon, remind: true}]\n"),
+            "not a duration",
+        ),
+    ] {
+        std::fs::write(dir.path().join("config.yaml"), config).expect("write");
+        let e = Agent::load(dir.path()).map(|_| ()).expect_err("refused");
+        assert!(e.to_string().contains(says), "{says}: {e}");
+    }
+    std::fs::write(dir.path().join("config.yaml"), "name: t\nbrain: scripted\n").expect("write");
+    for (script, says) in [
+        (
+            "steps:\n  - ask_human:\n      prompt: x\n      approvals: {min: 2}\n      options: [{id: a}, {id: b}]\n",
+            "APPROVE_AND_EXECUTE",
+        ),
+        (
+            "steps:\n  - ask_human:\n      prompt: x\n      escalation: [{after: 1h}]\n",
+            "does nothing",
+        ),
+        (
+            "steps:\n  - ask_human:\n      prompt: x\n      allowed_responders: [\"group:\"]\n",
+            "allowed_responders",
+        ),
+    ] {
+        std::fs::write(dir.path().join("script.yaml"), script).expect("write");
+        let e = Agent::load(dir.path()).map(|_| ()).expect_err("refused");
+        assert!(e.to_string().contains(says), "{says}: {e}");
+    }
+}
