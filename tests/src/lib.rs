@@ -96,7 +96,8 @@ pub fn assert_each_step_once(run: &delta_store::StoredRun, steps: usize) {
 }
 
 /// A journal's events without what legitimately differs between two runs of the same agent
-/// with the same answers: times, durations, ids and the worker's name.
+/// with the same answers: times, durations, ids, the worker's name, and request hashes (a hash
+/// covers its request's ids and time).
 pub fn journal_shape(journal: &[delta_protocol::JournalEvent]) -> Vec<serde_json::Value> {
     journal
         .iter()
@@ -110,6 +111,7 @@ pub fn journal_shape(journal: &[delta_protocol::JournalEvent]) -> Vec<serde_json
                 "expires_at",
                 "duration_ms",
                 "worker",
+                "request_hash",
             ] {
                 if p.get(k).is_some() {
                     p[k] = serde_json::json!("*");
