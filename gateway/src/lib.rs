@@ -35,6 +35,7 @@ pub mod reconcile;
 pub mod sse;
 pub mod tickets;
 pub mod tls;
+pub mod trace;
 
 pub use config::Config;
 
