@@ -707,3 +707,51 @@ async fn an_expired_and_an_escalated_question_are_in_their_runs_traces() {
         "one event per escalation step"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_tool_approval_is_in_the_runs_trace() {
+    let (fleet, rx) = traced_fleet("trc").await;
+    let run = fleet.submit("gated", "shout").await;
+    let rid = fleet.pending(run).await;
+    let (status, body) = fleet
+        .client
+        .post(
+            &format!("/v1/runs/{run}/cancel"),
+            &json!({"reason": "cancel-reason-secret"}),
+        )
+        .await
+        .expect("cancel");
+    assert_eq!(status, 200, "{body}");
+    let run_s = run.to_string();
+    let spans = rx
+        .wait_for("the cancelled question's interaction", |spans| {
+            spans.iter().any(|s| {
+                s.name == "interaction" && s.attr("delta.interaction.request_id") == json!(rid)
+            })
+        })
+        .await;
+    let i = spans
+        .iter()
+        .find(|s| s.name == "interaction")
+        .expect("interaction");
+    let asked = spans
+        .iter()
+        .find(|s| s.name == "job" && s.attr("run_id") == json!(run_s))
+        .expect("the job that asked");
+    assert_eq!(i.parent, asked.span_id, "the interaction's parent asked");
+    assert_eq!(i.trace_id, asked.trace_id);
+    assert_eq!(i.attr("delta.interaction.type"), json!("TOOL_APPROVAL"));
+    assert_eq!(i.attr("delta.interaction.state"), json!("CANCELLED"));
+    assert_eq!(i.attr("delta.decision.source"), json!("cancel"));
+    assert_eq!(i.attr("delta.responder.id"), json!("an operator"));
+    assert_eq!(
+        i.attr("gen_ai.tool.name"),
+        json!("shout"),
+        "the call awaiting approval"
+    );
+    assert!(i.attr("gen_ai.tool.call.id").is_string());
+    for s in &spans {
+        let text = format!("{:?} {:?}", s.attrs, s.events);
+        assert!(!text.contains("cancel-reason-secret"), "{text}");
+    }
+}
