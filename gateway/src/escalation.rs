@@ -108,7 +108,16 @@ impl Gateway {
                         resolved_at: Timestamp::now(),
                         state: InteractionState::Expired,
                     };
-                    self.resume(&ix, resolved, None).await;
+                    let span = crate::trace::InteractionSpan::start(
+                        &ix,
+                        crate::trace::Settled::Expired {
+                            escalation: true,
+                            steps: u32::try_from(n + 1).unwrap_or(u32::MAX),
+                        },
+                    );
+                    let tp = span.traceparent(ix.traceparent.as_deref());
+                    self.resume(&ix, resolved, None, tp.as_deref()).await;
+                    span.end();
                     return Ok(done + 1);
                 }
                 Escalation::Stale(_) => {}

@@ -36,6 +36,7 @@ pub mod reconcile;
 pub mod sse;
 pub mod tickets;
 pub mod tls;
+pub mod trace;
 
 pub use config::Config;
 

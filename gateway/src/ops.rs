@@ -251,7 +251,13 @@ impl Gateway {
         groups: &[String],
     ) -> Result<Answered, ApiError> {
         let via = responder.via;
-        let result = self.answer_inner(request_id, body, responder, groups).await;
+        // Not entered: its parent (the question's `interaction` span, or the span that asked)
+        // is known only once the answer is handled (crate::trace).
+        let span = crate::trace::answer_span(request_id, &responder);
+        let mut trace = crate::trace::AnswerTrace::default();
+        let result = self
+            .answer_inner(request_id, body, responder, groups, &mut trace)
+            .await;
         let label = crate::metrics::ViaLabel {
             via: format!("{via:?}").to_lowercase(),
         };
@@ -259,6 +265,12 @@ impl Gateway {
             Ok(_) => self.metrics.answers_accepted.get_or_create(&label).inc(),
             Err(_) => self.metrics.answers_refused.get_or_create(&label).inc(),
         };
+        let outcome = match &result {
+            Ok(a) if a.status == AnswerStatus::Counted => Ok("counted"),
+            Ok(_) => Ok("accepted"),
+            Err(e) => Err(e.code.as_str()),
+        };
+        crate::trace::finish_answer(span, trace, outcome);
         result
     }
 
@@ -268,6 +280,7 @@ impl Gateway {
         body: AnswerBody,
         responder: Responder,
         groups: &[String],
+        trace: &mut crate::trace::AnswerTrace,
     ) -> Result<Answered, ApiError> {
         if body.request_id.is_some_and(|r| r != request_id) {
             return Err(ApiError::bad_request(format!(
@@ -284,6 +297,8 @@ impl Gateway {
             request_hash: body.request_hash,
         };
         let (run_id, ix) = self.find(request_id).await?;
+        trace.run_id = Some(run_id);
+        trace.asked = ix.traceparent.clone();
         // Someone who may not answer it themselves may with the authority of a person who
         // delegated to them: recorded as "on behalf of" that person.
         if !may_decide(&ix, &response.responder.id, groups) {
@@ -356,6 +371,7 @@ impl Gateway {
                     accepted,
                     &acting_groups,
                     now,
+                    trace,
                 )
                 .await;
         }
@@ -374,13 +390,15 @@ impl Gateway {
             self.store.sync(run_id).await?;
             return Ok(Answered::decided(run));
         }
-        self.decided(run_id, &ix, &response, accepted.action, now)
+        self.decided(run_id, &ix, &response, accepted.action, now, None, trace)
             .await?;
         Ok(Answered::decided(run_id))
     }
 
-    /// After this gateway settled `ix` with `response`: once it is on disk, the resume job and
-    /// the `resolved` announcement.
+    /// After this gateway settled `ix` with `response` (the last of `votes`, on a question with
+    /// `approvals`): once it is on disk, the `interaction` span, the resume job and the
+    /// `resolved` announcement.
+    #[allow(clippy::too_many_arguments)]
     async fn decided(
         &self,
         run_id: RunId,
@@ -388,6 +406,8 @@ impl Gateway {
         response: &InteractionResponse,
         action: OptionAction,
         now: Timestamp,
+        votes: Option<&[Vote]>,
+        trace: &mut crate::trace::AnswerTrace,
     ) -> Result<(), ApiError> {
         let request_id = ix.request.request_id;
         // Accepted only once it is on disk: no "accepted" that a Redis crash forgets while
@@ -407,7 +427,18 @@ impl Gateway {
             resolved_at: Timestamp::now(),
             state: InteractionState::Answered,
         };
-        self.resume(ix, resolved, Some(now)).await;
+        let span = crate::trace::InteractionSpan::start(
+            ix,
+            crate::trace::Settled::Answered {
+                responder: &response.responder,
+                option_id: response.option_id.as_deref(),
+                action,
+                votes,
+            },
+        );
+        let tp = span.traceparent(ix.traceparent.as_deref());
+        trace.decided = Some(span);
+        self.resume(ix, resolved, Some(now), tp.as_deref()).await;
         Ok(())
     }
 
@@ -433,6 +464,7 @@ impl Gateway {
         accepted: AcceptedAnswer,
         groups: &[String],
         now: Timestamp,
+        trace: &mut crate::trace::AnswerTrace,
     ) -> Result<Answered, ApiError> {
         let q = &ix.request;
         let who = response.responder.id.clone();
@@ -515,17 +547,18 @@ impl Gateway {
                 .into());
             }
         };
-        if status == AnswerStatus::Accepted {
-            self.decided(run_id, ix, &response, accepted.action, now)
-                .await?;
-        } else {
-            self.store.sync(run_id).await?;
-        }
         // The votes as stored now (others may have voted at the same time).
         let votes = match self.store.interaction(run_id, q.request_id).await {
             Ok(Some(now_ix)) => now_ix.votes,
             _ => ix.votes.iter().cloned().chain([vote]).collect(),
         };
+        if status == AnswerStatus::Accepted {
+            let action = accepted.action;
+            self.decided(run_id, ix, &response, action, now, Some(&votes), trace)
+                .await?;
+        } else {
+            self.store.sync(run_id).await?;
+        }
         let tally = Tally::of(&votes, approvals.min);
         self.announce(q, Change::Voted, &who, None, Some(tally.clone()))
             .await;
@@ -748,11 +781,13 @@ impl Gateway {
 
     /// After an interaction was settled: publish its run's resume job (idempotent), note it,
     /// announce `resolved`. A failure here is left to the resume reconciler.
+    /// `traceparent` is the question's `interaction` span (crate::trace), or what was stored.
     pub async fn resume(
         &self,
         ix: &StoredInteraction,
         resolved: Resolved,
         answered_at: Option<Timestamp>,
+        traceparent: Option<&str>,
     ) {
         let q = &ix.request;
         let job = Job {
@@ -760,7 +795,7 @@ impl Gateway {
             kind: JobKind::Resume,
             request_id: Some(q.request_id),
         };
-        let tp = ix.traceparent.as_deref();
+        let tp = traceparent;
         let msg_id = job.resume_msg_id(answered_at);
         match self.queue.publish_job_as(&q.agent, &job, &msg_id, tp).await {
             Ok(seq) => {
@@ -858,7 +893,16 @@ impl Gateway {
             resolved_at: Timestamp::now(),
             state: InteractionState::Expired,
         };
-        self.resume(&ix, resolved, None).await;
+        let span = crate::trace::InteractionSpan::start(
+            &ix,
+            crate::trace::Settled::Expired {
+                escalation: false,
+                steps: ix.escalated,
+            },
+        );
+        let tp = span.traceparent(ix.traceparent.as_deref());
+        self.resume(&ix, resolved, None, tp.as_deref()).await;
+        span.end();
         Ok(true)
     }
 
@@ -909,11 +953,13 @@ impl Gateway {
                 .await
                 .ok()
                 .flatten()
-                .filter(|ix| ix.state == InteractionState::Cancelled)
-                .map(|_| rid),
+                .filter(|ix| ix.state == InteractionState::Cancelled),
             None => None,
         };
-        if let Some(rid) = closed {
+        if let Some(ix) = closed {
+            let rid = ix.request.request_id;
+            crate::trace::InteractionSpan::start(&ix, crate::trace::Settled::Cancelled { by })
+                .end();
             let resolved = Resolved {
                 request_id: rid,
                 run_id,

@@ -1697,8 +1697,13 @@ async fn s6_a_sensitive_answer_appears_nowhere_but_in_its_tool() {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        // Every log has lines; the gateway has no spans of its own at INFO (checked below).
-        let must = if name.ends_with(".spans") { "" } else { "INFO" };
+        // Every log has lines; a gateway's spans are its questions' `interaction` spans and
+        // its answers' handling (a worker's are checked below).
+        let must = match name.as_str() {
+            n if n.starts_with("gateway") && n.ends_with(".spans") => "name: \"interaction\"",
+            n if n.ends_with(".spans") => "",
+            _ => "INFO",
+        };
         places.push((name, bytes, must));
     }
     let spans = files_under(logs.path())

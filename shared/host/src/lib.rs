@@ -8,6 +8,11 @@
 //!
 //! `DELTA_SPANS_FILE=<path>` writes every finished span as one line of text to that file instead
 //! (what an OTLP exporter would send, without a collector): the end-to-end tests read it.
+//!
+//! The provider is also installed as OpenTelemetry's global one, for the spans a program builds
+//! with OpenTelemetry's own API rather than through `tracing` (the gateway's `interaction` span
+//! starts when a question was asked, in the past: [`tracer`]). Without export the global provider
+//! stays the no-op one and those spans cost nothing.
 
 pub mod settings;
 
@@ -135,6 +140,9 @@ pub fn init_logging(default: &str, service: &str, rt: &tokio::runtime::Runtime) 
             }
         }
     };
+    if let Some(p) = &provider {
+        opentelemetry::global::set_tracer_provider(p.clone());
+    }
     let otel = provider.as_ref().map(|p| {
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer(service.to_owned()))
@@ -155,6 +163,40 @@ pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>) {
     let cx = TraceContextPropagator::new().extract(&carrier);
     // Fails only when the span is not exported (no OpenTelemetry layer): nothing to link then.
     let _ = span.set_parent(cx);
+}
+
+/// Makes `span` a child of the span in `cx`. Only before the span was first entered: the
+/// parent of a span already started stays (then, or without export, this does nothing).
+pub fn set_parent(span: &tracing::Span, cx: opentelemetry::Context) {
+    let _ = span.set_parent(cx);
+}
+
+/// The trace context in `traceparent` (a W3C header value), to parent a span on; an empty
+/// context (a new trace) when there is none or it does not parse.
+pub fn remote_context(traceparent: Option<&str>) -> opentelemetry::Context {
+    let Some(tp) = traceparent else {
+        return opentelemetry::Context::new();
+    };
+    let carrier = HashMap::from([("traceparent".to_owned(), tp.to_owned())]);
+    TraceContextPropagator::new().extract(&carrier)
+}
+
+/// The `traceparent` of the span in `cx`, when that span is recorded (exported); `None` for a
+/// context with no span or a span of the no-op provider (nothing exported).
+pub fn traceparent_of(cx: &opentelemetry::Context) -> Option<String> {
+    use opentelemetry::trace::TraceContextExt as _;
+    if !cx.span().is_recording() {
+        return None;
+    }
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(cx, &mut carrier);
+    carrier.remove("traceparent")
+}
+
+/// The tracer of spans built with OpenTelemetry's API (the global provider's: see the crate
+/// docs); a no-op one when nothing is exported.
+pub fn tracer(service: &'static str) -> opentelemetry::global::BoxedTracer {
+    opentelemetry::global::tracer(service)
 }
 
 /// The `traceparent` to write on messages sent from within `span`: the span itself when it is
