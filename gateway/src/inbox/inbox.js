@@ -1237,6 +1237,13 @@
         const who = p.responder ? `${responderLabel(p.responder)} via ${p.responder.via}` : 'someone';
         return `${who} ${p.ballot === 'approve' ? 'approves' : 'rejects'} (option ${p.option_id})${p.feedback ? `: “${cut(p.feedback, 200)}”` : ''}`;
       }
+      case 'ESCALATED': {
+        const did = [];
+        if (p.remind) did.push('reminded');
+        if ((p.add_responders || []).length) did.push(`added ${p.add_responders.join(', ')}`);
+        if (p.apply_default) did.push('applied the default');
+        return `step ${p.step} of ${p.of} (after ${p.after})${did.length ? `: ${did.join(', ')}` : ''}`;
+      }
       case 'SYSTEM_MESSAGE': return `${p.level ?? 'info'}: ${cut(p.content, 300)}`;
       case 'ENGINE_END': return `${p.status}${p.result ? `: ${cut(p.result, 300)}` : ''}${p.error ? `: ${cut(p.error, 300)}` : ''}`;
       default: return cut(JSON.stringify(p), 300);
