@@ -59,6 +59,7 @@ use redis::Script;
 
 pub mod access;
 mod conn;
+mod grants;
 mod index;
 mod migrate;
 mod retention;
