@@ -24,7 +24,10 @@ pub use delta_protocol::{
     JournalEvent, RequestId, Resolved, RunId, RunStatus, Timestamp, Via,
 };
 
+pub mod grants;
 pub mod openapi;
+
+pub use grants::{GrantList, GrantView, GrantsQuery};
 
 // ---------------------------------------------------------------------------------------------
 // Errors

@@ -16,6 +16,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder, Schema};
 use utoipa::{Modify, OpenApi};
 
+use crate::grants::{ArgMatch, Grant, GrantList, GrantRequest, GrantScope, GrantState, GrantView};
 use crate::{
     AnswerAccepted, AnswerBody, AnswerStatus, BotReply, CancelBody, CancelResult, ClaimedResponder,
     DeadLetterDropped, DeadLetterPage, DeadLetterRetried, DeadLetterView, DlqQuery, DroppedStatus,
@@ -166,6 +167,21 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
             NotRetryable,
             Unavailable,
         ],
+    ),
+    (
+        "listGrants",
+        ANSWER,
+        &[BadRequest, Unauthorized, Forbidden, NotFound, Unavailable],
+    ),
+    (
+        "getGrant",
+        ANSWER,
+        &[BadRequest, Unauthorized, Forbidden, NotFound, Unavailable],
+    ),
+    (
+        "revokeGrant",
+        ANSWER,
+        &[BadRequest, Unauthorized, Forbidden, NotFound, Unavailable],
     ),
     ("healthz", OPEN, &[]),
     ("readyz", OPEN, &[]),
@@ -411,6 +427,9 @@ impl Modify for Streams {
         paths::list_dead_letters,
         paths::drop_dead_letter,
         paths::retry_dead_letter,
+        crate::grants::paths::list_grants,
+        crate::grants::paths::get_grant,
+        crate::grants::paths::revoke_grant,
         paths::healthz,
         paths::readyz,
         paths::metrics,
@@ -428,6 +447,7 @@ impl Modify for Streams {
         ClaimedResponder, AnswerStatus, AnswerAccepted, Resolved, JournalEvent,
         WorkerSeen, QueueStats, Health, HealthStatus, Reachability, Readiness,
         DeadLetterView, DeadLetterPage, DeadLetterRetried, RequeuedStatus, DeadLetterDropped, DroppedStatus,
+        GrantView, GrantList, Grant, GrantRequest, GrantScope, GrantState, ArgMatch,
     )),
     modifiers(&Contract, &Streams),
 )]
