@@ -580,3 +580,55 @@ fn a_sensitive_answer_never_becomes_text_whatever_its_options_action() {
         assert!(!printed.contains(canary), "{action}: printed: {printed}");
     }
 }
+
+#[test]
+fn an_approval_in_the_mailbox_can_make_a_grant_for_later_runs() {
+    let s = Scratch::new();
+    let agent = s.agent(
+        "shipit",
+        "name: shipit\nbrain: scripted\ntools:\n  - name: deploy\n    exec: \"echo deployed ${env}\"\n    approval: always\n",
+        "steps:\n  - tool: deploy\n    args: {env: \"${task}\"}\n  - finish: \"${observation}\"\n",
+    );
+    let out = s.delta(&["run", "--agent", &agent, "--task", "staging"]);
+    assert_eq!(code(&out), 101, "{}", stderr(&out));
+    let req = s.read_json(".delta/interaction/request.json");
+    assert_eq!(req["type"], "TOOL_APPROVAL");
+    assert_eq!(req["context"]["grantable"], true);
+    let rid = req["request_id"].as_str().expect("id").to_owned();
+
+    // A bad grant is refused with its code; the run keeps waiting, the mailbox is left.
+    let mailbox = s.file(".delta/interaction/response.json");
+    std::fs::write(
+        &mailbox,
+        r#"{"option_id": "approve", "data": {"grant": {"args": {"region": "eu"}}}}"#,
+    )
+    .expect("answer");
+    let out = s.delta(&["run", "--agent", &agent]);
+    assert_eq!(code(&out), 101, "{}", stderr(&out));
+    assert!(stderr(&out).contains("invalid_args"), "{}", stderr(&out));
+    assert!(mailbox.exists(), "the mailbox is left as it is");
+
+    std::fs::write(
+        &mailbox,
+        r#"{"option_id": "approve", "data": {"grant": {"scope": "agent"}}}"#,
+    )
+    .expect("answer");
+    let out = s.delta(&["run", "--agent", &agent]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let grant = s.read_json(&format!(".delta/grants/{rid}.json"));
+    assert_eq!(grant["grant"]["scope"], "agent");
+    assert_eq!(grant["grant"]["created_by"]["via"], "file");
+
+    // The next run of the agent with the same call asks nothing; another call asks.
+    let out = s.delta(&["run", "--agent", &agent, "--task", "staging"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        s.journal().iter().any(|e| e["type"] == "SYSTEM_MESSAGE"
+            && e["payload"]["content"]
+                .as_str()
+                .is_some_and(|c| c.contains(&format!("approved by grant {rid}")))),
+        "the journal names the grant"
+    );
+    let out = s.delta(&["run", "--agent", &agent, "--task", "production"]);
+    assert_eq!(code(&out), 101, "{}", stderr(&out));
+}
