@@ -1169,6 +1169,14 @@ async fn grants_ls_and_revoke_after_an_answer_with_grant() {
     // Approve with --grant agent: the next run of the agent asks nothing.
     let rec = submit_and_wait(&fleet, "shipit", "staging").await;
     let rid = s(&rec["pending_interaction"]["request_id"]).to_owned();
+    let shown = fleet.delta(&["pending", "show", &rid]).await;
+    assert!(
+        shown.ok().contains(&format!(
+            "delta answer {rid} --option approve --grant run|agent"
+        )),
+        "{}",
+        shown.stdout
+    );
     fleet
         .delta(&["answer", &rid, "--option", "approve", "--grant", "agent"])
         .await

@@ -430,6 +430,8 @@ pub struct AnswerBody {
     pub input: Option<String>,
     /// Must be an object, with `args` an object (edited arguments of the tool call being
     /// approved) and `tasks` a list (an edited plan) when present, else `422 invalid_args`.
+    /// With an approval of a tool call, `grant` (a `GrantRequest`) also approves later calls
+    /// like it (docs/protocol.md "Grants and policy").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
