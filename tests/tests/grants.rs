@@ -219,3 +219,79 @@ async fn grants_made_over_http_and_nats_approve_later_runs_until_revoked_or_used
     assert_eq!(states, [&json!("REVOKED"), &json!("REVOKED")], "{all}");
     let _ = rid_prod;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn policy_and_grantable_false_are_enforced_in_the_fleet() {
+    let fleet = Fleet::start("grb", 1, 1).await;
+    fleet.add_agent(
+        "guarded_ops",
+        "name: guarded_ops\nbrain: scripted\ntools:\n  - name: deploy\n    exec: \"echo deployed ${env}\"\n    approval: always\n  - name: wipe\n    exec: \"echo wiped ${what}\"\n    grantable: false\n",
+        "steps:\n  - tool: deploy\n    args: {env: production}\n  - tool: deploy\n    args: {env: staging}\n  - tool: wipe\n    args: {what: cache}\n  - finish: \"${observation}\"\n",
+    );
+    std::fs::write(
+        fleet.gateway_spec.agents_dir.join("guarded_ops").join("policy.yaml"),
+        "rules:\n  - {name: no-prod, tool: deploy, args: {env: \"prod.*\"}, effect: deny, reason: release team only}\n  - {name: staging-ok, tool: deploy, args: {env: staging}, effect: allow}\n  - {name: careful-wipe, tool: wipe, effect: require_approval}\n",
+    )
+    .expect("policy");
+    let run = fleet.submit("guarded_ops", "t").await;
+    let rid = fleet.pending(run).await;
+    let (_, q) = fleet
+        .client
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("question");
+    let ctx = &q["request"]["context"];
+    assert_eq!(
+        (&ctx["tool"], &ctx["policy_rule"], &ctx["grantable"]),
+        (&json!("wipe"), &json!("careful-wipe"), &json!(false)),
+        "{q}"
+    );
+    // A grant for a tool that is not grantable: refused at the gateway, the question stays.
+    let (s, b) = fleet
+        .answer(&rid, json!({"option_id": "approve", "data": {"grant": {}}}))
+        .await;
+    assert_eq!(
+        (s, &b["error"]["code"]),
+        (422, &json!("invalid_args")),
+        "{b}"
+    );
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("grantable: false")),
+        "{b}"
+    );
+    let (s, b) = fleet.answer(&rid, json!({"option_id": "approve"})).await;
+    assert_eq!(s, 200, "{b}");
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    let results: Vec<(String, String)> = stored
+        .journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ActionResult(r) => {
+                Some((format!("{:?}", r.status), r.observation_content.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        results,
+        [
+            (
+                "Rejected".to_owned(),
+                "denied by policy rule `no-prod`: release team only; this call is not allowed, do something else".to_owned()
+            ),
+            ("Success".to_owned(), "deployed staging\n".to_owned()),
+            ("Success".to_owned(), "wiped cache\n".to_owned()),
+        ]
+    );
+    let n = notes(&fleet, run).await;
+    for rule in ["no-prod", "staging-ok", "careful-wipe"] {
+        assert!(
+            n.iter()
+                .any(|m| m.starts_with(&format!("policy.yaml rule `{rule}`"))),
+            "{rule}: {n:#?}"
+        );
+    }
+}
