@@ -7,6 +7,7 @@
 //! (`operate`). With authentication off, anyone (everyone may do everything).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -146,4 +147,28 @@ pub async fn revoke(
         .ok_or_else(|| missing(id))?;
     tracing::info!(grant = %id, by = %by, "grant revoked");
     Ok(Json(view(revoked, Timestamp::now())))
+}
+
+/// When this gateway last swept the grants (µs), so that the sweep, which reads every grant, runs
+/// once a minute rather than at every reconciler tick.
+static LAST_SWEEP: AtomicI64 = AtomicI64::new(0);
+
+/// Retention of grants (from the retention reconciler, with its cut-off): deletes those revoked
+/// or expired before `cutoff_us`, and those of scope `run` whose run retention deleted. At most
+/// once a minute per gateway. Logs the count only.
+pub async fn sweep(gw: &Gateway, cutoff_us: i64) -> Result<usize, ApiError> {
+    let now = Timestamp::now().micros();
+    let last = LAST_SWEEP.load(Ordering::Relaxed);
+    if now - last < 60_000_000
+        || LAST_SWEEP
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        return Ok(0);
+    }
+    let gone = gw.store.purge_grants(cutoff_us).await?;
+    if gone > 0 {
+        tracing::info!(gone, "grants past retention deleted");
+    }
+    Ok(gone)
 }

@@ -106,3 +106,75 @@ async fn an_agents_grants_live_in_one_slot() {
     assert!(listed[0].revoked_at.is_some());
     assert_eq!(listed[1].uses, 1);
 }
+
+#[tokio::test]
+async fn retention_deletes_grants_that_ended_long_ago_and_those_of_deleted_runs() {
+    use delta_protocol::grant::GrantScope;
+    use delta_protocol::{RunId, RunStatus, Timestamp};
+    use delta_store::{RunRecord, RunStore};
+
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "gp")
+        .await
+        .expect("connect");
+    let now = Timestamp::now();
+    let long_ago = Timestamp::from_micros(now.micros() - 7_200_000_000).expect("t");
+    let cutoff = now.micros() - 3_600_000_000;
+    let agent = "keeper";
+    // Live, of scope agent: kept however old.
+    let live = contract::sample(agent, None);
+    // Revoked two hours ago: deleted. Revoked now: kept (within retention).
+    let revoked_old = contract::sample(agent, None);
+    let revoked_now = contract::sample(agent, None);
+    // Expired two hours ago: deleted.
+    let mut expired = contract::sample(agent, None);
+    expired.expires_at = Some(long_ago);
+    // Scope run: of a run that exists (kept), of one that does not (deleted).
+    let rec = RunRecord::new(RunId::new(), agent, "t", RunStatus::Running);
+    store.create(rec.clone()).await.expect("run");
+    let mut of_run = contract::sample(agent, None);
+    of_run.scope = GrantScope::Run;
+    of_run.run_id = rec.run_id;
+    let mut orphan = contract::sample(agent, None);
+    orphan.scope = GrantScope::Run;
+    for g in [
+        &live,
+        &revoked_old,
+        &revoked_now,
+        &expired,
+        &of_run,
+        &orphan,
+    ] {
+        store.put_grant(g).await.expect("put");
+    }
+    store
+        .revoke_grant(revoked_old.grant_id, "ops", long_ago)
+        .await
+        .expect("revoke")
+        .expect("there");
+    store
+        .revoke_grant(revoked_now.grant_id, "ops", now)
+        .await
+        .expect("revoke")
+        .expect("there");
+    assert_eq!(store.purge_grants(cutoff).await.expect("purge"), 3);
+    let mut kept: Vec<RequestId> = store
+        .grants(Some(agent))
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|g| g.grant_id)
+        .collect();
+    kept.sort();
+    let mut want = vec![live.grant_id, revoked_now.grant_id, of_run.grant_id];
+    want.sort();
+    assert_eq!(kept, want);
+    for g in [&revoked_old, &expired, &orphan] {
+        assert!(store.grant(g.grant_id).await.expect("get").is_none());
+    }
+    assert_eq!(
+        store.purge_grants(cutoff).await.expect("again"),
+        0,
+        "idempotent"
+    );
+}

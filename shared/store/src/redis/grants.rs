@@ -14,13 +14,17 @@
 //! (store, use, revoke) is one Lua script on one slot, on one Redis as on a Redis Cluster. Use and
 //! revocation are scripts on the same key, so a use after a revocation always sees it.
 //! `grant-agents` is written before the grant is stored and touched by no script.
+//!
+//! Retention ([`RedisRunStore::purge_grants`], from the gateways' retention reconciler): a grant
+//! revoked or expired before the cut-off is deleted, and so is a grant of scope `run` whose run
+//! is gone (retention deleted it). A grant of scope `agent` that is live stays however old.
 
 use redis::Script;
 
 use super::{RedisRunStore, backend};
 use crate::Error;
 use crate::grants::{GrantStore, Unusable};
-use delta_protocol::grant::Grant;
+use delta_protocol::grant::{Grant, GrantScope};
 use delta_protocol::{RequestId, RunId, Timestamp};
 
 /// Stores a grant unless its key exists. KEYS: the grant, the agent's index. ARGV: definition
@@ -133,6 +137,53 @@ fn parse_grant(
     g.revoked_at = revoked_at.and_then(|t| t.parse().ok());
     g.revoked_by = revoked_by;
     Ok(g)
+}
+
+impl RedisRunStore {
+    /// Deletes the grants that approve nothing any more and are past retention: revoked or
+    /// expired at or before `before_us`, or of scope `run` whose run no longer exists. Returns
+    /// how many it deleted. Idempotent; a grant revoked meanwhile is simply deleted later.
+    pub async fn purge_grants(&self, before_us: i64) -> Result<usize, Error> {
+        let all = self.grants(None).await?;
+        if all.is_empty() {
+            return Ok(0);
+        }
+        let mut exists = redis::pipe();
+        for g in &all {
+            exists.exists(self.run_key(g.run_id));
+        }
+        let mut conn = self.connection();
+        let runs: Vec<bool> = exists.query_async(&mut conn).await.map_err(backend)?;
+        let now = Timestamp::now();
+        let mut gone = 0;
+        for (g, run_exists) in all.iter().zip(runs) {
+            let ended = g
+                .revoked_at
+                .or(g.expires_at.filter(|e| *e <= now))
+                .is_some_and(|t| t.micros() <= before_us);
+            let orphan = g.scope == GrantScope::Run && !run_exists;
+            if !(ended || orphan) {
+                continue;
+            }
+            let mut conn = self.connection();
+            let _: () = redis::pipe()
+                .del(self.grant_key(&g.agent, g.grant_id))
+                .ignore()
+                .zrem(self.grant_index(&g.agent), g.grant_id.to_string())
+                .ignore()
+                .query_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            let _: () = redis::cmd("HDEL")
+                .arg(self.index("grant-agents"))
+                .arg(g.grant_id.to_string())
+                .query_async(&mut conn)
+                .await
+                .map_err(backend)?;
+            gone += 1;
+        }
+        Ok(gone)
+    }
 }
 
 impl GrantStore for RedisRunStore {
