@@ -632,3 +632,39 @@ fn an_approval_in_the_mailbox_can_make_a_grant_for_later_runs() {
     let out = s.delta(&["run", "--agent", &agent, "--task", "production"]);
     assert_eq!(code(&out), 101, "{}", stderr(&out));
 }
+
+#[test]
+fn interactive_mode_takes_always_allow_with_the_approval() {
+    let s = Scratch::new();
+    let agent = s.agent(
+        "shipit",
+        "name: shipit\nbrain: scripted\ntools:\n  - name: deploy\n    exec: \"echo deployed ${env}\"\n    approval: always\n",
+        "steps:\n  - tool: deploy\n    args: {env: \"${task}\"}\n  - finish: \"${observation}\"\n",
+    );
+    // `approve +agent`, no edits (an empty line): a grant for every run of the agent.
+    let out = s.delta_with_stdin(
+        &["run", "-i", "--agent", &agent, "--task", "staging"],
+        Some("approve +agent\n\n"),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("always allow: add +run or +agent"),
+        "{}",
+        stderr(&out)
+    );
+    let received: Vec<Value> = s
+        .journal()
+        .into_iter()
+        .filter(|e| e["type"] == "HUMAN_INPUT_RECEIVED")
+        .collect();
+    assert_eq!(
+        received[0]["payload"]["data"],
+        serde_json::json!({"grant": {"scope": "agent"}})
+    );
+    // The next run asks nothing: with no input at all, it still completes.
+    let out = s.delta_with_stdin(
+        &["run", "-i", "--agent", &agent, "--task", "staging"],
+        Some(""),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
