@@ -53,6 +53,9 @@ struct LooseResponse {
     feedback: Option<String>,
     #[serde(default)]
     responder: Option<Responder>,
+    /// The request's `request_hash` as the person saw it: a mismatch is refused (`stale`).
+    #[serde(default)]
+    request_hash: Option<String>,
 }
 
 /// Who answers through the mailbox: the local user.
@@ -183,6 +186,15 @@ impl Refused {
 pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionResponse, Refused> {
     let text = text.trim_end_matches(['\n', '\r']);
     let mut resp = InteractionResponse::new(q.request_id, local_responder(Via::File));
+    if q.response_schema.is_some() {
+        return Err(Refused::new(
+            "invalid_data",
+            format!(
+                "this request takes a typed answer: write it as {{\"data\": {}}} into response.json instead",
+                typed_example(q)
+            ),
+        ));
+    }
     if q.options.is_empty() {
         if text.trim().is_empty() {
             return Err(Refused::new(
@@ -243,6 +255,114 @@ pub fn parse_txt(q: &InteractionRequest, text: &str) -> Result<InteractionRespon
     resp.option_id = Some(option_id);
     resp.input = (!input.is_empty()).then_some(input);
     Ok(resp)
+}
+
+/// One line per field of `q`'s typed answer (none without a usable schema), e.g.
+/// `email (required): Contact email - email` or `env: one of staging, production`.
+pub fn typed_fields(q: &InteractionRequest) -> Vec<String> {
+    use delta_protocol::schema::{FieldKind, ResponseSchema, number_text};
+    let Some(schema) = q
+        .response_schema
+        .as_ref()
+        .and_then(|v| ResponseSchema::parse(v).ok())
+    else {
+        return vec![];
+    };
+    let range = |lo: Option<String>, hi: Option<String>| match (lo, hi) {
+        (Some(l), Some(h)) => format!(" {l} to {h}"),
+        (Some(l), None) => format!(" from {l}"),
+        (None, Some(h)) => format!(" up to {h}"),
+        (None, None) => String::new(),
+    };
+    let values = |c: &[delta_protocol::schema::Choice]| {
+        c.iter()
+            .map(|c| c.value.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    schema
+        .fields
+        .iter()
+        .map(|f| {
+            let what = match &f.kind {
+                FieldKind::Text {
+                    format,
+                    min_length,
+                    max_length,
+                    ..
+                } => {
+                    let len = range(
+                        min_length.map(|n| n.to_string()),
+                        max_length.map(|n| n.to_string()),
+                    );
+                    let kind = format.map(|f| f.as_str()).unwrap_or("text");
+                    if len.is_empty() {
+                        kind.to_owned()
+                    } else {
+                        format!("{kind},{len} characters")
+                    }
+                }
+                FieldKind::Number {
+                    integer,
+                    minimum,
+                    maximum,
+                    ..
+                } => format!(
+                    "{}{}",
+                    if *integer { "integer" } else { "number" },
+                    range(minimum.map(number_text), maximum.map(number_text))
+                ),
+                FieldKind::Boolean { .. } => "true or false".to_owned(),
+                FieldKind::Choice { choices, .. } => format!("one of {}", values(choices)),
+                FieldKind::Choices { choices, .. } => format!("a list of {}", values(choices)),
+            };
+            format!(
+                "{}{}{} - {what}",
+                f.name,
+                if f.required { " (required)" } else { "" },
+                f.title
+                    .as_deref()
+                    .map(|t| format!(": {t}"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// An example of a typed answer's `data` for `q`: each field with its default or a value of its
+/// kind (`{}` when `q` has no usable schema).
+pub fn typed_example(q: &InteractionRequest) -> String {
+    use delta_protocol::schema::{FieldKind, ResponseSchema};
+    let Some(schema) = q
+        .response_schema
+        .as_ref()
+        .and_then(|v| ResponseSchema::parse(v).ok())
+    else {
+        return "{}".into();
+    };
+    let mut obj = serde_json::Map::new();
+    for f in &schema.fields {
+        let v = f.default_value().unwrap_or_else(|| match &f.kind {
+            FieldKind::Text { format, .. } => {
+                Value::String(format.map(|f| f.example()).unwrap_or("…").to_owned())
+            }
+            FieldKind::Number { minimum, .. } => {
+                serde_json::json!(minimum.map(|m| m.max(0.0)).unwrap_or(1.0) as i64)
+            }
+            FieldKind::Boolean { .. } => Value::Bool(true),
+            FieldKind::Choice { choices, .. } => {
+                Value::String(choices.first().map(|c| c.value.clone()).unwrap_or_default())
+            }
+            FieldKind::Choices { choices, .. } => serde_json::json!(
+                choices
+                    .first()
+                    .map(|c| vec![c.value.clone()])
+                    .unwrap_or_default()
+            ),
+        });
+        obj.insert(f.name.clone(), v);
+    }
+    Value::Object(obj).to_string()
 }
 
 /// The arguments an answer picking `option_id` may edit: those of the tool call a
@@ -339,38 +459,23 @@ pub fn parse_json(q: &InteractionRequest, text: &str) -> Result<InteractionRespo
         responder: loose
             .responder
             .unwrap_or_else(|| local_responder(Via::File)),
+        request_hash: loose.request_hash,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use delta_protocol::{
-        InputType, InteractionOption, InteractionType, OptionAction, RunId, Timestamp,
-    };
+    use delta_protocol::{InputType, InteractionOption, InteractionType, OptionAction, RunId};
 
     fn request(options: &[(&str, &str)]) -> InteractionRequest {
-        InteractionRequest {
-            request_id: RequestId::new(),
-            run_id: RunId::new(),
-            agent: "a".into(),
-            timestamp: Timestamp::now(),
-            kind: InteractionType::UserChoice,
-            prompt: "?".into(),
-            title: None,
-            details: None,
-            input_type: InputType::Choice,
-            sensitive: false,
-            options: options
-                .iter()
-                .map(|(id, label)| InteractionOption::new(*id, *label, OptionAction::ProvideInfo))
-                .collect(),
-            default_option_id: None,
-            timeout_seconds: None,
-            expires_at: None,
-            context: Default::default(),
-            allowed_responders: vec![],
-        }
+        let mut q = InteractionRequest::new(RunId::new(), "a", InteractionType::UserChoice, "?");
+        q.input_type = InputType::Choice;
+        q.options = options
+            .iter()
+            .map(|(id, label)| InteractionOption::new(*id, *label, OptionAction::ProvideInfo))
+            .collect();
+        q
     }
 
     #[test]

@@ -16,10 +16,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use delta_api::{
-    AnswerAccepted, AnswerBody, CancelBody, CancelResult, ClaimedResponder, DeadLetterDropped,
-    DeadLetterPage, DeadLetterRetried, DlqQuery, ErrorCode, InteractionPage, InteractionState,
-    InteractionView, InteractionsQuery, Journal, JournalEvent, JournalQuery, QueueStats,
-    RunAccepted, RunDetail, RunEnded, RunPage, RunStatus, RunsQuery, Submission, Via, sse,
+    AnswerAccepted, AnswerBody, AnswerStatus, CancelBody, CancelResult, ClaimBody, ClaimState,
+    ClaimedResponder, DeadLetterDropped, DeadLetterPage, DeadLetterRetried, DlqQuery, ErrorCode,
+    InteractionPage, InteractionState, InteractionView, InteractionsQuery, Journal, JournalEvent,
+    JournalQuery, QueueStats, RunAccepted, RunDetail, RunEnded, RunPage, RunStatus, RunsQuery,
+    Submission, Via, sse,
 };
 use delta_protocol::{RequestId, RunId};
 
@@ -96,8 +97,12 @@ pub enum Command {
     /// Questions waiting for a person: list them, show one.
     #[command(subcommand)]
     Pending(PendingCommand),
-    /// Answer a pending question (asks for a sensitive answer without echoing it).
+    /// Answer a pending question (asks for a sensitive answer without echoing it); on a
+    /// question that needs several approvals, cast your vote.
     Answer(AnswerArgs),
+    /// Claim a pending question (others' answers are refused while you hold it), renew your
+    /// claim, or give it back (--release; an operator's --release breaks anyone's).
+    Claim(ClaimArgs),
     /// Cancel a run that has not ended (its pending question is closed).
     Cancel(CancelArgs),
     /// The job queue: jobs pending, in flight, redelivered, dead-lettered; workers seen.
@@ -278,6 +283,24 @@ pub struct AnswerArgs {
     /// every run of the agent (`agent`); `data.grant` gives more (docs/protocol.md "Grants").
     #[arg(long, value_name = "SCOPE", value_parser = ["run", "agent"])]
     pub grant: Option<String>,
+    /// The question's hash as you read it (`hash:` of `delta pending show`): the answer is
+    /// refused (`stale`) if the question is not that one any more. Without it, the version
+    /// this command reads just before answering.
+    #[arg(long, value_name = "HASH")]
+    pub request_hash: Option<String>,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClaimArgs {
+    pub request_id: RequestId,
+    /// How long the claim lasts (10 to 3600 seconds).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub ttl: u64,
+    /// Give your claim back (an operator: break anyone's).
+    #[arg(long)]
+    pub release: bool,
     #[command(flatten)]
     pub remote: Remote,
 }
@@ -312,6 +335,7 @@ impl Command {
             Command::Pending(PendingCommand::Ls(a)) => &a.remote,
             Command::Pending(PendingCommand::Show(a)) => &a.remote,
             Command::Answer(a) => &a.remote,
+            Command::Claim(a) => &a.remote,
             Command::Cancel(a) => &a.remote,
             Command::Queue(a) => &a.remote,
             Command::Dlq(DlqCommand::Ls(a)) => &a.remote,
@@ -372,6 +396,7 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
                 pending_show(&client, a.request_id, json).await
             }
             Command::Answer(a) => answer(&client, a, json).await,
+            Command::Claim(a) => claim(&client, a, json).await,
             Command::Cancel(a) => cancel_run(&client, a, json).await,
             Command::Queue(_) => queue(&client, json).await,
             Command::Dlq(DlqCommand::Ls(a)) => dlq_ls(&client, a, json).await,
@@ -802,7 +827,9 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
     let mut input = a.input;
     if input.is_none() && pending && q.is_sensitive() {
         let chosen = option.as_deref().and_then(|o| q.option(o));
-        let needs_text = q.options.is_empty() || chosen.is_some_and(|o| o.requires_input);
+        // A typed answer is its `--data`, not text.
+        let needs_text = (q.options.is_empty() && q.response_schema.is_none())
+            || chosen.is_some_and(|o| o.requires_input);
         if needs_text {
             let prompt = chosen
                 .and_then(|o| o.input_prompt.clone())
@@ -833,12 +860,7 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
         )));
     }
     // Without a token the gateway takes the id we give; with one, it sets it itself.
-    let id = (!client.has_token()).then(|| {
-        std::env::var("USER")
-            .ok()
-            .filter(|u| !u.trim().is_empty())
-            .unwrap_or_else(|| "operator".into())
-    });
+    let id = local_id(client);
     let body = AnswerBody {
         option_id: option,
         input,
@@ -848,6 +870,9 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
             id,
             via: Some(Via::Cli),
         }),
+        request_hash: a
+            .request_hash
+            .or_else(|| Some(view.body.request_hash.clone())),
         ..AnswerBody::default()
     };
     let reply: Reply<AnswerAccepted> = client
@@ -856,7 +881,57 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
     if json {
         print_json(&reply.json);
     } else {
-        out(&format!("accepted: run {} resumes\n", reply.body.run_id));
+        match (reply.body.status, &reply.body.tally) {
+            (AnswerStatus::Counted, Some(t)) => out(&format!(
+                "vote counted: {}; the question waits for more\n",
+                t.summary()
+            )),
+            (_, Some(t)) => out(&format!(
+                "accepted: {}; run {} resumes\n",
+                t.summary(),
+                reply.body.run_id
+            )),
+            _ => out(&format!("accepted: run {} resumes\n", reply.body.run_id)),
+        };
+    }
+    Ok(())
+}
+
+/// The local user, as the responder id named to a gateway without authentication (with a
+/// token, the gateway sets it itself).
+fn local_id(client: &Client) -> Option<String> {
+    (!client.has_token()).then(|| {
+        std::env::var("USER")
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+            .unwrap_or_else(|| "operator".into())
+    })
+}
+
+async fn claim(client: &Client, a: ClaimArgs, json: bool) -> Result<()> {
+    let rid = a.request_id;
+    let body = ClaimBody {
+        ttl_seconds: Some(a.ttl),
+        release: a.release,
+        responder: Some(ClaimedResponder {
+            id: local_id(client),
+            via: Some(Via::Cli),
+        }),
+    };
+    let reply: Reply<ClaimState> = client
+        .post_as(&format!("v1/interactions/{rid}/claim"), &body, &[])
+        .await?;
+    if json {
+        print_json(&reply.json);
+    } else {
+        match &reply.body.claim {
+            Some(c) => out(&format!(
+                "claimed: {rid} is yours ({}) until {}; others' answers are refused until then\n",
+                c.by,
+                show::local(show::time(c.until))
+            )),
+            None => out(&format!("released: nobody holds {rid} now\n")),
+        };
     }
     Ok(())
 }

@@ -52,6 +52,23 @@ pub fn line(e: &JournalEvent) -> Option<String> {
                 .map(|o| format!(": option {o}"))
                 .unwrap_or_default()
         ),
+        Event::HumanVote(v) => format!(
+            "[vote]  {} by {} via {:?}: option {}",
+            match v.ballot {
+                delta_protocol::Ballot::Approve => "approve",
+                delta_protocol::Ballot::Reject => "reject",
+            },
+            v.responder.id,
+            v.responder.via,
+            v.option_id
+        ),
+        Event::Escalated(x) => format!(
+            "[escalate] step {} of {} on {}{}",
+            x.step,
+            x.of,
+            x.request_id,
+            escalation_what(&x.what)
+        ),
         Event::SystemMessage(m) => {
             format!(
                 "[{}] {}",
@@ -61,4 +78,23 @@ pub fn line(e: &JournalEvent) -> Option<String> {
         }
         Event::EngineEnd(end) => format!("[end]   {}", end.status),
     })
+}
+
+/// What an escalation step did, as `: reminded, added group:oncall, applied the default`.
+pub fn escalation_what(s: &delta_protocol::EscalationStep) -> String {
+    let mut parts = vec![];
+    if s.remind {
+        parts.push("reminded".to_owned());
+    }
+    if !s.add_responders.is_empty() {
+        parts.push(format!("added {}", s.add_responders.join(", ")));
+    }
+    if s.apply_default {
+        parts.push("applied the default".to_owned());
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", parts.join(", "))
+    }
 }

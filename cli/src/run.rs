@@ -411,6 +411,22 @@ fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, agent_dir: &Path) {
             q.default_option_id.as_deref().unwrap_or("the run fails")
         ));
     }
+    let fields = crate::mailbox::typed_fields(q);
+    if !fields.is_empty() {
+        s.push_str("  fields:\n");
+        for f in fields {
+            s.push_str(&format!("    {f}\n"));
+        }
+        s.push_str(&format!(
+            "  request: {}\n  answer:  echo '{{\"data\": {}}}' > {}\n  resume:  delta run --agent {}\n",
+            shown(&mailbox.request_path()),
+            crate::mailbox::typed_example(q),
+            shown(&mailbox.json_path()),
+            shown(agent_dir)
+        ));
+        eprint!("{s}");
+        return;
+    }
     let example = if q.options.is_empty() {
         "your answer".to_owned()
     } else {

@@ -56,14 +56,44 @@ pub fn pending_table(items: &[InteractionView], now: DateTime<Utc>) -> String {
                 ix.expires_at
                     .map(|t| until(time(t), now))
                     .unwrap_or_else(|| "-".into()),
+                human_state(ix, now),
                 short(&ix.request.prompt, 60),
             ]
         })
         .collect();
     table(
-        &["REQUEST", "AGENT", "TYPE", "AGE", "EXPIRES IN", "PROMPT"],
+        &[
+            "REQUEST",
+            "AGENT",
+            "TYPE",
+            "AGE",
+            "EXPIRES IN",
+            "CLAIM / VOTES",
+            "PROMPT",
+        ],
         &rows,
     )
+}
+
+/// Who holds a claim on a pending question and where its votes stand, in a few words:
+/// `alice (4m)`, `1/2 approvals`, or `-`.
+pub fn human_state(ix: &InteractionView, now: DateTime<Utc>) -> String {
+    let mut parts = vec![];
+    if let Some(c) = &ix.claim {
+        parts.push(format!("{} ({})", c.by, until(time(c.until), now)));
+    }
+    if let Some(t) = &ix.tally {
+        let mut v = format!("{}/{} approvals", t.approvals, t.needed);
+        if t.rejections > 0 {
+            v.push_str(&format!(", {} rejected", t.rejections));
+        }
+        parts.push(v);
+    }
+    if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join("; ")
+    }
 }
 
 /// `delta dlq ls`: SEQ, AGENT, RUN, RUN STATUS, AGE, REASON.
@@ -168,6 +198,12 @@ pub fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
 fn answer_hint(ix: &InteractionView) -> String {
     let rid = ix.request_id;
     let sensitive = ix.request.is_sensitive();
+    if ix.request.response_schema.is_some() {
+        return format!(
+            "delta answer {rid} --data '{}'",
+            crate::mailbox::typed_example(&ix.request)
+        );
+    }
     match ix.request.options.first() {
         Some(o) => format!("delta answer {rid} --option {}", o.option_id),
         None if sensitive => format!("delta answer {rid}   (asks for it without echo)"),
@@ -175,7 +211,7 @@ fn answer_hint(ix: &InteractionView) -> String {
     }
 }
 
-fn local(t: DateTime<Utc>) -> String {
+pub fn local(t: DateTime<Utc>) -> String {
     t.with_timezone(&Local)
         .format("%Y-%m-%d %H:%M:%S")
         .to_string()
@@ -214,6 +250,33 @@ pub fn interaction(view: &InteractionView, now: DateTime<Utc>) -> String {
             s.push_str(&format!("expires:  in {left} ({then})\n"));
         }
     }
+    if let Some(c) = &view.claim {
+        s.push_str(&format!(
+            "claimed:  by {} until {} (in {})\n",
+            c.by,
+            local(time(c.until)),
+            until(time(c.until), now)
+        ));
+    }
+    if let Some(t) = &view.tally {
+        s.push_str(&format!("votes:    {}\n", t.summary()));
+    }
+    if let Some(a) = &q.approvals {
+        let of = if a.of.is_empty() {
+            "anyone who may answer".to_owned()
+        } else {
+            a.of.join(", ")
+        };
+        let mut rule = format!("approvals: {} of {of}", a.min);
+        if a.veto {
+            rule.push_str("; one rejection decides");
+        }
+        if a.exclude_requester {
+            rule.push_str("; not the run's submitter");
+        }
+        s.push_str(&format!("{rule}\n"));
+    }
+    s.push_str(&format!("hash:     {}\n", view.request_hash));
     s.push('\n');
     if let Some(t) = &q.title {
         s.push_str(&format!("== {t} ==\n"));
@@ -262,6 +325,13 @@ pub fn interaction(view: &InteractionView, now: DateTime<Utc>) -> String {
     }
     if !q.options.is_empty() {
         s.push_str("options:\n");
+    }
+    let fields = crate::mailbox::typed_fields(q);
+    if !fields.is_empty() {
+        s.push_str("fields (answer with --data, a JSON object):\n");
+        for f in fields {
+            s.push_str(&format!("  {f}\n"));
+        }
     }
     for (i, o) in q.options.iter().enumerate() {
         let mut line = format!("  {}) {} [{}]", i + 1, o.label, o.option_id);
@@ -390,6 +460,29 @@ fn summary(e: &Event) -> String {
             }
             s
         }
+        Event::HumanVote(v) => {
+            let side = match v.ballot {
+                delta_protocol::Ballot::Approve => "approves",
+                delta_protocol::Ballot::Reject => "rejects",
+            };
+            let mut s = format!(
+                "{} {side} via {} (option {})",
+                v.responder.id,
+                spelled(&v.responder.via),
+                v.option_id
+            );
+            if let Some(f) = &v.feedback {
+                s.push_str(&format!(": {}", short(f, 60)));
+            }
+            s
+        }
+        Event::Escalated(x) => format!(
+            "step {} of {} (after {}){}",
+            x.step,
+            x.of,
+            humantime::format_duration(x.what.after),
+            crate::render::escalation_what(&x.what)
+        ),
         Event::SystemMessage(m) => format!(
             "{}: {}",
             format!("{:?}", m.level).to_lowercase(),

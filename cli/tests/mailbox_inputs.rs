@@ -206,6 +206,7 @@ proptest! {
             data,
             feedback,
             responder: responder.unwrap_or_else(|| r.responder.clone()),
+            request_hash: None,
         };
         prop_assert_eq!(&r, &expected);
         prop_assert!(r.responder.via != Via::File || !r.responder.id.is_empty());

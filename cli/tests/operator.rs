@@ -11,7 +11,7 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use delta_e2e::gateways;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
 const SECRETS_KEY: &str = "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
@@ -524,7 +524,9 @@ async fn pending_ls_show_answer_cancel_and_queue() {
     let header = lines.next().expect("header");
     assert_eq!(
         header.split_whitespace().collect::<Vec<_>>(),
-        ["REQUEST", "AGENT", "TYPE", "AGE", "EXPIRES", "IN", "PROMPT"]
+        [
+            "REQUEST", "AGENT", "TYPE", "AGE", "EXPIRES", "IN", "CLAIM", "/", "VOTES", "PROMPT"
+        ]
     );
     let rows: Vec<&str> = lines.collect();
     assert_eq!(rows.len(), 3, "{out}");
@@ -1147,6 +1149,172 @@ async fn dlq_ls_retry_and_drop_bring_dead_lettered_runs_back() {
     assert!(empty.stderr.contains("no dead letters"), "{}", empty.stderr);
     let q = fleet.delta(&["queue", "--json"]).await.json();
     assert_eq!(q["dead_lettered"], 0, "{q}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_typed_question_is_shown_with_its_data_example_and_answered_with_data() {
+    let fleet = Fleet::start("opt", None, true).await;
+    fleet.add_agent(
+        "typed_secret",
+        "name: typed_secret\nbrain: scripted\n",
+        "steps:\n  - ask_human:\n      prompt: \"Login?\"\n      sensitive: true\n      response_schema: {type: object, properties: {user: {type: string}, pin: {type: string, minLength: 4}}, required: [user, pin]}\n  - finish: \"in as ${answer.user}\"\n",
+    );
+    let rec = submit_and_wait(&fleet, "intake", "q3").await;
+    let run = s(&rec["run_id"]).to_owned();
+    let rid = s(&rec["pending_interaction"]["request_id"]).to_owned();
+    let show = fleet.delta(&["pending", "show", &rid]).await;
+    for line in [
+        "fields (answer with --data, a JSON object):",
+        "  copies (required): Copies - integer 1 to 5",
+        "  env (required): Environment - one of staging, production",
+        &format!("delta answer {rid} --data '{{\"copies\":1,"),
+    ] {
+        assert!(show.ok().contains(line), "{line}: {}", show.stdout);
+    }
+    let bad = fleet
+        .delta(&[
+            "answer",
+            &rid,
+            "--data",
+            r#"{"email": "ada", "copies": 1, "env": "staging"}"#,
+        ])
+        .await;
+    bad.refused(1, "invalid_data");
+    assert!(bad.stderr.contains("field `email`"), "{}", bad.stderr);
+    let view = fleet
+        .delta(&["pending", "show", &rid, "--json"])
+        .await
+        .json();
+    assert_eq!(view["state"], "PENDING");
+    fleet
+        .delta(&[
+            "answer",
+            &rid,
+            "--data",
+            r#"{"email": "ada@example.com", "copies": 4, "env": "staging"}"#,
+        ])
+        .await
+        .ok();
+    let done = wait_status(&fleet, &run, "COMPLETED").await;
+    assert_eq!(
+        done["result"], "ada@example.com gets 4 on staging",
+        "{done}"
+    );
+
+    // A sensitive typed question takes its `--data` too: nothing is asked on the terminal, and
+    // the answer never shows.
+    let rec = submit_and_wait(&fleet, "typed_secret", "in").await;
+    let run = s(&rec["run_id"]).to_owned();
+    let rid = s(&rec["pending_interaction"]["request_id"]).to_owned();
+    let answered = delta(
+        &fleet.url,
+        None,
+        &[
+            "answer",
+            &rid,
+            "--data",
+            r#"{"user": "ada", "pin": "c4n4ry-77"}"#,
+        ],
+        Some(""),
+    )
+    .await;
+    answered.ok();
+    assert!(!answered.stderr.contains("(hidden)"), "{}", answered.stderr);
+    let done = wait_status(&fleet, &run, "COMPLETED").await;
+    assert!(!done.to_string().contains("c4n4ry-77"), "{done}");
+    let view = fleet
+        .delta(&["pending", "show", &rid, "--json"])
+        .await
+        .json();
+    assert_eq!(view["response"]["data"], "***");
+}
+
+/// `delta claim` takes, shows and gives back a claim; `delta answer` on a question that needs
+/// two approvals counts a vote and says so; `pending ls` and `pending show` show both; an
+/// answer pinned to another version of the question (`--request-hash`) is refused `stale`.
+#[tokio::test(flavor = "multi_thread")]
+async fn claim_and_vote_from_the_terminal() {
+    let fleet = Fleet::start("opq", None, true).await;
+    fleet.add_agent(
+        "council",
+        "name: council\nbrain: scripted\n",
+        "steps:\n  - ask_human:\n      prompt: \"Ship it?\"\n      approvals: {min: 2}\n      options:\n        - {id: ship, label: Ship, action: APPROVE_AND_EXECUTE}\n        - {id: stop, label: Stop, action: REJECT_WITH_REASON}\n  - finish: \"${answer}\"\n",
+    );
+    let rec = submit_and_wait(&fleet, "council", "ship").await;
+    let rid = s(&rec["pending_interaction"]["request_id"]).to_owned();
+    let run = s(&rec["run_id"]).to_owned();
+
+    let out = fleet.delta(&["claim", &rid]).await;
+    let said = out.ok();
+    assert!(
+        said.contains("claimed") && said.contains("tester"),
+        "{said}"
+    );
+    let ls = fleet.delta(&["pending", "ls"]).await;
+    assert!(
+        ls.ok().contains("tester (4m); 0/2 approvals")
+            || ls.ok().contains("tester (5m); 0/2 approvals"),
+        "{}",
+        ls.ok()
+    );
+    let shown = fleet.delta(&["pending", "show", &rid]).await;
+    let text = shown.ok();
+    assert!(text.contains("claimed:  by tester until"), "{text}");
+    assert!(
+        text.contains("approvals: 2 of anyone who may answer"),
+        "{text}"
+    );
+    let hash = text
+        .lines()
+        .find_map(|l| l.strip_prefix("hash:"))
+        .map(|h| h.trim().to_owned())
+        .expect("a hash line");
+    assert_eq!(hash.len(), 64, "{text}");
+    // Someone else (over HTTP) is held off while tester holds it.
+    let (s2, body) = fleet
+        .answer(
+            &rid,
+            json!({"option_id": "ship", "responder": {"id": "bob"}}),
+        )
+        .await;
+    assert_eq!(
+        (s2, body["error"]["code"].as_str()),
+        (409, Some("claimed")),
+        "{body}"
+    );
+    // A vote pinned to another version of the question is stale; the right one is counted.
+    let other = "0".repeat(64);
+    fleet
+        .delta(&["answer", &rid, "--option", "ship", "--request-hash", &other])
+        .await
+        .refused(1, "stale");
+    let out = fleet
+        .delta(&["answer", &rid, "--option", "ship", "--request-hash", &hash])
+        .await;
+    let said = out.ok();
+    assert!(
+        said.contains("vote counted: 1 of 2 approvals (tester)"),
+        "{said}"
+    );
+    let doc = fleet
+        .delta(&["pending", "show", &rid, "--json"])
+        .await
+        .json();
+    assert_eq!(doc["tally"]["approved_by"], json!(["tester"]));
+    let out = fleet.delta(&["claim", &rid, "--release"]).await;
+    assert!(out.ok().contains("released"), "{}", out.stdout);
+    let (s2, body) = fleet
+        .answer(
+            &rid,
+            json!({"option_id": "ship", "responder": {"id": "bob"}}),
+        )
+        .await;
+    assert_eq!((s2, &body["status"]), (200, &json!("accepted")), "{body}");
+    wait_status(&fleet, &run, "COMPLETED").await;
+    fleet
+        .delta(&["claim", &rid])
+        .await
+        .refused(1, "already_resolved");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -581,6 +581,201 @@ fn a_sensitive_answer_never_becomes_text_whatever_its_options_action() {
     }
 }
 
+fn intake() -> String {
+    examples().join("intake").display().to_string()
+}
+
+#[test]
+fn a_typed_answer_in_response_json_is_checked_field_by_field() {
+    let s = Scratch::new();
+    let out = s.delta(&["run", "--agent", &intake(), "--task", "q3"]);
+    assert_eq!(code(&out), 101, "{}", stderr(&out));
+    let req = s.read_json(".delta/interaction/request.json");
+    assert_eq!(
+        req["response_schema"]["required"],
+        serde_json::json!(["email", "copies", "env"])
+    );
+    // The pause says which fields to write, and how.
+    let said = stderr(&out);
+    assert!(said.contains("email (required): Contact email"), "{said}");
+    assert!(said.contains("\"data\": {\"copies\":1"), "{said}");
+
+    let journal = s.journal();
+    for (file, content, says) in [
+        (
+            "response.txt",
+            "ada@example.com\n",
+            "write it as {\"data\": ",
+        ),
+        (
+            "response.json",
+            r#"{"data": {"email": "ada", "copies": 1, "env": "staging"}}"#,
+            "field `email`: `ada` is not a valid email",
+        ),
+        (
+            "response.json",
+            r#"{"data": {"email": "ada@example.com", "copies": 9, "env": "staging"}}"#,
+            "field `copies`: must be at most 5",
+        ),
+        (
+            "response.json",
+            r#"{"data": {"email": "ada@example.com", "copies": 1}}"#,
+            "field `env`: is required",
+        ),
+        (
+            "response.json",
+            r#"{"data": {"email": "ada@example.com", "copies": 1, "env": "staging", "cc": "x"}}"#,
+            "field `cc`: unknown field",
+        ),
+        (
+            "response.json",
+            r#"{"input": "ada@example.com"}"#,
+            "invalid_data",
+        ),
+    ] {
+        let path = s.file(&format!(".delta/interaction/{file}"));
+        std::fs::write(&path, content).expect("write");
+        let out = s.delta(&["run", "--agent", &intake()]);
+        assert_eq!(code(&out), 101, "{content}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{content}: {}", stderr(&out));
+        assert_eq!(std::fs::read_to_string(&path).expect("kept"), content);
+        assert_eq!(s.journal(), journal, "nothing journaled for {content}");
+        assert_eq!(s.metadata()["status"], "WAITING_FOR_INPUT");
+        std::fs::remove_file(&path).expect("rm");
+    }
+
+    let data = serde_json::json!({"email": "ada@example.com", "copies": 2, "env": "production",
+                                  "topics": ["security"], "urgent": true});
+    std::fs::write(
+        s.file(".delta/interaction/response.json"),
+        serde_json::json!({ "data": data }).to_string(),
+    )
+    .expect("write");
+    let out = s.delta(&["run", "--agent", &intake()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ada@example.com gets 2 on production"
+    );
+    let got = s
+        .journal()
+        .into_iter()
+        .find(|e| e["type"] == "HUMAN_INPUT_RECEIVED")
+        .expect("received");
+    assert_eq!(got["payload"]["data"], data);
+    assert_eq!(got["payload"]["responder"]["via"], "file");
+}
+
+/// `delta run -i` on a pseudo-terminal: waits for each prompt in `steps` and types its line.
+/// Returns the exit code and everything the terminal showed.
+fn in_a_terminal(s: &Scratch, args: &[&str], steps: &[(&str, &str)]) -> (i32, String) {
+    use std::io::Read;
+    use std::sync::mpsc;
+    let pty = nix::pty::openpty(None, None).expect("openpty");
+    let slave = std::fs::File::from(pty.slave);
+    let child = Command::new(DELTA)
+        .args(args)
+        .current_dir(s.path())
+        .env("USER", "tester")
+        .stdin(Stdio::from(slave.try_clone().expect("dup")))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .expect("spawn delta");
+    let mut master = std::fs::File::from(pty.master);
+    let mut reader = master.try_clone().expect("dup");
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        // EIO once the child is gone and no one holds the terminal.
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0
+                || tx
+                    .send(String::from_utf8_lossy(&buf[..n]).into_owned())
+                    .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let mut shown = String::new();
+    let mut from = 0;
+    for (prompt, line) in steps {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !shown[from..].contains(prompt) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(chunk) => shown.push_str(&chunk),
+                Err(_) => panic!("no `{prompt}` on the terminal; it showed:\n{shown}"),
+            }
+        }
+        from = shown[from..]
+            .find(prompt)
+            .map(|i| from + i + prompt.len())
+            .unwrap_or(from);
+        master
+            .write_all(format!("{line}\n").as_bytes())
+            .expect("type");
+    }
+    let out = child.wait_with_output().expect("delta ends");
+    while let Ok(chunk) = rx.recv_timeout(Duration::from_millis(200)) {
+        shown.push_str(&chunk);
+    }
+    shown.push_str(&String::from_utf8_lossy(&out.stdout));
+    (out.status.code().unwrap_or(-1), shown)
+}
+
+#[test]
+fn interactive_mode_asks_a_typed_answer_field_by_field_on_a_terminal() {
+    let s = Scratch::new();
+    let agent = intake();
+    let (code, shown) = in_a_terminal(
+        &s,
+        &["run", "-i", "--agent", &agent, "--task", "q3"],
+        &[
+            ("Contact email > ", "ada"),
+            ("is not a valid email", ""),
+            ("this field is required", "ada@example.com"),
+            ("Copies > ", "9"),
+            ("must be at most 5", "two"),
+            ("is not a whole number", ""),
+            ("Environment > ", "Staging"),
+            ("Note > ", ""),
+            ("Topics > ", "1, docs"),
+            ("Urgent > ", "maybe"),
+            ("is not yes or no", "y"),
+        ],
+    );
+    assert_eq!(code, 0, "{shown}");
+    // Each field is introduced with what it takes: bounds, default, choices as a numbered list.
+    for line in [
+        "Contact email [email] (required)",
+        "a whole number 1 to 5; default: 1",
+        "1) Staging [staging]",
+        "2) Production [production]",
+        "Note [note] (optional) - Anything else",
+        "3) docs",
+        "yes or no; default: no",
+    ] {
+        assert!(shown.contains(line), "`{line}` not shown:\n{shown}");
+    }
+    assert!(
+        shown.contains("ada@example.com gets 1 on staging"),
+        "{shown}"
+    );
+    let got = s
+        .journal()
+        .into_iter()
+        .find(|e| e["type"] == "HUMAN_INPUT_RECEIVED")
+        .expect("received");
+    assert_eq!(
+        got["payload"]["data"],
+        serde_json::json!({"email": "ada@example.com", "copies": 1, "env": "staging",
+                           "topics": ["billing", "docs"], "urgent": true})
+    );
+    assert_eq!(got["payload"]["responder"]["via"], "stdin");
+}
+
 #[test]
 fn an_approval_in_the_mailbox_can_make_a_grant_for_later_runs() {
     let s = Scratch::new();

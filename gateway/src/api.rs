@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 
 use delta_api::{
-    AnswerAccepted, AnswerBody, AnswerStatus, CancelBody, CancelResult, DeadLetterDropped,
+    AnswerAccepted, AnswerBody, CancelBody, CancelResult, ClaimBody, ClaimState, DeadLetterDropped,
     DeadLetterPage, DeadLetterRetried, DlqQuery, DroppedStatus, ErrorCode, Health, HealthStatus,
     InteractionPage, InteractionView, InteractionsQuery, Journal, JournalQuery, QueueStats,
     Reachability, Readiness, RequeuedStatus, Run, RunAccepted, RunDetail, RunPage, RunsQuery,
@@ -48,6 +48,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         )
         .route("/v1/interactions/{request_id}", get(get_interaction))
         .route("/v1/interactions/{request_id}/response", post(respond))
+        .route("/v1/interactions/{request_id}/claim", post(claim))
         .route("/v1/queue", get(queue))
         .route("/v1/dlq", get(list_dlq))
         .route("/v1/dlq/{seq}", delete(drop_dlq))
@@ -252,7 +253,7 @@ async fn submit(
         ),
         None => None,
     };
-    let accepted: RunAccepted = gw.submit(submission, key).await?;
+    let accepted: RunAccepted = gw.submit(submission, key, who.name.as_deref()).await?;
     Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
 }
 
@@ -537,11 +538,33 @@ async fn respond(
     let rid = request_id(&raw)?;
     let answer: AnswerBody = body(bytes)?;
     let responder = gw.responder(who.name.as_deref(), answer.responder.as_ref(), Via::Http)?;
-    let run_id = gw.answer(rid, answer, responder).await?;
+    let answered = gw.answer(rid, answer, responder, who.groups()).await?;
     Ok(Json(AnswerAccepted {
-        status: AnswerStatus::Accepted,
-        run_id,
+        status: answered.status,
+        run_id: answered.run_id,
+        tally: answered.tally,
     }))
+}
+
+async fn claim(
+    State(gw): Shared,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<ClaimState>, ApiError> {
+    let who = caller(&gw, &headers, ANSWERERS)?;
+    let rid = request_id(&raw)?;
+    // An empty body takes the claim for the default time.
+    let body: ClaimBody = match &bytes {
+        Ok(b) if b.is_empty() => ClaimBody::default(),
+        _ => body(bytes)?,
+    };
+    let responder = gw.responder(who.name.as_deref(), body.responder.as_ref(), Via::Http)?;
+    let operator = who.has(Role::Operate);
+    Ok(Json(
+        gw.claim(rid, body, responder, who.groups(), operator)
+            .await?,
+    ))
 }
 
 async fn queue(State(gw): Shared, headers: HeaderMap) -> Result<Json<QueueStats>, ApiError> {

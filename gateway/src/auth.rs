@@ -8,6 +8,7 @@
 //! - name: alice            # the responder id journaled with her answers
 //!   token: "…"             # at least 16 characters
 //!   roles: [answer]        # submit, answer, operate
+//!   groups: [leads, oncall] # optional: `group:leads` in allowed_responders or approvals.of
 //! ```
 //!
 //! Tokens are kept as SHA-256 digests only.
@@ -42,11 +43,20 @@ pub struct Identity {
     /// The token's name; `None` with authentication off.
     pub name: Option<String>,
     roles: Vec<Role>,
+    /// The groups the tokens file puts it in (none with authentication off: a group is only
+    /// ever what the tokens file says).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    groups: Vec<String>,
 }
 
 impl Identity {
     pub fn has(&self, role: Role) -> bool {
         self.roles.contains(&role) || self.roles.contains(&Role::Operate)
+    }
+
+    /// The groups it is a member of.
+    pub fn groups(&self) -> &[String] {
+        &self.groups
     }
 }
 
@@ -56,6 +66,8 @@ struct TokenEntry {
     name: String,
     token: String,
     roles: Vec<Role>,
+    #[serde(default)]
+    groups: Vec<String>,
 }
 
 /// The configured tokens; empty means authentication is off.
@@ -102,6 +114,7 @@ impl Auth {
         let identity = Identity {
             name: Some("operator".to_owned()),
             roles: vec![Role::Operate],
+            groups: vec![],
         };
         if self.by_digest.insert(sha256(token), identity).is_some() {
             return Err("DELTA_GATEWAY_TOKEN is also a token of the tokens file".into());
@@ -119,7 +132,7 @@ impl Auth {
     /// Parses the tokens file's YAML.
     pub fn parse(text: &str) -> Result<Self, String> {
         let entries: Vec<TokenEntry> = serde_yaml_ng::from_str(text).map_err(|e| {
-            format!("not a list of {{name, token, roles: [submit|answer|operate]}}: {e}")
+            format!("not a list of {{name, token, roles: [submit|answer|operate], groups}}: {e}")
         })?;
         if entries.is_empty() {
             return Err("no tokens: list at least one, or unset the tokens file to run without authentication".into());
@@ -145,9 +158,22 @@ impl Auth {
             if e.roles.is_empty() {
                 return Err(format!("`{}` has no roles", e.name));
             }
+            for g in &e.groups {
+                let name_ok = !g.is_empty()
+                    && g.len() <= 100
+                    && g.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+                if !name_ok {
+                    return Err(format!(
+                        "`{}` has a group `{g}` that is not a group name (letters, digits, `-`, `_`, `.`)",
+                        e.name
+                    ));
+                }
+            }
             let identity = Identity {
                 name: Some(e.name.clone()),
                 roles: e.roles,
+                groups: e.groups,
             };
             if by_digest.insert(sha256(&e.token), identity).is_some() {
                 return Err(format!("the token of `{}` is used twice", e.name));
@@ -171,6 +197,7 @@ impl Auth {
             return Ok(Identity {
                 name: None,
                 roles: vec![Role::Operate],
+                groups: vec![],
             });
         }
         let Some(header) = authorization else {

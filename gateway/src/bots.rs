@@ -11,11 +11,11 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 
-use delta_api::{AnswerBody, BotReply, ErrorCode};
+use delta_api::{AnswerBody, BotReply, ClaimBody, ClaimState, ErrorCode};
 use delta_protocol::{RequestId, Timestamp, Via};
 
 use crate::Gateway;
-use crate::auth::Role;
+use crate::auth::{Identity, Role};
 use crate::error::ApiError;
 
 /// Serves the respond subjects until shutdown.
@@ -24,6 +24,9 @@ pub async fn serve(gw: Arc<Gateway>) -> Result<(), async_nats::SubscribeError> {
     let client = gw.queue.client().clone();
     let mut answers = client
         .queue_subscribe(names.respond_subject("*"), names.gateway_group())
+        .await?;
+    let mut claims = client
+        .queue_subscribe(names.claim_subject("*"), names.gateway_group())
         .await?;
     let mut resumed = client
         .queue_subscribe(names.resumed_subject(), names.gateway_group())
@@ -44,13 +47,29 @@ pub async fn serve(gw: Arc<Gateway>) -> Result<(), async_nats::SubscribeError> {
                     // Replies go to request-reply inboxes only: a bot cannot make the gateway
                     // publish on a subject of its choosing.
                     if let Some(to) = msg.reply.filter(|to| to.starts_with("_INBOX.")) {
-                        let body = match reply {
-                            Ok(run_id) => BotReply::accepted(run_id),
-                            Err(e) => BotReply::refused(e.body()),
-                        };
+                        let body = reply.unwrap_or_else(|e| BotReply::refused(e.body()));
                         // Plain data (strings and ids) always serializes.
                         let body = serde_json::to_vec(&body).unwrap_or_default();
                         let _ = client.publish(to, body.into()).await;
+                    }
+                });
+            }
+            msg = claims.next() => {
+                let Some(msg) = msg else { return Ok(()) };
+                let Ok(permit) = gw.bot_answers.clone().acquire_owned().await else {
+                    return Ok(());
+                };
+                let gw2 = gw.clone();
+                let client = client.clone();
+                gw.tasks.spawn(async move {
+                    let _permit = permit;
+                    let reply = handle_claim(&gw2, &msg).await;
+                    if let Some(to) = msg.reply.filter(|to| to.starts_with("_INBOX.")) {
+                        let body = match reply {
+                            Ok(state) => serde_json::to_vec(&state),
+                            Err(e) => serde_json::to_vec(&BotReply::refused(e.body())),
+                        };
+                        let _ = client.publish(to, body.unwrap_or_default().into()).await;
                     }
                 });
             }
@@ -63,10 +82,10 @@ pub async fn serve(gw: Arc<Gateway>) -> Result<(), async_nats::SubscribeError> {
     }
 }
 
-async fn handle(
-    gw: &Gateway,
-    msg: &async_nats::Message,
-) -> Result<delta_protocol::RunId, ApiError> {
+/// The request id a bot's message is about (its subject's last token) and who sent it (its
+/// `Authorization` header), refusing what no channel accepts: an unknown token, a role that
+/// may not answer, a payload over the limit.
+fn bot_caller(gw: &Gateway, msg: &async_nats::Message) -> Result<(RequestId, Identity), ApiError> {
     let raw = msg.subject.as_str().rsplit('.').next().unwrap_or("");
     let request_id: RequestId = raw
         .parse()
@@ -83,9 +102,14 @@ async fn handle(
     if msg.payload.len() > gw.config.max_body_bytes {
         return Err(ApiError::new(
             ErrorCode::PayloadTooLarge,
-            "the answer is larger than this gateway accepts (DELTA_MAX_BODY_BYTES)",
+            "the message is larger than this gateway accepts (DELTA_MAX_BODY_BYTES)",
         ));
     }
+    Ok((request_id, who))
+}
+
+async fn handle(gw: &Gateway, msg: &async_nats::Message) -> Result<BotReply, ApiError> {
+    let (request_id, who) = bot_caller(gw, msg)?;
     if msg.payload.is_empty() {
         return Err(ApiError::bad_request(
             "the message is empty: send the answer as a JSON object",
@@ -93,7 +117,26 @@ async fn handle(
     }
     let body: AnswerBody = crate::api::strict_json(&msg.payload)?;
     let responder = gw.responder(who.name.as_deref(), body.responder.as_ref(), Via::Nats)?;
-    gw.answer(request_id, body, responder).await
+    let answered = gw.answer(request_id, body, responder, who.groups()).await?;
+    Ok(match answered.tally {
+        Some(tally) => BotReply::voted(answered.run_id, answered.status, tally),
+        None => BotReply::accepted(answered.run_id),
+    })
+}
+
+/// A bot's claim (`…interactions.claim.<request_id>`, body `ClaimBody`): the reply is the
+/// `ClaimState`, or `{"ok": false, "error"}` as for answers.
+async fn handle_claim(gw: &Gateway, msg: &async_nats::Message) -> Result<ClaimState, ApiError> {
+    let (request_id, who) = bot_caller(gw, msg)?;
+    let body: ClaimBody = if msg.payload.is_empty() {
+        ClaimBody::default()
+    } else {
+        crate::api::strict_json(&msg.payload)?
+    };
+    let responder = gw.responder(who.name.as_deref(), body.responder.as_ref(), Via::Nats)?;
+    let operator = who.has(Role::Operate);
+    gw.claim(request_id, body, responder, who.groups(), operator)
+        .await
 }
 
 fn observe_resume(gw: &Gateway, payload: &[u8]) {

@@ -86,6 +86,10 @@ impl From<ResponseError> for ApiError {
             ResponseError::InputRequired(_) | ResponseError::EmptyInput => ErrorCode::InputRequired,
             ResponseError::InvalidArgs(_) => ErrorCode::InvalidArgs,
             ResponseError::NotAllowed(_) => ErrorCode::Forbidden,
+            ResponseError::Stale(_) => ErrorCode::Stale,
+            ResponseError::Claimed { .. } => ErrorCode::Claimed,
+            ResponseError::AlreadyVoted(_) => ErrorCode::AlreadyVoted,
+            ResponseError::InvalidData(_) => ErrorCode::InvalidData,
         };
         Self::new(code, e.to_string())
     }
@@ -98,6 +102,13 @@ impl From<store::Error> for ApiError {
             store::Error::Terminal { run_id, status } => Self::new(
                 ErrorCode::AlreadyResolved,
                 format!("run {run_id} is already {status}"),
+            ),
+            store::Error::Claimed(c) => Self::new(
+                ErrorCode::Claimed,
+                format!(
+                    "this question is claimed by {} until {}: only they may answer until then",
+                    c.by, c.until
+                ),
             ),
             store::Error::NoSecretsKey => Self::unavailable(
                 "this answer is sensitive and the gateway has no DELTA_SECRETS_KEY to seal it with; an operator must set the same key on gateways and workers",
@@ -140,6 +151,17 @@ mod tests {
             ResponseError::EmptyInput,
             ResponseError::InvalidArgs("x".into()),
             ResponseError::NotAllowed("bob".into()),
+            ResponseError::Stale(rid),
+            ResponseError::Claimed {
+                request_id: rid,
+                by: "ada".into(),
+                until: delta_protocol::Timestamp::now(),
+            },
+            ResponseError::AlreadyVoted("ada".into()),
+            ResponseError::InvalidData(delta_protocol::schema::FieldError {
+                field: Some("email".into()),
+                message: "is required".into(),
+            }),
         ] {
             let code = e.code();
             assert_eq!(ApiError::from(e).code.as_str(), code);

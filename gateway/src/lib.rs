@@ -27,6 +27,7 @@ pub mod bots;
 pub mod config;
 pub mod dlq;
 pub mod error;
+pub mod escalation;
 pub mod grants;
 pub mod inbox;
 pub mod metrics;

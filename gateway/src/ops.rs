@@ -5,15 +5,17 @@
 use serde_json::Value;
 
 use delta_api::{
-    AnswerBody, ClaimedResponder, ErrorCode, InteractionView, RunAccepted, Submission,
+    AnswerBody, AnswerStatus, ClaimBody, ClaimState, ClaimedResponder, ErrorCode, InteractionView,
+    RunAccepted, Submission,
 };
 
 use delta_engine::engine::{AnswerSchema, check_answer};
 use delta_protocol::{
-    Event, InteractionResponse, InteractionState, Job, JobKind, MessageLevel, REDACTED, RequestId,
-    Resolved, Responder, RunId, RunStatus, SystemMessage, Timestamp, Via,
+    AcceptedAnswer, Approvals, Ballot, Change, Event, InteractionResponse, InteractionState,
+    InteractionUpdate, Job, JobKind, MessageLevel, OptionAction, REDACTED, RequestId, Resolved,
+    Responder, ResponseError, RunId, RunStatus, SystemMessage, Tally, Timestamp, Via, Vote,
 };
-use delta_store::redis::{Resolution, StoredInteraction, Submitted};
+use delta_store::redis::{ClaimMode, Claimed, Counted, Resolution, StoredInteraction, Submitted};
 use delta_store::{RunRecord, RunStore, StatusChange, Terminal};
 
 use crate::Gateway;
@@ -36,12 +38,38 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// What an accepted answer did: decided its question (`accepted`), or, a vote on a question
+/// with `approvals`, was counted and left it pending (`counted`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answered {
+    pub run_id: RunId,
+    pub status: AnswerStatus,
+    /// Where the votes stand (a question with `approvals`).
+    pub tally: Option<Tally>,
+}
+
+impl Answered {
+    fn decided(run_id: RunId) -> Self {
+        Self {
+            run_id,
+            status: AnswerStatus::Accepted,
+            tally: None,
+        }
+    }
+}
+
+/// How long a claim lasts unless its taker says (`ttl_seconds`), and the bounds of what it may say.
+const CLAIM_TTL_S: u64 = 300;
+const CLAIM_TTL_RANGE: std::ops::RangeInclusive<u64> = 10..=3600;
+
 impl Gateway {
     /// Stores a run `QUEUED` and publishes its start job (docs/architecture.md "The walk of one run", step 1).
+    /// `submitted_by` is the authenticated caller, kept with the run (`approvals.exclude_requester`).
     pub async fn submit(
         &self,
         s: Submission,
         idempotency_key: Option<&str>,
+        submitted_by: Option<&str>,
     ) -> Result<RunAccepted, ApiError> {
         if !valid_agent_name(&s.agent) {
             return Err(ApiError::new(
@@ -108,6 +136,7 @@ impl Gateway {
         };
         let mut record = RunRecord::new(run_id, &s.agent, &s.task, RunStatus::Queued);
         record.input = s.input;
+        record.submitted_by = submitted_by.map(str::to_owned);
         let submitted = self
             .store
             .create_indexed(&record, key.as_deref().map(|k| (k, fingerprint.as_str())))
@@ -210,14 +239,19 @@ impl Gateway {
     /// Answers `request_id` (docs/protocol.md §3, docs/architecture.md "The walk of one run" step 5): validate, flip
     /// `PENDING → ANSWERED` atomically (first answer wins; an identical repeat is acknowledged),
     /// publish the resume job, announce `resolved`. Returns the run.
+    ///
+    /// On a question with `approvals` the answer is a vote (docs/protocol.md §3 "Quorum"): counted
+    /// and journaled, and it decides the question when it reaches the count. `groups` are the
+    /// responder's (from the tokens file), for `group:<name>` entries.
     pub async fn answer(
         &self,
         request_id: RequestId,
         body: AnswerBody,
         responder: Responder,
-    ) -> Result<RunId, ApiError> {
+        groups: &[String],
+    ) -> Result<Answered, ApiError> {
         let via = responder.via;
-        let result = self.answer_inner(request_id, body, responder).await;
+        let result = self.answer_inner(request_id, body, responder, groups).await;
         let label = crate::metrics::ViaLabel {
             via: format!("{via:?}").to_lowercase(),
         };
@@ -233,14 +267,12 @@ impl Gateway {
         request_id: RequestId,
         body: AnswerBody,
         responder: Responder,
-    ) -> Result<RunId, ApiError> {
+        groups: &[String],
+    ) -> Result<Answered, ApiError> {
         if body.request_id.is_some_and(|r| r != request_id) {
             return Err(ApiError::bad_request(format!(
                 "the body's request_id is not {request_id}, the request being answered"
             )));
-        }
-        if let Some(data) = &body.data {
-            check_data_shape(data)?;
         }
         let response = InteractionResponse {
             request_id,
@@ -249,18 +281,36 @@ impl Gateway {
             data: body.data,
             feedback: body.feedback,
             responder,
+            request_hash: body.request_hash,
         };
         let (run_id, ix) = self.find(request_id).await?;
+        // A typed answer's `data` is checked against its schema instead (a field may be named
+        // `args` or `tasks`).
+        if let Some(data) = &response.data
+            && ix.request.response_schema.is_none()
+        {
+            check_data_shape(data)?;
+        }
         if ix.state != InteractionState::Pending {
-            let run = self.settled(run_id, &ix, &response)?;
+            // A voter's same vote again (a retry after a 503), once the question is decided.
+            let tally = ix
+                .request
+                .approvals
+                .as_ref()
+                .map(|a| Tally::of(&ix.votes, a.min));
+            let run = match self.repeated_vote(&ix, &response) {
+                true => run_id,
+                false => self.settled(run_id, &ix, &response)?,
+            };
             // The same answer again (a retry after a 503): acknowledged once it is on disk.
             self.store.sync(run_id).await?;
-            return Ok(run);
+            return Ok(Answered {
+                tally,
+                ..Answered::decided(run)
+            });
         }
-        if !ix.request.allows(&response.responder) {
-            return Err(
-                delta_protocol::ResponseError::NotAllowed(response.responder.id.clone()).into(),
-            );
+        if !may_answer(&ix, &response.responder, groups) {
+            return Err(ResponseError::NotAllowed(response.responder.id.clone()).into());
         }
         let now = Timestamp::now();
         // The engine's own check, with what the question carries (the tool's parameters, the
@@ -271,6 +321,11 @@ impl Gateway {
             Some(schema) => check_answer(&ix.request, &schema, response.clone(), now)?,
             None => ix.request.validate(response.clone(), now)?,
         };
+        if let Some(approvals) = ix.request.approvals.clone() {
+            return self
+                .vote(run_id, &ix, &approvals, response, accepted, groups, now)
+                .await;
+        }
         let won = self
             .store
             .resolve(
@@ -284,8 +339,24 @@ impl Gateway {
             let (_, now) = self.find(request_id).await?;
             let run = self.settled(run_id, &now, &response)?;
             self.store.sync(run_id).await?;
-            return Ok(run);
+            return Ok(Answered::decided(run));
         }
+        self.decided(run_id, &ix, &response, accepted.action, now)
+            .await?;
+        Ok(Answered::decided(run_id))
+    }
+
+    /// After this gateway settled `ix` with `response`: once it is on disk, the resume job and
+    /// the `resolved` announcement.
+    async fn decided(
+        &self,
+        run_id: RunId,
+        ix: &StoredInteraction,
+        response: &InteractionResponse,
+        action: OptionAction,
+        now: Timestamp,
+    ) -> Result<(), ApiError> {
+        let request_id = ix.request.request_id;
         // Accepted only once it is on disk: no "accepted" that a Redis crash forgets while
         // the resume it queued goes ahead. A retry of this answer is acknowledged again.
         self.store.sync(run_id).await?;
@@ -298,13 +369,242 @@ impl Gateway {
             request_id,
             run_id,
             option_id: response.option_id.clone(),
-            action: Some(accepted.action),
+            action: Some(action),
             responder: response.responder.clone(),
             resolved_at: Timestamp::now(),
             state: InteractionState::Answered,
         };
-        self.resume(&ix, resolved, Some(now)).await;
-        Ok(run_id)
+        self.resume(ix, resolved, Some(now)).await;
+        Ok(())
+    }
+
+    /// Whether `response` is a vote its responder cast on `ix` already, the same way.
+    fn repeated_vote(&self, ix: &StoredInteraction, response: &InteractionResponse) -> bool {
+        ix.votes.iter().any(|v| {
+            v.responder == response.responder
+                && Some(&v.option_id) == response.option_id.as_ref()
+                && v.feedback == vote_text(&ix.request, response)
+        })
+    }
+
+    /// Counts a vote on a question with `approvals` (docs/protocol.md §3 "Quorum"): who may
+    /// vote, once each, the run's submitter not at all (`exclude_requester`), and the question
+    /// decided (resumed exactly once) by the vote that reaches the count.
+    #[allow(clippy::too_many_arguments)]
+    async fn vote(
+        &self,
+        run_id: RunId,
+        ix: &StoredInteraction,
+        approvals: &Approvals,
+        response: InteractionResponse,
+        accepted: AcceptedAnswer,
+        groups: &[String],
+        now: Timestamp,
+    ) -> Result<Answered, ApiError> {
+        let q = &ix.request;
+        let who = response.responder.id.clone();
+        if !may_vote(ix, approvals, &who, groups) {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "`{who}` may not vote on this question: its votes are for {}",
+                    approvals.of.join(", ")
+                ),
+            ));
+        }
+        if approvals.exclude_requester {
+            let record = self.store.record(run_id).await?;
+            if record.submitted_by.as_deref() == Some(who.as_str()) {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "`{who}` submitted this run: its approvals must come from other people"
+                    ),
+                ));
+            }
+        }
+        if accepted.action == OptionAction::ApproveAndExecute
+            && response
+                .data
+                .as_ref()
+                .is_some_and(|d| d.get("args").is_some())
+        {
+            return Err(ResponseError::InvalidArgs(format!(
+                "this question needs {} approvals: each approves the call as shown, so arguments cannot be edited; reject it saying what should change",
+                approvals.min
+            ))
+            .into());
+        }
+        let vote = Vote {
+            request_id: q.request_id,
+            responder: response.responder.clone(),
+            ballot: Ballot::of(accepted.action),
+            option_id: response.option_id.clone().unwrap_or_default(),
+            feedback: vote_text(q, &response),
+            request_hash: q.shown_hash(),
+            at: now,
+        };
+        let counted = self
+            .store
+            .vote(q, &vote, &response, self.config.resume_check)
+            .await?;
+        let status = match counted {
+            Counted::Counted { .. } => AnswerStatus::Counted,
+            Counted::Decided { .. } => AnswerStatus::Accepted,
+            Counted::Repeat => {
+                self.store.sync(run_id).await?;
+                let (_, now_ix) = self.find(q.request_id).await?;
+                return Ok(Answered {
+                    run_id,
+                    status: match now_ix.state {
+                        InteractionState::Pending => AnswerStatus::Counted,
+                        _ => AnswerStatus::Accepted,
+                    },
+                    tally: Some(Tally::of(&now_ix.votes, approvals.min)),
+                });
+            }
+            Counted::AlreadyVoted => return Err(ResponseError::AlreadyVoted(who).into()),
+            Counted::Settled(_) => {
+                let (_, now_ix) = self.find(q.request_id).await?;
+                let run = self.settled(run_id, &now_ix, &response)?;
+                self.store.sync(run_id).await?;
+                return Ok(Answered::decided(run));
+            }
+            Counted::Claimed(c) => {
+                return Err(ResponseError::Claimed {
+                    request_id: q.request_id,
+                    by: c.by,
+                    until: c.until,
+                }
+                .into());
+            }
+        };
+        if status == AnswerStatus::Accepted {
+            self.decided(run_id, ix, &response, accepted.action, now)
+                .await?;
+        } else {
+            self.store.sync(run_id).await?;
+        }
+        // The votes as stored now (others may have voted at the same time).
+        let votes = match self.store.interaction(run_id, q.request_id).await {
+            Ok(Some(now_ix)) => now_ix.votes,
+            _ => ix.votes.iter().cloned().chain([vote]).collect(),
+        };
+        let tally = Tally::of(&votes, approvals.min);
+        self.announce(q, Change::Voted, &who, None, Some(tally.clone()))
+            .await;
+        Ok(Answered {
+            run_id,
+            status,
+            tally: Some(tally),
+        })
+    }
+
+    /// Takes, renews or gives back `responder`'s claim on `request_id`; an operator's release of
+    /// someone else's claim breaks it (docs/protocol.md §3 "Claims").
+    pub async fn claim(
+        &self,
+        request_id: RequestId,
+        body: ClaimBody,
+        responder: Responder,
+        groups: &[String],
+        operator: bool,
+    ) -> Result<ClaimState, ApiError> {
+        let ttl = body.ttl_seconds.unwrap_or(CLAIM_TTL_S);
+        if !CLAIM_TTL_RANGE.contains(&ttl) {
+            return Err(ApiError::bad_request(format!(
+                "ttl_seconds is {ttl}: a claim lasts {} to {} seconds",
+                CLAIM_TTL_RANGE.start(),
+                CLAIM_TTL_RANGE.end()
+            )));
+        }
+        let (run_id, ix) = self.find(request_id).await?;
+        if ix.state != InteractionState::Pending {
+            return Err(ApiError::new(
+                ErrorCode::AlreadyResolved,
+                format!(
+                    "request {request_id} is {}: there is nothing to claim",
+                    ix.state.as_str().to_lowercase()
+                ),
+            ));
+        }
+        let who = responder.id.clone();
+        let may_answer = may_answer(&ix, &responder, groups)
+            && ix
+                .request
+                .approvals
+                .as_ref()
+                .is_none_or(|a| may_vote(&ix, a, &who, groups));
+        let someone_elses = ix.claim.as_ref().is_some_and(|c| c.by != who);
+        let mode = match (body.release, someone_elses && operator) {
+            (true, true) => ClaimMode::Break,
+            (true, false) => ClaimMode::Release,
+            (false, _) => ClaimMode::Take(std::time::Duration::from_secs(ttl)),
+        };
+        if !may_answer && mode != ClaimMode::Break {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("`{who}` may not answer this question, so may not claim it"),
+            ));
+        }
+        let (change, claim) = match self.store.claim(run_id, request_id, &who, mode).await? {
+            Claimed::Done(c) => match mode {
+                ClaimMode::Take(_) => (Change::Claimed, c),
+                ClaimMode::Release => (Change::Released, None),
+                ClaimMode::Break => (Change::ClaimBroken, None),
+            },
+            Claimed::Held(c) => {
+                return Err(ResponseError::Claimed {
+                    request_id,
+                    by: c.by,
+                    until: c.until,
+                }
+                .into());
+            }
+            Claimed::Settled(state) => {
+                return Err(ApiError::new(
+                    ErrorCode::AlreadyResolved,
+                    format!(
+                        "request {request_id} is {}: there is nothing to claim",
+                        state.as_str().to_lowercase()
+                    ),
+                ));
+            }
+        };
+        self.store.sync(run_id).await?;
+        let tally = ix
+            .request
+            .approvals
+            .as_ref()
+            .map(|a| Tally::of(&ix.votes, a.min));
+        self.announce(&ix.request, change, &who, claim.clone(), tally)
+            .await;
+        Ok(ClaimState { request_id, claim })
+    }
+
+    /// Announces a claim or a vote on `…interactions.updated.…` (best effort: the views read
+    /// the store).
+    async fn announce(
+        &self,
+        q: &delta_protocol::InteractionRequest,
+        change: Change,
+        by: &str,
+        claim: Option<delta_protocol::Claim>,
+        tally: Option<Tally>,
+    ) {
+        let update = InteractionUpdate {
+            request_id: q.request_id,
+            run_id: q.run_id,
+            agent: q.agent.clone(),
+            change,
+            by: by.to_owned(),
+            claim,
+            tally,
+            at: Timestamp::now(),
+        };
+        if let Err(e) = self.queue.publish_update(&update).await {
+            tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "claim or vote not announced");
+        }
     }
 
     /// The run and stored interaction of a request, or `not_found`.
@@ -630,7 +930,49 @@ pub fn interaction_view(run_id: RunId, ix: &StoredInteraction) -> InteractionVie
         answered_at: ix.answered_at,
         request: ix.request.clone(),
         response,
+        request_hash: ix.request.shown_hash(),
+        claim: ix
+            .claim
+            .clone()
+            .filter(|_| ix.state == InteractionState::Pending),
+        tally: ix
+            .request
+            .approvals
+            .as_ref()
+            .map(|a| Tally::of(&ix.votes, a.min)),
+        escalated: ix.escalated,
+        added_responders: ix.added_responders.clone(),
     }
+}
+
+/// Whether `responder` (a member of `groups`) may answer `ix`: its `allowed_responders`, or
+/// one its escalation added.
+pub fn may_answer(ix: &StoredInteraction, responder: &Responder, groups: &[String]) -> bool {
+    ix.request.allows(responder, groups)
+        || delta_protocol::human::admitted_by(&ix.added_responders, &responder.id, groups)
+}
+
+/// Whether `id` (a member of `groups`) may vote on `ix`: `approvals.of`, or one its escalation
+/// added.
+fn may_vote(ix: &StoredInteraction, approvals: &Approvals, id: &str, groups: &[String]) -> bool {
+    approvals.admits(id, groups)
+        || delta_protocol::human::admitted_by(&ix.added_responders, id, groups)
+}
+
+/// The free text a vote journals: the reason given (`input`, else `feedback`), `"***"` for a
+/// sensitive question.
+fn vote_text(q: &delta_protocol::InteractionRequest, r: &InteractionResponse) -> Option<String> {
+    r.input
+        .as_deref()
+        .or(r.feedback.as_deref())
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| {
+            if q.is_sensitive() {
+                REDACTED.to_owned()
+            } else {
+                t.to_owned()
+            }
+        })
 }
 
 /// A test hook: `DELTA_FAILPOINT=<name>` makes the process exit hard at that point (as a crash

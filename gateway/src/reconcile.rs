@@ -4,6 +4,8 @@
 //!
 //! - **deadlines**: a question past `expires_at` is closed `EXPIRED` (first one wins against a
 //!   late human) and its run resumed: the worker applies the default option or fails the run;
+//! - **escalations**: a pending question's escalation steps are carried out when due, each once
+//!   ([`crate::escalation`]);
 //! - **resumes**: a question answered whose resume job was not published (gateway died between
 //!   `ANSWERED` and the publish) is published again with the same `Nats-Msg-Id`; one published
 //!   whose job vanished from the stream while the run still waits is enqueued again;
@@ -65,6 +67,9 @@ pub async fn run(gw: std::sync::Arc<Gateway>, shutdown: CancellationToken) {
         if let Err(e) = deadlines(&gw).await {
             tracing::warn!(error = %e, "deadline reconciler");
         }
+        if let Err(e) = escalations(&gw).await {
+            tracing::warn!(error = %e, "escalation reconciler");
+        }
         if let Err(e) = resumes(&gw).await {
             tracing::warn!(error = %e, "resume reconciler");
         }
@@ -99,6 +104,24 @@ pub async fn deadlines(gw: &Gateway) -> Result<usize, ApiError> {
         }
     }
     Ok(closed)
+}
+
+/// Carries out the escalation steps that are due. Returns how many it carried out.
+pub async fn escalations(gw: &Gateway) -> Result<usize, ApiError> {
+    let due = gw
+        .store
+        .due_escalations(Timestamp::now().micros(), 200)
+        .await?;
+    let mut done = 0;
+    for (run_id, request_id) in due {
+        match gw.escalate(run_id, request_id).await {
+            Ok(n) => done += n,
+            Err(e) => {
+                tracing::warn!(error = %e, run = %run_id, request = %request_id, "escalation step not carried out; will retry")
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// Looks after answered questions whose run has not resumed yet. Returns how many resume jobs

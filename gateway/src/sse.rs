@@ -4,7 +4,8 @@
 //!   `Last-Event-ID` + 1 (or `?from_seq=`) on, live; after the terminal `ENGINE_END`, one
 //!   `status` event (`{"status", "result", "error"}`) and the stream ends. A client that
 //!   reconnects with the last id it saw gets every later event exactly once.
-//! - `GET /v1/interactions/stream`: `requested` and `resolved` events, live, each with `id` =
+//! - `GET /v1/interactions/stream`: `requested`, `updated` (a claim or a vote), `escalated` and
+//!   `resolved` events, live, each with `id` =
 //!   its sequence in the interactions stream, so a reconnect with `Last-Event-ID` catches up
 //!   on what it missed (for as long as the stream keeps it, 7 days by default).
 //!
@@ -27,7 +28,9 @@ use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
 use delta_api::{ErrorCode, RunEnded, StreamQuery, StreamTarget, sse};
-use delta_protocol::{Event as JournalEventKind, InteractionRequest, RunId};
+use delta_protocol::{
+    Escalated, Event as JournalEventKind, InteractionRequest, InteractionUpdate, RunId,
+};
 
 use crate::Gateway;
 use crate::api::caller;
@@ -334,10 +337,18 @@ pub async fn interaction_events(
             let Some(e) = next else { return };
             if let Some(a) = &agent {
                 // `resolved` carries no agent: it is sent to everyone, harmlessly.
-                let of_agent = (e.kind == sse::REQUESTED)
-                    .then(|| serde_json::from_slice::<InteractionRequest>(&e.payload).ok())
-                    .flatten()
-                    .map(|q| q.agent);
+                let of_agent = match e.kind {
+                    sse::REQUESTED => serde_json::from_slice::<InteractionRequest>(&e.payload)
+                        .ok()
+                        .map(|q| q.agent),
+                    sse::UPDATED => serde_json::from_slice::<InteractionUpdate>(&e.payload)
+                        .ok()
+                        .map(|u| u.agent),
+                    sse::ESCALATED => serde_json::from_slice::<Escalated>(&e.payload)
+                        .ok()
+                        .map(|u| u.agent),
+                    _ => None,
+                };
                 if of_agent.is_some_and(|x| x != *a) {
                     continue;
                 }

@@ -954,6 +954,7 @@ mod tests {
             data: None,
             feedback: None,
             edited_args: None,
+            request_hash: None,
         });
         let mut events = vec![start(id, "w0"), request("a1-1", &format!("{id}-1"))];
         events.extend(extra);

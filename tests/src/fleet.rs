@@ -16,13 +16,13 @@ use crate::gateways::{self, Client, GatewayProcess};
 use crate::servers::{NatsServers, RedisServers};
 use crate::workers::{self, WorkerProcess};
 
-/// Agents for fleet tests: the examples `hello` and `chooser`, plus `timed` (a choice with a
+/// Agents for fleet tests: the examples `hello`, `chooser` and `intake` (a typed answer), plus `timed` (a choice with a
 /// 2 s deadline and a default), `timed_nodefault`, `guarded` (only `alice` may answer), `secret`
 /// (a sensitive question) and `gated` (a tool that always needs approval).
 pub fn agents_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tmp");
     let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
-    for name in ["hello", "chooser"] {
+    for name in ["hello", "chooser", "intake"] {
         let to = dir.path().join(name);
         std::fs::create_dir_all(&to).expect("mkdir");
         for f in ["config.yaml", "script.yaml"] {

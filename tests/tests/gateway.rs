@@ -1268,3 +1268,121 @@ async fn every_reply_reads_as_the_typed_contract() {
         let _: JournalEvent = serde_json::from_str(&ev.data).expect("a journal event");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typed_answers_are_checked_against_the_schema_over_http_and_nats() {
+    let fleet = Fleet::start("gwy", 1, 1).await;
+    let run = fleet.submit("intake", "q3").await;
+    let rid = fleet.pending(run).await;
+    let (_, ix) = fleet
+        .client
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(
+        ix["request"]["response_schema"]["required"],
+        json!(["email", "copies", "env"]),
+        "{ix}"
+    );
+    let before = fleet.store.load(run).await.expect("load");
+    for (body, field) in [
+        (
+            json!({"data": {"email": "ada", "copies": 1, "env": "staging"}}),
+            "field `email`",
+        ),
+        (
+            json!({"data": {"email": "ada@example.com", "copies": 0, "env": "staging"}}),
+            "field `copies`",
+        ),
+        (
+            json!({"data": {"email": "ada@example.com", "copies": 1, "env": "staging", "topics": ["x"]}}),
+            "field `topics`",
+        ),
+        (
+            json!({"data": {"email": "ada@example.com", "copies": 1}}),
+            "field `env`",
+        ),
+        (json!({"input": "ada@example.com"}), "`data`"),
+        (json!({"data": [1]}), "`data`"),
+    ] {
+        let (s, b) = fleet.answer(&rid, body.clone()).await;
+        assert_eq!(
+            (s, &b["error"]["code"]),
+            (422, &json!("invalid_data")),
+            "{body}: {b}"
+        );
+        assert!(
+            b["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(field)),
+            "{body}: {b}"
+        );
+    }
+    let nc = fleet.nats().await;
+    // `args` is no tool arguments here: an unknown field of the typed answer.
+    let reply = bot_answer(
+        &nc,
+        "gwy",
+        &rid,
+        br#"{"data": {"email": "ada@example.com", "copies": 1, "env": "staging", "args": 3}, "responder": {"id": "bot"}}"#.to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(reply["error"]["code"], "invalid_data", "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("field `args`: unknown field")),
+        "{reply}"
+    );
+    // Still pending, nothing journaled, no resume job.
+    let (_, ix) = fleet
+        .client
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(ix["state"], "PENDING", "{ix}");
+    assert_eq!(jobs_in_stream(&fleet, "GWY_JOBS").await, 0);
+    let after = fleet.store.load(run).await.expect("load");
+    assert_eq!(after.record.status, RunStatus::WaitingForInput);
+    assert_eq!(
+        after.journal.len(),
+        before.journal.len(),
+        "journal unchanged"
+    );
+
+    // A good answer from the bot reaches the agent as the object.
+    let data = json!({"email": "ada@example.com", "copies": 2, "env": "production",
+                      "topics": ["security", "docs"], "urgent": true});
+    let reply = bot_answer(
+        &nc,
+        "gwy",
+        &rid,
+        serde_json::to_vec(&json!({"data": data, "responder": {"id": "bot"}})).expect("json"),
+        None,
+    )
+    .await;
+    assert_eq!(reply, json!({"ok": true, "run_id": run.to_string()}));
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(
+        stored.record.result.as_deref(),
+        Some("ada@example.com gets 2 on production")
+    );
+    let got = answers_of(&stored)
+        .into_iter()
+        .next()
+        .expect("answer journaled");
+    assert_eq!(got.data, Some(data.clone()));
+    let observed = stored
+        .journal
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::ActionResult(r) if r.observation_content.starts_with('{') => {
+                serde_json::from_str::<Value>(&r.observation_content).ok()
+            }
+            _ => None,
+        })
+        .expect("the ask_human result is the object");
+    assert_eq!(observed, data);
+}

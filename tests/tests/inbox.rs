@@ -919,8 +919,9 @@ async fn at_phone_width_nothing_overflows() {
                 .submit("chooser", "a rather long task name for a phone")
                 .await;
             let free = fleet.submit("hello", "greet").await;
+            let typed = fleet.submit("intake", "a form on a phone").await;
             let mut rids = vec![];
-            for run in [plan, approval, choice, free] {
+            for run in [plan, approval, choice, free, typed] {
                 rids.push(fleet.pending(run).await);
             }
             open_inbox(&browser, &fleet).await;
@@ -978,6 +979,212 @@ async fn at_phone_width_nothing_overflows() {
             let run_page = browser.js(overflow, vec![]).await;
             assert!(fits(&run_page), "the run page overflows: {run_page}");
             browser.snapshot("-run").await;
+        })
+        .await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_typed_question_is_a_form_whose_refusal_names_the_field() {
+    let fleet = Fleet::start("ibt", 1, 1).await;
+    let browser = Browser::start(
+        "a_typed_question_is_a_form_whose_refusal_names_the_field",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let run = fleet.submit("intake", "q3").await;
+            let rid = fleet.pending(run).await;
+            open_inbox(&browser, &fleet).await;
+            let c = card(&rid);
+            browser.find(&c).await;
+            // One control per field, of its kind, with its bounds; the required ones marked.
+            let shape = browser
+                .js(
+                    "const f = document.querySelector(arguments[0] + ' form'); \
+                     const q = (s) => f.querySelector(s); \
+                     return { \
+                       email: q('input[name=email]').type + ' ' + q('input[name=email]').required, \
+                       copies: [q('input[name=copies]').type, q('input[name=copies]').min, q('input[name=copies]').max, q('input[name=copies]').value], \
+                       env: [...q('select[name=env]').options].map(o => o.textContent), \
+                       urgent: q('input[name=urgent]').type, \
+                       topics: f.querySelectorAll('input[name=topics][type=checkbox]').length, \
+                       note: q('input[name=note]').maxLength, \
+                       required: f.querySelectorAll('.req').length, \
+                       order: [...f.querySelectorAll('[name]')].map(e => e.name).filter((n, i, a) => a.indexOf(n) === i) \
+                     };",
+                    vec![json!(c)],
+                )
+                .await;
+            assert_eq!(
+                shape,
+                json!({
+                    "email": "email true",
+                    "copies": ["number", "1", "5", "1"],
+                    "env": ["Choose…", "Staging", "Production"],
+                    "urgent": "checkbox",
+                    "topics": 3,
+                    "note": 80,
+                    "required": 3,
+                    "order": ["email", "copies", "env", "note", "topics", "urgent"]
+                })
+            );
+            // A bad email: the gateway's 422 is shown, and the field it names is flagged.
+            browser
+                .type_into(&format!("{c} input[name=email]"), "ada")
+                .await;
+            browser
+                .find(&format!("{c} select[name=env]"))
+                .await
+                .select_by_value("staging")
+                .await
+                .expect("select");
+            browser.click(&format!("{c} button[type=submit]")).await;
+            let said = wait_outcome(&browser, &rid, "Not accepted").await;
+            assert!(said.contains("field `email`"), "{said}");
+            let flagged = browser
+                .js(
+                    "const i = document.querySelector(arguments[0] + ' input[name=email]'); \
+                     return [i.getAttribute('aria-invalid'), document.getElementById(i.getAttribute('aria-describedby').split(' ').pop()).textContent];",
+                    vec![json!(c)],
+                )
+                .await;
+            assert_eq!(flagged[0], json!("true"), "{flagged}");
+            assert!(
+                flagged[1].as_str().is_some_and(|t| t.contains("not a valid email")),
+                "{flagged}"
+            );
+            browser.snapshot("-422").await;
+            assert_eq!(interaction_state(&fleet.client, &rid).await, json!("PENDING"));
+
+            // Fixed, with a few more fields filled in: the run gets the object.
+            let email = browser.find(&format!("{c} input[name=email]")).await;
+            email.clear().await.expect("clear");
+            email.send_keys("ada@example.com").await.expect("type");
+            let copies = browser.find(&format!("{c} input[name=copies]")).await;
+            copies.clear().await.expect("clear");
+            copies.send_keys("3").await.expect("type");
+            browser
+                .find(&format!("{c} select[name=env]"))
+                .await
+                .select_by_value("production")
+                .await
+                .expect("select");
+            browser
+                .click(&format!("{c} input[name=topics][value=security]"))
+                .await;
+            browser.click(&format!("{c} input[name=urgent]")).await;
+            browser.click(&format!("{c} button[type=submit]")).await;
+            wait_outcome(&browser, &rid, "Answer sent").await;
+            fleet.wait_status(run, RunStatus::Completed).await;
+            let stored = fleet.store.load(run).await.expect("load");
+            assert_eq!(
+                stored.record.result.as_deref(),
+                Some("ada@example.com gets 3 on production")
+            );
+            assert_eq!(
+                answers(&stored)[0].data,
+                Some(json!({"email": "ada@example.com", "copies": 3, "env": "production",
+                            "topics": ["security"], "urgent": true}))
+            );
+        })
+        .await;
+    browser.close().await;
+}
+
+/// A question that needs two approvals: the card says so, shows another person's claim live
+/// (and a refusal while it holds), takes and gives back a claim of its own, counts its vote
+/// ("1 of 2 approvals"), and sends the hash of what it showed.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_and_votes_show_and_work_on_the_card() {
+    let fleet = Fleet::start("ibq", 1, 1).await;
+    add_asker(
+        &fleet,
+        "council",
+        "      prompt: \"Ship the release?\"\n      approvals: {min: 2}\n      options:\n        - {id: approve, label: Approve, action: APPROVE_AND_EXECUTE}\n        - {id: reject, label: Reject, action: REJECT_WITH_REASON}",
+    );
+    let browser = Browser::start(
+        "claims_and_votes_show_and_work_on_the_card",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let run = fleet.submit("council", "ship").await;
+            let rid = fleet.pending(run).await;
+            let c = card(&rid);
+            open_inbox(&browser, &fleet).await;
+            wait_live(&browser).await;
+            browser.click("#settings-toggle").await;
+            browser.type_into("#responder", "ann").await;
+            browser.click("#settings-save").await;
+            let rule = browser.text(&format!("{c} .human .rule")).await.expect("rule");
+            assert!(rule.contains("Needs 2 approvals"), "{rule}");
+            let claim_path = format!("/v1/interactions/{rid}/claim");
+            // Someone else claims it: the card shows it live, and an answer is held off.
+            let (s, b) = fleet
+                .client
+                .post(&claim_path, &json!({"responder": {"id": "bob"}}))
+                .await
+                .expect("claim");
+            assert_eq!(s, 200, "{b}");
+            browser
+                .wait_for(
+                    "bob's claim on the card",
+                    "const l = document.querySelector(arguments[0] + ' .human .claim'); \
+                     return l && !l.hidden && l.textContent.includes('Claimed by bob until');",
+                    vec![json!(c)],
+                )
+                .await;
+            browser.click(&format!(r#"{c} button[data-option-id="approve"]"#)).await;
+            let said = wait_outcome(&browser, &rid, "Claimed").await;
+            assert!(said.contains("bob"), "{said}");
+            // Given back: the card shows nobody; ann claims it herself.
+            let (s, _) = fleet
+                .client
+                .post(&claim_path, &json!({"release": true, "responder": {"id": "bob"}}))
+                .await
+                .expect("release");
+            assert_eq!(s, 200);
+            browser
+                .wait_for(
+                    "the claim to go",
+                    "return document.querySelector(arguments[0] + ' .human .claim').hidden;",
+                    vec![json!(c)],
+                )
+                .await;
+            browser.click(&format!("{c} .claim-btn")).await;
+            browser
+                .wait_for(
+                    "ann's claim on the card",
+                    "const b = document.querySelector(arguments[0] + ' .claim-btn'); \
+                     return b.textContent === 'Release' && document.querySelector(arguments[0] + ' .human .claim').textContent.includes('ann');",
+                    vec![json!(c)],
+                )
+                .await;
+            let (_, view) = fleet.client.get(&format!("/v1/interactions/{rid}")).await.expect("get");
+            assert_eq!(view["claim"]["by"], "ann");
+            // Her vote is counted, not decisive.
+            browser.click(&format!(r#"{c} button[data-option-id="approve"]"#)).await;
+            let said = wait_outcome(&browser, &rid, "Your vote is counted").await;
+            assert!(said.contains("1 of 2 approvals (ann)"), "{said}");
+            let (s, b) = fleet
+                .answer(&rid, json!({"option_id": "approve", "responder": {"id": "bob"}}))
+                .await;
+            assert_eq!((s, &b["status"]), (200, &json!("accepted")), "{b}");
+            fleet.wait_status(run, RunStatus::Completed).await;
+            let stored = fleet.store.load(run).await.expect("load");
+            let votes: Vec<(String, String)> = stored
+                .journal
+                .iter()
+                .filter_map(|e| match &e.event {
+                    Event::HumanVote(v) => Some((v.responder.id.clone(), v.request_hash.clone())),
+                    _ => None,
+                })
+                .collect();
+            let hash = view["request_hash"].as_str().expect("hash").to_owned();
+            assert_eq!(votes, [("ann".to_owned(), hash.clone()), ("bob".to_owned(), hash)]);
         })
         .await;
     browser.close().await;

@@ -282,6 +282,167 @@
     return { field: el('div', { class: 'field' }, label, input, hint), input };
   }
 
+  // ---------------------------------------------------------------------------------------
+  // Typed answers: a form from the request's `response_schema` (MCP elicitation's flat schema)
+
+  function isTyped(q) {
+    const s = q.response_schema;
+    return Boolean(s && typeof s === 'object' && s.properties && typeof s.properties === 'object');
+  }
+
+  /** The choices of an enum property: [{value, title}], or null when it is none. */
+  function choicesOf(p) {
+    if (Array.isArray(p.oneOf)) return p.oneOf.map((c) => ({ value: String(c.const), title: c.title || String(c.const) }));
+    if (Array.isArray(p.anyOf)) return p.anyOf.map((c) => ({ value: String(c.const), title: c.title || String(c.const) }));
+    if (Array.isArray(p.enum)) {
+      const names = Array.isArray(p.enumNames) ? p.enumNames : [];
+      return p.enum.map((v, i) => ({ value: String(v), title: names[i] || String(v) }));
+    }
+    return null;
+  }
+
+  /** `2026-11-24T10:00:00Z` as a datetime-local value (local time, minutes). */
+  function localDateTime(s) {
+    const t = Date.parse(s);
+    if (Number.isNaN(t)) return '';
+    const d = new Date(t - new Date(t).getTimezoneOffset() * 60000);
+    return d.toISOString().slice(0, 16);
+  }
+
+  /**
+   * The form of a typed question: one control per field, in the order every UI asks them (the fields
+   * listed in `required` first, as listed, then the others by name). Returns {node, inputs, read,
+   * mark}: `inputs()` lists its controls (cleared after a sensitive answer is sent);
+   * `read()` gives the `data` object, or null when a required field is empty (said at the
+   * field); `mark(message)` flags the field a refusal names.
+   */
+  function typedForm(q, rid) {
+    const schema = q.response_schema;
+    const required = Array.isArray(schema.required) ? schema.required.map(String) : [];
+    const names = Object.keys(schema.properties).sort((a, b) => {
+      const ia = required.indexOf(a); const ib = required.indexOf(b);
+      if (ia !== ib) return (ia < 0 ? Infinity : ia) - (ib < 0 ? Infinity : ib) || (a < b ? -1 : 1);
+      return a < b ? -1 : a > b ? 1 : 0;
+    });
+    const node = el('div', { class: 'typed-form' });
+    const fields = [];
+    names.forEach((name, index) => {
+      const p = schema.properties[name] || {};
+      const id = `f-${rid}-${index}`;
+      const must = required.includes(name);
+      const choices = p.type === 'array' ? choicesOf(p.items || {}) : choicesOf(p);
+      const hintId = `${id}-hint`;
+      const errId = `${id}-err`;
+      const err = el('p', { id: errId, class: 'field-error', role: 'alert' });
+      const labelText = [p.title || name, must ? el('span', { class: 'req', title: 'required', 'aria-hidden': 'true', text: ' *' }) : null];
+      const hint = p.description ? el('p', { id: hintId, class: 'hint', text: p.description }) : null;
+      const described = [p.description ? hintId : null, errId].filter(Boolean).join(' ');
+      let control; let read; let wrap;
+      if (p.type === 'boolean') {
+        control = el('input', { id, type: 'checkbox', name, 'aria-describedby': described });
+        control.checked = p.default === true;
+        read = () => control.checked;
+        wrap = el('div', { class: 'field field-check' }, el('label', { for: id }, control, ' ', ...labelText), hint, err);
+      } else if (p.type === 'array') {
+        const boxes = (choices || []).map((c, i) => {
+          const box = el('input', { id: `${id}-${i}`, type: 'checkbox', name, value: c.value });
+          box.checked = Array.isArray(p.default) && p.default.map(String).includes(c.value);
+          return { box, row: el('label', { for: `${id}-${i}`, class: 'choice' }, box, ' ', c.title) };
+        });
+        const bounds = [p.minItems !== undefined ? `at least ${p.minItems}` : null, p.maxItems !== undefined ? `at most ${p.maxItems}` : null].filter(Boolean).join(', ');
+        wrap = el('fieldset', { class: 'field field-choices', 'aria-describedby': described },
+          el('legend', { class: 'label' }, ...labelText), hint,
+          bounds ? el('p', { class: 'hint', text: `Choose ${bounds}.` }) : null,
+          ...boxes.map((b) => b.row), err);
+        control = boxes.length ? boxes[0].box : wrap;
+        read = () => {
+          const picked = boxes.filter((b) => b.box.checked).map((b) => b.box.value);
+          return picked.length || must ? picked : undefined;
+        };
+      } else if (choices) {
+        control = el('select', { id, name, 'aria-describedby': described },
+          el('option', { value: '', text: must ? 'Choose…' : '(none)' }),
+          ...choices.map((c) => el('option', { value: c.value, text: c.title })));
+        if (p.default !== undefined) control.value = String(p.default);
+        read = () => control.value === '' ? undefined : control.value;
+      } else if (p.type === 'number' || p.type === 'integer') {
+        control = el('input', {
+          id, name, type: 'number', inputmode: p.type === 'integer' ? 'numeric' : 'decimal',
+          step: p.type === 'integer' ? '1' : 'any', min: p.minimum, max: p.maximum, 'aria-describedby': described,
+        });
+        if (p.default !== undefined) control.value = String(p.default);
+        read = () => {
+          const v = control.value.trim();
+          if (v === '') return undefined;
+          const n = Number(v);
+          return Number.isFinite(n) ? n : v;
+        };
+      } else {
+        const kinds = { email: 'email', uri: 'url', date: 'date', 'date-time': 'datetime-local' };
+        const type = isSensitive(q) ? 'password' : (kinds[p.format] || 'text');
+        control = el('input', {
+          id, name, type, autocomplete: 'off', minlength: p.minLength, maxlength: p.maxLength,
+          'aria-describedby': described,
+        });
+        if (typeof p.default === 'string') control.value = p.format === 'date-time' ? localDateTime(p.default) : p.default;
+        read = () => {
+          const v = control.value;
+          if (v === '') return undefined;
+          if (p.format === 'date-time') {
+            const t = Date.parse(v);
+            return Number.isNaN(t) ? v : new Date(t).toISOString();
+          }
+          return v;
+        };
+      }
+      if (!wrap) {
+        // What the field takes, when the schema bounds it.
+        const range = (lo, hi, unit) => (lo !== undefined && hi !== undefined ? `From ${lo} to ${hi}${unit}.`
+          : lo !== undefined ? `At least ${lo}${unit}.` : hi !== undefined ? `At most ${hi}${unit}.` : '');
+        const bounds = (p.type === 'number' || p.type === 'integer')
+          ? range(p.minimum, p.maximum, '')
+          : choices ? '' : range(p.minLength, p.maxLength, ' characters');
+        wrap = el('div', { class: 'field' }, el('label', { for: id }, ...labelText), control, hint,
+          bounds ? el('p', { class: 'hint', text: bounds }) : null, err);
+      }
+      if (must && control instanceof HTMLInputElement && control.type !== 'checkbox') control.required = true;
+      if (must && control instanceof HTMLSelectElement) control.required = true;
+      fields.push({ name, must, control, err, read, wrap });
+      node.append(wrap);
+    });
+    const flag = (f, text) => {
+      f.err.textContent = text;
+      f.control.setAttribute('aria-invalid', 'true');
+      f.control.focus();
+    };
+    return {
+      node,
+      inputs: () => fields.map((f) => f.control),
+      read() {
+        const data = {};
+        for (const f of fields) {
+          f.err.textContent = '';
+          f.control.removeAttribute('aria-invalid');
+        }
+        for (const f of fields) {
+          const v = f.read();
+          if (v === undefined) {
+            if (f.must) { flag(f, 'Required.'); return null; }
+            continue;
+          }
+          data[f.name] = v;
+        }
+        return data;
+      },
+      /** Flags the field a refusal names (`field \`email\`: …`). */
+      mark(message) {
+        const m = /field `([^`]+)`/.exec(message || '');
+        const f = m && fields.find((x) => x.name === m[1]);
+        if (f) flag(f, message.slice(message.indexOf(m[0]) + m[0].length + 1).trim());
+      },
+    };
+  }
+
   /**
    * One question as a card. `place` is 'inbox' or 'run'. Returns the card object: {q, node,
    * settled, ...}. The node carries `data-request-id`; option buttons `data-option-id`.
@@ -483,8 +644,13 @@
       if (grantBox) body.push(grantBox.node);
     }
 
+    // Who holds a claim on it, where its votes stand, and a button to claim it or give it back.
+    const human = humanBlock(q, card, () => setOutcome('', 'info'), (text) => setOutcome(text, 'error'));
+    body.push(human.node);
+
     const outcome = el('p', { class: 'outcome', role: 'alert', hidden: true });
     const form = el('form', { class: 'answer', novalidate: true, 'aria-labelledby': headingId });
+    const typed = isTyped(q) ? typedForm(q, rid) : null;
 
     function setOutcome(text, kind, ...extra) {
       outcome.replaceChildren(text, ...extra);
@@ -492,7 +658,7 @@
       outcome.hidden = !text && !extra.length;
     }
 
-    function controls() { return form.querySelectorAll('button, input, textarea'); }
+    function controls() { return form.querySelectorAll('button, input, textarea, select'); }
     function setBusy(busy) {
       card.busy = busy;
       form.setAttribute('aria-busy', String(busy));
@@ -503,7 +669,7 @@
     function settle(kind, text, ...extra) {
       card.settled = true;
       card.node.classList.add('settled', `settled-${kind}`);
-      for (const c2 of card.node.querySelectorAll('button, input, textarea')) c2.disabled = true;
+      for (const c2 of card.node.querySelectorAll('button, input, textarea, select')) c2.disabled = true;
       setOutcome(text, kind, ...extra);
       if (kind !== 'ok') {
         const dismiss = el('button', { type: 'button', class: 'btn btn-small dismiss', text: 'Dismiss' });
@@ -518,14 +684,21 @@
       if (card.busy || card.settled) return;
       const bodyOut = { ...answer };
       if (!token && responderName) bodyOut.responder = { id: responderName };
+      // What was shown: an answer to another version of the question is refused (409 stale).
+      if (q.request_hash) bodyOut.request_hash = q.request_hash;
       // A sensitive answer leaves the page now: it is never kept or shown again.
       if (sensitive) for (const f of fields || []) f.value = '';
       setBusy(true);
       setOutcome('Sending…', 'info');
       try {
-        await api('POST', `/v1/interactions/${encodeURIComponent(rid)}/response`, bodyOut);
+        const reply = await api('POST', `/v1/interactions/${encodeURIComponent(rid)}/response`, bodyOut);
         card.sent = true;
-        settle('ok', 'Answer sent: the run resumes.');
+        if (reply && reply.tally) card.setHuman({ claim: null, tally: reply.tally });
+        if (reply && reply.status === 'counted') {
+          settle('ok', `Your vote is counted: ${tallyText(reply.tally)}. The question waits for more votes.`);
+        } else {
+          settle('ok', 'Answer sent: the run resumes.');
+        }
         onDone(card, 'sent');
       } catch (err) {
         setBusy(false);
@@ -548,6 +721,20 @@
           settle('error', 'Expired: the deadline passed, so its default was applied (or the run failed).');
           return;
         case 409: {
+          if (err.code === 'claimed') {
+            // Someone else is on it: the card stays, and says who until when.
+            setOutcome(`Claimed: ${err.message}`, 'error');
+            card.refreshHuman();
+            return;
+          }
+          if (err.code === 'stale') {
+            settle('error', 'This question changed since it was shown here: reload the page to see it as it is now.');
+            return;
+          }
+          if (err.code === 'already_voted') {
+            settle('error', `Not counted: ${err.message}`);
+            return;
+          }
           const since = el('span', { class: 'ago' });
           let text = 'Already answered elsewhere.';
           try {
@@ -572,13 +759,24 @@
         case 400:
         case 413:
           setOutcome(`Not accepted: ${err.message}`, 'error');
+          if (typed) typed.mark(err.message);
           return;
         default:
           setOutcome(err.status === 0 ? err.message : `The gateway could not take the answer (${err.message}). Try again.`, 'error');
       }
     }
 
-    if (!(q.options || []).length) {
+    if (typed) {
+      // A typed answer: a form, sent as `data`.
+      const submit = el('button', { type: 'submit', class: 'btn btn-primary', text: 'Send answer' });
+      form.append(typed.node, el('div', { class: 'actions' }, submit));
+      form.addEventListener('submit', (e) => {
+        e.preventDefault();
+        const data = typed.read();
+        if (!data) { setOutcome('Fill in the required fields first.', 'error'); return; }
+        send({ data }, sensitive ? typed.inputs() : []);
+      });
+    } else if (!(q.options || []).length) {
       // Free text.
       const { field, input } = answerField(q, `in-${rid}`, sensitive ? 'Your answer (hidden)' : 'Your answer', true);
       const submit = el('button', { type: 'submit', class: 'btn btn-primary', text: 'Send answer' });
@@ -702,7 +900,87 @@
       'aria-labelledby': headingId,
     }, head, ...body, form, outcome);
     card.settle = settle;
+    card.setHuman = human.set;
+    card.refreshHuman = human.refresh;
     return card;
+  }
+
+  /** "1 of 2 approvals (alice), 1 rejected (bob)". */
+  function tallyText(t) {
+    if (!t) return '';
+    let s = `${t.approvals} of ${t.needed} approvals`;
+    if ((t.approved_by || []).length) s += ` (${t.approved_by.join(', ')})`;
+    if (t.rejections) s += `, ${t.rejections} rejected (${(t.rejected_by || []).join(', ')})`;
+    return s;
+  }
+
+  /**
+   * The part of a card about people rather than the question: the approvals it needs, where
+   * its votes stand, who holds a claim on it until when, and a Claim / Release button.
+   * `set({claim, tally})` shows a view's or an `updated` event's state.
+   */
+  function humanBlock(q, card, cleared, failed) {
+    const rid = q.request_id;
+    const rule = q.approvals
+      ? el('p', { class: 'rule', text: `Needs ${q.approvals.min} approval${q.approvals.min === 1 ? '' : 's'}`
+        + ((q.approvals.of || []).length ? ` from ${q.approvals.of.join(', ')}` : '')
+        + (q.approvals.veto ? '; one rejection decides' : '')
+        + (q.approvals.exclude_requester === false ? '' : '; not by whoever submitted the run') })
+      : null;
+    const votes = el('p', { class: 'votes', hidden: true });
+    const claimLine = el('p', { class: 'claim', hidden: true });
+    const button = el('button', { type: 'button', class: 'btn btn-small claim-btn', text: 'Claim' });
+    const state = { claim: null, tally: null };
+    const me = () => token ? null : (responderName || null);
+
+    function set(s) {
+      if (s.tally !== undefined && s.tally !== null) state.tally = s.tally;
+      if (s.claim !== undefined) state.claim = s.claim;
+      votes.hidden = !state.tally;
+      votes.textContent = state.tally ? `Votes: ${tallyText(state.tally)}` : '';
+      const c = state.claim;
+      const until = c ? parseTime(c.until) : NaN;
+      const live = c && !(until < Date.now());
+      claimLine.hidden = !live;
+      if (live) {
+        claimLine.replaceChildren(`Claimed by ${c.by} until ${clock(until)}`);
+        claimLine.dataset.by = c.by;
+      } else {
+        delete claimLine.dataset.by;
+      }
+      const mine = live && card.claimedHere;
+      button.textContent = mine ? 'Release' : 'Claim';
+      button.dataset.action = mine ? 'release' : 'claim';
+    }
+
+    async function refresh() {
+      try {
+        const v = await api('GET', `/v1/interactions/${encodeURIComponent(rid)}`);
+        set({ claim: v.claim, tally: v.tally });
+      } catch (_) { /* the card's own calls say what is wrong */ }
+    }
+
+    button.addEventListener('click', async () => {
+      const release = button.dataset.action === 'release';
+      const body = release ? { release: true } : {};
+      if (me()) body.responder = { id: me() };
+      button.disabled = true;
+      try {
+        const r = await api('POST', `/v1/interactions/${encodeURIComponent(rid)}/claim`, body);
+        card.claimedHere = !release && Boolean(r.claim);
+        card.claimedBy = r.claim ? r.claim.by : null;
+        set({ claim: r.claim });
+        cleared();
+      } catch (err) {
+        failed(err.code === 'claimed' ? `Claimed: ${err.message}` : `Cannot claim it: ${err.message}`);
+        refresh();
+      } finally {
+        button.disabled = card.settled;
+      }
+    });
+    set({});
+    const node = el('div', { class: 'human' }, rule, votes, claimLine, el('div', { class: 'claim-actions' }, button));
+    return { node, set, refresh };
   }
 
   /** Refreshes every relative time and countdown on the page (once a second). */
@@ -754,12 +1032,16 @@
     }
   }
 
-  function addCard(q) {
+  function addCard(q, view) {
     if (!q || !q.request_id) return;
     const shown = inbox.cards.get(q.request_id);
-    if (shown && !shown.settled) return;
+    if (shown && !shown.settled) {
+      if (view) shown.setHuman({ claim: view.claim, tally: view.tally });
+      return;
+    }
     if (shown) removeCard(q.request_id); // asked again after an answer the engine refused
     const card = makeCard(q, 'inbox', inboxDone);
+    if (view) card.setHuman({ claim: view.claim, tally: view.tally });
     const at = parseTime(q.timestamp);
     const list = $('cards');
     let before = null;
@@ -826,7 +1108,7 @@
       if (!ids.has(rid) && !card.settled && card.addedAt < started) removeCard(rid);
     }
     for (const v of found) {
-      if (!inbox.gone.has(v.request_id) && v.request) addCard(v.request);
+      if (!inbox.gone.has(v.request_id) && v.request) addCard(v.request, v);
     }
     const old = Date.now() - 10 * 60 * 1000;
     for (const [rid, t] of inbox.gone) if (t < old) inbox.gone.delete(rid);
@@ -907,6 +1189,15 @@
       addCard(q);
     });
     es.addEventListener('resolved', (e) => onResolved(parseJson(e.data)));
+    es.addEventListener('updated', (e) => {
+      // A claim taken, given back or broken, or a vote counted: the card shows it.
+      const u = parseJson(e.data);
+      const card = u && inbox.cards.get(u.request_id);
+      if (!card || card.settled) return;
+      // This page holds the claim only until someone else's change says otherwise.
+      if (u.change !== 'voted' && !(u.change === 'claimed' && u.by === card.claimedBy)) card.claimedHere = false;
+      card.setHuman({ claim: u.claim, tally: u.tally });
+    });
     es.addEventListener('error', () => {
       // Never EventSource's own reconnect: it would present the spent ticket again.
       es.close();
@@ -998,8 +1289,10 @@
     if (run.card && (!pending || run.card.q.request_id !== pending.request_id)) {
       if (!run.card.settled || run.card.sent) { run.card.node.remove(); run.card = null; }
     }
+    if (run.card && pending && !run.card.settled) run.card.setHuman({ claim: p.claim, tally: p.tally });
     if (pending && !run.card) {
       run.card = makeCard(pending, 'run', runDone);
+      run.card.setHuman({ claim: p.claim, tally: p.tally });
       $('run-question').replaceChildren(run.card.node);
       tick();
     }
@@ -1029,6 +1322,10 @@
         if (p.feedback) parts.push(`feedback “${cut(p.feedback, 200)}”`);
         if (p.edited_args) parts.push('edited arguments');
         return `from ${who}${parts.length ? `: ${parts.join(', ')}` : ''}`;
+      }
+      case 'HUMAN_VOTE': {
+        const who = p.responder ? `${p.responder.id} via ${p.responder.via}` : 'someone';
+        return `${who} ${p.ballot === 'approve' ? 'approves' : 'rejects'} (option ${p.option_id})${p.feedback ? `: “${cut(p.feedback, 200)}”` : ''}`;
       }
       case 'SYSTEM_MESSAGE': return `${p.level ?? 'info'}: ${cut(p.content, 300)}`;
       case 'ENGINE_END': return `${p.status}${p.result ? `: ${cut(p.result, 300)}` : ''}${p.error ? `: ${cut(p.error, 300)}` : ''}`;

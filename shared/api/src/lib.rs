@@ -20,8 +20,9 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 pub use delta_protocol::{
-    InteractionRequest, InteractionResponse, InteractionState, InteractionType, JobKind,
-    JournalEvent, RequestId, Resolved, RunId, RunStatus, Timestamp, Via,
+    Change, Claim, Escalated, EscalationStep, InteractionRequest, InteractionResponse,
+    InteractionState, InteractionType, InteractionUpdate, JobKind, JournalEvent, RequestId,
+    Resolved, RunId, RunStatus, Tally, Timestamp, Via,
 };
 
 pub mod grants;
@@ -62,15 +63,24 @@ pub enum ErrorCode {
     /// The submission or the answer's `data` is not valid (unknown agent, blank task, edited
     /// arguments the tool refuses, an `Idempotency-Key` reused for another body).
     InvalidArgs,
+    /// A typed answer's `data` does not fit the request's `response_schema` (the message names
+    /// the field).
+    InvalidData,
     /// Redis or NATS cannot be reached (try again), or the gateway lacks what it needs.
     Unavailable,
     /// The caller submitted more runs in the last minute than `DELTA_SUBMIT_PER_MINUTE` allows.
     RateLimited,
+    /// The answer echoed the `request_hash` of another version of the request than the pending one.
+    Stale,
+    /// Someone else holds a live claim on the question.
+    Claimed,
+    /// The caller voted on this question before, otherwise.
+    AlreadyVoted,
 }
 
 impl ErrorCode {
     /// Every code, in the order the document lists them.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -82,8 +92,12 @@ impl ErrorCode {
         ErrorCode::InvalidOption,
         ErrorCode::InputRequired,
         ErrorCode::InvalidArgs,
+        ErrorCode::InvalidData,
         ErrorCode::Unavailable,
         ErrorCode::RateLimited,
+        ErrorCode::Stale,
+        ErrorCode::Claimed,
+        ErrorCode::AlreadyVoted,
     ];
 
     /// The HTTP status of this code: the one place it is decided.
@@ -93,10 +107,17 @@ impl ErrorCode {
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
-            ErrorCode::AlreadyResolved | ErrorCode::NotRetryable => 409,
+            ErrorCode::AlreadyResolved
+            | ErrorCode::NotRetryable
+            | ErrorCode::Stale
+            | ErrorCode::Claimed
+            | ErrorCode::AlreadyVoted => 409,
             ErrorCode::Expired => 410,
             ErrorCode::PayloadTooLarge => 413,
-            ErrorCode::InvalidOption | ErrorCode::InputRequired | ErrorCode::InvalidArgs => 422,
+            ErrorCode::InvalidOption
+            | ErrorCode::InputRequired
+            | ErrorCode::InvalidArgs
+            | ErrorCode::InvalidData => 422,
             ErrorCode::Unavailable => 503,
             ErrorCode::RateLimited => 429,
         }
@@ -116,8 +137,12 @@ impl ErrorCode {
             ErrorCode::InvalidOption => "invalid_option",
             ErrorCode::InputRequired => "input_required",
             ErrorCode::InvalidArgs => "invalid_args",
+            ErrorCode::InvalidData => "invalid_data",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::Stale => "stale",
+            ErrorCode::Claimed => "claimed",
+            ErrorCode::AlreadyVoted => "already_voted",
         }
     }
 }
@@ -164,6 +189,13 @@ pub struct BotReply {
     /// Why the answer was refused, when not `ok`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorBody>,
+    /// For a vote (a question with `approvals`): `accepted` when it decided the question,
+    /// `counted` when the question waits for more votes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<AnswerStatus>,
+    /// Where the votes stand after this one (a question with `approvals`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tally: Option<Tally>,
 }
 
 impl BotReply {
@@ -173,6 +205,17 @@ impl BotReply {
             ok: true,
             run_id: Some(run_id),
             error: None,
+            status: None,
+            tally: None,
+        }
+    }
+
+    /// A vote was counted for `run_id`: `status` says whether it decided the question.
+    pub fn voted(run_id: RunId, status: AnswerStatus, tally: Tally) -> Self {
+        Self {
+            status: Some(status),
+            tally: Some(tally),
+            ..Self::accepted(run_id)
         }
     }
 
@@ -182,6 +225,8 @@ impl BotReply {
             ok: false,
             run_id: None,
             error: Some(error),
+            status: None,
+            tally: None,
         }
     }
 }
@@ -309,6 +354,12 @@ pub mod sse {
     /// `GET /v1/interactions/stream`: a question was answered, expired or closed (`data` =
     /// `Resolved`).
     pub const RESOLVED: &str = "resolved";
+    /// `GET /v1/interactions/stream`: a pending question was claimed, released, its claim
+    /// broken, or a vote on it counted (`data` = `InteractionUpdate`).
+    pub const UPDATED: &str = "updated";
+    /// `GET /v1/interactions/stream`: a step of a question's escalation was carried out
+    /// (`data` = `Escalated`).
+    pub const ESCALATED: &str = "escalated";
 
     /// One event of a live stream as a client reads it: its `id` (to resume from), its name and
     /// its `data` lines joined.
@@ -397,6 +448,19 @@ pub struct InteractionView {
     /// `ANSWERED`).
     #[schema(required = true)]
     pub response: Option<InteractionResponse>,
+    /// The hash an answer may echo (`request_hash` of the answer): what this request shows.
+    pub request_hash: String,
+    /// Who holds a live claim on it, until when; always present (`null` when nobody does).
+    #[schema(required = true)]
+    pub claim: Option<Claim>,
+    /// Where its votes stand (a question with `approvals`); always present (`null` otherwise).
+    #[schema(required = true)]
+    pub tally: Option<Tally>,
+    /// How many of its `escalation` steps were carried out.
+    pub escalated: u32,
+    /// Who its escalation let answer besides `request.allowed_responders`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added_responders: Vec<String>,
 }
 
 /// `GET /v1/interactions`: a page of interactions, oldest first.
@@ -418,7 +482,8 @@ pub struct InteractionPage {
 #[schema(examples(
     json!({"input": "Ada"}),
     json!({"option_id": "other", "input": "qa-east"}),
-    json!({"option_id": "approve", "data": {"args": {"env": "staging", "version": "1.4.2"}}})
+    json!({"option_id": "approve", "data": {"args": {"env": "staging", "version": "1.4.2"}}}),
+    json!({"data": {"email": "ada@example.com", "count": 3}})
 ))]
 pub struct AnswerBody {
     /// Optional; when given it must be the request of the path or subject (`400 bad_request`).
@@ -432,6 +497,9 @@ pub struct AnswerBody {
     /// approved) and `tasks` a list (an edited plan) when present, else `422 invalid_args`.
     /// With an approval of a tool call, `grant` (a `GrantRequest`) also approves later calls
     /// like it (docs/protocol.md "Grants and policy").
+    /// For a request with a `response_schema`: the typed answer itself, e.g.
+    /// `{"email": "ada@example.com", "count": 3}`, checked against the schema (`422 invalid_data`
+    /// naming the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -439,6 +507,36 @@ pub struct AnswerBody {
     /// Who answers. With authentication on, the token decides and a different id is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub responder: Option<ClaimedResponder>,
+    /// The `request_hash` of the request as the responder saw it: another one is
+    /// `409 stale` (the request changed since it was shown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_hash: Option<String>,
+}
+
+/// The body of `POST /v1/interactions/{request_id}/claim` (and of a bot's message on
+/// `…interactions.claim.<request_id>`): take or renew a claim for `ttl_seconds`, or give it
+/// back (`release`). An operator's `release` of someone else's claim breaks it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimBody {
+    /// How long the claim lasts, 10 to 3600 seconds (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    /// Give the claim back (or, for an operator, break someone else's).
+    #[serde(default)]
+    pub release: bool,
+    /// Who claims (as for an answer: with authentication on, the token decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub responder: Option<ClaimedResponder>,
+}
+
+/// `200` of a claim call: the question's claim as it is now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ClaimState {
+    pub request_id: RequestId,
+    /// Always present (`null`: nobody holds it now).
+    #[schema(required = true)]
+    pub claim: Option<Claim>,
 }
 
 /// The responder a caller names.
@@ -456,11 +554,13 @@ pub struct ClaimedResponder {
     pub via: Option<Via>,
 }
 
-/// What `"status"` an accepted answer reports: always `accepted`.
+/// What `"status"` an accepted answer reports: `accepted` (it decided the question), or
+/// `counted` (a vote on a question with `approvals` that is not decided yet).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AnswerStatus {
     Accepted,
+    Counted,
 }
 
 /// `200` of `POST /v1/interactions/{request_id}/response`.
@@ -468,6 +568,9 @@ pub enum AnswerStatus {
 pub struct AnswerAccepted {
     pub status: AnswerStatus,
     pub run_id: RunId,
+    /// Where the votes stand after this one (a question with `approvals`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tally: Option<Tally>,
 }
 
 // ---------------------------------------------------------------------------------------------

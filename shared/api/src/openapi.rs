@@ -18,10 +18,11 @@ use utoipa::{Modify, OpenApi};
 
 use crate::grants::{ArgMatch, Grant, GrantList, GrantRequest, GrantScope, GrantState, GrantView};
 use crate::{
-    AnswerAccepted, AnswerBody, AnswerStatus, BotReply, CancelBody, CancelResult, ClaimedResponder,
-    DeadLetterDropped, DeadLetterPage, DeadLetterRetried, DeadLetterView, DlqQuery, DroppedStatus,
-    ErrorBody, ErrorCode, ErrorResponse, Health, HealthStatus, InteractionPage, InteractionRequest,
-    InteractionResponse, InteractionView, InteractionsQuery, Journal, JournalEvent, JournalQuery,
+    AnswerAccepted, AnswerBody, AnswerStatus, BotReply, CancelBody, CancelResult, ClaimBody,
+    ClaimState, ClaimedResponder, DeadLetterDropped, DeadLetterPage, DeadLetterRetried,
+    DeadLetterView, DlqQuery, DroppedStatus, ErrorBody, ErrorCode, ErrorResponse, Escalated,
+    EscalationStep, Health, HealthStatus, InteractionPage, InteractionRequest, InteractionResponse,
+    InteractionUpdate, InteractionView, InteractionsQuery, Journal, JournalEvent, JournalQuery,
     QueueStats, Reachability, Readiness, RequeuedStatus, Resolved, Run, RunAccepted, RunDetail,
     RunEnded, RunPage, RunsQuery, StreamQuery, StreamTarget, StreamTicket, Submission, WorkerSeen,
 };
@@ -44,8 +45,9 @@ const OPERATE: &[&str] = &["operate"];
 const OPEN: &[&str] = &[];
 
 use ErrorCode::{
-    AlreadyResolved, BadRequest, Expired, Forbidden, InputRequired, InvalidArgs, InvalidOption,
-    NotFound, NotRetryable, PayloadTooLarge, RateLimited, Unauthorized, Unavailable,
+    AlreadyResolved, AlreadyVoted, BadRequest, Claimed, Expired, Forbidden, InputRequired,
+    InvalidArgs, InvalidData, InvalidOption, NotFound, NotRetryable, PayloadTooLarge, RateLimited,
+    Stale, Unauthorized, Unavailable,
 };
 
 /// Every operation by `operationId`: the roles it needs (none: open to all) and the codes it may
@@ -138,6 +140,24 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
             InvalidOption,
             InputRequired,
             InvalidArgs,
+            InvalidData,
+            Stale,
+            Claimed,
+            AlreadyVoted,
+            Unavailable,
+        ],
+    ),
+    (
+        "claimInteraction",
+        ANSWER,
+        &[
+            BadRequest,
+            Unauthorized,
+            Forbidden,
+            NotFound,
+            AlreadyResolved,
+            Claimed,
+            PayloadTooLarge,
             Unavailable,
         ],
     ),
@@ -221,12 +241,22 @@ fn meaning(code: ErrorCode) -> &'static str {
         InvalidArgs => {
             "a submission's `agent` is not a name or not in the agents directory, its `task` is blank, or its `Idempotency-Key` was used for a different body; an answer's `data` is not an object, `data.args` not an object, `data.tasks` not a list, or edited arguments the tool refuses"
         }
+        InvalidData => {
+            "the request has a `response_schema` and the answer's `data` does not fit it: not an object, a required field missing, an unknown field, or a value of the wrong type, out of its bounds, not of its format or not one of its choices (the message names the field)"
+        }
         Unavailable => {
             "Redis or NATS cannot be reached (try again), or a sensitive answer reached a gateway without `DELTA_SECRETS_KEY`"
         }
         RateLimited => {
             "the caller submitted more runs in the last minute than `DELTA_SUBMIT_PER_MINUTE` allows; try again later"
         }
+        Stale => {
+            "the answer's `request_hash` is not the pending request's: it was shown another version; load it again"
+        }
+        Claimed => {
+            "someone else holds a live claim on the question (the message says who and until when)"
+        }
+        AlreadyVoted => "the caller voted on this question before, otherwise: a person votes once",
     }
 }
 
@@ -258,10 +288,20 @@ fn example(code: ErrorCode) -> &'static str {
         }
         InputRequired => "option `other` needs a non-empty input",
         InvalidArgs => "`task` must not be empty",
+        InvalidData => {
+            "data refused: field `email`: `ada` is not a valid email (e.g. ada@example.com)"
+        }
         Unavailable => "the run store (Redis) is unavailable; try again shortly",
         RateLimited => {
             "`ci` submitted 600 runs in the last minute, as many as one identity may; try again in a few seconds"
         }
+        Stale => {
+            "request 0193a1b2-0000-7000-8000-00000000b002 is not the one you were shown (its request_hash differs): load it again and answer what it asks now"
+        }
+        Claimed => {
+            "request 0193a1b2-0000-7000-8000-00000000b002 is claimed by ada until 2026-11-21T10:05:00.000000Z: only they may answer until then"
+        }
+        AlreadyVoted => "`ada` has voted on this request already: a person votes once",
     }
 }
 
@@ -368,6 +408,8 @@ impl Modify for Streams {
                 json!({
                     crate::sse::REQUESTED: {"$ref": "#/components/schemas/InteractionRequest"},
                     crate::sse::RESOLVED: {"$ref": "#/components/schemas/Resolved"},
+                    crate::sse::UPDATED: {"$ref": "#/components/schemas/InteractionUpdate"},
+                    crate::sse::ESCALATED: {"$ref": "#/components/schemas/Escalated"},
                 }),
             ),
         ];
@@ -423,6 +465,7 @@ impl Modify for Streams {
         paths::follow_interactions,
         paths::get_interaction,
         paths::answer_interaction,
+        paths::claim_interaction,
         paths::queue_stats,
         paths::list_dead_letters,
         paths::drop_dead_letter,
@@ -445,6 +488,7 @@ impl Modify for Streams {
         StreamTarget, StreamTicket,
         InteractionView, InteractionPage, InteractionRequest, InteractionResponse, AnswerBody,
         ClaimedResponder, AnswerStatus, AnswerAccepted, Resolved, JournalEvent,
+        ClaimBody, ClaimState, InteractionUpdate, Escalated, EscalationStep,
         WorkerSeen, QueueStats, Health, HealthStatus, Reachability, Readiness,
         DeadLetterView, DeadLetterPage, DeadLetterRetried, RequeuedStatus, DeadLetterDropped, DroppedStatus,
         GrantView, GrantList, Grant, GrantRequest, GrantScope, GrantState, ArgMatch,
@@ -561,7 +605,7 @@ mod paths {
 
     /// Questions asked and resolved, live (server-sent events)
     ///
-    /// SSE events `requested` (`data` = the `InteractionRequest`) and `resolved` (`data` =
+    /// SSE events `requested` (`data` = the `InteractionRequest`), `updated` (`InteractionUpdate`) and `resolved` (`data` =
     /// `Resolved`), each with `id` = its sequence in the interactions stream
     /// (`<PREFIX>_INTERACTIONS`). Without `Last-Event-ID` or `from_seq` only new events are
     /// sent; with them the stream catches up first, for as long as the stream keeps messages
@@ -573,7 +617,7 @@ mod paths {
             StreamQuery,
             ("Last-Event-ID" = Option<u64>, Header, description = "The `id` of the last event received: the stream goes on after it (it wins over `from_seq`). Not a whole number: `400 bad_request`."),
         ),
-        responses((status = 200, description = "An event stream: `requested` (`InteractionRequest`) and `resolved` (`Resolved`) events.", content_type = "text/event-stream", body = String)),
+        responses((status = 200, description = "An event stream: `requested` (`InteractionRequest`), `resolved` (`Resolved`) and `updated` (`InteractionUpdate`: a claim or a vote) events.", content_type = "text/event-stream", body = String)),
     )]
     fn follow_interactions() {}
 
@@ -599,6 +643,21 @@ mod paths {
         responses((status = 200, description = "Accepted.", body = AnswerAccepted)),
     )]
     fn answer_interaction() {}
+
+    /// Claim a question, renew or give back one's claim
+    ///
+    /// docs/protocol.md §3 "Claims". A claim is a lease (`ttl_seconds`, 300 by default): while it
+    /// holds, others' answers and votes are `409 claimed`, naming the holder and until when. The
+    /// holder renews it by claiming again, gives it back with `release`; an operator's `release`
+    /// breaks anyone's. Each change is announced (`updated` on the live stream). Only someone who
+    /// may answer the question may claim it.
+    #[utoipa::path(
+        post, path = "/v1/interactions/{request_id}/claim", operation_id = "claimInteraction", tag = "interactions",
+        params(("request_id" = RequestId, Path, description = "An interaction request id; not a UUID: `400 bad_request`.")),
+        request_body = ClaimBody,
+        responses((status = 200, description = "The claim as it is now.", body = ClaimState)),
+    )]
+    fn claim_interaction() {}
 
     /// JetStream figures and the workers seen
     #[utoipa::path(

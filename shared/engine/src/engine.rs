@@ -32,6 +32,7 @@ use crate::policy::Effect;
 use crate::script::AskHuman;
 use crate::tools::{self, Approval, Tool, ToolEnv};
 use delta_protocol::journal::{NextCall, Replay};
+use delta_protocol::schema::{FieldKind, ResponseSchema};
 use delta_protocol::{
     AcceptedAnswer, ActionRequest, ActionResult, ActionStatus, EngineEnd, EngineStart, Event,
     InputType, InteractionOption, InteractionRequest, InteractionResponse, InteractionType,
@@ -343,11 +344,11 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     /// Keeps the input of a sensitive answer for the tools, whether or not the answer is already
     /// journaled (a redelivered resume job hands it over again).
     pub fn remember_sensitive(&mut self, answer: &InteractionResponse) {
-        if let (Some((q, _)), Some(value)) =
-            (self.replay.interaction(answer.request_id), &answer.input)
+        if let Some((q, _)) = self.replay.interaction(answer.request_id)
             && q.is_sensitive()
+            && let Some(value) = secret_of(q, answer)
         {
-            self.secrets.insert(answer.request_id, value.clone());
+            self.secrets.insert(answer.request_id, value);
         }
     }
 
@@ -385,7 +386,14 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         self.push_raw(event);
     }
 
-    fn push_raw(&mut self, event: Event) {
+    fn push_raw(&mut self, mut event: Event) {
+        // Asking is the last step of building a request: what it shows is then fixed, and so is
+        // its hash (as in `pause`, which stores the same request).
+        if let Event::HumanInputRequest(q) = &mut event
+            && q.request_hash.is_none()
+        {
+            q.seal_hash();
+        }
         let e = JournalEvent {
             seq: self.journal.len() as u64 + 1,
             timestamp: Timestamp::now(),
@@ -649,7 +657,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         })
     }
 
-    async fn pause(&mut self, q: InteractionRequest) -> Result<Option<Outcome>, Error> {
+    async fn pause(&mut self, mut q: InteractionRequest) -> Result<Option<Outcome>, Error> {
+        if q.request_hash.is_none() {
+            q.seal_hash();
+        }
         match self.settings.pause {
             PauseMode::Hold => self.commit(None).await?,
             PauseMode::Park => {
@@ -709,6 +720,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                         data: rec.data.clone(),
                         feedback: rec.feedback.clone(),
                         responder: rec.responder.clone(),
+                        request_hash: rec.request_hash.clone(),
                     },
                 };
                 self.apply_answer(&req, &q, accepted).await
@@ -727,7 +739,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 }
                 self.push(Event::HumanInputReceived(record));
                 if q.is_sensitive()
-                    && let Some(secret) = accepted.response.input.clone()
+                    && let Some(secret) = secret_of(&q, &accepted.response)
                 {
                     self.secrets.insert(q.request_id, secret);
                 }
@@ -819,23 +831,32 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     async fn apply_timeout(&mut self, q: &InteractionRequest) -> Result<Received, Error> {
         match timeout_answer(q) {
             Some(a) => {
+                let when = match q.expires_at.filter(|_| q.is_expired_at(Timestamp::now())) {
+                    Some(t) => format!("before {t}"),
+                    // Closed by the last step of its escalation, before any deadline.
+                    None => "by the last step of its escalation".to_owned(),
+                };
                 self.push(Event::SystemMessage(SystemMessage {
                     level: MessageLevel::Warn,
                     content: format!(
-                        "no answer to request {} before {}: applied the default option `{}`",
+                        "no answer to request {} {when}: applied the default option `{}`",
                         q.request_id,
-                        q.expires_at.map(|t| t.to_string()).unwrap_or_default(),
                         a.response.option_id.clone().unwrap_or_default()
                     ),
                 }));
                 Ok(Received::Answer(Box::new(a)))
             }
             None => {
-                let error = format!(
-                    "interaction {} expired at {} without an answer and has no default option",
-                    q.request_id,
-                    q.expires_at.map(|t| t.to_string()).unwrap_or_default()
-                );
+                let error = match q.expires_at.filter(|_| q.is_expired_at(Timestamp::now())) {
+                    Some(t) => format!(
+                        "interaction {} expired at {t} without an answer and has no default option",
+                        q.request_id
+                    ),
+                    None => format!(
+                        "interaction {} was closed by the last step of its escalation (apply_default) and has no default option",
+                        q.request_id
+                    ),
+                };
                 let outcome = self.finish(Terminal::Failed, None, Some(error)).await?;
                 Ok(Received::Stop(Some(outcome)))
             }
@@ -1269,10 +1290,13 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     break;
                 };
                 let id = &rest[start + 9..start + len];
-                let secret = id
+                // `<request_id>.<field>`: one field of a sensitive typed answer.
+                let (rid, field) = id.split_once('.').unwrap_or((id, ""));
+                let secret = rid
                     .parse::<RequestId>()
                     .ok()
-                    .and_then(|id| self.secrets.get(&id))
+                    .and_then(|rid| self.secrets.get(&rid))
+                    .and_then(|s| secret_field(s, field))
                     .ok_or_else(|| {
                         format!(
                             "the sensitive answer {{{{secret:{id}}}}} is not available: secrets are never stored, \
@@ -1280,7 +1304,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                         )
                     })?;
                 out.push_str(&rest[..start]);
-                out.push_str(secret);
+                out.push_str(&secret);
                 rest = &rest[start + len + 2..];
             }
             out.push_str(rest);
@@ -1291,8 +1315,27 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
 
     /// Hides every secret this process holds from text bound for the journal.
     fn mask(&self, mut text: String) -> String {
-        for s in self.secrets.values().filter(|s| !s.is_empty()) {
+        for (rid, s) in self.secrets.iter().filter(|(_, s)| !s.is_empty()) {
             text = text.replace(s.as_str(), MASK);
+            // A typed answer's secret is its object: each text field's value is hidden too (not
+            // its choices, numbers or booleans, which the schema itself shows).
+            let schema = self
+                .replay
+                .interaction(*rid)
+                .and_then(|(q, _)| q.response_schema.as_ref())
+                .and_then(|v| ResponseSchema::parse(v).ok());
+            if let (Some(schema), Ok(Value::Object(fields))) =
+                (schema, serde_json::from_str::<Value>(s))
+            {
+                let texts = schema
+                    .fields
+                    .iter()
+                    .filter(|f| matches!(f.kind, FieldKind::Text { .. }))
+                    .filter_map(|f| fields.get(&f.name).and_then(Value::as_str));
+                for t in texts.filter(|t| !t.is_empty()) {
+                    text = text.replace(t, MASK);
+                }
+            }
         }
         text
     }
@@ -1356,6 +1399,8 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         q.details = ask.details.clone();
         q.sensitive = ask.sensitive;
         q.allowed_responders.clone_from(&ask.allowed_responders);
+        q.approvals.clone_from(&ask.approvals);
+        q.escalation.clone_from(&ask.escalation);
         q.input_type = ask.input_type.clone().unwrap_or(if ask.options.is_empty() {
             if ask.sensitive {
                 InputType::Password
@@ -1382,6 +1427,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             })
             .collect();
         q.context.insert("tool".into(), json!(ASK_HUMAN));
+        q.response_schema.clone_from(&ask.response_schema);
         self.with_timeout(&mut q, ask.timeout_seconds, ask.default_option_id.clone());
         Ok(q)
     }
@@ -1445,6 +1491,8 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             InteractionOption::new("terminate", "Terminate the run", OptionAction::Terminate);
         terminate.is_dangerous = true;
         q.options = vec![approve, retry, reject, terminate];
+        q.approvals.clone_from(&tool.approvals);
+        q.escalation.clone_from(&tool.escalation);
         self.tool_context(&mut q, req, tool);
         // Whether an approval may come with `data.grant` (checked by the gateway before it
         // accepts one).
@@ -1615,12 +1663,39 @@ fn answer_observation(q: &InteractionRequest, a: &AcceptedAnswer) -> String {
             secret_ref(q.request_id)
         );
     }
+    if q.response_schema.is_some()
+        && let Some(data) = &a.response.data
+    {
+        // A typed answer: the object itself, as JSON.
+        return data.to_string();
+    }
     let input = a.response.input.clone().filter(|s| !s.trim().is_empty());
     match (&a.option, input) {
         (None, Some(text)) => text,
         (None, None) => String::new(),
         (Some(o), None) => format!("chose \"{}\" (option {})", o.label, o.option_id),
         (Some(o), Some(text)) => format!("chose \"{}\" (option {}): {text}", o.label, o.option_id),
+    }
+}
+
+/// The secret itself (`field` empty), or one field of a typed answer's object: a string as it
+/// is, any other value as JSON.
+fn secret_field<'s>(secret: &'s str, field: &str) -> Option<std::borrow::Cow<'s, str>> {
+    if field.is_empty() {
+        return Some(std::borrow::Cow::Borrowed(secret));
+    }
+    match serde_json::from_str::<Value>(secret).ok()?.get(field)? {
+        Value::String(s) => Some(std::borrow::Cow::Owned(s.clone())),
+        other => Some(std::borrow::Cow::Owned(other.to_string())),
+    }
+}
+
+/// The value a sensitive answer gives the tools through `{{secret:…}}`: its text, or the JSON of
+/// a typed answer's `data`.
+fn secret_of(q: &InteractionRequest, answer: &InteractionResponse) -> Option<String> {
+    match (&q.response_schema, &answer.data) {
+        (Some(_), Some(data)) => Some(data.to_string()),
+        _ => answer.input.clone(),
     }
 }
 

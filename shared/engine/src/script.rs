@@ -6,6 +6,12 @@
 //!   - tool: echo
 //!     args: {text: "hello ${task}"}
 //!   - ask_human: {prompt: "Your name?"}
+//!   - ask_human:              # a typed answer: `${answer}` is its JSON, `${answer.email}` a field
+//!       prompt: "Contact?"
+//!       response_schema:
+//!         type: object
+//!         properties: {email: {type: string, format: email}, count: {type: integer, minimum: 1}}
+//!         required: [email]
 //!   - ask_human:
 //!       prompt: "Colour?"
 //!       options: [{id: red, label: Red}, {id: blue, label: Blue}]
@@ -17,7 +23,9 @@
 //!   - finish: "done, ${answer}"
 //! ```
 //!
-//! Templates: `${task}`, `${run_id}`, `${answer}` (the last answer's text, else its option id),
+//! Templates: `${task}`, `${run_id}`, `${answer}` (the last answer's text, else its option id;
+//! a typed answer's `data` as JSON), `${answer.<field>}` (a field of a typed answer: a string as
+//! is, another value as JSON),
 //! `${option}` (its option id), `${observation}` (the last tool result), `${secret}` (the latest
 //! sensitive answer, however many questions ago). A sensitive answer is never put in a template:
 //! `${answer}` and `${secret}` become a `{{secret:…}}` reference that only the tool runner
@@ -31,6 +39,7 @@ use serde_json::Value;
 
 use crate::agent::{ASK_HUMAN, Error, parse_yaml};
 use crate::tools::Tool;
+use delta_protocol::schema::ResponseSchema;
 use delta_protocol::{InputType, InteractionType, OptionAction};
 
 /// One option of a scripted `ask_human`.
@@ -75,16 +84,56 @@ pub struct AskHuman {
     pub title: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<String>,
-    /// Who may answer (responder ids); empty: anyone the gateway lets answer.
+    /// Who may answer (responder ids, `group:<name>`); empty: anyone the gateway lets answer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_responders: Vec<String>,
+    /// Decided by votes: how many must approve, and who may vote (its options need one that
+    /// approves, `APPROVE_AND_EXECUTE`, and one that does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<delta_protocol::Approvals>,
+    /// What happens while it waits: reminders, more responders, its default applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalation: Vec<delta_protocol::EscalationStep>,
+    /// A typed answer: MCP elicitation's restricted JSON Schema (docs/protocol.md §3). The
+    /// answer is then a JSON object in `data`, and takes no options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_schema: Option<Value>,
 }
 
 impl AskHuman {
-    /// Checks what serde cannot: options unique, the default one of them.
+    /// Checks what serde cannot: options unique, the default one of them, a `response_schema`
+    /// of the subset (and then no options).
     pub fn check(&self) -> Result<(), String> {
         if self.prompt.trim().is_empty() {
             return Err("`prompt` must not be empty".into());
+        }
+        delta_protocol::human::check_responder_list(
+            "allowed_responders",
+            &self.allowed_responders,
+        )?;
+        delta_protocol::human::check_escalation(&self.escalation)?;
+        if let Some(a) = &self.approvals {
+            a.check()?;
+            let approves = self
+                .options
+                .iter()
+                .any(|o| o.action == Some(delta_protocol::OptionAction::ApproveAndExecute));
+            let other = self
+                .options
+                .iter()
+                .any(|o| o.action != Some(delta_protocol::OptionAction::ApproveAndExecute));
+            if !(approves && other) {
+                return Err("`approvals` needs options to vote with: one whose action is APPROVE_AND_EXECUTE and one that is not".into());
+            }
+        }
+        if let Some(schema) = &self.response_schema {
+            ResponseSchema::parse(schema).map_err(|e| e.to_string())?;
+            if !self.options.is_empty() {
+                return Err(
+                    "`response_schema` and `options` do not go together: a typed answer is its data (offer choices as an enum field instead)"
+                        .into(),
+                );
+            }
         }
         let mut seen = std::collections::HashSet::new();
         for o in &self.options {
@@ -125,6 +174,9 @@ pub struct PlanStep {
 }
 
 /// One step of the script.
+// A script is read once per run and holds a handful of steps: the size of the `ask_human` step
+// (its approvals, escalation and schema) costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(untagged)]
 pub enum Step {

@@ -176,6 +176,14 @@ pub struct ToolConfig {
     pub parameters: Vec<ParamConfig>,
     #[serde(default)]
     pub approval: Approval,
+    /// When its calls are approved by votes: how many people, and who may vote
+    /// (docs/protocol.md §3 "Quorum").
+    #[serde(default)]
+    pub approvals: Option<delta_protocol::Approvals>,
+    /// What happens while its approval question waits (reminders, more approvers, its
+    /// default applied), carried out by the gateway.
+    #[serde(default)]
+    pub escalation: Vec<delta_protocol::EscalationStep>,
     #[serde(default)]
     pub dangerous: bool,
     /// Argument patterns that make one call dangerous: `{parameter: regex}`. A call is dangerous
@@ -240,6 +248,8 @@ pub enum ToolError {
     UnknownDangerousParam(String),
     #[error("`dangerous_if.{param}`: not a valid regular expression ({message})")]
     BadPattern { param: String, message: String },
+    #[error("{0}")]
+    Approvals(String),
 }
 
 /// A call refused because a value would reach its program as an option: it starts with `-` and
@@ -290,6 +300,10 @@ pub struct Tool {
     pub specs: Vec<ParamSpec>,
     form: Form,
     pub approval: Approval,
+    /// `approvals:`: its approval questions are decided by votes.
+    pub approvals: Option<delta_protocol::Approvals>,
+    /// `escalation:` of its approval questions.
+    pub escalation: Vec<delta_protocol::EscalationStep>,
     pub dangerous: bool,
     /// `dangerous_if`, compiled: a call whose argument matches is dangerous.
     pub dangerous_if: Vec<(String, regex::Regex)>,
@@ -538,6 +552,20 @@ impl Tool {
                 _ => {}
             }
         }
+        if let Some(a) = &c.approvals {
+            a.check().map_err(ToolError::Approvals)?;
+            if c.approval == Approval::Never {
+                return Err(ToolError::Approvals(
+                    "`approvals` needs `approval: always` or `approval: when_dangerous` (they say when a call is put to a vote)".into(),
+                ));
+            }
+        }
+        delta_protocol::human::check_escalation(&c.escalation).map_err(ToolError::Approvals)?;
+        if !c.escalation.is_empty() && c.approval == Approval::Never {
+            return Err(ToolError::Approvals(
+                "`escalation` needs `approval: always` or `approval: when_dangerous` (it escalates the approval question)".into(),
+            ));
+        }
         let mut dangerous_if = vec![];
         for (param, pattern) in &c.dangerous_if {
             if !params.iter().any(|p| &p.name == param) {
@@ -556,6 +584,8 @@ impl Tool {
             params,
             form,
             approval: c.approval,
+            approvals: c.approvals.clone(),
+            escalation: c.escalation.clone(),
             dangerous: c.dangerous,
             dangerous_if,
             idempotent: c.idempotent,

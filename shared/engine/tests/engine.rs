@@ -143,6 +143,7 @@ fn answer(
             id: "tester".into(),
             via: Via::File,
         },
+        request_hash: None,
     }
 }
 
@@ -1380,5 +1381,175 @@ async fn a_plan_cut_after_any_event_resumes_to_the_same_journal() {
             reference,
             "cut after event {cut}"
         );
+    }
+}
+
+const TYPED: &str = r#"
+steps:
+  - ask_human:
+      prompt: "Who and how many?"
+      response_schema:
+        type: object
+        properties:
+          email: {type: string, format: email, title: Contact}
+          count: {type: integer, minimum: 1, maximum: 10}
+          env: {type: string, oneOf: [{const: stg, title: Staging}, {const: prd, title: Production}]}
+          args: {type: boolean}
+        required: [email, count]
+  - tool: echo
+    args: {text: "to ${answer.email} x${answer.count} on ${answer.env}"}
+  - finish: "${answer}"
+"#;
+
+fn typed_answer(q: &InteractionRequest, data: Value) -> InteractionResponse {
+    let mut a = answer(q, None, None);
+    a.data = Some(data);
+    a
+}
+
+#[tokio::test]
+async fn a_typed_ask_human_hands_the_brain_the_checked_object() {
+    let f = Fixture::new(TYPED);
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert_eq!(q.kind, InteractionType::UserInput);
+    let schema = q
+        .response_schema
+        .clone()
+        .expect("the request carries its schema");
+    assert_eq!(schema["required"], json!(["email", "count"]));
+    let before = f.journal(id).await;
+    for (data, field) in [
+        (json!({"count": 3}), "email"),
+        (json!({"email": "ada", "count": 3}), "email"),
+        (json!({"email": "ada@example.com", "count": 11}), "count"),
+        (
+            json!({"email": "ada@example.com", "count": 2, "env": "dev"}),
+            "env",
+        ),
+        (
+            json!({"email": "ada@example.com", "count": 2, "who": "x"}),
+            "who",
+        ),
+        (
+            json!({"email": "ada@example.com", "count": 2, "args": {}}),
+            "args",
+        ),
+    ] {
+        match f
+            .engine(id)
+            .await
+            .advance(Some(typed_answer(&q, data.clone())))
+            .await
+        {
+            Err(Error::Answer(e)) => {
+                assert_eq!(e.code(), "invalid_data", "{data}");
+                assert!(e.to_string().contains(&format!("field `{field}`")), "{e}");
+            }
+            other => panic!("{data}: expected invalid_data, got {other:?}"),
+        }
+    }
+    // Text alone is no typed answer.
+    assert!(matches!(
+        f.engine(id).await.advance(Some(answer(&q, None, Some("ada@example.com")))).await,
+        Err(Error::Answer(e)) if e.code() == "invalid_data"
+    ));
+    assert_eq!(f.journal(id).await, before, "refusals write nothing");
+
+    let data = json!({"email": "ada@example.com", "count": 3, "env": "stg", "args": true});
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(typed_answer(&q, data.clone())))
+        .await
+        .expect("advance");
+    let j = f.journal(id).await;
+    assert_eq!(
+        received(&j)[0].data,
+        Some(data.clone()),
+        "journaled as given"
+    );
+    let r = results(&j);
+    let observed: Value =
+        serde_json::from_str(&r[0].1).expect("the observation is the JSON object");
+    assert_eq!(observed, data);
+    assert_eq!(
+        r[1],
+        (
+            ActionStatus::Success,
+            "to ada@example.com x3 on stg\n".into()
+        )
+    );
+    let Outcome::Completed { result } = out else {
+        panic!("completed, got {out:?}")
+    };
+    assert_eq!(serde_json::from_str::<Value>(&result).expect("json"), data);
+}
+
+#[tokio::test]
+async fn a_sensitive_typed_answer_stays_out_of_the_journal_and_reaches_tools() {
+    let f = Fixture::new(
+        r#"
+steps:
+  - ask_human:
+      prompt: "Key?"
+      sensitive: true
+      response_schema: {type: object, properties: {key: {type: string, minLength: 3}}, required: [key]}
+  - tool: use_key
+    args: {key: "${answer.key}"}
+  - finish: "${observation}"
+"#,
+    );
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert!(q.is_sensitive());
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(typed_answer(&q, json!({"key": "hunter2"}))))
+        .await
+        .expect("advance");
+    // The tool saw the field's value (its test passed) and echoed it; the journal shows "***".
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "using ***\n".into()
+        }
+    );
+    let j = f.journal(id).await;
+    assert_eq!(received(&j)[0].data, Some(json!("***")));
+    assert!(results(&j)[0].1.contains("hidden"), "{:?}", results(&j));
+    for entry in walk(&f.dir.path().join(".delta")) {
+        let text = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains("hunter2"),
+            "secret found in {}",
+            entry.display()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_schema_outside_the_subset_is_refused_when_the_script_loads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("config.yaml"), "name: t\nbrain: scripted\n").expect("write");
+    for (script, says) in [
+        (
+            "steps:\n  - ask_human:\n      prompt: x\n      response_schema: {type: object, properties: {a: {type: object}}}\n",
+            "property `a`",
+        ),
+        (
+            "steps:\n  - ask_human:\n      prompt: x\n      response_schema: {type: object, properties: {a: {type: string, pattern: x}}}\n",
+            "`pattern`",
+        ),
+        (
+            "steps:\n  - ask_human:\n      prompt: x\n      options: [{id: a}]\n      response_schema: {type: object, properties: {a: {type: string}}}\n",
+            "do not go together",
+        ),
+    ] {
+        std::fs::write(dir.path().join("script.yaml"), script).expect("write");
+        let e = Agent::load(dir.path()).map(|_| ()).expect_err("refused");
+        assert!(e.to_string().contains(says), "{e}");
+        assert!(e.to_string().contains("script.yaml"), "{e}");
     }
 }

@@ -31,7 +31,7 @@ fn config() -> ProptestConfig {
     ProptestConfig::with_cases(cases)
 }
 
-const EXAMPLES: [(&str, &str); 4] = [
+const EXAMPLES: [(&str, &str); 5] = [
     (
         "hello",
         include_str!("../../../examples/agents/hello/config.yaml"),
@@ -48,12 +48,17 @@ const EXAMPLES: [(&str, &str); 4] = [
         "openai-tools",
         include_str!("../../../examples/agents/openai-tools/config.yaml"),
     ),
+    (
+        "intake",
+        include_str!("../../../examples/agents/intake/config.yaml"),
+    ),
 ];
 
-const SCRIPTS: [&str; 3] = [
+const SCRIPTS: [&str; 4] = [
     include_str!("../../../examples/agents/hello/script.yaml"),
     include_str!("../../../examples/agents/chooser/script.yaml"),
     include_str!("../../../examples/agents/deployer/script.yaml"),
+    include_str!("../../../examples/agents/intake/script.yaml"),
 ];
 
 fn parse_config(text: &str) -> Result<CheckedConfig, Error> {
@@ -279,6 +284,9 @@ fn step() -> impl Strategy<Value = (Step, Value)> {
                     title: None,
                     details: None,
                     allowed_responders: vec![],
+                    approvals: None,
+                    escalation: vec![],
+                    response_schema: None,
                 };
                 let v = json!({"ask_human": serde_json::to_value(&ask).expect("ser")});
                 (Step::Ask { ask_human: ask }, v)

@@ -139,6 +139,7 @@ fn approve(q: &InteractionRequest, data: Value) -> InteractionResponse {
             id: "alice".into(),
             via: Via::File,
         },
+        request_hash: None,
     }
 }
 

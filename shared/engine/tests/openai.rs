@@ -168,6 +168,7 @@ async fn the_openai_brain_drives_tools_and_questions_and_never_sees_secrets() {
             id: "t".into(),
             via: Via::Stdin,
         },
+        request_hash: None,
     };
     let out = engine.advance(Some(answer)).await.expect("advance");
     assert_eq!(
@@ -446,5 +447,96 @@ async fn after_a_plan_is_sent_back_no_tool_runs_until_a_new_plan_is_confirmed() 
     assert!(
         !journal.contains("too early\\n"),
         "echo never ran: {journal}"
+    );
+}
+
+#[tokio::test]
+async fn the_openai_brain_asks_for_a_typed_answer_and_gets_the_object() {
+    let schema = json!({"type": "object", "properties": {
+        "email": {"type": "string", "format": "email"},
+        "count": {"type": "integer", "minimum": 1}}, "required": ["email"]});
+    let (url, fake) = serve(vec![
+        // Outside the subset: an error result that says why, and the model tries again.
+        tool_reply(vec![call(
+            "y1",
+            "ask_human",
+            json!({"prompt": "who?", "response_schema": {"type": "object", "properties": {"who": {"type": "object"}}}}),
+        )]),
+        tool_reply(vec![call(
+            "y2",
+            "ask_human",
+            json!({"prompt": "who?", "response_schema": schema}),
+        )]),
+        (200, json!({"choices": [{"message": {"role": "assistant", "content": "noted"}, "finish_reason": "stop"}]})),
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent = agent(dir.path(), &url);
+    let brain = AnyBrain::for_agent(&agent).expect("brain");
+    let store = FileRunStore::new(dir.path().join(".delta"));
+    let (_, run, settings) = new_run(dir.path(), &store, "t", PauseMode::Hold).await;
+    let mut engine = Engine::new(
+        &agent,
+        &brain,
+        &store,
+        run,
+        settings,
+        CancellationToken::new(),
+    );
+    let q = match engine.advance(None).await.expect("advance") {
+        Outcome::Paused(q) => q,
+        other => panic!("expected a question, got {other:?}"),
+    };
+    assert_eq!(q.response_schema.as_ref(), Some(&schema));
+    let data = json!({"email": "ada@example.com", "count": 2});
+    let mut answer = InteractionResponse::new(
+        q.request_id,
+        Responder {
+            id: "t".into(),
+            via: Via::Stdin,
+        },
+    );
+    answer.data = Some(data.clone());
+    let out = engine.advance(Some(answer)).await.expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "noted".into()
+        }
+    );
+    let requests = fake.lock().expect("lock").requests.clone();
+    // The model is offered `response_schema` on `ask_human`.
+    let ask = requests[0]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .find(|t| t["function"]["name"] == "ask_human")
+        .expect("ask_human")
+        .clone();
+    assert_eq!(
+        ask["function"]["parameters"]["properties"]["response_schema"]["type"],
+        "object"
+    );
+    // The latest tool result each request carries (the engine names the calls itself).
+    let tool_text = |r: &Value| {
+        r["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "tool")
+            .and_then(|m| m["content"].as_str())
+            .map(str::to_owned)
+            .expect("tool message")
+    };
+    let refused = tool_text(&requests[1]);
+    assert!(
+        refused.starts_with("[error] ask_human: response_schema property `who`"),
+        "{refused}"
+    );
+    let got = tool_text(&requests[2]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&got).expect("the result is the object"),
+        data
     );
 }

@@ -241,7 +241,7 @@ impl Replay {
                     self.revising = Some(plan.round);
                 }
             }
-            Event::SystemMessage(_) => {}
+            Event::SystemMessage(_) | Event::HumanVote(_) | Event::Escalated(_) => {}
             Event::EngineEnd(end) => self.end = Some(end.clone()),
         }
     }

@@ -5,7 +5,9 @@
 //! no async, so that the CLI, the worker, the gateway and the fuzzers all agree by construction.
 
 pub mod grant;
+pub mod human;
 pub mod journal;
+pub mod schema;
 pub mod secret;
 
 /// `url` (or several, separated by commas) with any user and password replaced by `***`, for
@@ -34,6 +36,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+pub use human::{
+    Approvals, Ballot, Change, Claim, Escalated, EscalationStep, InteractionUpdate, Tally, Vote,
+};
 pub use time::Timestamp;
 
 /// Timestamps: RFC 3339, UTC, always six fractional digits (`2026-11-20T10:00:00.123456Z`).
@@ -276,6 +281,11 @@ pub enum Event {
     ActionResult(ActionResult),
     HumanInputRequest(Box<InteractionRequest>),
     HumanInputReceived(HumanInputReceived),
+    /// A vote on a question that needs several approvals, journaled by the gateway as it counts
+    /// it (docs/protocol.md §3, "Quorum").
+    HumanVote(Vote),
+    /// A step of a question's escalation, carried out by the gateway while the run waits.
+    Escalated(Escalated),
     SystemMessage(SystemMessage),
     EngineEnd(EngineEnd),
 }
@@ -291,6 +301,8 @@ impl Event {
             Event::ActionResult(_) => "ACTION_RESULT",
             Event::HumanInputRequest(_) => "HUMAN_INPUT_REQUEST",
             Event::HumanInputReceived(_) => "HUMAN_INPUT_RECEIVED",
+            Event::HumanVote(_) => "HUMAN_VOTE",
+            Event::Escalated(_) => "ESCALATED",
             Event::SystemMessage(_) => "SYSTEM_MESSAGE",
             Event::EngineEnd(_) => "ENGINE_END",
         }
@@ -440,6 +452,9 @@ pub struct HumanInputReceived {
     /// `{"changed": {k: {"from", "to"}}, "added": {k: v}, "removed": [k]}` (see [`args_diff`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edited_args: Option<Value>,
+    /// The hash of the request as it was shown and decided on ([`human::request_hash`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_hash: Option<String>,
 }
 
 /// The difference between a call's arguments and their edited version, in the shape journaled
@@ -800,6 +815,21 @@ pub struct InteractionRequest {
     /// to answer at all. From the agent's `interaction_defaults` or the `ask_human` call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_responders: Vec<String>,
+    /// Decided by votes: how many must approve, and who may vote (docs/protocol.md §3, "Quorum").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<Approvals>,
+    /// What happens while it waits: reminders, more responders, its default applied
+    /// (docs/protocol.md §3 "Escalation"), carried out by the gateway.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalation: Vec<EscalationStep>,
+    /// The SHA-256 of what the request shows ([`human::request_hash`]), set when it is asked. An
+    /// answer that echoes another hash is refused (`409 stale`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_hash: Option<String>,
+    /// A typed answer: the restricted JSON Schema of MCP elicitation (see [`schema`]) that the
+    /// answer's `data` must fit. Absent: the answer is an option and/or free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_schema: Option<Value>,
 }
 
 impl InteractionRequest {
@@ -827,14 +857,35 @@ impl InteractionRequest {
             expires_at: None,
             context: BTreeMap::new(),
             allowed_responders: vec![],
+            approvals: None,
+            escalation: vec![],
+            request_hash: None,
+            response_schema: None,
         }
     }
 
-    /// Whether `responder` may answer: anyone when the list is empty, the clock always.
-    pub fn allows(&self, responder: &Responder) -> bool {
+    /// Whether `responder`, a member of `groups`, may answer: anyone when the list is empty, the
+    /// clock always; else an id the list names, or a member of a `group:<name>` it names.
+    pub fn allows(&self, responder: &Responder, groups: &[String]) -> bool {
         self.allowed_responders.is_empty()
             || responder.via == Via::Timeout
-            || self.allowed_responders.contains(&responder.id)
+            || human::admitted_by(&self.allowed_responders, &responder.id, groups)
+    }
+
+    /// The hash of what this request shows, as [`human::request_hash`] computes it.
+    pub fn hash(&self) -> String {
+        human::request_hash(self)
+    }
+
+    /// The hash an answer must echo: the one set when the request was asked, else (a request
+    /// asked before hashes existed) its hash now.
+    pub fn shown_hash(&self) -> String {
+        self.request_hash.clone().unwrap_or_else(|| self.hash())
+    }
+
+    /// Sets `request_hash` to this request's hash: the last step of asking.
+    pub fn seal_hash(&mut self) {
+        self.request_hash = Some(self.hash());
     }
 
     pub fn option(&self, option_id: &str) -> Option<&InteractionOption> {
@@ -878,6 +929,9 @@ pub struct InteractionResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedback: Option<String>,
     pub responder: Responder,
+    /// The `request_hash` of the request as the responder saw it; when given, it must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_hash: Option<String>,
 }
 
 impl InteractionResponse {
@@ -890,6 +944,7 @@ impl InteractionResponse {
             data: None,
             feedback: None,
             responder,
+            request_hash: None,
         }
     }
 }
@@ -931,6 +986,24 @@ pub enum ResponseError {
     InvalidArgs(String),
     #[error("`{0}` may not answer this request (it names who may: see allowed_responders)")]
     NotAllowed(String),
+    /// The answer echoed the hash of another version of the request than the one pending.
+    #[error(
+        "request {0} is not the one you were shown (its request_hash differs): load it again and answer what it asks now"
+    )]
+    Stale(RequestId),
+    #[error(
+        "request {request_id} is claimed by {by} until {until}: only they may answer until then"
+    )]
+    Claimed {
+        request_id: RequestId,
+        by: String,
+        until: Timestamp,
+    },
+    #[error("`{0}` has voted on this request already: a person votes once")]
+    AlreadyVoted(String),
+    /// A typed answer's `data` does not fit the request's `response_schema`.
+    #[error("data refused: {0}")]
+    InvalidData(schema::FieldError),
 }
 
 impl ResponseError {
@@ -944,6 +1017,10 @@ impl ResponseError {
             ResponseError::InputRequired(_) | ResponseError::EmptyInput => "input_required",
             ResponseError::InvalidArgs(_) => "invalid_args",
             ResponseError::NotAllowed(_) => "forbidden",
+            ResponseError::Stale(_) => "stale",
+            ResponseError::Claimed { .. } => "claimed",
+            ResponseError::AlreadyVoted(_) => "already_voted",
+            ResponseError::InvalidData(_) => "invalid_data",
         }
     }
 }
@@ -967,6 +1044,13 @@ impl InteractionRequest {
         if response.request_id != self.request_id {
             return Err(ResponseError::NotFound(response.request_id.to_string()));
         }
+        if response
+            .request_hash
+            .as_ref()
+            .is_some_and(|h| *h != self.shown_hash())
+        {
+            return Err(ResponseError::Stale(self.request_id));
+        }
         if response.responder.via != Via::Timeout {
             if let Some(expires_at) = self.expires_at.filter(|_| self.is_expired_at(now)) {
                 return Err(ResponseError::Expired {
@@ -979,6 +1063,18 @@ impl InteractionRequest {
             .input
             .as_deref()
             .is_some_and(|s| !s.trim().is_empty());
+        if let Some(v) = &self.response_schema {
+            // A typed answer is its `data`; text, if any, goes along as a comment.
+            let schema = schema::ResponseSchema::parse(v).map_err(|e| {
+                ResponseError::InvalidData(schema::FieldError {
+                    field: None,
+                    message: format!("this request cannot be answered: {e}"),
+                })
+            })?;
+            schema
+                .check(response.data.as_ref())
+                .map_err(ResponseError::InvalidData)?;
+        }
         if self.options.is_empty() {
             if response.option_id.is_some() {
                 return Err(ResponseError::InvalidOption {
@@ -986,7 +1082,7 @@ impl InteractionRequest {
                     valid: "(none: this request takes free text)".into(),
                 });
             }
-            if !has_input {
+            if !has_input && self.response_schema.is_none() {
                 return Err(ResponseError::EmptyInput);
             }
             return Ok(AcceptedAnswer {
@@ -1049,6 +1145,7 @@ impl AcceptedAnswer {
             },
             feedback: hide(&r.feedback),
             edited_args: None,
+            request_hash: Some(request.shown_hash()),
         }
     }
 }
@@ -1252,7 +1349,25 @@ mod tests {
                 id: "alice".into(),
                 via: Via::Http,
             },
+            request_hash: None,
         }
+    }
+
+    #[test]
+    fn an_answer_echoing_another_version_of_the_request_is_stale() {
+        let mut q = InteractionRequest::new(RunId::new(), "a", InteractionType::UserInput, "Name?");
+        q.seal_hash();
+        let mut r = response(&q, None, Some("x"));
+        r.request_hash = Some(q.hash());
+        assert!(q.validate(r.clone(), Timestamp::now()).is_ok());
+        r.request_hash = Some("0".repeat(64));
+        let e = q.validate(r.clone(), Timestamp::now()).unwrap_err();
+        assert_eq!(e.code(), "stale");
+        r.request_hash = None;
+        assert!(
+            q.validate(r, Timestamp::now()).is_ok(),
+            "an answer need not echo it"
+        );
     }
 
     #[test]
@@ -1318,6 +1433,41 @@ mod tests {
                 .action,
             OptionAction::ProvideInfo
         );
+    }
+
+    #[test]
+    fn typed_requests_need_data_that_fits_their_schema() {
+        let mut req: InteractionRequest =
+            serde_json::from_value(approval_request_json()).expect("ok");
+        req.options.clear();
+        req.expires_at = None;
+        req.response_schema = Some(json!({"type": "object",
+            "properties": {"email": {"type": "string", "format": "email"},
+                           "args": {"type": "integer"}},
+            "required": ["email"]}));
+        let back: InteractionRequest =
+            serde_json::from_value(serde_json::to_value(&req).expect("ok")).expect("ok");
+        assert_eq!(back.response_schema, req.response_schema);
+        let now = Timestamp::now();
+        let with = |data: Value| {
+            let mut r = response(&req, None, None);
+            r.data = Some(data);
+            req.validate(r, now)
+        };
+        let ok = with(json!({"email": "ada@example.com", "args": 3})).expect("valid");
+        assert_eq!(ok.action, OptionAction::ProvideInfo);
+        let e = with(json!({"email": "ada"})).unwrap_err();
+        assert_eq!(e.code(), "invalid_data");
+        assert!(e.to_string().contains("field `email`"), "{e}");
+        let e = with(json!({"email": "a@b.c", "extra": 1})).unwrap_err();
+        assert!(e.to_string().contains("field `extra`"), "{e}");
+        let e = req
+            .validate(response(&req, None, Some("text")), now)
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_data", "text alone is no typed answer");
+        // Untyped requests never look at the schema rules.
+        req.response_schema = None;
+        assert!(req.validate(response(&req, None, Some("x")), now).is_ok());
     }
 
     #[test]

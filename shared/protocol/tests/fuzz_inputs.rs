@@ -209,6 +209,7 @@ fn response_to(
                     data,
                     feedback,
                     responder,
+                    request_hash: None,
                 };
                 (q.clone(), r)
             },
@@ -308,6 +309,7 @@ fn event() -> impl Strategy<Value = Event> {
                     data,
                     feedback: None,
                     edited_args: None,
+                    request_hash: None,
                 })
             }),
         text().prop_map(|content| Event::SystemMessage(SystemMessage {
@@ -715,4 +717,103 @@ fn huge_numbers_and_deep_payloads_in_the_journal_are_refused_by_line() {
             .len(),
         1
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Typed answers: `response_schema` and the data checked against it
+
+/// A property of a schema: mostly of the subset's shape, with keywords and values that may be
+/// wrong (so that both acceptance and refusal are explored).
+fn schema_property() -> impl Strategy<Value = Value> {
+    let ty = prop::sample::select(vec![
+        "string", "number", "integer", "boolean", "array", "object", "null",
+    ]);
+    let keyword = prop::sample::select(vec![
+        "minLength",
+        "maxLength",
+        "format",
+        "minimum",
+        "maximum",
+        "default",
+        "enum",
+        "enumNames",
+        "oneOf",
+        "items",
+        "minItems",
+        "maxItems",
+        "title",
+        "description",
+        "pattern",
+    ]);
+    let value = prop_oneof![
+        json_value(),
+        (0u64..10).prop_map(Value::from),
+        prop::sample::select(vec!["email", "uri", "date", "date-time", "ipv4"])
+            .prop_map(Value::from),
+        prop::collection::vec("[a-c]", 0..4).prop_map(|v| json!(v)),
+        prop::collection::vec("[a-c]", 0..3).prop_map(|v| json!(
+            v.iter()
+                .map(|c| json!({"const": c, "title": c.to_uppercase()}))
+                .collect::<Vec<_>>()
+        )),
+        Just(json!({"type": "string", "enum": ["a", "b"]})),
+        Just(json!({"anyOf": [{"const": "a", "title": "A"}]})),
+    ];
+    (ty, prop::collection::btree_map(keyword, value, 0..4)).prop_map(|(t, kws)| {
+        let mut p: serde_json::Map<String, Value> =
+            kws.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        p.insert("type".into(), json!(t));
+        Value::Object(p)
+    })
+}
+
+fn response_schema() -> impl Strategy<Value = Value> {
+    (
+        prop::collection::btree_map("[a-e]", schema_property(), 0..4),
+        prop::collection::vec("[a-f]", 0..3),
+    )
+        .prop_map(|(props, required)| {
+            json!({"type": "object", "properties": props, "required": required})
+        })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Any schema is accepted or refused with a message (naming the property at fault when one
+    /// is); an accepted one checks any data without panicking, takes its own defaults, and
+    /// refuses unknown fields naming them.
+    #[test]
+    fn response_schemas_are_checked_and_check_answers_without_panicking(
+        schema in response_schema(),
+        data in json_value(),
+    ) {
+        use delta_protocol::schema::ResponseSchema;
+        match ResponseSchema::parse(&schema) {
+            Err(e) => {
+                prop_assert!(!e.message.trim().is_empty());
+                if let Some(p) = &e.property {
+                    prop_assert!(schema["properties"].get(p).is_some(), "{e}");
+                }
+            }
+            Ok(s) => {
+                if let Err(e) = s.check(Some(&data)) {
+                    prop_assert!(!e.to_string().trim().is_empty());
+                }
+                let mut defaults = serde_json::Map::new();
+                for f in &s.fields {
+                    if let Some(d) = f.default_value() {
+                        prop_assert!(f.check(&d).is_ok(), "{}: default {d}", f.name);
+                        defaults.insert(f.name.clone(), d);
+                    }
+                }
+                if s.fields.iter().all(|f| !f.required || defaults.contains_key(&f.name)) {
+                    prop_assert!(s.check(Some(&Value::Object(defaults.clone()))).is_ok());
+                }
+                defaults.insert("zz-unknown".into(), json!(1));
+                let e = s.check(Some(&Value::Object(defaults))).expect_err("unknown field");
+                prop_assert!(e.field.is_some());
+            }
+        }
+    }
 }

@@ -3,15 +3,17 @@
 //! starts (`delta dev`, the tests), and `deploy/nats/nats.conf` spells out the same lists for
 //! the prefix `delta`; a test checks both against a real server.
 //!
-//! - The **gateway** serves the respond subjects (the only role that may subscribe to them, so a
-//!   bot's bearer token in a header reaches no one else), publishes jobs, `resolved`
-//!   announcements and cancellations, and reads the streams for its views.
+//! - The **gateway** serves the respond and claim subjects (the only role that may subscribe to
+//!   them, so a bot's bearer token in a header reaches no one else), publishes jobs, `resolved`,
+//!   `updated` (claims, votes) and `escalated` announcements and cancellations, and reads the
+//!   streams for its views.
 //! - A **worker** takes jobs from its consumer, publishes `requested` announcements, dead
 //!   letters and resumes, and hears cancellations. It may not answer, announce an answer,
 //!   publish a job, or create or change a stream (a stream's subjects decide what it keeps: a
 //!   worker that could add `respond.*` to one could read bots' tokens from it).
-//! - A **bot** reads questions (live, or from the interactions stream with a consumer of its
-//!   own) and publishes answers to the respond subjects, and nothing else.
+//! - A **bot** reads questions and what happens to them (live, or from the interactions stream
+//!   with a consumer of its own) and publishes answers and claims to the respond and claim
+//!   subjects, and nothing else.
 //! - The **admin** may do everything: operators' tools and the tests' own checks.
 //!
 //! The gateway and workers receive replies on an inbox of their own role
@@ -174,10 +176,13 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("$JS.API.STREAM.MSG.DELETE.{dlq}"),
                 format!("{p}.jobs.>"),
                 format!("{p}.interactions.resolved.>"),
+                format!("{p}.interactions.updated.>"),
+                format!("{p}.interactions.escalated.>"),
                 format!("{p}.events.cancelled"),
             ]);
             let subscribe = vec![
                 format!("{p}.interactions.respond.*"),
+                format!("{p}.interactions.claim.*"),
                 format!("{p}.events.resumed"),
                 inbox(NatsRole::Gateway),
             ];
@@ -201,9 +206,12 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
             let mut publish = vec!["$JS.API.INFO".to_owned()];
             publish.extend(stream_reader(&interactions));
             publish.push(format!("{p}.interactions.respond.*"));
+            publish.push(format!("{p}.interactions.claim.*"));
             let subscribe = vec![
                 format!("{p}.interactions.requested.>"),
                 format!("{p}.interactions.resolved.>"),
+                format!("{p}.interactions.updated.>"),
+                format!("{p}.interactions.escalated.>"),
                 "_INBOX.>".to_owned(),
             ];
             (publish, subscribe, false)

@@ -106,9 +106,21 @@ impl Names {
     pub fn resolved_subject(&self, agent: &str, run: &str) -> String {
         format!("{}.interactions.resolved.{agent}.{run}", self.prefix)
     }
+    /// Where a question's escalation steps are announced (`Escalated`).
+    pub fn escalated_subject(&self, agent: &str, run: &str) -> String {
+        format!("{}.interactions.escalated.{agent}.{run}", self.prefix)
+    }
+    /// Where a pending question's claims and votes are announced (`InteractionUpdate`).
+    pub fn updated_subject(&self, agent: &str, run: &str) -> String {
+        format!("{}.interactions.updated.{agent}.{run}", self.prefix)
+    }
     /// Where bots answer a request (core NATS request-reply).
     pub fn respond_subject(&self, request_id: &str) -> String {
         format!("{}.interactions.respond.{request_id}", self.prefix)
+    }
+    /// Where bots claim a request, renew or give back their claim (core NATS request-reply).
+    pub fn claim_subject(&self, request_id: &str) -> String {
+        format!("{}.interactions.claim.{request_id}", self.prefix)
     }
     /// The queue group the gateways serve the respond subjects in.
     pub fn gateway_group(&self) -> String {
@@ -555,6 +567,8 @@ impl Queue {
                 subjects: vec![
                     format!("{p}.interactions.requested.>"),
                     format!("{p}.interactions.resolved.>"),
+                    format!("{p}.interactions.updated.>"),
+                    format!("{p}.interactions.escalated.>"),
                 ],
                 retention: stream::RetentionPolicy::Limits,
                 storage: stream::StorageType::File,
@@ -728,6 +742,36 @@ impl Queue {
         let subject = self
             .names
             .resolved_subject(agent, &resolved.run_id.to_string());
+        self.publish(subject, headers, payload).await.map(drop)
+    }
+
+    /// Announces a claim taken, given back or broken, or a vote counted, on
+    /// `…interactions.updated.<agent>.<run_id>`.
+    pub async fn publish_update(
+        &self,
+        update: &delta_protocol::InteractionUpdate,
+    ) -> Result<(), Error> {
+        let payload = serde_json::to_vec(update).unwrap_or_default();
+        let subject = self
+            .names
+            .updated_subject(&update.agent, &update.run_id.to_string());
+        self.publish(subject, HeaderMap::new(), payload)
+            .await
+            .map(drop)
+    }
+
+    /// Announces an escalation step carried out, on `…interactions.escalated.<agent>.<run_id>`
+    /// (idempotent per step).
+    pub async fn publish_escalated(&self, e: &delta_protocol::Escalated) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("escalated:{}:{}", e.request_id, e.step).as_str(),
+        );
+        let payload = serde_json::to_vec(e).unwrap_or_default();
+        let subject = self
+            .names
+            .escalated_subject(&e.agent, &e.run_id.to_string());
         self.publish(subject, headers, payload).await.map(drop)
     }
 
@@ -928,11 +972,18 @@ impl Queue {
             .await
             .map_err(|e| err(e.into()))?;
         let requested = format!("{}.interactions.requested.", self.names.prefix);
+        let updated = format!("{}.interactions.updated.", self.names.prefix);
+        let escalated = format!("{}.interactions.escalated.", self.names.prefix);
         Ok(messages.filter_map(move |m| {
             let event = m.ok().and_then(|m| {
                 let seq = m.info().ok()?.stream_sequence;
-                let kind = if m.subject.as_str().starts_with(&requested) {
+                let subject = m.subject.as_str();
+                let kind = if subject.starts_with(&requested) {
                     "requested"
+                } else if subject.starts_with(&updated) {
+                    "updated"
+                } else if subject.starts_with(&escalated) {
+                    "escalated"
                 } else {
                     "resolved"
                 };

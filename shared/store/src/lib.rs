@@ -47,6 +47,10 @@ pub struct RunRecord {
     /// Locally: the agent directory the run was started with, so that a resume finds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_dir: Option<String>,
+    /// Who submitted it (the gateway's authenticated caller): with `approvals.exclude_requester`
+    /// they may not vote on its questions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
 }
 
 impl RunRecord {
@@ -65,6 +69,7 @@ impl RunRecord {
             result: None,
             error: None,
             agent_dir: None,
+            submitted_by: None,
         }
     }
 }
@@ -185,6 +190,9 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// Someone else holds a live claim on the question being answered.
+    #[error("the question is claimed by {} until {}", .0.by, .0.until)]
+    Claimed(delta_protocol::Claim),
     /// The backend (Redis) failed or could not be reached; the cause is the source.
     #[error("the run store's backend failed")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -58,8 +58,10 @@ use std::time::Duration;
 use redis::Script;
 
 pub mod access;
+pub use human::{ClaimMode, Claimed, Counted, Escalation};
 mod conn;
 mod grants;
+mod human;
 mod index;
 mod migrate;
 mod retention;
@@ -137,6 +139,8 @@ script_args!(
         // µs when the request was asked, and of its deadline ('' for none).
         asked_us,
         expires_us,
+        // µs when its first escalation step is due ('' for none).
+        escalate_us,
         traceparent,
         // The journal length the writer saw ('' when unknown): a takeover is refused when the
         // journal has grown since.
@@ -201,6 +205,7 @@ if status ~= '' then
       redis.call('HSET', okey, 'state', closed, 'answered_at', now)
       redis.call('ZREM', p .. ':interactions:pending', old)
       redis.call('ZREM', p .. ':interactions:deadlines', old)
+      redis.call('ZREM', p .. ':interactions:escalations', old)
     end
     redis.call('ZREM', p .. ':resumes', run .. '/' .. old)
   end
@@ -212,6 +217,7 @@ if status ~= '' then
       redis.call('ZADD', p .. ':interactions:all', asked_us, pending)
       redis.call('ZADD', p .. ':interactions:pending', asked_us, pending)
       if expires_us ~= '' then redis.call('ZADD', p .. ':interactions:deadlines', expires_us, pending) end
+      if escalate_us ~= '' then redis.call('ZADD', p .. ':interactions:escalations', escalate_us, pending) end
       redis.call('HSET', p .. ':interactions:runs', pending, run)
     end
   else
@@ -346,28 +352,40 @@ return {'CREATED', ''}
 /// Settles a pending interaction: `ANSWERED` with its response, or `EXPIRED` by the clock, and
 /// queues its run's resume for the reconciler to check. Returns `WON`, or the state it was in.
 /// KEYS: the interaction. ARGV: new state, response JSON (or ''), now, bucket tag, request id,
-/// resume member, when to check the resume (µs).
+/// resume member, when to check the resume (µs), the responder (`''` for the clock), now (µs).
+/// `CLAIMED|<until µs>|<holder>` when someone else holds a live claim on it.
 const RESOLVE: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return redis.error_reply('NOTFOUND') end
 if st ~= 'PENDING' then return st end
+if ARGV[8] ~= '' then
+  local by = redis.call('HGET', KEYS[1], 'claim_by')
+  local till = redis.call('HGET', KEYS[1], 'claim_until')
+  if by and by ~= ARGV[8] and tonumber(till or '0') > tonumber(ARGV[9]) then
+    return 'CLAIMED|' .. till .. '|' .. by
+  end
+end
+redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'answered_at', ARGV[3])
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'response', ARGV[2]) end
 redis.call('ZREM', ARGV[4] .. ':interactions:pending', ARGV[5])
 redis.call('ZREM', ARGV[4] .. ':interactions:deadlines', ARGV[5])
+redis.call('ZREM', ARGV[4] .. ':interactions:escalations', ARGV[5])
 redis.call('ZADD', ARGV[4] .. ':resumes', ARGV[7], ARGV[6])
 return 'WON'
 "#;
 
 /// Opens an answered interaction again (its answer was refused by the engine): `PENDING`,
-/// answer removed, back in the pending and deadline indexes. KEYS: the interaction. ARGV:
-/// bucket tag, request id, request time (µs), deadline (µs or ''), resume member.
+/// answer removed, back in the pending and deadline indexes (and the escalation index, for the
+/// reconciler to find its next step). KEYS: the interaction. ARGV: bucket tag, request id,
+/// request time (µs), deadline (µs or ''), resume member, `1` when it has an escalation.
 const REOPEN: &str = r#"
 if redis.call('HGET', KEYS[1], 'state') ~= 'ANSWERED' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'PENDING')
 redis.call('HDEL', KEYS[1], 'response', 'answered_at', 'resume_seq')
 redis.call('ZADD', ARGV[1] .. ':interactions:pending', ARGV[3], ARGV[2])
 if ARGV[4] ~= '' then redis.call('ZADD', ARGV[1] .. ':interactions:deadlines', ARGV[4], ARGV[2]) end
+if ARGV[6] == '1' then redis.call('ZADD', ARGV[1] .. ':interactions:escalations', 0, ARGV[2]) end
 redis.call('ZREM', ARGV[1] .. ':resumes', ARGV[5])
 return 1
 "#;
@@ -493,6 +511,14 @@ pub struct StoredInteraction {
     pub resume_seq: Option<u64>,
     /// The `traceparent` of the run's span that asked it.
     pub traceparent: Option<String>,
+    /// A person's live claim on it (none once it lapsed).
+    pub claim: Option<delta_protocol::Claim>,
+    /// The votes cast on it (a question with `approvals`), in order.
+    pub votes: Vec<delta_protocol::Vote>,
+    /// How many of its escalation steps were carried out.
+    pub escalated: u32,
+    /// Who its escalation let answer besides `allowed_responders` (`add_responders`).
+    pub added_responders: Vec<String>,
 }
 
 /// How a pending interaction is settled.
@@ -921,16 +947,22 @@ impl RedisRunStore {
         check_after: Duration,
     ) -> Result<Option<InteractionState>, Error> {
         let run_id = request.run_id;
-        let (state, json, now) = match how {
+        let (state, json, now, by) = match how {
             Resolution::Answer(response, at) => {
                 let stored = self.seal(request, response)?;
                 (
                     InteractionState::Answered,
                     serde_json::to_string(&stored).unwrap_or_default(),
                     at,
+                    response.responder.id.clone(),
                 )
             }
-            Resolution::Expired => (InteractionState::Expired, String::new(), Timestamp::now()),
+            Resolution::Expired => (
+                InteractionState::Expired,
+                String::new(),
+                Timestamp::now(),
+                String::new(),
+            ),
         };
         let rid = request.request_id.to_string();
         let check_at = now.micros() + i64::try_from(check_after.as_micros()).unwrap_or(0);
@@ -941,12 +973,22 @@ impl RedisRunStore {
             .arg(self.run_tag(run_id))
             .arg(&rid)
             .arg(format!("{run_id}/{rid}"))
-            .arg(check_at);
+            .arg(check_at)
+            .arg(by)
+            .arg(Timestamp::now().micros());
         // Replicated, as every write to a run: an answer the gateway accepts must not be lost
         // at a failover (the caller's `sync` alone would not tell, see `invoke_replicated`).
         let (reply, replicated) = self.invoke_replicated::<String>(run_id, &inv).await;
         match reply {
             Ok(s) if s == "WON" => replicated.map(|()| None),
+            Ok(s) if s.starts_with("CLAIMED|") => {
+                let mut parts = s.splitn(3, '|').skip(1);
+                let until = parts.next().unwrap_or_default();
+                let by = parts.next().unwrap_or_default().to_owned();
+                human::claim_of(by, until)
+                    .map(|c| Err(Error::Claimed(c)))
+                    .unwrap_or_else(|| Err(Error::Corrupt(format!("request {rid}: bad claim"))))
+            }
             Ok(s) => Ok(Some(s.parse().map_err(Error::Corrupt)?)),
             Err(e) => Err(script_error(e, run_id)),
         }
@@ -1031,7 +1073,8 @@ impl RedisRunStore {
                     .map(|t| t.micros().to_string())
                     .unwrap_or_default(),
             )
-            .arg(format!("{run_id}/{request_id}"));
+            .arg(format!("{run_id}/{request_id}"))
+            .arg(if q.escalation.is_empty() { "" } else { "1" });
         let (n, replicated) = self.invoke_replicated::<i64>(run_id, &inv).await;
         let n = n.map_err(backend)?;
         replicated?;
@@ -1106,6 +1149,7 @@ fn parse_interaction(
         .unwrap_or("")
         .parse()
         .map_err(|e| bad("state", e))?;
+    let (claim, votes) = human::claim_and_votes(h, Timestamp::now());
     let response = match h.get("response") {
         Some(r) => Some(serde_json::from_str(r).map_err(|e| bad("response", e.to_string()))?),
         None => None,
@@ -1117,6 +1161,13 @@ fn parse_interaction(
         answered_at: h.get("answered_at").and_then(|t| t.parse().ok()),
         resume_seq: h.get("resume_seq").and_then(|t| t.parse().ok()),
         traceparent: h.get("traceparent").cloned(),
+        claim,
+        votes,
+        escalated: h.get("escalated").and_then(|n| n.parse().ok()).unwrap_or(0),
+        added_responders: h
+            .get("added_responders")
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_default(),
     }))
 }
 
@@ -1170,6 +1221,7 @@ fn record_fields(r: &RunRecord) -> Vec<(String, String)> {
         ("result", &r.result),
         ("error", &r.error),
         ("agent_dir", &r.agent_dir),
+        ("submitted_by", &r.submitted_by),
     ] {
         if let Some(v) = v {
             f.push((k.into(), v.clone()));
@@ -1208,6 +1260,7 @@ fn parse_record(run_id: RunId, h: &HashMap<String, String>) -> Result<RunRecord,
         result: get("result"),
         error: get("error"),
         agent_dir: get("agent_dir"),
+        submitted_by: get("submitted_by"),
     })
 }
 
@@ -1344,6 +1397,15 @@ impl RunStore for RedisRunStore {
                     args.expires_us = q
                         .expires_at
                         .map(|t| t.micros().to_string())
+                        .unwrap_or_default();
+                    args.escalate_us = q
+                        .escalation
+                        .first()
+                        .map(|s| {
+                            (q.timestamp.micros()
+                                + i64::try_from(s.after.as_micros()).unwrap_or(i64::MAX / 2))
+                            .to_string()
+                        })
                         .unwrap_or_default();
                 }
                 StatusChange::Finished { result, error, .. } => {

@@ -332,6 +332,14 @@ fn json_type(t: ParamType) -> &'static str {
     }
 }
 
+/// How the model is told to ask for a typed answer (MCP elicitation's restricted schema).
+const RESPONSE_SCHEMA_HELP: &str = "For a structured answer instead of options or text: a flat JSON Schema \
+     {\"type\": \"object\", \"properties\": {…}, \"required\": […]} whose properties are each a string \
+     (minLength, maxLength, format email|uri|date|date-time), a number or integer (minimum, maximum), \
+     a boolean, a single choice ({\"type\": \"string\", \"enum\": […]} or \"oneOf\": [{\"const\", \"title\"}]) or \
+     several choices ({\"type\": \"array\", \"items\": {\"type\": \"string\", \"enum\": […]}}), with optional \
+     title, description and default. The result is the answer as a JSON object. Not with options.";
+
 /// The `tools` array: the agent's tools and the built-in `ask_human`.
 fn tool_specs(agent: &Agent) -> Value {
     let mut specs: Vec<Value> = agent
@@ -376,7 +384,8 @@ fn tool_specs(agent: &Agent) -> Value {
             "options": {"type": "array", "description": "Choices to offer, if any.", "items": {
                 "type": "object", "required": ["id", "label"],
                 "properties": {"id": {"type": "string"}, "label": {"type": "string"},
-                               "description": {"type": "string"}}}}
+                               "description": {"type": "string"}}}},
+            "response_schema": {"type": "object", "description": RESPONSE_SCHEMA_HELP}
         }}}}));
     if offers_plan_tool(agent) {
         specs.push(json!({"type": "function", "function": {

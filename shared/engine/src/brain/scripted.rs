@@ -5,6 +5,7 @@
 //! is decided by the last answer received before that point. Replaying a journal therefore puts
 //! the brain exactly where it was, in any process.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
@@ -22,8 +23,13 @@ pub struct ScriptedBrain;
 #[derive(Clone, Debug)]
 struct Answer {
     option_id: Option<String>,
-    /// The text, or a `{{secret:…}}` reference when the request was sensitive.
+    /// The text, or a `{{secret:…}}` reference when the request was sensitive; of a typed
+    /// answer, its `data` as JSON.
     text: Option<String>,
+    /// A typed answer's object (not kept when sensitive), for `${answer.<field>}`.
+    data: Option<Value>,
+    /// A sensitive typed answer's request: `${answer.<field>}` is `{{secret:<id>.<field>}}`.
+    sealed: Option<RequestId>,
 }
 
 /// A "modify" answer to the plan of the last decision: the plan step is to plan again.
@@ -61,6 +67,7 @@ impl History {
         let mut h = History::default();
         let mut sensitive = std::collections::HashSet::new();
         let mut plan_requests = std::collections::HashSet::new();
+        let mut typed = std::collections::HashSet::new();
         for e in view.journal {
             match &e.event {
                 Event::Thought(_) => {
@@ -80,11 +87,18 @@ impl History {
                     if q.is_plan_confirmation() {
                         plan_requests.insert(q.request_id);
                     }
+                    if q.response_schema.is_some() {
+                        typed.insert(q.request_id);
+                    }
                 }
                 Event::HumanInputReceived(r) => {
+                    let is_typed = typed.contains(&r.request_id);
+                    let data = r.data.clone().filter(|_| is_typed);
                     let text = if sensitive.contains(&r.request_id) {
                         h.secrets.push((h.turns, secret_ref(r.request_id)));
                         Some(secret_ref(r.request_id))
+                    } else if let Some(d) = &data {
+                        Some(d.to_string())
                     } else {
                         r.input
                             .clone()
@@ -94,6 +108,10 @@ impl History {
                     let answer = Answer {
                         option_id: r.option_id.clone(),
                         text,
+                        data: data.clone().filter(|_| !sensitive.contains(&r.request_id)),
+                        sealed: data
+                            .filter(|_| sensitive.contains(&r.request_id))
+                            .map(|_| r.request_id),
                     };
                     if plan_requests.contains(&r.request_id)
                         && r.action == OptionAction::RetryWithFeedback
@@ -139,8 +157,28 @@ struct Templates<'a> {
 
 impl Templates<'_> {
     /// The value of `${name}`, or `None` for a name that is no template.
-    fn value(&self, name: &str) -> Option<&str> {
-        Some(match name {
+    fn value(&self, name: &str) -> Option<Cow<'_, str>> {
+        if let Some(field) = name.strip_prefix("answer.") {
+            if let Some(id) = self.answer.and_then(|a| a.sealed) {
+                // Sensitive: a reference only the tool runner resolves.
+                let whole = secret_ref(id);
+                return Some(Cow::Owned(format!(
+                    "{}.{field}}}}}",
+                    &whole[..whole.len() - 2]
+                )));
+            }
+            // A field of a typed answer: a string as it is, anything else as JSON.
+            let v = self
+                .answer
+                .and_then(|a| a.data.as_ref())
+                .and_then(|d| d.get(field));
+            return Some(match v {
+                None => Cow::Borrowed(""),
+                Some(Value::String(s)) => Cow::Borrowed(s.as_str()),
+                Some(other) => Cow::Owned(other.to_string()),
+            });
+        }
+        Some(Cow::Borrowed(match name {
             "task" => self.task,
             "run_id" => &self.run_id,
             "answer" => self
@@ -154,7 +192,7 @@ impl Templates<'_> {
             "observation" => self.observation.unwrap_or(""),
             "secret" => self.secret.unwrap_or(""),
             _ => return None,
-        })
+        }))
     }
 
     /// `s` with its templates replaced in one pass: what a template inserts (a task, a person's
@@ -171,7 +209,7 @@ impl Templates<'_> {
                 return out;
             };
             match self.value(&after[..end]) {
-                Some(v) => out.push_str(v),
+                Some(v) => out.push_str(&v),
                 None => out.push_str(&rest[start..start + 2 + end + 1]),
             }
             rest = &after[end + 1..];

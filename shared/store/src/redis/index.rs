@@ -23,7 +23,8 @@ use delta_protocol::{
 /// `{'STATUS', status}` / `{'OTHER', error}` when nothing changed.
 /// KEYS: run, journal, the open question (or a dummy). ARGV: bucket tag, now, now µs, the note's JSON
 /// without its opening brace, the letter's reason, the question's id (or ''), when it was asked
-/// (µs), its deadline (µs or '').
+/// (µs), its deadline (µs or ''), `1` when it has an escalation (the reconciler finds its next
+/// step).
 const REQUEUE: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return redis.error_reply('NOTFOUND') end
@@ -46,6 +47,7 @@ if ARGV[6] ~= '' and redis.call('HGET', KEYS[3], 'state') == 'EXPIRED'
   redis.call('HDEL', KEYS[3], 'answered_at')
   redis.call('ZADD', ARGV[1] .. ':interactions:pending', ARGV[7], ARGV[6])
   if ARGV[8] ~= '' then redis.call('ZADD', ARGV[1] .. ':interactions:deadlines', ARGV[8], ARGV[6]) end
+  if ARGV[9] == '1' then redis.call('ZADD', ARGV[1] .. ':interactions:escalations', 0, ARGV[6]) end
 end
 return {'QUEUED', tostring(seq)}
 "#;
@@ -359,10 +361,41 @@ impl RedisRunStore {
         now_us: i64,
         max: usize,
     ) -> Result<Vec<(RunId, RequestId)>, Error> {
+        self.due_interactions("interactions:deadlines", now_us, max)
+            .await
+    }
+
+    /// Pending interactions whose next escalation step is due at or before `now_us`.
+    pub async fn due_escalations(
+        &self,
+        now_us: i64,
+        max: usize,
+    ) -> Result<Vec<(RunId, RequestId)>, Error> {
+        self.due_interactions("interactions:escalations", now_us, max)
+            .await
+    }
+
+    /// Drops an escalation entry that needs no action (no longer pending, or no step left).
+    pub async fn drop_escalation(&self, run_id: RunId, request_id: RequestId) -> Result<(), Error> {
+        let mut conn = self.connection();
+        conn.zrem::<_, _, ()>(
+            self.run_index(run_id, "interactions:escalations"),
+            request_id.to_string(),
+        )
+        .await
+        .map_err(backend)
+    }
+
+    /// The interactions of the index `name` (scored by a time, members request ids) due at or
+    /// before `now_us`, with their runs; members that belong to no run are dropped from it.
+    async fn due_interactions(
+        &self,
+        name: &str,
+        now_us: i64,
+        max: usize,
+    ) -> Result<Vec<(RunId, RequestId)>, Error> {
         // Each bucket's earliest `max`, then the earliest `max` of them all.
-        let due = self
-            .due_per_bucket("interactions:deadlines", now_us, max)
-            .await?;
+        let due = self.due_per_bucket(name, now_us, max).await?;
         if due.is_empty() {
             return Ok(vec![]);
         }
@@ -398,8 +431,7 @@ impl RedisRunStore {
                 (Ok(rid), Some(run)) => out.push((run, rid)),
                 // Not a request of any run: it would sit at the front of the index forever.
                 _ => {
-                    junk.zrem(self.bucket_index(*k, "interactions:deadlines"), raw)
-                        .ignore();
+                    junk.zrem(self.bucket_index(*k, name), raw).ignore();
                     any_junk = true;
                 }
             }
@@ -784,7 +816,12 @@ impl RedisRunStore {
                     .and_then(|q| q.expires_at)
                     .map(|t| t.micros().to_string())
                     .unwrap_or_default(),
-            );
+            )
+            .arg(if question.is_some_and(|q| !q.escalation.is_empty()) {
+                "1"
+            } else {
+                ""
+            });
         let (reply, replicated) = self
             .invoke_replicated::<(String, String)>(run_id, &inv)
             .await;

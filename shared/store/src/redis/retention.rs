@@ -56,6 +56,7 @@ for rid in pairs(rids) do
     redis.call('ZREM', p .. ':interactions:all', rid)
     redis.call('ZREM', p .. ':interactions:pending', rid)
     redis.call('ZREM', p .. ':interactions:deadlines', rid)
+    redis.call('ZREM', p .. ':interactions:escalations', rid)
     redis.call('DEL', ix)
   end
   redis.call('ZREM', p .. ':resumes', run .. '/' .. rid)

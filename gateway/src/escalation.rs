@@ -1,0 +1,133 @@
+//! Escalation as data, run by the gateway (docs/protocol.md §3 "Escalation"): a question's
+//! `escalation` steps are carried out on time by the reconciler of whichever gateway gets there
+//! first, with no worker running. Each step is one script on the question's hash that checks it
+//! is the next step and still pending, journals it (`ESCALATED`) and counts it, so two gateways
+//! never carry a step out twice; then it is announced on `…interactions.escalated.…` and the
+//! live stream. `apply_default` settles the question `EXPIRED` in the same script and resumes the
+//! run, which applies the default option (or fails without one), as at a deadline.
+
+use delta_protocol::{
+    Escalated, InteractionState, RequestId, Resolved, Responder, RunId, Timestamp, Via,
+};
+use delta_store::redis::{Escalation, StoredInteraction};
+
+use crate::Gateway;
+use crate::error::ApiError;
+
+/// `t` plus `d`.
+fn after(t: Timestamp, d: std::time::Duration) -> Timestamp {
+    let us = t
+        .micros()
+        .saturating_add(i64::try_from(d.as_micros()).unwrap_or(i64::MAX / 2));
+    Timestamp::from_micros(us).unwrap_or(t)
+}
+
+/// Who may answer `ix` besides its `allowed_responders`, once `more` are added: the list kept
+/// so far and `more`, each once.
+fn widened(ix: &StoredInteraction, more: &[String]) -> Vec<String> {
+    let mut all = ix.added_responders.clone();
+    for r in more {
+        if !all.contains(r) {
+            all.push(r.clone());
+        }
+    }
+    all
+}
+
+impl Gateway {
+    /// Carries out the due steps of question `request_id`'s escalation (several, when the
+    /// gateways were down past more than one). Returns how many this call carried out.
+    pub async fn escalate(&self, run_id: RunId, request_id: RequestId) -> Result<usize, ApiError> {
+        let mut done = 0;
+        // Each round carries out one step or stops; another gateway's step makes it look again.
+        for _ in 0..=delta_protocol::human::MAX_ESCALATION_STEPS * 2 {
+            let Some(ix) = self.store.interaction(run_id, request_id).await? else {
+                self.store.drop_escalation(run_id, request_id).await?;
+                return Ok(done);
+            };
+            let q = &ix.request;
+            let n = ix.escalated as usize;
+            let step = match (ix.state, q.escalation.get(n)) {
+                (InteractionState::Pending, Some(step)) => step.clone(),
+                _ => {
+                    self.store.drop_escalation(run_id, request_id).await?;
+                    return Ok(done);
+                }
+            };
+            let due = after(q.timestamp, step.after);
+            let now = Timestamp::now();
+            if now.micros() < due.micros() {
+                self.store
+                    .reschedule_escalation(run_id, request_id, due)
+                    .await?;
+                return Ok(done);
+            }
+            let added =
+                (!step.add_responders.is_empty()).then(|| widened(&ix, &step.add_responders));
+            let next_due = q.escalation.get(n + 1).map(|s| after(q.timestamp, s.after));
+            let event = Escalated {
+                request_id,
+                run_id,
+                agent: q.agent.clone(),
+                step: u32::try_from(n + 1).unwrap_or(u32::MAX),
+                of: u32::try_from(q.escalation.len()).unwrap_or(u32::MAX),
+                what: step,
+                due_at: due,
+                at: now,
+            };
+            let outcome = self
+                .store
+                .escalate(
+                    q,
+                    u32::try_from(n).unwrap_or(u32::MAX),
+                    &event,
+                    added.as_deref(),
+                    next_due,
+                    self.config.resume_check,
+                )
+                .await?;
+            match outcome {
+                Escalation::Done => {
+                    done += 1;
+                    self.announce_escalated(&event).await;
+                }
+                Escalation::DefaultApplied => {
+                    self.announce_escalated(&event).await;
+                    self.metrics.timeouts_applied.inc();
+                    let default = q.default_option_id.as_deref().and_then(|d| q.option(d));
+                    let resolved = Resolved {
+                        request_id,
+                        run_id,
+                        option_id: default.map(|o| o.option_id.clone()),
+                        action: default.map(|o| o.action),
+                        responder: Responder {
+                            id: "timeout".into(),
+                            via: Via::Timeout,
+                        },
+                        resolved_at: Timestamp::now(),
+                        state: InteractionState::Expired,
+                    };
+                    self.resume(&ix, resolved, None).await;
+                    return Ok(done + 1);
+                }
+                Escalation::Stale(_) => {}
+                Escalation::Settled(_) => return Ok(done),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Announces a step carried out (best effort: the journal has it).
+    async fn announce_escalated(&self, event: &Escalated) {
+        tracing::info!(
+            request = %event.request_id,
+            run = %event.run_id,
+            step = event.step,
+            of = event.of,
+            "escalation step carried out"
+        );
+        if let Err(e) = self.queue.publish_escalated(event).await {
+            tracing::warn!(error = %delta_host::Chain(&e), request = %event.request_id, "escalation step not announced");
+        }
+    }
+}

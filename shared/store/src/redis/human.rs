@@ -1,0 +1,395 @@
+//! Votes and claims on a pending question (docs/protocol.md §3 "Quorum" and "Claims"), each one
+//! script on the question's hash, so that any number of gateways counting votes and taking
+//! claims at once see one order: a person votes once, the vote that reaches `min` decides the
+//! question exactly once, and an answer or vote against someone else's live claim is refused.
+//!
+//! In the question's hash (`…:ix:<request_id>`): `vote:<responder>` (the vote's JSON, as
+//! journaled), `votefp:<responder>` (what an identical repeat must match), `approvals` and
+//! `rejections` (counts), `claim_by` and `claim_until` (µs). The claim holder's vote (or
+//! answer) ends their claim. A vote is journaled (`HUMAN_VOTE`)
+//! in the same script: the run is waiting, no worker writes to it, and the resume its deciding
+//! vote queues comes after.
+
+use std::time::Duration;
+
+use delta_protocol::{
+    Ballot, Claim, Event, InteractionRequest, InteractionResponse, InteractionState, RunId,
+    Timestamp, Vote,
+};
+use redis::Script;
+
+use super::{RedisRunStore, script_error};
+use crate::Error;
+
+/// Counts a vote. KEYS: the question, the run, its journal. ARGV: voter, ballot (`approve` |
+/// `reject`), the vote's JSON, its fingerprint, the answer's JSON (applied if this vote decides),
+/// now, now (µs), min, veto (`1` or ``), bucket tag, request id, resume member, when to check
+/// the resume (µs), the journal event (its JSON after `{"seq":…,"timestamp":…,`).
+/// Returns `{outcome, a, b}`: `COUNTED`/`DECIDED` with the counts, `REPEAT` (this very vote
+/// again) or `VOTED` (another vote of this voter) with the state, `STATE` (not pending) with it,
+/// `CLAIMED` with who and until (µs).
+const VOTE: &str = r#"
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return redis.error_reply('NOTFOUND') end
+local voter = ARGV[1]
+if redis.call('HEXISTS', KEYS[1], 'vote:' .. voter) == 1 then
+  if redis.call('HGET', KEYS[1], 'votefp:' .. voter) == ARGV[4] then return {'REPEAT', st, ''} end
+  return {'VOTED', st, ''}
+end
+if st ~= 'PENDING' then return {'STATE', st, ''} end
+local by = redis.call('HGET', KEYS[1], 'claim_by')
+local till = redis.call('HGET', KEYS[1], 'claim_until')
+if by and by ~= voter and tonumber(till or '0') > tonumber(ARGV[7]) then
+  return {'CLAIMED', by, till}
+end
+redis.call('HSET', KEYS[1], 'vote:' .. voter, ARGV[3], 'votefp:' .. voter, ARGV[4])
+-- The holder's vote ends their claim: they are done with it, and the others may vote.
+if by == voter then redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until') end
+local a = redis.call('HINCRBY', KEYS[1], 'approvals', ARGV[2] == 'approve' and 1 or 0)
+local r = redis.call('HINCRBY', KEYS[1], 'rejections', ARGV[2] == 'reject' and 1 or 0)
+local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0') + 1
+redis.call('XADD', KEYS[3], seq .. '-0', 'e', '{"seq":' .. seq .. ',"timestamp":"' .. ARGV[6] .. '",' .. ARGV[14])
+redis.call('HSET', KEYS[2], 'seq', seq, 'updated_at', ARGV[6])
+local min = tonumber(ARGV[8])
+local decided = a >= min or (ARGV[2] == 'reject' and (ARGV[9] == '1' or r >= min))
+if not decided then return {'COUNTED', tostring(a), tostring(r)} end
+redis.call('HSET', KEYS[1], 'state', 'ANSWERED', 'answered_at', ARGV[6], 'response', ARGV[5])
+redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
+redis.call('ZREM', ARGV[10] .. ':interactions:pending', ARGV[11])
+redis.call('ZREM', ARGV[10] .. ':interactions:deadlines', ARGV[11])
+redis.call('ZREM', ARGV[10] .. ':interactions:escalations', ARGV[11])
+redis.call('ZADD', ARGV[10] .. ':resumes', ARGV[13], ARGV[12])
+return {'DECIDED', tostring(a), tostring(r)}
+"#;
+
+/// Takes, renews, releases or breaks a claim. KEYS: the question. ARGV: who, mode (`take`,
+/// `release`, `break`), until (µs), now (µs). Returns `{outcome, by, until}`: `OK` with the claim
+/// now (or `''` when none; for `break`, whose claim it was), `HELD` with the other holder's,
+/// `STATE` with the state when the question is not pending.
+const CLAIM: &str = r#"
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return redis.error_reply('NOTFOUND') end
+if st ~= 'PENDING' then return {'STATE', st, ''} end
+local by = redis.call('HGET', KEYS[1], 'claim_by')
+local till = redis.call('HGET', KEYS[1], 'claim_until') or '0'
+local held = by and tonumber(till) > tonumber(ARGV[4])
+local mode = ARGV[2]
+if mode == 'break' then
+  redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
+  if held then return {'OK', by, till} end
+  return {'OK', '', ''}
+end
+if held and by ~= ARGV[1] then return {'HELD', by, till} end
+if mode == 'take' then
+  redis.call('HSET', KEYS[1], 'claim_by', ARGV[1], 'claim_until', ARGV[3])
+  return {'OK', ARGV[1], ARGV[3]}
+end
+redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
+return {'OK', '', ''}
+"#;
+
+/// Carries out step `n` (0-based) of a question's escalation, once: journals it, counts it
+/// (`escalated`), widens who may answer (`added_responders`), schedules the next step or, with
+/// `apply_default`, settles the question `EXPIRED` and queues its resume. KEYS: the question,
+/// the run, its journal. ARGV: n, now, now (µs), the journal event (after its opening brace),
+/// the added responders' JSON after this step (`''`: unchanged), the next step's due time (µs,
+/// `''`: none), `1` to apply the default, bucket tag, request id, resume member, when to check
+/// the resume (µs). Returns `{outcome, x}`: `DONE`, `DEFAULT`, `STALE` (another gateway did this
+/// step: x is how many are done), `STATE` (not pending: x is the state).
+const ESCALATE: &str = r#"
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return redis.error_reply('NOTFOUND') end
+if st ~= 'PENDING' then
+  redis.call('ZREM', ARGV[8] .. ':interactions:escalations', ARGV[9])
+  return {'STATE', st}
+end
+local done = tonumber(redis.call('HGET', KEYS[1], 'escalated') or '0')
+if done ~= tonumber(ARGV[1]) then return {'STALE', tostring(done)} end
+local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0') + 1
+redis.call('XADD', KEYS[3], seq .. '-0', 'e', '{"seq":' .. seq .. ',"timestamp":"' .. ARGV[2] .. '",' .. ARGV[4])
+redis.call('HSET', KEYS[2], 'seq', seq, 'updated_at', ARGV[2])
+redis.call('HSET', KEYS[1], 'escalated', done + 1)
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'added_responders', ARGV[5]) end
+if ARGV[7] == '1' then
+  redis.call('HSET', KEYS[1], 'state', 'EXPIRED', 'answered_at', ARGV[2])
+  redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
+  redis.call('ZREM', ARGV[8] .. ':interactions:pending', ARGV[9])
+  redis.call('ZREM', ARGV[8] .. ':interactions:deadlines', ARGV[9])
+  redis.call('ZREM', ARGV[8] .. ':interactions:escalations', ARGV[9])
+  redis.call('ZADD', ARGV[8] .. ':resumes', ARGV[11], ARGV[10])
+  return {'DEFAULT', ''}
+end
+if ARGV[6] ~= '' then
+  redis.call('ZADD', ARGV[8] .. ':interactions:escalations', ARGV[6], ARGV[9])
+else
+  redis.call('ZREM', ARGV[8] .. ':interactions:escalations', ARGV[9])
+end
+return {'DONE', ''}
+"#;
+
+/// What [`RedisRunStore::escalate`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Escalation {
+    /// The step is journaled and counted; the next one (if any) is scheduled.
+    Done,
+    /// The step applied the default: the question is settled `EXPIRED`, its resume queued.
+    DefaultApplied,
+    /// Another gateway carried this step out already (`n` steps are done).
+    Stale(u32),
+    /// The question is no longer pending.
+    Settled(InteractionState),
+}
+
+/// What became of a vote ([`RedisRunStore::vote`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Counted {
+    /// Counted; the question is still pending.
+    Counted { approvals: u32, rejections: u32 },
+    /// Counted, and it decided the question: its run's resume is queued.
+    Decided { approvals: u32, rejections: u32 },
+    /// This voter's same vote, counted before (a retry): acknowledged, nothing changed.
+    Repeat,
+    /// This voter voted otherwise before: refused.
+    AlreadyVoted,
+    /// The question is no longer pending.
+    Settled(InteractionState),
+    /// Someone else holds a live claim on it.
+    Claimed(Claim),
+}
+
+/// What a claim call did ([`RedisRunStore::claim`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claimed {
+    /// Done: the claim as it is now (`None`: released; for a break, the claim it broke).
+    Done(Option<Claim>),
+    /// Someone else holds a live claim.
+    Held(Claim),
+    /// The question is no longer pending.
+    Settled(InteractionState),
+}
+
+/// What a claim call asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimMode {
+    /// Take it, or renew one's own, for this long.
+    Take(Duration),
+    /// Give one's own back.
+    Release,
+    /// End whoever's claim (an operator).
+    Break,
+}
+
+pub(super) fn claim_of(by: String, until: &str) -> Option<Claim> {
+    let until = Timestamp::from_micros(until.parse().ok()?)?;
+    (!by.is_empty()).then_some(Claim { by, until })
+}
+
+impl RedisRunStore {
+    /// Counts `vote` (by `response.responder`) on `request`, pending with `approvals`, and
+    /// journals it; decides the question with `response` as its answer when the vote reaches
+    /// `min` approvals (or is a rejection that decides). The answer is sealed as [`Self::resolve`]
+    /// seals it; a sensitive question's vote carries no free text.
+    pub async fn vote(
+        &self,
+        request: &InteractionRequest,
+        vote: &Vote,
+        response: &InteractionResponse,
+        check_after: Duration,
+    ) -> Result<Counted, Error> {
+        let run_id = request.run_id;
+        let Some(approvals) = &request.approvals else {
+            return Err(Error::Corrupt(format!(
+                "request {} needs no votes",
+                request.request_id
+            )));
+        };
+        let stored = self.seal(request, response)?;
+        let rid = request.request_id.to_string();
+        let now = vote.at;
+        let check_at = now.micros() + i64::try_from(check_after.as_micros()).unwrap_or(0);
+        let event = serde_json::to_string(&Event::HumanVote(vote.clone())).unwrap_or_default();
+        // The journal line's head (`{"seq":…,"timestamp":…,`) is the script's: the event's JSON
+        // goes in after its opening brace.
+        let tail = event.strip_prefix('{').unwrap_or(&event).to_owned();
+        let fingerprint = format!(
+            "{}\n{}",
+            vote.option_id,
+            vote.feedback.as_deref().unwrap_or_default()
+        );
+        let script = Script::new(VOTE);
+        let mut inv = script.key(self.interaction_key(run_id, &rid));
+        inv.key(self.run_key(run_id))
+            .key(self.journal_key(run_id))
+            .arg(&vote.responder.id)
+            .arg(match vote.ballot {
+                Ballot::Approve => "approve",
+                Ballot::Reject => "reject",
+            })
+            .arg(serde_json::to_string(vote).unwrap_or_default())
+            .arg(fingerprint)
+            .arg(serde_json::to_string(&stored).unwrap_or_default())
+            .arg(now.to_string())
+            .arg(now.micros())
+            .arg(approvals.min)
+            .arg(if approvals.veto { "1" } else { "" })
+            .arg(self.run_tag(run_id))
+            .arg(&rid)
+            .arg(format!("{run_id}/{rid}"))
+            .arg(check_at)
+            .arg(tail);
+        let (reply, replicated) = self
+            .invoke_replicated::<(String, String, String)>(run_id, &inv)
+            .await;
+        let (outcome, a, b) = reply.map_err(|e| script_error(e, run_id))?;
+        let count = |s: &str| s.parse::<u32>().unwrap_or(0);
+        let state = |s: &str| s.parse::<InteractionState>().map_err(Error::Corrupt);
+        let counted = match outcome.as_str() {
+            "COUNTED" => Counted::Counted {
+                approvals: count(&a),
+                rejections: count(&b),
+            },
+            "DECIDED" => Counted::Decided {
+                approvals: count(&a),
+                rejections: count(&b),
+            },
+            "REPEAT" => Counted::Repeat,
+            "VOTED" => Counted::AlreadyVoted,
+            "STATE" => Counted::Settled(state(&a)?),
+            "CLAIMED" => match claim_of(a, &b) {
+                Some(c) => Counted::Claimed(c),
+                None => return Err(Error::Corrupt(format!("request {rid}: bad claim"))),
+            },
+            other => return Err(Error::Corrupt(format!("vote: unexpected `{other}`"))),
+        };
+        // A vote counted or a question decided is acknowledged only once a replica has it.
+        if matches!(counted, Counted::Counted { .. } | Counted::Decided { .. }) {
+            replicated?;
+        }
+        Ok(counted)
+    }
+
+    /// Carries out step `n` (0-based) of `request`'s escalation, described by `event`, once
+    /// across every gateway: see [`ESCALATE`]. `added` is who may answer besides
+    /// `allowed_responders` after this step (`None`: unchanged); `next_due` when the next step is.
+    pub async fn escalate(
+        &self,
+        request: &InteractionRequest,
+        n: u32,
+        event: &delta_protocol::Escalated,
+        added: Option<&[String]>,
+        next_due: Option<Timestamp>,
+        check_after: Duration,
+    ) -> Result<Escalation, Error> {
+        let run_id = request.run_id;
+        let rid = request.request_id.to_string();
+        let now = event.at;
+        let json = serde_json::to_string(&Event::Escalated(event.clone())).unwrap_or_default();
+        let tail = json.strip_prefix('{').unwrap_or(&json).to_owned();
+        let check_at = now.micros() + i64::try_from(check_after.as_micros()).unwrap_or(0);
+        let script = Script::new(ESCALATE);
+        let mut inv = script.key(self.interaction_key(run_id, &rid));
+        inv.key(self.run_key(run_id))
+            .key(self.journal_key(run_id))
+            .arg(n)
+            .arg(now.to_string())
+            .arg(now.micros())
+            .arg(tail)
+            .arg(
+                added
+                    .map(|a| serde_json::to_string(a).unwrap_or_default())
+                    .unwrap_or_default(),
+            )
+            .arg(next_due.map(|t| t.micros().to_string()).unwrap_or_default())
+            .arg(if event.what.apply_default { "1" } else { "" })
+            .arg(self.run_tag(run_id))
+            .arg(&rid)
+            .arg(format!("{run_id}/{rid}"))
+            .arg(check_at);
+        let (reply, replicated) = self
+            .invoke_replicated::<(String, String)>(run_id, &inv)
+            .await;
+        let (outcome, x) = reply.map_err(|e| script_error(e, run_id))?;
+        match outcome.as_str() {
+            "DONE" => replicated.map(|()| Escalation::Done),
+            "DEFAULT" => replicated.map(|()| Escalation::DefaultApplied),
+            "STALE" => Ok(Escalation::Stale(x.parse().unwrap_or(0))),
+            "STATE" => Ok(Escalation::Settled(x.parse().map_err(Error::Corrupt)?)),
+            other => Err(Error::Corrupt(format!("escalate: unexpected `{other}`"))),
+        }
+    }
+
+    /// Schedules the look at a question's next escalation step for `due`.
+    pub async fn reschedule_escalation(
+        &self,
+        run_id: RunId,
+        request_id: delta_protocol::RequestId,
+        due: Timestamp,
+    ) -> Result<(), Error> {
+        let mut conn = self.connection();
+        redis::cmd("ZADD")
+            .arg(self.run_index(run_id, "interactions:escalations"))
+            .arg(due.micros())
+            .arg(request_id.to_string())
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(super::backend)
+    }
+
+    /// Takes, renews, releases or breaks `who`'s claim on question `request_id` of `run_id`.
+    pub async fn claim(
+        &self,
+        run_id: RunId,
+        request_id: delta_protocol::RequestId,
+        who: &str,
+        mode: ClaimMode,
+    ) -> Result<Claimed, Error> {
+        let now = Timestamp::now();
+        let (name, until) = match mode {
+            ClaimMode::Take(ttl) => (
+                "take",
+                now.micros() + i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX / 2),
+            ),
+            ClaimMode::Release => ("release", 0),
+            ClaimMode::Break => ("break", 0),
+        };
+        let script = Script::new(CLAIM);
+        let mut inv = script.key(self.interaction_key(run_id, &request_id.to_string()));
+        inv.arg(who).arg(name).arg(until).arg(now.micros());
+        let (reply, replicated) = self
+            .invoke_replicated::<(String, String, String)>(run_id, &inv)
+            .await;
+        let (outcome, by, till) = reply.map_err(|e| script_error(e, run_id))?;
+        match outcome.as_str() {
+            "OK" => {
+                replicated?;
+                Ok(Claimed::Done(claim_of(by, &till)))
+            }
+            "HELD" => claim_of(by, &till)
+                .map(Claimed::Held)
+                .ok_or_else(|| Error::Corrupt(format!("request {request_id}: bad claim"))),
+            "STATE" => Ok(Claimed::Settled(by.parse().map_err(Error::Corrupt)?)),
+            other => Err(Error::Corrupt(format!("claim: unexpected `{other}`"))),
+        }
+    }
+}
+
+/// The claim and votes kept in a question's hash: a claim only while it lasts (at `now`), the
+/// votes in the order they were cast.
+pub(super) fn claim_and_votes(
+    h: &std::collections::HashMap<String, String>,
+    now: Timestamp,
+) -> (Option<Claim>, Vec<Vote>) {
+    let claim = match (h.get("claim_by"), h.get("claim_until")) {
+        (Some(by), Some(until)) => {
+            claim_of(by.clone(), until).filter(|c| c.until.micros() > now.micros())
+        }
+        _ => None,
+    };
+    let mut votes: Vec<Vote> = h
+        .iter()
+        .filter(|(k, _)| k.starts_with("vote:"))
+        .filter_map(|(_, v)| serde_json::from_str(v).ok())
+        .collect();
+    votes.sort_by_key(|v: &Vote| v.at.micros());
+    (claim, votes)
+}
