@@ -529,10 +529,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let tool = pending.context.get("tool").and_then(Value::as_str);
         if asks_grant
             && let Some(t) = tool.and_then(|t| self.agent.tools.get(t))
-            && !t.grantable
+            && !grants::tool_takes_grants(t)
         {
             return Err(ResponseError::InvalidArgs(format!(
-                "data.grant: `{}` is declared `grantable: false`: each of its calls must be approved on its own",
+                "data.grant: `{}` takes no grants (it is declared `grantable: false`, or its approvals are decided by a vote): each of its calls must be approved on its own",
                 t.name
             )));
         }
@@ -1058,7 +1058,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         if !needs {
             return Ok(Gate::Run);
         }
-        if tool.grantable
+        if grants::tool_takes_grants(tool)
             && let Some(g) = self.take_grant(req).await?
         {
             let uses = match g.max_uses {
@@ -1134,7 +1134,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let made = grants::grant_of(
             q,
             tool.map(|t| t.specs.as_slice()),
-            tool.is_some_and(|t| t.grantable),
+            tool.is_some_and(grants::tool_takes_grants),
             a,
             Timestamp::now(),
         );
@@ -1496,7 +1496,8 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         self.tool_context(&mut q, req, tool);
         // Whether an approval may come with `data.grant` (checked by the gateway before it
         // accepts one).
-        q.context.insert("grantable".into(), json!(tool.grantable));
+        q.context
+            .insert("grantable".into(), json!(grants::tool_takes_grants(tool)));
         self.with_timeout(&mut q, None, None);
         q
     }

@@ -48,6 +48,13 @@ pub fn compile(pattern: &str) -> Result<Regex, String> {
         .map_err(|e| format!("`{pattern}` is not a valid regular expression ({e})"))
 }
 
+/// Whether grants may approve `tool`'s calls (and an approval of one may make a grant): it is
+/// `grantable`, and its approvals are not decided by a vote of several people (`approvals.min`
+/// above 1), which a grant made by one voter would let later calls skip.
+pub fn tool_takes_grants(tool: &crate::tools::Tool) -> bool {
+    tool.grantable && tool.approvals.as_ref().is_none_or(|a| a.min <= 1)
+}
+
 /// A call's argument `name` in the text form the tool receives (`None`: not given).
 pub fn arg_text(args: &Value, name: &str) -> Option<String> {
     match args.get(name)? {
@@ -111,6 +118,12 @@ pub fn grant_of(
         return Err(invalid(
             "data.grant: a sensitive question cannot create a grant (its values would be stored in clear)",
         ));
+    }
+    if let Some(a) = q.approvals.as_ref().filter(|a| a.min > 1) {
+        return Err(invalid(format!(
+            "data.grant: this call is decided by a vote of {} approvers; a grant made by one of them would let later calls skip the vote",
+            a.min
+        )));
     }
     if !grantable {
         return Err(invalid(format!(
@@ -435,6 +448,14 @@ mod tests {
         sensitive.sensitive = true;
         let a = answer(&sensitive, "approve", json!({"grant": {}}));
         assert!(grant_of(&sensitive, Some(&params()), true, &a, Timestamp::now()).is_err());
+        let mut voted = q.clone();
+        voted.approvals = serde_json::from_value(json!({"min": 2})).ok();
+        let a = answer(&voted, "approve", json!({"grant": {}}));
+        let refused = grant_of(&voted, Some(&params()), true, &a, Timestamp::now());
+        assert!(
+            matches!(&refused, Err(ResponseError::InvalidArgs(m)) if m.contains("vote of 2")),
+            "{refused:?}"
+        );
         let mut may_have_run = q.clone();
         may_have_run
             .context
