@@ -64,7 +64,7 @@ pub fn local_responder(via: Via) -> Responder {
         .ok()
         .filter(|u| !u.is_empty())
         .unwrap_or_else(|| "local".into());
-    Responder { id, via }
+    Responder::new(id, via)
 }
 
 impl Mailbox {

@@ -17,10 +17,10 @@ use tokio_util::sync::CancellationToken;
 
 use delta_api::{
     AnswerAccepted, AnswerBody, AnswerStatus, CancelBody, CancelResult, ClaimBody, ClaimState,
-    ClaimedResponder, DeadLetterDropped, DeadLetterPage, DeadLetterRetried, DlqQuery, ErrorCode,
-    InteractionPage, InteractionState, InteractionView, InteractionsQuery, Journal, JournalEvent,
-    JournalQuery, QueueStats, RunAccepted, RunDetail, RunEnded, RunPage, RunStatus, RunsQuery,
-    Submission, Via, sse,
+    ClaimedResponder, DeadLetterDropped, DeadLetterPage, DeadLetterRetried, Delegation,
+    DelegationBody, DelegationPage, DlqQuery, ErrorCode, InteractionPage, InteractionState,
+    InteractionView, InteractionsQuery, Journal, JournalEvent, JournalQuery, QueueStats,
+    RunAccepted, RunDetail, RunEnded, RunPage, RunStatus, RunsQuery, Submission, Via, sse,
 };
 use delta_protocol::{RequestId, RunId};
 
@@ -103,6 +103,9 @@ pub enum Command {
     /// Claim a pending question (others' answers are refused while you hold it), renew your
     /// claim, or give it back (--release; an operator's --release breaks anyone's).
     Claim(ClaimArgs),
+    /// Let someone answer what you may while you are away: add, list, remove delegations.
+    #[command(subcommand)]
+    Delegations(DelegationsCommand),
     /// Cancel a run that has not ended (its pending question is closed).
     Cancel(CancelArgs),
     /// The job queue: jobs pending, in flight, redelivered, dead-lettered; workers seen.
@@ -292,6 +295,61 @@ pub struct AnswerArgs {
     pub remote: Remote,
 }
 
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum DelegationsCommand {
+    /// Until --until, --to may answer (and vote on) what --from may (you, unless you operate).
+    Add(DelegationAddArgs),
+    /// The delegations in force.
+    Ls(RemoteArgs),
+    /// End a delegation (yours, one you made, or any for an operator).
+    Rm(DelegationRmArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DelegationAddArgs {
+    /// Whose authority (default: yours, the token's name).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Who may answer in their place.
+    #[arg(long)]
+    pub to: String,
+    /// Until when: a time (RFC 3339, e.g. 2026-12-01T09:00:00Z) or how long from now (8h, 3d).
+    #[arg(long, value_parser = parse_until)]
+    pub until: delta_protocol::Timestamp,
+    /// Why (shown with it).
+    #[arg(long)]
+    pub reason: Option<String>,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DelegationRmArgs {
+    /// The delegation's id (`delta delegations ls`).
+    pub id: String,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RemoteArgs {
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+/// `--until`: an RFC 3339 time, or a duration from now.
+fn parse_until(s: &str) -> Result<delta_protocol::Timestamp, String> {
+    if let Ok(t) = s.parse::<delta_protocol::Timestamp>() {
+        return Ok(t);
+    }
+    let d = parse_duration(s).map_err(|_| {
+        format!("`{s}` is neither a time (2026-12-01T09:00:00Z) nor a duration (8h, 3d)")
+    })?;
+    let us = i64::try_from(d.as_micros()).map_err(|_| "too far ahead".to_owned())?;
+    delta_protocol::Timestamp::from_micros(delta_protocol::Timestamp::now().micros() + us)
+        .ok_or_else(|| "too far ahead".to_owned())
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClaimArgs {
     pub request_id: RequestId,
@@ -336,6 +394,9 @@ impl Command {
             Command::Pending(PendingCommand::Show(a)) => &a.remote,
             Command::Answer(a) => &a.remote,
             Command::Claim(a) => &a.remote,
+            Command::Delegations(DelegationsCommand::Add(a)) => &a.remote,
+            Command::Delegations(DelegationsCommand::Ls(a)) => &a.remote,
+            Command::Delegations(DelegationsCommand::Rm(a)) => &a.remote,
             Command::Cancel(a) => &a.remote,
             Command::Queue(a) => &a.remote,
             Command::Dlq(DlqCommand::Ls(a)) => &a.remote,
@@ -397,6 +458,13 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
             }
             Command::Answer(a) => answer(&client, a, json).await,
             Command::Claim(a) => claim(&client, a, json).await,
+            Command::Delegations(DelegationsCommand::Add(a)) => {
+                delegation_add(&client, a, json).await
+            }
+            Command::Delegations(DelegationsCommand::Ls(_)) => delegations_ls(&client, json).await,
+            Command::Delegations(DelegationsCommand::Rm(a)) => {
+                delegation_rm(&client, a, json).await
+            }
             Command::Cancel(a) => cancel_run(&client, a, json).await,
             Command::Queue(_) => queue(&client, json).await,
             Command::Dlq(DlqCommand::Ls(a)) => dlq_ls(&client, a, json).await,
@@ -906,6 +974,59 @@ fn local_id(client: &Client) -> Option<String> {
             .filter(|u| !u.trim().is_empty())
             .unwrap_or_else(|| "operator".into())
     })
+}
+
+async fn delegation_add(client: &Client, a: DelegationAddArgs, json: bool) -> Result<()> {
+    let body = DelegationBody {
+        from: a.from.or_else(|| local_id(client)),
+        to: a.to,
+        until: a.until,
+        reason: a.reason,
+    };
+    let reply: Reply<Delegation> = client.post_as("v1/delegations", &body, &[]).await?;
+    if json {
+        print_json(&reply.json);
+    } else {
+        let d = &reply.body;
+        out(&format!(
+            "delegated: {} may answer what {} may until {} (id {})\n",
+            d.to,
+            d.from,
+            show::local(show::time(d.until)),
+            d.id
+        ));
+    }
+    Ok(())
+}
+
+async fn delegations_ls(client: &Client, json: bool) -> Result<()> {
+    let reply: Reply<DelegationPage> = client.get_as("v1/delegations", &[]).await?;
+    if json {
+        print_json(&reply.json);
+    } else if reply.body.delegations.is_empty() {
+        eprintln!("no delegations in force");
+    } else {
+        out(&show::delegations_table(
+            &reply.body.delegations,
+            Utc::now(),
+        ));
+    }
+    Ok(())
+}
+
+async fn delegation_rm(client: &Client, a: DelegationRmArgs, json: bool) -> Result<()> {
+    let reply: Reply<Delegation> = client
+        .delete_as(&format!("v1/delegations/{}", a.id))
+        .await?;
+    if json {
+        print_json(&reply.json);
+    } else {
+        out(&format!(
+            "ended: {} no longer answers for {}\n",
+            reply.body.to, reply.body.from
+        ));
+    }
+    Ok(())
 }
 
 async fn claim(client: &Client, a: ClaimArgs, json: bool) -> Result<()> {

@@ -45,7 +45,7 @@ pub fn line(e: &JournalEvent) -> Option<String> {
         Event::HumanInputRequest(q) => format!("[ask]   {}", short(&q.prompt, 160)),
         Event::HumanInputReceived(r) => format!(
             "[answer] from {} via {:?}{}",
-            r.responder.id,
+            crate::show::who(&r.responder),
             r.responder.via,
             r.option_id
                 .as_ref()

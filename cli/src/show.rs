@@ -96,6 +96,24 @@ pub fn human_state(ix: &InteractionView, now: DateTime<Utc>) -> String {
     }
 }
 
+/// `delta delegations ls`: ID, FROM, TO, UNTIL, IN, REASON.
+pub fn delegations_table(items: &[delta_api::Delegation], now: DateTime<Utc>) -> String {
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|d| {
+            vec![
+                d.id.clone(),
+                d.from.clone(),
+                d.to.clone(),
+                local(time(d.until)),
+                until(time(d.until), now),
+                short(d.reason.as_deref().unwrap_or("-"), 50),
+            ]
+        })
+        .collect();
+    table(&["ID", "FROM", "TO", "UNTIL", "IN", "REASON"], &rows)
+}
+
 /// `delta dlq ls`: SEQ, AGENT, RUN, RUN STATUS, AGE, REASON.
 pub fn dlq_table(letters: &[DeadLetterView], now: DateTime<Utc>) -> String {
     let rows: Vec<Vec<String>> = letters
@@ -448,7 +466,7 @@ fn summary(e: &Event) -> String {
         Event::HumanInputRequest(q) => format!("{} {}", q.request_id, short(&q.prompt, 80)),
         Event::HumanInputReceived(r) => {
             let via = spelled(&r.responder.via);
-            let mut s = format!("from {} via {via}", r.responder.id);
+            let mut s = format!("from {} via {via}", who(&r.responder));
             if let Some(o) = &r.option_id {
                 s.push_str(&format!(": option {o}"));
             }
@@ -467,7 +485,7 @@ fn summary(e: &Event) -> String {
             };
             let mut s = format!(
                 "{} {side} via {} (option {})",
-                v.responder.id,
+                who(&v.responder),
                 spelled(&v.responder.via),
                 v.option_id
             );
@@ -527,6 +545,14 @@ pub fn final_status(v: &RunEnded) -> String {
         s.push_str(&format!(": {e}"));
     }
     s
+}
+
+/// A responder's id, with whom they answered for: `bob on behalf of alice`.
+pub fn who(r: &delta_protocol::Responder) -> String {
+    match &r.on_behalf_of {
+        Some(from) => format!("{} on behalf of {from}", r.id),
+        None => r.id.clone(),
+    }
 }
 
 #[cfg(test)]

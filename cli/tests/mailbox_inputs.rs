@@ -184,7 +184,7 @@ proptest! {
         with_id in any::<bool>(),
     ) {
         let q = request(&[]);
-        let responder = by.map(|(id, via)| Responder { id, via });
+        let responder = by.map(|(id, via)| Responder::new(id, via));
         let mut doc = serde_json::Map::new();
         if with_id {
             doc.insert("request_id".into(), json!(q.request_id));

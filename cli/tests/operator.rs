@@ -1317,6 +1317,73 @@ async fn claim_and_vote_from_the_terminal() {
         .refused(1, "already_resolved");
 }
 
+/// `delta delegations add|ls|rm`: a delegation made for 8 hours, listed as a table and as JSON,
+/// ended; a bad `--until` is a usage error.
+#[tokio::test(flavor = "multi_thread")]
+async fn delegations_are_added_listed_and_removed_from_the_terminal() {
+    let fleet = Fleet::start("opd", None, false).await;
+    let out = fleet
+        .delta(&[
+            "delegations",
+            "add",
+            "--from",
+            "alice",
+            "--to",
+            "bob",
+            "--until",
+            "8h",
+            "--reason",
+            "on leave",
+        ])
+        .await;
+    let said = out.ok();
+    assert!(
+        said.starts_with("delegated: bob may answer what alice may until"),
+        "{said}"
+    );
+    let ls = fleet.delta(&["delegations", "ls"]).await;
+    let table = ls.ok();
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .expect("header")
+        .split_whitespace()
+        .collect();
+    assert_eq!(header, ["ID", "FROM", "TO", "UNTIL", "IN", "REASON"]);
+    assert!(
+        table.contains("alice") && table.contains("on leave"),
+        "{table}"
+    );
+    assert!(table.contains("7h") || table.contains("8h"), "{table}");
+    let doc = fleet.delta(&["delegations", "ls", "--json"]).await.json();
+    let id = s(&doc["delegations"][0]["id"]).to_owned();
+    assert_eq!(doc["delegations"][0]["to"], "bob");
+    assert_eq!(
+        fleet
+            .delta(&["delegations", "add", "--to", "bob", "--until", "soon"])
+            .await
+            .code,
+        2
+    );
+    let out = fleet.delta(&["delegations", "rm", &id]).await;
+    assert!(
+        out.ok().contains("ended: bob no longer answers for alice"),
+        "{}",
+        out.stdout
+    );
+    let empty = fleet.delta(&["delegations", "ls"]).await;
+    assert_eq!(empty.ok(), "");
+    assert!(
+        empty.stderr.contains("no delegations in force"),
+        "{}",
+        empty.stderr
+    );
+    fleet
+        .delta(&["delegations", "rm", &id])
+        .await
+        .refused(4, "not_found");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn grants_ls_and_revoke_after_an_answer_with_grant() {
     let fleet = Fleet::start("opg", None, true).await;

@@ -49,6 +49,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/interactions/{request_id}", get(get_interaction))
         .route("/v1/interactions/{request_id}/response", post(respond))
         .route("/v1/interactions/{request_id}/claim", post(claim))
+        .route(
+            "/v1/delegations",
+            post(crate::delegations::create).get(crate::delegations::list),
+        )
+        .route("/v1/delegations/{id}", delete(crate::delegations::delete))
         .route("/v1/queue", get(queue))
         .route("/v1/dlq", get(list_dlq))
         .route("/v1/dlq/{seq}", delete(drop_dlq))
@@ -170,7 +175,7 @@ pub fn caller(gw: &Gateway, headers: &HeaderMap, roles: &[Role]) -> Result<Ident
 }
 
 const READ: &[Role] = &[Role::Submit, Role::Answer, Role::Operate];
-const ANSWERERS: &[Role] = &[Role::Answer, Role::Operate];
+pub const ANSWERERS: &[Role] = &[Role::Answer, Role::Operate];
 
 /// A JSON body, parsed strictly: the path to a wrong field is named.
 fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {

@@ -182,6 +182,22 @@ impl Auth {
         Ok(Self { by_digest })
     }
 
+    /// Whether a token of the tokens file is named `name`.
+    pub fn knows(&self, name: &str) -> bool {
+        self.by_digest
+            .values()
+            .any(|i| i.name.as_deref() == Some(name))
+    }
+
+    /// The groups the tokens file puts `name` in (none for an unknown name).
+    pub fn groups_of(&self, name: &str) -> Vec<String> {
+        self.by_digest
+            .values()
+            .find(|i| i.name.as_deref() == Some(name))
+            .map(|i| i.groups.clone())
+            .unwrap_or_default()
+    }
+
     /// The caller behind an `Authorization` header value, if it has `role`.
     pub fn check(&self, authorization: Option<&str>, role: Role) -> Result<Identity, ApiError> {
         self.check_any(authorization, &[role])

@@ -103,6 +103,7 @@ impl Gateway {
                         responder: Responder {
                             id: "timeout".into(),
                             via: Via::Timeout,
+                            on_behalf_of: None,
                         },
                         resolved_at: Timestamp::now(),
                         state: InteractionState::Expired,

@@ -25,6 +25,7 @@ pub mod api;
 pub mod auth;
 pub mod bots;
 pub mod config;
+pub mod delegations;
 pub mod dlq;
 pub mod error;
 pub mod escalation;

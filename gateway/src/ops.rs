@@ -233,7 +233,7 @@ impl Gateway {
                 "responder.id is longer than 200 characters",
             ));
         }
-        Ok(Responder { id, via })
+        Ok(Responder::new(id, via))
     }
 
     /// Answers `request_id` (docs/protocol.md §3, docs/architecture.md "The walk of one run" step 5): validate, flip
@@ -274,7 +274,7 @@ impl Gateway {
                 "the body's request_id is not {request_id}, the request being answered"
             )));
         }
-        let response = InteractionResponse {
+        let mut response = InteractionResponse {
             request_id,
             option_id: body.option_id,
             input: body.input,
@@ -284,6 +284,11 @@ impl Gateway {
             request_hash: body.request_hash,
         };
         let (run_id, ix) = self.find(request_id).await?;
+        // Someone who may not answer it themselves may with the authority of a person who
+        // delegated to them: recorded as "on behalf of" that person.
+        if !may_decide(&ix, &response.responder.id, groups) {
+            response.responder.on_behalf_of = self.delegator(&ix, &response.responder.id).await?;
+        }
         // A typed answer's `data` is checked against its schema instead (a field may be named
         // `args` or `tasks`).
         if let Some(data) = &response.data
@@ -309,7 +314,12 @@ impl Gateway {
                 ..Answered::decided(run)
             });
         }
-        if !may_answer(&ix, &response.responder, groups) {
+        let (acting_as, acting_groups) = self.authority(&response.responder, groups);
+        if !may_answer(
+            &ix,
+            &Responder::new(acting_as, response.responder.via),
+            &acting_groups,
+        ) {
             return Err(ResponseError::NotAllowed(response.responder.id.clone()).into());
         }
         let now = Timestamp::now();
@@ -321,9 +331,32 @@ impl Gateway {
             Some(schema) => check_answer(&ix.request, &schema, response.clone(), now)?,
             None => ix.request.validate(response.clone(), now)?,
         };
+        if response.responder.on_behalf_of.is_some()
+            && accepted.action == OptionAction::ApproveAndExecute
+        {
+            let record = self.store.record(run_id).await?;
+            let own = [
+                Some(&response.responder.id),
+                response.responder.on_behalf_of.as_ref(),
+            ];
+            if record.submitted_by.is_some() && own.contains(&record.submitted_by.as_ref()) {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    "a delegation never lets anyone approve their own run: ask someone else to approve it",
+                ));
+            }
+        }
         if let Some(approvals) = ix.request.approvals.clone() {
             return self
-                .vote(run_id, &ix, &approvals, response, accepted, groups, now)
+                .vote(
+                    run_id,
+                    &ix,
+                    &approvals,
+                    response,
+                    accepted,
+                    &acting_groups,
+                    now,
+                )
                 .await;
         }
         let won = self
@@ -403,7 +436,8 @@ impl Gateway {
     ) -> Result<Answered, ApiError> {
         let q = &ix.request;
         let who = response.responder.id.clone();
-        if !may_vote(ix, approvals, &who, groups) {
+        let acting_as = response.responder.on_behalf_of.as_deref().unwrap_or(&who);
+        if !may_vote(ix, approvals, acting_as, groups) {
             return Err(ApiError::new(
                 ErrorCode::Forbidden,
                 format!(
@@ -414,7 +448,9 @@ impl Gateway {
         }
         if approvals.exclude_requester {
             let record = self.store.record(run_id).await?;
-            if record.submitted_by.as_deref() == Some(who.as_str()) {
+            if record.submitted_by.is_some()
+                && [Some(who.as_str()), Some(acting_as)].contains(&record.submitted_by.as_deref())
+            {
                 return Err(ApiError::new(
                     ErrorCode::Forbidden,
                     format!(
@@ -529,12 +565,8 @@ impl Gateway {
             ));
         }
         let who = responder.id.clone();
-        let may_answer = may_answer(&ix, &responder, groups)
-            && ix
-                .request
-                .approvals
-                .as_ref()
-                .is_none_or(|a| may_vote(&ix, a, &who, groups));
+        let may_answer =
+            may_decide(&ix, &who, groups) || self.delegator(&ix, &who).await?.is_some();
         let someone_elses = ix.claim.as_ref().is_some_and(|c| c.by != who);
         let mode = match (body.release, someone_elses && operator) {
             (true, true) => ClaimMode::Break,
@@ -580,6 +612,34 @@ impl Gateway {
         self.announce(&ix.request, change, &who, claim.clone(), tally)
             .await;
         Ok(ClaimState { request_id, claim })
+    }
+
+    /// Whose authority `responder` answers with (theirs, or the delegator's) and that person's
+    /// groups.
+    fn authority(&self, responder: &Responder, groups: &[String]) -> (String, Vec<String>) {
+        match &responder.on_behalf_of {
+            Some(from) => (from.clone(), self.config.auth.groups_of(from)),
+            None => (responder.id.clone(), groups.to_vec()),
+        }
+    }
+
+    /// A person who delegated to `to` (a delegation in force) and may decide `ix` themselves,
+    /// if there is one.
+    pub async fn delegator(
+        &self,
+        ix: &StoredInteraction,
+        to: &str,
+    ) -> Result<Option<String>, ApiError> {
+        let now = Timestamp::now();
+        let found = self
+            .store
+            .delegations(now)
+            .await?
+            .into_iter()
+            .filter(|d| d.to == to)
+            .find(|d| may_decide(ix, &d.from, &self.config.auth.groups_of(&d.from)))
+            .map(|d| d.from);
+        Ok(found)
     }
 
     /// Announces a claim or a vote on `…interactions.updated.…` (best effort: the views read
@@ -737,6 +797,7 @@ impl Gateway {
                 Responder {
                     id: "timeout".into(),
                     via: Via::Timeout,
+                    on_behalf_of: None,
                 },
             ),
             _ => return None,
@@ -792,6 +853,7 @@ impl Gateway {
             responder: Responder {
                 id: "timeout".into(),
                 via: Via::Timeout,
+                on_behalf_of: None,
             },
             resolved_at: Timestamp::now(),
             state: InteractionState::Expired,
@@ -860,6 +922,7 @@ impl Gateway {
                 responder: Responder {
                     id: by.to_owned(),
                     via: Via::Http,
+                    on_behalf_of: None,
                 },
                 resolved_at: Timestamp::now(),
                 state: InteractionState::Cancelled,
@@ -950,6 +1013,17 @@ pub fn interaction_view(run_id: RunId, ix: &StoredInteraction) -> InteractionVie
 pub fn may_answer(ix: &StoredInteraction, responder: &Responder, groups: &[String]) -> bool {
     ix.request.allows(responder, groups)
         || delta_protocol::human::admitted_by(&ix.added_responders, &responder.id, groups)
+}
+
+/// Whether `id` (a member of `groups`) may decide `ix` on their own: answer it, and vote on it
+/// when it takes votes.
+fn may_decide(ix: &StoredInteraction, id: &str, groups: &[String]) -> bool {
+    may_answer(ix, &Responder::new(id, Via::Http), groups)
+        && ix
+            .request
+            .approvals
+            .as_ref()
+            .is_none_or(|a| may_vote(ix, a, id, groups))
 }
 
 /// Whether `id` (a member of `groups`) may vote on `ix`: `approvals.of`, or one its escalation

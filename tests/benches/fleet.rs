@@ -238,6 +238,7 @@ async fn runs(
                         Responder {
                             id: "bench".into(),
                             via: Via::Nats,
+                            on_behalf_of: None,
                         },
                     );
                     a.input = Some("Bench".into());

@@ -949,6 +949,7 @@ mod tests {
             responder: Responder {
                 id: "human".into(),
                 via: delta_protocol::Via::Http,
+                on_behalf_of: None,
             },
             input: Some("yes".into()),
             data: None,

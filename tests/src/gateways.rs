@@ -171,6 +171,10 @@ impl Client {
         Self::send(self.req(reqwest::Method::GET, path)).await
     }
 
+    pub async fn delete(&self, path: &str) -> Result<(u16, Value), reqwest::Error> {
+        Self::send(self.req(reqwest::Method::DELETE, path)).await
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> Result<(u16, Value), reqwest::Error> {
         Self::send(self.req(reqwest::Method::POST, path).json(body)).await
     }

@@ -22,7 +22,7 @@ use delta_e2e::chaos::{
 };
 use delta_e2e::fleet::{Fleet, FleetLogs, bot_answer};
 use delta_e2e::gateways::Client;
-use delta_protocol::{Event, RunId, RunStatus, Via};
+use delta_protocol::{Event, OptionAction, RunId, RunStatus, Via};
 use delta_store::RunStore;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -555,7 +555,7 @@ fn status_of(code: &str) -> u16 {
     match code {
         "bad_request" => 400,
         "not_found" => 404,
-        "already_resolved" => 409,
+        "already_resolved" | "already_voted" | "claimed" | "stale" => 409,
         "expired" => 410,
         _ => 422,
     }
@@ -578,6 +578,9 @@ enum Question {
     Text,
     /// `deadline`: now or later, later applied after 3 s.
     Timed,
+    /// `council`: two approvals decide (approve, or reject with a reason), raced by votes and
+    /// claims from both channels.
+    Quorum,
 }
 
 /// What one question's campaign found.
@@ -645,6 +648,8 @@ fn invalid_answers(kind: Question, rid: &str) -> Vec<(Answer, &'static str)> {
             (http(rid, r#"{"option_id": "soon"}"#), "invalid_option"),
             (nats(rid, "{"), "bad_request"),
         ],
+        // Its own campaign (`quorum_campaign`) sends its bad votes.
+        Question::Quorum => vec![],
     }
 }
 
@@ -698,6 +703,274 @@ fn is_winner(a: &Answer, h: &delta_protocol::HumanInputReceived) -> bool {
         Channel::Nats => Via::Nats,
     };
     same_content(a, h) && via == h.responder.via
+}
+
+/// A claim by `who` over `channel` on `rid`, given back at once when taken: what the claim call
+/// got.
+async fn claim_and_release(
+    ctx: &Answers,
+    channel: Channel,
+    rid: &str,
+    who: &str,
+) -> Result<Outcome, String> {
+    let body = json!({"ttl_seconds": 30, "responder": {"id": who}});
+    ctx.sent.fetch_add(1, Ordering::Relaxed);
+    let got = match channel {
+        Channel::Http => {
+            let (status, reply) = ctx
+                .client
+                .post(&format!("/v1/interactions/{rid}/claim"), &body)
+                .await
+                .map_err(|e| e.to_string())?;
+            match status {
+                200 => Ok(()),
+                _ => Err((
+                    status,
+                    reply["error"]["code"].as_str().unwrap_or("").to_owned(),
+                )),
+            }
+        }
+        Channel::Nats => {
+            ctx.over_nats.fetch_add(1, Ordering::Relaxed);
+            let reply = tokio::time::timeout(
+                Duration::from_secs(10),
+                ctx.nc.request(
+                    format!("{}.interactions.claim.{rid}", ctx.prefix),
+                    serde_json::to_vec(&body).expect("json").into(),
+                ),
+            )
+            .await
+            .map_err(|_| "no claim reply in 10 s".to_owned())?
+            .map_err(|e| e.to_string())?;
+            let v: Value = serde_json::from_slice(&reply.payload).map_err(|e| e.to_string())?;
+            match v["error"]["code"].as_str() {
+                Some(code) => Err((0, code.to_owned())),
+                None => Ok(()),
+            }
+        }
+    };
+    if got.is_ok() {
+        let release = json!({"release": true, "responder": {"id": who}});
+        let _ = ctx
+            .client
+            .post(&format!("/v1/interactions/{rid}/claim"), &release)
+            .await;
+    }
+    Ok(got)
+}
+
+/// A question that two approvals decide: bad answers refused with their codes and changing
+/// nothing, then a race of votes (repeats, a changed mind, both sides) and claims from both
+/// channels, then voters until it is decided. Each vote is counted or refused with the code its
+/// reason calls for (`already_voted`, `already_resolved`, `claimed`); the run resumes once,
+/// decided by exactly one side reaching two, every acknowledged vote journaled once.
+async fn quorum_campaign(
+    ctx: Arc<Answers>,
+    fleet_store: delta_store::redis::RedisRunStore,
+    client: Client,
+    run: RunId,
+) -> Campaign {
+    let mut out = Campaign::default();
+    let rid = delta_e2e::fleet::pending(&client, run).await;
+    let before = fleet_store.load(run).await.expect("load").journal;
+    let bad = [
+        (
+            http(&rid, r#"{"option_id": "maybe", "responder": {"id": "x"}}"#),
+            "invalid_option",
+        ),
+        (
+            nats(&rid, r#"{"option_id": "reject", "responder": {"id": "x"}}"#),
+            "input_required",
+        ),
+        (
+            http(
+                &rid,
+                r#"{"option_id": "approve", "data": {"args": {"a": 1}}, "responder": {"id": "x"}}"#,
+            ),
+            "invalid_args",
+        ),
+        (
+            nats(
+                &rid,
+                &format!(
+                    r#"{{"option_id": "approve", "request_hash": "{}", "responder": {{"id": "x"}}}}"#,
+                    "0".repeat(64)
+                ),
+            ),
+            "stale",
+        ),
+    ];
+    for (a, code) in bad {
+        match ctx.send(&a).await {
+            Ok(o) if refused_with(&o, a.channel, code) => out.refused += 1,
+            other => out.problems.push(format!(
+                "run {run}: {:?} {} got {other:?}, expected {code}",
+                a.channel,
+                String::from_utf8_lossy(&a.body)
+            )),
+        }
+    }
+    if fleet_store.load(run).await.expect("load").journal != before {
+        out.problems
+            .push(format!("run {run}: refused votes changed its journal"));
+    }
+    let vote = |who: &str, yes: bool| -> String {
+        if yes {
+            format!(r#"{{"option_id": "approve", "responder": {{"id": "{who}"}}}}"#)
+        } else {
+            format!(
+                r#"{{"option_id": "reject", "input": "not now", "responder": {{"id": "{who}"}}}}"#
+            )
+        }
+    };
+    let mut votes = vec![
+        http(&rid, &vote("ana", true)),
+        http(&rid, &vote("ana", true)),
+        nats(&rid, &vote("ana", true)),
+        http(&rid, &vote("ana", false)),
+        nats(&rid, &vote("ben", true)),
+        nats(&rid, &vote("ben", true)),
+        http(&rid, &vote("cy", false)),
+        http(&rid, &vote("dee", true)),
+        nats(&rid, &vote("eve", false)),
+    ];
+    let mut rng = Rng::new();
+    for i in (1..votes.len()).rev() {
+        votes.swap(i, rng.below(i + 1));
+    }
+    let claims = [
+        (Channel::Http, "fay"),
+        (Channel::Nats, "gus"),
+        (Channel::Http, "hal"),
+    ];
+    let (vote_outcomes, claim_outcomes) = tokio::join!(
+        futures_util::future::join_all(votes.iter().map(|a| ctx.send(a))),
+        futures_util::future::join_all(
+            claims
+                .iter()
+                .map(|(ch, who)| claim_and_release(&ctx, *ch, &rid, who))
+        ),
+    );
+    let mut acknowledged = std::collections::BTreeSet::new();
+    for (a, o) in votes.iter().zip(&vote_outcomes) {
+        let who = serde_json::from_slice::<Value>(&a.body).expect("json")["responder"]["id"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        match o {
+            Ok(Ok(())) => {
+                out.accepted += 1;
+                acknowledged.insert(who);
+            }
+            Ok(o)
+                if ["already_voted", "already_resolved", "claimed"]
+                    .iter()
+                    .any(|c| refused_with(o, a.channel, c)) =>
+            {
+                out.refused += 1
+            }
+            other => out.problems.push(format!(
+                "run {run}: vote {:?} {} got {other:?}",
+                a.channel,
+                String::from_utf8_lossy(&a.body)
+            )),
+        }
+    }
+    for ((ch, who), o) in claims.iter().zip(&claim_outcomes) {
+        match o {
+            Ok(Ok(())) => out.accepted += 1,
+            Ok(o)
+                if ["claimed", "already_resolved"]
+                    .iter()
+                    .any(|c| refused_with(o, *ch, c)) =>
+            {
+                out.refused += 1
+            }
+            other => out
+                .problems
+                .push(format!("run {run}: claim by {who} got {other:?}")),
+        }
+    }
+    // Whatever is still undecided gets approvals from voters who have not voted yet.
+    for who in ["fin1", "fin2", "fin3"] {
+        let (_, ix) = client
+            .get(&format!("/v1/interactions/{rid}"))
+            .await
+            .expect("get");
+        if ix["state"] != "PENDING" {
+            break;
+        }
+        let a = http(&rid, &vote(who, true));
+        match ctx.send(&a).await {
+            Ok(Ok(())) => {
+                acknowledged.insert(who.to_owned());
+            }
+            Ok(o) if refused_with(&o, a.channel, "already_resolved") => {}
+            other => out
+                .problems
+                .push(format!("run {run}: finishing vote by {who} got {other:?}")),
+        }
+    }
+    let store = fleet_store.clone();
+    chaos::wait_until("the run to complete", Duration::from_secs(60), || {
+        let store = store.clone();
+        async move {
+            store
+                .load(run)
+                .await
+                .is_ok_and(|r| r.record.status == RunStatus::Completed)
+        }
+    })
+    .await;
+    let done = fleet_store.load(run).await.expect("load");
+    let decided = delta_e2e::answers_of(&done);
+    let starts = delta_e2e::workers_of(&done).len();
+    let cast: Vec<delta_protocol::Vote> = done
+        .journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            delta_protocol::Event::HumanVote(v) => Some(v.clone()),
+            _ => None,
+        })
+        .collect();
+    if decided.len() != 1 || starts != 2 {
+        out.duplicated += decided.len().saturating_sub(1) + starts.saturating_sub(2);
+        out.problems.push(format!(
+            "run {run}: {} decisions journaled and {starts} sessions (expected one, one resume)",
+            decided.len()
+        ));
+        return out;
+    }
+    let voters: std::collections::BTreeSet<String> =
+        cast.iter().map(|v| v.responder.id.clone()).collect();
+    if voters.len() != cast.len() {
+        out.duplicated += cast.len() - voters.len();
+        out.problems
+            .push(format!("run {run}: a voter counted twice"));
+    }
+    if voters != acknowledged {
+        out.problems.push(format!(
+            "run {run}: votes journaled {voters:?}, acknowledged {acknowledged:?}"
+        ));
+    }
+    let yes = cast
+        .iter()
+        .filter(|v| v.ballot == delta_protocol::Ballot::Approve)
+        .count();
+    let no = cast.len() - yes;
+    let by_approval = decided[0].action == OptionAction::ApproveAndExecute;
+    let fits = if by_approval {
+        yes == 2 && no < 2
+    } else {
+        no == 2 && yes < 2
+    };
+    if !fits || cast.last().map(|v| &v.responder.id) != Some(&decided[0].responder.id) {
+        out.problems.push(format!(
+            "run {run}: decided {:?} by {} with {yes} approvals and {no} rejections",
+            decided[0].action, decided[0].responder.id
+        ));
+    }
+    out
 }
 
 /// One question's answers, phase by phase: bad ones while it is pending (each refused with its
@@ -875,9 +1148,15 @@ async fn s4_answers_duplicated_late_invalid_and_conflicting() {
         sent: AtomicUsize::new(0),
         over_nats: AtomicUsize::new(0),
     });
+    fleet.add_agent(
+        "council",
+        "name: council\nbrain: scripted\ntools:\n  - name: echo\n    exec: \"echo ${text}\"\n    idempotent: true\n",
+        "steps:\n  - ask_human:\n      prompt: \"Ship it?\"\n      approvals: {min: 2}\n      options:\n        - {id: approve, label: Approve, action: APPROVE_AND_EXECUTE}\n        - {id: reject, label: Reject, action: REJECT_WITH_REASON, requires_input: true}\n  - tool: echo\n    args: {text: \"got ${answer}\"}\n  - finish: \"done: ${answer}\"\n",
+    );
     let kinds: Vec<Question> = (0..questions)
         .map(|i| match i {
             i if i % 10 == 9 => Question::Timed,
+            i if i % 5 == 3 => Question::Quorum,
             i if i % 2 == 0 => Question::Choice,
             _ => Question::Text,
         })
@@ -889,6 +1168,7 @@ async fn s4_answers_duplicated_late_invalid_and_conflicting() {
             Question::Choice => "chooser",
             Question::Text => "hello",
             Question::Timed => "deadline",
+            Question::Quorum => "council",
         };
         let (status, body) = fleet
             .client
@@ -901,13 +1181,21 @@ async fn s4_answers_duplicated_late_invalid_and_conflicting() {
         assert_eq!(status, 202, "{body}");
         let run: RunId = body["run_id"].as_str().expect("id").parse().expect("uuid");
         ids.push(run);
-        tasks.push(tokio::spawn(campaign(
-            ctx.clone(),
-            fleet.store.clone(),
-            fleet.client.clone(),
-            run,
-            *kind,
-        )));
+        tasks.push(match kind {
+            Question::Quorum => tokio::spawn(quorum_campaign(
+                ctx.clone(),
+                fleet.store.clone(),
+                fleet.client.clone(),
+                run,
+            )),
+            _ => tokio::spawn(campaign(
+                ctx.clone(),
+                fleet.store.clone(),
+                fleet.client.clone(),
+                run,
+                *kind,
+            )),
+        });
     }
     let mut refused = 0;
     let mut accepted = 0;
@@ -934,11 +1222,11 @@ async fn s4_answers_duplicated_late_invalid_and_conflicting() {
     tally.duplicated += duplicated;
     tally.problems.extend(extra);
     let sent = ctx.sent.load(Ordering::Relaxed);
-    if sent < size(600, 3000) {
+    if sent < size(560, 2700) {
         tally.problem(format!("only {sent} answers were sent"));
     }
     let notes = format!(
-        "{sent} answers ({} over NATS): {accepted} accepted (one winner per question and its identical repeats), {refused} refused with their codes",
+        "{sent} answers, votes and claims ({} over NATS): {accepted} accepted (one winner per question and its identical repeats; votes counted, claims taken), {refused} refused with their codes",
         ctx.over_nats.load(Ordering::Relaxed)
     );
     scenario.report(&tally, refused, &notes);

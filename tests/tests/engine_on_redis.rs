@@ -46,6 +46,7 @@ async fn run_hello<S: RunStore>(
         Responder {
             id: "alice".into(),
             via: Via::Http,
+            on_behalf_of: None,
         },
     );
     answer.input = Some("Ada".into());

@@ -111,6 +111,7 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
         Responder {
             id: "alice".into(),
             via: Via::Http,
+            on_behalf_of: None,
         },
     );
     answer.input = Some("Ada".into());
@@ -284,6 +285,7 @@ async fn answer(
         Responder {
             id: "ops".into(),
             via: Via::Http,
+            on_behalf_of: None,
         },
     );
     a.option_id = option.map(str::to_owned);
@@ -357,6 +359,7 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
         Responder {
             id: "ops".into(),
             via: Via::Http,
+            on_behalf_of: None,
         },
     );
     refused.input = Some(CANARY.into());

@@ -866,3 +866,154 @@ async fn escalation_steps_fire_on_time_with_every_worker_stopped() {
         "{note}"
     );
 }
+
+/// A delegation lets bob answer what only alice may, over HTTP and NATS, recorded "bob on
+/// behalf of alice"; it never lets bob approve his own run; once ended, bob is refused again;
+/// only alice (or an operator) may delegate alice's authority.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delegation_lets_bob_answer_for_alice_but_never_approve_his_own_run() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = tokens_file(
+        dir.path(),
+        &[
+            ("alice", &token("alice"), "answer", "leads"),
+            ("bob", &token("bob"), "submit, answer", ""),
+            ("carol", &token("carol"), "submit", ""),
+        ],
+    );
+    let fleet = Fleet::start_with("hld", 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    fleet.add_agent(
+        "budget",
+        "name: budget\nbrain: scripted\n",
+        "steps:\n  - ask_human:\n      prompt: \"Approve the budget?\"\n      allowed_responders: [\"group:leads\"]\n      options:\n        - {id: yes, label: Yes, action: APPROVE_AND_EXECUTE}\n        - {id: no, label: No, action: REJECT_WITH_REASON}\n  - finish: \"${answer}\"\n",
+    );
+    let who = |n: &str| fleet.client.with_token(Some(&token(n)));
+    let (alice, bob, carol) = (who("alice"), who("bob"), who("carol"));
+    let nc = fleet.nats().await;
+    let until = delta_protocol::Timestamp::from_micros(
+        delta_protocol::Timestamp::now().micros() + 3_600_000_000,
+    )
+    .expect("time");
+
+    // Carol's run: bob may not approve it on his own.
+    let run = submit(&carol, "budget").await;
+    let rid = pending(&alice, run).await;
+    let respond = format!("/v1/interactions/{rid}/response");
+    let (s, b) = bob
+        .post(&respond, &json!({"option_id": "yes"}))
+        .await
+        .expect("answer");
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{b}"
+    );
+    // Bob cannot delegate alice's authority to himself; alice can.
+    let (s, b) = bob
+        .post(
+            "/v1/delegations",
+            &json!({"from": "alice", "to": "bob", "until": until}),
+        )
+        .await
+        .expect("delegate");
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{b}"
+    );
+    let (s, b) = alice
+        .post("/v1/delegations", &json!({"to": "nobody", "until": until}))
+        .await
+        .expect("delegate");
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (422, Some("invalid_args")),
+        "{b}"
+    );
+    let (s, d) = alice
+        .post(
+            "/v1/delegations",
+            &json!({"to": "bob", "until": until, "reason": "on leave"}),
+        )
+        .await
+        .expect("delegate");
+    assert_eq!(s, 201, "{d}");
+    assert_eq!(
+        (d["from"].as_str(), d["to"].as_str()),
+        (Some("alice"), Some("bob"))
+    );
+    let (_, listed) = bob.get("/v1/delegations").await.expect("list");
+    assert_eq!(listed["delegations"][0]["id"], d["id"]);
+    // Now bob answers over NATS, on alice's behalf.
+    let reply = bot_answer(
+        &nc,
+        "hld",
+        &rid,
+        br#"{"option_id": "yes"}"#.to_vec(),
+        Some(&token("bob")),
+    )
+    .await;
+    assert_eq!(reply["ok"], true, "{reply}");
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    let decided = delta_e2e::answers_of(&stored);
+    assert_eq!(
+        (
+            decided[0].responder.id.as_str(),
+            decided[0].responder.on_behalf_of.as_deref()
+        ),
+        ("bob", Some("alice"))
+    );
+
+    // Bob's own run: the delegation does not let him approve it, but he may reject it.
+    let own = submit(&bob, "budget").await;
+    let own_rid = pending(&alice, own).await;
+    let own_path = format!("/v1/interactions/{own_rid}/response");
+    let (s, b) = bob
+        .post(&own_path, &json!({"option_id": "yes"}))
+        .await
+        .expect("answer");
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{b}"
+    );
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("own run"),
+        "{b}"
+    );
+    let (s, b) = bob
+        .post(&own_path, &json!({"option_id": "no", "input": "too much"}))
+        .await
+        .expect("answer");
+    assert_eq!(s, 200, "rejecting his own run is not approving it: {b}");
+    // Ended: bob is refused again (a run of carol's).
+    let id = d["id"].as_str().expect("id");
+    let (s, b) = carol
+        .delete(&format!("/v1/delegations/{id}"))
+        .await
+        .expect("delete");
+    assert_eq!(s, 403, "carol may not end it: {b}");
+    let (s, _) = alice
+        .delete(&format!("/v1/delegations/{id}"))
+        .await
+        .expect("delete");
+    assert_eq!(s, 200);
+    let again = submit(&carol, "budget").await;
+    let again_rid = pending(&alice, again).await;
+    let (s, b) = bob
+        .post(
+            &format!("/v1/interactions/{again_rid}/response"),
+            &json!({"input": "x", "option_id": "no"}),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{b}"
+    );
+}

@@ -95,6 +95,7 @@ async fn lifecycle(store: &RedisRunStore, key: &str) -> (RunId, Vec<InteractionR
         Responder {
             id: "bob".into(),
             via: Via::Http,
+            on_behalf_of: None,
         },
     );
     a.input = Some("Ada".into());
@@ -411,6 +412,7 @@ async fn lookups_and_reconcilers(store: &RedisRunStore) {
         Responder {
             id: "bob".into(),
             via: Via::Http,
+            on_behalf_of: None,
         },
     );
     a.input = Some("x".into());
@@ -638,6 +640,7 @@ async fn migration_moves_the_layout_of_before_the_buckets() {
         Responder {
             id: "bob".into(),
             via: Via::Http,
+            on_behalf_of: None,
         },
     );
     a.input = Some("yes".into());

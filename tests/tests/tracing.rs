@@ -112,6 +112,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
         Responder {
             id: "alice".into(),
             via: Via::Http,
+            on_behalf_of: None,
         },
     );
     answer.input = Some("Ada".into());

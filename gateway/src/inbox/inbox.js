@@ -644,9 +644,9 @@
       if (grantBox) body.push(grantBox.node);
     }
 
-    // Who holds a claim on it, where its votes stand, and a button to claim it or give it back.
+    // Who holds a claim on it, where its votes stand, and a button to claim it or give it back:
+    // after the answer's controls, so the keyboard reaches the options first.
     const human = humanBlock(q, card, () => setOutcome('', 'info'), (text) => setOutcome(text, 'error'));
-    body.push(human.node);
 
     const outcome = el('p', { class: 'outcome', role: 'alert', hidden: true });
     const form = el('form', { class: 'answer', novalidate: true, 'aria-labelledby': headingId });
@@ -898,7 +898,7 @@
       class: `card${sensitive ? ' card-sensitive' : ''}`,
       dataset: { requestId: rid, runId: q.run_id },
       'aria-labelledby': headingId,
-    }, head, ...body, form, outcome);
+    }, head, ...body, form, human.node, outcome);
     card.settle = settle;
     card.setHuman = human.set;
     card.refreshHuman = human.refresh;
@@ -1303,6 +1303,11 @@
     run.refreshTimer = setTimeout(refreshRun, ms);
   }
 
+  /** "bob on behalf of alice", or "bob". */
+  function responderLabel(r) {
+    return r.on_behalf_of ? `${r.id} on behalf of ${r.on_behalf_of}` : String(r.id);
+  }
+
   /** One line of the journal: what happened, in a few words. */
   function summary(e) {
     const p = e.payload || {};
@@ -1315,7 +1320,7 @@
       case 'ACTION_RESULT': return `${p.status}${p.duration_ms !== undefined ? ` (${p.duration_ms} ms)` : ''}: ${cut(p.observation_content, 300)}`;
       case 'HUMAN_INPUT_REQUEST': return cut(p.prompt, 300);
       case 'HUMAN_INPUT_RECEIVED': {
-        const who = p.responder ? `${p.responder.id} via ${p.responder.via}` : 'someone';
+        const who = p.responder ? `${responderLabel(p.responder)} via ${p.responder.via}` : 'someone';
         const parts = [];
         if (p.option_id) parts.push(`option ${p.option_id}`);
         if (p.input !== undefined) parts.push(`“${cut(p.input, 200)}”`);
@@ -1324,7 +1329,7 @@
         return `from ${who}${parts.length ? `: ${parts.join(', ')}` : ''}`;
       }
       case 'HUMAN_VOTE': {
-        const who = p.responder ? `${p.responder.id} via ${p.responder.via}` : 'someone';
+        const who = p.responder ? `${responderLabel(p.responder)} via ${p.responder.via}` : 'someone';
         return `${who} ${p.ballot === 'approve' ? 'approves' : 'rejects'} (option ${p.option_id})${p.feedback ? `: “${cut(p.feedback, 200)}”` : ''}`;
       }
       case 'SYSTEM_MESSAGE': return `${p.level ?? 'info'}: ${cut(p.content, 300)}`;

@@ -20,7 +20,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 pub use delta_protocol::{
-    Change, Claim, Escalated, EscalationStep, InteractionRequest, InteractionResponse,
+    Change, Claim, Delegation, Escalated, EscalationStep, InteractionRequest, InteractionResponse,
     InteractionState, InteractionType, InteractionUpdate, JobKind, JournalEvent, RequestId,
     Resolved, RunId, RunStatus, Tally, Timestamp, Via,
 };
@@ -719,6 +719,33 @@ pub enum DroppedStatus {
 pub struct DeadLetterDropped {
     pub seq: u64,
     pub status: DroppedStatus,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delegations
+
+/// The body of `POST /v1/delegations`: until `until`, `to` may answer what `from` may.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DelegationBody {
+    /// Whose authority is delegated: the caller's own (the default), or, for an operator,
+    /// anyone's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Who may answer in their place (with authentication on, a token's name).
+    pub to: String,
+    /// Until when (at most 90 days ahead).
+    pub until: Timestamp,
+    /// Why (shown with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 500)]
+    pub reason: Option<String>,
+}
+
+/// `GET /v1/delegations`: the delegations in force, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DelegationPage {
+    pub delegations: Vec<Delegation>,
 }
 
 // ---------------------------------------------------------------------------------------------

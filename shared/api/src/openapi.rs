@@ -20,11 +20,12 @@ use crate::grants::{ArgMatch, Grant, GrantList, GrantRequest, GrantScope, GrantS
 use crate::{
     AnswerAccepted, AnswerBody, AnswerStatus, BotReply, CancelBody, CancelResult, ClaimBody,
     ClaimState, ClaimedResponder, DeadLetterDropped, DeadLetterPage, DeadLetterRetried,
-    DeadLetterView, DlqQuery, DroppedStatus, ErrorBody, ErrorCode, ErrorResponse, Escalated,
-    EscalationStep, Health, HealthStatus, InteractionPage, InteractionRequest, InteractionResponse,
-    InteractionUpdate, InteractionView, InteractionsQuery, Journal, JournalEvent, JournalQuery,
-    QueueStats, Reachability, Readiness, RequeuedStatus, Resolved, Run, RunAccepted, RunDetail,
-    RunEnded, RunPage, RunsQuery, StreamQuery, StreamTarget, StreamTicket, Submission, WorkerSeen,
+    DeadLetterView, Delegation, DelegationBody, DelegationPage, DlqQuery, DroppedStatus, ErrorBody,
+    ErrorCode, ErrorResponse, Escalated, EscalationStep, Health, HealthStatus, InteractionPage,
+    InteractionRequest, InteractionResponse, InteractionUpdate, InteractionView, InteractionsQuery,
+    Journal, JournalEvent, JournalQuery, QueueStats, Reachability, Readiness, RequeuedStatus,
+    Resolved, Run, RunAccepted, RunDetail, RunEnded, RunPage, RunsQuery, StreamQuery, StreamTarget,
+    StreamTicket, Submission, WorkerSeen,
 };
 
 /// The document as served.
@@ -160,6 +161,28 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
             PayloadTooLarge,
             Unavailable,
         ],
+    ),
+    (
+        "createDelegation",
+        ANSWER,
+        &[
+            BadRequest,
+            Unauthorized,
+            Forbidden,
+            InvalidArgs,
+            PayloadTooLarge,
+            Unavailable,
+        ],
+    ),
+    (
+        "listDelegations",
+        ANSWER,
+        &[Unauthorized, Forbidden, Unavailable],
+    ),
+    (
+        "deleteDelegation",
+        ANSWER,
+        &[Unauthorized, Forbidden, NotFound, Unavailable],
     ),
     (
         "queueStats",
@@ -466,6 +489,9 @@ impl Modify for Streams {
         paths::get_interaction,
         paths::answer_interaction,
         paths::claim_interaction,
+        paths::create_delegation,
+        paths::list_delegations,
+        paths::delete_delegation,
         paths::queue_stats,
         paths::list_dead_letters,
         paths::drop_dead_letter,
@@ -489,6 +515,7 @@ impl Modify for Streams {
         InteractionView, InteractionPage, InteractionRequest, InteractionResponse, AnswerBody,
         ClaimedResponder, AnswerStatus, AnswerAccepted, Resolved, JournalEvent,
         ClaimBody, ClaimState, InteractionUpdate, Escalated, EscalationStep,
+        Delegation, DelegationBody, DelegationPage,
         WorkerSeen, QueueStats, Health, HealthStatus, Reachability, Readiness,
         DeadLetterView, DeadLetterPage, DeadLetterRetried, RequeuedStatus, DeadLetterDropped, DroppedStatus,
         GrantView, GrantList, Grant, GrantRequest, GrantScope, GrantState, ArgMatch,
@@ -658,6 +685,33 @@ mod paths {
         responses((status = 200, description = "The claim as it is now.", body = ClaimState)),
     )]
     fn claim_interaction() {}
+
+    /// Delegate one's authority to answer
+    ///
+    /// docs/protocol.md §3 "Delegation". Until `until`, `to` may answer (and vote on) whatever
+    /// `from` may, recorded as "`to` on behalf of `from`"; it never lets anyone approve their
+    /// own run. `from` is the caller unless the caller is an operator.
+    #[utoipa::path(
+        post, path = "/v1/delegations", operation_id = "createDelegation", tag = "interactions",
+        request_body = DelegationBody,
+        responses((status = 201, description = "The delegation.", body = Delegation)),
+    )]
+    fn create_delegation() {}
+
+    /// The delegations in force
+    #[utoipa::path(
+        get, path = "/v1/delegations", operation_id = "listDelegations", tag = "interactions",
+        responses((status = 200, description = "Oldest first.", body = DelegationPage)),
+    )]
+    fn list_delegations() {}
+
+    /// End a delegation (its `from`, its maker, or an operator)
+    #[utoipa::path(
+        delete, path = "/v1/delegations/{id}", operation_id = "deleteDelegation", tag = "interactions",
+        params(("id" = String, Path, description = "The delegation's id.")),
+        responses((status = 200, description = "Ended: the delegation as it was.", body = Delegation)),
+    )]
+    fn delete_delegation() {}
 
     /// JetStream figures and the workers seen
     #[utoipa::path(

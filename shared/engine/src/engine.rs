@@ -1073,7 +1073,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     req.tool,
                     g.grant_id,
                     g.scope,
-                    g.created_by.id,
+                    who_of(&g.created_by),
                     via_name(g.created_by.via),
                     g.grant_id,
                     g.run_id
@@ -1150,7 +1150,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 format!(
                     "grant {} created by {} via {}: scope {}, tool `{}`, {}{}{}",
                     g.grant_id,
-                    g.created_by.id,
+                    who_of(&g.created_by),
                     via_name(g.created_by.via),
                     g.scope,
                     g.tool,
@@ -1708,6 +1708,7 @@ pub fn timeout_answer(q: &InteractionRequest) -> Option<AcceptedAnswer> {
         Responder {
             id: "timeout".into(),
             via: Via::Timeout,
+            on_behalf_of: None,
         },
     );
     resp.option_id = Some(option.option_id.clone());
@@ -1728,6 +1729,14 @@ fn outcome_of(end: &EngineEnd) -> Outcome {
         _ => Outcome::Failed {
             error: end.error.clone().unwrap_or_default(),
         },
+    }
+}
+
+/// Who answered, for a journal note: `bob`, or `bob on behalf of alice` (a delegation).
+fn who_of(r: &Responder) -> String {
+    match &r.on_behalf_of {
+        Some(from) => format!("{} on behalf of {from}", r.id),
+        None => r.id.clone(),
     }
 }
 

@@ -307,13 +307,7 @@ mod tests {
     }
 
     fn answer(q: &InteractionRequest, option: &str, data: Value) -> AcceptedAnswer {
-        let mut r = InteractionResponse::new(
-            q.request_id,
-            Responder {
-                id: "alice".into(),
-                via: Via::Http,
-            },
-        );
+        let mut r = InteractionResponse::new(q.request_id, Responder::new("alice", Via::Http));
         r.option_id = Some(option.into());
         r.data = Some(data);
         q.validate(r, Timestamp::now()).expect("valid answer")

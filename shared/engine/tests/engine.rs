@@ -142,6 +142,7 @@ fn answer(
         responder: Responder {
             id: "tester".into(),
             via: Via::File,
+            on_behalf_of: None,
         },
         request_hash: None,
     }

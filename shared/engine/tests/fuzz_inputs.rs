@@ -694,6 +694,7 @@ fn answer(q: &InteractionRequest, option: &str, data: Option<Value>) -> Interact
         Responder {
             id: "a".into(),
             via: Via::Http,
+            on_behalf_of: None,
         },
     );
     r.option_id = Some(option.into());

@@ -135,10 +135,7 @@ fn approve(q: &InteractionRequest, data: Value) -> InteractionResponse {
         input: None,
         data: Some(data),
         feedback: None,
-        responder: Responder {
-            id: "alice".into(),
-            via: Via::File,
-        },
+        responder: Responder::new("alice", Via::File),
         request_hash: None,
     }
 }
@@ -191,10 +188,7 @@ fn stored_grant(f: &Fixture, tool: &str, args: &[(&str, &str)]) -> Grant {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), ArgMatch::Exact((*v).to_owned())))
             .collect::<BTreeMap<_, _>>(),
-        created_by: Responder {
-            id: "bob".into(),
-            via: Via::Http,
-        },
+        created_by: Responder::new("bob", Via::Http),
         created_at: Timestamp::now(),
         expires_at: None,
         max_uses: None,

@@ -167,6 +167,7 @@ async fn the_openai_brain_drives_tools_and_questions_and_never_sees_secrets() {
         responder: Responder {
             id: "t".into(),
             via: Via::Stdin,
+            on_behalf_of: None,
         },
         request_hash: None,
     };
@@ -290,6 +291,7 @@ fn ask(q: &InteractionRequest, option: &str, input: Option<&str>) -> Interaction
         Responder {
             id: "t".into(),
             via: Via::Stdin,
+            on_behalf_of: None,
         },
     );
     a.option_id = Some(option.into());
@@ -494,6 +496,7 @@ async fn the_openai_brain_asks_for_a_typed_answer_and_gets_the_object() {
         Responder {
             id: "t".into(),
             via: Via::Stdin,
+            on_behalf_of: None,
         },
     );
     answer.data = Some(data.clone());

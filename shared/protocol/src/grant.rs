@@ -184,10 +184,7 @@ mod tests {
                 ("version".into(), ArgMatch::Regex("1\\..*".into())),
                 ("note".into(), ArgMatch::Absent),
             ]),
-            created_by: Responder {
-                id: "alice".into(),
-                via: Via::Http,
-            },
+            created_by: Responder::new("alice", Via::Http),
             created_at: Timestamp::now(),
             expires_at: None,
             max_uses: Some(2),

@@ -323,6 +323,30 @@ pub struct Escalated {
     pub at: Timestamp,
 }
 
+/// A delegation (`delta delegations add`): until `until`, `to` may answer (and vote on)
+/// whatever `from` may, recorded as "`to` on behalf of `from`". It never lets anyone approve
+/// a run they submitted themselves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Delegation {
+    pub id: String,
+    pub from: String,
+    pub to: String,
+    pub until: Timestamp,
+    /// Who made it: `from`, or an operator.
+    pub created_by: String,
+    pub created_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Delegation {
+    /// Whether it is in force at `now`.
+    pub fn live_at(&self, now: Timestamp) -> bool {
+        now.micros() < self.until.micros()
+    }
+}
+
 /// What changed on a pending question short of settling it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -544,6 +568,7 @@ mod tests {
             responder: Responder {
                 id: id.into(),
                 via: Via::Http,
+                on_behalf_of: None,
             },
             ballot,
             option_id: "approve".into(),

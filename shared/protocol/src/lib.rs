@@ -37,7 +37,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 pub use human::{
-    Approvals, Ballot, Change, Claim, Escalated, EscalationStep, InteractionUpdate, Tally, Vote,
+    Approvals, Ballot, Change, Claim, Delegation, Escalated, EscalationStep, InteractionUpdate,
+    Tally, Vote,
 };
 pub use time::Timestamp;
 
@@ -418,6 +419,21 @@ pub struct ActionResult {
 pub struct Responder {
     pub id: String,
     pub via: Via,
+    /// Whose authority they answered with: a delegation from that person (`delta delegations`),
+    /// recorded as "bob on behalf of alice".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_behalf_of: Option<String>,
+}
+
+impl Responder {
+    /// `id` answering through `via` on their own behalf.
+    pub fn new(id: impl Into<String>, via: Via) -> Self {
+        Self {
+            id: id.into(),
+            via,
+            on_behalf_of: None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -1348,6 +1364,7 @@ mod tests {
             responder: Responder {
                 id: "alice".into(),
                 via: Via::Http,
+                on_behalf_of: None,
             },
             request_hash: None,
         }
@@ -1404,6 +1421,7 @@ mod tests {
         by_timeout.responder = Responder {
             id: "timeout".into(),
             via: Via::Timeout,
+            on_behalf_of: None,
         };
         assert!(req.validate(by_timeout, after).is_ok());
     }

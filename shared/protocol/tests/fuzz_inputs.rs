@@ -115,7 +115,7 @@ fn action() -> impl Strategy<Value = OptionAction> {
 }
 
 fn responder() -> impl Strategy<Value = Responder> {
-    (text(), via()).prop_map(|(id, via)| Responder { id, via })
+    (text(), via()).prop_map(|(id, via)| Responder::new(id, via))
 }
 
 fn option() -> impl Strategy<Value = InteractionOption> {
@@ -501,7 +501,7 @@ proptest! {
         q in request().prop_filter("has options", |q| !q.options.is_empty()),
         given in "[A-Z]{1,6}",
     ) {
-        let mut r = InteractionResponse::new(q.request_id, Responder { id: "a".into(), via: Via::Timeout });
+        let mut r = InteractionResponse::new(q.request_id, Responder::new("a", Via::Timeout));
         r.option_id = Some(given.clone());
         let e = q.validate(r, Timestamp::now()).expect_err("not an option");
         prop_assert_eq!(e.code(), "invalid_option");
@@ -517,7 +517,7 @@ proptest! {
     fn blank_input_is_not_input(blank in "[ \t\n\r\u{a0}\u{2003}\u{3000}]{0,5}") {
         let mut q = InteractionRequest::new(RunId::new(), "a", InteractionType::UserInput, "?");
         let r = |option: Option<&str>| {
-            let mut r = InteractionResponse::new(q.request_id, Responder { id: "a".into(), via: Via::Http });
+            let mut r = InteractionResponse::new(q.request_id, Responder::new("a", Via::Http));
             r.option_id = option.map(str::to_owned);
             r.input = Some(blank.clone());
             r

@@ -273,10 +273,7 @@ pub mod contract {
             run_id: RunId::new(),
             tool: "deploy".into(),
             args: BTreeMap::from([("env".into(), ArgMatch::Exact("staging".into()))]),
-            created_by: Responder {
-                id: "alice".into(),
-                via: Via::Http,
-            },
+            created_by: Responder::new("alice", Via::Http),
             created_at: Timestamp::now(),
             expires_at: None,
             max_uses,

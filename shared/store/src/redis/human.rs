@@ -393,3 +393,65 @@ pub(super) fn claim_and_votes(
     votes.sort_by_key(|v: &Vote| v.at.micros());
     (claim, votes)
 }
+
+impl RedisRunStore {
+    /// Where delegations are kept: one hash, `<prefix>:delegations`, id → JSON (few, read on
+    /// every answer that needs one).
+    fn delegations_key(&self) -> String {
+        self.index("delegations")
+    }
+
+    /// Stores a delegation.
+    pub async fn put_delegation(&self, d: &delta_protocol::Delegation) -> Result<(), Error> {
+        let mut conn = self.connection();
+        redis::cmd("HSET")
+            .arg(self.delegations_key())
+            .arg(&d.id)
+            .arg(serde_json::to_string(d).unwrap_or_default())
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(super::backend)
+    }
+
+    /// Every delegation in force at `now`; lapsed ones are removed on the way.
+    pub async fn delegations(
+        &self,
+        now: Timestamp,
+    ) -> Result<Vec<delta_protocol::Delegation>, Error> {
+        let mut conn = self.connection();
+        let all: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.delegations_key())
+            .query_async(&mut conn)
+            .await
+            .map_err(super::backend)?;
+        let mut live = vec![];
+        let mut lapsed = vec![];
+        for (id, json) in all {
+            match serde_json::from_str::<delta_protocol::Delegation>(&json) {
+                Ok(d) if d.live_at(now) => live.push(d),
+                _ => lapsed.push(id),
+            }
+        }
+        if !lapsed.is_empty() {
+            let _: Result<(), _> = redis::cmd("HDEL")
+                .arg(self.delegations_key())
+                .arg(&lapsed)
+                .query_async(&mut conn)
+                .await;
+        }
+        live.sort_by_key(|d| d.created_at.micros());
+        Ok(live)
+    }
+
+    /// Removes delegation `id`; `false` when there was none.
+    pub async fn delete_delegation(&self, id: &str) -> Result<bool, Error> {
+        let mut conn = self.connection();
+        let n: i64 = redis::cmd("HDEL")
+            .arg(self.delegations_key())
+            .arg(id)
+            .query_async(&mut conn)
+            .await
+            .map_err(super::backend)?;
+        Ok(n == 1)
+    }
+}
