@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 mod bench;
 mod client;
 mod dev;
+mod grants;
 use delta_cli::mailbox;
 mod migrate;
 mod ops;
@@ -26,7 +27,7 @@ mod terminal;
     version,
     about = "Delta Fleet: AI-agent runs that stop to ask people things",
     after_help = "\
-Operator commands (submit, runs, pending, answer, cancel, queue) talk to a gateway:
+Operator commands (submit, runs, pending, answer, cancel, queue, dlq, grants) talk to a gateway:
 DELTA_GATEWAY_URL or --gateway-url (default http://127.0.0.1:8080), DELTA_TOKEN or --token,
 DELTA_GATEWAY_CA or --gateway-ca (a PEM CA to trust for an https:// gateway).
 --json prints the gateway's JSON as is.

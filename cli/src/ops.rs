@@ -113,6 +113,9 @@ pub enum Command {
     /// Dead-lettered jobs: list them, put their runs back in the queue, or drop them.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Scoped grants ("always allow" approvals): list them, revoke them.
+    #[command(subcommand)]
+    Grants(crate::grants::GrantsCommand),
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -279,6 +282,10 @@ pub struct AnswerArgs {
     /// Structured data as JSON, e.g. '{"args": {...}}' to edit a tool call's arguments.
     #[arg(long, value_name = "JSON", value_parser = parse_json)]
     pub data: Option<Value>,
+    /// With an approval: also approve later calls like this one, in this run (`run`) or in
+    /// every run of the agent (`agent`); `data.grant` gives more (docs/protocol.md "Grants").
+    #[arg(long, value_name = "SCOPE", value_parser = ["run", "agent"])]
+    pub grant: Option<String>,
     /// The question's hash as you read it (`hash:` of `delta pending show`): the answer is
     /// refused (`stale`) if the question is not that one any more. Without it, the version
     /// this command reads just before answering.
@@ -394,6 +401,7 @@ impl Command {
             Command::Queue(a) => &a.remote,
             Command::Dlq(DlqCommand::Ls(a)) => &a.remote,
             Command::Dlq(DlqCommand::Retry(a) | DlqCommand::Drop(a)) => &a.remote,
+            Command::Grants(g) => g.remote(),
         }
     }
 }
@@ -462,6 +470,9 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
             Command::Dlq(DlqCommand::Ls(a)) => dlq_ls(&client, a, json).await,
             Command::Dlq(DlqCommand::Retry(a)) => dlq_pick(&client, a, Pick::Retry, json).await,
             Command::Dlq(DlqCommand::Drop(a)) => dlq_pick(&client, a, Pick::Drop, json).await,
+            Command::Grants(g) => crate::grants::run(&client, g, json)
+                .await
+                .map_err(Failure::from),
         }
     };
     // Ctrl+C stops any command at once. Waits and streams watch for it themselves (to clear
@@ -894,7 +905,24 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
             input = Some(read_hidden(&prompt).await?);
         }
     }
-    if option.is_none() && input.is_none() && a.feedback.is_none() && a.data.is_none() {
+    let mut data = a.data;
+    if let Some(scope) = a.grant {
+        let mut obj = match data.take() {
+            None => serde_json::Map::new(),
+            Some(Value::Object(o)) => o,
+            Some(_) => {
+                return Err(Failure::Usage(
+                    "--data must be a JSON object to go with --grant".into(),
+                ));
+            }
+        };
+        let grant = obj.entry("grant").or_insert_with(|| json!({}));
+        if let Some(g) = grant.as_object_mut() {
+            g.insert("scope".into(), json!(scope));
+        }
+        data = Some(Value::Object(obj));
+    }
+    if option.is_none() && input.is_none() && a.feedback.is_none() && data.is_none() {
         return Err(Failure::Usage(format!(
             "say what the answer is: --option ID or --input TEXT (`delta pending show {rid}` shows the question)"
         )));
@@ -905,7 +933,7 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
         option_id: option,
         input,
         feedback: a.feedback,
-        data: a.data,
+        data,
         responder: Some(ClaimedResponder {
             id,
             via: Some(Via::Cli),

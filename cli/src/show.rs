@@ -333,6 +333,11 @@ pub fn interaction(view: &InteractionView, now: DateTime<Utc>) -> String {
             .unwrap_or_default();
         s.push_str(&format!("  risk:    {risk}{why}\n"));
     }
+    if let Some(rule) = ctx.get("policy_rule").and_then(Value::as_str) {
+        s.push_str(&format!(
+            "  policy:  asked because of rule `{rule}` (policy.yaml)\n"
+        ));
+    }
     if q.is_sensitive() {
         s.push_str("  sensitive: the answer is asked for hidden and never shown\n");
     }
@@ -379,6 +384,12 @@ pub fn interaction(view: &InteractionView, now: DateTime<Utc>) -> String {
                     "          with edited args: delta answer {rid} --option {} --data '{{\"args\": {{…}}}}'\n",
                     o.option_id
                 ));
+                if ctx.get("grantable") == Some(&Value::Bool(true)) {
+                    s.push_str(&format!(
+                        "          and always allow it: delta answer {rid} --option {} --grant run|agent\n",
+                        o.option_id
+                    ));
+                }
             }
         }
         _ => {

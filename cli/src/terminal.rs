@@ -127,6 +127,12 @@ pub async fn ask(q: &InteractionRequest, cancel: &CancellationToken) -> Asked {
         header.push_str(&line);
         header.push('\n');
     }
+    if q.context.get("grantable") == Some(&serde_json::Value::Bool(true)) {
+        header.push_str(&format!(
+            "  always allow: add +run or +agent to the approval (`approve +agent`) to approve later calls like this one in this run, or in every run of {}\n",
+            q.agent
+        ));
+    }
     say(&header);
     if q.is_expired_at(Timestamp::now()) {
         return Asked::Expired;
@@ -166,16 +172,19 @@ pub async fn ask(q: &InteractionRequest, cancel: &CancellationToken) -> Asked {
             }
         }
     }
-    let option = loop {
+    let (option, grant) = loop {
         say(&format!(
             "choose 1-{} (or an option id) > ",
             q.options.len()
         ));
         match read_line(false, cancel, q.expires_at).await {
-            Line::Text(t) => match find_option(q, t.trim()) {
-                Some(id) => break id,
-                None => say(&format!("  `{}` is not one of the options\n", t.trim())),
-            },
+            Line::Text(t) => {
+                let (text, grant) = split_grant(t.trim());
+                match find_option(q, text) {
+                    Some(id) => break (id, grant),
+                    None => say(&format!("  `{}` is not one of the options\n", t.trim())),
+                }
+            }
             Line::Eof => return Asked::Eof,
             Line::Cancelled => return Asked::Cancelled,
             Line::Expired => return Asked::Expired,
@@ -219,8 +228,30 @@ pub async fn ask(q: &InteractionRequest, cancel: &CancellationToken) -> Asked {
             Err(stop) => return stop,
         }
     }
+    if let Some(scope) = grant {
+        // Checked with the rest of the answer (an option that does not approve, a tool that is
+        // not grantable: refused, and asked again).
+        let grant = serde_json::json!({ "scope": scope });
+        match resp.data.as_mut().and_then(|d| d.as_object_mut()) {
+            Some(obj) => {
+                obj.insert("grant".into(), grant);
+            }
+            None => resp.data = Some(serde_json::json!({ "grant": grant })),
+        }
+    }
     resp.option_id = Some(option);
     Asked::Answer(resp)
+}
+
+/// An option line's "always allow" suffix: `approve +agent` is the option `approve` with a grant
+/// of scope `agent` (`+run`: this run only).
+fn split_grant(line: &str) -> (&str, Option<&'static str>) {
+    for (suffix, scope) in [("+agent", "agent"), ("+run", "run")] {
+        if let Some(rest) = line.strip_suffix(suffix) {
+            return (rest.trim_end(), Some(scope));
+        }
+    }
+    (line, None)
 }
 
 /// Editor-free argument editing: `key=value` lines until an empty one. `None`: unchanged.

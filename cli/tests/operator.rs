@@ -1383,3 +1383,94 @@ async fn delegations_are_added_listed_and_removed_from_the_terminal() {
         .await
         .refused(4, "not_found");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grants_ls_and_revoke_after_an_answer_with_grant() {
+    let fleet = Fleet::start("opg", None, true).await;
+    fleet.add_agent(
+        "shipit",
+        "name: shipit\nbrain: scripted\ntools:\n  - name: deploy\n    exec: \"echo deployed ${env}\"\n    approval: always\n",
+        "steps:\n  - tool: deploy\n    args: {env: \"${task}\"}\n  - finish: \"${observation}\"\n",
+    );
+    // Nothing yet: an empty list, said on stderr.
+    let none = fleet.delta(&["grants", "ls"]).await;
+    assert_eq!(
+        (none.code, none.stdout.as_str()),
+        (0, ""),
+        "{}",
+        none.stderr
+    );
+    assert!(none.stderr.contains("no grants"), "{}", none.stderr);
+    // Approve with --grant agent: the next run of the agent asks nothing.
+    let rec = submit_and_wait(&fleet, "shipit", "staging").await;
+    let rid = s(&rec["pending_interaction"]["request_id"]).to_owned();
+    let shown = fleet.delta(&["pending", "show", &rid]).await;
+    assert!(
+        shown.ok().contains(&format!(
+            "delta answer {rid} --option approve --grant run|agent"
+        )),
+        "{}",
+        shown.stdout
+    );
+    fleet
+        .delta(&["answer", &rid, "--option", "approve", "--grant", "agent"])
+        .await
+        .ok();
+    wait_status(&fleet, s(&rec["run_id"]), "COMPLETED").await;
+    let next = fleet
+        .delta(&["submit", "--agent", "shipit", "--task", "staging", "--json"])
+        .await
+        .json();
+    wait_status(&fleet, s(&next["run_id"]), "COMPLETED").await;
+    // The table, for people.
+    let table = fleet.delta(&["grants", "ls", "--agent", "shipit"]).await;
+    let text = table.ok();
+    let header = text.lines().next().unwrap_or_default();
+    for col in [
+        "ID", "AGENT", "TOOL", "SCOPE", "STATE", "USES", "BY", "ARGS",
+    ] {
+        assert!(header.contains(col), "{header}");
+    }
+    let row = text.lines().nth(1).unwrap_or_default();
+    for cell in [
+        rid.as_str(),
+        "shipit",
+        "deploy",
+        "agent",
+        "active",
+        "tester",
+        "env = \"staging\"",
+    ] {
+        assert!(row.contains(cell), "`{cell}` in {row}");
+    }
+    // --json: the gateway's document as is.
+    let listed = fleet.delta(&["grants", "ls", "--json"]).await.json();
+    assert_eq!(listed["grants"][0]["grant_id"], rid.as_str());
+    assert_eq!(listed["grants"][0]["uses"], 1);
+    // Revoke: then the agent asks again; a bad id is usage, an unknown one not found.
+    let out = fleet.delta(&["grants", "revoke", &rid]).await;
+    assert!(
+        out.ok().contains(&format!("grant {rid} revoked")),
+        "{}",
+        out.stdout
+    );
+    let listed = fleet.delta(&["grants", "ls", "--json"]).await.json();
+    assert_eq!(
+        listed["grants"],
+        serde_json::json!([]),
+        "only active ones by default"
+    );
+    let all = fleet
+        .delta(&["grants", "ls", "--state", "all", "--json"])
+        .await
+        .json();
+    assert_eq!(all["grants"][0]["state"], "REVOKED");
+    submit_and_wait(&fleet, "shipit", "staging").await;
+    let bad = fleet.delta(&["grants", "revoke", "nope"]).await;
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    let unknown = "01a20df5-3992-715c-a637-975c95594e0f";
+    fleet
+        .delta(&["grants", "revoke", unknown])
+        .await
+        .refused(4, "not_found");
+}

@@ -775,3 +775,91 @@ fn interactive_mode_asks_a_typed_answer_field_by_field_on_a_terminal() {
     );
     assert_eq!(got["payload"]["responder"]["via"], "stdin");
 }
+
+#[test]
+fn an_approval_in_the_mailbox_can_make_a_grant_for_later_runs() {
+    let s = Scratch::new();
+    let agent = s.agent(
+        "shipit",
+        "name: shipit\nbrain: scripted\ntools:\n  - name: deploy\n    exec: \"echo deployed ${env}\"\n    approval: always\n",
+        "steps:\n  - tool: deploy\n    args: {env: \"${task}\"}\n  - finish: \"${observation}\"\n",
+    );
+    let out = s.delta(&["run", "--agent", &agent, "--task", "staging"]);
+    assert_eq!(code(&out), 101, "{}", stderr(&out));
+    let req = s.read_json(".delta/interaction/request.json");
+    assert_eq!(req["type"], "TOOL_APPROVAL");
+    assert_eq!(req["context"]["grantable"], true);
+    let rid = req["request_id"].as_str().expect("id").to_owned();
+
+    // A bad grant is refused with its code; the run keeps waiting, the mailbox is left.
+    let mailbox = s.file(".delta/interaction/response.json");
+    std::fs::write(
+        &mailbox,
+        r#"{"option_id": "approve", "data": {"grant": {"args": {"region": "eu"}}}}"#,
+    )
+    .expect("answer");
+    let out = s.delta(&["run", "--agent", &agent]);
+    assert_eq!(code(&out), 101, "{}", stderr(&out));
+    assert!(stderr(&out).contains("invalid_args"), "{}", stderr(&out));
+    assert!(mailbox.exists(), "the mailbox is left as it is");
+
+    std::fs::write(
+        &mailbox,
+        r#"{"option_id": "approve", "data": {"grant": {"scope": "agent"}}}"#,
+    )
+    .expect("answer");
+    let out = s.delta(&["run", "--agent", &agent]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let grant = s.read_json(&format!(".delta/grants/{rid}.json"));
+    assert_eq!(grant["grant"]["scope"], "agent");
+    assert_eq!(grant["grant"]["created_by"]["via"], "file");
+
+    // The next run of the agent with the same call asks nothing; another call asks.
+    let out = s.delta(&["run", "--agent", &agent, "--task", "staging"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        s.journal().iter().any(|e| e["type"] == "SYSTEM_MESSAGE"
+            && e["payload"]["content"]
+                .as_str()
+                .is_some_and(|c| c.contains(&format!("approved by grant {rid}")))),
+        "the journal names the grant"
+    );
+    let out = s.delta(&["run", "--agent", &agent, "--task", "production"]);
+    assert_eq!(code(&out), 101, "{}", stderr(&out));
+}
+
+#[test]
+fn interactive_mode_takes_always_allow_with_the_approval() {
+    let s = Scratch::new();
+    let agent = s.agent(
+        "shipit",
+        "name: shipit\nbrain: scripted\ntools:\n  - name: deploy\n    exec: \"echo deployed ${env}\"\n    approval: always\n",
+        "steps:\n  - tool: deploy\n    args: {env: \"${task}\"}\n  - finish: \"${observation}\"\n",
+    );
+    // `approve +agent`, no edits (an empty line): a grant for every run of the agent.
+    let out = s.delta_with_stdin(
+        &["run", "-i", "--agent", &agent, "--task", "staging"],
+        Some("approve +agent\n\n"),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("always allow: add +run or +agent"),
+        "{}",
+        stderr(&out)
+    );
+    let received: Vec<Value> = s
+        .journal()
+        .into_iter()
+        .filter(|e| e["type"] == "HUMAN_INPUT_RECEIVED")
+        .collect();
+    assert_eq!(
+        received[0]["payload"]["data"],
+        serde_json::json!({"grant": {"scope": "agent"}})
+    );
+    // The next run asks nothing: with no input at all, it still completes.
+    let out = s.delta_with_stdin(
+        &["run", "-i", "--agent", &agent, "--task", "staging"],
+        Some(""),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}

@@ -58,6 +58,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/dlq", get(list_dlq))
         .route("/v1/dlq/{seq}", delete(drop_dlq))
         .route("/v1/dlq/{seq}/retry", post(retry_dlq))
+        .route("/v1/grants", get(crate::grants::list))
+        .route(
+            "/v1/grants/{grant_id}",
+            get(crate::grants::get).delete(crate::grants::revoke),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

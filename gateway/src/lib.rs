@@ -29,6 +29,7 @@ pub mod delegations;
 pub mod dlq;
 pub mod error;
 pub mod escalation;
+pub mod grants;
 pub mod inbox;
 pub mod metrics;
 pub mod ops;

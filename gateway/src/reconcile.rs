@@ -307,6 +307,7 @@ pub async fn retention(gw: &Gateway, cursors: &Cursors) -> Result<usize, ApiErro
             break;
         }
     }
+    crate::grants::sweep(gw, cutoff).await?;
     if purged > 0 || skipped > 0 {
         tracing::info!(
             purged,

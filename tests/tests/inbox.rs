@@ -1189,3 +1189,73 @@ async fn claims_and_votes_show_and_work_on_the_card() {
         .await;
     browser.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn always_allow_makes_a_grant_that_the_inbox_lists_and_revokes() {
+    let fleet = Fleet::start("ibg", 1, 1).await;
+    let browser = Browser::start(
+        "always_allow_makes_a_grant_that_the_inbox_lists_and_revokes",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let first = fleet.submit("gated", "shout").await;
+            let rid = fleet.pending(first).await;
+            open_inbox(&browser, &fleet).await;
+            let c = card(&rid);
+            browser.find(&c).await;
+            // Approve with "always allow" for every run of the agent.
+            browser.click(&format!("{c} input[name=grant]")).await;
+            browser
+                .js(
+                    "const s = document.querySelector(arguments[0] + ' select[name=grant-scope]'); \
+                     s.value = 'agent'; s.dispatchEvent(new Event('change'));",
+                    vec![json!(c)],
+                )
+                .await;
+            browser.click(&format!("{c} [data-option-id=approve]")).await;
+            wait_outcome(&browser, &rid, "Answer sent").await;
+            fleet.wait_status(first, RunStatus::Completed).await;
+            let stored = fleet.store.load(first).await.expect("load");
+            assert_eq!(
+                answers(&stored)[0].data,
+                Some(json!({"grant": {"scope": "agent"}}))
+            );
+            // The grant is listed, with what it approves; the next run asks nothing.
+            let row = format!(r#"li.grant[data-grant-id="{rid}"]"#);
+            browser.find(&row).await;
+            let text = browser.text(&row).await.expect("row");
+            assert!(
+                text.contains("shout") && text.contains("text = \"hello\"") && text.contains("every run of gated"),
+                "{text}"
+            );
+            let second = fleet.submit("gated", "shout").await;
+            fleet.wait_status(second, RunStatus::Completed).await;
+            browser.click("#grants-refresh").await;
+            browser
+                .wait_for(
+                    "the use to show",
+                    "const r = document.querySelector(arguments[0]); return r && r.textContent.includes('1 use');",
+                    vec![json!(row)],
+                )
+                .await;
+            browser.snapshot("-grants").await;
+            // Revoke it from the page: it leaves the list, and the agent asks again.
+            browser.click(&format!("{row} button[data-grant-id]")).await;
+            browser
+                .wait_for(
+                    "the revoked grant to leave the list",
+                    "return document.querySelector(arguments[0]) === null;",
+                    vec![json!(row)],
+                )
+                .await;
+            let (_, all) = fleet.client.get("/v1/grants?state=all").await.expect("list");
+            assert_eq!(all["grants"][0]["state"], "REVOKED", "{all}");
+            let third = fleet.submit("gated", "shout").await;
+            let again = fleet.pending(third).await;
+            browser.find(&card(&again)).await;
+        })
+        .await;
+    browser.close().await;
+}

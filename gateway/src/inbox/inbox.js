@@ -447,6 +447,93 @@
    * One question as a card. `place` is 'inbox' or 'run'. Returns the card object: {q, node,
    * settled, ...}. The node carries `data-request-id`; option buttons `data-option-id`.
    */
+  /** "Always allow": an approval of a grantable tool may also approve later calls like it
+   * (`data.grant`, docs/inbox.md). Off unless ticked; the scope is this run or the agent. */
+  function makeGrantBox(q) {
+    const id = `grant-${q.request_id}`;
+    const box = el('input', { type: 'checkbox', id, name: 'grant' });
+    const scope = el('select', { id: `${id}-scope`, name: 'grant-scope', disabled: true, 'aria-label': 'Which runs' },
+      el('option', { value: 'run', text: 'in this run' }),
+      el('option', { value: 'agent', text: `in every run of ${q.agent}` }));
+    box.addEventListener('change', () => { scope.disabled = !box.checked; });
+    const node = el('div', { class: 'grant-box' },
+      el('label', { for: id, class: 'grant-label' }, box, ' Always allow: also approve later calls with these arguments '),
+      scope,
+      el('p', { class: 'hint', text: 'Sent only with an approval. Grants are listed under “Grants” below, where they can be revoked.' }));
+    return {
+      node,
+      read() { return box.checked ? { scope: scope.value } : null; },
+    };
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Grants: `GET /v1/grants` (active ones), each with a revoke button (`DELETE /v1/grants/<id>`)
+
+  function describeArgs(args) {
+    const parts = Object.entries(args || {}).map(([k, m]) => {
+      if (m === 'absent') return `${k} absent`;
+      if (m && typeof m === 'object' && 'exact' in m) return `${k} = ${JSON.stringify(m.exact)}`;
+      if (m && typeof m === 'object' && 'regex' in m) return `${k} ~ /${m.regex}/`;
+      return k;
+    });
+    return parts.length ? parts.join(', ') : 'any arguments';
+  }
+
+  function grantRow(g) {
+    const uses = g.max_uses ? `${g.uses} of ${g.max_uses} uses` : `${g.uses} use${g.uses === 1 ? '' : 's'}`;
+    const where = g.scope === 'agent' ? `every run of ${g.agent}` : `run ${shortId(g.run_id)}`;
+    const note = el('p', { class: 'grant-note', role: 'alert' });
+    const revoke = el('button', { type: 'button', class: 'btn btn-small btn-danger', dataset: { grantId: g.grant_id }, text: 'Revoke' });
+    const row = el('li', { class: 'grant', dataset: { grantId: g.grant_id } },
+      el('div', { class: 'grant-main' },
+        el('code', { class: 'chip', text: g.tool }),
+        el('span', { class: 'grant-args', text: describeArgs(g.args) })),
+      el('div', { class: 'grant-meta', text: `${where} · by ${g.created_by.id} (${g.created_by.via}) · ${uses}${g.expires_at ? ` · until ${clock(parseTime(g.expires_at))}` : ''}` }),
+      el('div', { class: 'actions' }, revoke),
+      note);
+    revoke.addEventListener('click', async () => {
+      revoke.disabled = true;
+      note.textContent = 'Revoking…';
+      try {
+        await api('DELETE', `/v1/grants/${encodeURIComponent(g.grant_id)}`);
+        toast(`Grant for ${g.tool} revoked: it approves nothing from now on.`);
+        loadGrants();
+      } catch (err) {
+        revoke.disabled = false;
+        note.textContent = err.status === 403 ? `Not allowed: ${err.message}` : `Not revoked: ${err.message}`;
+      }
+    });
+    return row;
+  }
+
+  /** The grant of an approval is made by the worker as it applies the answer: the list is
+   * read again until it shows up (for up to 20 s). */
+  function awaitGrant(rid, tries = 20) {
+    loadGrants().then((grants) => {
+      if (tries > 1 && !(grants || []).some((g) => g.grant_id === rid)) {
+        setTimeout(() => awaitGrant(rid, tries - 1), 1000);
+      }
+    });
+  }
+
+  async function loadGrants() {
+    const section = $('grants-view');
+    if (!section) return;
+    let list;
+    try {
+      list = await api('GET', '/v1/grants');
+    } catch (err) {
+      // Without the answer role there is nothing to show: the section stays hidden.
+      section.hidden = true;
+      return null;
+    }
+    const grants = list.grants || [];
+    section.hidden = false;
+    $('grants-empty').hidden = grants.length > 0;
+    $('grants').replaceChildren(...grants.map(grantRow));
+    return grants;
+  }
+
   function makeCard(q, place, onDone) {
     const card = { q, node: null, settled: false, busy: false, sent: false, addedAt: Date.now() };
     const rid = q.request_id;
@@ -498,6 +585,7 @@
 
     // A tool call: what would run, with its arguments (editable when approving allows it).
     let argsEditor = null;
+    let grantBox = null;
     if (q.type === 'TOOL_APPROVAL' && (c.tool || c.args !== undefined)) {
       const facts = el('dl', { class: 'tool-facts' });
       const fact = (k, v, cls) => {
@@ -507,6 +595,7 @@
       fact('Tool', c.tool ? el('code', { text: c.tool }) : null);
       fact('Command', c.command_line ? el('code', { class: 'wrap', text: c.command_line }) : null);
       fact('Risk', c.risk_level ? el('span', { class: `chip risk-${c.risk_level}`, text: c.risk_level }) : null);
+      fact('Policy', c.policy_rule ? `asked because of rule “${c.policy_rule}” (policy.yaml)` : null);
       body.push(facts);
       const argsId = `args-${rid}`;
       const shown = el('pre', { class: 'args', id: `${argsId}-view`, tabindex: '0', 'aria-label': 'Arguments' }, pretty(c.args ?? {}));
@@ -551,6 +640,8 @@
         };
       }
       body.push(argsBlock);
+      if (c.grantable === true && !c.may_have_run && !sensitive) grantBox = makeGrantBox(q);
+      if (grantBox) body.push(grantBox.node);
     }
 
     // Who holds a claim on it, where its votes stand, and a button to claim it or give it back:
@@ -732,7 +823,9 @@
           if (edited === null) return;
           if (edited !== undefined) answer.data = { args: edited };
         }
-        send(answer, fields);
+        const grant = grantBox && o.action === 'APPROVE_AND_EXECUTE' ? grantBox.read() : null;
+        if (grant) answer.data = { ...(answer.data || {}), grant };
+        send(answer, fields).then(() => { if (grant && card.sent) awaitGrant(rid); });
       };
 
       const openStep = (o, index) => {
@@ -1120,6 +1213,8 @@
     $('empty').hidden = true;
     loadPending().then(renderCount, showInboxError);
     openInboxStream();
+    $('grants-refresh').addEventListener('click', () => { loadGrants(); });
+    loadGrants();
   }
 
   // ---------------------------------------------------------------------------------------
@@ -1364,6 +1459,7 @@
       inbox.retry = 1000;
       loadPending().catch(showInboxError);
       openInboxStream();
+      loadGrants();
     }
   }
 

@@ -25,7 +25,10 @@ pub use delta_protocol::{
     Resolved, RunId, RunStatus, Tally, Timestamp, Via,
 };
 
+pub mod grants;
 pub mod openapi;
+
+pub use grants::{GrantList, GrantView, GrantsQuery};
 
 // ---------------------------------------------------------------------------------------------
 // Errors
@@ -492,6 +495,8 @@ pub struct AnswerBody {
     pub input: Option<String>,
     /// Must be an object, with `args` an object (edited arguments of the tool call being
     /// approved) and `tasks` a list (an edited plan) when present, else `422 invalid_args`.
+    /// With an approval of a tool call, `grant` (a `GrantRequest`) also approves later calls
+    /// like it (docs/protocol.md "Grants and policy").
     /// For a request with a `response_schema`: the typed answer itself, e.g.
     /// `{"email": "ada@example.com", "count": 3}`, checked against the schema (`422 invalid_data`
     /// naming the field).

@@ -16,6 +16,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder, Schema};
 use utoipa::{Modify, OpenApi};
 
+use crate::grants::{ArgMatch, Grant, GrantList, GrantRequest, GrantScope, GrantState, GrantView};
 use crate::{
     AnswerAccepted, AnswerBody, AnswerStatus, BotReply, CancelBody, CancelResult, ClaimBody,
     ClaimState, ClaimedResponder, DeadLetterDropped, DeadLetterPage, DeadLetterRetried,
@@ -209,6 +210,21 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
             NotRetryable,
             Unavailable,
         ],
+    ),
+    (
+        "listGrants",
+        ANSWER,
+        &[BadRequest, Unauthorized, Forbidden, NotFound, Unavailable],
+    ),
+    (
+        "getGrant",
+        ANSWER,
+        &[BadRequest, Unauthorized, Forbidden, NotFound, Unavailable],
+    ),
+    (
+        "revokeGrant",
+        ANSWER,
+        &[BadRequest, Unauthorized, Forbidden, NotFound, Unavailable],
     ),
     ("healthz", OPEN, &[]),
     ("readyz", OPEN, &[]),
@@ -480,6 +496,9 @@ impl Modify for Streams {
         paths::list_dead_letters,
         paths::drop_dead_letter,
         paths::retry_dead_letter,
+        crate::grants::paths::list_grants,
+        crate::grants::paths::get_grant,
+        crate::grants::paths::revoke_grant,
         paths::healthz,
         paths::readyz,
         paths::metrics,
@@ -499,6 +518,7 @@ impl Modify for Streams {
         Delegation, DelegationBody, DelegationPage,
         WorkerSeen, QueueStats, Health, HealthStatus, Reachability, Readiness,
         DeadLetterView, DeadLetterPage, DeadLetterRetried, RequeuedStatus, DeadLetterDropped, DroppedStatus,
+        GrantView, GrantList, Grant, GrantRequest, GrantScope, GrantState, ArgMatch,
     )),
     modifiers(&Contract, &Streams),
 )]

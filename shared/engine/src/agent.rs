@@ -199,6 +199,8 @@ pub struct Agent {
     pub tools: BTreeMap<String, Tool>,
     /// `script.yaml`, for the scripted brain.
     pub script: Option<Script>,
+    /// `policy.yaml`: rules that deny, allow or require approval of tool calls (none without it).
+    pub policy: crate::policy::Policy,
 }
 
 pub const DEFAULT_MAX_ITERATIONS: u32 = 30;
@@ -348,8 +350,10 @@ impl Agent {
         } else {
             None
         };
+        let policy = crate::policy::Policy::load(dir, &tools)?;
         let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
         Ok(Agent {
+            policy,
             dir,
             config,
             brain,

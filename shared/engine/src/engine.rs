@@ -27,6 +27,8 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::{ASK_HUMAN, Agent, BrainKind};
 use crate::brain::scripted::secret_ref;
 use crate::brain::{Brain, Decision, View, parse_tasks};
+use crate::grants;
+use crate::policy::Effect;
 use crate::script::AskHuman;
 use crate::tools::{self, Approval, Tool, ToolEnv};
 use delta_protocol::journal::{NextCall, Replay};
@@ -173,6 +175,11 @@ impl AnswerSchema {
         Some(AnswerSchema { tools })
     }
 
+    /// The parameters of `tool`, if the schema knows it.
+    pub(crate) fn params(&self, tool: &str) -> Option<&[tools::ParamSpec]> {
+        self.tools.get(tool).map(Vec::as_slice)
+    }
+
     /// The tools' names, for an approval's or a plan's context.
     fn names(&self) -> impl Iterator<Item = &str> {
         self.tools.keys().map(String::as_str)
@@ -209,6 +216,16 @@ pub fn check_answer(
     if pending.is_plan_confirmation() && accepted.action == OptionAction::RetryWithFeedback {
         check_plan_edit(schema, &accepted.response)?;
     }
+    // A grant asked for with an approval (`data.grant`): checked as the engine will build it.
+    let tool = pending.context.get("tool").and_then(Value::as_str);
+    let grantable = pending.context.get("grantable") == Some(&Value::Bool(true));
+    grants::grant_of(
+        pending,
+        tool.and_then(|t| schema.params(t)),
+        grantable,
+        &accepted,
+        now,
+    )?;
     Ok(accepted)
 }
 
@@ -496,12 +513,30 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         else {
             return Err(self.refusal_for(resp.request_id));
         };
-        check_answer(
+        let accepted = check_answer(
             pending,
             &AnswerSchema::of_tools(&self.agent.tools),
             resp,
             self.answered_at.unwrap_or_else(Timestamp::now),
-        )
+        )?;
+        // The question said the tool was grantable when it was asked; the agent may say
+        // otherwise now, and the agent as loaded decides.
+        let asks_grant = accepted
+            .response
+            .data
+            .as_ref()
+            .is_some_and(|d| d.get("grant").is_some());
+        let tool = pending.context.get("tool").and_then(Value::as_str);
+        if asks_grant
+            && let Some(t) = tool.and_then(|t| self.agent.tools.get(t))
+            && !grants::tool_takes_grants(t)
+        {
+            return Err(ResponseError::InvalidArgs(format!(
+                "data.grant: `{}` takes no grants (it is declared `grantable: false`, or its approvals are decided by a vote): each of its calls must be approved on its own",
+                t.name
+            )));
+        }
+        Ok(accepted)
     }
 
     /// Asks the brain for the next decision.
@@ -740,10 +775,22 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     self.result(&req.action_id, ActionStatus::Error, msg, None, 0);
                     return Ok(None);
                 }
-                if fresh && tool.needs_approval(&req.args) {
-                    let q = self.approval_request(&req, tool);
-                    self.push(Event::HumanInputRequest(Box::new(q.clone())));
-                    return self.pause(q).await;
+                if fresh {
+                    match self.gate(&req, tool).await? {
+                        Gate::Run => {}
+                        Gate::Deny(text) => {
+                            self.result(&req.action_id, ActionStatus::Rejected, text, None, 0);
+                            return Ok(None);
+                        }
+                        Gate::Ask(rule) => {
+                            let mut q = self.approval_request(&req, tool);
+                            if let Some(rule) = rule {
+                                q.context.insert("policy_rule".into(), json!(rule));
+                            }
+                            self.push(Event::HumanInputRequest(Box::new(q.clone())));
+                            return self.pause(q).await;
+                        }
+                    }
                 }
                 if !fresh && !tool.idempotent {
                     let q = self.may_have_run_request(&req, tool);
@@ -899,6 +946,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     .and_then(|d| d.get("args"))
                     .cloned()
                     .unwrap_or_else(|| req.args.clone());
+                self.create_grant(q, &a).await?;
                 return self.run_tool(req, &args).await;
             }
             OptionAction::ProvideInfo | OptionAction::ApproveAndExecute => {
@@ -955,6 +1003,175 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             }
         }
         Ok(None)
+    }
+
+    // -- policy and grants ---------------------------------------------------------------------
+
+    /// Decides how a new call of `tool` goes ahead: `policy.yaml` first (the first matching rule;
+    /// a deny always wins, before any grant), then, when the call needs approval (by its tool's
+    /// `approval:` or a `require_approval` rule), a live grant that matches it, else a person.
+    /// Every decision of a rule or a grant is journaled, naming it.
+    async fn gate(&mut self, req: &ActionRequest, tool: &Tool) -> Result<Gate, Error> {
+        let agent = self.agent;
+        let rule = agent.policy.decide(&req.tool, &req.args);
+        let note = |rule: &crate::policy::Rule, did: &str| {
+            format!(
+                "policy.yaml rule `{}` ({}) {did} call {} of `{}`",
+                rule.name,
+                rule.effect.as_str(),
+                req.action_id,
+                req.tool
+            )
+        };
+        let needs = match rule {
+            Some(r) if r.effect == Effect::Deny => {
+                self.push(Event::SystemMessage(SystemMessage {
+                    level: MessageLevel::Warn,
+                    content: note(r, "denied"),
+                }));
+                let why = r
+                    .reason
+                    .as_deref()
+                    .map(|w| format!(": {w}"))
+                    .unwrap_or_default();
+                return Ok(Gate::Deny(format!(
+                    "denied by policy rule `{}`{why}; this call is not allowed, do something else",
+                    r.name
+                )));
+            }
+            Some(r) if r.effect == Effect::Allow => {
+                self.push(Event::SystemMessage(SystemMessage {
+                    level: MessageLevel::Info,
+                    content: note(r, "allowed, without approval,"),
+                }));
+                return Ok(Gate::Run);
+            }
+            Some(r) => {
+                self.push(Event::SystemMessage(SystemMessage {
+                    level: MessageLevel::Info,
+                    content: note(r, "requires approval of"),
+                }));
+                true
+            }
+            None => tool.needs_approval(&req.args),
+        };
+        if !needs {
+            return Ok(Gate::Run);
+        }
+        if grants::tool_takes_grants(tool)
+            && let Some(g) = self.take_grant(req).await?
+        {
+            let uses = match g.max_uses {
+                Some(m) => format!("use {} of {m}", g.uses),
+                None => format!("use {}", g.uses),
+            };
+            self.push(Event::SystemMessage(SystemMessage {
+                level: MessageLevel::Info,
+                content: format!(
+                    "call {} of `{}` approved by grant {} (scope {}, created by {} via {} when approving request {} of run {}; {uses})",
+                    req.action_id,
+                    req.tool,
+                    g.grant_id,
+                    g.scope,
+                    who_of(&g.created_by),
+                    via_name(g.created_by.via),
+                    g.grant_id,
+                    g.run_id
+                ),
+            }));
+            return Ok(Gate::Run);
+        }
+        Ok(Gate::Ask(rule.map(|r| r.name.clone())))
+    }
+
+    /// Takes a use of a live grant that approves `req`, if there is one: the grant after the use.
+    /// The store re-checks the grant as it takes the use, so a grant revoked or used up since it
+    /// was listed approves nothing, and the next one is tried.
+    async fn take_grant(
+        &mut self,
+        req: &ActionRequest,
+    ) -> Result<Option<delta_protocol::grant::Grant>, Error> {
+        let run_id = self.record.run_id;
+        let now = Timestamp::now();
+        let candidates = self.store.grants(Some(&self.record.agent)).await?;
+        for g in candidates
+            .iter()
+            .filter(|g| g.live_at(run_id, now) && grants::matches(g, &req.tool, &req.args))
+        {
+            let taken = self
+                .store
+                .use_grant(&g.agent, g.grant_id, run_id, &req.action_id, now)
+                .await?;
+            if let Ok(used) = taken {
+                return Ok(Some(used));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Stores the grant an approval asked for (`data.grant`), once: its id is the request's, so
+    /// an answer applied again (a replay) finds it stored and journals nothing new. A grant the
+    /// agent as loaded now refuses (an answer journaled before the agent changed) is not made,
+    /// and the journal says why; the approval itself stands.
+    async fn create_grant(
+        &mut self,
+        q: &InteractionRequest,
+        a: &AcceptedAnswer,
+    ) -> Result<(), Error> {
+        let asked = a
+            .response
+            .data
+            .as_ref()
+            .is_some_and(|d| d.get("grant").is_some());
+        if !asked {
+            return Ok(());
+        }
+        let tool = q
+            .context
+            .get("tool")
+            .and_then(Value::as_str)
+            .and_then(|t| self.agent.tools.get(t));
+        let made = grants::grant_of(
+            q,
+            tool.map(|t| t.specs.as_slice()),
+            tool.is_some_and(grants::tool_takes_grants),
+            a,
+            Timestamp::now(),
+        );
+        let mark = format!("grant {} ", q.request_id);
+        let journaled = self
+            .journal
+            .iter()
+            .any(|e| matches!(&e.event, Event::SystemMessage(m) if m.content.starts_with(&mark)));
+        let content = match made {
+            Ok(None) => return Ok(()),
+            Ok(Some(g)) => {
+                self.store.put_grant(&g).await?;
+                format!(
+                    "grant {} created by {} via {}: scope {}, tool `{}`, {}{}{}",
+                    g.grant_id,
+                    who_of(&g.created_by),
+                    via_name(g.created_by.via),
+                    g.scope,
+                    g.tool,
+                    grants::describe_args(&g),
+                    g.expires_at
+                        .map(|t| format!(", until {t}"))
+                        .unwrap_or_default(),
+                    g.max_uses
+                        .map(|m| format!(", at most {m} use(s)"))
+                        .unwrap_or_default()
+                )
+            }
+            Err(why) => format!("grant {} not created: {why}", q.request_id),
+        };
+        if !journaled {
+            self.push(Event::SystemMessage(SystemMessage {
+                level: MessageLevel::Info,
+                content,
+            }));
+        }
+        Ok(())
     }
 
     /// Runs a tool call: checks its arguments, commits the journal, runs it, journals the result.
@@ -1277,6 +1494,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         q.approvals.clone_from(&tool.approvals);
         q.escalation.clone_from(&tool.escalation);
         self.tool_context(&mut q, req, tool);
+        // Whether an approval may come with `data.grant` (checked by the gateway before it
+        // accepts one).
+        q.context
+            .insert("grantable".into(), json!(grants::tool_takes_grants(tool)));
         self.with_timeout(&mut q, None, None);
         q
     }
@@ -1389,6 +1610,16 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     }
 }
 
+/// How a new tool call goes ahead ([`Engine::gate`]).
+enum Gate {
+    /// Run it now.
+    Run,
+    /// Do not run it: the observation says why (a policy rule denied it).
+    Deny(String),
+    /// Ask a person first; the policy rule that requires it, if one does.
+    Ask(Option<String>),
+}
+
 /// What [`Engine::receive`] got.
 enum Received {
     Answer(Box<AcceptedAnswer>),
@@ -1499,6 +1730,22 @@ fn outcome_of(end: &EngineEnd) -> Outcome {
             error: end.error.clone().unwrap_or_default(),
         },
     }
+}
+
+/// Who answered, for a journal note: `bob`, or `bob on behalf of alice` (a delegation).
+fn who_of(r: &Responder) -> String {
+    match &r.on_behalf_of {
+        Some(from) => format!("{} on behalf of {from}", r.id),
+        None => r.id.clone(),
+    }
+}
+
+/// A channel's name as the protocol writes it (`http`, `nats`, …).
+fn via_name(via: Via) -> String {
+    serde_json::to_value(via)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 /// A duration for humans: `850ms`, `3.2s`.

@@ -4,6 +4,8 @@
 //! - [`agent`]: loading and checking an agent directory (`config.yaml`, `script.yaml`).
 //! - [`tools`]: Delta Engine's tool forms, run as child processes with timeouts.
 //! - [`brain`]: the scripted and the OpenAI-compatible brains.
+//! - [`policy`], [`grants`]: `policy.yaml` rules and scoped grants, consulted before each tool
+//!   call that may need approval.
 //! - [`engine`]: the Thought-Action-Observation loop, resumable from its journal, and
 //!   [`engine::check_answer`], the one check of an answer that the gateway and the engine share.
 //!
@@ -14,6 +16,8 @@
 pub mod agent;
 pub mod brain;
 pub mod engine;
+pub mod grants;
+pub mod policy;
 pub mod resume;
 pub mod script;
 pub mod tools;

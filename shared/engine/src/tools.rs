@@ -193,6 +193,10 @@ pub struct ToolConfig {
     /// Safe to run again after a crash left its outcome unknown.
     #[serde(default)]
     pub idempotent: bool,
+    /// Whether an approval of a call may create a grant that approves later calls (default true);
+    /// `false`: every call that needs approval is asked about, and grants are refused.
+    #[serde(default = "yes")]
+    pub grantable: bool,
     #[serde(default)]
     pub timeout_s: Option<u64>,
     /// Bytes of stdout (and of stderr) kept in the observation (default 64 KiB).
@@ -304,6 +308,8 @@ pub struct Tool {
     /// `dangerous_if`, compiled: a call whose argument matches is dangerous.
     pub dangerous_if: Vec<(String, regex::Regex)>,
     pub idempotent: bool,
+    /// `grantable:` (default true): grants may approve its calls.
+    pub grantable: bool,
     pub timeout: Duration,
     pub max_output_bytes: usize,
     /// Host variables the tool may see besides [`BASE_ENV`] (`env:` in its declaration).
@@ -583,6 +589,7 @@ impl Tool {
             dangerous: c.dangerous,
             dangerous_if,
             idempotent: c.idempotent,
+            grantable: c.grantable,
             timeout: Duration::from_secs(c.timeout_s.unwrap_or(DEFAULT_TOOL_TIMEOUT_S)),
             max_output_bytes: c.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES),
             env: c.env.clone(),

@@ -4,6 +4,7 @@
 //! plus the validation rules every entry point applies to an interaction response (§3). No I/O,
 //! no async, so that the CLI, the worker, the gateway and the fuzzers all agree by construction.
 
+pub mod grant;
 pub mod human;
 pub mod journal;
 pub mod schema;

@@ -22,7 +22,10 @@ use delta_protocol::{
 
 pub mod contract;
 pub mod file;
+pub mod grants;
 pub mod redis;
+
+pub use grants::{GrantStore, Unusable};
 
 /// A run's record (`metadata.json` locally, a hash in Redis).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -208,8 +211,10 @@ pub enum Error {
     Buckets(String),
 }
 
-/// Durable runs and journals. Every call is atomic: either all of it is stored or none.
-pub trait RunStore: Send + Sync {
+/// Durable runs and journals. Every call is atomic: either all of it is stored or none. A run
+/// store keeps the grants of its runs' agents too ([`GrantStore`]): the engine reads them before a
+/// call that needs approval.
+pub trait RunStore: GrantStore + Send + Sync {
     /// Stores a new run record with an empty journal.
     fn create(&self, record: RunRecord) -> impl Future<Output = Result<(), Error>> + Send;
 

@@ -60,6 +60,7 @@ use redis::Script;
 pub mod access;
 pub use human::{ClaimMode, Claimed, Counted, Escalation};
 mod conn;
+mod grants;
 mod human;
 mod index;
 mod migrate;

@@ -1,0 +1,180 @@
+//! Scoped grants in the Redis store against a real redis-server (a Redis Cluster with
+//! `DELTA_TEST_CLUSTER=1`): the grant contract the file store passes too, as the workers' Redis
+//! user, and every key of an agent's grants in one cluster slot.
+
+use delta_e2e::RedisRole;
+use delta_e2e::servers::RedisServers;
+use delta_protocol::RequestId;
+use delta_store::GrantStore;
+use delta_store::grants::contract;
+use delta_store::redis::{Options, RedisRunStore};
+
+/// CRC16-CCITT (XMODEM), the checksum Redis Cluster takes of a key's hash tag.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The cluster slot of `key`, as `CLUSTER KEYSLOT` computes it.
+fn slot(key: &str) -> u16 {
+    let tagged = key.find('{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.find('}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key).as_bytes()) % 16384
+}
+
+#[tokio::test]
+async fn redis_store_passes_the_grant_contract_as_the_worker_user() {
+    let redis = RedisServers::start();
+    let options = Options {
+        cluster: redis.is_cluster(),
+        ..Options::default()
+    };
+    let store = RedisRunStore::connect_options(&redis.url_as(RedisRole::Worker), "gr", &options)
+        .await
+        .expect("connect as the worker");
+    let store = store
+        .with_durability(redis.durability())
+        .await
+        .expect("durability");
+    contract::run_all(&store).await;
+}
+
+#[tokio::test]
+async fn an_agents_grants_live_in_one_slot() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "gs")
+        .await
+        .expect("connect");
+    let agent = "deployer";
+    let ids: Vec<RequestId> = {
+        let mut ids = vec![];
+        for max in [None, Some(2)] {
+            let g = contract::sample(agent, max);
+            store.put_grant(&g).await.expect("put");
+            ids.push(g.grant_id);
+        }
+        ids
+    };
+    let now = delta_protocol::Timestamp::now();
+    store
+        .use_grant(agent, ids[1], delta_protocol::RunId::new(), "a1-1", now)
+        .await
+        .expect("use")
+        .expect("usable");
+    store
+        .revoke_grant(ids[0], "ops", now)
+        .await
+        .expect("revoke")
+        .expect("there");
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("gs:*")
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    let grant_keys: Vec<&String> = keys.iter().filter(|k| k.contains("{g:")).collect();
+    assert_eq!(
+        grant_keys.len(),
+        3,
+        "two grants and the agent's index: {keys:?}"
+    );
+    let slots: std::collections::BTreeSet<u16> = grant_keys.iter().map(|k| slot(k)).collect();
+    assert_eq!(slots.len(), 1, "one slot: {grant_keys:?}");
+    assert!(
+        keys.contains(&"gs:grant-agents".to_owned()),
+        "the id → agent map: {keys:?}"
+    );
+    let listed = store.grants(None).await.expect("list");
+    assert_eq!(listed.len(), 2);
+    assert!(listed[0].revoked_at.is_some());
+    assert_eq!(listed[1].uses, 1);
+}
+
+#[tokio::test]
+async fn retention_deletes_grants_that_ended_long_ago_and_those_of_deleted_runs() {
+    use delta_protocol::grant::GrantScope;
+    use delta_protocol::{RunId, RunStatus, Timestamp};
+    use delta_store::{RunRecord, RunStore};
+
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "gp")
+        .await
+        .expect("connect");
+    let now = Timestamp::now();
+    let long_ago = Timestamp::from_micros(now.micros() - 7_200_000_000).expect("t");
+    let cutoff = now.micros() - 3_600_000_000;
+    let agent = "keeper";
+    // Live, of scope agent: kept however old.
+    let live = contract::sample(agent, None);
+    // Revoked two hours ago: deleted. Revoked now: kept (within retention).
+    let revoked_old = contract::sample(agent, None);
+    let revoked_now = contract::sample(agent, None);
+    // Expired two hours ago: deleted.
+    let mut expired = contract::sample(agent, None);
+    expired.expires_at = Some(long_ago);
+    // Scope run: of a run that exists (kept), of one that does not (deleted).
+    let rec = RunRecord::new(RunId::new(), agent, "t", RunStatus::Running);
+    store.create(rec.clone()).await.expect("run");
+    let mut of_run = contract::sample(agent, None);
+    of_run.scope = GrantScope::Run;
+    of_run.run_id = rec.run_id;
+    let mut orphan = contract::sample(agent, None);
+    orphan.scope = GrantScope::Run;
+    for g in [
+        &live,
+        &revoked_old,
+        &revoked_now,
+        &expired,
+        &of_run,
+        &orphan,
+    ] {
+        store.put_grant(g).await.expect("put");
+    }
+    store
+        .revoke_grant(revoked_old.grant_id, "ops", long_ago)
+        .await
+        .expect("revoke")
+        .expect("there");
+    store
+        .revoke_grant(revoked_now.grant_id, "ops", now)
+        .await
+        .expect("revoke")
+        .expect("there");
+    assert_eq!(store.purge_grants(cutoff).await.expect("purge"), 3);
+    let mut kept: Vec<RequestId> = store
+        .grants(Some(agent))
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|g| g.grant_id)
+        .collect();
+    kept.sort();
+    let mut want = vec![live.grant_id, revoked_now.grant_id, of_run.grant_id];
+    want.sort();
+    assert_eq!(kept, want);
+    for g in [&revoked_old, &expired, &orphan] {
+        assert!(store.grant(g.grant_id).await.expect("get").is_none());
+    }
+    assert_eq!(
+        store.purge_grants(cutoff).await.expect("again"),
+        0,
+        "idempotent"
+    );
+}
