@@ -149,11 +149,7 @@ impl Config {
 /// Builds the config from flags and an environment map.
 pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, Vec<String>> {
     let mut s = Settings::parse(SETTINGS, args, env);
-    let nats_url = s.url("DELTA_NATS_URL", &["nats", "tls"]);
-    let redis_url = s.url("DELTA_REDIS_URL", &["redis", "rediss"]);
-    let nats_ca = s.optional_file("DELTA_NATS_CA_FILE", "CA certificates (PEM) of NATS");
-    let redis_ca = s.optional_file("DELTA_REDIS_CA_FILE", "CA certificates (PEM) of Redis");
-    let prefix = s.prefix("DELTA_KEY_PREFIX");
+    let servers = s.servers();
     let agents_dir = s.dir("DELTA_AGENTS_DIR", "agents");
     let (addr_text, from) = s.get("DELTA_GATEWAY_ADDR");
     let addr = match addr_text.parse::<SocketAddr>() {
@@ -206,34 +202,6 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         )),
     }
     let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
-    let replicas = s.number_at_most(
-        "DELTA_STREAM_REPLICAS",
-        1,
-        5,
-        "replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)",
-    );
-    // Unset: the count Redis holds, or for a new deployment 16 (one Redis) or 64 (a cluster).
-    let buckets = (!s.get("DELTA_REDIS_BUCKETS").0.trim().is_empty()).then(|| {
-        s.number_at_most(
-            "DELTA_REDIS_BUCKETS",
-            1,
-            u64::from(delta_store::redis::MAX_BUCKETS),
-            &format!(
-                "buckets: at most {} (a listing reads every bucket)",
-                delta_store::redis::MAX_BUCKETS
-            ),
-        )
-    });
-    let redis_cluster = s.switch("DELTA_REDIS_CLUSTER");
-    let durability = s.parsed(
-        "DELTA_REDIS_DURABILITY",
-        |text| match text {
-            // Unset: what keeps an acknowledged write through the loss of one server.
-            "" => Ok(Durability::default_for(redis_cluster)),
-            text => Durability::parse(text),
-        },
-        Durability::FsyncAlways,
-    );
     let max_body = s.number("DELTA_MAX_BODY_BYTES", 1024);
     let reconcile_ms = s.number("DELTA_RECONCILE_MS", 10);
     let resume_check = s.number("DELTA_RESUME_CHECK_S", 1);
@@ -255,19 +223,19 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     }
     s.finish()?;
     Ok(Config {
-        nats_url,
-        redis_url,
-        nats_ca,
-        redis_ca,
-        prefix,
+        nats_url: servers.nats_url,
+        redis_url: servers.redis_url,
+        nats_ca: servers.nats_ca,
+        redis_ca: servers.redis_ca,
+        prefix: servers.prefix,
         agents_dir,
         addr: addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080))),
         auth,
         secrets_key,
-        durability,
-        redis_cluster,
-        redis_buckets: buckets.map(|n| u32::try_from(n).unwrap_or(delta_store::redis::MAX_BUCKETS)),
-        stream_replicas: usize::try_from(replicas).unwrap_or(1),
+        durability: servers.durability,
+        redis_cluster: servers.redis_cluster,
+        redis_buckets: servers.redis_buckets,
+        stream_replicas: servers.stream_replicas,
         max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
         reconcile_every: Duration::from_millis(reconcile_ms),
         resume_check: Duration::from_secs(resume_check),

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use delta_host::settings::{Setting, Settings};
-use delta_store::redis::Durability;
 
 use crate::fleet::Config;
 use delta_queue as queue;
@@ -40,43 +39,11 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let ack_wait = s.seconds("DELTA_ACK_WAIT_S", 1.0);
     let max_deliver = s.number("DELTA_MAX_DELIVER", 1);
     let grace = s.seconds("DELTA_GRACE_S", 0.0);
-    let nats_url = s.url("DELTA_NATS_URL", &["nats", "tls"]);
-    let redis_url = s.url("DELTA_REDIS_URL", &["redis", "rediss"]);
-    let nats_ca = s.optional_file("DELTA_NATS_CA_FILE", "CA certificates (PEM) of NATS");
-    let redis_ca = s.optional_file("DELTA_REDIS_CA_FILE", "CA certificates (PEM) of Redis");
-    let prefix = s.prefix("DELTA_KEY_PREFIX");
+    let servers = s.servers();
     let agents_dir = s.dir("DELTA_AGENTS_DIR", "agents");
     let (work_dir, _) = s.get("DELTA_WORK_DIR");
     let (worker_id, _) = s.get("DELTA_WORKER_ID");
     let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
-    let replicas = s.number_at_most(
-        "DELTA_STREAM_REPLICAS",
-        1,
-        5,
-        "replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)",
-    );
-    // Unset: the count Redis holds, or for a new deployment 16 (one Redis) or 64 (a cluster).
-    let buckets = (!s.get("DELTA_REDIS_BUCKETS").0.trim().is_empty()).then(|| {
-        s.number_at_most(
-            "DELTA_REDIS_BUCKETS",
-            1,
-            u64::from(delta_store::redis::MAX_BUCKETS),
-            &format!(
-                "buckets: at most {} (a listing reads every bucket)",
-                delta_store::redis::MAX_BUCKETS
-            ),
-        )
-    });
-    let redis_cluster = s.switch("DELTA_REDIS_CLUSTER");
-    let durability = s.parsed(
-        "DELTA_REDIS_DURABILITY",
-        |text| match text {
-            // Unset: what keeps an acknowledged write through the loss of one server.
-            "" => Ok(Durability::default_for(redis_cluster)),
-            text => Durability::parse(text),
-        },
-        Durability::FsyncAlways,
-    );
     let retention = s.period("DELTA_RETENTION");
     let sweep_every = s.seconds("DELTA_WORK_SWEEP_S", 0.1);
     s.finish()?;
@@ -89,16 +56,16 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         worker_id
     };
     Ok(Config {
-        nats_url,
-        redis_url,
-        redis_ca,
-        prefix,
+        nats_url: servers.nats_url,
+        redis_url: servers.redis_url,
+        redis_ca: servers.redis_ca,
+        prefix: servers.prefix,
         agents_dir,
         work_dir: PathBuf::from(work_dir),
         concurrency: usize::try_from(concurrency).unwrap_or(usize::MAX),
         queue: queue::Settings {
-            ca_file: nats_ca,
-            replicas: usize::try_from(replicas).unwrap_or(1),
+            ca_file: servers.nats_ca,
+            replicas: servers.stream_replicas,
             ack_wait,
             max_deliver: i64::try_from(max_deliver).unwrap_or(i64::MAX),
             ..Default::default()
@@ -106,9 +73,9 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         worker_id,
         grace,
         secrets_key,
-        durability,
-        redis_cluster,
-        redis_buckets: buckets.map(|n| u32::try_from(n).unwrap_or(delta_store::redis::MAX_BUCKETS)),
+        durability: servers.durability,
+        redis_cluster: servers.redis_cluster,
+        redis_buckets: servers.redis_buckets,
         retention,
         sweep_every,
     })

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use delta_protocol::secret::SecretsKey;
+use delta_store::redis::{Durability, MAX_BUCKETS};
 
 /// One setting: its environment name, its flag (without `--`) and its default.
 pub type Setting = (&'static str, &'static str, &'static str);
@@ -296,6 +297,74 @@ mod tests {
         }
         for bad in ["", "d", "7w", "-1d", "seven days", "1e12d", "NaN", "inf"] {
             assert!(period(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+/// Where the fleet's servers are and how to use them: the settings the gateway and the workers
+/// share (`DELTA_NATS_URL`, `DELTA_REDIS_URL`, their CA files, `DELTA_KEY_PREFIX`,
+/// `DELTA_STREAM_REPLICAS`, `DELTA_REDIS_CLUSTER`, `DELTA_REDIS_BUCKETS`,
+/// `DELTA_REDIS_DURABILITY`), read the same way by both ([`Settings::servers`]).
+#[derive(Clone, Debug)]
+pub struct Servers {
+    pub nats_url: String,
+    pub redis_url: String,
+    pub nats_ca: Option<std::path::PathBuf>,
+    pub redis_ca: Option<std::path::PathBuf>,
+    pub prefix: String,
+    /// Copies JetStream keeps of each stream.
+    pub stream_replicas: usize,
+    /// `redis_url` lists seed nodes of a Redis Cluster.
+    pub redis_cluster: bool,
+    /// `None`: the count Redis holds (16 on one Redis, 64 on a cluster for a new deployment).
+    pub redis_buckets: Option<u32>,
+    pub durability: Durability,
+}
+
+impl Settings<'_> {
+    /// The server settings every program of the fleet reads ([`Servers`]); the table must name
+    /// each of them.
+    pub fn servers(&mut self) -> Servers {
+        let nats_url = self.url("DELTA_NATS_URL", &["nats", "tls"]);
+        let redis_url = self.url("DELTA_REDIS_URL", &["redis", "rediss"]);
+        let nats_ca = self.optional_file("DELTA_NATS_CA_FILE", "CA certificates (PEM) of NATS");
+        let redis_ca = self.optional_file("DELTA_REDIS_CA_FILE", "CA certificates (PEM) of Redis");
+        let prefix = self.prefix("DELTA_KEY_PREFIX");
+        let replicas = self.number_at_most(
+            "DELTA_STREAM_REPLICAS",
+            1,
+            5,
+            "replicas: JetStream keeps at most 5 copies of a stream (3 on a cluster of three)",
+        );
+        // Unset: the count Redis holds, or for a new deployment 16 (one Redis) or 64 (a cluster).
+        let buckets = (!self.get("DELTA_REDIS_BUCKETS").0.trim().is_empty()).then(|| {
+            self.number_at_most(
+                "DELTA_REDIS_BUCKETS",
+                1,
+                u64::from(MAX_BUCKETS),
+                &format!("buckets: at most {MAX_BUCKETS} (a listing reads every bucket)"),
+            )
+        });
+        let redis_cluster = self.switch("DELTA_REDIS_CLUSTER");
+        let durability = self.parsed(
+            "DELTA_REDIS_DURABILITY",
+            |text| match text {
+                // Unset: what keeps an acknowledged write through the loss of one server.
+                "" => Ok(Durability::default_for(redis_cluster)),
+                text => Durability::parse(text),
+            },
+            Durability::FsyncAlways,
+        );
+        Servers {
+            nats_url,
+            redis_url,
+            nats_ca,
+            redis_ca,
+            prefix,
+            stream_replicas: usize::try_from(replicas).unwrap_or(1),
+            redis_cluster,
+            redis_buckets: buckets.map(|n| u32::try_from(n).unwrap_or(MAX_BUCKETS)),
+            durability,
         }
     }
 }
