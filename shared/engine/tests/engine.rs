@@ -799,9 +799,11 @@ async fn a_huge_timeout_never_expires_and_the_journal_reads_back() {
 }
 
 /// The journal without what differs between an uninterrupted run and a resumed one: engine
-/// starts and non-terminal ends, system messages, times, durations and request ids.
+/// starts and non-terminal ends, system messages, times, durations, request ids and request
+/// hashes (which cover ids and times), each id and hash numbered by first appearance.
 fn semantic(journal: &[JournalEvent]) -> Vec<Value> {
     let mut ids = vec![];
+    let mut hashes = vec![];
     journal
         .iter()
         .filter(|e| match &e.event {
@@ -830,6 +832,17 @@ fn semantic(journal: &[JournalEvent]) -> Vec<Value> {
                     ids.len() - 1
                 });
                 p["request_id"] = json!(n);
+            }
+            if let Some(h) = p
+                .get("request_hash")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+            {
+                let n = hashes.iter().position(|i| i == &h).unwrap_or_else(|| {
+                    hashes.push(h.clone());
+                    hashes.len() - 1
+                });
+                p["request_hash"] = json!(n);
             }
             v
         })
