@@ -271,9 +271,8 @@ pub fn attributes(ix: &StoredInteraction, settled: Settled<'_>, now: Timestamp) 
             q.escalation.len() as i64,
         ));
     }
-    // `delta.grant.id` and `delta.policy.rule` (a standing grant or a policy rule that decided
-    // without a person) are documented for the engine's grants and policies; no gateway
-    // decision comes from them yet.
+    // A call a grant or a policy rule decides asks nobody: it has no `interaction` span; the
+    // worker records `delta.grant.id` / `delta.policy.rule` as an event (docs/operations.md).
     a
 }
 

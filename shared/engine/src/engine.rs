@@ -1023,6 +1023,15 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 req.tool
             )
         };
+        if let Some(r) = rule {
+            // No question is asked for what a rule decides: the trace says which rule did.
+            tracing::info!(
+                delta.policy.rule = %r.name,
+                delta.policy.effect = r.effect.as_str(),
+                action_id = %req.action_id,
+                "policy rule decided a call"
+            );
+        }
         let needs = match rule {
             Some(r) if r.effect == Effect::Deny => {
                 self.push(Event::SystemMessage(SystemMessage {
@@ -1065,6 +1074,11 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 Some(m) => format!("use {} of {m}", g.uses),
                 None => format!("use {}", g.uses),
             };
+            tracing::info!(
+                delta.grant.id = %g.grant_id,
+                action_id = %req.action_id,
+                "a grant approved a call"
+            );
             self.push(Event::SystemMessage(SystemMessage {
                 level: MessageLevel::Info,
                 content: format!(
