@@ -191,11 +191,16 @@ impl Auth {
 
     /// The groups the tokens file puts `name` in (none for an unknown name).
     pub fn groups_of(&self, name: &str) -> Vec<String> {
-        self.by_digest
+        // Every token of that name (a rotation keeps two): the same answer on every gateway.
+        let mut groups: Vec<String> = self
+            .by_digest
             .values()
-            .find(|i| i.name.as_deref() == Some(name))
-            .map(|i| i.groups.clone())
-            .unwrap_or_default()
+            .filter(|i| i.name.as_deref() == Some(name))
+            .flat_map(|i| i.groups.iter().cloned())
+            .collect();
+        groups.sort();
+        groups.dedup();
+        groups
     }
 
     /// The caller behind an `Authorization` header value, if it has `role`.

@@ -23,6 +23,9 @@ use crate::error::ApiError;
 /// The longest a delegation may last.
 const MAX_DAYS: i64 = 90;
 
+/// The most delegations one person's authority may have in force at once.
+const MAX_PER_PERSON: usize = 50;
+
 type Shared = State<Arc<Gateway>>;
 
 fn body<T: serde::de::DeserializeOwned>(
@@ -111,6 +114,20 @@ pub async fn create(
             "`reason` is longer than 500 characters",
         ));
     }
+    // One delegation per pair (a new one replaces it), and a bounded number per person: the
+    // answer path reads them.
+    let now_in_force = gw.store.delegations(now).await?;
+    let from_count = now_in_force.iter().filter(|d| d.from == from).count();
+    let replaced: Vec<&Delegation> = now_in_force
+        .iter()
+        .filter(|d| d.from == from && d.to == b.to)
+        .collect();
+    if replaced.is_empty() && from_count >= MAX_PER_PERSON {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgs,
+            format!("`{from}` has {MAX_PER_PERSON} delegations in force already: end one first"),
+        ));
+    }
     let d = Delegation {
         id: uuid::Uuid::now_v7().to_string(),
         from,
@@ -121,6 +138,9 @@ pub async fn create(
         reason: b.reason.filter(|r| !r.trim().is_empty()),
     };
     gw.store.put_delegation(&d).await?;
+    for old in replaced {
+        gw.store.delete_delegation(&old.id).await?;
+    }
     tracing::info!(id = %d.id, from = %d.from, to = %d.to, until = %d.until, "delegation made");
     Ok((StatusCode::CREATED, Json(d)).into_response())
 }

@@ -626,6 +626,14 @@ impl Gateway {
                 }
                 .into());
             }
+            Claimed::Voted => {
+                return Err(ApiError::new(
+                    ErrorCode::AlreadyVoted,
+                    format!(
+                        "`{who}` has voted on request {request_id}: a claim would only hold the others off"
+                    ),
+                ));
+            }
             Claimed::Settled(state) => {
                 return Err(ApiError::new(
                     ErrorCode::AlreadyResolved,

@@ -639,7 +639,8 @@ async fn a_storm_of_votes_and_claims_resumes_each_run_once() {
                 let code = code.rsplit(' ').next().unwrap_or("").to_owned();
                 let expected: &[&str] = match kind {
                     "vote" => &["already_voted", "already_resolved", "claimed"],
-                    _ => &["claimed", "already_resolved"],
+                    // A voter may not claim what they voted on.
+                    _ => &["claimed", "already_resolved", "already_voted"],
                 };
                 assert!(
                     expected.contains(&code.as_str()),
@@ -1015,5 +1016,82 @@ async fn a_delegation_lets_bob_answer_for_alice_but_never_approve_his_own_run() 
         (s, b["error"]["code"].as_str()),
         (403, Some("forbidden")),
         "{b}"
+    );
+}
+
+/// One person's authority counts once in a quorum, however many delegates use it: alice's two
+/// delegates cannot fill a 2-of-leads vote alone, nor can alice add her own vote to theirs; a
+/// voter cannot then claim the question to hold the others off.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_persons_authority_counts_once_in_a_quorum() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = tokens_file(
+        dir.path(),
+        &[
+            ("sub", &token("sub"), "submit", ""),
+            ("alice", &token("alice"), "answer", "leads"),
+            ("dave", &token("dave"), "answer", "leads"),
+            ("bob", &token("bob"), "answer", ""),
+            ("carol", &token("carol"), "answer", ""),
+        ],
+    );
+    let fleet = Fleet::start_with("hla", 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    fleet.add_agent("council", COUNCIL_CONFIG, COUNCIL_SCRIPT);
+    let who = |n: &str| fleet.client.with_token(Some(&token(n)));
+    let (sub, alice, dave, bob, carol) = (
+        who("sub"),
+        who("alice"),
+        who("dave"),
+        who("bob"),
+        who("carol"),
+    );
+    let until = delta_protocol::Timestamp::from_micros(
+        delta_protocol::Timestamp::now().micros() + 3_600_000_000,
+    )
+    .expect("time");
+    for to in ["bob", "carol"] {
+        let (s, b) = alice
+            .post("/v1/delegations", &json!({"to": to, "until": until}))
+            .await
+            .expect("delegate");
+        assert_eq!(s, 201, "{b}");
+    }
+    let run = submit(&sub, "council").await;
+    let rid = pending(&alice, run).await;
+    let path = format!("/v1/interactions/{rid}/response");
+    let approve = json!({"option_id": "approve"});
+    let (s, b) = bob.post(&path, &approve).await.expect("vote");
+    assert_eq!((s, &b["status"]), (200, &json!("counted")), "{b}");
+    for (name, client) in [("carol", &carol), ("alice", &alice)] {
+        let (s, b) = client.post(&path, &approve).await.expect("vote");
+        assert_eq!(
+            (s, b["error"]["code"].as_str()),
+            (409, Some("already_voted")),
+            "{name} would use alice's authority twice: {b}"
+        );
+    }
+    let (s, b) = bob
+        .post(&format!("/v1/interactions/{rid}/claim"), &json!({}))
+        .await
+        .expect("claim");
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (409, Some("already_voted")),
+        "{b}"
+    );
+    let (s, b) = dave.post(&path, &approve).await.expect("vote");
+    assert_eq!((s, &b["status"]), (200, &json!("accepted")), "{b}");
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    let cast: Vec<(String, Option<String>)> = votes(&stored)
+        .into_iter()
+        .map(|v| (v.responder.id, v.responder.on_behalf_of))
+        .collect();
+    assert_eq!(
+        cast,
+        [
+            ("bob".to_owned(), Some("alice".to_owned())),
+            ("dave".to_owned(), None)
+        ]
     );
 }

@@ -1392,6 +1392,23 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 q.allowed_responders.clone_from(agent_list);
             }
         }
+        // Escalation may add responders only within the agent's list too (a call could
+        // otherwise widen, a step later, what it may only narrow now).
+        if !agent_list.is_empty() {
+            for step in &mut q.escalation {
+                step.add_responders.retain(|r| agent_list.contains(r));
+            }
+        }
+        // Votes decide a question with `approvals`: its default may not approve (an escalation
+        // or the deadline would approve it with no vote at all).
+        if q.approvals.is_some()
+            && q.default_option_id
+                .as_deref()
+                .and_then(|d| q.option(d))
+                .is_some_and(|o| o.action == OptionAction::ApproveAndExecute)
+        {
+            q.default_option_id = None;
+        }
         let chosen = q.default_option_id.clone();
         for o in &mut q.options {
             o.is_default = chosen.as_deref() == Some(o.option_id.as_str());

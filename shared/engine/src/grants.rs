@@ -52,7 +52,13 @@ pub fn compile(pattern: &str) -> Result<Regex, String> {
 /// `grantable`, and its approvals are not decided by a vote of several people (`approvals.min`
 /// above 1), which a grant made by one voter would let later calls skip.
 pub fn tool_takes_grants(tool: &crate::tools::Tool) -> bool {
-    tool.grantable && tool.approvals.as_ref().is_none_or(|a| a.min <= 1)
+    // With `approvals`, a grant made by one voter would let later calls skip the vote, and one
+    // made by an approver would approve their own runs later (`exclude_requester`).
+    tool.grantable
+        && tool
+            .approvals
+            .as_ref()
+            .is_none_or(|a| a.min <= 1 && !a.exclude_requester)
 }
 
 /// A call's argument `name` in the text form the tool receives (`None`: not given).

@@ -125,6 +125,15 @@ impl AskHuman {
             if !(approves && other) {
                 return Err("`approvals` needs options to vote with: one whose action is APPROVE_AND_EXECUTE and one that is not".into());
             }
+            if let Some(d) = &self.default_option_id
+                && self.options.iter().any(|o| {
+                    &o.id == d && o.action == Some(delta_protocol::OptionAction::ApproveAndExecute)
+                })
+            {
+                return Err(format!(
+                    "`default_option_id: {d}` approves, but `approvals` says votes decide: a deadline or an escalation would approve it with no vote; choose a default that does not approve"
+                ));
+            }
         }
         if let Some(schema) = &self.response_schema {
             ResponseSchema::parse(schema).map_err(|e| e.to_string())?;

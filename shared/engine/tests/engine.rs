@@ -1683,3 +1683,38 @@ fn bad_approvals_and_escalation_are_refused_where_declared() {
         assert!(e.to_string().contains(says), "{says}: {e}");
     }
 }
+
+/// An `ask_human` call (a model's, say) may narrow who answers, never widen it: its escalation's
+/// `add_responders` are bounded by the agent's list like its `allowed_responders`; and a
+/// question votes decide takes no approving default (nor may a script declare one).
+#[tokio::test]
+async fn a_call_cannot_widen_who_answers_through_its_escalation() {
+    let config =
+        "name: t\nbrain: scripted\ninteraction_defaults:\n  allowed_responders: [alice, carol]\n";
+    let f = Fixture::with_config(
+        config,
+        "steps:\n  - ask_human:\n      prompt: \"Go?\"\n      allowed_responders: [alice]\n      escalation:\n        - {after: 1h, add_responders: [mallory, carol]}\n  - finish: done\n",
+    );
+    let id = f.start("go").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    assert_eq!(q.allowed_responders, ["alice"]);
+    assert_eq!(
+        q.escalation[0].add_responders,
+        ["carol"],
+        "mallory is not in the agent's list"
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("config.yaml"), "name: t\nbrain: scripted\n").expect("write");
+    std::fs::write(
+        dir.path().join("script.yaml"),
+        "steps:\n  - ask_human:\n      prompt: x\n      approvals: {min: 2}\n      default_option_id: yes\n      options:\n        - {id: yes, action: APPROVE_AND_EXECUTE}\n        - {id: no, action: REJECT_WITH_REASON}\n",
+    )
+    .expect("write");
+    let e = Agent::load(dir.path()).map(|_| ()).expect_err("refused");
+    assert!(
+        e.to_string()
+            .contains("approves, but `approvals` says votes decide"),
+        "{e}"
+    );
+}

@@ -376,13 +376,18 @@ return 'WON'
 "#;
 
 /// Opens an answered interaction again (its answer was refused by the engine): `PENDING`,
-/// answer removed, back in the pending and deadline indexes (and the escalation index, for the
+/// answer (and any votes) removed, back in the pending and deadline indexes (and the escalation index, for the
 /// reconciler to find its next step). KEYS: the interaction. ARGV: bucket tag, request id,
 /// request time (µs), deadline (µs or ''), resume member, `1` when it has an escalation.
 const REOPEN: &str = r#"
 if redis.call('HGET', KEYS[1], 'state') ~= 'ANSWERED' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'PENDING')
-redis.call('HDEL', KEYS[1], 'response', 'answered_at', 'resume_seq')
+redis.call('HDEL', KEYS[1], 'response', 'answered_at', 'resume_seq', 'approvals', 'rejections')
+-- A question decided by votes is voted on afresh: the decision was refused.
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local kind = string.match(f, '^(%a+):')
+  if kind == 'vote' or kind == 'votefp' or kind == 'auth' then redis.call('HDEL', KEYS[1], f) end
+end
 redis.call('ZADD', ARGV[1] .. ':interactions:pending', ARGV[3], ARGV[2])
 if ARGV[4] ~= '' then redis.call('ZADD', ARGV[1] .. ':interactions:deadlines', ARGV[4], ARGV[2]) end
 if ARGV[6] == '1' then redis.call('ZADD', ARGV[1] .. ':interactions:escalations', 0, ARGV[2]) end

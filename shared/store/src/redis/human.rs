@@ -24,7 +24,9 @@ use crate::Error;
 /// Counts a vote. KEYS: the question, the run, its journal. ARGV: voter, ballot (`approve` |
 /// `reject`), the vote's JSON, its fingerprint, the answer's JSON (applied if this vote decides),
 /// now, now (µs), min, veto (`1` or ``), bucket tag, request id, resume member, when to check
-/// the resume (µs), the journal event (its JSON after `{"seq":…,"timestamp":…,`).
+/// the resume (µs), the journal event (its JSON after `{"seq":…,"timestamp":…,`), whose
+/// authority the vote uses (the voter's own, or the delegator's: one vote per authority too, so
+/// delegates cannot fill a quorum with one person's authority).
 /// Returns `{outcome, a, b}`: `COUNTED`/`DECIDED` with the counts, `REPEAT` (this very vote
 /// again) or `VOTED` (another vote of this voter) with the state, `STATE` (not pending) with it,
 /// `CLAIMED` with who and until (µs).
@@ -36,13 +38,15 @@ if redis.call('HEXISTS', KEYS[1], 'vote:' .. voter) == 1 then
   if redis.call('HGET', KEYS[1], 'votefp:' .. voter) == ARGV[4] then return {'REPEAT', st, ''} end
   return {'VOTED', st, ''}
 end
+local authority = ARGV[15]
+if redis.call('HEXISTS', KEYS[1], 'auth:' .. authority) == 1 then return {'VOTED', st, ''} end
 if st ~= 'PENDING' then return {'STATE', st, ''} end
 local by = redis.call('HGET', KEYS[1], 'claim_by')
 local till = redis.call('HGET', KEYS[1], 'claim_until')
 if by and by ~= voter and tonumber(till or '0') > tonumber(ARGV[7]) then
   return {'CLAIMED', by, till}
 end
-redis.call('HSET', KEYS[1], 'vote:' .. voter, ARGV[3], 'votefp:' .. voter, ARGV[4])
+redis.call('HSET', KEYS[1], 'vote:' .. voter, ARGV[3], 'votefp:' .. voter, ARGV[4], 'auth:' .. authority, voter)
 -- The holder's vote ends their claim: they are done with it, and the others may vote.
 if by == voter then redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until') end
 local a = redis.call('HINCRBY', KEYS[1], 'approvals', ARGV[2] == 'approve' and 1 or 0)
@@ -80,6 +84,10 @@ if mode == 'break' then
   return {'OK', '', ''}
 end
 if held and by ~= ARGV[1] then return {'HELD', by, till} end
+if mode == 'take' and redis.call('HEXISTS', KEYS[1], 'vote:' .. ARGV[1]) == 1 then
+  -- A voter is done with it: a claim would only hold the others off.
+  return {'VOTED', '', ''}
+end
 if mode == 'take' then
   redis.call('HSET', KEYS[1], 'claim_by', ARGV[1], 'claim_until', ARGV[3])
   return {'OK', ARGV[1], ARGV[3]}
@@ -166,6 +174,8 @@ pub enum Claimed {
     Held(Claim),
     /// The question is no longer pending.
     Settled(InteractionState),
+    /// The claimant voted on it already: they may not hold the others off.
+    Voted,
 }
 
 /// What a claim call asks for.
@@ -236,7 +246,13 @@ impl RedisRunStore {
             .arg(&rid)
             .arg(format!("{run_id}/{rid}"))
             .arg(check_at)
-            .arg(tail);
+            .arg(tail)
+            .arg(
+                vote.responder
+                    .on_behalf_of
+                    .as_deref()
+                    .unwrap_or(&vote.responder.id),
+            );
         let (reply, replicated) = self
             .invoke_replicated::<(String, String, String)>(run_id, &inv)
             .await;
@@ -368,6 +384,7 @@ impl RedisRunStore {
                 .map(Claimed::Held)
                 .ok_or_else(|| Error::Corrupt(format!("request {request_id}: bad claim"))),
             "STATE" => Ok(Claimed::Settled(by.parse().map_err(Error::Corrupt)?)),
+            "VOTED" => Ok(Claimed::Voted),
             other => Err(Error::Corrupt(format!("claim: unexpected `{other}`"))),
         }
     }
