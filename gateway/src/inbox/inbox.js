@@ -1010,6 +1010,7 @@
     retry: 1000,
     timer: 0,
     attempt: 0, // each opening counts: a ticket that arrives for an older one is not used
+    listings: 0, // each listing counts: one that finishes after a newer one is dropped
   };
 
   function renderCount() {
@@ -1032,11 +1033,15 @@
     }
   }
 
-  function addCard(q, view) {
+  /**
+   * Shows question `q` (once). `view`, from a listing started at `listedAt`, brings its claim and
+   * votes, unless a live `updated` event newer than that listing already did.
+   */
+  function addCard(q, view, listedAt) {
     if (!q || !q.request_id) return;
     const shown = inbox.cards.get(q.request_id);
     if (shown && !shown.settled) {
-      if (view) shown.setHuman({ claim: view.claim, tally: view.tally });
+      if (view && !(shown.humanAt > listedAt)) shown.setHuman({ claim: view.claim, tally: view.tally });
       return;
     }
     if (shown) removeCard(q.request_id); // asked again after an answer the engine refused
@@ -1089,6 +1094,8 @@
 
   async function loadPending() {
     const started = Date.now();
+    // Two listings may overlap (a restart, then the stream's open): only the latest applies.
+    const generation = ++inbox.listings;
     const found = [];
     let cursor = null;
     let pages = 0;
@@ -1100,6 +1107,7 @@
       cursor = page.next_cursor;
       pages += 1;
     } while (cursor && pages < 50);
+    if (generation !== inbox.listings) return;
     tokenWorks();
     $('inbox-error').hidden = true;
     const ids = new Set(found.map((v) => v.request_id));
@@ -1108,7 +1116,7 @@
       if (!ids.has(rid) && !card.settled && card.addedAt < started) removeCard(rid);
     }
     for (const v of found) {
-      if (!inbox.gone.has(v.request_id) && v.request) addCard(v.request, v);
+      if (!inbox.gone.has(v.request_id) && v.request) addCard(v.request, v, started);
     }
     const old = Date.now() - 10 * 60 * 1000;
     for (const [rid, t] of inbox.gone) if (t < old) inbox.gone.delete(rid);
@@ -1194,6 +1202,7 @@
       const u = parseJson(e.data);
       const card = u && inbox.cards.get(u.request_id);
       if (!card || card.settled) return;
+      card.humanAt = Date.now();
       // This page holds the claim only until someone else's change says otherwise.
       if (u.change !== 'voted' && !(u.change === 'claimed' && u.by === card.claimedBy)) card.claimedHere = false;
       card.setHuman({ claim: u.claim, tally: u.tally });
