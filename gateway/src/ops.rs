@@ -346,15 +346,24 @@ impl Gateway {
             Some(schema) => check_answer(&ix.request, &schema, response.clone(), now)?,
             None => ix.request.validate(response.clone(), now)?,
         };
-        if response.responder.on_behalf_of.is_some()
-            && accepted.action == OptionAction::ApproveAndExecute
-        {
-            let record = self.store.record(run_id).await?;
+        // Who submitted the run, read once, when a rule needs it.
+        let delegated_approval = response.responder.on_behalf_of.is_some()
+            && accepted.action == OptionAction::ApproveAndExecute;
+        let excludes = ix
+            .request
+            .approvals
+            .as_ref()
+            .is_some_and(|a| a.exclude_requester);
+        let submitted_by = match delegated_approval || excludes {
+            true => self.store.record(run_id).await?.submitted_by,
+            false => None,
+        };
+        if delegated_approval {
             let own = [
                 Some(&response.responder.id),
                 response.responder.on_behalf_of.as_ref(),
             ];
-            if record.submitted_by.is_some() && own.contains(&record.submitted_by.as_ref()) {
+            if submitted_by.is_some() && own.contains(&submitted_by.as_ref()) {
                 return Err(ApiError::new(
                     ErrorCode::Forbidden,
                     "a delegation never lets anyone approve their own run: ask someone else to approve it",
@@ -370,6 +379,7 @@ impl Gateway {
                     response,
                     accepted,
                     &acting_groups,
+                    submitted_by.as_deref(),
                     now,
                     trace,
                 )
@@ -463,6 +473,7 @@ impl Gateway {
         response: InteractionResponse,
         accepted: AcceptedAnswer,
         groups: &[String],
+        submitted_by: Option<&str>,
         now: Timestamp,
         trace: &mut crate::trace::AnswerTrace,
     ) -> Result<Answered, ApiError> {
@@ -478,18 +489,14 @@ impl Gateway {
                 ),
             ));
         }
-        if approvals.exclude_requester {
-            let record = self.store.record(run_id).await?;
-            if record.submitted_by.is_some()
-                && [Some(who.as_str()), Some(acting_as)].contains(&record.submitted_by.as_deref())
-            {
-                return Err(ApiError::new(
-                    ErrorCode::Forbidden,
-                    format!(
-                        "`{who}` submitted this run: its approvals must come from other people"
-                    ),
-                ));
-            }
+        if approvals.exclude_requester
+            && submitted_by.is_some()
+            && [Some(who.as_str()), Some(acting_as)].contains(&submitted_by)
+        {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("`{who}` submitted this run: its approvals must come from other people"),
+            ));
         }
         if accepted.action == OptionAction::ApproveAndExecute
             && response

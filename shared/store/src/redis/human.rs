@@ -10,6 +10,7 @@
 //! in the same script: the run is waiting, no worker writes to it, and the resume its deciding
 //! vote queues comes after.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use delta_protocol::{
@@ -135,6 +136,24 @@ end
 return {'DONE', ''}
 "#;
 
+/// Schedules a question's next escalation look, only while it is pending (a settle racing it
+/// must not leave an entry behind). KEYS: the question, the escalation index. ARGV: when (µs),
+/// request id.
+const RESCHEDULE: &str = r#"
+if redis.call('HGET', KEYS[1], 'state') ~= 'PENDING' then
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  return 0
+end
+redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"#;
+
+/// The scripts, hashed once.
+static VOTE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(VOTE));
+static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM));
+static ESCALATE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ESCALATE));
+static RESCHEDULE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RESCHEDULE));
+
 /// What [`RedisRunStore::escalate`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Escalation {
@@ -226,8 +245,7 @@ impl RedisRunStore {
             vote.option_id,
             vote.feedback.as_deref().unwrap_or_default()
         );
-        let script = Script::new(VOTE);
-        let mut inv = script.key(self.interaction_key(run_id, &rid));
+        let mut inv = VOTE_SCRIPT.key(self.interaction_key(run_id, &rid));
         inv.key(self.run_key(run_id))
             .key(self.journal_key(run_id))
             .arg(&vote.responder.id)
@@ -302,8 +320,7 @@ impl RedisRunStore {
         let json = serde_json::to_string(&Event::Escalated(event.clone())).unwrap_or_default();
         let tail = json.strip_prefix('{').unwrap_or(&json).to_owned();
         let check_at = now.micros() + i64::try_from(check_after.as_micros()).unwrap_or(0);
-        let script = Script::new(ESCALATE);
-        let mut inv = script.key(self.interaction_key(run_id, &rid));
+        let mut inv = ESCALATE_SCRIPT.key(self.interaction_key(run_id, &rid));
         inv.key(self.run_key(run_id))
             .key(self.journal_key(run_id))
             .arg(n)
@@ -334,20 +351,22 @@ impl RedisRunStore {
         }
     }
 
-    /// Schedules the look at a question's next escalation step for `due`.
+    /// Schedules the look at a question's next escalation step for `due`, while it is pending.
     pub async fn reschedule_escalation(
         &self,
         run_id: RunId,
         request_id: delta_protocol::RequestId,
         due: Timestamp,
     ) -> Result<(), Error> {
-        let mut conn = self.connection();
-        redis::cmd("ZADD")
-            .arg(self.run_index(run_id, "interactions:escalations"))
+        let rid = request_id.to_string();
+        let mut inv = RESCHEDULE_SCRIPT.key(self.interaction_key(run_id, &rid));
+        inv.key(self.run_index(run_id, "interactions:escalations"))
             .arg(due.micros())
-            .arg(request_id.to_string())
-            .query_async::<()>(&mut conn)
+            .arg(&rid);
+        let mut conn = self.connection();
+        inv.invoke_async::<i64>(&mut conn)
             .await
+            .map(drop)
             .map_err(super::backend)
     }
 
@@ -368,8 +387,7 @@ impl RedisRunStore {
             ClaimMode::Release => ("release", 0),
             ClaimMode::Break => ("break", 0),
         };
-        let script = Script::new(CLAIM);
-        let mut inv = script.key(self.interaction_key(run_id, &request_id.to_string()));
+        let mut inv = CLAIM_SCRIPT.key(self.interaction_key(run_id, &request_id.to_string()));
         inv.arg(who).arg(name).arg(until).arg(now.micros());
         let (reply, replicated) = self
             .invoke_replicated::<(String, String, String)>(run_id, &inv)
