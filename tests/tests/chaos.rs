@@ -705,6 +705,20 @@ fn is_winner(a: &Answer, h: &delta_protocol::HumanInputReceived) -> bool {
     same_content(a, h) && via == h.responder.via
 }
 
+/// Waits (up to a minute) until `run` is `COMPLETED`.
+async fn wait_completed(store: &delta_store::redis::RedisRunStore, run: RunId) {
+    chaos::wait_until("the run to complete", Duration::from_secs(60), || {
+        let store = store.clone();
+        async move {
+            store
+                .load(run)
+                .await
+                .is_ok_and(|r| r.record.status == RunStatus::Completed)
+        }
+    })
+    .await;
+}
+
 /// A claim by `who` over `channel` on `rid`, given back at once when taken: what the claim call
 /// got.
 async fn claim_and_release(
@@ -911,17 +925,7 @@ async fn quorum_campaign(
                 .push(format!("run {run}: finishing vote by {who} got {other:?}")),
         }
     }
-    let store = fleet_store.clone();
-    chaos::wait_until("the run to complete", Duration::from_secs(60), || {
-        let store = store.clone();
-        async move {
-            store
-                .load(run)
-                .await
-                .is_ok_and(|r| r.record.status == RunStatus::Completed)
-        }
-    })
-    .await;
+    wait_completed(&fleet_store, run).await;
     let done = fleet_store.load(run).await.expect("load");
     let decided = delta_e2e::answers_of(&done);
     let starts = delta_e2e::workers_of(&done).len();
@@ -1037,17 +1041,7 @@ async fn campaign(
     };
     let outcomes: Vec<Result<Outcome, String>> =
         futures_util::future::join_all(race.iter().map(|a| ctx.send(a))).await;
-    let store = fleet_store.clone();
-    chaos::wait_until("the run to complete", Duration::from_secs(60), || {
-        let store = store.clone();
-        async move {
-            store
-                .load(run)
-                .await
-                .is_ok_and(|r| r.record.status == RunStatus::Completed)
-        }
-    })
-    .await;
+    wait_completed(&fleet_store, run).await;
     let done = fleet_store.load(run).await.expect("load");
     let received = delta_e2e::answers_of(&done);
     let starts = delta_e2e::workers_of(&done).len();

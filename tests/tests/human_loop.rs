@@ -31,6 +31,23 @@ fn token(name: &str) -> String {
     format!("{name}-token-0123456789abcdef")
 }
 
+/// A fleet (`gateways`, `workers`) whose gateways take the tokens `entries`; the tokens file's
+/// directory lives as long as the fleet.
+async fn fleet_with_tokens(
+    prefix: &str,
+    gateways: usize,
+    workers: usize,
+    entries: &[(&str, &str, &str, &str)],
+) -> (Fleet, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = tokens_file(dir.path(), entries);
+    let fleet = Fleet::start_with(prefix, gateways, workers, |s| {
+        s.tokens_file = Some(tokens.clone())
+    })
+    .await;
+    (fleet, dir)
+}
+
 /// A bot's claim over NATS request-reply: the reply JSON.
 async fn bot_claim(
     nc: &async_nats::Client,
@@ -87,17 +104,18 @@ const COUNCIL_SCRIPT: &str =
 /// NATS, resumes the run once; every vote is journaled with the request's hash.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_leads_approve_a_call_over_http_and_nats() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let tokens = tokens_file(
-        dir.path(),
+    let (fleet, _tokens) = fleet_with_tokens(
+        "hlq",
+        1,
+        1,
         &[
             ("sub", &token("sub"), "submit, answer", "leads"),
             ("alice", &token("alice"), "answer", "leads"),
             ("bob", &token("bob"), "answer", "leads, oncall"),
             ("carol", &token("carol"), "answer", "dev"),
         ],
-    );
-    let fleet = Fleet::start_with("hlq", 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    )
+    .await;
     fleet.add_agent("council", COUNCIL_CONFIG, COUNCIL_SCRIPT);
     let who = |n: &str| fleet.client.with_token(Some(&token(n)));
     let (sub, alice, bob, carol) = (who("sub"), who("alice"), who("bob"), who("carol"));
@@ -311,17 +329,18 @@ async fn one_rejection_decides_under_a_veto() {
 /// released, taken over NATS, broken by an operator; every change is announced.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claim_holds_others_off_on_every_channel() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let tokens = tokens_file(
-        dir.path(),
+    let (fleet, _tokens) = fleet_with_tokens(
+        "hlc",
+        1,
+        1,
         &[
             ("sub", &token("sub"), "submit", ""),
             ("alice", &token("alice"), "answer", ""),
             ("bob", &token("bob"), "answer", ""),
             ("ops", &token("ops"), "operate", ""),
         ],
-    );
-    let fleet = Fleet::start_with("hlc", 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    )
+    .await;
     let who = |n: &str| fleet.client.with_token(Some(&token(n)));
     let (sub, alice, bob, ops) = (who("sub"), who("alice"), who("bob"), who("ops"));
     let nc = fleet.nats().await;
@@ -735,16 +754,17 @@ async fn a_storm_of_votes_and_claims_resumes_each_run_once() {
 /// stream; the run resumes with the default when a worker is back.
 #[tokio::test(flavor = "multi_thread")]
 async fn escalation_steps_fire_on_time_with_every_worker_stopped() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let tokens = tokens_file(
-        dir.path(),
+    let (mut fleet, _tokens) = fleet_with_tokens(
+        "hle",
+        2,
+        1,
         &[
             ("sub", &token("sub"), "submit, answer", ""),
             ("alice", &token("alice"), "answer", ""),
             ("carol", &token("carol"), "answer", "oncall"),
         ],
-    );
-    let mut fleet = Fleet::start_with("hle", 2, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    )
+    .await;
     fleet.add_agent(
         "escalating",
         "name: escalating\nbrain: scripted\n",
@@ -873,16 +893,17 @@ async fn escalation_steps_fire_on_time_with_every_worker_stopped() {
 /// only alice (or an operator) may delegate alice's authority.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_delegation_lets_bob_answer_for_alice_but_never_approve_his_own_run() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let tokens = tokens_file(
-        dir.path(),
+    let (fleet, _tokens) = fleet_with_tokens(
+        "hld",
+        1,
+        1,
         &[
             ("alice", &token("alice"), "answer", "leads"),
             ("bob", &token("bob"), "submit, answer", ""),
             ("carol", &token("carol"), "submit", ""),
         ],
-    );
-    let fleet = Fleet::start_with("hld", 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    )
+    .await;
     fleet.add_agent(
         "budget",
         "name: budget\nbrain: scripted\n",
@@ -1024,9 +1045,10 @@ async fn a_delegation_lets_bob_answer_for_alice_but_never_approve_his_own_run() 
 /// voter cannot then claim the question to hold the others off.
 #[tokio::test(flavor = "multi_thread")]
 async fn one_persons_authority_counts_once_in_a_quorum() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let tokens = tokens_file(
-        dir.path(),
+    let (fleet, _tokens) = fleet_with_tokens(
+        "hla",
+        1,
+        1,
         &[
             ("sub", &token("sub"), "submit", ""),
             ("alice", &token("alice"), "answer", "leads"),
@@ -1034,8 +1056,8 @@ async fn one_persons_authority_counts_once_in_a_quorum() {
             ("bob", &token("bob"), "answer", ""),
             ("carol", &token("carol"), "answer", ""),
         ],
-    );
-    let fleet = Fleet::start_with("hla", 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    )
+    .await;
     fleet.add_agent("council", COUNCIL_CONFIG, COUNCIL_SCRIPT);
     let who = |n: &str| fleet.client.with_token(Some(&token(n)));
     let (sub, alice, dave, bob, carol) = (
