@@ -289,3 +289,30 @@ impl std::fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// CRC16-CCITT (XMODEM), the checksum Redis Cluster takes of a key's hash tag.
+pub fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The cluster slot of `key`, as `CLUSTER KEYSLOT` computes it: the CRC16 of the text between
+/// the first `{` and the next `}` when that is not empty, else of the whole key, mod 16384.
+pub fn cluster_slot(key: &str) -> u16 {
+    let tagged = key.find('{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.find('}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key).as_bytes()) % 16384
+}

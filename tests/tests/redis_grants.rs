@@ -9,31 +9,7 @@ use delta_store::GrantStore;
 use delta_store::grants::contract;
 use delta_store::redis::{Options, RedisRunStore};
 
-/// CRC16-CCITT (XMODEM), the checksum Redis Cluster takes of a key's hash tag.
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-/// The cluster slot of `key`, as `CLUSTER KEYSLOT` computes it.
-fn slot(key: &str) -> u16 {
-    let tagged = key.find('{').and_then(|open| {
-        let rest = &key[open + 1..];
-        let close = rest.find('}')?;
-        (close > 0).then(|| &rest[..close])
-    });
-    crc16(tagged.unwrap_or(key).as_bytes()) % 16384
-}
+use delta_e2e::cluster_slot as slot;
 
 #[tokio::test]
 async fn redis_store_passes_the_grant_contract_as_the_worker_user() {

@@ -377,13 +377,21 @@ impl RedisRunStore {
 
     /// Drops an escalation entry that needs no action (no longer pending, or no step left).
     pub async fn drop_escalation(&self, run_id: RunId, request_id: RequestId) -> Result<(), Error> {
+        self.drop_from_index(run_id, request_id, "interactions:escalations")
+            .await
+    }
+
+    /// Removes request `request_id` of `run_id` from its bucket's index `name`.
+    async fn drop_from_index(
+        &self,
+        run_id: RunId,
+        request_id: RequestId,
+        name: &str,
+    ) -> Result<(), Error> {
         let mut conn = self.connection();
-        conn.zrem::<_, _, ()>(
-            self.run_index(run_id, "interactions:escalations"),
-            request_id.to_string(),
-        )
-        .await
-        .map_err(backend)
+        conn.zrem::<_, _, ()>(self.run_index(run_id, name), request_id.to_string())
+            .await
+            .map_err(backend)
     }
 
     /// The interactions of the index `name` (scored by a time, members request ids) due at or
@@ -475,13 +483,8 @@ impl RedisRunStore {
 
     /// Drops a deadline that needs no action (its interaction is no longer pending).
     pub async fn drop_deadline(&self, run_id: RunId, request_id: RequestId) -> Result<(), Error> {
-        let mut conn = self.connection();
-        conn.zrem::<_, _, ()>(
-            self.run_index(run_id, "interactions:deadlines"),
-            request_id.to_string(),
-        )
-        .await
-        .map_err(backend)
+        self.drop_from_index(run_id, request_id, "interactions:deadlines")
+            .await
     }
 
     /// Answered interactions whose run has not resumed, due for a look at `now_us`.
