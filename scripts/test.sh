@@ -30,6 +30,9 @@ fi
 echo "== servers for the tests (redis-server, nats-server)"
 deploy/install-servers.sh
 
+echo "== Python libraries the tests check the channels with (standardwebhooks, cloudevents)"
+deploy/install-test-python.sh
+
 echo "== browser for the web inbox's tests (chromium, chromedriver)"
 deploy/install-browser.sh
 

@@ -150,6 +150,7 @@ fn via(r: &Responder) -> &'static str {
         delta_protocol::Via::File => "file",
         delta_protocol::Via::Stdin => "stdin",
         delta_protocol::Via::Timeout => "timeout",
+        delta_protocol::Via::Slack => "slack",
     }
 }
 

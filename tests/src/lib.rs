@@ -316,3 +316,30 @@ pub fn cluster_slot(key: &str) -> u16 {
     });
     crc16(tagged.unwrap_or(key).as_bytes()) % 16384
 }
+
+/// The Python with the independent libraries the tests check channels against (standardwebhooks,
+/// cloudevents, jsonschema), as `deploy/install-test-python.sh` installs it; the test fails with
+/// that command when it is missing.
+pub fn test_python() -> std::path::PathBuf {
+    let root = delta_launcher::repo_root().expect("the tests run inside the checkout");
+    let tools = std::env::var_os("DELTA_TOOLS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join(".tools"));
+    let python = tools.join("venv/bin/python");
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import standardwebhooks, cloudevents, jsonschema"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "{} lacks standardwebhooks, cloudevents or jsonschema: run {}",
+        python.display(),
+        root.join("deploy/install-test-python.sh").display()
+    );
+    python
+}
+
+/// The directory of the tests' Python scripts (`tests/py/`).
+pub fn python_scripts() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py")
+}

@@ -4,6 +4,7 @@
 //! plus the validation rules every entry point applies to an interaction response (§3). No I/O,
 //! no async, so that the CLI, the worker, the gateway and the fuzzers all agree by construction.
 
+pub mod events;
 pub mod grant;
 pub mod human;
 pub mod journal;
@@ -446,6 +447,8 @@ pub enum Via {
     File,
     Stdin,
     Timeout,
+    /// The Slack bridge (`delta slack`), for the person its user mapping names.
+    Slack,
 }
 
 /// What the journal keeps of an answer. Sensitive answers are redacted to `"***"` before they

@@ -114,6 +114,29 @@ impl Names {
     pub fn updated_subject(&self, agent: &str, run: &str) -> String {
         format!("{}.interactions.updated.{agent}.{run}", self.prefix)
     }
+    /// Where a run's end is announced (`run.completed|failed|cancelled`, a CloudEvent of
+    /// `RunEnded`): `<p>.runs.<completed|failed|cancelled>.<agent>.<run_id>`.
+    pub fn run_ended_subject(&self, status: &str, agent: &str, run: &str) -> String {
+        format!("{}.runs.{status}.{agent}.{run}", self.prefix)
+    }
+    /// The subject filter of the events of type `ty` for `agent` (`*`: every agent) in the
+    /// events stream. The three settled states of a question share `…interactions.resolved…`:
+    /// a consumer of one of them filters on the event's `type` too.
+    pub fn event_filter(&self, ty: delta_protocol::events::EventType, agent: &str) -> String {
+        use delta_protocol::events::EventType as T;
+        let p = &self.prefix;
+        match ty {
+            T::InteractionRequested => format!("{p}.interactions.requested.{agent}.*"),
+            T::InteractionAnswered | T::InteractionExpired | T::InteractionCancelled => {
+                format!("{p}.interactions.resolved.{agent}.*")
+            }
+            T::InteractionUpdated => format!("{p}.interactions.updated.{agent}.*"),
+            T::InteractionEscalated => format!("{p}.interactions.escalated.{agent}.*"),
+            T::RunCompleted => format!("{p}.runs.completed.{agent}.*"),
+            T::RunFailed => format!("{p}.runs.failed.{agent}.*"),
+            T::RunCancelled => format!("{p}.runs.cancelled.{agent}.*"),
+        }
+    }
     /// Where bots answer a request (core NATS request-reply).
     pub fn respond_subject(&self, request_id: &str) -> String {
         format!("{}.interactions.respond.{request_id}", self.prefix)
@@ -569,6 +592,7 @@ impl Queue {
                     format!("{p}.interactions.resolved.>"),
                     format!("{p}.interactions.updated.>"),
                     format!("{p}.interactions.escalated.>"),
+                    format!("{p}.runs.>"),
                 ],
                 retention: stream::RetentionPolicy::Limits,
                 storage: stream::StorageType::File,
