@@ -131,7 +131,7 @@ check_compose() {
 # The users' passwords come from the server's environment (deploy/nats/users.conf).
 check_nats() {
   DELTA_NATS_GATEWAY_PASSWORD=g DELTA_NATS_WORKER_PASSWORD=w DELTA_NATS_BOT_PASSWORD=b \
-    DELTA_NATS_ADMIN_PASSWORD=a "$VENV/bin/nats-server" -t -c "$1"
+    DELTA_NATS_ADMIN_PASSWORD=a DELTA_NATS_SLACK_PASSWORD=s "$VENV/bin/nats-server" -t -c "$1"
 }
 check_otel() { "$VENV/bin/python" -c "$CHECKS" otel "$1"; }
 

@@ -78,7 +78,7 @@ check_nats_values() { # DEPLOY
   "$VENV/bin/python" "$CHECKS" nats-values "$1/k8s/nats-values.yaml" "$1/nats/users.conf" \
     "$NATS_VERSION" "$conf" &&
     DELTA_NATS_GATEWAY_PASSWORD=g DELTA_NATS_WORKER_PASSWORD=w DELTA_NATS_BOT_PASSWORD=b \
-      DELTA_NATS_ADMIN_PASSWORD=a "$VENV/bin/nats-server" -t -c "$conf"
+      DELTA_NATS_ADMIN_PASSWORD=a DELTA_NATS_SLACK_PASSWORD=s "$VENV/bin/nats-server" -t -c "$conf"
 }
 check_redis_cluster() { # DEPLOY
   "$VENV/bin/python" "$CHECKS" redis-cluster-values "$1/k8s/redis-cluster/values.yaml" \

@@ -18,6 +18,7 @@ mod ops;
 mod render;
 mod run;
 mod show;
+mod slack;
 mod table;
 mod terminal;
 
@@ -59,6 +60,9 @@ enum Command {
     /// Move a fleet's Redis keys to the bucketed layout (docs/operations.md#redis-buckets):
     /// stop the fleet first; safe to run again.
     MigrateRedis(migrate::MigrateArgs),
+    /// The Slack bridge: posts questions to Slack, answers from its buttons and forms through
+    /// the gateway, keeps every message up to date (docs/slack.md).
+    Slack(slack::SlackArgs),
     #[command(flatten)]
     Ops(ops::Command),
 }
@@ -75,6 +79,7 @@ fn main() {
             Command::Dev(args) => dev::run(args, cancel).await,
             Command::Bench(cmd) => bench::run(cmd, cancel).await,
             Command::MigrateRedis(args) => migrate::run(args).await,
+            Command::Slack(args) => slack::run(args, cancel).await,
             Command::Ops(cmd) => ops::run(cmd, cancel).await,
         }
     });

@@ -13,6 +13,8 @@ use delta_protocol::schema::{Field, FieldKind, ResponseSchema, number_text};
 use serde_json::Value;
 
 /// How a prompt ended.
+// One value per question asked at a terminal: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Asked {
     Answer(InteractionResponse),
     /// stdin closed: nobody is there to answer.

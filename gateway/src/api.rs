@@ -19,9 +19,7 @@ use delta_api::{
     Reachability, Readiness, RequeuedStatus, Run, RunAccepted, RunDetail, RunPage, RunsQuery,
     StreamTarget, StreamTicket, Submission, WorkerSeen,
 };
-use delta_protocol::{
-    InteractionState, InteractionType, RequestId, RunId, RunStatus, Timestamp, Via,
-};
+use delta_protocol::{InteractionState, InteractionType, RequestId, RunId, RunStatus, Timestamp};
 use delta_store::redis::Page;
 
 use crate::Gateway;
@@ -176,6 +174,8 @@ pub fn caller(gw: &Gateway, headers: &HeaderMap, roles: &[Role]) -> Result<Ident
 
 const READ: &[Role] = &[Role::Submit, Role::Answer, Role::Operate];
 pub const ANSWERERS: &[Role] = &[Role::Answer, Role::Operate];
+/// Who may answer, vote or claim: answerers, and relays on a person's behalf.
+const ANSWERERS_OR_RELAYS: &[Role] = &[Role::Answer, Role::Operate, Role::Relay];
 
 /// A JSON body, parsed strictly: the path to a wrong field is named.
 fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
@@ -527,7 +527,8 @@ async fn get_interaction(
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<Json<InteractionView>, ApiError> {
-    caller(&gw, &headers, ANSWERERS)?;
+    // A relay (the Slack bridge) reads a question to show it and to know whether it is pending.
+    caller(&gw, &headers, ANSWERERS_OR_RELAYS)?;
     let rid = request_id(&raw)?;
     let (run, ix) = gw.find(rid).await?;
     Ok(Json(interaction_view(run, &ix)))
@@ -539,10 +540,10 @@ async fn respond(
     Path(raw): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AnswerAccepted>, ApiError> {
-    let who = caller(&gw, &headers, ANSWERERS)?;
+    let who = caller(&gw, &headers, ANSWERERS_OR_RELAYS)?;
     let rid = request_id(&raw)?;
     let answer: AnswerBody = body(bytes)?;
-    let responder = gw.responder(who.name.as_deref(), answer.responder.as_ref(), Via::Http)?;
+    let (who, responder) = gw.acting(who, answer.responder.as_ref())?;
     let answered = gw.answer(rid, answer, responder, who.groups()).await?;
     Ok(Json(AnswerAccepted {
         status: answered.status,
@@ -557,14 +558,14 @@ async fn claim(
     Path(raw): Path<String>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<ClaimState>, ApiError> {
-    let who = caller(&gw, &headers, ANSWERERS)?;
+    let who = caller(&gw, &headers, ANSWERERS_OR_RELAYS)?;
     let rid = request_id(&raw)?;
     // An empty body takes the claim for the default time.
     let body: ClaimBody = match &bytes {
         Ok(b) if b.is_empty() => ClaimBody::default(),
         _ => body(bytes)?,
     };
-    let responder = gw.responder(who.name.as_deref(), body.responder.as_ref(), Via::Http)?;
+    let (who, responder) = gw.acting(who, body.responder.as_ref())?;
     let operator = who.has(Role::Operate);
     Ok(Json(
         gw.claim(rid, body, responder, who.groups(), operator)

@@ -7,7 +7,7 @@
 //! ```yaml
 //! - name: alice            # the responder id journaled with her answers
 //!   token: "…"             # at least 16 characters
-//!   roles: [answer]        # submit, answer, operate
+//!   roles: [answer]        # submit, answer, operate, relay
 //!   groups: [leads, oncall] # optional: `group:leads` in allowed_responders or approvals.of
 //! ```
 //!
@@ -31,8 +31,12 @@ pub enum Role {
     Submit,
     /// Answer questions (and read them and their runs).
     Answer,
-    /// Everything: cancel runs, read the queue, and all of the above.
+    /// Everything: cancel runs, read the queue, and all of the above (but `relay`).
     Operate,
+    /// Answer, vote and claim on behalf of a person the tokens file names (`responder.id`), as
+    /// that person: their roles, groups and rules apply, and the journal records the relaying
+    /// token (`relayed_by`). For a bridge such as `delta slack`; never implied by `operate`.
+    Relay,
 }
 
 /// The caller, once authenticated. A stream ticket carries it (as JSON, in Redis) to whichever
@@ -51,7 +55,12 @@ pub struct Identity {
 
 impl Identity {
     pub fn has(&self, role: Role) -> bool {
-        self.roles.contains(&role) || self.roles.contains(&Role::Operate)
+        self.roles.contains(&role) || (role != Role::Relay && self.roles.contains(&Role::Operate))
+    }
+
+    /// Whether it may act on behalf of people of the tokens file ([`Role::Relay`]).
+    pub fn is_relay(&self) -> bool {
+        self.roles.contains(&Role::Relay)
     }
 
     /// The groups it is a member of.
@@ -132,7 +141,9 @@ impl Auth {
     /// Parses the tokens file's YAML.
     pub fn parse(text: &str) -> Result<Self, String> {
         let entries: Vec<TokenEntry> = serde_yaml_ng::from_str(text).map_err(|e| {
-            format!("not a list of {{name, token, roles: [submit|answer|operate], groups}}: {e}")
+            format!(
+                "not a list of {{name, token, roles: [submit|answer|operate|relay], groups}}: {e}"
+            )
         })?;
         if entries.is_empty() {
             return Err("no tokens: list at least one, or unset the tokens file to run without authentication".into());
@@ -187,6 +198,26 @@ impl Auth {
         self.by_digest
             .values()
             .any(|i| i.name.as_deref() == Some(name))
+    }
+
+    /// The person the tokens file names `name` (the roles and groups of all its tokens), for a
+    /// relay acting on their behalf; `None` for a name it does not know.
+    pub fn person(&self, name: &str) -> Option<Identity> {
+        let mut roles: Vec<Role> = self
+            .by_digest
+            .values()
+            .filter(|i| i.name.as_deref() == Some(name))
+            .flat_map(|i| i.roles.iter().copied())
+            .collect();
+        if roles.is_empty() {
+            return None;
+        }
+        roles.dedup();
+        Some(Identity {
+            name: Some(name.to_owned()),
+            roles,
+            groups: self.groups_of(name),
+        })
     }
 
     /// The groups the tokens file puts `name` in (none for an unknown name).
@@ -349,6 +380,25 @@ mod tests {
         assert!(
             same_bytes(b"abc", b"abc") && !same_bytes(b"abc", b"abd") && !same_bytes(b"ab", b"abc")
         );
+    }
+
+    #[test]
+    fn relay_is_never_implied_and_people_are_found_by_name() {
+        let auth = Auth::parse(&format!(
+            "{FILE}- name: slack\n  token: slack-token-0123456789\n  roles: [relay]\n"
+        ))
+        .expect("valid");
+        let ops = auth
+            .check(Some("Bearer ops-token-0123456789ab"), Role::Operate)
+            .expect("ops");
+        assert!(!ops.has(Role::Relay) && !ops.is_relay());
+        let slack = auth
+            .check_any(Some("Bearer slack-token-0123456789"), &[Role::Relay])
+            .expect("relay");
+        assert!(slack.is_relay() && !slack.has(Role::Answer));
+        let alice = auth.person("alice").expect("alice");
+        assert!(alice.has(Role::Answer) && !alice.is_relay());
+        assert!(auth.person("mallory").is_none());
     }
 
     #[test]

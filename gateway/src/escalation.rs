@@ -104,6 +104,7 @@ impl Gateway {
                             id: "timeout".into(),
                             via: Via::Timeout,
                             on_behalf_of: None,
+                            relayed_by: None,
                         },
                         resolved_at: Timestamp::now(),
                         state: InteractionState::Expired,

@@ -197,6 +197,8 @@ impl Gateway {
         let via = match (via, claimed.and_then(|c| c.via)) {
             (Via::Http, Some(Via::Cli)) => Via::Cli,
             (Via::Http, Some(Via::Http) | None) => Via::Http,
+            // Without authentication anyone may name anyone: the Slack bridge says it is Slack.
+            (Via::Http, Some(Via::Slack)) if !self.config.auth.is_on() => Via::Slack,
             (Via::Http, Some(other)) => {
                 return Err(ApiError::bad_request(format!(
                     "responder.via `{}` cannot be claimed over HTTP (use http or cli)",
@@ -234,6 +236,71 @@ impl Gateway {
             ));
         }
         Ok(Responder::new(id, via))
+    }
+
+    /// Who an answer or claim over HTTP acts as: the caller itself ([`Self::responder`]), or,
+    /// for a `relay` token naming someone else in `responder.id`, that person of the tokens
+    /// file, with their roles and groups, recorded `via` the relay's channel (`slack`) and
+    /// `relayed_by` the relay. A relay never acts as the fleet's own ids nor as a name the tokens
+    /// file does not know, nor for a person who may not answer.
+    pub fn acting(
+        &self,
+        who: crate::auth::Identity,
+        claimed: Option<&ClaimedResponder>,
+    ) -> Result<(crate::auth::Identity, Responder), ApiError> {
+        use crate::auth::Role;
+        let claimed_id = claimed
+            .and_then(|c| c.id.as_deref())
+            .map(str::trim)
+            .filter(|s| !s.is_empty());
+        let relaying = who.is_relay() && claimed_id.is_some_and(|c| Some(c) != who.name.as_deref());
+        if !relaying {
+            if !who.has(Role::Answer) {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    "a relay token acts only on behalf of a person: name them in `responder.id`",
+                ));
+            }
+            let responder = self.responder(who.name.as_deref(), claimed, Via::Http)?;
+            return Ok((who, responder));
+        }
+        let relay = who.name.clone().unwrap_or_default();
+        let id = claimed_id.unwrap_or_default();
+        if crate::auth::RESERVED_RESPONDERS.contains(&id.to_lowercase().as_str()) {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("`{id}` is the fleet's own responder id: no relay may act as it"),
+            ));
+        }
+        let Some(person) = self.config.auth.person(id) else {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "`{id}` is not a name of the tokens file: a relay acts only for people it names (check the bridge's user mapping)"
+                ),
+            ));
+        };
+        if !person.has(Role::Answer) {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("`{id}` may not answer (the tokens file gives them no answer role)"),
+            ));
+        }
+        let via = match claimed.and_then(|c| c.via) {
+            None | Some(Via::Slack) => Via::Slack,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "responder.via `{}` cannot be relayed (a relay answers via slack)",
+                    serde_json::to_value(other)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                )));
+            }
+        };
+        let mut responder = Responder::new(id, via);
+        responder.relayed_by = Some(relay);
+        Ok((person, responder))
     }
 
     /// Answers `request_id` (docs/protocol.md §3, docs/architecture.md "The walk of one run" step 5): validate, flip
@@ -848,6 +915,7 @@ impl Gateway {
                     id: "timeout".into(),
                     via: Via::Timeout,
                     on_behalf_of: None,
+                    relayed_by: None,
                 },
             ),
             _ => return None,
@@ -904,6 +972,7 @@ impl Gateway {
                 id: "timeout".into(),
                 via: Via::Timeout,
                 on_behalf_of: None,
+                relayed_by: None,
             },
             resolved_at: Timestamp::now(),
             state: InteractionState::Expired,
@@ -984,6 +1053,7 @@ impl Gateway {
                     id: by.to_owned(),
                     via: Via::Http,
                     on_behalf_of: None,
+                    relayed_by: None,
                 },
                 resolved_at: Timestamp::now(),
                 state: InteractionState::Cancelled,

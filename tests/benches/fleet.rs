@@ -239,6 +239,7 @@ async fn runs(
                             id: "bench".into(),
                             via: Via::Nats,
                             on_behalf_of: None,
+                            relayed_by: None,
                         },
                     );
                     a.input = Some("Bench".into());

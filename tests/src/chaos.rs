@@ -950,6 +950,7 @@ mod tests {
                 id: "human".into(),
                 via: delta_protocol::Via::Http,
                 on_behalf_of: None,
+                relayed_by: None,
             },
             input: Some("yes".into()),
             data: None,

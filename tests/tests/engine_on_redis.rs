@@ -47,6 +47,7 @@ async fn run_hello<S: RunStore>(
             id: "alice".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     answer.input = Some("Ada".into());

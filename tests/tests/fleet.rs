@@ -112,6 +112,7 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
             id: "alice".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     answer.input = Some("Ada".into());
@@ -286,6 +287,7 @@ async fn answer(
             id: "ops".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     a.option_id = option.map(str::to_owned);
@@ -360,6 +362,7 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
             id: "ops".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     refused.input = Some(CANARY.into());

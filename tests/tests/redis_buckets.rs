@@ -71,6 +71,7 @@ async fn lifecycle(store: &RedisRunStore, key: &str) -> (RunId, Vec<InteractionR
             id: "bob".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     a.input = Some("Ada".into());
@@ -388,6 +389,7 @@ async fn lookups_and_reconcilers(store: &RedisRunStore) {
             id: "bob".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     a.input = Some("x".into());
@@ -616,6 +618,7 @@ async fn migration_moves_the_layout_of_before_the_buckets() {
             id: "bob".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     a.input = Some("yes".into());

@@ -191,6 +191,7 @@ async fn a_sensitive_answer_is_sealed_whole_and_opens_only_with_the_key() {
             id: "ops".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     a.input = Some("canary-in".into());
@@ -352,6 +353,7 @@ async fn an_answer_that_only_looks_sealed_is_kept_as_the_text_it_is() {
                 id: "bob".into(),
                 via: Via::Http,
                 on_behalf_of: None,
+                relayed_by: None,
             },
         );
         a.input = Some(looks_sealed.into());
@@ -429,6 +431,7 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
             id: "bob".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     a.input = Some("Ada".into());

@@ -118,6 +118,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
             id: "alice".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     answer.input = Some("Ada".into());

@@ -1740,6 +1740,7 @@ pub fn timeout_answer(q: &InteractionRequest) -> Option<AcceptedAnswer> {
             id: "timeout".into(),
             via: Via::Timeout,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     resp.option_id = Some(option.option_id.clone());

@@ -143,6 +143,7 @@ fn answer(
             id: "tester".into(),
             via: Via::File,
             on_behalf_of: None,
+            relayed_by: None,
         },
         request_hash: None,
     }

@@ -695,6 +695,7 @@ fn answer(q: &InteractionRequest, option: &str, data: Option<Value>) -> Interact
             id: "a".into(),
             via: Via::Http,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     r.option_id = Some(option.into());

@@ -168,6 +168,7 @@ async fn the_openai_brain_drives_tools_and_questions_and_never_sees_secrets() {
             id: "t".into(),
             via: Via::Stdin,
             on_behalf_of: None,
+            relayed_by: None,
         },
         request_hash: None,
     };
@@ -292,6 +293,7 @@ fn ask(q: &InteractionRequest, option: &str, input: Option<&str>) -> Interaction
             id: "t".into(),
             via: Via::Stdin,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     a.option_id = Some(option.into());
@@ -497,6 +499,7 @@ async fn the_openai_brain_asks_for_a_typed_answer_and_gets_the_object() {
             id: "t".into(),
             via: Via::Stdin,
             on_behalf_of: None,
+            relayed_by: None,
         },
     );
     answer.data = Some(data.clone());

@@ -569,6 +569,7 @@ mod tests {
                 id: id.into(),
                 via: Via::Http,
                 on_behalf_of: None,
+                relayed_by: None,
             },
             ballot,
             option_id: "approve".into(),

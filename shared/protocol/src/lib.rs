@@ -424,6 +424,10 @@ pub struct Responder {
     /// recorded as "bob on behalf of alice".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_behalf_of: Option<String>,
+    /// The gateway token that relayed the answer for this person (a `relay` token, such as the
+    /// Slack bridge's), when the person did not call the gateway themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relayed_by: Option<String>,
 }
 
 impl Responder {
@@ -433,6 +437,7 @@ impl Responder {
             id: id.into(),
             via,
             on_behalf_of: None,
+            relayed_by: None,
         }
     }
 }
@@ -1368,6 +1373,7 @@ mod tests {
                 id: "alice".into(),
                 via: Via::Http,
                 on_behalf_of: None,
+                relayed_by: None,
             },
             request_hash: None,
         }
@@ -1425,6 +1431,7 @@ mod tests {
             id: "timeout".into(),
             via: Via::Timeout,
             on_behalf_of: None,
+            relayed_by: None,
         };
         assert!(req.validate(by_timeout, after).is_ok());
     }

@@ -14,6 +14,9 @@
 //! - A **bot** reads questions and what happens to them (live, or from the interactions stream
 //!   with a consumer of its own) and publishes answers and claims to the respond and claim
 //!   subjects, and nothing else.
+//! - The **slack** bridge (`delta slack`) reads the events stream through one durable consumer
+//!   of its own (`<p>-slack`) and keeps where it posted each question in a KV bucket of its own
+//!   (`<P>_SLACK`). It answers through the gateway's HTTP API, never on NATS.
 //! - The **admin** may do everything: operators' tools and the tests' own checks.
 //!
 //! The gateway and workers receive replies on an inbox of their own role
@@ -36,14 +39,16 @@ pub enum NatsRole {
     Worker,
     Bot,
     Admin,
+    Slack,
 }
 
 impl NatsRole {
-    pub const ALL: [NatsRole; 4] = [
+    pub const ALL: [NatsRole; 5] = [
         NatsRole::Gateway,
         NatsRole::Worker,
         NatsRole::Bot,
         NatsRole::Admin,
+        NatsRole::Slack,
     ];
 
     /// Its name in user names and inbox prefixes.
@@ -53,6 +58,7 @@ impl NatsRole {
             NatsRole::Worker => "worker",
             NatsRole::Bot => "bot",
             NatsRole::Admin => "admin",
+            NatsRole::Slack => "slack",
         }
     }
 }
@@ -217,6 +223,31 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
             (publish, subscribe, false)
         }
         NatsRole::Admin => (vec![">".to_owned()], vec![">".to_owned()], false),
+        NatsRole::Slack => {
+            // Its KV bucket `<P>_SLACK` is the stream `KV_<P>_SLACK`.
+            let (bucket, kv) = match scope {
+                Scope::Prefix(p) => {
+                    let b = format!("{}_SLACK", p.to_uppercase());
+                    (b.clone(), format!("KV_{b}"))
+                }
+                Scope::Any => ("*".to_owned(), "*".to_owned()),
+            };
+            let slack = scope.consumer("slack");
+            let mut publish = vec![
+                "$JS.API.INFO".to_owned(),
+                format!("$JS.API.STREAM.INFO.{interactions}"),
+            ];
+            publish.extend(durable(&interactions, &slack));
+            publish.extend(pull(&interactions, &slack));
+            publish.extend([
+                format!("$JS.API.STREAM.CREATE.{kv}"),
+                format!("$JS.API.STREAM.INFO.{kv}"),
+                format!("$JS.API.STREAM.MSG.GET.{kv}"),
+                format!("$JS.API.DIRECT.GET.{kv}.>"),
+                format!("$KV.{bucket}.>"),
+            ]);
+            (publish, vec![inbox(NatsRole::Slack)], false)
+        }
     };
     Permissions {
         publish: unique(publish),

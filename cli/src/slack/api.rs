@@ -1,0 +1,234 @@
+//! The Slack Web API calls the bridge makes, through slack-morphism's client on hyper with
+//! rustls on ring. Its rate control spaces calls by Slack's tiers and retries a `429` after the
+//! `Retry-After` it was given; its base URL is configurable so that tests reach a stand-in over
+//! plain `http://`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use slack_morphism::errors::SlackClientError;
+use slack_morphism::prelude::*;
+
+/// The message metadata's event type: every question the bridge posts carries its request id.
+pub const METADATA_EVENT: &str = "delta_question";
+
+/// Why a Slack call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Slack's {method} refused: {code}")]
+    Api { method: &'static str, code: String },
+    #[error("Slack's {method} failed: {what}")]
+    Failed { method: &'static str, what: String },
+}
+
+impl Error {
+    fn of(method: &'static str, e: SlackClientError) -> Self {
+        match e {
+            SlackClientError::ApiError(a) => Error::Api {
+                method,
+                code: a.code,
+            },
+            other => Error::Failed {
+                method,
+                what: other.to_string(),
+            },
+        }
+    }
+
+    /// Slack's error code, when Slack answered with one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::Api { code, .. } => Some(code),
+            Error::Failed { .. } => None,
+        }
+    }
+}
+
+type Connector = SlackClientHyperConnector<HttpsConnector<HttpConnector>>;
+
+/// A handle on the Web API with the bot's token.
+#[derive(Clone)]
+pub struct Slack {
+    client: Arc<SlackClient<Connector>>,
+    token: SlackApiToken,
+}
+
+/// A posted message: where it is.
+#[derive(Clone, Debug)]
+pub struct Posted {
+    pub channel: String,
+    pub ts: String,
+}
+
+impl Slack {
+    /// A client of `api_url` (`https://slack.com/api`, or a test's `http://…/api`).
+    pub fn new(api_url: &str, bot_token: &str) -> Result<Self, String> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let builder = hyper_rustls::HttpsConnectorBuilder::new();
+        let builder = match builder.with_native_roots() {
+            Ok(b) => b,
+            // No system roots (a bare container): only a plain-HTTP stand-in can be reached.
+            Err(_) => hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(
+                rustls::ClientConfig::builder()
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+            ),
+        };
+        let https = builder.https_or_http().enable_http1().build();
+        let rate = SlackApiRateControlConfig::new()
+            .with_max_retries(5)
+            .with_max_delay_timeout(Duration::from_secs(120));
+        let connector = SlackClientHyperConnector::with_connector(https)
+            .with_rate_control(rate)
+            .with_slack_api_url(api_url);
+        Ok(Self {
+            client: Arc::new(SlackClient::new(connector)),
+            token: SlackApiToken::new(SlackApiTokenValue::new(bot_token.to_owned())),
+        })
+    }
+
+    /// `chat.postMessage`: blocks, fallback text, the question's id as metadata, in a thread
+    /// when `thread_ts` is given.
+    pub async fn post(
+        &self,
+        channel: &str,
+        blocks: Vec<SlackBlock>,
+        text: String,
+        request_id: Option<&str>,
+        thread_ts: Option<&str>,
+    ) -> Result<Posted, Error> {
+        let mut content = SlackMessageContent::new().with_text(text);
+        if !blocks.is_empty() {
+            content = content.with_blocks(blocks);
+        }
+        if let Some(r) = request_id {
+            content = content.with_metadata(
+                SlackMessageMetadata::new(METADATA_EVENT.to_owned())
+                    .with_event_payload(HashMap::from([("request_id".to_owned(), r.to_owned())])),
+            );
+        }
+        let mut req =
+            SlackApiChatPostMessageRequest::new(SlackChannelId::new(channel.into()), content);
+        if let Some(t) = thread_ts {
+            req = req.with_thread_ts(SlackTs::new(t.to_owned()));
+        }
+        let session = self.client.open_session(&self.token);
+        let r = session
+            .chat_post_message(&req)
+            .await
+            .map_err(|e| Error::of("chat.postMessage", e))?;
+        Ok(Posted {
+            channel: r.channel.to_string(),
+            ts: r.ts.to_string(),
+        })
+    }
+
+    /// `chat.update` of a message the bridge posted.
+    pub async fn update(
+        &self,
+        channel: &str,
+        ts: &str,
+        blocks: Vec<SlackBlock>,
+        text: String,
+    ) -> Result<(), Error> {
+        let content = SlackMessageContent::new()
+            .with_text(text)
+            .with_blocks(blocks);
+        let req = SlackApiChatUpdateRequest::new(
+            SlackChannelId::new(channel.into()),
+            content,
+            SlackTs::new(ts.to_owned()),
+        );
+        let session = self.client.open_session(&self.token);
+        session
+            .chat_update(&req)
+            .await
+            .map_err(|e| Error::of("chat.update", e))?;
+        Ok(())
+    }
+
+    /// `chat.postEphemeral`: `text` shown to `user` only, in `channel`.
+    pub async fn ephemeral(&self, channel: &str, user: &str, text: &str) -> Result<(), Error> {
+        let req = SlackApiChatPostEphemeralRequest::new(
+            SlackChannelId::new(channel.into()),
+            SlackUserId::new(user.into()),
+            SlackMessageContent::new().with_text(text.to_owned()),
+        );
+        let session = self.client.open_session(&self.token);
+        session
+            .chat_post_ephemeral(&req)
+            .await
+            .map_err(|e| Error::of("chat.postEphemeral", e))?;
+        Ok(())
+    }
+
+    /// `views.open`: a modal for the click whose `trigger_id` is given.
+    pub async fn open_modal(&self, trigger_id: &str, view: SlackModalView) -> Result<(), Error> {
+        let req = SlackApiViewsOpenRequest::new(
+            SlackTriggerId::new(trigger_id.to_owned()),
+            SlackView::Modal(view),
+        );
+        let session = self.client.open_session(&self.token);
+        match session.views_open(&req).await {
+            Ok(_) => Ok(()),
+            // Slack answered `ok` with a view this client could not read: the modal is open.
+            Err(SlackClientError::ProtocolError(_)) => Ok(()),
+            Err(e) => Err(Error::of("views.open", e)),
+        }
+    }
+
+    /// `users.info`: the user's e-mail address, if the app may read it.
+    pub async fn email_of(&self, user: &str) -> Result<Option<String>, Error> {
+        let req = SlackApiUsersInfoRequest::new(SlackUserId::new(user.into()));
+        let session = self.client.open_session(&self.token);
+        let r = session
+            .users_info(&req)
+            .await
+            .map_err(|e| Error::of("users.info", e))?;
+        Ok(r.user.profile.and_then(|p| p.email).map(|e| e.to_string()))
+    }
+
+    /// `users.lookupByEmail`: the Slack user id of an address (`None`: no such user).
+    pub async fn user_by_email(&self, email: &str) -> Result<Option<String>, Error> {
+        let req = SlackApiUsersLookupByEmailRequest::new(EmailAddress::new(email.to_owned()));
+        let session = self.client.open_session(&self.token);
+        match session.users_lookup_by_email(&req).await {
+            Ok(r) => Ok(Some(r.user.id.to_string())),
+            Err(SlackClientError::ApiError(a)) if a.code == "users_not_found" => Ok(None),
+            Err(e) => Err(Error::of("users.lookupByEmail", e)),
+        }
+    }
+
+    /// `conversations.history` since `oldest` (Unix seconds): the message of `request_id` the
+    /// bridge posted there, if any (its metadata says so).
+    pub async fn find_posted(
+        &self,
+        channel: &str,
+        oldest: i64,
+        request_id: &str,
+    ) -> Result<Option<String>, Error> {
+        let req = SlackApiConversationsHistoryRequest::new()
+            .with_channel(SlackChannelId::new(channel.into()))
+            .with_oldest(SlackTs::new(format!("{oldest}.000000")))
+            .with_limit(200)
+            .with_include_all_metadata(true);
+        let session = self.client.open_session(&self.token);
+        let r = session
+            .conversations_history(&req)
+            .await
+            .map_err(|e| Error::of("conversations.history", e))?;
+        Ok(r.messages.into_iter().find_map(|m| {
+            let md = m.content.metadata?;
+            let ours = md.event_type == METADATA_EVENT
+                && md
+                    .event_payload
+                    .as_ref()
+                    .and_then(|p| p.get("request_id"))
+                    .is_some_and(|r| r == request_id);
+            ours.then(|| m.origin.ts.to_string())
+        }))
+    }
+}

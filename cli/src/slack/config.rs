@@ -1,0 +1,463 @@
+//! The bridge's configuration: a YAML file (strict: an unknown key is refused by name) for what
+//! is not secret, and the environment for what is (the bot token, the signing secret, the
+//! gateway token, NATS credentials). Every problem is reported at once.
+//!
+//! ```yaml
+//! gateway_url: http://127.0.0.1:8080
+//! nats: {url: "nats://127.0.0.1:4222", prefix: delta}
+//! listen: 0.0.0.0:3000            # POST /slack/interactivity
+//! inbox_url: https://delta.example.com/inbox
+//! slack_api_url: https://slack.com/api/   # the default
+//! routes:
+//!   - {agents: [deployer], channel: C0123DEPLOY, dm: true}
+//!   - {agents: ["*"], channel: C0456OTHERS}
+//! users:
+//!   by_id: {U012ALICE: alice}
+//!   by_email: {bob@example.com: bob}
+//!   file: users.yaml               # optional: more of the same two maps
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The environment variables the bridge reads.
+pub const ENV_BOT_TOKEN: &str = "SLACK_BOT_TOKEN";
+pub const ENV_SIGNING_SECRET: &str = "SLACK_SIGNING_SECRET";
+pub const ENV_GATEWAY_TOKEN: &str = "DELTA_TOKEN";
+pub const ENV_NATS_URL: &str = "DELTA_NATS_URL";
+
+/// The default Slack Web API.
+pub const SLACK_API_URL: &str = "https://slack.com/api/";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    gateway_url: String,
+    #[serde(default)]
+    gateway_ca: Option<PathBuf>,
+    nats: NatsFile,
+    listen: String,
+    #[serde(default)]
+    inbox_url: Option<String>,
+    #[serde(default)]
+    slack_api_url: Option<String>,
+    routes: Vec<RouteFile>,
+    #[serde(default)]
+    users: UsersFile,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NatsFile {
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
+    #[serde(default)]
+    prefix: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteFile {
+    agents: Vec<String>,
+    #[serde(default)]
+    channel: Option<String>,
+    #[serde(default)]
+    dm: bool,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsersFile {
+    #[serde(default)]
+    file: Option<PathBuf>,
+    #[serde(default)]
+    by_id: BTreeMap<String, String>,
+    #[serde(default)]
+    by_email: BTreeMap<String, String>,
+}
+
+/// A user mapping file: the same two maps as the `users` section.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MappingFile {
+    #[serde(default)]
+    by_id: BTreeMap<String, String>,
+    #[serde(default)]
+    by_email: BTreeMap<String, String>,
+}
+
+/// Where one agent's questions go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// Agent names; `*` matches every agent, `name*` every agent whose name starts so.
+    pub agents: Vec<String>,
+    /// The channel id (`C…`) to post in, if any.
+    pub channel: Option<String>,
+    /// Also send the question to each person its `allowed_responders` names, in a DM.
+    pub dm: bool,
+}
+
+impl Route {
+    fn matches(&self, agent: &str) -> bool {
+        self.agents.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => agent.starts_with(prefix),
+            None => p == agent,
+        })
+    }
+}
+
+/// Slack users → responder identities (names of the gateway's tokens file).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Users {
+    pub by_id: HashMap<String, String>,
+    /// Keys in lower case.
+    pub by_email: HashMap<String, String>,
+}
+
+/// Everything the bridge runs with.
+#[derive(Clone)]
+pub struct Config {
+    pub gateway_url: String,
+    pub gateway_ca: Option<PathBuf>,
+    /// From `DELTA_NATS_URL` (which may carry `user:password@`), else the file's `nats.url`.
+    pub nats_url: String,
+    pub nats_ca: Option<PathBuf>,
+    pub prefix: String,
+    pub listen: SocketAddr,
+    pub inbox_url: Option<String>,
+    /// Without a trailing `/` (how the Slack client joins method names).
+    pub slack_api_url: String,
+    pub routes: Vec<Route>,
+    pub users: Users,
+    pub bot_token: String,
+    pub signing_secret: String,
+    /// The gateway token (a `relay` token when the gateway has a tokens file).
+    pub gateway_token: Option<String>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("gateway_url", &self.gateway_url)
+            .field("prefix", &self.prefix)
+            .field("listen", &self.listen)
+            .field("routes", &self.routes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Config {
+    /// The route of `agent`: the first that matches.
+    pub fn route(&self, agent: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| r.matches(agent))
+    }
+
+    /// Reads the file at `path` and the environment `env`; every problem, each naming what to fix.
+    pub fn load(path: &Path, env: &HashMap<String, String>) -> Result<Config, Vec<String>> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            vec![format!(
+                "{}: cannot read the Slack bridge's config file: {e}",
+                path.display()
+            )]
+        })?;
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        Self::parse(&text, base, env).map_err(|errors| {
+            errors
+                .into_iter()
+                .map(|e| format!("{}: {e}", path.display()))
+                .collect()
+        })
+    }
+
+    /// Parses the file's text; relative paths in it are below `base`.
+    pub fn parse(
+        text: &str,
+        base: &Path,
+        env: &HashMap<String, String>,
+    ) -> Result<Config, Vec<String>> {
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        let file: FileConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let at = e.path().to_string();
+            let at = if at == "." {
+                String::new()
+            } else {
+                format!("{at}: ")
+            };
+            vec![format!("{at}{}", e.inner())]
+        })?;
+        let mut errors = vec![];
+        let secret = |name: &str, errors: &mut Vec<String>, what: &str| match env
+            .get(name)
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+        {
+            Some(v) => v.to_owned(),
+            None => {
+                errors.push(format!("{name} is not set: {what}"));
+                String::new()
+            }
+        };
+        let bot_token = secret(
+            ENV_BOT_TOKEN,
+            &mut errors,
+            "the app's Bot User OAuth Token (xoxb-…, under OAuth & Permissions)",
+        );
+        let signing_secret = secret(
+            ENV_SIGNING_SECRET,
+            &mut errors,
+            "the app's Signing Secret (under Basic Information › App Credentials)",
+        );
+        let gateway_token = env
+            .get(ENV_GATEWAY_TOKEN)
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty());
+        if !file.gateway_url.starts_with("http://") && !file.gateway_url.starts_with("https://") {
+            errors.push(format!(
+                "gateway_url `{}` must start with http:// or https://",
+                file.gateway_url
+            ));
+        }
+        if let Some(u) = &file.nats.url
+            && u.contains('@')
+        {
+            errors.push(
+                "nats.url carries credentials: put them in DELTA_NATS_URL (the environment), never in the file"
+                    .into(),
+            );
+        }
+        let nats_url = match (
+            env.get(ENV_NATS_URL).filter(|s| !s.trim().is_empty()),
+            &file.nats.url,
+        ) {
+            (Some(u), _) => u.trim().to_owned(),
+            (None, Some(u)) => u.clone(),
+            (None, None) => {
+                errors.push("nats.url is missing (or set DELTA_NATS_URL)".into());
+                String::new()
+            }
+        };
+        if !nats_url.is_empty()
+            && !nats_url
+                .split(',')
+                .all(|u| u.trim().starts_with("nats://") || u.trim().starts_with("tls://"))
+        {
+            errors.push("the NATS URL must start with nats:// or tls://".into());
+        }
+        let prefix = env
+            .get("DELTA_KEY_PREFIX")
+            .cloned()
+            .or(file.nats.prefix.clone())
+            .unwrap_or_else(|| "delta".to_owned());
+        let prefix_ok = !prefix.is_empty()
+            && prefix.len() <= 32
+            && prefix
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !prefix_ok {
+            errors.push(format!(
+                "nats.prefix `{prefix}` must be 1 to 32 lower-case letters, digits or `_`"
+            ));
+        }
+        let listen = file.listen.parse::<SocketAddr>().unwrap_or_else(|_| {
+            errors.push(format!(
+                "listen `{}` is not an address and port (e.g. 0.0.0.0:3000)",
+                file.listen
+            ));
+            SocketAddr::from(([127, 0, 0, 1], 0))
+        });
+        let slack_api_url = file
+            .slack_api_url
+            .unwrap_or_else(|| SLACK_API_URL.to_owned());
+        if !slack_api_url.starts_with("https://") && !slack_api_url.starts_with("http://") {
+            errors.push(format!(
+                "slack_api_url `{slack_api_url}` must start with https:// (or http:// for a test's stand-in)"
+            ));
+        }
+        if let Some(u) = &file.inbox_url
+            && !u.starts_with("https://")
+            && !u.starts_with("http://")
+        {
+            errors.push(format!(
+                "inbox_url `{u}` must start with https:// or http://"
+            ));
+        }
+        if file.routes.is_empty() {
+            errors.push(
+                "routes is empty: add at least one, e.g. `- {agents: [\"*\"], channel: C0123ABC}`"
+                    .into(),
+            );
+        }
+        let mut routes = vec![];
+        for (i, r) in file.routes.into_iter().enumerate() {
+            if r.agents.is_empty() || r.agents.iter().any(|a| a.trim().is_empty()) {
+                errors.push(format!("routes[{i}].agents must list agent names (or `*`)"));
+            }
+            if r.channel.is_none() && !r.dm {
+                errors.push(format!(
+                    "routes[{i}] has neither a channel nor `dm: true`: its questions would go nowhere"
+                ));
+            }
+            if let Some(c) = &r.channel
+                && (c.trim().is_empty() || c.starts_with('#'))
+            {
+                errors.push(format!(
+                    "routes[{i}].channel `{c}` must be a channel id (C…, in the channel's details), not a name"
+                ));
+            }
+            routes.push(Route {
+                agents: r.agents,
+                channel: r.channel,
+                dm: r.dm,
+            });
+        }
+        let mut users = Users::default();
+        let mut add = |by_id: BTreeMap<String, String>,
+                       by_email: BTreeMap<String, String>,
+                       errors: &mut Vec<String>| {
+            for (k, v) in by_id {
+                if v.trim().is_empty() {
+                    errors.push(format!("users.by_id `{k}` maps to an empty identity"));
+                }
+                users.by_id.insert(k, v);
+            }
+            for (k, v) in by_email {
+                if !k.contains('@') {
+                    errors.push(format!("users.by_email `{k}` is not an e-mail address"));
+                }
+                if v.trim().is_empty() {
+                    errors.push(format!("users.by_email `{k}` maps to an empty identity"));
+                }
+                users.by_email.insert(k.to_lowercase(), v);
+            }
+        };
+        if let Some(f) = &file.users.file {
+            let path = base.join(f);
+            match std::fs::read_to_string(&path) {
+                Err(e) => errors.push(format!(
+                    "users.file {}: cannot read it: {e}",
+                    path.display()
+                )),
+                Ok(text) => {
+                    let de = serde_yaml_ng::Deserializer::from_str(&text);
+                    match serde_path_to_error::deserialize::<_, MappingFile>(de) {
+                        Ok(m) => add(m.by_id, m.by_email, &mut errors),
+                        Err(e) => errors.push(format!(
+                            "users.file {}: {}: {}",
+                            path.display(),
+                            e.path(),
+                            e.inner()
+                        )),
+                    }
+                }
+            }
+        }
+        add(file.users.by_id, file.users.by_email, &mut errors);
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(Config {
+            gateway_url: file.gateway_url,
+            gateway_ca: file.gateway_ca.map(|p| base.join(p)),
+            nats_url,
+            nats_ca: file.nats.ca_file.map(|p| base.join(p)),
+            prefix,
+            listen,
+            inbox_url: file.inbox_url,
+            slack_api_url: slack_api_url.trim_end_matches('/').to_owned(),
+            routes,
+            users,
+            bot_token,
+            signing_secret,
+            gateway_token,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env() -> HashMap<String, String> {
+        [
+            (ENV_BOT_TOKEN, "xoxb-1"),
+            (ENV_SIGNING_SECRET, "s3cret"),
+            (ENV_GATEWAY_TOKEN, "relay-token-0123456789"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+
+    const GOOD: &str = "gateway_url: http://127.0.0.1:8080\nnats: {url: \"nats://127.0.0.1:4222\"}\nlisten: 127.0.0.1:3000\nroutes:\n  - {agents: [deployer], channel: C1, dm: true}\n  - {agents: [\"ops-*\"], channel: C2}\n  - {agents: [\"*\"], channel: C3}\nusers:\n  by_id: {U1: alice}\n  by_email: {Bob@Example.com: bob}\n";
+
+    #[test]
+    fn a_good_file_routes_first_match_wins() {
+        let c = Config::parse(GOOD, Path::new("."), &env()).expect("valid");
+        assert_eq!(
+            c.route("deployer").and_then(|r| r.channel.as_deref()),
+            Some("C1")
+        );
+        assert!(c.route("deployer").is_some_and(|r| r.dm));
+        assert_eq!(
+            c.route("ops-db").and_then(|r| r.channel.as_deref()),
+            Some("C2")
+        );
+        assert_eq!(
+            c.route("hello").and_then(|r| r.channel.as_deref()),
+            Some("C3")
+        );
+        assert_eq!(c.slack_api_url, "https://slack.com/api");
+        assert_eq!(c.prefix, "delta");
+        assert_eq!(
+            c.users.by_email.get("bob@example.com").map(String::as_str),
+            Some("bob")
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let text = GOOD.replace("listen:", "listne: x\nlisten:");
+        let e = Config::parse(&text, Path::new("."), &env()).expect_err("unknown key");
+        assert!(e[0].contains("listne"), "{e:?}");
+        let text = GOOD.replace("dm: true", "dm: true, chanel: C9");
+        let e = Config::parse(&text, Path::new("."), &env()).expect_err("unknown key");
+        assert!(
+            e[0].contains("chanel") && e[0].contains("routes[0]"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let text = "gateway_url: ftp://x\nnats: {url: \"nats://u:p@h:4222\"}\nlisten: nowhere\nroutes:\n  - {agents: [a]}\n  - {agents: [b], channel: \"#general\"}\n";
+        let e = Config::parse(text, Path::new("."), &HashMap::new()).expect_err("bad");
+        let all = e.join("\n");
+        for needle in [
+            "SLACK_BOT_TOKEN",
+            "SLACK_SIGNING_SECRET",
+            "gateway_url",
+            "credentials",
+            "listen",
+            "neither a channel",
+            "channel id",
+        ] {
+            assert!(all.contains(needle), "{needle} missing in {all}");
+        }
+    }
+
+    #[test]
+    fn the_environment_gives_the_nats_url_with_its_credentials() {
+        let mut env = env();
+        env.insert(
+            ENV_NATS_URL.into(),
+            "nats://delta-slack:pw@10.0.0.1:4222".into(),
+        );
+        let c = Config::parse(GOOD, Path::new("."), &env).expect("valid");
+        assert_eq!(c.nats_url, "nats://delta-slack:pw@10.0.0.1:4222");
+    }
+}

@@ -1,0 +1,1040 @@
+//! `delta slack --config <file>`: the Slack bridge (docs/slack.md).
+//!
+//! - **Questions in.** A durable JetStream consumer of its own (`<p>-slack`) on the events
+//!   stream reads every question's announcement and what happens to it (answered, expired,
+//!   cancelled, a claim or a vote, an escalation step). A question is posted once per target
+//!   its route names (a channel, and with `dm: true` each person its `allowed_responders`
+//!   names); later events update each of those messages (`chat.update`) or post in their
+//!   thread (escalation steps).
+//! - **Answers out.** `POST /slack/interactivity` is verified (Slack's v0 signature, five
+//!   minutes) before anything in it is read, acknowledged at once, then handled: a button
+//!   answers through the gateway's one answer path, as the person the Slack user maps to
+//!   (a `relay` token); an option that needs text opens a modal whose submission answers.
+//!   Refusals are shown to the person who clicked only.
+//! - **Once.** Where each question was posted is kept in a KV bucket of its own
+//!   ([`store`]); a post under way is marked first, so that after a crash between posting
+//!   and recording, Slack's history (the message's metadata) is searched before posting again.
+
+pub mod api;
+pub mod config;
+pub mod render;
+pub mod store;
+pub mod verify;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use delta_api::{AnswerAccepted, AnswerStatus, InteractionView};
+use delta_protocol::events::{self, EventType};
+use delta_protocol::human::{Escalated, InteractionUpdate};
+use delta_protocol::{InteractionRequest, InteractionState, OptionAction, RequestId, Resolved};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use slack_morphism::prelude::*;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::client::{self, Client};
+use config::Config;
+use store::{Post, Record, Store};
+
+/// `delta slack`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SlackArgs {
+    /// The bridge's config file (YAML; docs/slack.md). Secrets come from the environment:
+    /// SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET, DELTA_TOKEN (the gateway's relay token),
+    /// DELTA_NATS_URL (with the NATS user's credentials).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+}
+
+/// Runs the bridge until `cancel`; the exit code.
+pub async fn run(a: SlackArgs, cancel: CancellationToken) -> i32 {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let cfg = match Config::load(&a.config, &env) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in errors {
+                eprintln!("error: {e}");
+            }
+            return 2;
+        }
+    };
+    match serve(cfg, cancel).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
+}
+
+/// The consumer's name.
+fn consumer_name(prefix: &str) -> String {
+    format!("{prefix}-slack")
+}
+
+/// Runs the bridge with `cfg` until `cancel`.
+pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
+    let names = delta_queue::Names::new(&cfg.prefix);
+    let slack = api::Slack::new(&cfg.slack_api_url, &cfg.bot_token).map_err(anyhow::Error::msg)?;
+    let gateway = Client::new(
+        &cfg.gateway_url,
+        cfg.gateway_token.clone(),
+        cfg.gateway_ca.as_deref(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let settings = delta_queue::Settings {
+        ca_file: cfg.nats_ca.clone(),
+        ..Default::default()
+    };
+    let nc = delta_queue::connect_client(
+        &cfg.nats_url,
+        &settings,
+        Some((&cfg.prefix, delta_queue::access::NatsRole::Slack)),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{}", error_chain(&e)))?;
+    let js = jetstream::new(nc);
+    // The gateway creates the events stream: wait for it.
+    let stream = loop {
+        match js.get_stream(names.interactions_stream()).await {
+            Ok(s) => break s,
+            Err(e) => {
+                tracing::info!(error = %e, "waiting for a gateway to create the events stream");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
+        }
+    };
+    let replicas = stream.cached_info().config.num_replicas;
+    let store = Store::open(&js, &cfg.prefix, replicas).await?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
+    let local = listener.local_addr()?;
+    let bridge = Arc::new(Bridge {
+        cfg,
+        slack,
+        gateway,
+        store,
+        users: Mutex::new(UserCache::default()),
+        tasks: TaskTracker::new(),
+    });
+    let consumer = stream
+        .get_or_create_consumer(
+            &consumer_name(&bridge.cfg.prefix),
+            jetstream::consumer::pull::Config {
+                durable_name: Some(consumer_name(&bridge.cfg.prefix)),
+                description: Some("delta slack: questions and what happens to them".into()),
+                filter_subjects: [
+                    EventType::InteractionRequested,
+                    EventType::InteractionAnswered,
+                    EventType::InteractionUpdated,
+                    EventType::InteractionEscalated,
+                ]
+                .into_iter()
+                .map(|t| names.event_filter(t, "*"))
+                .collect(),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(120),
+                deliver_policy: jetstream::consumer::DeliverPolicy::All,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot create the consumer on the events stream: {e}"))?;
+    println!("delta slack: interactivity at http://{local}/slack/interactivity");
+    tracing::info!(%local, "slack bridge listening");
+    let app = Router::new()
+        .route("/slack/interactivity", post(interactivity))
+        .with_state(bridge.clone());
+    let http_cancel = cancel.clone();
+    let http = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { http_cancel.cancelled().await })
+            .await
+    });
+    let result = consume(&bridge, consumer, &cancel).await;
+    cancel.cancel();
+    let _ = http.await;
+    bridge.tasks.close();
+    let _ = tokio::time::timeout(Duration::from_secs(10), bridge.tasks.wait()).await;
+    result
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Slack users and responder identities, both ways, as far as looked up.
+#[derive(Default)]
+struct UserCache {
+    /// Slack user id → identity (`None`: looked up, not mapped).
+    identity: HashMap<String, Option<String>>,
+    /// Identity → Slack user id (for DMs).
+    slack_user: HashMap<String, Option<String>>,
+}
+
+/// The running bridge.
+struct Bridge {
+    cfg: Config,
+    slack: api::Slack,
+    gateway: Client,
+    store: Store,
+    users: Mutex<UserCache>,
+    /// The interactivity requests being handled after their acknowledgement.
+    tasks: TaskTracker,
+}
+
+/// Why handling an event failed: it is delivered again later.
+type Outcome = anyhow::Result<()>;
+
+async fn consume(
+    b: &Arc<Bridge>,
+    consumer: jetstream::consumer::PullConsumer,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read the events stream: {e}"))?;
+    loop {
+        let msg = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            m = messages.next() => m,
+        };
+        let Some(msg) = msg else {
+            anyhow::bail!("the events stream's consumer ended");
+        };
+        let msg = match msg {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the events stream");
+                continue;
+            }
+        };
+        match b.event(&msg.subject, &msg.payload).await {
+            Ok(()) => {
+                if let Err(e) = msg.double_ack().await {
+                    tracing::warn!(error = %e, "acknowledging an event");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), subject = %msg.subject, "handling an event failed; it comes again in 5 s");
+                let _ = msg
+                    .ack_with(jetstream::AckKind::Nak(Some(Duration::from_secs(5))))
+                    .await;
+            }
+        }
+    }
+}
+
+/// An event's kind and `data`, from a CloudEvent or (a publisher not yet converted) from the
+/// bare payload and its subject.
+fn read_event(subject: &str, payload: &[u8]) -> Option<(EventType, Value)> {
+    if let Ok(e) = events::decode::<Value>(payload)
+        && let Some(t) = e.event_type()
+    {
+        return Some((t, e.data));
+    }
+    let data: Value = serde_json::from_slice(payload).ok()?;
+    let kind = subject.split('.').nth(2)?;
+    let t = match kind {
+        "requested" => EventType::InteractionRequested,
+        "resolved" => EventType::InteractionAnswered,
+        "updated" => EventType::InteractionUpdated,
+        "escalated" => EventType::InteractionEscalated,
+        _ => return None,
+    };
+    Some((t, data))
+}
+
+impl Bridge {
+    async fn event(&self, subject: &str, payload: &[u8]) -> Outcome {
+        let Some((t, data)) = read_event(subject, payload) else {
+            tracing::warn!(%subject, "not an event the bridge reads: skipped");
+            return Ok(());
+        };
+        match t {
+            EventType::InteractionRequested => match serde_json::from_value(data) {
+                Ok(q) => self.requested(q).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a question the bridge cannot read: skipped");
+                    Ok(())
+                }
+            },
+            EventType::InteractionAnswered
+            | EventType::InteractionExpired
+            | EventType::InteractionCancelled => match serde_json::from_value(data) {
+                Ok(r) => self.resolved(r).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a settling the bridge cannot read: skipped");
+                    Ok(())
+                }
+            },
+            EventType::InteractionUpdated => match serde_json::from_value(data) {
+                Ok(u) => self.updated(u).await,
+                Err(_) => Ok(()),
+            },
+            EventType::InteractionEscalated => match serde_json::from_value(data) {
+                Ok(e) => self.escalated(e).await,
+                Err(_) => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+
+    fn render(&self, r: &Record) -> Option<(Vec<SlackBlock>, String)> {
+        let q = r.request.as_ref()?;
+        let s = render::Standing {
+            tally: r.tally.as_ref(),
+            claim: r.claim.as_ref(),
+            settled: r.settled.as_ref(),
+        };
+        Some(render::question(q, &s, self.cfg.inbox_url.as_deref()))
+    }
+
+    /// Every message of `r`, shown anew.
+    async fn refresh(&self, r: &Record) -> Outcome {
+        let Some((blocks, text)) = self.render(r) else {
+            return Ok(());
+        };
+        for p in &r.posts {
+            match self
+                .slack
+                .update(&p.channel, &p.ts, blocks.clone(), text.clone())
+                .await
+            {
+                Ok(()) => {}
+                // Deleted in Slack, or the channel is gone: nothing left to update there.
+                Err(e) if matches!(e.code(), Some("message_not_found" | "channel_not_found")) => {
+                    tracing::warn!(error = %e, "a message of the bridge is gone")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Where `q` goes: `(target, channel or Slack user id to post to)`.
+    async fn targets(&self, q: &InteractionRequest) -> Outcome2<Vec<(String, String)>> {
+        let Some(route) = self.cfg.route(&q.agent) else {
+            return Ok(vec![]);
+        };
+        let mut out = vec![];
+        if let Some(c) = &route.channel {
+            out.push((format!("channel:{c}"), c.clone()));
+        }
+        if route.dm {
+            for who in &q.allowed_responders {
+                if who.starts_with(delta_protocol::human::GROUP_PREFIX) {
+                    continue;
+                }
+                match self.slack_user_of(who).await? {
+                    Some(u) => out.push((format!("dm:{who}"), u)),
+                    None => tracing::info!(%who, "no Slack user maps to this responder: no DM"),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn requested(&self, q: InteractionRequest) -> Outcome {
+        let id = q.request_id;
+        let mut rec = self.store.get(id).await?;
+        if rec.settled.is_some() || rec.closed {
+            return Ok(());
+        }
+        let again = rec
+            .request
+            .as_ref()
+            .is_some_and(|old| old.request_hash != q.request_hash);
+        if rec.posts.is_empty() && rec.posting.is_empty() {
+            // Caught up after a while: post only what still waits for an answer.
+            match self
+                .gateway
+                .get_as::<InteractionView>(&format!("v1/interactions/{id}"), &[])
+                .await
+            {
+                Ok(v) if v.body.state != InteractionState::Pending => {
+                    rec.closed = true;
+                    self.store.put(id, &rec).await?;
+                    return Ok(());
+                }
+                Ok(v) => {
+                    rec.tally = v.body.tally;
+                    rec.claim = v.body.claim;
+                }
+                Err(client::Error::NotFound { .. }) => return Ok(()),
+                Err(e) => anyhow::bail!("asking the gateway about {id}: {e}"),
+            }
+        }
+        rec.request = Some(q.clone());
+        if again {
+            // Asked again (reopened): the same messages show the new version.
+            self.store.put(id, &rec).await?;
+            self.refresh(&rec).await?;
+        }
+        let Some((blocks, text)) = self.render(&rec) else {
+            return Ok(());
+        };
+        for (target, to) in self.targets(&q).await? {
+            if rec.posts.iter().any(|p| p.target == target) {
+                continue;
+            }
+            let channel = to.clone();
+            // A post started before a crash: Slack may have it already.
+            if rec.posting.contains(&target) && !target.starts_with("dm:") {
+                let oldest = q.timestamp.micros() / 1_000_000 - 60;
+                match self
+                    .slack
+                    .find_posted(&channel, oldest, &id.to_string())
+                    .await
+                {
+                    Ok(Some(ts)) => {
+                        rec.posting.retain(|t| t != &target);
+                        rec.posts.push(Post {
+                            target,
+                            channel,
+                            ts,
+                        });
+                        self.store.put(id, &rec).await?;
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot search the channel's history (channels:history); posting again")
+                    }
+                }
+            }
+            if !rec.posting.contains(&target) {
+                rec.posting.push(target.clone());
+                self.store.put(id, &rec).await?;
+            }
+            let posted = self
+                .slack
+                .post(
+                    &to,
+                    blocks.clone(),
+                    text.clone(),
+                    Some(&id.to_string()),
+                    None,
+                )
+                .await?;
+            rec.posting.retain(|t| t != &target);
+            rec.posts.push(Post {
+                target,
+                channel: posted.channel,
+                ts: posted.ts,
+            });
+            self.store.put(id, &rec).await?;
+        }
+        Ok(())
+    }
+
+    async fn resolved(&self, r: Resolved) -> Outcome {
+        let id = r.request_id;
+        let mut rec = self.store.get(id).await?;
+        if rec.settled.is_some() {
+            return Ok(());
+        }
+        rec.settled = Some(r);
+        rec.claim = None;
+        self.store.put(id, &rec).await?;
+        self.refresh(&rec).await
+    }
+
+    async fn updated(&self, u: InteractionUpdate) -> Outcome {
+        let id = u.request_id;
+        let mut rec = self.store.get(id).await?;
+        if rec.settled.is_some() || rec.request.is_none() {
+            return Ok(());
+        }
+        rec.claim = u.claim;
+        if u.tally.is_some() {
+            rec.tally = u.tally;
+        }
+        self.store.put(id, &rec).await?;
+        self.refresh(&rec).await
+    }
+
+    async fn escalated(&self, e: Escalated) -> Outcome {
+        let id = e.request_id;
+        let mut rec = self.store.get(id).await?;
+        if rec.escalations.contains(&e.step) || rec.settled.is_some() {
+            return Ok(());
+        }
+        let line = render::escalation_line(&e);
+        for p in &rec.posts {
+            self.slack
+                .post(&p.channel, vec![], line.clone(), None, Some(&p.ts))
+                .await?;
+        }
+        rec.escalations.push(e.step);
+        self.store.put(id, &rec).await?;
+        Ok(())
+    }
+
+    /// The responder identity of a Slack user: the mapping by id, else by the e-mail address
+    /// Slack gives for them (`users.info`), looked up once.
+    async fn identity_of(&self, user: &str) -> anyhow::Result<Option<String>> {
+        if let Some(id) = self.cfg.users.by_id.get(user) {
+            return Ok(Some(id.clone()));
+        }
+        if let Ok(cache) = self.users.lock()
+            && let Some(hit) = cache.identity.get(user)
+        {
+            return Ok(hit.clone());
+        }
+        let found = match self.cfg.users.by_email.is_empty() {
+            true => None,
+            false => self
+                .slack
+                .email_of(user)
+                .await?
+                .and_then(|e| self.cfg.users.by_email.get(&e.to_lowercase()).cloned()),
+        };
+        if let Ok(mut cache) = self.users.lock() {
+            cache.identity.insert(user.to_owned(), found.clone());
+        }
+        Ok(found)
+    }
+
+    /// The Slack user of a responder identity (for a DM).
+    async fn slack_user_of(&self, who: &str) -> anyhow::Result<Option<String>> {
+        let mut by_id: Vec<&String> = self
+            .cfg
+            .users
+            .by_id
+            .iter()
+            .filter(|(_, v)| v.as_str() == who)
+            .map(|(k, _)| k)
+            .collect();
+        by_id.sort();
+        if let Some(u) = by_id.first() {
+            return Ok(Some((*u).clone()));
+        }
+        if let Ok(cache) = self.users.lock()
+            && let Some(hit) = cache.slack_user.get(who)
+        {
+            return Ok(hit.clone());
+        }
+        let mut emails: Vec<&String> = self
+            .cfg
+            .users
+            .by_email
+            .iter()
+            .filter(|(_, v)| v.as_str() == who)
+            .map(|(k, _)| k)
+            .collect();
+        emails.sort();
+        let mut found = None;
+        for e in emails {
+            if let Some(u) = self.slack.user_by_email(e).await? {
+                found = Some(u);
+                break;
+            }
+        }
+        if let Ok(mut cache) = self.users.lock() {
+            cache.slack_user.insert(who.to_owned(), found.clone());
+        }
+        Ok(found)
+    }
+}
+
+type Outcome2<T> = anyhow::Result<T>;
+
+/// What Slack posts to the interactivity URL, as far as the bridge reads it.
+#[derive(Debug, serde::Deserialize)]
+struct Payload {
+    #[serde(rename = "type")]
+    kind: String,
+    user: PayloadUser,
+    #[serde(default)]
+    trigger_id: Option<String>,
+    #[serde(default)]
+    channel: Option<PayloadChannel>,
+    #[serde(default)]
+    actions: Vec<PayloadAction>,
+    #[serde(default)]
+    view: Option<PayloadView>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PayloadUser {
+    id: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PayloadChannel {
+    id: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PayloadAction {
+    action_id: String,
+    #[serde(default)]
+    value: Option<String>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PayloadView {
+    #[serde(default)]
+    private_metadata: Option<String>,
+    #[serde(default)]
+    state: Option<Value>,
+}
+
+/// What a modal carries from the click to its submission.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ModalMeta {
+    /// The request, the option (empty: none), the kind of modal, the channel of the click.
+    r: RequestId,
+    o: String,
+    k: String,
+    c: String,
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// `POST /slack/interactivity`: verified, acknowledged at once, handled after.
+async fn interactivity(
+    State(b): State<Arc<Bridge>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+    if let Err(e) = verify::verify(
+        &b.cfg.signing_secret,
+        header("x-slack-request-timestamp"),
+        header("x-slack-signature"),
+        &body,
+        now_secs(),
+    ) {
+        tracing::warn!(error = %e, "an interactivity request refused");
+        return StatusCode::UNAUTHORIZED;
+    }
+    let payload = form_urlencoded::parse(&body)
+        .find(|(k, _)| k == "payload")
+        .map(|(_, v)| v.into_owned());
+    let Some(payload) = payload else {
+        return StatusCode::BAD_REQUEST;
+    };
+    let payload: Payload = match serde_json::from_str(&payload) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "an interactivity payload the bridge cannot read");
+            return StatusCode::BAD_REQUEST;
+        }
+    };
+    let bridge = b.clone();
+    b.tasks.spawn(async move {
+        if let Err(e) = bridge.interaction(payload).await {
+            tracing::warn!(error = %format!("{e:#}"), "handling a Slack interaction failed");
+        }
+    });
+    StatusCode::OK
+}
+
+impl Bridge {
+    async fn interaction(&self, p: Payload) -> anyhow::Result<()> {
+        match p.kind.as_str() {
+            "block_actions" => self.clicked(p).await,
+            "view_submission" => self.submitted(p).await,
+            _ => Ok(()),
+        }
+    }
+
+    async fn tell(&self, channel: &str, user: &str, text: &str) {
+        if let Err(e) = self.slack.ephemeral(channel, user, text).await {
+            tracing::warn!(error = %e, "cannot tell the user why");
+        }
+    }
+
+    async fn clicked(&self, p: Payload) -> anyhow::Result<()> {
+        let Some(action) = p.actions.first() else {
+            return Ok(());
+        };
+        let channel = p.channel.as_ref().map(|c| c.id.clone()).unwrap_or_default();
+        let user = p.user.id.clone();
+        let Some((rid, option)) = action
+            .value
+            .as_deref()
+            .and_then(|v| v.split_once(' '))
+            .and_then(|(r, o)| Some((r.parse::<RequestId>().ok()?, o.to_owned())))
+        else {
+            return Ok(());
+        };
+        let Some(identity) = self.identity_of(&user).await? else {
+            self.tell(&channel, &user, UNMAPPED).await;
+            return Ok(());
+        };
+        let rec = self.store.get(rid).await?;
+        let Some(q) = rec.request.clone() else {
+            self.tell(
+                &channel,
+                &user,
+                "This question is not known to the bridge any more.",
+            )
+            .await;
+            return Ok(());
+        };
+        if q.is_sensitive() {
+            self.tell(&channel, &user, SENSITIVE).await;
+            return Ok(());
+        }
+        let kind = action
+            .action_id
+            .rsplit_once('.')
+            .map(|(k, _)| k)
+            .unwrap_or_default();
+        match kind {
+            render::ACT_ANSWER => {
+                let body = json!({
+                    "option_id": option,
+                    "request_hash": q.request_hash,
+                    "responder": {"id": identity, "via": "slack"},
+                });
+                self.answer(&channel, &user, rid, body).await;
+            }
+            render::ACT_MODAL | render::ACT_EDIT => {
+                let Some(trigger) = p.trigger_id.as_deref() else {
+                    return Ok(());
+                };
+                let meta = ModalMeta {
+                    r: rid,
+                    o: option,
+                    k: kind.to_owned(),
+                    c: channel.clone(),
+                };
+                let view = modal(&q, &meta);
+                if let Err(e) = self.slack.open_modal(trigger, view).await {
+                    self.tell(&channel, &user, &format!("Cannot open the form: {e}"))
+                        .await;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn submitted(&self, p: Payload) -> anyhow::Result<()> {
+        let Some(view) = p.view else { return Ok(()) };
+        let Some(meta) = view
+            .private_metadata
+            .as_deref()
+            .and_then(|m| serde_json::from_str::<ModalMeta>(m).ok())
+        else {
+            return Ok(());
+        };
+        let user = p.user.id.clone();
+        let channel = meta.c.clone();
+        let Some(identity) = self.identity_of(&user).await? else {
+            self.tell(&channel, &user, UNMAPPED).await;
+            return Ok(());
+        };
+        let rec = self.store.get(meta.r).await?;
+        let Some(q) = rec.request.clone() else {
+            return Ok(());
+        };
+        if q.is_sensitive() {
+            self.tell(&channel, &user, SENSITIVE).await;
+            return Ok(());
+        }
+        let values = form_values(view.state.as_ref());
+        let mut body = json!({
+            "request_hash": q.request_hash,
+            "responder": {"id": identity, "via": "slack"},
+        });
+        if !meta.o.is_empty() {
+            body["option_id"] = json!(meta.o);
+        }
+        if let Some(text) = values.get("input").filter(|t| !t.is_empty()) {
+            body["input"] = json!(text);
+        }
+        if let Some(text) = values.get("feedback").filter(|t| !t.is_empty()) {
+            body["feedback"] = json!(text);
+        }
+        if let Some(args) = values.get("args") {
+            match serde_json::from_str::<Value>(args) {
+                Ok(v) if v.is_object() => body["data"] = json!({"args": v}),
+                _ => {
+                    self.tell(
+                        &channel,
+                        &user,
+                        "The arguments are not a JSON object: nothing was answered. Click again to fix them.",
+                    )
+                    .await;
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(schema) = &q.response_schema {
+            match typed(schema, &values) {
+                Ok(data) => body["data"] = data,
+                Err(e) => {
+                    self.tell(&channel, &user, &format!("Nothing was answered: {e}"))
+                        .await;
+                    return Ok(());
+                }
+            }
+        }
+        self.answer(&channel, &user, meta.r, body).await;
+        Ok(())
+    }
+
+    /// Answers through the gateway; a refusal, or a counted vote, is told to the user only.
+    async fn answer(&self, channel: &str, user: &str, rid: RequestId, body: Value) {
+        let r = self
+            .gateway
+            .post_as::<_, AnswerAccepted>(&format!("v1/interactions/{rid}/response"), &body, &[])
+            .await;
+        match r {
+            Ok(a) if a.body.status == AnswerStatus::Counted => {
+                let tally = a.body.tally.map(|t| t.summary()).unwrap_or_default();
+                self.tell(channel, user, &format!("Your vote was counted: {tally}."))
+                    .await;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let message = match &e {
+                    client::Error::Refused { message, .. } => message.clone(),
+                    other => other.to_string(),
+                };
+                self.tell(
+                    channel,
+                    user,
+                    &format!("Not answered: {}", render::escape(&message)),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+const UNMAPPED: &str = "Your Slack account is not mapped to a Delta identity, so the bridge cannot answer for you. Ask an operator to add you to the bridge's user mapping (docs/slack.md).";
+const SENSITIVE: &str =
+    "This question is sensitive: it is never answered in Slack. Answer it in the web inbox.";
+
+/// The values of a submitted modal: block id → the text typed or the option chosen.
+fn form_values(state: Option<&Value>) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let Some(values) = state
+        .and_then(|s| s.get("values"))
+        .and_then(Value::as_object)
+    else {
+        return out;
+    };
+    for (block, actions) in values {
+        let Some(actions) = actions.as_object() else {
+            continue;
+        };
+        for (_, v) in actions {
+            let text = v
+                .get("value")
+                .and_then(Value::as_str)
+                .or_else(|| {
+                    v.get("selected_option")
+                        .and_then(|o| o.get("value"))
+                        .and_then(Value::as_str)
+                })
+                .unwrap_or_default();
+            out.insert(block.clone(), text.to_owned());
+        }
+    }
+    out
+}
+
+/// A typed answer from a modal's fields (`f.<name>`), by the schema's property types; the
+/// gateway checks the rest.
+fn typed(schema: &Value, values: &HashMap<String, String>) -> Result<Value, String> {
+    let mut data = serde_json::Map::new();
+    let props = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    for (name, p) in props {
+        let Some(text) = values
+            .get(&format!("f.{name}"))
+            .filter(|t| !t.trim().is_empty())
+        else {
+            continue;
+        };
+        let text = text.trim();
+        let v = match p.get("type").and_then(Value::as_str) {
+            Some("integer") => json!(
+                text.parse::<i64>()
+                    .map_err(|_| format!("`{name}` must be a whole number"))?
+            ),
+            Some("number") => json!(
+                text.parse::<f64>()
+                    .map_err(|_| format!("`{name}` must be a number"))?
+            ),
+            Some("boolean") => match text.to_lowercase().as_str() {
+                "true" | "yes" => json!(true),
+                "false" | "no" => json!(false),
+                _ => return Err(format!("`{name}` must be true or false")),
+            },
+            _ => json!(text),
+        };
+        data.insert(name, v);
+    }
+    Ok(Value::Object(data))
+}
+
+/// The modal for an option that needs text, a typed answer, or edited arguments.
+fn modal(q: &InteractionRequest, meta: &ModalMeta) -> SlackModalView {
+    let input =
+        |block: &str, label: &str, multiline: bool, optional: bool, initial: Option<String>| {
+            let mut el = SlackBlockPlainTextInputElement::new()
+                .with_action_id(SlackActionId::new("value".into()))
+                .with_multiline(multiline);
+            if let Some(i) = initial {
+                el = el.with_initial_value(render::truncate(&i, 3000));
+            }
+            SlackBlock::from(
+                SlackInputBlock::new(
+                    pt!(render::truncate(label, 2000)),
+                    SlackInputBlockElement::PlainTextInput(el),
+                )
+                .with_block_id(SlackBlockId::new(block.into()))
+                .with_optional(optional),
+            )
+        };
+    let mut blocks: Vec<SlackBlock> = vec![
+        SlackSectionBlock::new()
+            .with_text(md!(render::truncate(&render::escape(&q.prompt), 3000)))
+            .into(),
+    ];
+    let option = q.option(&meta.o);
+    if meta.k == render::ACT_EDIT {
+        let args = q.context.get("args").cloned().unwrap_or(json!({}));
+        blocks.push(input(
+            "args",
+            "Arguments (JSON)",
+            true,
+            false,
+            Some(serde_json::to_string_pretty(&args).unwrap_or_default()),
+        ));
+    } else if let Some(schema) = &q.response_schema {
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+            for (name, p) in props.iter().take(50) {
+                let mut label = p
+                    .get("title")
+                    .and_then(Value::as_str)
+                    .unwrap_or(name)
+                    .to_owned();
+                if let Some(e) = p.get("enum").and_then(Value::as_array) {
+                    let choices: Vec<String> = e
+                        .iter()
+                        .map(|v| v.as_str().map(str::to_owned).unwrap_or(v.to_string()))
+                        .collect();
+                    label = format!("{label} (one of: {})", choices.join(", "));
+                }
+                blocks.push(input(
+                    &format!("f.{name}"),
+                    &label,
+                    false,
+                    !required.contains(&name.as_str()),
+                    None,
+                ));
+            }
+        }
+    } else {
+        let feedback = option.is_some_and(|o| {
+            matches!(
+                o.action,
+                OptionAction::RetryWithFeedback | OptionAction::RejectWithReason
+            )
+        });
+        let label = option
+            .and_then(|o| o.input_prompt.clone())
+            .unwrap_or_else(|| {
+                if feedback {
+                    "Why?".into()
+                } else {
+                    "Your answer".into()
+                }
+            });
+        blocks.push(input(
+            if feedback { "feedback" } else { "input" },
+            &label,
+            true,
+            false,
+            None,
+        ));
+    }
+    let title = option
+        .map(|o| o.label.clone())
+        .unwrap_or_else(|| "Answer".into());
+    SlackModalView::new(pt!(render::truncate(&title, 24)), blocks)
+        .with_submit(pt!("Send"))
+        .with_close(pt!("Cancel"))
+        .with_callback_id(SlackCallbackId::new("delta.answer".into()))
+        .with_private_metadata(serde_json::to_string(meta).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_answers_follow_the_schema() {
+        let schema = json!({"type": "object", "properties": {
+            "email": {"type": "string"}, "count": {"type": "integer"}, "ok": {"type": "boolean"}}});
+        let values: HashMap<String, String> = [
+            ("f.email", "ada@example.com"),
+            ("f.count", "3"),
+            ("f.ok", "yes"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(
+            typed(&schema, &values),
+            Ok(json!({"email": "ada@example.com", "count": 3, "ok": true}))
+        );
+        let mut bad = values.clone();
+        bad.insert("f.count".into(), "three".into());
+        assert!(typed(&schema, &bad).is_err_and(|e| e.contains("count")));
+    }
+
+    #[test]
+    fn submitted_values_are_read_from_inputs_and_selects() {
+        let state = json!({"values": {
+            "input": {"value": {"type": "plain_text_input", "value": "hello"}},
+            "f.env": {"value": {"type": "static_select", "selected_option": {"value": "prod"}}}}});
+        let v = form_values(Some(&state));
+        assert_eq!(v.get("input").map(String::as_str), Some("hello"));
+        assert_eq!(v.get("f.env").map(String::as_str), Some("prod"));
+    }
+}

@@ -1,0 +1,481 @@
+//! A question as Block Kit, built with slack-morphism's types: what the web inbox's card shows
+//! (docs/inbox.md), within Slack's limits. Everything a question says comes from an agent, a
+//! model or a tool's arguments, so every piece of it put in `mrkdwn` is escaped (`&`, `<`, `>`):
+//! nothing in it can become a link, a mention or a `<!channel>`.
+
+use std::fmt::Write as _;
+
+use delta_protocol::human::{Claim, Tally};
+use delta_protocol::{
+    InteractionOption, InteractionRequest, InteractionState, OptionAction, Resolved, Via,
+};
+use serde_json::Value;
+use slack_morphism::prelude::*;
+
+/// Slack's limits: a section's text, a header, a button's text, a button's value.
+const SECTION_MAX: usize = 3000;
+const HEADER_MAX: usize = 150;
+const BUTTON_TEXT_MAX: usize = 75;
+const MAX_BUTTONS: usize = 20;
+/// The fallback `text` of a message (notifications).
+const TEXT_MAX: usize = 3000;
+
+/// What the buttons' `action_id`s start with: answer at once, or open a modal for text.
+pub const ACT_ANSWER: &str = "delta.answer";
+pub const ACT_MODAL: &str = "delta.modal";
+pub const ACT_EDIT: &str = "delta.edit";
+
+/// `&`, `<` and `>` as Slack's entities: the three characters mrkdwn reads as markup.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// At most `max` characters, `…` at the end when cut (on a character boundary).
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// Escaped text, cut to `max` characters without cutting an entity in two.
+fn escaped(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    let mut count = 0;
+    for c in s.chars() {
+        let piece = match c {
+            '&' => "&amp;".to_owned(),
+            '<' => "&lt;".to_owned(),
+            '>' => "&gt;".to_owned(),
+            c => c.to_string(),
+        };
+        let n = piece.chars().count();
+        if count + n > max.saturating_sub(1) {
+            out.push('…');
+            return out;
+        }
+        count += n;
+        out.push_str(&piece);
+    }
+    out
+}
+
+/// A code block of `s`, escaped, with no ``` inside to end it early, cut to fit.
+fn code_block(s: &str, max: usize) -> String {
+    let inner = s.replace("```", "`\u{200b}``");
+    format!("```{}```", escaped(&inner, max.saturating_sub(6)))
+}
+
+fn section(text: String) -> SlackBlock {
+    SlackSectionBlock::new()
+        .with_text(md!(truncate(&text, SECTION_MAX)))
+        .into()
+}
+
+fn context(text: String) -> SlackBlock {
+    SlackContextBlock::new(vec![md!(truncate(&text, SECTION_MAX))]).into()
+}
+
+/// Where a question stands, as the bridge last heard.
+#[derive(Clone, Debug, Default)]
+pub struct Standing<'a> {
+    pub tally: Option<&'a Tally>,
+    pub claim: Option<&'a Claim>,
+    pub settled: Option<&'a Resolved>,
+}
+
+/// Whether an option is one to think twice about: red, with a confirmation.
+pub fn is_dangerous(o: &InteractionOption) -> bool {
+    o.is_dangerous
+        || matches!(
+            o.action,
+            OptionAction::Terminate | OptionAction::ApproveAndExecute
+        )
+}
+
+/// Whether picking `o` needs text first (a modal): its own input, a typed answer (a
+/// `response_schema`).
+pub fn needs_modal(q: &InteractionRequest, o: &InteractionOption) -> bool {
+    o.requires_input || q.response_schema.is_some()
+}
+
+fn via_name(v: Via) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// "12 s", "3 min", "2 h" between two instants.
+fn span(secs: i64) -> String {
+    let secs = secs.max(0);
+    match secs {
+        0..=119 => format!("{secs} s"),
+        120..=7199 => format!("{} min", secs / 60),
+        _ => format!("{} h", secs / 3600),
+    }
+}
+
+/// The line that replaces the buttons once the question is settled.
+pub fn settled_line(q: &InteractionRequest, r: &Resolved) -> String {
+    let after = span((r.resolved_at.micros() - q.timestamp.micros()) / 1_000_000);
+    let option = r
+        .option_id
+        .as_deref()
+        .map(|o| {
+            let label = q.option(o).map(|x| x.label.as_str()).unwrap_or(o);
+            format!(" — *{}*", escaped(label, 200))
+        })
+        .unwrap_or_default();
+    match r.state {
+        InteractionState::Answered | InteractionState::Pending => {
+            let mut who = format!("*{}*", escaped(&r.responder.id, 200));
+            if let Some(b) = &r.responder.on_behalf_of {
+                let _ = write!(who, " on behalf of *{}*", escaped(b, 200));
+            }
+            format!(
+                ":white_check_mark: Answered by {who} via {}{option}, {after} after it was asked.",
+                via_name(r.responder.via)
+            )
+        }
+        InteractionState::Expired => match &r.option_id {
+            Some(_) => format!(":hourglass: Expired after {after}: its default applied{option}."),
+            None => format!(":hourglass: Expired after {after} with no default: the run fails."),
+        },
+        InteractionState::Cancelled => {
+            format!(":no_entry_sign: Cancelled: the run was cancelled after {after}.")
+        }
+    }
+}
+
+/// The rule line: approvals and where the votes stand, and who holds a claim.
+fn rule_line(q: &InteractionRequest, s: &Standing<'_>) -> Option<String> {
+    let mut parts = vec![];
+    if let Some(a) = &q.approvals {
+        let summary = match s.tally {
+            Some(t) => t.summary(),
+            None => format!("0 of {} approvals", a.min),
+        };
+        let mut rule = format!(":ballot_box_with_ballot: Needs {} approval(s)", a.min);
+        if !a.of.is_empty() {
+            let _ = write!(rule, " from {}", escaped(&a.of.join(", "), 300));
+        }
+        if a.veto {
+            rule.push_str(", one rejection decides");
+        }
+        parts.push(format!("{rule}: {}", escaped(&summary, 500)));
+    }
+    if let Some(c) = s.claim {
+        parts.push(format!(
+            ":lock: Claimed by *{}* until <!date^{}^{{time}}|{}>",
+            escaped(&c.by, 200),
+            c.until.micros() / 1_000_000,
+            c.until.as_datetime().format("%H:%M UTC")
+        ));
+    }
+    if !q.allowed_responders.is_empty() {
+        parts.push(format!(
+            ":bust_in_silhouette: Who may answer: {}",
+            escaped(&q.allowed_responders.join(", "), 300)
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("\n"))
+}
+
+/// The plan of a plan confirmation, as a numbered list.
+fn plan_lines(plan: &Value) -> Option<String> {
+    let tasks = plan.get("tasks")?.as_array()?;
+    let mut out = String::from("*Plan*\n");
+    for (i, t) in tasks.iter().enumerate() {
+        let index = t
+            .get("index")
+            .and_then(Value::as_u64)
+            .unwrap_or(i as u64 + 1);
+        let desc = t.get("description").and_then(Value::as_str).unwrap_or("");
+        let risk = t.get("risk").and_then(Value::as_str).unwrap_or("");
+        let _ = writeln!(
+            out,
+            "{index}. {} _({})_",
+            escaped(desc, 300),
+            escaped(risk, 20)
+        );
+    }
+    Some(out)
+}
+
+/// The button value: `<request_id> <option_id>`.
+pub fn button_value(q: &InteractionRequest, option_id: &str) -> String {
+    format!("{} {option_id}", q.request_id)
+}
+
+fn button(q: &InteractionRequest, o: &InteractionOption) -> SlackActionBlockElement {
+    let act = if needs_modal(q, o) {
+        ACT_MODAL
+    } else {
+        ACT_ANSWER
+    };
+    let mut label = truncate(&o.label, BUTTON_TEXT_MAX);
+    if needs_modal(q, o) {
+        label = truncate(&format!("{label}…"), BUTTON_TEXT_MAX);
+    }
+    let mut b = SlackBlockButtonElement::new(pt!(label))
+        .with_action_id(SlackActionId::new(format!("{act}.{}", o.option_id)))
+        .with_value(button_value(q, &o.option_id));
+    if is_dangerous(o) {
+        let mut what = format!("*{}*", escaped(&o.label, 200));
+        if let Some(d) = &o.description {
+            let _ = write!(what, ": {}", escaped(d, 300));
+        }
+        if let Some(tool) = q.context.get("tool").and_then(Value::as_str) {
+            let _ = write!(what, "\nTool call: `{}`", escaped(tool, 100));
+        }
+        b = b.with_style(SlackBlockButtonStyle::Danger).with_confirm(
+            SlackBlockConfirmItem::new(
+                pt!("Are you sure?"),
+                md!(truncate(&what, 300)),
+                pt!(truncate(&o.label, 30)),
+                pt!("Cancel"),
+            )
+            .with_style("danger".to_owned()),
+        );
+    } else if o.is_default {
+        b = b.with_style(SlackBlockButtonStyle::Primary);
+    }
+    SlackActionBlockElement::Button(b)
+}
+
+/// The blocks of a question and the message's fallback text.
+pub fn question(
+    q: &InteractionRequest,
+    s: &Standing<'_>,
+    inbox_url: Option<&str>,
+) -> (Vec<SlackBlock>, String) {
+    let mut blocks: Vec<SlackBlock> = vec![];
+    let title = q
+        .title
+        .clone()
+        .unwrap_or_else(|| format!("{} asks", q.agent));
+    blocks.push(SlackHeaderBlock::new(pt!(truncate(&title, HEADER_MAX))).into());
+    blocks.push(section(escaped(&q.prompt, SECTION_MAX)));
+    if let Some(d) = &q.details {
+        blocks.push(section(escaped(d, SECTION_MAX)));
+    }
+    if let Some(plan) = q.context.get("plan").and_then(plan_lines) {
+        blocks.push(section(plan));
+    }
+    if let Some(tool) = q.context.get("tool").and_then(Value::as_str) {
+        let mut text = format!("*Tool call:* `{}`", escaped(tool, 100));
+        if let Some(args) = q.context.get("args") {
+            let pretty = serde_json::to_string_pretty(args).unwrap_or_default();
+            let _ = write!(text, "\n{}", code_block(&pretty, SECTION_MAX - 200));
+        }
+        if let Some(why) = q.context.get("dangerous_because").and_then(Value::as_str) {
+            let _ = write!(text, "\n:warning: {}", escaped(why, 300));
+        }
+        blocks.push(section(text));
+    }
+    if let Some(rule) = rule_line(q, s) {
+        blocks.push(context(rule));
+    }
+    let mut meta = format!(
+        "Agent *{}* · run `{}` · question `{}`",
+        escaped(&q.agent, 100),
+        q.run_id,
+        q.request_id
+    );
+    if let Some(e) = q.expires_at {
+        let _ = write!(
+            meta,
+            " · expires <!date^{}^{{date_short_pretty}} {{time}}|{}>",
+            e.micros() / 1_000_000,
+            e.as_datetime().format("%Y-%m-%d %H:%M UTC")
+        );
+    }
+    blocks.push(context(meta));
+    let inbox_link = |text: &str| match inbox_url {
+        Some(u) => format!("<{}|{text}>", escape(u)),
+        None => text.to_owned(),
+    };
+    if let Some(r) = s.settled {
+        blocks.push(section(settled_line(q, r)));
+    } else if q.is_sensitive() {
+        blocks.push(section(format!(
+            ":closed_lock_with_key: This question is sensitive: it is never answered in Slack. Answer it in the {}.",
+            inbox_link("web inbox")
+        )));
+    } else {
+        let mut buttons: Vec<SlackActionBlockElement> = q
+            .options
+            .iter()
+            .take(MAX_BUTTONS - 2)
+            .map(|o| button(q, o))
+            .collect();
+        // A tool call's arguments may be edited before approving them.
+        if let (Some(approve), Some(_)) = (
+            q.options
+                .iter()
+                .find(|o| o.action == OptionAction::ApproveAndExecute),
+            q.context.get("args").filter(|a| a.is_object()),
+        ) && q.response_schema.is_none()
+        {
+            buttons.push(SlackActionBlockElement::Button(
+                SlackBlockButtonElement::new(pt!("Edit arguments…"))
+                    .with_action_id(SlackActionId::new(format!(
+                        "{ACT_EDIT}.{}",
+                        approve.option_id
+                    )))
+                    .with_value(button_value(q, &approve.option_id)),
+            ));
+        }
+        // A question with no options is answered with text (or a typed form).
+        if q.options.is_empty() {
+            buttons.push(SlackActionBlockElement::Button(
+                SlackBlockButtonElement::new(pt!("Answer…"))
+                    .with_action_id(SlackActionId::new(format!("{ACT_MODAL}.")))
+                    .with_value(button_value(q, ""))
+                    .with_style(SlackBlockButtonStyle::Primary),
+            ));
+        }
+        blocks.push(
+            SlackActionsBlock::new(buttons)
+                .with_block_id(SlackBlockId::new(format!("delta.{}", q.request_id)))
+                .into(),
+        );
+        if q.options.len() > MAX_BUTTONS - 2 {
+            blocks.push(context(format!(
+                "More options than Slack shows: see them all in the {}.",
+                inbox_link("web inbox")
+            )));
+        }
+    }
+    let status = match s.settled {
+        Some(r) => format!(" [{}]", r.state.as_str().to_lowercase()),
+        None => String::new(),
+    };
+    let text = truncate(&format!("{title}{status}: {}", q.prompt), TEXT_MAX);
+    (blocks, text)
+}
+
+/// A reply in the question's thread for an escalation step.
+pub fn escalation_line(e: &delta_protocol::human::Escalated) -> String {
+    let mut out = format!(":rotating_light: Escalation step {} of {}", e.step, e.of);
+    if e.what.remind {
+        out.push_str(": still waiting for an answer.");
+    }
+    if !e.what.add_responders.is_empty() {
+        let _ = write!(
+            out,
+            " Now also allowed to answer: {}.",
+            escaped(&e.what.add_responders.join(", "), 500)
+        );
+    }
+    if e.what.apply_default {
+        out.push_str(" Its default is being applied.");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use delta_protocol::{InteractionType, RunId};
+    use serde_json::json;
+
+    fn approval() -> InteractionRequest {
+        let mut q = InteractionRequest::new(
+            RunId::new(),
+            "deployer",
+            InteractionType::ToolApproval,
+            "Deploy <!channel> & <https://evil.example|click> now?",
+        );
+        q.title = Some("Approve deploy".into());
+        q.context.insert("tool".into(), json!("deploy"));
+        q.context
+            .insert("args".into(), json!({"version": "1.4.2 ``` <@U123>"}));
+        let mut approve =
+            InteractionOption::new("approve", "Approve", OptionAction::ApproveAndExecute);
+        approve.is_default = false;
+        let reject = InteractionOption::new("reject", "Reject", OptionAction::RejectWithReason);
+        let mut feedback =
+            InteractionOption::new("feedback", "Feedback", OptionAction::RetryWithFeedback);
+        feedback.requires_input = true;
+        q.options = vec![approve, reject, feedback];
+        q
+    }
+
+    fn json_of(blocks: &[SlackBlock]) -> String {
+        serde_json::to_string(blocks).expect("json")
+    }
+
+    #[test]
+    fn untrusted_text_never_becomes_a_link_or_mention() {
+        let (blocks, _) = question(&approval(), &Standing::default(), None);
+        let j = json_of(&blocks);
+        assert!(
+            !j.contains("<!channel>") && !j.contains("<@U123>") && !j.contains("<https://evil")
+        );
+        assert!(j.contains("&lt;!channel&gt; &amp; &lt;https://evil.example|click&gt;"));
+        // The arguments' ``` cannot close the code block early.
+        assert_eq!(j.matches("```").count(), 2, "{j}");
+        assert_eq!(escape("a<b>&c"), "a&lt;b&gt;&amp;c");
+    }
+
+    #[test]
+    fn dangerous_options_are_red_with_a_confirmation_and_text_options_open_a_modal() {
+        let (blocks, _) = question(&approval(), &Standing::default(), None);
+        let v: Value = serde_json::to_value(&blocks).expect("json");
+        let actions = v
+            .as_array()
+            .and_then(|a| a.iter().find(|b| b["type"] == "actions"))
+            .expect("actions");
+        let els = actions["elements"].as_array().expect("elements");
+        assert_eq!(els[0]["style"], "danger");
+        assert_eq!(els[0]["confirm"]["confirm"]["text"], "Approve");
+        assert_eq!(els[0]["action_id"], "delta.answer.approve");
+        assert!(els[1].get("style").is_none());
+        assert_eq!(els[2]["action_id"], "delta.modal.feedback");
+        assert_eq!(els[3]["action_id"], "delta.edit.approve");
+    }
+
+    #[test]
+    fn a_sensitive_question_has_no_buttons_and_links_to_the_inbox() {
+        let mut q = approval();
+        q.sensitive = true;
+        let (blocks, _) = question(&q, &Standing::default(), Some("https://d.example/inbox"));
+        let j = json_of(&blocks);
+        assert!(!j.contains("\"actions\""), "{j}");
+        assert!(j.contains("<https://d.example/inbox|web inbox>"));
+    }
+
+    #[test]
+    fn long_text_is_cut_within_slacks_limits() {
+        let mut q = approval();
+        q.prompt = "<".repeat(5000);
+        q.title = Some("t".repeat(500));
+        let (blocks, text) = question(&q, &Standing::default(), None);
+        let v: Value = serde_json::to_value(&blocks).expect("json");
+        for b in v.as_array().expect("blocks") {
+            if let Some(t) = b["text"]["text"].as_str() {
+                let max = if b["type"] == "header" {
+                    HEADER_MAX
+                } else {
+                    SECTION_MAX
+                };
+                assert!(t.chars().count() <= max, "{} chars", t.chars().count());
+                assert!(!t.ends_with("&l…") && !t.contains("&…"));
+            }
+        }
+        assert!(text.chars().count() <= TEXT_MAX);
+    }
+}

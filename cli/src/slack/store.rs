@@ -1,0 +1,122 @@
+//! What the bridge remembers of each question, in a NATS KV bucket of its own (`<P>_SLACK`, key:
+//! the request id): where it posted the question, what it last heard of it. Its NATS user may
+//! read and write this bucket and nothing else of the kind (`delta_queue::access`, role `slack`).
+
+use async_nats::jetstream;
+use async_nats::jetstream::kv;
+use delta_protocol::human::{Claim, Tally};
+use delta_protocol::{InteractionRequest, RequestId, Resolved};
+use serde::{Deserialize, Serialize};
+
+/// One message the bridge posted for a question.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Post {
+    /// What the route asked for: `channel:<id>` or `dm:<identity>`.
+    pub target: String,
+    /// Where Slack put it (a DM's channel id for a DM) and its `ts`.
+    pub channel: String,
+    pub ts: String,
+}
+
+/// What the bridge knows of one question.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Record {
+    /// The question as announced (the latest version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<InteractionRequest>,
+    #[serde(default)]
+    pub posts: Vec<Post>,
+    /// Targets whose post was started and not yet recorded: after a crash, Slack's history is
+    /// searched for them (by the message's metadata) before posting again.
+    #[serde(default)]
+    pub posting: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled: Option<Resolved>,
+    /// Settled before the bridge posted it (found so at the gateway): never posted.
+    #[serde(default)]
+    pub closed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tally: Option<Tally>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<Claim>,
+    /// Escalation steps already posted in the thread.
+    #[serde(default)]
+    pub escalations: Vec<u32>,
+}
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot open the KV bucket {bucket}: {what}")]
+    Open { bucket: String, what: String },
+    #[error("reading {key} from the KV bucket: {what}")]
+    Read { key: String, what: String },
+    #[error("writing {key} to the KV bucket: {what}")]
+    Write { key: String, what: String },
+}
+
+/// The bucket's name for a key prefix.
+pub fn bucket(prefix: &str) -> String {
+    format!("{}_SLACK", prefix.to_uppercase())
+}
+
+/// The bridge's records.
+#[derive(Clone)]
+pub struct Store {
+    kv: kv::Store,
+}
+
+impl Store {
+    /// Opens the bucket, creating it on first use (one value per key, on files, with the
+    /// interactions stream's replicas).
+    pub async fn open(
+        js: &jetstream::Context,
+        prefix: &str,
+        replicas: usize,
+    ) -> Result<Store, Error> {
+        let name = bucket(prefix);
+        let kv = match js.get_key_value(&name).await {
+            Ok(kv) => kv,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: name.clone(),
+                    description: "delta slack: where each question was posted".into(),
+                    history: 1,
+                    storage: jetstream::stream::StorageType::File,
+                    num_replicas: replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| Error::Open {
+                    bucket: name.clone(),
+                    what: e.to_string(),
+                })?,
+        };
+        Ok(Store { kv })
+    }
+
+    pub async fn get(&self, id: RequestId) -> Result<Record, Error> {
+        let key = id.to_string();
+        match self.kv.get(key.clone()).await {
+            Ok(Some(bytes)) => Ok(serde_json::from_slice(&bytes).unwrap_or_default()),
+            Ok(None) => Ok(Record::default()),
+            Err(e) => Err(Error::Read {
+                key,
+                what: e.to_string(),
+            }),
+        }
+    }
+
+    pub async fn put(&self, id: RequestId, r: &Record) -> Result<(), Error> {
+        let key = id.to_string();
+        let bytes = serde_json::to_vec(r).unwrap_or_default();
+        self.kv
+            .put(&key, bytes.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::Write {
+                key,
+                what: e.to_string(),
+            })
+    }
+}
