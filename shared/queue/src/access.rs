@@ -184,6 +184,7 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("{p}.interactions.resolved.>"),
                 format!("{p}.interactions.updated.>"),
                 format!("{p}.interactions.escalated.>"),
+                format!("{p}.runs.cancelled.>"),
                 format!("{p}.events.cancelled"),
             ]);
             let subscribe = vec![
@@ -203,6 +204,7 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("$JS.API.STREAM.MSG.DELETE.{jobs}"),
                 format!("{p}.dlq.>"),
                 format!("{p}.interactions.requested.>"),
+                format!("{p}.runs.>"),
                 format!("{p}.events.resumed"),
             ]);
             let subscribe = vec![format!("{p}.events.cancelled"), inbox(NatsRole::Worker)];
@@ -218,6 +220,7 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("{p}.interactions.resolved.>"),
                 format!("{p}.interactions.updated.>"),
                 format!("{p}.interactions.escalated.>"),
+                format!("{p}.runs.>"),
                 "_INBOX.>".to_owned(),
             ];
             (publish, subscribe, false)
