@@ -545,12 +545,14 @@ pub struct ClaimState {
 #[serde(deny_unknown_fields)]
 pub struct ClaimedResponder {
     /// With authentication on, the token's name is the responder: another id is
-    /// `403 forbidden`. Off: this id (blank or absent: `anonymous`).
+    /// `403 forbidden`, but for a `relay` token, which names the person of the tokens file it
+    /// answers for. Off: this id (blank or absent: `anonymous`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_length = 200)]
     pub id: Option<String>,
-    /// `http` (the default) or `cli` over HTTP (the CLI says so); any other value of `Via` is
-    /// `400 bad_request` over HTTP. Bots on NATS are always `nats`.
+    /// `http` (the default) or `cli` over HTTP (the CLI says so), `slack` from a `relay` token
+    /// (or with authentication off); any other value of `Via` is `400 bad_request` over HTTP.
+    /// Bots on NATS are always `nats`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<Via>,
 }

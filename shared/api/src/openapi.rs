@@ -42,6 +42,8 @@ pub fn json() -> String {
 /// Roles a token needs (with authentication on).
 const READ: &[&str] = &["submit", "answer", "operate"];
 const ANSWER: &[&str] = &["answer", "operate"];
+/// Answering, and relaying a person's answer (`relay`: the Slack bridge).
+const ANSWER_OR_RELAY: &[&str] = &["answer", "operate", "relay"];
 const OPERATE: &[&str] = &["operate"];
 const OPEN: &[&str] = &[];
 
@@ -124,12 +126,12 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
     ),
     (
         "getInteraction",
-        ANSWER,
+        ANSWER_OR_RELAY,
         &[BadRequest, Unauthorized, Forbidden, NotFound, Unavailable],
     ),
     (
         "answerInteraction",
-        ANSWER,
+        ANSWER_OR_RELAY,
         &[
             BadRequest,
             Unauthorized,
@@ -150,7 +152,7 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
     ),
     (
         "claimInteraction",
-        ANSWER,
+        ANSWER_OR_RELAY,
         &[
             BadRequest,
             Unauthorized,
@@ -350,7 +352,7 @@ impl Modify for Contract {
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "Off by default: enforced only when the gateway is given a tokens file (`--tokens-file` / `DELTA_GATEWAY_TOKENS_FILE`), a YAML list of `{name, token, roles: [submit|answer|operate]}` (tokens of 16 characters or more). The token's `name` is the responder recorded with an answer. The token is never taken from a URL: a client that cannot set headers on a live stream (a browser's `EventSource`) gets a one-time ticket from `POST /v1/stream-tickets` and passes `?ticket=`.",
+                        "Off by default: enforced only when the gateway is given a tokens file (`--tokens-file` / `DELTA_GATEWAY_TOKENS_FILE`), a YAML list of `{name, token, roles: [submit|answer|operate|relay]}` (tokens of 16 characters or more). The token's `name` is the responder recorded with an answer; a `relay` token (the Slack bridge) answers, votes and claims as the person of the tokens file it names in `responder.id`, recorded `via: slack` and `relayed_by` the relay. The token is never taken from a URL: a client that cannot set headers on a live stream (a browser's `EventSource`) gets a one-time ticket from `POST /v1/stream-tickets` and passes `?ticket=`.",
                     ))
                     .build(),
             ),

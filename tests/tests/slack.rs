@@ -1,0 +1,819 @@
+//! The Slack bridge (`delta slack`, docs/slack.md) against real servers, a real gateway and real
+//! workers. The one stand-in is Slack's Web API, served here: it records every call, answers
+//! as Slack would (a `429` with `Retry-After: 1` once when asked to), and the tests send
+//! interactivity payloads signed as Slack signs them.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use delta_e2e::NatsRole;
+use delta_e2e::fleet::{Fleet, pending};
+use delta_e2e::gateways::Client;
+use delta_protocol::{Event, RunId, RunStatus, Via};
+use delta_store::RunStore;
+use serde_json::{Value, json};
+
+const SECRET: &str = "test-signing-secret-0123456789";
+
+/// One call the bridge made.
+#[derive(Clone, Debug)]
+struct Call {
+    method: String,
+    params: Value,
+    /// What the stand-in answered: 200 or 429.
+    status: u16,
+}
+
+#[derive(Default)]
+struct FakeState {
+    calls: Mutex<Vec<Call>>,
+    /// Answer the next `chat.postMessage` with `429` and `Retry-After: 1`.
+    rate_limit_next_post: AtomicBool,
+    seq: AtomicU64,
+    /// Slack user id → e-mail address (`users.info`, `users.lookupByEmail`).
+    emails: HashMap<String, String>,
+}
+
+/// A stand-in for `https://slack.com/api/` on a loopback port.
+struct FakeSlack {
+    url: String,
+    state: Arc<FakeState>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+fn params_of(query: Option<&str>, body: &[u8]) -> Value {
+    let mut out = serde_json::Map::new();
+    if let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(body) {
+        out.extend(m);
+    } else {
+        for (k, v) in form_urlencoded::parse(body) {
+            out.insert(k.into_owned(), json!(v));
+        }
+    }
+    for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        out.insert(k.into_owned(), json!(v));
+    }
+    Value::Object(out)
+}
+
+async fn api(
+    State(s): State<Arc<FakeState>>,
+    Path(method): Path<String>,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Response {
+    let params = params_of(query.as_deref(), &body);
+    let n = s.seq.fetch_add(1, Ordering::SeqCst) + 1;
+    let ts = format!("{}.{:06}", 1_800_000_000 + n, n);
+    if method == "chat.postMessage" && s.rate_limit_next_post.swap(false, Ordering::SeqCst) {
+        s.calls.lock().expect("calls").push(Call {
+            method,
+            params,
+            status: 429,
+        });
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", "1"), ("content-type", "application/json")],
+            json!({"ok": false, "error": "ratelimited"}).to_string(),
+        )
+            .into_response();
+    }
+    let channel = params["channel"].as_str().unwrap_or_default().to_owned();
+    let user_email = |u: &str| s.emails.get(u).cloned();
+    let reply = match method.as_str() {
+        "chat.postMessage" => {
+            // A DM to a user lands in a DM channel of its own.
+            let channel = match channel.strip_prefix('U') {
+                Some(rest) => format!("D{rest}"),
+                None => channel.clone(),
+            };
+            json!({"ok": true, "channel": channel, "ts": ts,
+                   "message": {"ts": ts, "text": params["text"]}})
+        }
+        "chat.update" => {
+            json!({"ok": true, "channel": channel, "ts": params["ts"], "message": {"text": params["text"]}})
+        }
+        "chat.postEphemeral" => json!({"ok": true, "message_ts": ts}),
+        "views.open" => json!({"ok": true}),
+        "users.info" => {
+            let user = params["user"].as_str().unwrap_or_default().to_owned();
+            let mut profile = json!({});
+            if let Some(e) = user_email(&user) {
+                profile["email"] = json!(e);
+            }
+            json!({"ok": true, "user": {"id": user, "profile": profile}})
+        }
+        "users.lookupByEmail" => {
+            let email = params["email"].as_str().unwrap_or_default();
+            match s.emails.iter().find(|(_, e)| e.as_str() == email) {
+                Some((u, _)) => json!({"ok": true, "user": {"id": u}}),
+                None => json!({"ok": false, "error": "users_not_found"}),
+            }
+        }
+        "conversations.history" => {
+            let calls = s.calls.lock().expect("calls");
+            let messages: Vec<Value> = calls
+                .iter()
+                .filter(|c| {
+                    c.status == 200
+                        && c.method == "chat.postMessage"
+                        && c.params["channel"] == json!(channel)
+                })
+                .map(|c| json!({"ts": c.params["_ts"], "text": c.params["text"], "metadata": c.params["metadata"]}))
+                .collect();
+            json!({"ok": true, "messages": messages})
+        }
+        _ => json!({"ok": false, "error": "unknown_method"}),
+    };
+    let mut recorded = params;
+    if method == "chat.postMessage" {
+        recorded["_ts"] = reply["ts"].clone();
+        recorded["_channel"] = reply["channel"].clone();
+    }
+    s.calls.lock().expect("calls").push(Call {
+        method,
+        params: recorded,
+        status: 200,
+    });
+    axum::Json(reply).into_response()
+}
+
+impl FakeSlack {
+    async fn start(emails: &[(&str, &str)]) -> FakeSlack {
+        let state = Arc::new(FakeState {
+            emails: emails
+                .iter()
+                .map(|(u, e)| (u.to_string(), e.to_string()))
+                .collect(),
+            ..Default::default()
+        });
+        let app = Router::new()
+            .route("/api/{method}", any(api))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeSlack {
+            url: format!("http://127.0.0.1:{port}/api/"),
+            state,
+            _server: server,
+        }
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.state.calls.lock().expect("calls").clone()
+    }
+
+    /// The successful calls of `method`.
+    fn ok(&self, method: &str) -> Vec<Value> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.method == method && c.status == 200)
+            .map(|c| c.params)
+            .collect()
+    }
+
+    /// The successful posts of the question `rid` (its metadata names it).
+    fn posts_of(&self, rid: &str) -> Vec<Value> {
+        self.ok("chat.postMessage")
+            .into_iter()
+            .filter(|p| p["metadata"]["event_payload"]["request_id"] == json!(rid))
+            .collect()
+    }
+
+    /// Waits (up to 30 s) until `check` finds something in the calls.
+    async fn wait_for<T>(&self, what: &str, check: impl Fn(&FakeSlack) -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(t) = check(self) {
+                return t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never saw {what}; calls: {:#?}",
+                self.calls()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A tokens file: `(name, roles)`, each token `<name>-token-0123456789abcdef`.
+fn tokens_file(dir: &std::path::Path, entries: &[(&str, &str)]) -> std::path::PathBuf {
+    let file = dir.join("tokens.yaml");
+    let text: String = entries
+        .iter()
+        .map(|(name, roles)| {
+            format!(
+                "- name: {name}\n  token: {}\n  roles: [{roles}]\n",
+                token(name)
+            )
+        })
+        .collect();
+    std::fs::write(&file, text).expect("tokens");
+    file
+}
+
+fn token(name: &str) -> String {
+    format!("{name}-token-0123456789abcdef")
+}
+
+/// The people of every test: `ops` submits, `alice` and `bob` answer, `slack` is the bridge.
+const PEOPLE: &[(&str, &str)] = &[
+    ("ops", "operate"),
+    ("alice", "answer"),
+    ("bob", "answer"),
+    ("slack", "relay"),
+];
+
+/// Slack users: alice by id, bob by e-mail; `U0NOBODY` maps to nobody.
+const EMAILS: &[(&str, &str)] = &[("U0BOB", "bob@example.com"), ("U0NOBODY", "x@example.com")];
+
+struct Setup {
+    fleet: Fleet,
+    slack: FakeSlack,
+    bridge: Bridge,
+    ops: Client,
+    prefix: String,
+    _dir: tempfile::TempDir,
+}
+
+/// The bridge process, killed on drop.
+struct Bridge {
+    child: Option<Child>,
+    config: std::path::PathBuf,
+    env: Vec<(String, String)>,
+    port: u16,
+}
+
+impl Bridge {
+    fn spawn(&mut self) {
+        let delta = delta_e2e::workers::programs()
+            .gateway
+            .with_file_name("delta");
+        let log = self.config.with_extension("log");
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log");
+        let child = Command::new(delta)
+            .args(["slack", "--config"])
+            .arg(&self.config)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("DELTA_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log"))
+            .stderr(out)
+            .spawn()
+            .expect("delta slack");
+        self.child = Some(child);
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the bridge never listened; its log: {}",
+                std::fs::read_to_string(self.config.with_extension("log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/slack/interactivity", self.port)
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn setup(prefix: &str, agents: &[(&str, &str, &str)]) -> Setup {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = tokens_file(dir.path(), PEOPLE);
+    let fleet = Fleet::start_with(prefix, 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
+    for (name, config, script) in agents {
+        fleet.add_agent(name, config, script);
+    }
+    let slack = FakeSlack::start(EMAILS).await;
+    let port = delta_e2e::free_port().expect("port");
+    let config = dir.path().join("slack.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "gateway_url: {}\nnats: {{prefix: {prefix}}}\nlisten: 127.0.0.1:{port}\ninbox_url: https://delta.example/inbox\nslack_api_url: {}\nroutes:\n  - {{agents: [guarded], channel: C0GUARD, dm: true}}\n  - {{agents: [\"*\"], channel: C0ALL}}\nusers:\n  by_id: {{U0ALICE: alice}}\n  by_email: {{bob@example.com: bob, x@example.com: mallory}}\n",
+            fleet.gateway_spec.url(),
+            slack.url
+        ),
+    )
+    .expect("config");
+    let env = vec![
+        ("SLACK_BOT_TOKEN".to_owned(), "xoxb-test".to_owned()),
+        ("SLACK_SIGNING_SECRET".to_owned(), SECRET.to_owned()),
+        ("DELTA_TOKEN".to_owned(), token("slack")),
+        (
+            "DELTA_NATS_URL".to_owned(),
+            fleet.nats.url_as(NatsRole::Slack),
+        ),
+    ];
+    let mut bridge = Bridge {
+        child: None,
+        config,
+        env,
+        port,
+    };
+    bridge.spawn();
+    bridge.wait_ready().await;
+    let ops = fleet.client.with_token(Some(&token("ops")));
+    Setup {
+        fleet,
+        slack,
+        bridge,
+        ops,
+        prefix: prefix.to_owned(),
+        _dir: dir,
+    }
+}
+
+async fn submit(client: &Client, agent: &str) -> RunId {
+    let (status, body) = client
+        .post("/v1/runs", &json!({"agent": agent, "task": "go"}))
+        .await
+        .expect("submit");
+    assert_eq!(status, 202, "{body}");
+    body["run_id"]
+        .as_str()
+        .expect("run_id")
+        .parse()
+        .expect("uuid")
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64
+}
+
+fn sign(ts: &str, body: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, SECRET.as_bytes());
+    let tag = ring::hmac::sign(&key, format!("v0:{ts}:{body}").as_bytes());
+    let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("v0={hex}")
+}
+
+/// Posts `payload` to the bridge as Slack would, signed at `ts` (with `signature` instead of
+/// the right one when given): the status.
+async fn send(bridge: &Bridge, payload: &Value, ts: i64, signature: Option<&str>) -> u16 {
+    let body: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("payload", &payload.to_string())
+        .finish();
+    let ts = ts.to_string();
+    let sig = signature
+        .map(str::to_owned)
+        .unwrap_or_else(|| sign(&ts, &body));
+    reqwest::Client::new()
+        .post(bridge.url())
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("x-slack-request-timestamp", &ts)
+        .header("x-slack-signature", sig)
+        .body(body)
+        .send()
+        .await
+        .expect("interactivity")
+        .status()
+        .as_u16()
+}
+
+/// A click on the button `action_id` of the message `post`, by the Slack user `user`.
+fn click(post: &Value, user: &str, action_id: &str) -> Value {
+    let button = buttons(post)
+        .into_iter()
+        .find(|b| b["action_id"] == json!(action_id))
+        .unwrap_or_else(|| panic!("no button {action_id} in {post}"));
+    json!({
+        "type": "block_actions",
+        "user": {"id": user},
+        "trigger_id": format!("trigger-{user}"),
+        "channel": {"id": post["_channel"]},
+        "container": {"type": "message", "message_ts": post["_ts"]},
+        "response_url": "https://hooks.slack.example/x",
+        "actions": [{"type": "button", "action_id": action_id, "value": button["value"], "block_id": "b"}],
+    })
+}
+
+fn buttons(message: &Value) -> Vec<Value> {
+    message["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "actions")
+        .flat_map(|b| b["elements"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+fn answers(run: &delta_store::StoredRun) -> Vec<delta_protocol::HumanInputReceived> {
+    run.journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::HumanInputReceived(h) => Some(h.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The updates of the message at `ts`.
+fn updates_of(slack: &FakeSlack, ts: &Value) -> Vec<Value> {
+    slack
+        .ok("chat.update")
+        .into_iter()
+        .filter(|u| u["ts"] == *ts)
+        .collect()
+}
+
+fn ephemerals_to(slack: &FakeSlack, user: &str) -> Vec<String> {
+    slack
+        .ok("chat.postEphemeral")
+        .into_iter()
+        .filter(|e| e["user"] == json!(user))
+        .map(|e| e["text"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// A tool approval is posted once (through a 429 honoured), with a red, confirmed approve
+/// button; a bad signature and an old timestamp are refused and change nothing; an unmapped
+/// Slack user is told so; alice's click answers as alice via slack, relayed by the bridge's
+/// token; the message loses its buttons and says who answered; bob's late click is refused to
+/// bob only.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_click_answers_as_the_mapped_person_and_the_message_follows() {
+    let s = setup("slk1", &[]).await;
+    s.slack
+        .state
+        .rate_limit_next_post
+        .store(true, Ordering::SeqCst);
+    let run = submit(&s.ops, "gated").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("the question posted", |f| {
+            f.posts_of(&rid).into_iter().next()
+        })
+        .await;
+    assert_eq!(post["channel"], "C0ALL");
+    let limited = s
+        .slack
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "chat.postMessage" && c.status == 429)
+        .count();
+    assert_eq!(limited, 1, "the stand-in answered 429 once");
+    let b = buttons(&post);
+    let approve = b
+        .iter()
+        .find(|b| {
+            b["action_id"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("delta.answer."))
+        })
+        .expect("an answer button");
+    let dangerous: Vec<&Value> = b.iter().filter(|b| b["style"] == "danger").collect();
+    assert!(!dangerous.is_empty(), "{b:?}");
+    assert!(dangerous.iter().all(|d| d["confirm"].is_object()));
+    assert!(
+        approve["value"]
+            .as_str()
+            .is_some_and(|v| v.starts_with(&rid))
+    );
+
+    // Forged and replayed requests are refused before anything is read.
+    let approve_id = dangerous[0]["action_id"].as_str().expect("id").to_owned();
+    let alice_click = click(&post, "U0ALICE", &approve_id);
+    assert_eq!(
+        send(&s.bridge, &alice_click, now(), Some("v0=00ff")).await,
+        401
+    );
+    assert_eq!(
+        send(&s.bridge, &alice_click, now() - 6 * 60, None).await,
+        401
+    );
+    // Someone the mapping does not know.
+    assert_eq!(
+        send(
+            &s.bridge,
+            &click(&post, "U0STRANGER", &approve_id),
+            now(),
+            None
+        )
+        .await,
+        200
+    );
+    let told = s
+        .slack
+        .wait_for("the stranger told", |f| {
+            ephemerals_to(f, "U0STRANGER").into_iter().next()
+        })
+        .await;
+    assert!(told.contains("not mapped"), "{told}");
+    // Mapped (by e-mail) to a name the gateway's tokens file does not know: the gateway refuses.
+    send(
+        &s.bridge,
+        &click(&post, "U0NOBODY", &approve_id),
+        now(),
+        None,
+    )
+    .await;
+    let told = s
+        .slack
+        .wait_for("mallory told", |f| {
+            ephemerals_to(f, "U0NOBODY").into_iter().next()
+        })
+        .await;
+    assert!(
+        told.contains("Not answered") && told.contains("mallory"),
+        "{told}"
+    );
+    let (_, view) = s
+        .ops
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(view["state"], "PENDING", "nothing answered yet");
+    assert!(s.slack.ok("chat.update").is_empty());
+
+    // Alice answers.
+    assert_eq!(send(&s.bridge, &alice_click, now(), None).await, 200);
+    s.fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = s.fleet.store.load(run).await.expect("load");
+    let a = answers(&stored);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].responder.id, "alice");
+    assert_eq!(a[0].responder.via, Via::Slack);
+    assert_eq!(a[0].responder.relayed_by.as_deref(), Some("slack"));
+    let update = s
+        .slack
+        .wait_for("the message updated", |f| updates_of(f, &post["_ts"]).pop())
+        .await;
+    assert!(buttons(&update).is_empty(), "{update}");
+    assert!(
+        update.to_string().contains("Answered by *alice* via slack"),
+        "{update}"
+    );
+    // Bob is too late: told so, and only him.
+    send(&s.bridge, &click(&post, "U0BOB", &approve_id), now(), None).await;
+    let told = s
+        .slack
+        .wait_for("bob told", |f| ephemerals_to(f, "U0BOB").into_iter().next())
+        .await;
+    assert!(told.starts_with("Not answered"), "{told}");
+    assert_eq!(s.slack.posts_of(&rid).len(), 1, "posted once");
+    assert!(ephemerals_to(&s.slack, "U0ALICE").is_empty());
+}
+
+/// Answered elsewhere (the CLI's way, over HTTP), a sensitive question, an escalation step: the
+/// message says who answered and how, the sensitive one has no buttons but a link, the step is
+/// posted in the question's thread; `dm: true` sends the question to the person named.
+#[tokio::test(flavor = "multi_thread")]
+async fn answers_elsewhere_secrets_and_escalations_show_in_slack() {
+    let s = setup(
+        "slk2",
+        &[(
+            "escalating",
+            "name: escalating\nbrain: scripted\n",
+            "steps:\n  - ask_human:\n      prompt: \"Restart the database?\"\n      escalation:\n        - {after: 1s, remind: true}\n      options:\n        - {id: now, label: Now}\n        - {id: later, label: Later}\n  - finish: \"chose ${answer}\"\n",
+        )],
+    )
+    .await;
+    // Answered by bob through the CLI's HTTP call.
+    let run = submit(&s.ops, "chooser").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("chooser posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    let bob = s.fleet.client.with_token(Some(&token("bob")));
+    let (status, body) = bob
+        .post(
+            &format!("/v1/interactions/{rid}/response"),
+            &json!({"option_id": "staging", "responder": {"via": "cli"}}),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 200, "{body}");
+    let update = s
+        .slack
+        .wait_for("chooser updated", |f| updates_of(f, &post["_ts"]).pop())
+        .await;
+    assert!(
+        update.to_string().contains("Answered by *bob* via cli"),
+        "{update}"
+    );
+    assert!(buttons(&update).is_empty());
+
+    // Sensitive: no buttons, a link to the inbox.
+    let run = submit(&s.ops, "secret").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("secret posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    assert!(buttons(&post).is_empty(), "{post}");
+    assert!(
+        post.to_string()
+            .contains("<https://delta.example/inbox|web inbox>")
+    );
+
+    // A reminder in the thread.
+    let run = submit(&s.ops, "escalating").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("escalating posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    let reply = s
+        .slack
+        .wait_for("the reminder in the thread", |f| {
+            f.ok("chat.postMessage")
+                .into_iter()
+                .find(|m| m["thread_ts"] == post["_ts"])
+        })
+        .await;
+    assert!(
+        reply["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("Escalation step 1 of 1"))
+    );
+
+    // `guarded` names alice: its route sends her a DM too.
+    let run = submit(&s.ops, "guarded").await;
+    let rid = pending(&s.ops, run).await;
+    let posts = s
+        .slack
+        .wait_for("guarded posted twice", |f| {
+            let p = f.posts_of(&rid);
+            (p.len() == 2).then_some(p)
+        })
+        .await;
+    let mut channels: Vec<String> = posts
+        .iter()
+        .map(|p| p["channel"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    channels.sort();
+    assert_eq!(channels, ["C0GUARD", "U0ALICE"]);
+    let _ = s.prefix;
+}
+
+/// Text answers go through a modal: the click opens it (`views.open` with the click's trigger),
+/// its submission answers, with free text and with a typed answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn modals_answer_with_free_text_and_typed_data() {
+    let s = setup("slk3", &[]).await;
+    for (agent, fields, expect) in [
+        ("hello", json!({"input": "Ada"}), "Greeted Ada."),
+        (
+            "intake",
+            json!({"f.email": "ada@example.com", "f.copies": "2", "f.env": "staging"}),
+            "ada@example.com gets 2 on staging",
+        ),
+    ] {
+        let run = submit(&s.ops, agent).await;
+        let rid = pending(&s.ops, run).await;
+        let post = s
+            .slack
+            .wait_for("posted", |f| f.posts_of(&rid).into_iter().next())
+            .await;
+        let modal_button = buttons(&post)
+            .into_iter()
+            .find(|b| {
+                b["action_id"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("delta.modal."))
+            })
+            .unwrap_or_else(|| panic!("no modal button in {post}"));
+        let before = s.slack.ok("views.open").len();
+        let action = modal_button["action_id"].as_str().expect("id").to_owned();
+        assert_eq!(
+            send(&s.bridge, &click(&post, "U0ALICE", &action), now(), None).await,
+            200
+        );
+        let opened = s
+            .slack
+            .wait_for("views.open", |f| f.ok("views.open").get(before).cloned())
+            .await;
+        assert_eq!(opened["trigger_id"], "trigger-U0ALICE");
+        let view = &opened["view"];
+        let mut values = serde_json::Map::new();
+        for (block, value) in fields.as_object().expect("fields") {
+            assert!(
+                view["blocks"]
+                    .as_array()
+                    .is_some_and(|b| b.iter().any(|x| x["block_id"] == json!(block))),
+                "no field {block} in {view}"
+            );
+            values.insert(
+                block.clone(),
+                json!({"value": {"type": "plain_text_input", "value": value}}),
+            );
+        }
+        let submission = json!({
+            "type": "view_submission",
+            "user": {"id": "U0ALICE"},
+            "view": {"private_metadata": view["private_metadata"], "state": {"values": values}},
+        });
+        assert_eq!(send(&s.bridge, &submission, now(), None).await, 200);
+        s.fleet.wait_status(run, RunStatus::Completed).await;
+        let stored = s.fleet.store.load(run).await.expect("load");
+        assert_eq!(stored.record.result.as_deref(), Some(expect));
+        let a = answers(&stored);
+        assert_eq!(
+            (a[0].responder.id.as_str(), a[0].responder.via),
+            ("alice", Via::Slack)
+        );
+    }
+}
+
+/// Killed and started again, the bridge goes on from its durable consumer: what was asked while
+/// it was down is posted once, what was answered meanwhile is updated, nothing is posted twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn restarted_it_catches_up_and_posts_each_question_once() {
+    let mut s = setup("slk4", &[]).await;
+    let first = submit(&s.ops, "chooser").await;
+    let first_rid = pending(&s.ops, first).await;
+    let post = s
+        .slack
+        .wait_for("first posted", |f| {
+            f.posts_of(&first_rid).into_iter().next()
+        })
+        .await;
+    s.bridge.kill();
+    // While it is down: the first is answered, two more are asked.
+    let alice = s.fleet.client.with_token(Some(&token("alice")));
+    let (status, body) = alice
+        .post(
+            &format!("/v1/interactions/{first_rid}/response"),
+            &json!({"option_id": "staging"}),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 200, "{body}");
+    let mut later = vec![];
+    for agent in ["chooser", "gated"] {
+        let run = submit(&s.ops, agent).await;
+        later.push(pending(&s.ops, run).await);
+    }
+    s.bridge.spawn();
+    s.bridge.wait_ready().await;
+    for rid in &later {
+        s.slack
+            .wait_for("asked meanwhile, posted", |f| {
+                f.posts_of(rid).into_iter().next()
+            })
+            .await;
+    }
+    let update = s
+        .slack
+        .wait_for("answered meanwhile, updated", |f| {
+            updates_of(f, &post["_ts"]).pop()
+        })
+        .await;
+    assert!(
+        update.to_string().contains("Answered by *alice* via http"),
+        "{update}"
+    );
+    // Once more, to be sure nothing comes late.
+    s.bridge.kill();
+    s.bridge.spawn();
+    s.bridge.wait_ready().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for rid in later.iter().chain([&first_rid]) {
+        assert_eq!(s.slack.posts_of(rid).len(), 1, "{rid} posted once");
+    }
+}
