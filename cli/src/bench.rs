@@ -218,6 +218,7 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
         gateway_port: None,
         secrets_key_hex: Some("ab".repeat(32)),
         operator_token: None,
+        tokens_file: None,
         cwd: None,
         redis_fsync: a.fsync.clone(),
         // Quiet, but for each process's Redis round trips, logged as it stops.

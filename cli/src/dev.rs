@@ -42,6 +42,10 @@ pub struct DevArgs {
     /// Do not submit the demo runs.
     #[arg(long)]
     pub no_demo: bool,
+    /// Also run the Slack bridge with this config file (docs/slack.md): its gateway and NATS
+    /// settings are the local fleet's, and each person of its user mapping gets a token.
+    #[arg(long, value_name = "CONFIG")]
+    pub slack: Option<PathBuf>,
 }
 
 /// The demo runs: every kind of question between them.
@@ -87,6 +91,12 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
     let key = session_key();
     // And the gateway's one token, made for this session: authentication is on, as anywhere.
     let token = session_key();
+    // With the Slack bridge: its config read now (errors before anything starts), and a tokens
+    // file naming the bridge (a relay) and each person its user mapping names.
+    let slack = match &a.slack {
+        Some(path) => Some(crate::slack::DevBridge::prepare(path, data.path())?),
+        None => None,
+    };
     let opts = Options {
         servers,
         programs,
@@ -97,6 +107,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         gateway_port: a.port,
         secrets_key_hex: Some(key),
         operator_token: Some(token.clone()),
+        tokens_file: slack.as_ref().map(|b| b.tokens_file.clone()),
         cwd: root.clone(),
         redis_fsync: "always".into(),
         log_level: "info".into(),
@@ -154,7 +165,15 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
             }
         }
     }
+    let bridge_cancel = cancel.child_token();
+    let bridge = match slack {
+        Some(b) => Some(b.start(&fleet, bridge_cancel.clone()).await?),
+        None => None,
+    };
     print_banner(&fleet, &agents, &runs, a.keep, &token);
+    if let Some(b) = &bridge {
+        eprintln!("{}", b.banner());
+    }
 
     let mut log = LiveLog::new(&client).await;
     loop {
@@ -169,6 +188,10 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
                 fleet.dir.join("logs").join(format!("{name}.log")).display()
             ));
         }
+    }
+    bridge_cancel.cancel();
+    if let Some(b) = bridge {
+        b.stop().await;
     }
     eprintln!("\nstopping the workers, the gateway and the servers…");
     fleet.stop(Duration::from_secs(10)).await;

@@ -561,6 +561,38 @@ async fn a_click_answers_as_the_mapped_person_and_the_message_follows() {
         told.contains("Not answered") && told.contains("mallory"),
         "{told}"
     );
+    // The relay token itself: never as the fleet's own ids, nor as a stranger, nor for nobody,
+    // nor through another channel.
+    let relay = s.fleet.client.with_token(Some(&token("slack")));
+    let answer_path = format!("/v1/interactions/{rid}/response");
+    for (body, code) in [
+        (
+            json!({"option_id": "approve", "responder": {"id": "timeout"}}),
+            "forbidden",
+        ),
+        (
+            json!({"option_id": "approve", "responder": {"id": "ghost"}}),
+            "forbidden",
+        ),
+        (json!({"option_id": "approve"}), "forbidden"),
+        (
+            json!({"option_id": "approve", "responder": {"id": "alice", "via": "cli"}}),
+            "bad_request",
+        ),
+    ] {
+        let (status, reply) = relay.post(&answer_path, &body).await.expect("relay");
+        assert_eq!(reply["error"]["code"], code, "{body}: {status} {reply}");
+    }
+    // Nobody else may say `via: slack`.
+    let bob = s.fleet.client.with_token(Some(&token("bob")));
+    let (status, _) = bob
+        .post(
+            &answer_path,
+            &json!({"option_id": "approve", "responder": {"via": "slack"}}),
+        )
+        .await
+        .expect("bob");
+    assert_eq!(status, 400);
     let (_, view) = s
         .ops
         .get(&format!("/v1/interactions/{rid}"))
@@ -620,6 +652,18 @@ async fn answers_elsewhere_secrets_and_escalations_show_in_slack() {
         .wait_for("chooser posted", |f| f.posts_of(&rid).into_iter().next())
         .await;
     let bob = s.fleet.client.with_token(Some(&token("bob")));
+    // A claim shows on the message.
+    let (status, body) = bob
+        .post(&format!("/v1/interactions/{rid}/claim"), &json!({}))
+        .await
+        .expect("claim");
+    assert_eq!(status, 200, "{body}");
+    let update = s
+        .slack
+        .wait_for("the claim shown", |f| updates_of(f, &post["_ts"]).pop())
+        .await;
+    assert!(update.to_string().contains("Claimed by *bob*"), "{update}");
+    assert!(!buttons(&update).is_empty(), "still open: {update}");
     let (status, body) = bob
         .post(
             &format!("/v1/interactions/{rid}/response"),
@@ -630,7 +674,11 @@ async fn answers_elsewhere_secrets_and_escalations_show_in_slack() {
     assert_eq!(status, 200, "{body}");
     let update = s
         .slack
-        .wait_for("chooser updated", |f| updates_of(f, &post["_ts"]).pop())
+        .wait_for("chooser updated", |f| {
+            updates_of(f, &post["_ts"])
+                .pop()
+                .filter(|u| buttons(u).is_empty())
+        })
         .await;
     assert!(
         update.to_string().contains("Answered by *bob* via cli"),

@@ -77,6 +77,138 @@ pub async fn run(a: SlackArgs, cancel: CancellationToken) -> i32 {
     }
 }
 
+/// The bridge as `delta dev --slack` runs it: in this process, on the local fleet, with a
+/// tokens file made for the session (the bridge as a relay, each person of its user mapping
+/// with the role `answer`).
+pub struct DevBridge {
+    /// The gateway's tokens file.
+    pub tokens_file: PathBuf,
+    config: PathBuf,
+    relay_token: String,
+    people: Vec<String>,
+}
+
+/// The bridge running under `delta dev`.
+pub struct RunningBridge {
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+    listen: std::net::SocketAddr,
+    tokens_file: PathBuf,
+    people: Vec<String>,
+}
+
+fn random_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+impl DevBridge {
+    /// Reads the config (its errors before anything starts) and writes the tokens file in `dir`.
+    pub fn prepare(config: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<DevBridge> {
+        let mut env: HashMap<String, String> = std::env::vars().collect();
+        // The local fleet's NATS is not known yet: a stand-in to read the rest.
+        env.insert(config::ENV_NATS_URL.into(), "nats://127.0.0.1:4222".into());
+        let cfg = Config::load(config, &env).map_err(|e| anyhow::anyhow!(e.join("\n")))?;
+        let mut people: Vec<String> = cfg
+            .users
+            .by_id
+            .values()
+            .chain(cfg.users.by_email.values())
+            .filter(|p| {
+                !["slack", "operator", "timeout", "system", "anonymous"].contains(&p.as_str())
+            })
+            .cloned()
+            .collect();
+        people.sort();
+        people.dedup();
+        let relay_token = random_token();
+        let mut text = format!(
+            "# delta dev --slack: the bridge and the people of its user mapping.\n- name: slack\n  token: {relay_token}\n  roles: [relay]\n"
+        );
+        for p in &people {
+            text.push_str(&format!(
+                "- name: {}\n  token: {}\n  roles: [answer]\n",
+                serde_json::to_string(p).unwrap_or_default(),
+                random_token()
+            ));
+        }
+        let tokens_file = dir.join("tokens.yaml");
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tokens_file)?;
+            f.write_all(text.as_bytes())?;
+        }
+        Ok(DevBridge {
+            tokens_file,
+            config: config.to_path_buf(),
+            relay_token,
+            people,
+        })
+    }
+
+    /// Starts the bridge on the running `fleet`.
+    pub async fn start(
+        self,
+        fleet: &delta_launcher::local::LocalFleet,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<RunningBridge> {
+        let mut env: HashMap<String, String> = std::env::vars().collect();
+        let nats = fleet
+            .nats_url_as(delta_queue::access::NatsRole::Slack)
+            .ok_or_else(|| anyhow::anyhow!("the local fleet has no NATS"))?;
+        env.insert(config::ENV_NATS_URL.into(), nats);
+        env.insert(config::ENV_GATEWAY_TOKEN.into(), self.relay_token.clone());
+        env.remove("DELTA_KEY_PREFIX");
+        let mut cfg =
+            Config::load(&self.config, &env).map_err(|e| anyhow::anyhow!(e.join("\n")))?;
+        cfg.gateway_url = fleet.gateway_url.clone();
+        cfg.gateway_ca = None;
+        cfg.nats_ca = None;
+        cfg.prefix = "delta".into();
+        let listen = cfg.listen;
+        let handle = tokio::spawn(serve(cfg, cancel));
+        Ok(RunningBridge {
+            handle,
+            listen,
+            tokens_file: self.tokens_file,
+            people: self.people,
+        })
+    }
+}
+
+impl RunningBridge {
+    /// What `delta dev` prints about the bridge.
+    pub fn banner(&self) -> String {
+        format!(
+            "  slack       interactivity at http://{}/slack/interactivity (expose it to Slack, e.g. through a tunnel)\n              people: {} (their tokens for the inbox and CLI: {})",
+            self.listen,
+            if self.people.is_empty() {
+                "none mapped".to_owned()
+            } else {
+                self.people.join(", ")
+            },
+            self.tokens_file.display()
+        )
+    }
+
+    /// Waits for the bridge to stop (its token cancelled), at most 10 s.
+    pub async fn stop(self) {
+        match tokio::time::timeout(Duration::from_secs(10), self.handle).await {
+            Ok(Ok(Err(e))) => eprintln!("the Slack bridge stopped: {e:#}"),
+            Ok(_) => {}
+            Err(_) => eprintln!("the Slack bridge did not stop within 10 s"),
+        }
+    }
+}
+
 /// The consumer's name.
 fn consumer_name(prefix: &str) -> String {
     format!("{prefix}-slack")

@@ -35,6 +35,8 @@ pub struct Options {
     /// The gateway's `DELTA_GATEWAY_TOKEN` (every role); without one it runs without
     /// authentication, on loopback only.
     pub operator_token: Option<String>,
+    /// The gateway's tokens file, if any (`delta dev --slack` names the bridge and its people).
+    pub tokens_file: Option<PathBuf>,
     /// Working directory of the workers (tools run in their work dir; this is for relative paths).
     pub cwd: Option<PathBuf>,
     /// Redis's `appendfsync`: `always` (what docker-compose.yml runs, and the fleet's default
@@ -108,6 +110,14 @@ pub struct LocalFleet {
 }
 
 impl LocalFleet {
+    /// The NATS URL (with the login) of `role`.
+    pub fn nats_url_as(&self, role: crate::NatsRole) -> Option<String> {
+        match self.nats.as_ref()? {
+            NatsServers::One(n) => Some(n.url_as(role)),
+            NatsServers::Cluster(c) => Some(c.url_as(role)),
+        }
+    }
+
     /// Starts the servers and waits until they answer, then the gateway (until `/readyz` is ok)
     /// and the workers.
     pub async fn start(o: &Options) -> Result<LocalFleet, Error> {
@@ -205,6 +215,7 @@ impl LocalFleet {
         };
         gateway.secrets_key_hex = o.secrets_key_hex.clone();
         gateway.operator_token = o.operator_token.clone();
+        gateway.tokens_file = o.tokens_file.clone();
         // Redis fsyncs every write (`always`), or the fleet is told it gets no guarantee; on a
         // cluster, every write also waits for a replica (unless no guarantee is wanted).
         let durability = match (o.redis_fsync.as_str(), o.redis_cluster) {
