@@ -837,6 +837,31 @@ async fn restarted_it_catches_up_and_posts_each_question_once() {
         let run = submit(&s.ops, agent).await;
         later.push(pending(&s.ops, run).await);
     }
+    // A crash between posting and recording: the KV says a post was under way, Slack has it.
+    let run = submit(&s.ops, "hello").await;
+    let crashed = pending(&s.ops, run).await;
+    let (_, view) = s
+        .ops
+        .get(&format!("/v1/interactions/{crashed}"))
+        .await
+        .expect("get");
+    let js = async_nats::jetstream::new(s.fleet.nats_admin().await);
+    let kv = js
+        .get_key_value(format!("{}_SLACK", s.prefix.to_uppercase()))
+        .await
+        .expect("the bridge's bucket");
+    let record = json!({"request": view["request"], "posts": [], "posting": ["channel:C0ALL"]});
+    kv.put(&crashed, record.to_string().into())
+        .await
+        .expect("put");
+    let seeded_ts = "1799999999.000001";
+    s.slack.state.calls.lock().expect("calls").push(Call {
+        method: "chat.postMessage".into(),
+        params: json!({"channel": "C0ALL", "text": "posted before the crash", "_ts": seeded_ts,
+            "_channel": "C0ALL",
+            "metadata": {"event_type": "delta_question", "event_payload": {"request_id": crashed}}}),
+        status: 200,
+    });
     s.bridge.spawn();
     s.bridge.wait_ready().await;
     for rid in &later {
@@ -856,12 +881,27 @@ async fn restarted_it_catches_up_and_posts_each_question_once() {
         update.to_string().contains("Answered by *alice* via http"),
         "{update}"
     );
+    // The crashed post was found in the channel's history, not posted again: answered, it is
+    // the one updated.
+    let (status, body) = alice
+        .post(
+            &format!("/v1/interactions/{crashed}/response"),
+            &json!({"input": "Ada"}),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 200, "{body}");
+    s.slack
+        .wait_for("the crashed post updated", |f| {
+            updates_of(f, &json!(seeded_ts)).pop()
+        })
+        .await;
     // Once more, to be sure nothing comes late.
     s.bridge.kill();
     s.bridge.spawn();
     s.bridge.wait_ready().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    for rid in later.iter().chain([&first_rid]) {
+    for rid in later.iter().chain([&first_rid, &crashed]) {
         assert_eq!(s.slack.posts_of(rid).len(), 1, "{rid} posted once");
     }
 }

@@ -1031,6 +1031,12 @@ fn typed(schema: &Value, values: &HashMap<String, String>) -> Result<Value, Stri
                 "false" | "no" => json!(false),
                 _ => return Err(format!("`{name}` must be true or false")),
             },
+            Some("array") => json!(
+                text.split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .collect::<Vec<_>>()
+            ),
             _ => json!(text),
         };
         data.insert(name, v);
@@ -1085,6 +1091,33 @@ fn modal(q: &InteractionRequest, meta: &ModalMeta) -> SlackModalView {
                     .and_then(Value::as_str)
                     .unwrap_or(name)
                     .to_owned();
+                let consts: Vec<String> = p
+                    .get("oneOf")
+                    .or_else(|| p.get("anyOf"))
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|c| c.get("const").and_then(Value::as_str))
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let items: Vec<String> = p
+                    .get("items")
+                    .and_then(|i| i.get("enum"))
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if !consts.is_empty() {
+                    label = format!("{label} (one of: {})", consts.join(", "));
+                } else if !items.is_empty() {
+                    label = format!("{label} (some of, with commas: {})", items.join(", "));
+                }
                 if let Some(e) = p.get("enum").and_then(Value::as_array) {
                     let choices: Vec<String> = e
                         .iter()
