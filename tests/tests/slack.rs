@@ -905,3 +905,98 @@ async fn restarted_it_catches_up_and_posts_each_question_once() {
         assert_eq!(s.slack.posts_of(rid).len(), 1, "{rid} posted once");
     }
 }
+
+const COUNCIL_CONFIG: &str = "name: council\nbrain: scripted\ntools:\n  - name: deploy\n    exec: \"echo deploying ${env}\"\n    approval: always\n    approvals: {min: 2, of: [alice, bob]}\n    parameters:\n      - {name: env, type: string}\n";
+const COUNCIL_SCRIPT: &str =
+    "steps:\n  - tool: deploy\n    args: {env: prod}\n  - finish: \"deployed\"\n";
+
+/// Votes from Slack are counted (the voter told the tally, the message's rule line updated) and
+/// the second decides; a question that expires or whose run is cancelled says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn votes_expiry_and_cancellation_show_in_slack() {
+    let s = setup("slk5", &[("council", COUNCIL_CONFIG, COUNCIL_SCRIPT)]).await;
+    let run = submit(&s.ops, "council").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("council posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    assert!(
+        post.to_string()
+            .contains("Needs 2 approval(s) from alice, bob"),
+        "{post}"
+    );
+    let approve = buttons(&post)
+        .into_iter()
+        .find(|b| {
+            b["style"] == "danger"
+                && b["action_id"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("delta.answer."))
+        })
+        .expect("approve");
+    let approve = approve["action_id"].as_str().expect("id").to_owned();
+    send(&s.bridge, &click(&post, "U0ALICE", &approve), now(), None).await;
+    let told = s
+        .slack
+        .wait_for("alice told her vote counted", |f| {
+            ephemerals_to(f, "U0ALICE").into_iter().next()
+        })
+        .await;
+    assert!(told.contains("1 of 2 approvals (alice)"), "{told}");
+    let update = s
+        .slack
+        .wait_for("the tally on the message", |f| {
+            updates_of(f, &post["_ts"]).pop()
+        })
+        .await;
+    assert!(
+        update.to_string().contains("1 of 2 approvals (alice)"),
+        "{update}"
+    );
+    send(&s.bridge, &click(&post, "U0BOB", &approve), now(), None).await;
+    s.fleet.wait_status(run, RunStatus::Completed).await;
+    let update = s
+        .slack
+        .wait_for("decided", |f| {
+            updates_of(f, &post["_ts"])
+                .pop()
+                .filter(|u| buttons(u).is_empty())
+        })
+        .await;
+    assert!(update.to_string().contains("via slack"), "{update}");
+
+    // Expired: its default applied.
+    let run = submit(&s.ops, "timed").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("timed posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    let update = s
+        .slack
+        .wait_for("expired", |f| updates_of(f, &post["_ts"]).pop())
+        .await;
+    assert!(update.to_string().contains("Expired after"), "{update}");
+    assert!(buttons(&update).is_empty());
+
+    // Cancelled with its run.
+    let run = submit(&s.ops, "chooser").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("chooser posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    let (status, body) = s
+        .ops
+        .post(&format!("/v1/runs/{run}/cancel"), &json!({}))
+        .await
+        .expect("cancel");
+    assert_eq!(status, 200, "{body}");
+    let update = s
+        .slack
+        .wait_for("cancelled", |f| updates_of(f, &post["_ts"]).pop())
+        .await;
+    assert!(update.to_string().contains("Cancelled"), "{update}");
+    assert!(buttons(&update).is_empty());
+}
