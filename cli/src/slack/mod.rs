@@ -209,6 +209,10 @@ impl RunningBridge {
     }
 }
 
+/// How long the events stream waits for the bridge to acknowledge an event before delivering it
+/// again.
+const ACK_WAIT: Duration = Duration::from_secs(15);
+
 /// The consumer's name.
 fn consumer_name(prefix: &str) -> String {
     format!("{prefix}-slack")
@@ -279,7 +283,11 @@ pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()>
                 .map(|t| names.event_filter(t, "*"))
                 .collect(),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(120),
+                // Short, with a heartbeat while an event is handled: after a crash, what the
+                // dead process had pulled comes back within seconds. Few in flight, for the same
+                // reason (they are handled one by one anyway).
+                ack_wait: ACK_WAIT,
+                max_ack_pending: 16,
                 deliver_policy: jetstream::consumer::DeliverPolicy::All,
                 ..Default::default()
             },
@@ -363,7 +371,18 @@ async fn consume(
                 continue;
             }
         };
-        match b.event(&msg.subject, &msg.payload).await {
+        // Slack's rate limits can hold an event for longer than `ack_wait`: say it is in hand.
+        let handled = b.event(&msg.subject, &msg.payload);
+        tokio::pin!(handled);
+        let outcome = loop {
+            tokio::select! {
+                r = &mut handled => break r,
+                _ = tokio::time::sleep(ACK_WAIT / 3) => {
+                    let _ = msg.ack_with(jetstream::AckKind::Progress).await;
+                }
+            }
+        };
+        match outcome {
             Ok(()) => {
                 if let Err(e) = msg.double_ack().await {
                     tracing::warn!(error = %e, "acknowledging an event");
@@ -528,34 +547,11 @@ impl Bridge {
         let Some((blocks, text)) = self.render(&rec) else {
             return Ok(());
         };
+        // Posts started before a crash: Slack may have them already.
+        self.recover(id, &mut rec).await?;
         for (target, to) in self.targets(&q).await? {
             if rec.posts.iter().any(|p| p.target == target) {
                 continue;
-            }
-            let channel = to.clone();
-            // A post started before a crash: Slack may have it already.
-            if rec.posting.contains(&target) && !target.starts_with("dm:") {
-                let oldest = q.timestamp.micros() / 1_000_000 - 60;
-                match self
-                    .slack
-                    .find_posted(&channel, oldest, &id.to_string())
-                    .await
-                {
-                    Ok(Some(ts)) => {
-                        rec.posting.retain(|t| t != &target);
-                        rec.posts.push(Post {
-                            target,
-                            channel,
-                            ts,
-                        });
-                        self.store.put(id, &rec).await?;
-                        continue;
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot search the channel's history (channels:history); posting again")
-                    }
-                }
             }
             if !rec.posting.contains(&target) {
                 rec.posting.push(target.clone());
@@ -582,12 +578,51 @@ impl Bridge {
         Ok(())
     }
 
+    /// Posts a crash left unrecorded (`posting`), found in their channel's history by their
+    /// metadata, recorded now: so that what happens to the question reaches them too.
+    async fn recover(&self, id: RequestId, rec: &mut Record) -> Outcome {
+        let Some(q) = rec.request.as_ref() else {
+            return Ok(());
+        };
+        let oldest = q.timestamp.micros() / 1_000_000 - 60;
+        let mut found = false;
+        for target in rec.posting.clone() {
+            let Some(channel) = target.strip_prefix("channel:") else {
+                continue;
+            };
+            match self
+                .slack
+                .find_posted(channel, oldest, &id.to_string())
+                .await
+            {
+                Ok(Some(ts)) => {
+                    rec.posting.retain(|t| t != &target);
+                    rec.posts.push(Post {
+                        target: target.clone(),
+                        channel: channel.to_owned(),
+                        ts,
+                    });
+                    found = true;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot search the channel's history (channels:history)")
+                }
+            }
+        }
+        if found {
+            self.store.put(id, rec).await?;
+        }
+        Ok(())
+    }
+
     async fn resolved(&self, r: Resolved) -> Outcome {
         let id = r.request_id;
         let mut rec = self.store.get(id).await?;
         if rec.settled.is_some() {
             return Ok(());
         }
+        self.recover(id, &mut rec).await?;
         rec.settled = Some(r);
         rec.claim = None;
         self.store.put(id, &rec).await?;
@@ -600,6 +635,7 @@ impl Bridge {
         if rec.settled.is_some() || rec.request.is_none() {
             return Ok(());
         }
+        self.recover(id, &mut rec).await?;
         rec.claim = u.claim;
         if u.tally.is_some() {
             rec.tally = u.tally;
@@ -614,6 +650,7 @@ impl Bridge {
         if rec.escalations.contains(&e.step) || rec.settled.is_some() {
             return Ok(());
         }
+        self.recover(id, &mut rec).await?;
         let line = render::escalation_line(&e);
         for p in &rec.posts {
             self.slack
