@@ -341,6 +341,37 @@ mod tests {
     }
 
     #[test]
+    fn the_slack_bridge_reads_events_and_its_bucket_and_nothing_else() {
+        let p = permissions(&Scope::Prefix("delta".into()), NatsRole::Slack);
+        for must in [
+            "$JS.API.CONSUMER.MSG.NEXT.DELTA_INTERACTIONS.delta-slack",
+            "$JS.API.CONSUMER.DURABLE.CREATE.DELTA_INTERACTIONS.delta-slack",
+            "$JS.API.STREAM.CREATE.KV_DELTA_SLACK",
+            "$KV.DELTA_SLACK.>",
+        ] {
+            assert!(p.publish.contains(&must.to_owned()), "{must}");
+        }
+        // No job, no answer, no announcement, no other consumer, no other stream's changes.
+        assert!(
+            !p.publish.iter().any(|s| s.starts_with("delta.")),
+            "{:?}",
+            p.publish
+        );
+        assert!(
+            !p.publish
+                .iter()
+                .any(|s| s.contains("delta-workers") || s.contains("STREAM.UPDATE"))
+        );
+        assert!(
+            !p.publish
+                .iter()
+                .any(|s| s.contains("STREAM.CREATE.DELTA_") || s.contains(".*.*"))
+        );
+        assert_eq!(p.subscribe, ["_DELTA_INBOX.delta.slack.>"]);
+        assert!(!p.allow_responses);
+    }
+
+    #[test]
     fn any_scope_names_no_prefix() {
         let p = permissions(&Scope::Any, NatsRole::Worker);
         assert!(p.publish.contains(&"*.dlq.>".to_owned()));
