@@ -486,7 +486,7 @@ impl Bridge {
     }
 
     /// Where `q` goes: `(target, channel or Slack user id to post to)`.
-    async fn targets(&self, q: &InteractionRequest) -> Outcome2<Vec<(String, String)>> {
+    async fn targets(&self, q: &InteractionRequest) -> anyhow::Result<Vec<(String, String)>> {
         let Some(route) = self.cfg.route(&q.agent) else {
             return Ok(vec![]);
         };
@@ -729,8 +729,6 @@ impl Bridge {
     }
 }
 
-type Outcome2<T> = anyhow::Result<T>;
-
 /// What Slack posts to the interactivity URL, as far as the bridge reads it.
 #[derive(Debug, serde::Deserialize)]
 struct Payload {
@@ -837,6 +835,27 @@ impl Bridge {
         }
     }
 
+    /// The identity of the Slack user who clicked; else they are told why not.
+    async fn who(&self, channel: &str, user: &str) -> Option<String> {
+        match self.identity_of(user).await {
+            Ok(Some(id)) => Some(id),
+            Ok(None) => {
+                self.tell(channel, user, UNMAPPED).await;
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot look a Slack user up");
+                self.tell(
+                    channel,
+                    user,
+                    "The bridge cannot look you up in Slack right now (users:read / users:read.email?): nothing was answered. Try again later.",
+                )
+                .await;
+                None
+            }
+        }
+    }
+
     async fn tell(&self, channel: &str, user: &str, text: &str) {
         if let Err(e) = self.slack.ephemeral(channel, user, text).await {
             tracing::warn!(error = %e, "cannot tell the user why");
@@ -857,8 +876,7 @@ impl Bridge {
         else {
             return Ok(());
         };
-        let Some(identity) = self.identity_of(&user).await? else {
-            self.tell(&channel, &user, UNMAPPED).await;
+        let Some(identity) = self.who(&channel, &user).await else {
             return Ok(());
         };
         let rec = self.store.get(rid).await?;
@@ -921,8 +939,7 @@ impl Bridge {
         };
         let user = p.user.id.clone();
         let channel = meta.c.clone();
-        let Some(identity) = self.identity_of(&user).await? else {
-            self.tell(&channel, &user, UNMAPPED).await;
+        let Some(identity) = self.who(&channel, &user).await else {
             return Ok(());
         };
         let rec = self.store.get(meta.r).await?;
