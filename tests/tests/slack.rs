@@ -329,7 +329,7 @@ async fn setup(prefix: &str, agents: &[(&str, &str, &str)]) -> Setup {
     std::fs::write(
         &config,
         format!(
-            "gateway_url: {}\nnats: {{prefix: {prefix}}}\nlisten: 127.0.0.1:{port}\ninbox_url: https://delta.example/inbox\nslack_api_url: {}\nroutes:\n  - {{agents: [guarded], channel: C0GUARD, dm: true}}\n  - {{agents: [\"*\"], channel: C0ALL}}\nusers:\n  by_id: {{U0ALICE: alice}}\n  by_email: {{bob@example.com: bob, x@example.com: mallory}}\n",
+            "gateway_url: {}\nnats: {{prefix: {prefix}}}\nlisten: 127.0.0.1:{port}\ninbox_url: https://delta.example/inbox\nslack_api_url: {}\nroutes:\n  - {{agents: [guarded, escalating], channel: C0GUARD, dm: true}}\n  - {{agents: [\"*\"], channel: C0ALL}}\nusers:\n  by_id: {{U0ALICE: alice}}\n  by_email: {{bob@example.com: bob, x@example.com: mallory}}\n",
             fleet.gateway_spec.url(),
             slack.url
         ),
@@ -640,7 +640,7 @@ async fn answers_elsewhere_secrets_and_escalations_show_in_slack() {
         &[(
             "escalating",
             "name: escalating\nbrain: scripted\n",
-            "steps:\n  - ask_human:\n      prompt: \"Restart the database?\"\n      escalation:\n        - {after: 1s, remind: true}\n      options:\n        - {id: now, label: Now}\n        - {id: later, label: Later}\n  - finish: \"chose ${answer}\"\n",
+            "steps:\n  - ask_human:\n      prompt: \"Restart the database?\"\n      escalation:\n        - {after: 1s, remind: true}\n        - {after: 2s, add_responders: [bob]}\n      options:\n        - {id: now, label: Now}\n        - {id: later, label: Later}\n  - finish: \"chose ${answer}\"\n",
         )],
     )
     .await;
@@ -717,8 +717,18 @@ async fn answers_elsewhere_secrets_and_escalations_show_in_slack() {
     assert!(
         reply["text"]
             .as_str()
-            .is_some_and(|t| t.contains("Escalation step 1 of 1"))
+            .is_some_and(|t| t.contains("Escalation step 1 of 2"))
     );
+    assert_eq!(post["channel"], "C0GUARD");
+    // The second step lets bob answer: the route DMs him the question (his Slack user found by
+    // his e-mail address).
+    s.slack
+        .wait_for("bob's DM", |f| {
+            f.posts_of(&rid)
+                .into_iter()
+                .find(|p| p["channel"] == "U0BOB")
+        })
+        .await;
 
     // `guarded` names alice: its route sends her a DM too.
     let run = submit(&s.ops, "guarded").await;

@@ -486,7 +486,11 @@ impl Bridge {
     }
 
     /// Where `q` goes: `(target, channel or Slack user id to post to)`.
-    async fn targets(&self, q: &InteractionRequest) -> anyhow::Result<Vec<(String, String)>> {
+    async fn targets(
+        &self,
+        q: &InteractionRequest,
+        extra: &[String],
+    ) -> anyhow::Result<Vec<(String, String)>> {
         let Some(route) = self.cfg.route(&q.agent) else {
             return Ok(vec![]);
         };
@@ -495,7 +499,7 @@ impl Bridge {
             out.push((format!("channel:{c}"), c.clone()));
         }
         if route.dm {
-            for who in &q.allowed_responders {
+            for who in q.allowed_responders.iter().chain(extra) {
                 if who.starts_with(delta_protocol::human::GROUP_PREFIX) {
                     continue;
                 }
@@ -549,13 +553,28 @@ impl Bridge {
         };
         // Posts started before a crash: Slack may have them already.
         self.recover(id, &mut rec).await?;
-        for (target, to) in self.targets(&q).await? {
+        let targets = self.targets(&q, &rec.added).await?;
+        self.post_to(id, &mut rec, targets, blocks, text).await?;
+        Ok(())
+    }
+
+    /// Posts the question to each of `targets` it was not posted to yet; each post is marked
+    /// under way first and recorded once Slack has it.
+    async fn post_to(
+        &self,
+        id: RequestId,
+        rec: &mut Record,
+        targets: Vec<(String, String)>,
+        blocks: Vec<SlackBlock>,
+        text: String,
+    ) -> Outcome {
+        for (target, to) in targets {
             if rec.posts.iter().any(|p| p.target == target) {
                 continue;
             }
             if !rec.posting.contains(&target) {
                 rec.posting.push(target.clone());
-                self.store.put(id, &rec).await?;
+                self.store.put(id, rec).await?;
             }
             let posted = self
                 .slack
@@ -573,7 +592,7 @@ impl Bridge {
                 channel: posted.channel,
                 ts: posted.ts,
             });
-            self.store.put(id, &rec).await?;
+            self.store.put(id, rec).await?;
         }
         Ok(())
     }
@@ -647,18 +666,36 @@ impl Bridge {
     async fn escalated(&self, e: Escalated) -> Outcome {
         let id = e.request_id;
         let mut rec = self.store.get(id).await?;
-        if rec.escalations.contains(&e.step) || rec.settled.is_some() {
+        if rec.settled.is_some() {
             return Ok(());
         }
         self.recover(id, &mut rec).await?;
-        let line = render::escalation_line(&e);
-        for p in &rec.posts {
-            self.slack
-                .post(&p.channel, vec![], line.clone(), None, Some(&p.ts))
-                .await?;
+        if !rec.escalations.contains(&e.step) {
+            let line = render::escalation_line(&e);
+            for p in &rec.posts {
+                self.slack
+                    .post(&p.channel, vec![], line.clone(), None, Some(&p.ts))
+                    .await?;
+            }
+            rec.escalations.push(e.step);
+            self.store.put(id, &rec).await?;
         }
-        rec.escalations.push(e.step);
-        self.store.put(id, &rec).await?;
+        // People the step lets answer get the question in a DM too, where the route says so
+        // (each target once: a redelivery posts only what is missing).
+        if !e.what.add_responders.is_empty()
+            && let Some(q) = rec.request.clone()
+        {
+            for who in &e.what.add_responders {
+                if !rec.added.contains(who) {
+                    rec.added.push(who.clone());
+                }
+            }
+            self.store.put(id, &rec).await?;
+            if let Some((blocks, text)) = self.render(&rec) {
+                let targets = self.targets(&q, &rec.added).await?;
+                self.post_to(id, &mut rec, targets, blocks, text).await?;
+            }
+        }
         Ok(())
     }
 

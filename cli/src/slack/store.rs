@@ -2,6 +2,8 @@
 //! the request id): where it posted the question, what it last heard of it. Its NATS user may
 //! read and write this bucket and nothing else of the kind (`delta_queue::access`, role `slack`).
 
+use std::time::Duration;
+
 use async_nats::jetstream;
 use async_nats::jetstream::kv;
 use delta_protocol::human::{Claim, Tally};
@@ -42,6 +44,9 @@ pub struct Record {
     /// Escalation steps already posted in the thread.
     #[serde(default)]
     pub escalations: Vec<u32>,
+    /// Who escalation steps let answer besides `allowed_responders` (DMs for `dm: true`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added: Vec<String>,
 }
 
 /// Why the store failed.
@@ -82,6 +87,9 @@ impl Store {
                     bucket: name.clone(),
                     description: "delta slack: where each question was posted".into(),
                     history: 1,
+                    // A question waits at most as long as its last escalation step may be
+                    // (90 days); its record is kept that long after its last change.
+                    max_age: Duration::from_secs(90 * 24 * 3600),
                     storage: jetstream::stream::StorageType::File,
                     num_replicas: replicas,
                     ..Default::default()
