@@ -938,7 +938,7 @@ impl Bridge {
         match kind {
             render::ACT_ANSWER => {
                 let body = json!({
-                    "option_id": option,
+                    "option_id": render::option_of_key(&q, &option),
                     "request_hash": q.request_hash,
                     "responder": {"id": identity, "via": "slack"},
                 });
@@ -993,7 +993,7 @@ impl Bridge {
             "responder": {"id": identity, "via": "slack"},
         });
         if !meta.o.is_empty() {
-            body["option_id"] = json!(meta.o);
+            body["option_id"] = json!(render::option_of_key(&q, &meta.o));
         }
         if let Some(text) = values.get("input").filter(|t| !t.is_empty()) {
             body["input"] = json!(text);
@@ -1159,7 +1159,7 @@ fn modal(q: &InteractionRequest, meta: &ModalMeta) -> SlackModalView {
             .with_text(md!(render::truncate(&render::escape(&q.prompt), 3000)))
             .into(),
     ];
-    let option = q.option(&meta.o);
+    let option = q.option(&render::option_of_key(q, &meta.o));
     if meta.k == render::ACT_EDIT {
         let args = q.context.get("args").cloned().unwrap_or(json!({}));
         blocks.push(input(

@@ -214,9 +214,28 @@ fn plan_lines(plan: &Value) -> Option<String> {
     Some(out)
 }
 
-/// The button value: `<request_id> <option_id>`.
+/// How a button names its option: the option's id, or `#<index>` for an id too long for Slack's
+/// `action_id` (255) or that starts with `#` itself.
+pub fn option_key(q: &InteractionRequest, option_id: &str) -> String {
+    let index = q.options.iter().position(|o| o.option_id == option_id);
+    match index {
+        Some(i) if option_id.len() > 100 || option_id.starts_with('#') => format!("#{i}"),
+        _ => option_id.to_owned(),
+    }
+}
+
+/// The option id a button's key names (see [`option_key`]).
+pub fn option_of_key(q: &InteractionRequest, key: &str) -> String {
+    key.strip_prefix('#')
+        .and_then(|i| i.parse::<usize>().ok())
+        .and_then(|i| q.options.get(i))
+        .map(|o| o.option_id.clone())
+        .unwrap_or_else(|| key.to_owned())
+}
+
+/// The button value: `<request_id> <option key>`.
 pub fn button_value(q: &InteractionRequest, option_id: &str) -> String {
-    format!("{} {option_id}", q.request_id)
+    format!("{} {}", q.request_id, option_key(q, option_id))
 }
 
 fn button(q: &InteractionRequest, o: &InteractionOption) -> SlackActionBlockElement {
@@ -230,7 +249,10 @@ fn button(q: &InteractionRequest, o: &InteractionOption) -> SlackActionBlockElem
         label = truncate(&format!("{label}…"), BUTTON_TEXT_MAX);
     }
     let mut b = SlackBlockButtonElement::new(pt!(label))
-        .with_action_id(SlackActionId::new(format!("{act}.{}", o.option_id)))
+        .with_action_id(SlackActionId::new(format!(
+            "{act}.{}",
+            option_key(q, &o.option_id)
+        )))
         .with_value(button_value(q, &o.option_id));
     if is_dangerous(o) {
         let mut what = format!("*{}*", escaped(&o.label, 200));
@@ -333,7 +355,7 @@ pub fn question(
                 SlackBlockButtonElement::new(pt!("Edit arguments…"))
                     .with_action_id(SlackActionId::new(format!(
                         "{ACT_EDIT}.{}",
-                        approve.option_id
+                        option_key(q, &approve.option_id)
                     )))
                     .with_value(button_value(q, &approve.option_id)),
             ));
@@ -456,6 +478,18 @@ mod tests {
         let j = json_of(&blocks);
         assert!(!j.contains("\"actions\""), "{j}");
         assert!(j.contains("<https://d.example/inbox|web inbox>"));
+    }
+
+    #[test]
+    fn a_long_option_id_is_named_by_its_index() {
+        let mut q = approval();
+        q.options[1].option_id = "r".repeat(300);
+        let (blocks, _) = question(&q, &Standing::default(), None);
+        let v: Value = serde_json::to_value(&blocks).expect("json");
+        let j = v.to_string();
+        assert!(j.contains("\"delta.answer.#1\""), "{j}");
+        assert_eq!(option_of_key(&q, "#1"), "r".repeat(300));
+        assert_eq!(option_of_key(&q, "approve"), "approve");
     }
 
     #[test]
