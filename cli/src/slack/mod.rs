@@ -515,36 +515,44 @@ impl Bridge {
     async fn requested(&self, q: InteractionRequest) -> Outcome {
         let id = q.request_id;
         let mut rec = self.store.get(id).await?;
-        if rec.settled.is_some() || rec.closed {
-            return Ok(());
-        }
         let again = rec
             .request
             .as_ref()
             .is_some_and(|old| old.request_hash != q.request_hash);
-        if rec.posts.is_empty() && rec.posting.is_empty() {
-            // Caught up after a while: post only what still waits for an answer.
+        let known = !rec.posts.is_empty() || !rec.posting.is_empty();
+        let settled = rec.settled.is_some() || rec.closed;
+        let mut reopened = false;
+        if !known || settled {
+            // Caught up after a while: post only what still waits for an answer. Settled here
+            // but announced again: reopened, if the gateway says it waits.
             match self
                 .gateway
                 .get_as::<InteractionView>(&format!("v1/interactions/{id}"), &[])
                 .await
             {
                 Ok(v) if v.body.state != InteractionState::Pending => {
-                    rec.closed = true;
-                    self.store.put(id, &rec).await?;
+                    if !settled {
+                        rec.closed = true;
+                        self.store.put(id, &rec).await?;
+                    }
                     return Ok(());
                 }
                 Ok(v) => {
                     rec.tally = v.body.tally;
                     rec.claim = v.body.claim;
+                    if settled {
+                        rec.settled = None;
+                        rec.closed = false;
+                        reopened = true;
+                    }
                 }
                 Err(client::Error::NotFound { .. }) => return Ok(()),
                 Err(e) => anyhow::bail!("asking the gateway about {id}: {e}"),
             }
         }
         rec.request = Some(q.clone());
-        if again {
-            // Asked again (reopened): the same messages show the new version.
+        if again || reopened {
+            // Asked again: the same messages show the question as it is now, buttons and all.
             self.store.put(id, &rec).await?;
             self.refresh(&rec).await?;
         }
