@@ -1272,6 +1272,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn events_are_read_as_cloudevents_and_bare_payloads_by_their_subject() {
+        let q = InteractionRequest::new(
+            delta_protocol::RunId::new(),
+            "hello",
+            delta_protocol::InteractionType::UserInput,
+            "Name?",
+        );
+        let ce = events::encode(&events::requested("delta", &q, None, None));
+        let (t, data) = read_event("delta.interactions.requested.hello.x", &ce).expect("ce");
+        assert_eq!(t, EventType::InteractionRequested);
+        assert_eq!(data["prompt"], "Name?");
+        let bare = serde_json::to_vec(&q).expect("json");
+        let (t, _) = read_event("delta.interactions.requested.hello.x", &bare).expect("bare");
+        assert_eq!(t, EventType::InteractionRequested);
+        assert!(read_event("delta.interactions.requested.hello.x", b"not json").is_none());
+        assert!(read_event("delta.jobs.hello", b"{}").is_none());
+    }
+
+    #[test]
     fn typed_answers_follow_the_schema() {
         let schema = json!({"type": "object", "properties": {
             "email": {"type": "string"}, "count": {"type": "integer"}, "ok": {"type": "boolean"}}});
