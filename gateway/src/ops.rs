@@ -794,8 +794,11 @@ impl Gateway {
         }
     }
 
-    /// After an interaction was settled: publish its run's resume job (idempotent), note it,
-    /// announce `resolved`. A failure here is left to the resume reconciler.
+    /// After an interaction was settled: announce it (`resolved`), then publish its run's resume
+    /// job (idempotent) and note it. In that order, so that the settling precedes in the events
+    /// stream whatever the resumed run announces next (its next question, its end). A failure
+    /// here is left to the resume reconciler, which announces `resolved` again (same id) when it
+    /// publishes the job.
     /// `traceparent` is the question's `interaction` span (crate::trace), or what was stored.
     pub async fn resume(
         &self,
@@ -811,6 +814,9 @@ impl Gateway {
             request_id: Some(q.request_id),
         };
         let tp = traceparent;
+        if let Err(e) = self.queue.publish_resolved(&q.agent, &resolved, tp).await {
+            tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "`resolved` not announced");
+        }
         let msg_id = job.resume_msg_id(answered_at);
         match self.queue.publish_job_as(&q.agent, &job, &msg_id, tp).await {
             Ok(seq) => {
@@ -828,9 +834,6 @@ impl Gateway {
                 tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "resume not published; the reconciler will");
                 return;
             }
-        }
-        if let Err(e) = self.queue.publish_resolved(&q.agent, &resolved, tp).await {
-            tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "`resolved` not announced");
         }
     }
 

@@ -192,15 +192,8 @@ async fn resume_one(
         // Published, gone from the stream, and the run still waits: lost.
         Some(seq) => format!("requeue:{request_id}:{seq}"),
     };
-    let seq = gw
-        .queue
-        .publish_job_as(&record.agent, &job, &msg_id, tp)
-        .await?;
-    let later = Timestamp::now().micros() + micros(gw.config.lost_job_after);
-    gw.store
-        .resume_published(run_id, request_id, seq, later)
-        .await?;
-    // Whoever settled it may have died before announcing it (same id: announced once).
+    // Whoever settled it may have died before announcing it (same id: announced once); before
+    // the job, as `Gateway::resume` does, so that it precedes what the resumed run announces.
     if let Some(resolved) = gw.resolved_of(run_id, &ix)
         && let Err(e) = gw
             .queue
@@ -209,6 +202,14 @@ async fn resume_one(
     {
         tracing::warn!(error = %delta_host::Chain(&e), request = %request_id, "`resolved` not announced");
     }
+    let seq = gw
+        .queue
+        .publish_job_as(&record.agent, &job, &msg_id, tp)
+        .await?;
+    let later = Timestamp::now().micros() + micros(gw.config.lost_job_after);
+    gw.store
+        .resume_published(run_id, request_id, seq, later)
+        .await?;
     gw.metrics.resumes_republished.inc();
     tracing::info!(run = %run_id, request = %request_id, msg_id, "resume job published by the reconciler");
     Ok(true)

@@ -1029,12 +1029,13 @@ impl Queue {
                 let kind = *kinds
                     .iter()
                     .find(|k| rest.strip_prefix(**k).is_some_and(|r| r.starts_with('.')))?;
-                let event = events::decode::<serde_json::Value>(&m.payload).ok()?;
+                // `data` as it was written (no second serialization).
+                let event = events::decode::<Box<serde_json::value::RawValue>>(&m.payload).ok()?;
                 Some(InteractionEvent {
                     seq,
                     kind,
                     agent: event.deltaagent,
-                    payload: serde_json::to_vec(&event.data).ok()?,
+                    payload: event.data.get().as_bytes().to_vec(),
                 })
             });
             std::future::ready(event)
