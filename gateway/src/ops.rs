@@ -832,7 +832,6 @@ impl Gateway {
             }
             Err(e) => {
                 tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "resume not published; the reconciler will");
-                return;
             }
         }
     }
