@@ -38,6 +38,7 @@ pub mod sse;
 pub mod tickets;
 pub mod tls;
 pub mod trace;
+pub mod webhooks;
 
 pub use config::Config;
 
@@ -148,6 +149,7 @@ pub async fn run(
         tokio::spawn(async move { bots::serve(gw).await })
     };
     let reconcilers = tokio::spawn(reconcile::run(gw.clone(), shutdown.clone()));
+    let webhooks = tokio::spawn(webhooks::deliver::run(gw.clone()));
     let tls = gw.config.tls.is_some();
     tracing::info!(%bound, auth = gw.config.auth.is_on(), tls, "gateway listening");
     if !tls && gw.config.auth.is_on() && !bound.ip().is_loopback() {
@@ -169,6 +171,7 @@ pub async fn run(
         Ok(Ok(())) => {}
     }
     let _ = reconcilers.await;
+    let _ = webhooks.await;
     // Under a target of its own, so that benchmarks can keep it while silencing the rest.
     tracing::info!(
         target: "delta_stats",
