@@ -15,7 +15,7 @@ missing=()
 for p in "${PACKAGES[@]}"; do
   name="${p%%==*}"
   want="${p##*==}"
-  have="$("$VENV/bin/pip" show "$name" 2>/dev/null | sed -n 's/^Version: //p')"
+  have="$("$VENV/bin/pip" show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)"
   [ "$have" = "$want" ] || missing+=("$p")
 done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -324,7 +324,9 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         let questions = questions.clone();
         tokio::spawn(async move {
             while let Some(m) = sub.next().await {
-                if let Ok(q) = serde_json::from_slice::<InteractionRequest>(&m.payload) {
+                if let Ok(q) =
+                    delta_protocol::events::decode::<InteractionRequest>(&m.payload).map(|e| e.data)
+                {
                     questions.arrived(q);
                 }
             }

@@ -932,6 +932,11 @@ impl Gateway {
     ) -> Result<RunStatus, ApiError> {
         let record = self.store.record(run_id).await?;
         if record.status.is_terminal() {
+            // Its end announced once more (idempotent): a cancel retried after the gateway that
+            // took it died between ending the run and announcing it.
+            if record.status == RunStatus::Cancelled {
+                self.announce_ended(&record).await;
+            }
             return Err(ApiError::new(
                 ErrorCode::AlreadyResolved,
                 format!("run {run_id} is already {}", record.status),
@@ -996,7 +1001,22 @@ impl Gateway {
                 tracing::warn!(error = %delta_host::Chain(&e), "`resolved` of a cancelled run's question not announced");
             }
         }
+        match self.store.record(run_id).await {
+            Ok(record) => self.announce_ended(&record).await,
+            Err(e) => {
+                tracing::warn!(error = %delta_host::Chain(&e), run = %run_id, "the cancelled run's end not announced");
+            }
+        }
         Ok(RunStatus::Cancelled)
+    }
+
+    /// Announces that `record`'s run ended (`run.cancelled`…), if it did; best effort.
+    async fn announce_ended(&self, record: &delta_store::RunRecord) {
+        if let Some(ended) = record.ended()
+            && let Err(e) = self.queue.publish_run_ended(&ended, None).await
+        {
+            tracing::warn!(error = %delta_host::Chain(&e), run = %record.run_id, "a run's end not announced");
+        }
     }
 }
 

@@ -28,9 +28,7 @@ use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
 use delta_api::{ErrorCode, RunEnded, StreamQuery, StreamTarget, sse};
-use delta_protocol::{
-    Escalated, Event as JournalEventKind, InteractionRequest, InteractionUpdate, RunId,
-};
+use delta_protocol::{Event as JournalEventKind, RunId};
 
 use crate::Gateway;
 use crate::api::caller;
@@ -335,23 +333,8 @@ pub async fn interaction_events(
                 () = tx.closed() => return,
             };
             let Some(e) = next else { return };
-            if let Some(a) = &agent {
-                // `resolved` carries no agent: it is sent to everyone, harmlessly.
-                let of_agent = match e.kind {
-                    sse::REQUESTED => serde_json::from_slice::<InteractionRequest>(&e.payload)
-                        .ok()
-                        .map(|q| q.agent),
-                    sse::UPDATED => serde_json::from_slice::<InteractionUpdate>(&e.payload)
-                        .ok()
-                        .map(|u| u.agent),
-                    sse::ESCALATED => serde_json::from_slice::<Escalated>(&e.payload)
-                        .ok()
-                        .map(|u| u.agent),
-                    _ => None,
-                };
-                if of_agent.is_some_and(|x| x != *a) {
-                    continue;
-                }
+            if agent.as_ref().is_some_and(|a| *a != e.agent) {
+                continue;
             }
             let event = Event::default()
                 .id(e.seq.to_string())

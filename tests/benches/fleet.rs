@@ -231,8 +231,9 @@ async fn runs(
             while let Some(msg) = requested.next().await {
                 let (store, q) = (store.clone(), q.clone());
                 tokio::spawn(async move {
-                    let req: InteractionRequest =
-                        serde_json::from_slice(&msg.payload).expect("request");
+                    let req: InteractionRequest = delta_protocol::events::decode(&msg.payload)
+                        .expect("a CloudEvent of a request")
+                        .data;
                     let mut a = InteractionResponse::new(
                         req.request_id,
                         Responder {

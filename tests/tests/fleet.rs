@@ -101,7 +101,9 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
         msg.subject.as_str(),
         format!("fa.interactions.requested.hello.{id}")
     );
-    let req: InteractionRequest = serde_json::from_slice(&msg.payload).expect("request JSON");
+    let req: InteractionRequest = delta_protocol::events::decode(&msg.payload)
+        .expect("a CloudEvent of a request")
+        .data;
     assert_eq!(req.prompt, "What is your name?");
     a.stop().await;
 
@@ -305,7 +307,9 @@ async fn next_question(sub: &mut async_nats::Subscriber) -> InteractionRequest {
         .await
         .expect("a question is announced")
         .expect("message");
-    serde_json::from_slice(&msg.payload).expect("request JSON")
+    delta_protocol::events::decode(&msg.payload)
+        .expect("a CloudEvent of a request")
+        .data
 }
 
 #[tokio::test]

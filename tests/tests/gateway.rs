@@ -80,7 +80,9 @@ async fn a_nats_bot_answers_and_the_run_completes() {
         .await
         .expect("a question in time")
         .expect("message");
-    let q: Value = serde_json::from_slice(&msg.payload).expect("request JSON");
+    let q: Value = delta_protocol::events::decode::<Value>(&msg.payload)
+        .expect("a CloudEvent")
+        .data;
     assert_eq!(q["run_id"], json!(run.to_string()));
     let rid = q["request_id"].as_str().expect("rid").to_owned();
     let reply = bot_answer(

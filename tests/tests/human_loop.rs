@@ -271,7 +271,9 @@ async fn two_leads_approve_a_call_over_http_and_nats() {
             .await
             .expect("an update in time")
             .expect("message");
-        let u: Value = serde_json::from_slice(&m.payload).expect("update");
+        let u: Value = delta_protocol::events::decode::<Value>(&m.payload)
+            .expect("a CloudEvent of an update")
+            .data;
         seen.push((
             u["change"].clone(),
             u["by"].clone(),
@@ -448,7 +450,9 @@ async fn a_claim_holds_others_off_on_every_channel() {
             .await
             .expect("an update in time")
             .expect("message");
-        let u: Value = serde_json::from_slice(&m.payload).expect("update");
+        let u: Value = delta_protocol::events::decode::<Value>(&m.payload)
+            .expect("a CloudEvent of an update")
+            .data;
         changes.push(format!(
             "{} {}",
             u["change"].as_str().unwrap_or(""),
@@ -805,7 +809,9 @@ async fn escalation_steps_fire_on_time_with_every_worker_stopped() {
             .expect("a step in time")
             .expect("message");
         let seen_at = delta_protocol::Timestamp::now();
-        let e: delta_protocol::Escalated = serde_json::from_slice(&m.payload).expect("escalated");
+        let e: delta_protocol::Escalated = delta_protocol::events::decode(&m.payload)
+            .expect("a CloudEvent of a step")
+            .data;
         assert_eq!(
             (e.step, e.of, e.request_id.to_string()),
             (expected, 3, rid.clone())

@@ -97,7 +97,9 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
         .await
         .expect("the question is announced")
         .expect("message");
-    let req: InteractionRequest = serde_json::from_slice(&msg.payload).expect("request");
+    let req: InteractionRequest = delta_protocol::events::decode(&msg.payload)
+        .expect("a CloudEvent of a request")
+        .data;
     let announced = msg
         .headers
         .as_ref()

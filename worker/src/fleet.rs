@@ -449,6 +449,33 @@ async fn fail_run(shared: &Shared, run_id: RunId, fence: Fence, reason: &str) {
     }
 }
 
+/// Announces that `record`'s run ended (`run.completed|failed|cancelled`); nothing if it has
+/// not. Idempotent: the event's id is that of this end.
+async fn announce_ended(
+    shared: &Shared,
+    record: &store::RunRecord,
+    traceparent: Option<&str>,
+) -> Result<(), String> {
+    match record.ended() {
+        Some(ended) => shared
+            .queue
+            .publish_run_ended(&ended, traceparent)
+            .await
+            .map_err(|e| why(&e)),
+        None => Ok(()),
+    }
+}
+
+/// Reads the run's record and announces its end, if it ended.
+async fn announce_end_of(
+    shared: &Shared,
+    run_id: RunId,
+    traceparent: Option<&str>,
+) -> Result<(), String> {
+    let record = shared.store.record(run_id).await.map_err(|e| why(&e))?;
+    announce_ended(shared, &record, traceparent).await
+}
+
 /// Dead-letters a delivery and terminates it; fails its run (if known) with the reason.
 async fn poison(shared: &Shared, d: &Delivery, reason: &str) {
     tracing::warn!(reason, "dead-lettering job");
@@ -460,6 +487,10 @@ async fn poison(shared: &Shared, d: &Delivery, reason: &str) {
     }
     if let Ok(job) = &d.job {
         fail_run(shared, job.run_id, d.fence, reason).await;
+        // Best effort: the job is gone after this, so nothing redelivers it to try again.
+        if let Err(e) = announce_end_of(shared, job.run_id, d.traceparent.as_deref()).await {
+            tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced");
+        }
     }
     let _ = d.term().await;
 }
@@ -518,7 +549,14 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
             }
             shared.queue.drop_exhausted(x).await
         }
-        Some(run) if run.record.status.is_terminal() => shared.queue.drop_exhausted(x).await,
+        Some(run) if run.record.status.is_terminal() => {
+            // Its end may be what its crashed workers never announced.
+            if let Err(e) = announce_ended(shared, &run.record, x.traceparent.as_deref()).await {
+                tracing::warn!(error = %e, "exhausted job left for another try");
+                return;
+            }
+            shared.queue.drop_exhausted(x).await
+        }
         _ => {
             let reason = format!(
                 "the job was delivered {} times (max_deliver) and never finished: its worker crashed or hung each time",
@@ -533,6 +571,11 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
                 Ok(()) => {
                     if let Some(job) = &x.job {
                         fail_run(shared, job.run_id, x.fence, &reason).await;
+                        if let Err(e) =
+                            announce_end_of(shared, job.run_id, x.traceparent.as_deref()).await
+                        {
+                            tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced");
+                        }
                     }
                     Ok(())
                 }
@@ -623,8 +666,14 @@ async fn handle(shared: &Shared, d: Delivery) {
         Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
     };
     if run.record.status.is_terminal() {
-        // A duplicate or late job: nothing to do.
-        let _ = d.ack().await;
+        // A duplicate or late job, or this job's own earlier delivery, which ended the run and
+        // died before announcing it: the end is announced (again: it is idempotent).
+        match announce_ended(shared, &run.record, tp.as_deref()).await {
+            Ok(()) => {
+                let _ = d.ack().await;
+            }
+            Err(e) => retry_or_poison(shared, &d, &e).await,
+        }
         return;
     }
     let pair = match shared.agents.get(&run.record.agent) {
@@ -738,7 +787,17 @@ async fn handle(shared: &Shared, d: Delivery) {
             let _ = d.nak(None).await;
         }
         Ok(_) => {
-            let _ = d.ack().await;
+            // Ended: announced before the job is acked, so that a crash in between leaves the
+            // job to a redelivery that announces it.
+            match announce_end_of(shared, job.run_id, tp.as_deref()).await {
+                Ok(()) => {
+                    let _ = d.ack().await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the run's end not announced; the job is redelivered to announce it");
+                    let _ = d.nak(Some(Duration::from_secs(1))).await;
+                }
+            }
         }
         Err(engine::Error::Store(store::Error::Fenced(run))) => {
             // A newer *job* (another stream message) owns the run: this one is obsolete. A newer
@@ -767,8 +826,13 @@ async fn handle(shared: &Shared, d: Delivery) {
             store_down(shared, &d, &why(&e)).await;
         }
         Err(engine::Error::Store(e @ store::Error::Terminal { .. })) => {
-            // Finished elsewhere (a newer delivery, or cancelled): nothing left for this job.
+            // Finished elsewhere (a newer delivery, or cancelled): nothing left for this job but
+            // to announce the end once more (idempotent), should whoever ended it have died
+            // before announcing it.
             tracing::warn!(error = %delta_host::Chain(&e), "write refused: the run is already final; dropping this job");
+            if let Err(e) = announce_end_of(shared, job.run_id, tp.as_deref()).await {
+                tracing::debug!(error = %e, "the run's end not announced again");
+            }
             let _ = d.ack().await;
         }
         Err(e) => retry_or_poison(shared, &d, &why(&e)).await,

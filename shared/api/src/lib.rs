@@ -25,6 +25,7 @@ pub use delta_protocol::{
     Resolved, RunId, RunStatus, Tally, Timestamp, Via,
 };
 
+pub mod events;
 pub mod grants;
 pub mod openapi;
 pub mod webhooks;

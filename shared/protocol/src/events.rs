@@ -11,9 +11,9 @@
 //!  "deltaagent": "deployer", "deltarun": "0193…", "deltarequest": "0193…", "data": {…}}
 //! ```
 //!
-//! `id` is deterministic where the event is (a question's announcement, its settling, an
-//! escalation step, a run's end), so a consumer that sees the same `source` and `id` twice has
-//! seen the same event twice.
+//! `id` is deterministic (a question's announcement, its settling, an escalation step, a run's
+//! end are each announced under one id however often they are announced), so a consumer that
+//! sees the same `source` and `id` twice has seen the same event twice.
 
 use std::fmt;
 use std::str::FromStr;
@@ -142,7 +142,7 @@ impl FromStr for EventType {
 /// What `run.completed`, `run.failed` and `run.cancelled` carry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct RunEnded {
+pub struct RunFinished {
     pub run_id: RunId,
     pub agent: String,
     pub status: RunStatus,
@@ -321,25 +321,19 @@ pub fn escalated<'a>(prefix: &str, e: &'a Escalated) -> CloudEvent<&'a Escalated
 }
 
 /// `run.completed`, `run.failed` or `run.cancelled`; `None` for a status that is not terminal.
-/// `id` is `<status>:<run_id>` (a run ends once; a failed run a dead-letter retry revived ends
-/// again under `<status>:<run_id>:<µs of its end>`).
+/// `id` is `<status>:<run_id>:<µs of its end>`: the same whoever announces that end, and
+/// another for a failed run that a dead-letter retry revived and that ended again.
 pub fn run_ended<'a>(
     prefix: &str,
-    r: &'a RunEnded,
-    again: bool,
+    r: &'a RunFinished,
     traceparent: Option<&str>,
-) -> Option<CloudEvent<&'a RunEnded>> {
+) -> Option<CloudEvent<&'a RunFinished>> {
     let ty = EventType::run_ended(r.status)?;
     let status = ty.name().trim_start_matches("run.");
-    let id = if again {
-        format!("{status}:{}:{}", r.run_id, r.ended_at.micros())
-    } else {
-        format!("{status}:{}", r.run_id)
-    };
     Some(envelope(
         prefix,
         ty,
-        id,
+        format!("{status}:{}:{}", r.run_id, r.ended_at.micros()),
         &r.agent,
         r.run_id,
         None,
@@ -389,7 +383,7 @@ mod tests {
 
     #[test]
     fn a_run_end_is_an_event_only_when_terminal() {
-        let mut r = RunEnded {
+        let mut r = RunFinished {
             run_id: RunId::new(),
             agent: "hello".into(),
             status: RunStatus::Running,
@@ -399,16 +393,14 @@ mod tests {
             created_at: Timestamp::now(),
             ended_at: Timestamp::now(),
         };
-        assert!(run_ended("delta", &r, false, None).is_none());
+        assert!(run_ended("delta", &r, None).is_none());
         r.status = RunStatus::Failed;
-        let e = run_ended("delta", &r, false, None).unwrap();
+        let e = run_ended("delta", &r, None).unwrap();
         assert_eq!(e.ty, "dev.delta.run.failed");
-        assert_eq!(e.id, format!("failed:{}", r.run_id));
+        assert_eq!(e.id, format!("failed:{}:{}", r.run_id, r.ended_at.micros()));
         assert_eq!(e.subject, format!("runs/{}", r.run_id));
         assert_eq!(e.source, "/delta/delta/agents/hello");
-        let again = run_ended("delta", &r, true, None).unwrap();
-        assert_ne!(again.id, e.id);
-        let back: CloudEvent<RunEnded> = decode(&encode(&e)).unwrap();
+        let back: CloudEvent<RunFinished> = decode(&encode(&e)).unwrap();
         assert_eq!(back.data, r);
         assert_eq!(back.event_type(), Some(EventType::RunFailed));
         assert!(back.deltarequest.is_none());

@@ -178,6 +178,7 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("{p}.interactions.resolved.>"),
                 format!("{p}.interactions.updated.>"),
                 format!("{p}.interactions.escalated.>"),
+                format!("{p}.runs.cancelled.>"),
                 format!("{p}.events.cancelled"),
             ]);
             let subscribe = vec![
@@ -197,6 +198,7 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("$JS.API.STREAM.MSG.DELETE.{jobs}"),
                 format!("{p}.dlq.>"),
                 format!("{p}.interactions.requested.>"),
+                format!("{p}.runs.>"),
                 format!("{p}.events.resumed"),
             ]);
             let subscribe = vec![format!("{p}.events.cancelled"), inbox(NatsRole::Worker)];
@@ -212,6 +214,7 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("{p}.interactions.resolved.>"),
                 format!("{p}.interactions.updated.>"),
                 format!("{p}.interactions.escalated.>"),
+                format!("{p}.runs.>"),
                 "_INBOX.>".to_owned(),
             ];
             (publish, subscribe, false)

@@ -18,6 +18,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer, stream};
 use futures_util::StreamExt;
 
+use delta_protocol::events;
 use delta_protocol::{Fence, InteractionRequest, Job, RequestId, Resolved, RunId, Timestamp};
 
 pub mod access;
@@ -116,7 +117,7 @@ impl Names {
         format!("{}.interactions.updated.{agent}.{run}", self.prefix)
     }
     /// Where a run's end is announced (`run.completed|failed|cancelled`, a CloudEvent of
-    /// `RunEnded`): `<p>.runs.<completed|failed|cancelled>.<agent>.<run_id>`.
+    /// `RunFinished`): `<p>.runs.<completed|failed|cancelled>.<agent>.<run_id>`.
     pub fn run_ended_subject(&self, status: &str, agent: &str, run: &str) -> String {
         format!("{}.runs.{status}.{agent}.{run}", self.prefix)
     }
@@ -225,12 +226,13 @@ pub struct Stats {
     pub dead_lettered: u64,
 }
 
-/// A message of the interactions stream, for live views: its stream sequence, `requested` or
-/// `resolved`, and its JSON.
+/// An interaction's event, for live views: its sequence in the events stream, its kind
+/// (`requested`, `resolved`, `updated`, `escalated`), its agent, and its CloudEvent's `data`.
 #[derive(Clone, Debug)]
 pub struct InteractionEvent {
     pub seq: u64,
     pub kind: &'static str,
+    pub agent: String,
     pub payload: Vec<u8>,
 }
 
@@ -714,90 +716,107 @@ impl Queue {
         q: &InteractionRequest,
         traceparent: Option<&str>,
     ) -> Result<(), Error> {
-        let msg_id = format!("requested:{}", q.request_id);
-        self.announce_request(q, &msg_id, traceparent).await
+        self.announce_request(q, None, traceparent).await
     }
 
-    /// Announces a question again after it was reopened (a new `Nats-Msg-Id`, so it is not
-    /// dropped as a duplicate of the first announcement).
+    /// Announces a question again after it was reopened (a new `Nats-Msg-Id` and event id, so
+    /// it is not dropped as a duplicate of the first announcement).
     pub async fn publish_request_again(
         &self,
         q: &InteractionRequest,
         traceparent: Option<&str>,
     ) -> Result<(), Error> {
-        let msg_id = format!("requested:{}:{}", q.request_id, Timestamp::now().micros());
-        self.announce_request(q, &msg_id, traceparent).await
+        self.announce_request(q, Some(Timestamp::now()), traceparent)
+            .await
     }
 
     async fn announce_request(
         &self,
         q: &InteractionRequest,
-        msg_id: &str,
+        again_at: Option<Timestamp>,
         traceparent: Option<&str>,
     ) -> Result<(), Error> {
-        let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", msg_id);
-        if let Some(tp) = traceparent.filter(|tp| is_traceparent(tp)) {
-            headers.insert("traceparent", tp);
-        }
-        let payload = serde_json::to_vec(q).unwrap_or_default();
+        let tp = traceparent.filter(|tp| is_traceparent(tp));
+        let event = events::requested(&self.names.prefix, q, again_at, tp);
         let subject = self
             .names
             .requested_subject(&q.agent, &q.run_id.to_string());
-        self.publish(subject, headers, payload).await.map(drop)
+        self.publish_event(subject, &event).await
+    }
+
+    /// Publishes an event (a CloudEvent, docs/protocol.md §4 "Events") on `subject`, idempotent
+    /// by its id (`Nats-Msg-Id`), with its trace context as a header too.
+    async fn publish_event<T: serde::Serialize>(
+        &self,
+        subject: String,
+        event: &events::CloudEvent<T>,
+    ) -> Result<(), Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", event.id.as_str());
+        if let Some(tp) = &event.traceparent {
+            headers.insert("traceparent", tp.as_str());
+        }
+        self.publish(subject, headers, events::encode(event))
+            .await
+            .map(drop)
     }
 
     /// Announces that a question was settled, on `…interactions.resolved.<agent>.<run_id>`
-    /// (idempotent per request).
+    /// (idempotent per request): `interaction.answered`, `.expired` or `.cancelled`.
     pub async fn publish_resolved(
         &self,
         agent: &str,
         resolved: &Resolved,
         traceparent: Option<&str>,
     ) -> Result<(), Error> {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            "Nats-Msg-Id",
-            format!("resolved:{}", resolved.request_id).as_str(),
-        );
-        if let Some(tp) = traceparent.filter(|tp| is_traceparent(tp)) {
-            headers.insert("traceparent", tp);
-        }
-        let payload = serde_json::to_vec(resolved).unwrap_or_default();
+        let tp = traceparent.filter(|tp| is_traceparent(tp));
+        let event = events::resolved(&self.names.prefix, agent, resolved, tp);
         let subject = self
             .names
             .resolved_subject(agent, &resolved.run_id.to_string());
-        self.publish(subject, headers, payload).await.map(drop)
+        self.publish_event(subject, &event).await
     }
 
     /// Announces a claim taken, given back or broken, or a vote counted, on
-    /// `…interactions.updated.<agent>.<run_id>`.
+    /// `…interactions.updated.<agent>.<run_id>` (`interaction.updated`).
     pub async fn publish_update(
         &self,
         update: &delta_protocol::InteractionUpdate,
     ) -> Result<(), Error> {
-        let payload = serde_json::to_vec(update).unwrap_or_default();
+        let event = events::updated(&self.names.prefix, update);
         let subject = self
             .names
             .updated_subject(&update.agent, &update.run_id.to_string());
-        self.publish(subject, HeaderMap::new(), payload)
-            .await
-            .map(drop)
+        self.publish_event(subject, &event).await
     }
 
     /// Announces an escalation step carried out, on `…interactions.escalated.<agent>.<run_id>`
-    /// (idempotent per step).
+    /// (idempotent per step: `interaction.escalated`).
     pub async fn publish_escalated(&self, e: &delta_protocol::Escalated) -> Result<(), Error> {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            "Nats-Msg-Id",
-            format!("escalated:{}:{}", e.request_id, e.step).as_str(),
-        );
-        let payload = serde_json::to_vec(e).unwrap_or_default();
+        let event = events::escalated(&self.names.prefix, e);
         let subject = self
             .names
             .escalated_subject(&e.agent, &e.run_id.to_string());
-        self.publish(subject, headers, payload).await.map(drop)
+        self.publish_event(subject, &event).await
+    }
+
+    /// Announces that a run ended, on `…runs.<completed|failed|cancelled>.<agent>.<run_id>`
+    /// (idempotent per end: `run.completed`, `.failed`, `.cancelled`). Nothing for a run that
+    /// has not ended.
+    pub async fn publish_run_ended(
+        &self,
+        ended: &events::RunFinished,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
+        let tp = traceparent.filter(|tp| is_traceparent(tp));
+        let Some(event) = events::run_ended(&self.names.prefix, ended, tp) else {
+            return Ok(());
+        };
+        let status = event.ty.rsplit('.').next().unwrap_or_default().to_owned();
+        let subject =
+            self.names
+                .run_ended_subject(&status, &ended.agent, &ended.run_id.to_string());
+        self.publish_event(subject, &event).await
     }
 
     /// Says (core NATS, best effort) that the answer to `request_id`, accepted at `answered_at`,
@@ -973,8 +992,9 @@ impl Queue {
         }
     }
 
-    /// Interaction events (`requested`, `resolved`) from stream sequence `from` on, or only new
-    /// ones; for live views, each on its own ordered consumer.
+    /// Interaction events (`requested`, `resolved`, `updated`, `escalated`) from stream
+    /// sequence `from` on, or only new ones; for live views, each on its own ordered consumer.
+    /// A message that is not a CloudEvent is skipped.
     pub async fn interaction_events(
         &self,
         from: Option<u64>,
@@ -986,9 +1006,15 @@ impl Queue {
             Some(start_sequence) => consumer::DeliverPolicy::ByStartSequence { start_sequence },
             None => consumer::DeliverPolicy::New,
         };
+        let p = &self.names.prefix;
+        let kinds = ["requested", "resolved", "updated", "escalated"];
         let messages = stream
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy,
+                filter_subjects: kinds
+                    .iter()
+                    .map(|k| format!("{p}.interactions.{k}.>"))
+                    .collect(),
                 ..Default::default()
             })
             .await
@@ -996,26 +1022,20 @@ impl Queue {
             .messages()
             .await
             .map_err(|e| err(e.into()))?;
-        let requested = format!("{}.interactions.requested.", self.names.prefix);
-        let updated = format!("{}.interactions.updated.", self.names.prefix);
-        let escalated = format!("{}.interactions.escalated.", self.names.prefix);
+        let prefix = format!("{p}.interactions.");
         Ok(messages.filter_map(move |m| {
             let event = m.ok().and_then(|m| {
                 let seq = m.info().ok()?.stream_sequence;
-                let subject = m.subject.as_str();
-                let kind = if subject.starts_with(&requested) {
-                    "requested"
-                } else if subject.starts_with(&updated) {
-                    "updated"
-                } else if subject.starts_with(&escalated) {
-                    "escalated"
-                } else {
-                    "resolved"
-                };
+                let rest = m.subject.as_str().strip_prefix(&prefix)?;
+                let kind = *kinds
+                    .iter()
+                    .find(|k| rest.strip_prefix(**k).is_some_and(|r| r.starts_with('.')))?;
+                let event = events::decode::<serde_json::Value>(&m.payload).ok()?;
                 Some(InteractionEvent {
                     seq,
                     kind,
-                    payload: m.payload.to_vec(),
+                    agent: event.deltaagent,
+                    payload: serde_json::to_vec(&event.data).ok()?,
                 })
             });
             std::future::ready(event)

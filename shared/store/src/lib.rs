@@ -54,6 +54,22 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// What `run.completed|failed|cancelled` says of it; `None` while it has not ended.
+    pub fn ended(&self) -> Option<delta_protocol::events::RunFinished> {
+        self.status
+            .is_terminal()
+            .then(|| delta_protocol::events::RunFinished {
+                run_id: self.run_id,
+                agent: self.agent.clone(),
+                status: self.status,
+                result: self.result.clone(),
+                error: self.error.clone(),
+                submitted_by: self.submitted_by.clone(),
+                created_at: self.created_at,
+                ended_at: self.updated_at,
+            })
+    }
+
     /// A fresh record, `QUEUED` in the fleet or `RUNNING` locally.
     pub fn new(run_id: RunId, agent: &str, task: &str, status: RunStatus) -> Self {
         let now = Timestamp::now();
