@@ -165,10 +165,6 @@ pub async fn check(b: &WebhookBody, settings: &Settings) -> Result<Vec<EventType
     if b.url.len() > 2048 {
         return Err(invalid("`url` is longer than 2048 characters"));
     }
-    let target = allow::check_url(&b.url, &settings.allow).map_err(invalid)?;
-    allow::check_resolved(&target, &settings.allow)
-        .await
-        .map_err(invalid)?;
     let mut events = vec![];
     for e in &b.events {
         let ty: EventType = e
@@ -189,6 +185,11 @@ pub async fn check(b: &WebhookBody, settings: &Settings) -> Result<Vec<EventType
     if b.description.as_ref().is_some_and(|d| d.len() > 500) {
         return Err(invalid("`description` is longer than 500 characters"));
     }
+    // The address last: resolving a name is the one slow check.
+    let target = allow::check_url(&b.url, &settings.allow).map_err(invalid)?;
+    allow::check_resolved(&target, &settings.allow)
+        .await
+        .map_err(invalid)?;
     Ok(events)
 }
 
