@@ -623,3 +623,22 @@ fn cli(fleet: &Fleet, args: &[&str]) -> String {
     assert!(out.status.success(), "delta {args:?}: {text}");
     text
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_secrets_key_no_webhook_is_made() {
+    let fleet = Fleet::start_with("whn", 1, 1, |s| {
+        s.extra
+            .push(("DELTA_WEBHOOK_ALLOW", "127.0.0.1/32".to_owned()));
+    })
+    .await;
+    let (s, b) = fleet
+        .client
+        .post("/v1/webhooks", &json!({"url": "http://127.0.0.1:9/x"}))
+        .await
+        .expect("post");
+    assert_eq!(s, 422, "{b}");
+    let message = b["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("DELTA_SECRETS_KEY"), "{message}");
+    let (_, list) = fleet.client.get("/v1/webhooks").await.expect("list");
+    assert_eq!(list["webhooks"], json!([]));
+}

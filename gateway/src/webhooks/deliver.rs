@@ -14,8 +14,8 @@
 //!
 //! **Takeovers.** Events the previous holder had not acknowledged are handed out again only
 //! when their ack wait passes, possibly after later events of the same run. So a session that
-//! finds events in flight elsewhere when it starts (the consumer has more unacknowledged events
-//! than it holds) first waits one ack wait, holding what it receives, and then delivers in
+//! finds events in flight elsewhere when it starts (the consumer's ack floor is below its first
+//! delivery: something handed out earlier is not acknowledged) first waits one ack wait, holding what it receives, and then delivers in
 //! stream order: per-run order holds across a takeover (a gateway cut off from NATS but still
 //! posting could, during that window, post an event a second time: a duplicate, never a loss).
 
@@ -248,7 +248,9 @@ async fn session_inner(
                     Some(Err(e)) => return Err(format!("pull: {e}")),
                     Some(Ok(msg)) => msg,
                 };
-                let Ok(info) = msg.info().map(|i| i.stream_sequence) else {
+                let Ok((info, consumer_seq)) =
+                    msg.info().map(|i| (i.stream_sequence, i.consumer_sequence))
+                else {
                     continue;
                 };
                 let head: Option<Head> = serde_json::from_slice(&msg.payload).ok();
@@ -270,10 +272,18 @@ async fn session_inner(
                 held.insert(info, Held { msg, run: head.deltarun, id: head.id, in_flight: false });
                 if !started {
                     started = true;
-                    let pending = consumer.info().await.map(|i| i.num_ack_pending).unwrap_or(usize::MAX);
-                    if pending > held.len() {
+                    // Everything handed out before this session's first delivery is
+                    // acknowledged (the ack floor reaches it): nobody else holds an event.
+                    // Otherwise another gateway (or this one's last session) may, and its
+                    // events come back only when their ack wait passes.
+                    let floor = consumer
+                        .info()
+                        .await
+                        .map(|i| i.ack_floor.consumer_sequence)
+                        .unwrap_or(0);
+                    if floor.saturating_add(1) < consumer_seq {
                         let wait = s.ack_wait + Duration::from_secs(1);
-                        tracing::info!(id = %w.id, pending, wait_s = wait.as_secs_f64(), "webhooks: taking over a subscription with events in flight elsewhere; waiting for them to come back before delivering");
+                        tracing::info!(id = %w.id, wait_s = wait.as_secs_f64(), "webhooks: taking over a subscription with events in flight elsewhere; waiting for them to come back before delivering");
                         barrier = Some(Instant::now() + wait);
                     }
                 }

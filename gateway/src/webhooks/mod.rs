@@ -349,3 +349,67 @@ pub async fn disable(
     tracing::info!(id = %id, "webhook disabled");
     Ok(Json(view(&w)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<crate::Config, Vec<String>> {
+        let mut env: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        env.insert(
+            "DELTA_AGENTS_DIR".into(),
+            std::env::temp_dir().display().to_string(),
+        );
+        env.insert("DELTA_GATEWAY_AUTH".into(), "off".into());
+        crate::config::parse(&[], &env)
+    }
+
+    #[test]
+    fn settings_have_defaults_and_bad_ones_are_all_reported() {
+        let c = parse(&[]).expect("defaults");
+        let w = &c.webhooks;
+        assert_eq!(w.disable_after, Some(Duration::from_secs(72 * 3600)));
+        assert_eq!(w.timeout, Duration::from_secs(15));
+        assert!(w.allow.permits("x", "10.0.0.1".parse().unwrap()).is_err());
+        let c = parse(&[
+            ("DELTA_WEBHOOK_ALLOW", "10.0.0.0/8, hooks.internal"),
+            ("DELTA_WEBHOOK_DISABLE_AFTER", "off"),
+        ])
+        .expect("valid");
+        assert!(
+            c.webhooks
+                .allow
+                .permits("x", "10.0.0.1".parse().unwrap())
+                .is_ok()
+        );
+        assert_eq!(c.webhooks.disable_after, None);
+        let errs = parse(&[
+            ("DELTA_WEBHOOK_ALLOW", "10.0.0.0/40"),
+            ("DELTA_WEBHOOK_DISABLE_AFTER", "soon"),
+            ("DELTA_WEBHOOK_TIMEOUT_S", "0"),
+        ])
+        .expect_err("invalid");
+        for needle in [
+            "DELTA_WEBHOOK_ALLOW",
+            "DELTA_WEBHOOK_DISABLE_AFTER",
+            "DELTA_WEBHOOK_TIMEOUT_S",
+        ] {
+            assert!(
+                errs.iter().any(|e| e.contains(needle)),
+                "{needle}: {errs:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_url_is_shown_without_its_query() {
+        assert_eq!(
+            redacted("https://h.example/a?token=s3cret"),
+            "https://h.example/a?…"
+        );
+        assert_eq!(redacted("https://h.example/a"), "https://h.example/a");
+    }
+}
