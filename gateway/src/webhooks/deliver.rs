@@ -195,8 +195,14 @@ async fn session_inner(
         .webhook_consumer(&consumer_of(gw, w, &events))
         .await
         .map_err(|e| delta_host::Chain(&e).to_string())?;
+    // The consumer's own ack wait (set when it was made; DELTA_WEBHOOK_ACK_WAIT_S may have
+    // changed since): progress acks and a takeover's wait follow it.
+    let ack_wait = match consumer.cached_info().config.ack_wait {
+        d if d.is_zero() => s.ack_wait,
+        d => d,
+    };
     // Pulls expire well within the pin's timeout, so that a live session keeps its pin.
-    let expires = (s.ack_wait / 3).max(Duration::from_millis(500));
+    let expires = (ack_wait / 3).max(Duration::from_millis(500));
     let mut messages = consumer
         .stream()
         .group(GROUP)
@@ -211,7 +217,7 @@ async fn session_inner(
     let mut in_flight = FuturesUnordered::new();
     let mut started = false;
     let mut barrier: Option<Instant> = None;
-    let mut keepalive = tokio::time::interval((s.ack_wait / 3).max(Duration::from_millis(300)));
+    let mut keepalive = tokio::time::interval((ack_wait / 3).max(Duration::from_millis(300)));
     loop {
         if started && barrier.is_none() {
             for (seq, h) in held.iter_mut() {
@@ -282,7 +288,7 @@ async fn session_inner(
                         .map(|i| i.ack_floor.consumer_sequence)
                         .unwrap_or(0);
                     if floor.saturating_add(1) < consumer_seq {
-                        let wait = s.ack_wait + Duration::from_secs(1);
+                        let wait = ack_wait + Duration::from_secs(1);
                         tracing::info!(id = %w.id, wait_s = wait.as_secs_f64(), "webhooks: taking over a subscription with events in flight elsewhere; waiting for them to come back before delivering");
                         barrier = Some(Instant::now() + wait);
                     }
@@ -364,7 +370,7 @@ async fn attempts(
                         "failing since {since}, longer than DELTA_WEBHOOK_DISABLE_AFTER ({}); last error: {why}",
                         humanize(after)
                     );
-                    if let Ok(true) = gw.store.disable_webhook(id, &reason, now).await {
+                    if let Ok(true) = gw.store.disable_failing_webhook(id, &reason, now).await {
                         gw.metrics.webhooks_disabled.inc();
                         tracing::warn!(id, reason = %reason, "webhook disabled");
                     }

@@ -288,6 +288,31 @@ return 1
         .await
     }
 
+    /// Disables an active subscription after its failure period, with `reason`; `Ok(false)`
+    /// when it is not active any more (another attempt or gateway disabled it first, an
+    /// operator did, or it was deleted), so that it is counted and logged once.
+    pub async fn disable_failing_webhook(
+        &self,
+        id: &str,
+        reason: &str,
+        at: Timestamp,
+    ) -> Result<bool, Error> {
+        const DISABLE: &str = r#"
+if redis.call('HGET', KEYS[1], 'state') ~= 'active' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'disabled', 'disabled_reason', ARGV[1], 'disabled_at', ARGV[2])
+return 1
+"#;
+        let mut conn = self.connection();
+        let n: i64 = redis::Script::new(DISABLE)
+            .key(self.webhook_key(id))
+            .arg(reason)
+            .arg(at.micros().to_string())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(n == 1)
+    }
+
     /// Enables a subscription: its failure period starts over. `Ok(false)`: there is none.
     pub async fn enable_webhook(&self, id: &str) -> Result<bool, Error> {
         self.webhook_set(
