@@ -236,7 +236,12 @@ pub async fn check_resolved(t: &Target, allow: &Allow) -> Result<(), String> {
     for a in &addrs {
         allow
             .permits(&t.host, a.ip())
-            .map_err(|r| format!("`url`: `{}` resolves to {r}", t.host))?;
+            .map_err(|r| {
+                format!(
+                    "`url`: `{}` resolves to {}, a {} address, which webhooks may not reach unless DELTA_WEBHOOK_ALLOW allows it",
+                    t.host, r.ip, r.class
+                )
+            })?;
     }
     Ok(())
 }
@@ -275,6 +280,8 @@ impl reqwest::dns::Resolve for Resolver {
 
 #[cfg(test)]
 mod tests {
+    use std::str::FromStr;
+
     use super::*;
 
     fn ip(s: &str) -> IpAddr {
@@ -337,6 +344,44 @@ mod tests {
         );
         assert!(Allow::parse("10.0.0.0/33").is_err());
         assert!(Allow::parse("bad_host!").is_err());
+    }
+
+    /// What the HTTP client connects to goes through the resolver: a name that resolves to
+    /// loopback (`localhost`, as a rebinding name would) yields no address unless allowed.
+    #[tokio::test]
+    async fn the_resolver_hands_out_only_allowed_addresses() {
+        use reqwest::dns::Resolve;
+        let name = |n: &str| reqwest::dns::Name::from_str(n).unwrap();
+        let none = Resolver {
+            allow: Arc::new(Allow::default()),
+        };
+        let err = none.resolve(name("localhost")).await.err().unwrap();
+        assert!(err.to_string().contains("loopback"), "{err}");
+        let v4 = Resolver {
+            allow: Arc::new(Allow::parse("127.0.0.1/32").unwrap()),
+        };
+        let addrs: Vec<SocketAddr> = v4.resolve(name("localhost")).await.unwrap().collect();
+        assert!(!addrs.is_empty());
+        assert!(addrs.iter().all(|a| a.ip() == ip("127.0.0.1")), "{addrs:?}");
+        let by_name = Resolver {
+            allow: Arc::new(Allow::parse("localhost").unwrap()),
+        };
+        assert!(by_name.resolve(name("localhost")).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_inside_is_refused_at_creation_naming_the_address() {
+        let none = Allow::default();
+        let t = check_url("https://localhost:9/x", &none).unwrap();
+        let e = check_resolved(&t, &none).await.unwrap_err();
+        assert!(
+            e.contains("`localhost` resolves to")
+                && e.contains("loopback")
+                && e.contains("DELTA_WEBHOOK_ALLOW"),
+            "{e}"
+        );
+        let named = Allow::parse("localhost").unwrap();
+        assert!(check_resolved(&t, &named).await.is_ok());
     }
 
     #[test]

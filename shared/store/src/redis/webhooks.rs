@@ -376,23 +376,24 @@ return 1
         Ok(Some(WebhookSecrets { current, previous }))
     }
 
-    /// Records a delivered event: the failure period ends.
+    /// Records a delivered event: the failure period ends. Nothing is written for a
+    /// subscription deleted meanwhile.
     pub async fn webhook_delivered(&self, id: &str, at: Timestamp) -> Result<(), Error> {
-        let mut pipe = redis::pipe();
-        let key = self.webhook_key(id);
-        pipe.cmd("HINCRBY")
-            .arg(&key)
-            .arg("deliveries")
-            .arg(1)
-            .ignore();
-        self.webhook_set(
-            id,
-            &[("last_success_at", at.micros().to_string())],
-            &["failing_since"],
-        )
-        .await?;
+        const DELIVERED: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'deliveries', 1)
+redis.call('HSET', KEYS[1], 'last_success_at', ARGV[1])
+redis.call('HDEL', KEYS[1], 'failing_since')
+return 1
+"#;
         let mut conn = self.connection();
-        pipe.query_async::<()>(&mut conn).await.map_err(backend)
+        redis::Script::new(DELIVERED)
+            .key(self.webhook_key(id))
+            .arg(at.micros().to_string())
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(())
     }
 
     /// Records a failed attempt (`error`: what went wrong, without the URL). Returns since when
