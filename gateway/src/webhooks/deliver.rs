@@ -248,7 +248,9 @@ async fn session_inner(
         }
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            m = messages.next(), if held.len() < MAX_HELD => {
+            // During a takeover's wait every event is taken (the consumer's max_ack_pending
+            // bounds them), so that the previous holder's come back before any is posted.
+            m = messages.next(), if held.len() < MAX_HELD || barrier.is_some() => {
                 let msg = match m {
                     None => return Err("the pull ended".into()),
                     Some(Err(e)) => return Err(format!("pull: {e}")),
@@ -342,10 +344,14 @@ async fn attempts(
                 post(gw, http, &w, event_id, body).await
             }
             Ok(_) => return Outcome::Stop,
-            Err(e) => Err(format!(
-                "cannot read the subscription: {}",
-                delta_host::Chain(&e)
-            )),
+            Err(e) => {
+                // Redis, not the receiver, is failing: nothing is counted against it.
+                tracing::warn!(id, error = %delta_host::Chain(&e), "webhooks: cannot read the subscription");
+                tokio::select! {
+                    () = tokio::time::sleep(s.retry_first.max(Duration::from_secs(1))) => continue,
+                    () = stop.cancelled() => return Outcome::Stop,
+                }
+            }
         };
         let why = match result {
             Ok(()) => {
