@@ -498,13 +498,27 @@ async fn filters_deliver_only_what_was_subscribed_and_inside_addresses_are_refus
     let (_, list) = fleet.client.get("/v1/webhooks").await.expect("list");
     assert_eq!(list["webhooks"], json!([]), "nothing was made");
 
-    // Two receivers: one for hello's ends only, one for every question of chooser.
+    // Two receivers: one for hello's ends only (subscribed with the CLI), one for every
+    // question of chooser.
     let ends = Receiver::start();
-    let (_, s1) = subscribe(
-        &fleet.client,
-        json!({"url": ends.url(), "events": ["run.completed"], "agents": ["hello"]}),
-    )
-    .await;
+    let added = cli(
+        &fleet,
+        &[
+            "webhooks",
+            "add",
+            &ends.url(),
+            "--event",
+            "run.completed",
+            "--agent",
+            "hello",
+        ],
+    );
+    let s1 = added
+        .split_whitespace()
+        .find(|w| w.starts_with("whsec_"))
+        .unwrap_or_else(|| panic!("no secret in {added}"))
+        .to_owned();
+    assert!(!added.contains("hidden"), "{added}");
     ends.secrets(&[&s1]);
     let questions = Receiver::start();
     let (_, s2) = subscribe(
@@ -556,6 +570,14 @@ async fn filters_deliver_only_what_was_subscribed_and_inside_addresses_are_refus
         "{:#?}",
         questions.events()
     );
+    // Deleted with the CLI: gone from the listing.
+    let (_, list) = fleet.client.get("/v1/webhooks").await.expect("list");
+    let first = list["webhooks"][0]["id"].as_str().expect("id").to_owned();
+    let out = cli(&fleet, &["webhooks", "rm", &first]);
+    assert!(out.contains("deleted"), "{out}");
+    let out = cli(&fleet, &["webhooks", "ls", "--json"]);
+    let list: Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(list["webhooks"].as_array().map(Vec::len), Some(1), "{list}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
