@@ -6,6 +6,8 @@
 //! - [`bots`]: NATS request-reply for chat bots, the same answer path as HTTP.
 //! - [`ops`]: submit, answer, cancel: every channel and the reconcilers go through these.
 //! - [`reconcile`]: timeouts, unpublished or lost resumes, lost jobs.
+//! - [`webhooks`]: signed webhooks, managed through the API and delivered from a JetStream
+//!   consumer per subscription (docs/webhooks.md).
 //! - [`auth`], [`metrics`], [`config`]; [`tls`] (HTTPS of its own) and [`tickets`] (one-time
 //!   tickets that open a live stream, so that no token rides in a URL).
 //!
