@@ -312,7 +312,7 @@ fn meaning(code: ErrorCode) -> &'static str {
         }
         InputRequired => "a blank `input` where it is needed",
         InvalidArgs => {
-            "a submission's `agent` is not a name or not in the agents directory, its `task` is blank, or its `Idempotency-Key` was used for a different body; an answer's `data` is not an object, `data.args` not an object, `data.tasks` not a list, or edited arguments the tool refuses"
+            "a submission's `agent` is not a name or not in the agents directory, its `task` is blank, or its `Idempotency-Key` was used for a different body; an answer's `data` is not an object, `data.args` not an object, `data.tasks` not a list, or edited arguments the tool refuses; a webhook's URL the allowlist refuses (`DELTA_WEBHOOK_ALLOW`), an unknown event or agent name, or no `DELTA_SECRETS_KEY` to seal its secret"
         }
         InvalidData => {
             "the request has a `response_schema` and the answer's `data` does not fit it: not an object, a required field missing, an unknown field, or a value of the wrong type, out of its bounds, not of its format or not one of its choices (the message names the field)"
