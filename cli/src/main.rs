@@ -20,6 +20,7 @@ mod run;
 mod show;
 mod table;
 mod terminal;
+mod webhooks;
 
 #[derive(Parser)]
 #[command(

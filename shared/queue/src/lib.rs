@@ -22,6 +22,7 @@ use delta_protocol::events;
 use delta_protocol::{Fence, InteractionRequest, Job, RequestId, Resolved, RunId, Timestamp};
 
 pub mod access;
+pub mod webhooks;
 
 /// Why NATS refused or failed an operation (the client's own error).
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;

@@ -66,6 +66,9 @@ mod index;
 mod migrate;
 mod retention;
 mod tickets;
+mod webhooks;
+
+pub use webhooks::{Webhook, WebhookSecrets, WebhookState};
 
 use conn::{Client, Conn};
 pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
