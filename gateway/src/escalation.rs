@@ -105,7 +105,7 @@ impl Gateway {
                             via: Via::Timeout,
                             on_behalf_of: None,
                         },
-                        resolved_at: Timestamp::now(),
+                        resolved_at: event.at,
                         state: InteractionState::Expired,
                     };
                     let span = crate::trace::InteractionSpan::start(

@@ -194,13 +194,10 @@ async fn resume_one(
     };
     // Whoever settled it may have died before announcing it (same id: announced once); before
     // the job, as `Gateway::resume` does, so that it precedes what the resumed run announces.
-    if let Some(resolved) = gw.resolved_of(run_id, &ix)
-        && let Err(e) = gw
-            .queue
+    if let Some(resolved) = gw.resolved_of(run_id, &ix) {
+        gw.queue
             .publish_resolved(&record.agent, &resolved, tp)
-            .await
-    {
-        tracing::warn!(error = %delta_host::Chain(&e), request = %request_id, "`resolved` not announced");
+            .await?;
     }
     let seq = gw
         .queue

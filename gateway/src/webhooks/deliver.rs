@@ -33,15 +33,13 @@ use tokio_util::sync::CancellationToken;
 use delta_protocol::Timestamp;
 use delta_protocol::events::{EventType, STRUCTURED_CONTENT_TYPE};
 use delta_queue::webhooks::{GROUP, WebhookConsumer};
-use delta_store::redis::{Webhook, WebhookState};
+use delta_store::redis::{Webhook, WebhookSecrets, WebhookState};
 
 use super::{Settings, allow, sign};
 use crate::Gateway;
 
 /// Events of one subscription posted at once (each of another run).
 const MAX_IN_FLIGHT: usize = 16;
-/// Events of one subscription held at once (below the consumer's `max_ack_pending`).
-const MAX_HELD: usize = 500;
 /// How often the subscriptions are listed.
 const EVERY: Duration = Duration::from_secs(1);
 
@@ -96,6 +94,12 @@ pub fn client(s: &Settings) -> Result<reqwest::Client, reqwest::Error> {
 
 /// Keeps a delivery session per active subscription until shutdown.
 pub async fn run(gw: Arc<Gateway>) {
+    // Without the key it cannot open the signing secrets: it must not take the pin from a
+    // gateway that can (nor count its own failures against the receivers).
+    if !gw.store.can_seal() {
+        tracing::info!("webhooks: no DELTA_SECRETS_KEY; this gateway delivers none");
+        return;
+    }
     let http = match client(&gw.config.webhooks) {
         Ok(c) => c,
         Err(e) => {
@@ -217,6 +221,11 @@ async fn session_inner(
     let mut in_flight = FuturesUnordered::new();
     let mut started = false;
     let mut barrier: Option<Instant> = None;
+    // The pin this session was handed events under (`Nats-Pin-Id`): once the server pins
+    // another gateway (this one stopped pulling long enough, or was cut off), this session must
+    // stop at once, without acking what it holds, which the server hands to the new holder
+    // after its ack wait; two gateways posting a subscription's events would break their order.
+    let mut pin: Option<String> = None;
     let mut keepalive = tokio::time::interval((ack_wait / 3).max(Duration::from_millis(300)));
     loop {
         if started && barrier.is_none() {
@@ -248,9 +257,10 @@ async fn session_inner(
         }
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            // During a takeover's wait every event is taken (the consumer's max_ack_pending
-            // bounds them), so that the previous holder's come back before any is posted.
-            m = messages.next(), if held.len() < MAX_HELD || barrier.is_some() => {
+            // Always pulling, so the pin stays here: the consumer's max_ack_pending
+            // (`delta_queue::webhooks::MAX_ACK_PENDING`) bounds what is held. During a takeover's wait every event is taken,
+            // so that the previous holder's come back before any is posted.
+            m = messages.next() => {
                 let msg = match m {
                     None => return Err("the pull ended".into()),
                     Some(Err(e)) => return Err(format!("pull: {e}")),
@@ -261,6 +271,9 @@ async fn session_inner(
                 else {
                     continue;
                 };
+                if let Some(p) = msg.headers.as_ref().and_then(|h| h.get("Nats-Pin-Id")) {
+                    pin = Some(p.as_str().to_owned());
+                }
                 let head: Option<Head> = serde_json::from_slice(&msg.payload).ok();
                 let Some(head) = head.filter(|h| h.specversion == "1.0") else {
                     tracing::warn!(id = %w.id, seq = info, "webhooks: an event that is not a CloudEvent is skipped");
@@ -309,6 +322,16 @@ async fn session_inner(
                 Outcome::Stop => return Ok(()),
             },
             _ = keepalive.tick() => {
+                if let (Some(ours), Ok(info)) = (&pin, consumer.info().await) {
+                    let pinned = info
+                        .priority_groups
+                        .iter()
+                        .find(|g| g.group == GROUP)
+                        .and_then(|g| g.pinned_client_id.clone());
+                    if pinned.is_some_and(|p| p != *ours) {
+                        return Err("another gateway holds the pin now".into());
+                    }
+                }
                 for h in held.values() {
                     let _ = h.msg.ack_with(AckKind::Progress).await;
                 }
@@ -334,14 +357,30 @@ async fn attempts(
 ) -> Outcome {
     let s = &gw.config.webhooks;
     let mut attempt: u32 = 0;
+    // Since when this very event fails: a receiver that refuses one event for good (a 400,
+    // a 413) while taking others would otherwise hold its run's later events back forever.
+    let mut event_failing_since: Option<Timestamp> = None;
     loop {
         if stop.is_cancelled() {
             return Outcome::Stop;
         }
         let result = match gw.store.webhook(id).await {
             Ok(Some(w)) if w.state == WebhookState::Active => {
+                // The secrets are this gateway's to open: failing to is not the receiver's
+                // failure (a key dropped from DELTA_SECRETS_KEY too early, Redis away).
+                let secrets = match gw.store.webhook_secrets(id).await {
+                    Ok(Some(secrets)) => secrets,
+                    Ok(None) => return Outcome::Stop,
+                    Err(e) => {
+                        tracing::warn!(id, error = %delta_host::Chain(&e), "webhooks: cannot open the signing secret; not counted against the receiver");
+                        tokio::select! {
+                            () = tokio::time::sleep(s.retry_max.min(Duration::from_secs(30))) => continue,
+                            () = stop.cancelled() => return Outcome::Stop,
+                        }
+                    }
+                };
                 attempt += 1;
-                post(gw, http, &w, event_id, body).await
+                post(gw, http, &w, &secrets, event_id, body).await
             }
             Ok(_) => return Outcome::Stop,
             Err(e) => {
@@ -366,8 +405,15 @@ async fn attempts(
         gw.metrics.webhook_failures.inc();
         tracing::info!(id, event = event_id, attempt, error = %why, "webhook attempt failed");
         let now = Timestamp::now();
+        let first = *event_failing_since.get_or_insert(now);
         match gw.store.webhook_failed(id, &why, now).await {
             Ok(Some(since)) => {
+                // The subscription's streak, or this event's, whichever is older.
+                let since = if first.micros() < since.micros() {
+                    first
+                } else {
+                    since
+                };
                 let failing = Duration::from_micros(
                     u64::try_from(now.micros() - since.micros()).unwrap_or(0),
                 );
@@ -411,16 +457,11 @@ async fn post(
     gw: &Gateway,
     http: &reqwest::Client,
     w: &Webhook,
+    secrets: &WebhookSecrets,
     event_id: &str,
     body: &[u8],
 ) -> Result<(), String> {
     let target = allow::check_url(&w.url, &gw.config.webhooks.allow)?;
-    let secrets = gw
-        .store
-        .webhook_secrets(&w.id)
-        .await
-        .map_err(|e| format!("cannot open the signing secret: {}", delta_host::Chain(&e)))?
-        .ok_or("the subscription is gone")?;
     let mut keys = vec![secrets.current.as_str()];
     if let Some(p) = &secrets.previous {
         keys.push(p.as_str());

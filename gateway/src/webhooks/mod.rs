@@ -102,11 +102,21 @@ impl Settings {
 
 type Shared = State<Arc<Gateway>>;
 
-/// The URL as shown and logged: its query string (which may carry a token) hidden.
+/// The URL as shown and logged: its scheme, host and port only. Receivers often carry a
+/// token in the path (`/services/T…/B…/<token>`) or the query, and both stay hidden.
 pub fn redacted(url: &str) -> String {
-    match url.split_once('?') {
-        Some((base, _)) => format!("{base}?…"),
-        None => url.to_owned(),
+    match reqwest::Url::parse(url) {
+        Ok(u) => {
+            let host = u.host_str().unwrap_or_default();
+            let port = u.port().map(|p| format!(":{p}")).unwrap_or_default();
+            let rest = if u.path() == "/" && u.query().is_none() {
+                "/"
+            } else {
+                "/…"
+            };
+            format!("{}://{host}{port}{rest}", u.scheme())
+        }
+        Err(_) => "(not a URL)".to_owned(),
     }
 }
 
@@ -405,11 +415,16 @@ mod tests {
     }
 
     #[test]
-    fn a_url_is_shown_without_its_query() {
+    fn a_url_is_shown_without_its_path_or_query() {
         assert_eq!(
             redacted("https://h.example/a?token=s3cret"),
-            "https://h.example/a?…"
+            "https://h.example/…"
         );
-        assert_eq!(redacted("https://h.example/a"), "https://h.example/a");
+        assert_eq!(
+            redacted("https://hooks.example:8443/services/T1/B2/s3cret"),
+            "https://hooks.example:8443/…"
+        );
+        assert_eq!(redacted("https://h.example/"), "https://h.example/");
+        assert_eq!(redacted("not a url"), "(not a URL)");
     }
 }

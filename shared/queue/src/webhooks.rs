@@ -17,8 +17,9 @@ use crate::{Error, Names, Queue, setup};
 /// The priority group every gateway pulls a webhook consumer in.
 pub const GROUP: &str = "delivery";
 
-/// Unacknowledged messages a webhook consumer hands out at once (across every run).
-pub const MAX_ACK_PENDING: i64 = 1000;
+/// Unacknowledged messages a webhook consumer hands out at once (across every run): all a
+/// delivery session holds.
+pub const MAX_ACK_PENDING: i64 = 500;
 
 impl Names {
     /// The durable consumer of webhook subscription `id`.
