@@ -21,6 +21,7 @@ mod show;
 mod slack;
 mod table;
 mod terminal;
+mod webhooks;
 
 #[derive(Parser)]
 #[command(

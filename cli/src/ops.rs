@@ -116,6 +116,10 @@ pub enum Command {
     /// Scoped grants ("always allow" approvals): list them, revoke them.
     #[command(subcommand)]
     Grants(crate::grants::GrantsCommand),
+    /// Signed webhooks (operators): subscribe URLs to the fleet's events, list, rotate secrets,
+    /// enable, disable, delete.
+    #[command(subcommand)]
+    Webhooks(crate::webhooks::WebhooksCommand),
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -402,6 +406,7 @@ impl Command {
             Command::Dlq(DlqCommand::Ls(a)) => &a.remote,
             Command::Dlq(DlqCommand::Retry(a) | DlqCommand::Drop(a)) => &a.remote,
             Command::Grants(g) => g.remote(),
+            Command::Webhooks(w) => w.remote(),
         }
     }
 }
@@ -471,6 +476,9 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
             Command::Dlq(DlqCommand::Retry(a)) => dlq_pick(&client, a, Pick::Retry, json).await,
             Command::Dlq(DlqCommand::Drop(a)) => dlq_pick(&client, a, Pick::Drop, json).await,
             Command::Grants(g) => crate::grants::run(&client, g, json)
+                .await
+                .map_err(Failure::from),
+            Command::Webhooks(w) => crate::webhooks::run(&client, w, json)
                 .await
                 .map_err(Failure::from),
         }

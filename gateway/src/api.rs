@@ -61,6 +61,17 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             "/v1/grants/{grant_id}",
             get(crate::grants::get).delete(crate::grants::revoke),
         )
+        .route(
+            "/v1/webhooks",
+            post(crate::webhooks::create).get(crate::webhooks::list),
+        )
+        .route(
+            "/v1/webhooks/{id}",
+            get(crate::webhooks::get).delete(crate::webhooks::delete),
+        )
+        .route("/v1/webhooks/{id}/rotate", post(crate::webhooks::rotate))
+        .route("/v1/webhooks/{id}/enable", post(crate::webhooks::enable))
+        .route("/v1/webhooks/{id}/disable", post(crate::webhooks::disable))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

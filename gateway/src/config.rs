@@ -49,6 +49,21 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_GATEWAY_TLS_KEY", "tls-key", ""),
     ("DELTA_GATEWAY_PLAIN_HTTP", "plain-http", "loopback"),
     ("DELTA_STREAM_TICKET_TTL_S", "stream-ticket-ttl-s", "30"),
+    ("DELTA_WEBHOOK_ALLOW", "webhook-allow", ""),
+    (
+        "DELTA_WEBHOOK_DISABLE_AFTER",
+        "webhook-disable-after",
+        "72h",
+    ),
+    (
+        "DELTA_WEBHOOK_CONNECT_TIMEOUT_S",
+        "webhook-connect-timeout-s",
+        "5",
+    ),
+    ("DELTA_WEBHOOK_TIMEOUT_S", "webhook-timeout-s", "15"),
+    ("DELTA_WEBHOOK_RETRY_FIRST_S", "webhook-retry-first-s", "1"),
+    ("DELTA_WEBHOOK_RETRY_MAX_S", "webhook-retry-max-s", "600"),
+    ("DELTA_WEBHOOK_ACK_WAIT_S", "webhook-ack-wait-s", "30"),
 ];
 
 /// `DELTA_RETENTION`'s default: finished runs are kept a week.
@@ -110,6 +125,8 @@ pub struct Config {
     pub tls: Option<crate::tls::ServerConfig>,
     /// How long a live-stream ticket opens its stream (`DELTA_STREAM_TICKET_TTL_S`).
     pub stream_ticket_ttl: Duration,
+    /// How webhooks are delivered (`DELTA_WEBHOOK_*`).
+    pub webhooks: crate::webhooks::Settings,
 }
 
 impl Config {
@@ -142,6 +159,7 @@ impl Config {
             retention: Some(DEFAULT_RETENTION),
             tls: None,
             stream_ticket_ttl: Duration::from_secs(30),
+            webhooks: crate::webhooks::Settings::default(),
         }
     }
 }
@@ -221,6 +239,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
             "{from}: `{ticket_ttl}` s is too long for a one-time stream ticket; keep it at most 300 (30 to 60 is usual)"
         ));
     }
+    let webhooks = crate::webhooks::Settings::parse(&mut s);
     s.finish()?;
     Ok(Config {
         nats_url: servers.nats_url,
@@ -249,6 +268,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         retention,
         tls,
         stream_ticket_ttl: Duration::from_secs(ticket_ttl),
+        webhooks,
     })
 }
 

@@ -106,7 +106,7 @@ impl Gateway {
                             on_behalf_of: None,
                             relayed_by: None,
                         },
-                        resolved_at: Timestamp::now(),
+                        resolved_at: event.at,
                         state: InteractionState::Expired,
                     };
                     let span = crate::trace::InteractionSpan::start(

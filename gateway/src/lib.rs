@@ -6,6 +6,8 @@
 //! - [`bots`]: NATS request-reply for chat bots, the same answer path as HTTP.
 //! - [`ops`]: submit, answer, cancel: every channel and the reconcilers go through these.
 //! - [`reconcile`]: timeouts, unpublished or lost resumes, lost jobs.
+//! - [`webhooks`]: signed webhooks, managed through the API and delivered from a JetStream
+//!   consumer per subscription (docs/webhooks.md).
 //! - [`auth`], [`metrics`], [`config`]; [`tls`] (HTTPS of its own) and [`tickets`] (one-time
 //!   tickets that open a live stream, so that no token rides in a URL).
 //!
@@ -38,6 +40,7 @@ pub mod sse;
 pub mod tickets;
 pub mod tls;
 pub mod trace;
+pub mod webhooks;
 
 pub use config::Config;
 
@@ -148,6 +151,7 @@ pub async fn run(
         tokio::spawn(async move { bots::serve(gw).await })
     };
     let reconcilers = tokio::spawn(reconcile::run(gw.clone(), shutdown.clone()));
+    let webhooks = tokio::spawn(webhooks::deliver::run(gw.clone()));
     let tls = gw.config.tls.is_some();
     tracing::info!(%bound, auth = gw.config.auth.is_on(), tls, "gateway listening");
     if !tls && gw.config.auth.is_on() && !bound.ip().is_loopback() {
@@ -169,6 +173,7 @@ pub async fn run(
         Ok(Ok(())) => {}
     }
     let _ = reconcilers.await;
+    let _ = webhooks.await;
     // Under a target of its own, so that benchmarks can keep it while silencing the rest.
     tracing::info!(
         target: "delta_stats",

@@ -42,6 +42,12 @@ pub struct Metrics {
     pub runs_purged: Counter,
     /// Connections closed at once because `DELTA_MAX_CONNECTIONS` were open.
     pub connections_refused: Counter,
+    /// Webhook events delivered (2xx) by this gateway.
+    pub webhook_deliveries: Counter,
+    /// Webhook attempts that failed (a status other than 2xx, a transport error, a timeout).
+    pub webhook_failures: Counter,
+    /// Subscriptions this gateway disabled after `DELTA_WEBHOOK_DISABLE_AFTER` of failures.
+    pub webhooks_disabled: Counter,
     /// From a question being asked to its answer being accepted.
     pub time_to_answer: Histogram,
     /// From an answer being accepted to a worker resuming the run.
@@ -73,6 +79,9 @@ impl Metrics {
             jobs_requeued: Counter::default(),
             runs_purged: Counter::default(),
             connections_refused: Counter::default(),
+            webhook_deliveries: Counter::default(),
+            webhook_failures: Counter::default(),
+            webhooks_disabled: Counter::default(),
             // 1 s … ~4.5 h
             time_to_answer: Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(1.0, 3.0, 10),
@@ -147,6 +156,21 @@ impl Metrics {
             "runs_purged",
             "Finished runs deleted by the retention reconciler (DELTA_RETENTION)",
             m.runs_purged.clone(),
+        );
+        r.register(
+            "webhook_deliveries",
+            "Webhook events delivered (2xx) by this gateway",
+            m.webhook_deliveries.clone(),
+        );
+        r.register(
+            "webhook_failures",
+            "Webhook delivery attempts that failed here",
+            m.webhook_failures.clone(),
+        );
+        r.register(
+            "webhooks_disabled",
+            "Webhook subscriptions disabled here after failing for DELTA_WEBHOOK_DISABLE_AFTER",
+            m.webhooks_disabled.clone(),
         );
         r.register(
             "time_to_answer_seconds",

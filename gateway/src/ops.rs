@@ -501,7 +501,7 @@ impl Gateway {
             option_id: response.option_id.clone(),
             action: Some(action),
             responder: response.responder.clone(),
-            resolved_at: Timestamp::now(),
+            resolved_at: now,
             state: InteractionState::Answered,
         };
         let span = crate::trace::InteractionSpan::start(
@@ -861,8 +861,11 @@ impl Gateway {
         }
     }
 
-    /// After an interaction was settled: publish its run's resume job (idempotent), note it,
-    /// announce `resolved`. A failure here is left to the resume reconciler.
+    /// After an interaction was settled: announce it (`resolved`), then publish its run's resume
+    /// job (idempotent) and note it. In that order, so that the settling precedes in the events
+    /// stream whatever the resumed run announces next (its next question, its end), and no job
+    /// goes out unannounced. A failure here is left to the resume reconciler, which announces
+    /// `resolved` (again: the same id) and then publishes the job.
     /// `traceparent` is the question's `interaction` span (crate::trace), or what was stored.
     pub async fn resume(
         &self,
@@ -878,6 +881,11 @@ impl Gateway {
             request_id: Some(q.request_id),
         };
         let tp = traceparent;
+        if let Err(e) = self.queue.publish_resolved(&q.agent, &resolved, tp).await {
+            // No job without its announcement: the reconciler does both, in this order.
+            tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "`resolved` not announced, nor the resume published; the reconciler will");
+            return;
+        }
         let msg_id = job.resume_msg_id(answered_at);
         match self.queue.publish_job_as(&q.agent, &job, &msg_id, tp).await {
             Ok(seq) => {
@@ -893,11 +901,7 @@ impl Gateway {
             }
             Err(e) => {
                 tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "resume not published; the reconciler will");
-                return;
             }
-        }
-        if let Err(e) = self.queue.publish_resolved(&q.agent, &resolved, tp).await {
-            tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "`resolved` not announced");
         }
     }
 
@@ -950,9 +954,14 @@ impl Gateway {
         if !ix.request.is_expired_at(Timestamp::now()) {
             return Ok(false);
         }
+        let at = Timestamp::now();
         let won = self
             .store
-            .resolve(&ix.request, Resolution::Expired, self.config.resume_check)
+            .resolve(
+                &ix.request,
+                Resolution::Expired(at),
+                self.config.resume_check,
+            )
             .await?;
         if won.is_some() {
             return Ok(false);
@@ -974,7 +983,7 @@ impl Gateway {
                 on_behalf_of: None,
                 relayed_by: None,
             },
-            resolved_at: Timestamp::now(),
+            resolved_at: at,
             state: InteractionState::Expired,
         };
         let span = crate::trace::InteractionSpan::start(
@@ -1060,7 +1069,7 @@ impl Gateway {
                     on_behalf_of: None,
                     relayed_by: None,
                 },
-                resolved_at: Timestamp::now(),
+                resolved_at: ix.answered_at.unwrap_or_else(Timestamp::now),
                 state: InteractionState::Cancelled,
             };
             if let Err(e) = self

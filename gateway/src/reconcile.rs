@@ -192,6 +192,13 @@ async fn resume_one(
         // Published, gone from the stream, and the run still waits: lost.
         Some(seq) => format!("requeue:{request_id}:{seq}"),
     };
+    // Whoever settled it may have died before announcing it (same id: announced once); before
+    // the job, as `Gateway::resume` does, so that it precedes what the resumed run announces.
+    if let Some(resolved) = gw.resolved_of(run_id, &ix) {
+        gw.queue
+            .publish_resolved(&record.agent, &resolved, tp)
+            .await?;
+    }
     let seq = gw
         .queue
         .publish_job_as(&record.agent, &job, &msg_id, tp)
@@ -200,15 +207,6 @@ async fn resume_one(
     gw.store
         .resume_published(run_id, request_id, seq, later)
         .await?;
-    // Whoever settled it may have died before announcing it (same id: announced once).
-    if let Some(resolved) = gw.resolved_of(run_id, &ix)
-        && let Err(e) = gw
-            .queue
-            .publish_resolved(&record.agent, &resolved, tp)
-            .await
-    {
-        tracing::warn!(error = %delta_host::Chain(&e), request = %request_id, "`resolved` not announced");
-    }
     gw.metrics.resumes_republished.inc();
     tracing::info!(run = %run_id, request = %request_id, msg_id, "resume job published by the reconciler");
     Ok(true)

@@ -13,6 +13,10 @@
 //!   `re-running interrupted action` the journal shows for it. An idempotent step that was
 //!   unfinished when its worker died may run again, and says so in the journal *before* it
 //!   runs; a run nobody journaled is a step executed past its checkpoint (*duplicated*).
+//!
+//! [`check_events`] checks the events stream too: each run's events (told apart by their `id`:
+//! an event announced twice is one event) are the ones its journal implies, in that order, and
+//! its end is among them, whoever died between ending it and acking its job.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -181,6 +185,74 @@ impl Tally {
     pub fn problem(&mut self, p: impl Into<String>) {
         self.problems.push(p.into());
     }
+}
+
+/// Reads the whole events stream (`<P>_INTERACTIONS`) of the fleet at `nats_url` and checks,
+/// for each run of `ids`, that its events, duplicates (same `id`) dropped, are exactly `expect`
+/// (short names, e.g. `interaction.requested`, `interaction.answered`, `run.completed`) in
+/// that order; each difference is a problem. Returns how many events announced twice were seen.
+pub async fn check_events(
+    nats_url: &str,
+    prefix: &str,
+    ids: &[RunId],
+    expect: &[&str],
+    t: &mut Tally,
+) -> usize {
+    use futures_util::StreamExt;
+    let js = async_nats::jetstream::new(crate::nats_client(nats_url).await);
+    let stream = match js
+        .get_stream(format!("{}_INTERACTIONS", prefix.to_uppercase()))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            t.problem(format!("the events stream: {e}"));
+            return 0;
+        }
+    };
+    let total = stream
+        .get_info()
+        .await
+        .map(|i| i.state.messages)
+        .unwrap_or(0);
+    let Ok(consumer) = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+        .await
+    else {
+        t.problem("the events stream: no consumer");
+        return 0;
+    };
+    let Ok(mut messages) = consumer.messages().await else {
+        t.problem("the events stream: no messages");
+        return 0;
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut twice = 0;
+    let mut by_run: HashMap<String, Vec<String>> = HashMap::new();
+    for _ in 0..total {
+        let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(5), messages.next()).await
+        else {
+            t.problem("the events stream ended early");
+            break;
+        };
+        let Ok(e) = delta_protocol::events::decode::<Value>(&m.payload) else {
+            t.problem(format!("not a CloudEvent on {}", m.subject));
+            continue;
+        };
+        if !seen.insert(e.id.clone()) {
+            twice += 1;
+            continue;
+        }
+        let name = e.ty.trim_start_matches("dev.delta.").to_owned();
+        by_run.entry(e.deltarun.to_string()).or_default().push(name);
+    }
+    for id in ids {
+        let got = by_run.remove(&id.to_string()).unwrap_or_default();
+        if got != expect {
+            t.problem(format!("run {id}: events {got:?}, expected {expect:?}"));
+        }
+    }
+    twice
 }
 
 /// Loads a run, riding out a store that is restarting (20 s).

@@ -193,8 +193,22 @@ async fn s1_kill_9_a_random_worker_every_2s() {
     if kills == 0 {
         tally.problem("no worker was killed while runs were in progress");
     }
+    // Every run's question, its answer and its end are announced, once each and in order,
+    // however often its workers died between a step and its announcement.
+    let twice = chaos::check_events(
+        &fleet.nats.url(),
+        "ck",
+        &ids,
+        &[
+            "interaction.requested",
+            "interaction.answered",
+            "run.completed",
+        ],
+        &mut tally,
+    )
+    .await;
     let notes = format!(
-        "{kills} kill -9s; {} unfinished steps re-ran (journaled); {} answers; seed {seed}",
+        "{kills} kill -9s; {} unfinished steps re-ran (journaled); {} answers; {twice} events announced again; seed {seed}",
         tally.reruns,
         stats.accepted.load(Ordering::Relaxed)
     );

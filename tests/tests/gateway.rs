@@ -1118,6 +1118,13 @@ async fn an_answer_the_engine_refuses_reopens_the_question_everywhere_and_a_corr
     // A corrected answer resumes the run at once: its resume job has an id of its own, not the
     // refused answer's (which NATS would drop as a duplicate).
     approve_with_good_args_completes(&fleet, run, &rid).await;
+    // And its settling is announced too, as an event of its own (not dropped as a duplicate
+    // of the first settling's).
+    let e = live.next(Duration::from_secs(20)).await.expect("an event");
+    assert_eq!(e.event, "resolved", "{}", e.data);
+    let v: Value = serde_json::from_str(&e.data).expect("json");
+    assert_eq!(v["request_id"], json!(rid), "{v}");
+    assert_eq!(v["option_id"], "approve", "{v}");
 }
 
 /// Approves the `gated` agent's question with valid edited arguments: accepted, and the run

@@ -28,8 +28,10 @@ pub use delta_protocol::{
 pub mod events;
 pub mod grants;
 pub mod openapi;
+pub mod webhooks;
 
 pub use grants::{GrantList, GrantView, GrantsQuery};
+pub use webhooks::{RotateBody, WebhookBody, WebhookCreated, WebhookList, WebhookView};
 
 // ---------------------------------------------------------------------------------------------
 // Errors

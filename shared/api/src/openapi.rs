@@ -228,6 +228,56 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
         ANSWER,
         &[BadRequest, Unauthorized, Forbidden, NotFound, Unavailable],
     ),
+    (
+        "createWebhook",
+        OPERATE,
+        &[
+            BadRequest,
+            Unauthorized,
+            Forbidden,
+            InvalidArgs,
+            PayloadTooLarge,
+            Unavailable,
+        ],
+    ),
+    (
+        "listWebhooks",
+        OPERATE,
+        &[Unauthorized, Forbidden, Unavailable],
+    ),
+    (
+        "getWebhook",
+        OPERATE,
+        &[Unauthorized, Forbidden, NotFound, Unavailable],
+    ),
+    (
+        "deleteWebhook",
+        OPERATE,
+        &[Unauthorized, Forbidden, NotFound, Unavailable],
+    ),
+    (
+        "rotateWebhookSecret",
+        OPERATE,
+        &[
+            BadRequest,
+            Unauthorized,
+            Forbidden,
+            NotFound,
+            InvalidArgs,
+            PayloadTooLarge,
+            Unavailable,
+        ],
+    ),
+    (
+        "enableWebhook",
+        OPERATE,
+        &[Unauthorized, Forbidden, NotFound, Unavailable],
+    ),
+    (
+        "disableWebhook",
+        OPERATE,
+        &[Unauthorized, Forbidden, NotFound, Unavailable],
+    ),
     ("healthz", OPEN, &[]),
     ("readyz", OPEN, &[]),
     ("metrics", OPEN, &[]),
@@ -264,7 +314,7 @@ fn meaning(code: ErrorCode) -> &'static str {
         }
         InputRequired => "a blank `input` where it is needed",
         InvalidArgs => {
-            "a submission's `agent` is not a name or not in the agents directory, its `task` is blank, or its `Idempotency-Key` was used for a different body; an answer's `data` is not an object, `data.args` not an object, `data.tasks` not a list, or edited arguments the tool refuses"
+            "a submission's `agent` is not a name or not in the agents directory, its `task` is blank, or its `Idempotency-Key` was used for a different body; an answer's `data` is not an object, `data.args` not an object, `data.tasks` not a list, or edited arguments the tool refuses; a webhook's URL the allowlist refuses (`DELTA_WEBHOOK_ALLOW`), an unknown event or agent name, or no `DELTA_SECRETS_KEY` to seal its secret"
         }
         InvalidData => {
             "the request has a `response_schema` and the answer's `data` does not fit it: not an object, a required field missing, an unknown field, or a value of the wrong type, out of its bounds, not of its format or not one of its choices (the message names the field)"
@@ -475,6 +525,7 @@ impl Modify for Streams {
         (name = "runs", description = "Submit, read, follow and cancel runs."),
         (name = "interactions", description = "The questions runs ask, and their answers."),
         (name = "operations", description = "Health, readiness, metrics, the queue, the dead letters, live-stream tickets, this document."),
+        (name = "webhooks", description = "Signed webhooks: subscriptions to the fleet's events (docs/webhooks.md)."),
         (name = "inbox", description = "The web inbox: static files (HTML, JavaScript, CSS, no build step) that use this API from the browser."),
     ),
     security(("bearerAuth" = [])),
@@ -501,6 +552,13 @@ impl Modify for Streams {
         crate::grants::paths::list_grants,
         crate::grants::paths::get_grant,
         crate::grants::paths::revoke_grant,
+        crate::webhooks::paths::create_webhook,
+        crate::webhooks::paths::list_webhooks,
+        crate::webhooks::paths::get_webhook,
+        crate::webhooks::paths::delete_webhook,
+        crate::webhooks::paths::rotate_webhook,
+        crate::webhooks::paths::enable_webhook,
+        crate::webhooks::paths::disable_webhook,
         paths::healthz,
         paths::readyz,
         paths::metrics,
@@ -521,6 +579,8 @@ impl Modify for Streams {
         WorkerSeen, QueueStats, Health, HealthStatus, Reachability, Readiness,
         DeadLetterView, DeadLetterPage, DeadLetterRetried, RequeuedStatus, DeadLetterDropped, DroppedStatus,
         GrantView, GrantList, Grant, GrantRequest, GrantScope, GrantState, ArgMatch,
+        crate::webhooks::WebhookBody, crate::webhooks::RotateBody, crate::webhooks::WebhookView,
+        crate::webhooks::WebhookCreated, crate::webhooks::WebhookList,
     )),
     modifiers(&Contract, &Streams),
 )]

@@ -261,7 +261,9 @@ pub fn requested<'a>(
 }
 
 /// `interaction.answered`, `.expired` or `.cancelled`, by the resolved state. `id` is
-/// `resolved:<request_id>`.
+/// `resolved:<request_id>:<µs of resolved_at>` (the instant the store keeps as the question's
+/// `answered_at`, so whoever announces it again uses the same id; a question the engine reopened
+/// and that was settled again is another event).
 pub fn resolved<'a>(
     prefix: &str,
     agent: &str,
@@ -271,7 +273,7 @@ pub fn resolved<'a>(
     envelope(
         prefix,
         EventType::resolved(r.state),
-        format!("resolved:{}", r.request_id),
+        format!("resolved:{}:{}", r.request_id, r.resolved_at.micros()),
         agent,
         r.run_id,
         Some(r.request_id),

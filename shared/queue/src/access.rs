@@ -7,6 +7,10 @@
 //!   them, so a bot's bearer token in a header reaches no one else), publishes jobs, `resolved`,
 //!   `updated` (claims, votes) and `escalated` announcements and cancellations, and reads the
 //!   streams for its views.
+//!   It also delivers webhooks (docs/webhooks.md): it creates, reads, pulls from, acknowledges
+//!   and deletes the durable consumers `<p>-webhook-<id>` on the events stream, which its rights
+//!   to read that stream through consumers of its own already cover (a consumer's name is one
+//!   subject token: NATS cannot grant a name prefix, so nothing narrower can be written).
 //! - A **worker** takes jobs from its consumer, publishes `requested` announcements, dead
 //!   letters and resumes, and hears cancellations. It may not answer, announce an answer,
 //!   publish a job, or create or change a stream (a stream's subjects decide what it keeps: a
@@ -338,6 +342,41 @@ mod tests {
         assert!(!worker.publish.iter().any(|s| s.starts_with("delta.jobs")));
         let bot = permissions(&scope, NatsRole::Bot);
         assert!(!bot.publish.iter().any(|s| s.starts_with("delta.jobs")));
+    }
+
+    /// Whether NATS would let `subject` through `allowed` (`*` one token, `>` the rest).
+    fn allows(allowed: &[String], subject: &str) -> bool {
+        allowed.iter().any(|pattern| {
+            let (mut p, mut s) = (pattern.split('.'), subject.split('.'));
+            loop {
+                match (p.next(), s.next()) {
+                    (Some(">"), Some(_)) => return true,
+                    (Some("*"), Some(_)) => {}
+                    (Some(a), Some(b)) if a == b => {}
+                    (None, None) => return true,
+                    _ => return false,
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn the_gateway_may_run_its_webhook_consumers_and_workers_may_not() {
+        let scope = Scope::Prefix("delta".into());
+        let c = "delta-webhook-0193a7b2-0000-7000-8000-000000000000";
+        let needs = [
+            format!("$JS.API.CONSUMER.CREATE.DELTA_INTERACTIONS.{c}"),
+            format!("$JS.API.CONSUMER.INFO.DELTA_INTERACTIONS.{c}"),
+            format!("$JS.API.CONSUMER.DELETE.DELTA_INTERACTIONS.{c}"),
+            format!("$JS.API.CONSUMER.MSG.NEXT.DELTA_INTERACTIONS.{c}"),
+            format!("$JS.ACK.DELTA_INTERACTIONS.{c}.1.7.7.1795971601000000000.0"),
+        ];
+        let gateway = permissions(&scope, NatsRole::Gateway);
+        let worker = permissions(&scope, NatsRole::Worker);
+        for subject in &needs {
+            assert!(allows(&gateway.publish, subject), "{subject}");
+            assert!(!allows(&worker.publish, subject), "{subject}");
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ use delta_protocol::events;
 use delta_protocol::{Fence, InteractionRequest, Job, RequestId, Resolved, RunId, Timestamp};
 
 pub mod access;
+pub mod webhooks;
 
 /// Why NATS refused or failed an operation (the client's own error).
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
@@ -993,7 +994,6 @@ impl Queue {
 
     /// Interaction events (`requested`, `resolved`, `updated`, `escalated`) from stream
     /// sequence `from` on, or only new ones; for live views, each on its own ordered consumer.
-    /// A message that is not a CloudEvent is skipped.
     pub async fn interaction_events(
         &self,
         from: Option<u64>,
@@ -1029,13 +1029,29 @@ impl Queue {
                 let kind = *kinds
                     .iter()
                     .find(|k| rest.strip_prefix(**k).is_some_and(|r| r.starts_with('.')))?;
-                let event = events::decode::<serde_json::Value>(&m.payload).ok()?;
-                Some(InteractionEvent {
-                    seq,
-                    kind,
-                    agent: event.deltaagent,
-                    payload: serde_json::to_vec(&event.data).ok()?,
-                })
+                // `data` as it was written (no second serialization). A message from before
+                // events were CloudEvents (kept 7 days, or from a worker not yet upgraded) is
+                // that data itself, its agent the subject's next token.
+                Some(
+                    match events::decode::<Box<serde_json::value::RawValue>>(&m.payload) {
+                        Ok(event) => InteractionEvent {
+                            seq,
+                            kind,
+                            agent: event.deltaagent,
+                            payload: event.data.get().as_bytes().to_vec(),
+                        },
+                        Err(_) => InteractionEvent {
+                            seq,
+                            kind,
+                            agent: rest[kind.len() + 1..]
+                                .split('.')
+                                .next()
+                                .unwrap_or_default()
+                                .to_owned(),
+                            payload: m.payload.to_vec(),
+                        },
+                    },
+                )
             });
             std::future::ready(event)
         }))

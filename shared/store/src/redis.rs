@@ -66,6 +66,9 @@ mod index;
 mod migrate;
 mod retention;
 mod tickets;
+mod webhooks;
+
+pub use webhooks::{Webhook, WebhookSecrets, WebhookState};
 
 use conn::{Client, Conn};
 pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
@@ -531,8 +534,9 @@ pub enum Resolution<'a> {
     /// A person's (or bot's) answer, validated at the instant given (stored as `answered_at`,
     /// so that a worker checks the deadline against the same instant).
     Answer(&'a InteractionResponse, Timestamp),
-    /// Its deadline passed: the run applies the default option, or fails.
-    Expired,
+    /// Its deadline passed (noticed at the instant given, stored as `answered_at`): the run
+    /// applies the default option, or fails.
+    Expired(Timestamp),
 }
 
 impl RedisRunStore {
@@ -962,12 +966,9 @@ impl RedisRunStore {
                     response.responder.id.clone(),
                 )
             }
-            Resolution::Expired => (
-                InteractionState::Expired,
-                String::new(),
-                Timestamp::now(),
-                String::new(),
-            ),
+            Resolution::Expired(at) => {
+                (InteractionState::Expired, String::new(), at, String::new())
+            }
         };
         let rid = request.request_id.to_string();
         let check_at = now.micros() + i64::try_from(check_after.as_micros()).unwrap_or(0);
