@@ -250,18 +250,7 @@ impl Fleet {
 
     /// Submits a run over HTTP and returns its id.
     pub async fn submit(&self, agent: &str, task: &str) -> RunId {
-        let (status, body) = self
-            .client
-            .post("/v1/runs", &json!({"agent": agent, "task": task}))
-            .await
-            .expect("submit");
-        assert_eq!(status, 202, "{body}");
-        assert_eq!(body["status"], "QUEUED");
-        body["run_id"]
-            .as_str()
-            .expect("run_id")
-            .parse()
-            .expect("uuid")
+        submit_as(&self.client, agent, task).await
     }
 
     /// Waits for the run to pause and returns its pending request id.
@@ -319,6 +308,22 @@ pub async fn bot_answer(
     .expect("reply in time")
     .expect("reply");
     serde_json::from_slice(&reply.payload).expect("reply JSON")
+}
+
+/// Submits a run over HTTP as `client` (its token) and returns its id; fails the test unless
+/// it is accepted (`202`, `QUEUED`).
+pub async fn submit_as(client: &Client, agent: &str, task: &str) -> RunId {
+    let (status, body) = client
+        .post("/v1/runs", &json!({"agent": agent, "task": task}))
+        .await
+        .expect("submit");
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"], "QUEUED");
+    body["run_id"]
+        .as_str()
+        .expect("run_id")
+        .parse()
+        .expect("uuid")
 }
 
 /// Waits (through the API) for a run to pause and returns its pending request id.

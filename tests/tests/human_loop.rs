@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use delta_e2e::fleet::{Fleet, bot_answer, pending};
+use delta_e2e::fleet::{Fleet, bot_answer, pending, submit_as};
 use delta_e2e::gateways::Client;
-use delta_protocol::{Ballot, Event, OptionAction, RunId, RunStatus};
+use delta_protocol::{Ballot, Event, OptionAction, RunStatus};
 use delta_store::RunStore;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -72,19 +72,6 @@ async fn bot_claim(
     serde_json::from_slice(&reply.payload).expect("reply JSON")
 }
 
-async fn submit(client: &Client, agent: &str) -> RunId {
-    let (status, body) = client
-        .post("/v1/runs", &json!({"agent": agent, "task": "go"}))
-        .await
-        .expect("submit");
-    assert_eq!(status, 202, "{body}");
-    body["run_id"]
-        .as_str()
-        .expect("run_id")
-        .parse()
-        .expect("uuid")
-}
-
 fn votes(run: &delta_store::StoredRun) -> Vec<delta_protocol::Vote> {
     run.journal
         .iter()
@@ -125,7 +112,7 @@ async fn two_leads_approve_a_call_over_http_and_nats() {
         .await
         .expect("sub");
 
-    let run = submit(&sub, "council").await;
+    let run = submit_as(&sub, "council", "go").await;
     let rid = pending(&sub, run).await;
     let path = format!("/v1/interactions/{rid}/response");
     let approve = json!({"option_id": "approve"});
@@ -350,7 +337,7 @@ async fn a_claim_holds_others_off_on_every_channel() {
         .subscribe("hlc.interactions.updated.>")
         .await
         .expect("sub");
-    let run = submit(&sub, "hello").await;
+    let run = submit_as(&sub, "hello", "go").await;
     let rid = pending(&sub, run).await;
     let claim = format!("/v1/interactions/{rid}/claim");
     let respond = format!("/v1/interactions/{rid}/response");
@@ -571,7 +558,7 @@ async fn a_storm_of_votes_and_claims_resumes_each_run_once() {
     let sub = fleet.client.with_token(Some(&sub_token));
     let mut runs = vec![];
     for _ in 0..RUNS {
-        runs.push(submit(&sub, "storm").await);
+        runs.push(submit_as(&sub, "storm", "go").await);
     }
     let mut rids = vec![];
     for run in &runs {
@@ -781,7 +768,7 @@ async fn escalation_steps_fire_on_time_with_every_worker_stopped() {
         .subscribe("hle.interactions.escalated.>")
         .await
         .expect("sub");
-    let run = submit(&sub, "escalating").await;
+    let run = submit_as(&sub, "escalating", "go").await;
     let rid = pending(&sub, run).await;
     for w in &mut fleet.workers {
         delta_e2e::workers::stop(w);
@@ -924,7 +911,7 @@ async fn a_delegation_lets_bob_answer_for_alice_but_never_approve_his_own_run() 
     .expect("time");
 
     // Carol's run: bob may not approve it on his own.
-    let run = submit(&carol, "budget").await;
+    let run = submit_as(&carol, "budget", "go").await;
     let rid = pending(&alice, run).await;
     let respond = format!("/v1/interactions/{rid}/response");
     let (s, b) = bob
@@ -994,7 +981,7 @@ async fn a_delegation_lets_bob_answer_for_alice_but_never_approve_his_own_run() 
     );
 
     // Bob's own run: the delegation does not let him approve it, but he may reject it.
-    let own = submit(&bob, "budget").await;
+    let own = submit_as(&bob, "budget", "go").await;
     let own_rid = pending(&alice, own).await;
     let own_path = format!("/v1/interactions/{own_rid}/response");
     let (s, b) = bob
@@ -1030,7 +1017,7 @@ async fn a_delegation_lets_bob_answer_for_alice_but_never_approve_his_own_run() 
         .await
         .expect("delete");
     assert_eq!(s, 200);
-    let again = submit(&carol, "budget").await;
+    let again = submit_as(&carol, "budget", "go").await;
     let again_rid = pending(&alice, again).await;
     let (s, b) = bob
         .post(
@@ -1084,7 +1071,7 @@ async fn one_persons_authority_counts_once_in_a_quorum() {
             .expect("delegate");
         assert_eq!(s, 201, "{b}");
     }
-    let run = submit(&sub, "council").await;
+    let run = submit_as(&sub, "council", "go").await;
     let rid = pending(&alice, run).await;
     let path = format!("/v1/interactions/{rid}/response");
     let approve = json!({"option_id": "approve"});

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use delta_e2e::fleet::{Fleet, FleetLogs};
+use delta_e2e::fleet::{Fleet, FleetLogs, submit_as};
 use delta_e2e::gateways::{Client, Spec};
 use delta_launcher::GatewayTls;
 use serde_json::{Value, json};
@@ -86,20 +86,6 @@ async fn open(base: &str, path: &str) -> (u16, Value) {
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
     )
-}
-
-/// Submits a run as `client`: its id.
-async fn submit(client: &Client, agent: &str, task: &str) -> delta_protocol::RunId {
-    let (status, body) = client
-        .post("/v1/runs", &json!({"agent": agent, "task": task}))
-        .await
-        .expect("submit");
-    assert_eq!(status, 202, "{body}");
-    body["run_id"]
-        .as_str()
-        .expect("run_id")
-        .parse()
-        .expect("uuid")
 }
 
 /// The gateway serves HTTPS with the certificate it is given: a client that trusts the CA
@@ -286,7 +272,7 @@ async fn a_token_in_a_stream_url_is_refused_and_not_logged() {
     fleet.add_gateway(None).await;
     let base = fleet.gateway_spec.url();
     let ci = fleet.client.with_token(Some(CI));
-    let run = submit(&ci, "hello", "t").await;
+    let run = submit_as(&ci, "hello", "t").await;
     for path in [
         format!("/v1/interactions/stream?access_token={ALICE}"),
         format!("/v1/runs/{run}/events?from_seq=1&access_token={CI}"),
@@ -393,7 +379,7 @@ async fn a_stream_ticket_opens_its_stream_once() {
         .expect("stream");
     assert_eq!(held.status(), 503, "the ticket's stream is alice's");
     drop(held);
-    let run = submit(&ci, "hello", "ticketed").await;
+    let run = submit_as(&ci, "hello", "ticketed").await;
     let rid = delta_e2e::fleet::pending(&alice, run).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -432,7 +418,7 @@ async fn a_stream_ticket_opens_its_stream_once() {
             .is_some_and(|m| m.contains("another stream")),
         "{body}"
     );
-    let second_run = submit(&ci, "hello", "another").await;
+    let second_run = submit_as(&ci, "hello", "another").await;
     let for_run = ticket(&ci, json!({"stream": "run", "run_id": run.to_string()})).await;
     let (status, body) = open(
         &base,
@@ -573,7 +559,7 @@ async fn the_inbox_streams_with_fresh_tickets_and_never_the_token() {
                     vec![],
                 )
                 .await;
-            let run = submit(&ci, "hello", "first").await;
+            let run = submit_as(&ci, "hello", "first").await;
             let rid = delta_e2e::fleet::pending(&alice, run).await;
             browser.find(&card(&rid)).await;
             // The gateway goes away and comes back on the same port.
@@ -587,7 +573,7 @@ async fn the_inbox_streams_with_fresh_tickets_and_never_the_token() {
                 .await;
             fleet.add_gateway(None).await;
             wait_conn("live").await;
-            let again = submit(&ci, "hello", "second").await;
+            let again = submit_as(&ci, "hello", "second").await;
             let rid = delta_e2e::fleet::pending(&alice, again).await;
             browser.find(&card(&rid)).await;
             let urls = browser.js("return window.streamUrls;", vec![]).await;

@@ -16,9 +16,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use delta_e2e::NatsRole;
-use delta_e2e::fleet::{Fleet, pending};
+use delta_e2e::fleet::{Fleet, pending, submit_as};
 use delta_e2e::gateways::Client;
-use delta_protocol::{Event, RunId, RunStatus, Via};
+use delta_protocol::{Event, RunStatus, Via};
 use delta_store::RunStore;
 use serde_json::{Value, json};
 
@@ -363,19 +363,6 @@ async fn setup(prefix: &str, agents: &[(&str, &str, &str)]) -> Setup {
     }
 }
 
-async fn submit(client: &Client, agent: &str) -> RunId {
-    let (status, body) = client
-        .post("/v1/runs", &json!({"agent": agent, "task": "go"}))
-        .await
-        .expect("submit");
-    assert_eq!(status, 202, "{body}");
-    body["run_id"]
-        .as_str()
-        .expect("run_id")
-        .parse()
-        .expect("uuid")
-}
-
 fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -480,7 +467,7 @@ async fn a_click_answers_as_the_mapped_person_and_the_message_follows() {
         .state
         .rate_limit_next_post
         .store(true, Ordering::SeqCst);
-    let run = submit(&s.ops, "gated").await;
+    let run = submit_as(&s.ops, "gated", "go").await;
     let rid = pending(&s.ops, run).await;
     let post = s
         .slack
@@ -645,7 +632,7 @@ async fn answers_elsewhere_secrets_and_escalations_show_in_slack() {
     )
     .await;
     // Answered by bob through the CLI's HTTP call.
-    let run = submit(&s.ops, "chooser").await;
+    let run = submit_as(&s.ops, "chooser", "go").await;
     let rid = pending(&s.ops, run).await;
     let post = s
         .slack
@@ -687,7 +674,7 @@ async fn answers_elsewhere_secrets_and_escalations_show_in_slack() {
     assert!(buttons(&update).is_empty());
 
     // Sensitive: no buttons, a link to the inbox.
-    let run = submit(&s.ops, "secret").await;
+    let run = submit_as(&s.ops, "secret", "go").await;
     let rid = pending(&s.ops, run).await;
     let post = s
         .slack
@@ -700,7 +687,7 @@ async fn answers_elsewhere_secrets_and_escalations_show_in_slack() {
     );
 
     // A reminder in the thread.
-    let run = submit(&s.ops, "escalating").await;
+    let run = submit_as(&s.ops, "escalating", "go").await;
     let rid = pending(&s.ops, run).await;
     let post = s
         .slack
@@ -731,7 +718,7 @@ async fn answers_elsewhere_secrets_and_escalations_show_in_slack() {
         .await;
 
     // `guarded` names alice: its route sends her a DM too.
-    let run = submit(&s.ops, "guarded").await;
+    let run = submit_as(&s.ops, "guarded", "go").await;
     let rid = pending(&s.ops, run).await;
     let posts = s
         .slack
@@ -762,7 +749,7 @@ async fn modals_answer_with_free_text_and_typed_data() {
             "ada@example.com gets 2 on staging",
         ),
     ] {
-        let run = submit(&s.ops, agent).await;
+        let run = submit_as(&s.ops, agent, "go").await;
         let rid = pending(&s.ops, run).await;
         let post = s
             .slack
@@ -823,7 +810,7 @@ async fn modals_answer_with_free_text_and_typed_data() {
 #[tokio::test(flavor = "multi_thread")]
 async fn restarted_it_catches_up_and_posts_each_question_once() {
     let mut s = setup("slk4", &[]).await;
-    let first = submit(&s.ops, "chooser").await;
+    let first = submit_as(&s.ops, "chooser", "go").await;
     let first_rid = pending(&s.ops, first).await;
     let post = s
         .slack
@@ -844,11 +831,11 @@ async fn restarted_it_catches_up_and_posts_each_question_once() {
     assert_eq!(status, 200, "{body}");
     let mut later = vec![];
     for agent in ["chooser", "gated"] {
-        let run = submit(&s.ops, agent).await;
+        let run = submit_as(&s.ops, agent, "go").await;
         later.push(pending(&s.ops, run).await);
     }
     // A crash between posting and recording: the KV says a post was under way, Slack has it.
-    let run = submit(&s.ops, "hello").await;
+    let run = submit_as(&s.ops, "hello", "go").await;
     let crashed = pending(&s.ops, run).await;
     let (_, view) = s
         .ops
@@ -925,7 +912,7 @@ const COUNCIL_SCRIPT: &str =
 #[tokio::test(flavor = "multi_thread")]
 async fn votes_expiry_and_cancellation_show_in_slack() {
     let s = setup("slk5", &[("council", COUNCIL_CONFIG, COUNCIL_SCRIPT)]).await;
-    let run = submit(&s.ops, "council").await;
+    let run = submit_as(&s.ops, "council", "go").await;
     let rid = pending(&s.ops, run).await;
     let post = s
         .slack
@@ -977,7 +964,7 @@ async fn votes_expiry_and_cancellation_show_in_slack() {
     assert!(update.to_string().contains("via slack"), "{update}");
 
     // Expired: its default applied.
-    let run = submit(&s.ops, "timed").await;
+    let run = submit_as(&s.ops, "timed", "go").await;
     let rid = pending(&s.ops, run).await;
     let post = s
         .slack
@@ -991,7 +978,7 @@ async fn votes_expiry_and_cancellation_show_in_slack() {
     assert!(buttons(&update).is_empty());
 
     // Cancelled with its run.
-    let run = submit(&s.ops, "chooser").await;
+    let run = submit_as(&s.ops, "chooser", "go").await;
     let rid = pending(&s.ops, run).await;
     let post = s
         .slack
