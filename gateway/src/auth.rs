@@ -83,6 +83,9 @@ struct TokenEntry {
 #[derive(Clone, Debug, Default)]
 pub struct Auth {
     by_digest: HashMap<Vec<u8>, Identity>,
+    /// The digest of `DELTA_GATEWAY_TOKEN`, whose identity (`operator`) is the fleet's, not a
+    /// person of the tokens file: no relay acts for it.
+    fleet_token: Option<Vec<u8>>,
 }
 
 /// Responder ids that belong to the fleet itself: the clock's (`timeout`), the one recorded when
@@ -128,6 +131,7 @@ impl Auth {
         if self.by_digest.insert(sha256(token), identity).is_some() {
             return Err("DELTA_GATEWAY_TOKEN is also a token of the tokens file".into());
         }
+        self.fleet_token = Some(sha256(token));
         Ok(self)
     }
 
@@ -190,7 +194,10 @@ impl Auth {
                 return Err(format!("the token of `{}` is used twice", e.name));
             }
         }
-        Ok(Self { by_digest })
+        Ok(Self {
+            by_digest,
+            fleet_token: None,
+        })
     }
 
     /// Whether a token of the tokens file is named `name`.
@@ -200,17 +207,26 @@ impl Auth {
             .any(|i| i.name.as_deref() == Some(name))
     }
 
-    /// The person the tokens file names `name` (the roles and groups of all its tokens), for a
-    /// relay acting on their behalf; `None` for a name it does not know.
+    /// The person the tokens file names `name` (the groups of all its tokens), as a relay may
+    /// act for them: to answer, vote and claim, never with more (an `operate` person's other
+    /// powers, such as breaking someone's claim, stay theirs); `None` for a name the tokens file
+    /// does not know, and for `DELTA_GATEWAY_TOKEN`'s `operator`, which is nobody's.
     pub fn person(&self, name: &str) -> Option<Identity> {
         let mut roles: Vec<Role> = self
             .by_digest
-            .values()
+            .iter()
+            .filter(|(digest, _)| self.fleet_token.as_ref() != Some(*digest))
+            .map(|(_, i)| i)
             .filter(|i| i.name.as_deref() == Some(name))
             .flat_map(|i| i.roles.iter().copied())
             .collect();
         if roles.is_empty() {
             return None;
+        }
+        if roles.contains(&Role::Answer) || roles.contains(&Role::Operate) {
+            roles = vec![Role::Answer];
+        } else {
+            roles.retain(|r| *r == Role::Submit);
         }
         roles.dedup();
         Some(Identity {
@@ -399,6 +415,14 @@ mod tests {
         let alice = auth.person("alice").expect("alice");
         assert!(alice.has(Role::Answer) && !alice.is_relay());
         assert!(auth.person("mallory").is_none());
+        // An operator is relayed as one who answers, never with the rest of `operate`; the
+        // fleet's own token is nobody a relay may act for.
+        let ops = auth.person("ops").expect("ops");
+        assert!(ops.has(Role::Answer) && !ops.has(Role::Operate));
+        let auth = auth
+            .with_operator_token("fleet-token-0123456789")
+            .expect("token");
+        assert!(auth.person("operator").is_none());
     }
 
     #[test]

@@ -366,6 +366,18 @@ impl Gateway {
         let (run_id, ix) = self.find(request_id).await?;
         trace.run_id = Some(run_id);
         trace.asked = ix.traceparent.clone();
+        // A secret never passes through a relay (the Slack bridge, or whoever holds its token):
+        // it is typed in the inbox or the CLI, straight to the gateway.
+        if let Some(relay) = &response.responder.relayed_by
+            && ix.request.is_sensitive()
+        {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "request {request_id} is sensitive: it is never answered through a relay (`{relay}`); answer it in the inbox or with `delta answer`"
+                ),
+            ));
+        }
         // Someone who may not answer it themselves may with the authority of a person who
         // delegated to them: recorded as "on behalf of" that person.
         if !may_decide(&ix, &response.responder.id, groups) {

@@ -573,3 +573,89 @@ tools:
         "the new worker opened the old key's answer"
     );
 }
+
+/// A relay (the Slack bridge's token) acts for the people of the tokens file only, and only to
+/// answer: never as `DELTA_GATEWAY_TOKEN`'s `operator`, never with an operator's other powers
+/// (breaking someone's claim), and never on a sensitive question, whose secret must not pass
+/// through it (docs/security.md "Credentials", docs/slack.md).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_acts_only_as_people_only_to_answer_and_never_on_a_secret() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = tokens_file(
+        dir.path(),
+        &[
+            ("alice", "alice-token-0123456789", "answer"),
+            ("olga", "olga-token-0123456789ab", "operate"),
+            ("slack", "slack-token-0123456789", "relay"),
+        ],
+    );
+    let fleet = Fleet::start_with("secrelay", 1, 1, |s| {
+        s.tokens_file = Some(tokens.clone());
+        s.operator_token = Some("fleet-operator-token-0123456789".into());
+    })
+    .await;
+    fleet.add_agent(
+        "vault",
+        "name: vault\nbrain: scripted\n",
+        "steps:\n  - ask_human:\n      prompt: \"The key?\"\n      sensitive: true\n  - finish: \"got it\"\n",
+    );
+    let ops = fleet
+        .client
+        .with_token(Some("fleet-operator-token-0123456789"));
+    let relay = fleet.client.with_token(Some("slack-token-0123456789"));
+    let alice = fleet.client.with_token(Some("alice-token-0123456789"));
+    let run = delta_e2e::fleet::submit_as(&ops, "vault", "open").await;
+    let rid = delta_e2e::fleet::pending(&ops, run).await;
+    let answer =
+        |id: &str| json!({"input": "s3cret-value", "responder": {"id": id, "via": "slack"}});
+    let path = format!("/v1/interactions/{rid}/response");
+    // As the fleet's own operator: nobody a relay may act for.
+    let (s, b) = relay.post(&path, &answer("operator")).await.expect("post");
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{b}"
+    );
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`operator` is not a name of the tokens file")),
+        "{b}"
+    );
+    // As alice, but the question is sensitive: refused, and the secret goes nowhere.
+    let (s, b) = relay.post(&path, &answer("alice")).await.expect("post");
+    assert_eq!(
+        (s, b["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{b}"
+    );
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("sensitive") && !m.contains("s3cret")),
+        "{b}"
+    );
+    let (_, ix) = ops
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(ix["state"], "PENDING", "{ix}");
+    // Claims: alice claims; olga, relayed, is only one who answers: she cannot break it, as
+    // she could herself.
+    let claim = format!("/v1/interactions/{rid}/claim");
+    let (s, b) = alice.post(&claim, &json!({})).await.expect("claim");
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = relay
+        .post(
+            &claim,
+            &json!({"release": true, "responder": {"id": "olga", "via": "slack"}}),
+        )
+        .await
+        .expect("break");
+    assert_ne!(s, 200, "a relayed operator broke a claim: {b}");
+    let (_, ix) = ops
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(ix["claim"]["by"], "alice", "{ix}");
+}
