@@ -312,16 +312,20 @@ async fn delivers(listener: &str, group: Option<&str>, sender: &str, subject: &s
             .expect("subscribe"),
     };
     listener.flush().await.expect("flush");
-    sender
-        .publish(subject.to_owned(), "x".into())
-        .await
-        .expect("publish");
-    sender.flush().await.expect("flush");
-    tokio::time::timeout(Duration::from_secs(5), sub.next())
-        .await
-        .ok()
-        .flatten()
-        .is_some()
+    // Published again until it arrives (or 5 s pass): a flush only writes the subscription out,
+    // and the server may take the sender's message, on another connection, before it has it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        sender
+            .publish(subject.to_owned(), "x".into())
+            .await
+            .expect("publish");
+        sender.flush().await.expect("flush");
+        if let Ok(m) = tokio::time::timeout(Duration::from_millis(250), sub.next()).await {
+            return m.is_some();
+        }
+    }
+    false
 }
 
 /// What each NATS role may and may not do, on a server whose users cover the prefix `delta`.
