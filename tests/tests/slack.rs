@@ -997,3 +997,74 @@ async fn votes_expiry_and_cancellation_show_in_slack() {
     assert!(update.to_string().contains("Cancelled"), "{update}");
     assert!(buttons(&update).is_empty());
 }
+
+const VERSIONS_SCRIPT: &str = "steps:\n  - ask_human:\n      prompt: \"Which version?\"\n      options:\n        - {id: v1.2, label: \"1.2\"}\n        - {id: v1.3, label: \"1.3\"}\n  - finish: \"chose ${answer}\"\n";
+
+/// A button carries the `request_hash` of the question its message showed: a click carrying
+/// another one (the question changed since) is refused as stale, to the clicker only, and
+/// changes nothing; the button itself answers, also for an option id with a `.` in it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_click_answers_the_version_it_showed_or_nothing() {
+    let s = setup(
+        "slk6",
+        &[(
+            "versions",
+            "name: versions\nbrain: scripted\n",
+            VERSIONS_SCRIPT,
+        )],
+    )
+    .await;
+    let run = submit_as(&s.ops, "versions", "go").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("versions posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    let (_, view) = s
+        .ops
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    let hash = view["request"]["request_hash"]
+        .as_str()
+        .expect("a request_hash")
+        .to_owned();
+    let action = "delta.answer.v1.2";
+    let shown = click(&post, "U0ALICE", action);
+    let value = shown["actions"][0]["value"]
+        .as_str()
+        .expect("value")
+        .to_owned();
+    assert_eq!(value, format!("{rid} {hash} v1.2"));
+
+    // The message showed another version than the one pending now.
+    let mut old = shown.clone();
+    old["actions"][0]["value"] = json!(format!("{rid} {} v1.2", "0".repeat(64)));
+    assert_eq!(send(&s.bridge, &old, now(), None).await, 200);
+    let told = s
+        .slack
+        .wait_for("alice told it is stale", |f| {
+            ephemerals_to(f, "U0ALICE").into_iter().next()
+        })
+        .await;
+    assert!(
+        told.starts_with("Not answered") && told.contains("stale"),
+        "{told}"
+    );
+    let (_, view) = s
+        .ops
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(view["state"], "PENDING", "nothing answered");
+    assert!(updates_of(&s.slack, &post["_ts"]).is_empty());
+
+    // The button as shown answers.
+    assert_eq!(send(&s.bridge, &shown, now(), None).await, 200);
+    s.fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = s.fleet.store.load(run).await.expect("load");
+    let a = answers(&stored);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].option_id.as_deref(), Some("v1.2"));
+    assert_eq!(a[0].responder.via, Via::Slack);
+}

@@ -823,6 +823,10 @@ struct ModalMeta {
     o: String,
     k: String,
     c: String,
+    /// The `request_hash` the clicked message showed ([`render::Shown::token`]; empty in a
+    /// modal opened by an older bridge): the submission answers that version or nothing.
+    #[serde(default)]
+    h: String,
 }
 
 fn now_secs() -> i64 {
@@ -913,64 +917,80 @@ impl Bridge {
         };
         let channel = p.channel.as_ref().map(|c| c.id.clone()).unwrap_or_default();
         let user = p.user.id.clone();
-        let Some((rid, option)) = action
-            .value
-            .as_deref()
-            .and_then(|v| v.split_once(' '))
-            .and_then(|(r, o)| Some((r.parse::<RequestId>().ok()?, o.to_owned())))
+        let Some(click) =
+            render::parse_click(&action.action_id, action.value.as_deref().unwrap_or(""))
         else {
             return Ok(());
         };
-        let Some(identity) = self.who(&channel, &user).await else {
-            return Ok(());
-        };
-        let rec = self.store.get(rid).await?;
-        let Some(q) = rec.request.clone() else {
-            self.tell(
-                &channel,
-                &user,
-                "This question is not known to the bridge any more.",
-            )
-            .await;
-            return Ok(());
-        };
-        if q.is_sensitive() {
-            self.tell(&channel, &user, SENSITIVE).await;
-            return Ok(());
-        }
-        let kind = action
-            .action_id
-            .rsplit_once('.')
-            .map(|(k, _)| k)
-            .unwrap_or_default();
-        match kind {
-            render::ACT_ANSWER => {
+        let rid = click.request_id;
+        match click.act {
+            render::Act::Answer => {
+                let Some(identity) = self.who(&channel, &user).await else {
+                    return Ok(());
+                };
+                let Some(q) = self.question_for(rid, &channel, &user).await? else {
+                    return Ok(());
+                };
                 let body = json!({
-                    "option_id": render::option_of_key(&q, &option),
-                    "request_hash": q.request_hash,
+                    "option_id": render::option_of_key(&q, &click.key),
+                    "request_hash": click.shown.echo(q.request_hash.as_deref()),
                     "responder": {"id": identity, "via": "slack"},
                 });
                 self.answer(&channel, &user, rid, body).await;
             }
-            render::ACT_MODAL | render::ACT_EDIT => {
+            render::Act::Modal | render::Act::Edit => {
+                // Slack's trigger is good for 3 s: the modal opens first (its content is the
+                // question as kept here, one read of a local bucket); who clicked is looked up
+                // after, and again when the form is sent.
                 let Some(trigger) = p.trigger_id.as_deref() else {
+                    return Ok(());
+                };
+                let Some(q) = self.question_for(rid, &channel, &user).await? else {
                     return Ok(());
                 };
                 let meta = ModalMeta {
                     r: rid,
-                    o: option,
-                    k: kind.to_owned(),
+                    o: click.key,
+                    k: click.act.prefix().to_owned(),
                     c: channel.clone(),
+                    h: click.shown.token().to_owned(),
                 };
                 let view = modal(&q, &meta);
                 if let Err(e) = self.slack.open_modal(trigger, view).await {
                     self.tell(&channel, &user, &format!("Cannot open the form: {e}"))
                         .await;
+                    return Ok(());
                 }
+                // Told now, not after filling the form in, when the bridge cannot answer for them.
+                let _ = self.who(&channel, &user).await;
             }
-            _ => {}
         }
         Ok(())
+    }
+
+    /// The question of a click as the bridge holds it, unless it is unknown or sensitive (the
+    /// user is told so).
+    async fn question_for(
+        &self,
+        rid: RequestId,
+        channel: &str,
+        user: &str,
+    ) -> anyhow::Result<Option<InteractionRequest>> {
+        let rec = self.store.get(rid).await?;
+        let Some(q) = rec.request else {
+            self.tell(
+                channel,
+                user,
+                "This question is not known to the bridge any more.",
+            )
+            .await;
+            return Ok(None);
+        };
+        if q.is_sensitive() {
+            self.tell(channel, user, SENSITIVE).await;
+            return Ok(None);
+        }
+        Ok(Some(q))
     }
 
     async fn submitted(&self, p: Payload) -> anyhow::Result<()> {
@@ -996,8 +1016,9 @@ impl Bridge {
             return Ok(());
         }
         let values = form_values(view.state.as_ref());
+        let shown = render::Shown::parse(&meta.h);
         let mut body = json!({
-            "request_hash": q.request_hash,
+            "request_hash": shown.echo(q.request_hash.as_deref()),
             "responder": {"id": identity, "via": "slack"},
         });
         if !meta.o.is_empty() {
@@ -1052,6 +1073,10 @@ impl Bridge {
             Ok(_) => {}
             Err(e) => {
                 let message = match &e {
+                    client::Error::Refused {
+                        code: Some(delta_api::ErrorCode::Stale),
+                        ..
+                    } => STALE.to_owned(),
                     client::Error::Refused { message, .. } => message.clone(),
                     other => other.to_string(),
                 };
@@ -1067,6 +1092,7 @@ impl Bridge {
 }
 
 const UNMAPPED: &str = "Your Slack account is not mapped to a Delta identity, so the bridge cannot answer for you. Ask an operator to add you to the bridge's user mapping (docs/slack.md).";
+const STALE: &str = "the question changed after this message showed it (stale). Its message shows it as it is now: read it again, then answer.";
 const SENSITIVE: &str =
     "This question is sensitive: it is never answered in Slack. Answer it in the web inbox.";
 
