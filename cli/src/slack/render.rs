@@ -496,7 +496,8 @@ pub fn question(
         Some(r) => format!(" [{}]", r.state.as_str().to_lowercase()),
         None => String::new(),
     };
-    let text = truncate(&format!("{title}{status}: {}", q.prompt), TEXT_MAX);
+    // Notifications show the fallback text as mrkdwn too: escaped like the blocks.
+    let text = escaped(&format!("{title}{status}: {}", q.prompt), TEXT_MAX);
     (blocks, text)
 }
 
@@ -594,6 +595,19 @@ mod tests {
         assert!(parse_click("delta.answered.x", &value).is_none());
         assert!(parse_click("other.answer.x", &value).is_none());
         assert!(parse_click("delta.answer.x", "not-an-id x").is_none());
+    }
+
+    #[test]
+    fn the_fallback_text_is_escaped_too() {
+        let mut q = approval();
+        q.title = Some("<!here> title".into());
+        q.prompt = "<!channel> <https://evil|x> & more".into();
+        let (_, text) = question(&q, &Standing::default(), None);
+        assert!(!text.contains('<') && !text.contains('>'), "{text}");
+        assert_eq!(
+            text,
+            "&lt;!here&gt; title: &lt;!channel&gt; &lt;https://evil|x&gt; &amp; more"
+        );
     }
 
     #[test]
