@@ -29,7 +29,8 @@ const SECRET: &str = "test-signing-secret-0123456789";
 struct Call {
     method: String,
     params: Value,
-    /// What the stand-in answered: 200 or 429.
+    /// What the stand-in answered: 200, 429, or 400 for a refusal (`ok: false`, sent with
+    /// HTTP 200 as Slack does).
     status: u16,
 }
 
@@ -38,6 +39,10 @@ struct FakeState {
     calls: Mutex<Vec<Call>>,
     /// Answer the next `chat.postMessage` with `429` and `Retry-After: 1`.
     rate_limit_next_post: AtomicBool,
+    /// Refuse the next `chat.update` with this error code.
+    refuse_next_update: Mutex<Option<String>>,
+    /// Refuse every `chat.postMessage` to a channel with its error code.
+    refuse_posts_to: Mutex<HashMap<String, String>>,
     seq: AtomicU64,
     /// Slack user id → e-mail address (`users.info`, `users.lookupByEmail`).
     emails: HashMap<String, String>,
@@ -88,6 +93,24 @@ async fn api(
             .into_response();
     }
     let channel = params["channel"].as_str().unwrap_or_default().to_owned();
+    let refusal = match method.as_str() {
+        "chat.update" => s.refuse_next_update.lock().expect("refuse").take(),
+        "chat.postMessage" => s
+            .refuse_posts_to
+            .lock()
+            .expect("refuse")
+            .get(&channel)
+            .cloned(),
+        _ => None,
+    };
+    if let Some(code) = refusal {
+        s.calls.lock().expect("calls").push(Call {
+            method,
+            params,
+            status: 400,
+        });
+        return axum::Json(json!({"ok": false, "error": code})).into_response();
+    }
     let user_email = |u: &str| s.emails.get(u).cloned();
     let reply = match method.as_str() {
         "chat.postMessage" => {
@@ -1067,4 +1090,105 @@ async fn a_click_answers_the_version_it_showed_or_nothing() {
     assert_eq!(a.len(), 1);
     assert_eq!(a[0].option_id.as_deref(), Some("v1.2"));
     assert_eq!(a[0].responder.via, Via::Slack);
+}
+
+/// An update Slack fails once (`internal_error`) is done when the event comes again: the
+/// message still loses its buttons and says who answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_update_is_done_again() {
+    let s = setup("slk7", &[]).await;
+    let run = submit_as(&s.ops, "chooser", "go").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("chooser posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    *s.slack.state.refuse_next_update.lock().expect("refuse") = Some("internal_error".into());
+    let alice = s.fleet.client.with_token(Some(&token("alice")));
+    let (status, body) = alice
+        .post(
+            &format!("/v1/interactions/{rid}/response"),
+            &json!({"option_id": "staging"}),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 200, "{body}");
+    let update = s
+        .slack
+        .wait_for("the message updated after all", |f| {
+            updates_of(f, &post["_ts"]).pop()
+        })
+        .await;
+    assert!(buttons(&update).is_empty(), "{update}");
+    assert!(
+        update.to_string().contains("Answered by *alice* via http"),
+        "{update}"
+    );
+    let refused = s
+        .slack
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "chat.update" && c.status == 400)
+        .count();
+    assert_eq!(refused, 1, "the first update was refused");
+}
+
+/// A channel Slack refuses for good (`not_in_channel`: the bot was never invited) is logged and
+/// skipped, once: the event is done with, and the next question is posted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_channel_slack_refuses_does_not_hold_the_bridge() {
+    let s = setup("slk8", &[]).await;
+    s.slack
+        .state
+        .refuse_posts_to
+        .lock()
+        .expect("refuse")
+        .insert("C0ALL".into(), "not_in_channel".into());
+    let run = submit_as(&s.ops, "chooser", "go").await;
+    let refused = pending(&s.ops, run).await;
+    s.slack
+        .wait_for("the post refused", |f| {
+            f.calls()
+                .into_iter()
+                .find(|c| c.method == "chat.postMessage" && c.status == 400)
+        })
+        .await;
+    let run = submit_as(&s.ops, "guarded", "go").await;
+    let rid = pending(&s.ops, run).await;
+    s.slack
+        .wait_for("the next question posted", |f| {
+            f.posts_of(&rid).into_iter().next()
+        })
+        .await;
+    // Nothing waits to be tried again: the refused event was acknowledged.
+    let js = async_nats::jetstream::new(s.fleet.nats_admin().await);
+    let stream = js
+        .get_stream(delta_queue::Names::new(&s.prefix).interactions_stream())
+        .await
+        .expect("the events stream");
+    let consumer = format!("{}-slack", s.prefix);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = stream.consumer_info(&consumer).await.expect("the consumer");
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "events still pending: {} unacknowledged, {} not delivered",
+            info.num_ack_pending,
+            info.num_pending
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tries = s
+        .slack
+        .calls()
+        .into_iter()
+        .filter(|c| {
+            c.method == "chat.postMessage"
+                && c.params["metadata"]["event_payload"]["request_id"] == json!(refused)
+        })
+        .count();
+    assert_eq!(tries, 1, "tried once, not again and again");
 }

@@ -8,6 +8,7 @@
 //! listen: 0.0.0.0:3000            # POST /slack/interactivity
 //! inbox_url: https://delta.example.com/inbox
 //! slack_api_url: https://slack.com/api/   # the default
+//! slack_timeout_secs: 30          # a Slack call that takes longer failed (tried again later)
 //! routes:
 //!   - {agents: [deployer], channel: C0123DEPLOY, dm: true}
 //!   - {agents: ["*"], channel: C0456OTHERS}
@@ -29,6 +30,9 @@ pub const ENV_SIGNING_SECRET: &str = "SLACK_SIGNING_SECRET";
 pub const ENV_GATEWAY_TOKEN: &str = "DELTA_TOKEN";
 pub const ENV_NATS_URL: &str = "DELTA_NATS_URL";
 
+/// How long one Slack call may take by default, in seconds.
+pub const SLACK_TIMEOUT_SECS: u64 = 30;
+
 /// The default Slack Web API.
 pub const SLACK_API_URL: &str = "https://slack.com/api/";
 
@@ -44,6 +48,9 @@ struct FileConfig {
     inbox_url: Option<String>,
     #[serde(default)]
     slack_api_url: Option<String>,
+    /// Seconds a Slack call may take, rate-limit waits included (default 30).
+    #[serde(default)]
+    slack_timeout_secs: Option<u64>,
     routes: Vec<RouteFile>,
     #[serde(default)]
     users: UsersFile,
@@ -132,6 +139,9 @@ pub struct Config {
     pub inbox_url: Option<String>,
     /// Without a trailing `/` (how the Slack client joins method names).
     pub slack_api_url: String,
+    /// How long one Slack call may take (its rate-limit waits and retries included) before it
+    /// is given up as failed: a hung call never holds the events.
+    pub slack_timeout: std::time::Duration,
     pub routes: Vec<Route>,
     pub users: Users,
     pub bot_token: String,
@@ -278,6 +288,12 @@ impl Config {
                 "slack_api_url `{slack_api_url}` must start with https:// (or http:// for a test's stand-in)"
             ));
         }
+        let slack_timeout_secs = file.slack_timeout_secs.unwrap_or(SLACK_TIMEOUT_SECS);
+        if !(1..=600).contains(&slack_timeout_secs) {
+            errors.push(format!(
+                "slack_timeout_secs {slack_timeout_secs} must be 1 to 600 (seconds a Slack call may take)"
+            ));
+        }
         if let Some(u) = &file.inbox_url
             && !u.starts_with("https://")
             && !u.starts_with("http://")
@@ -369,6 +385,7 @@ impl Config {
             listen,
             inbox_url: file.inbox_url,
             slack_api_url: slack_api_url.trim_end_matches('/').to_owned(),
+            slack_timeout: std::time::Duration::from_secs(slack_timeout_secs),
             routes,
             users,
             bot_token,

@@ -221,7 +221,8 @@ fn consumer_name(prefix: &str) -> String {
 /// Runs the bridge with `cfg` until `cancel`.
 pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let names = delta_queue::Names::new(&cfg.prefix);
-    let slack = api::Slack::new(&cfg.slack_api_url, &cfg.bot_token).map_err(anyhow::Error::msg)?;
+    let slack = api::Slack::new(&cfg.slack_api_url, &cfg.bot_token, cfg.slack_timeout)
+        .map_err(anyhow::Error::msg)?;
     let gateway = Client::new(
         &cfg.gateway_url,
         cfg.gateway_token.clone(),
@@ -288,6 +289,9 @@ pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()>
                 // reason (they are handled one by one anyway).
                 ack_wait: ACK_WAIT,
                 max_ack_pending: 16,
+                // The bridge drops an event after MAX_DELIVER tries itself (retry_delay spaces
+                // them); the server's bound is the same, for a consumer made by this version.
+                max_deliver: MAX_DELIVER,
                 deliver_policy: jetstream::consumer::DeliverPolicy::All,
                 ..Default::default()
             },
@@ -371,31 +375,97 @@ async fn consume(
                 continue;
             }
         };
-        // Slack's rate limits can hold an event for longer than `ack_wait`: say it is in hand.
+        // Slack's rate limits can hold an event for longer than `ack_wait`: say it is in hand,
+        // up to HANDLE_MAX (each Slack call has its own timeout; this bounds them all).
         let handled = b.event(&msg.subject, &msg.payload);
         tokio::pin!(handled);
+        let deadline = tokio::time::Instant::now() + HANDLE_MAX;
         let outcome = loop {
             tokio::select! {
                 r = &mut handled => break r,
+                _ = tokio::time::sleep_until(deadline) => {
+                    // Dropped between two awaits: every step is recorded before the next, so
+                    // the next delivery goes on from there.
+                    break Err(anyhow::anyhow!("handling the event took over {HANDLE_MAX:?}"));
+                }
                 _ = tokio::time::sleep(ACK_WAIT / 3) => {
                     let _ = msg.ack_with(jetstream::AckKind::Progress).await;
                 }
             }
         };
-        match outcome {
-            Ok(()) => {
-                if let Err(e) = msg.double_ack().await {
-                    tracing::warn!(error = %e, "acknowledging an event");
+        let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+        let ack = match outcome {
+            Ok(()) => jetstream::AckKind::Ack,
+            Err(e) => match failure(&e, delivered) {
+                Failure::Again(delay) => {
+                    tracing::warn!(error = %format!("{e:#}"), subject = %msg.subject, delivered, "handling an event failed; it comes again in {delay:?}");
+                    jetstream::AckKind::Nak(Some(delay))
                 }
-            }
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), subject = %msg.subject, "handling an event failed; it comes again in 5 s");
-                let _ = msg
-                    .ack_with(jetstream::AckKind::Nak(Some(Duration::from_secs(5))))
-                    .await;
-            }
+                Failure::Refused(s) => {
+                    tracing::error!(error = %format!("{e:#}"), subject = %msg.subject, advice = s.advice(), "Slack refused for good: this event is dropped");
+                    jetstream::AckKind::Term
+                }
+                Failure::GaveUp => {
+                    tracing::error!(error = %format!("{e:#}"), subject = %msg.subject, delivered, "handling an event failed {MAX_DELIVER} times: it is dropped");
+                    jetstream::AckKind::Term
+                }
+            },
+        };
+        let done = match ack {
+            jetstream::AckKind::Ack => msg.double_ack().await,
+            other => msg.ack_with(other).await,
+        };
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "acknowledging an event");
         }
     }
+}
+
+/// How long handling one event may take in all.
+const HANDLE_MAX: Duration = Duration::from_secs(600);
+
+/// How many times an event is tried before it is dropped: with [`retry_delay`], about a day.
+const MAX_DELIVER: i64 = 300;
+
+/// The wait before the `delivered`th try of an event is tried again: 5 s, doubling, at most
+/// 5 min.
+fn retry_delay(delivered: i64) -> Duration {
+    let doublings = u32::try_from(delivered.clamp(1, 32) - 1).unwrap_or(0);
+    Duration::from_secs(5)
+        .saturating_mul(2u32.saturating_pow(doublings))
+        .min(Duration::from_secs(300))
+}
+
+/// What becomes of an event whose handling failed.
+#[derive(Debug)]
+enum Failure<'a> {
+    /// Tried again after the delay.
+    Again(Duration),
+    /// Slack refuses every call of the bridge until the app is fixed (its token, its scopes):
+    /// dropped, the log says what to do.
+    Refused(&'a api::Error),
+    /// Tried [`MAX_DELIVER`] times.
+    GaveUp,
+}
+
+fn failure(e: &anyhow::Error, delivered: i64) -> Failure<'_> {
+    let slack = e.chain().find_map(|c| c.downcast_ref::<api::Error>());
+    if let Some(s) = slack
+        && s.reach() != api::Reach::Transient
+    {
+        return Failure::Refused(s);
+    }
+    if delivered >= MAX_DELIVER {
+        return Failure::GaveUp;
+    }
+    Failure::Again(retry_delay(delivered))
+}
+
+/// What a message shows (its blocks and text), as a SHA-256 in hex.
+fn digest_of(blocks: &[SlackBlock], text: &str) -> String {
+    let json = serde_json::to_string(&(blocks, text)).unwrap_or_default();
+    let digest = ring::digest::digest(&ring::digest::SHA256, json.as_bytes());
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An event's kind and `data`, from a CloudEvent or (a publisher not yet converted) from the
@@ -463,38 +533,59 @@ impl Bridge {
         Some(render::question(q, &s, self.cfg.inbox_url.as_deref()))
     }
 
-    /// Every message of `r`, shown anew.
-    async fn refresh(&self, r: &Record) -> Outcome {
+    /// Brings every message of `r` to what it should show now, unless they all show it already
+    /// (`r.shown`, kept once every update is done): an update that failed is done again when
+    /// the event comes again, or with the question's next event.
+    async fn show(&self, id: RequestId, r: &mut Record) -> Outcome {
         let Some((blocks, text)) = self.render(r) else {
             return Ok(());
         };
+        let digest = digest_of(&blocks, &text);
+        if r.shown.as_deref() == Some(digest.as_str()) {
+            return Ok(());
+        }
         for p in &r.posts {
-            match self
+            if let Err(e) = self
                 .slack
                 .update(&p.channel, &p.ts, blocks.clone(), text.clone())
                 .await
             {
-                Ok(()) => {}
-                // Deleted in Slack, or the channel is gone: nothing left to update there.
-                Err(e) if matches!(e.code(), Some("message_not_found" | "channel_not_found")) => {
-                    tracing::warn!(error = %e, "a message of the bridge is gone")
-                }
-                Err(e) => return Err(e.into()),
+                self.refused(e, "updating a message", &p.channel)?;
             }
+        }
+        r.shown = Some(digest);
+        if !r.posts.is_empty() {
+            self.store.put(id, r).await?;
         }
         Ok(())
     }
 
+    /// A Slack call that failed: a refusal that concerns only `channel` (the bot not in it, a
+    /// deleted message, a message Slack refuses) is logged with what to do and skipped; anything
+    /// else is an error of the event (tried again later, unless it concerns the whole bridge).
+    fn refused(&self, e: api::Error, doing: &str, channel: &str) -> Outcome {
+        match e.reach() {
+            api::Reach::Target => {
+                tracing::error!(error = %e, %channel, advice = e.advice(), "{doing}: Slack refused for good, skipped");
+                Ok(())
+            }
+            api::Reach::Transient | api::Reach::Bridge => Err(e.into()),
+        }
+    }
+
     /// Where `q` goes: `(target, channel or Slack user id to post to)`.
+    /// A DM whose Slack user cannot be looked up now is left out, and the lookup's error given
+    /// back, for the event to come again once the others are posted.
     async fn targets(
         &self,
         q: &InteractionRequest,
         extra: &[String],
-    ) -> anyhow::Result<Vec<(String, String)>> {
+    ) -> (Vec<(String, String)>, Option<api::Error>) {
         let Some(route) = self.cfg.route(&q.agent) else {
-            return Ok(vec![]);
+            return (vec![], None);
         };
         let mut out = vec![];
+        let mut later = None;
         if let Some(c) = &route.channel {
             out.push((format!("channel:{c}"), c.clone()));
         }
@@ -503,13 +594,24 @@ impl Bridge {
                 if who.starts_with(delta_protocol::human::GROUP_PREFIX) {
                     continue;
                 }
-                match self.slack_user_of(who).await? {
-                    Some(u) => out.push((format!("dm:{who}"), u)),
-                    None => tracing::info!(%who, "no Slack user maps to this responder: no DM"),
+                match self.slack_user_of(who).await {
+                    Ok(Some(u)) => out.push((format!("dm:{who}"), u)),
+                    Ok(None) => tracing::info!(%who, "no Slack user maps to this responder: no DM"),
+                    // That one DM waits (or is skipped for good); the other targets do not.
+                    Err(e) => match e.reach() {
+                        api::Reach::Transient => {
+                            tracing::warn!(error = %e, %who, "cannot find the Slack user for a DM: tried again later");
+                            later.get_or_insert(e);
+                        }
+                        api::Reach::Target | api::Reach::Bridge => tracing::error!(
+                            error = %e, %who, advice = e.advice(),
+                            "cannot find the Slack user for a DM: no DM to them"
+                        ),
+                    },
                 }
             }
         }
-        Ok(out)
+        (out, later)
     }
 
     async fn requested(&self, q: InteractionRequest) -> Outcome {
@@ -552,18 +654,27 @@ impl Bridge {
         }
         rec.request = Some(q.clone());
         if again || reopened {
-            // Asked again: the same messages show the question as it is now, buttons and all.
             self.store.put(id, &rec).await?;
-            self.refresh(&rec).await?;
         }
-        let Some((blocks, text)) = self.render(&rec) else {
-            return Ok(());
-        };
         // Posts started before a crash: Slack may have them already.
         self.recover(id, &mut rec).await?;
-        let targets = self.targets(&q, &rec.added).await?;
-        self.post_to(id, &mut rec, targets, blocks, text).await?;
-        Ok(())
+        // Asked again or reopened (or an update that failed before): the same messages show the
+        // question as it is now, buttons and all.
+        self.show(id, &mut rec).await?;
+        self.post_all(id, &mut rec, &q).await
+    }
+
+    /// Posts the question to each target of its route it was not posted to yet.
+    async fn post_all(&self, id: RequestId, rec: &mut Record, q: &InteractionRequest) -> Outcome {
+        let Some((blocks, text)) = self.render(rec) else {
+            return Ok(());
+        };
+        let (targets, later) = self.targets(q, &rec.added).await;
+        self.post_to(id, rec, targets, blocks, text).await?;
+        match later {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
     }
 
     /// Posts the question to each of `targets` it was not posted to yet; each post is marked
@@ -584,7 +695,7 @@ impl Bridge {
                 rec.posting.push(target.clone());
                 self.store.put(id, rec).await?;
             }
-            let posted = self
+            let posted = match self
                 .slack
                 .post(
                     &to,
@@ -593,12 +704,23 @@ impl Bridge {
                     Some(&id.to_string()),
                     None,
                 )
-                .await?;
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    self.refused(e, "posting a question", &to)?;
+                    // Refused for good there: not under way any more, the other targets go on.
+                    rec.posting.retain(|t| t != &target);
+                    self.store.put(id, rec).await?;
+                    continue;
+                }
+            };
             rec.posting.retain(|t| t != &target);
             rec.posts.push(Post {
                 target,
                 channel: posted.channel,
                 ts: posted.ts,
+                steps: vec![],
             });
             self.store.put(id, rec).await?;
         }
@@ -628,6 +750,7 @@ impl Bridge {
                         target: target.clone(),
                         channel: channel.to_owned(),
                         ts,
+                        steps: vec![],
                     });
                     found = true;
                 }
@@ -646,14 +769,14 @@ impl Bridge {
     async fn resolved(&self, r: Resolved) -> Outcome {
         let id = r.request_id;
         let mut rec = self.store.get(id).await?;
-        if rec.settled.is_some() {
-            return Ok(());
-        }
         self.recover(id, &mut rec).await?;
-        rec.settled = Some(r);
-        rec.claim = None;
-        self.store.put(id, &rec).await?;
-        self.refresh(&rec).await
+        if rec.settled.is_none() {
+            rec.settled = Some(r);
+            rec.claim = None;
+            self.store.put(id, &rec).await?;
+        }
+        // Also when the settling was recorded already: its updates may not all be done.
+        self.show(id, &mut rec).await
     }
 
     async fn updated(&self, u: InteractionUpdate) -> Outcome {
@@ -668,7 +791,7 @@ impl Bridge {
             rec.tally = u.tally;
         }
         self.store.put(id, &rec).await?;
-        self.refresh(&rec).await
+        self.show(id, &mut rec).await
     }
 
     async fn escalated(&self, e: Escalated) -> Outcome {
@@ -679,11 +802,22 @@ impl Bridge {
         }
         self.recover(id, &mut rec).await?;
         if !rec.escalations.contains(&e.step) {
+            // In each message's thread once: a redelivery posts only where it is missing.
             let line = render::escalation_line(&e);
-            for p in &rec.posts {
-                self.slack
-                    .post(&p.channel, vec![], line.clone(), None, Some(&p.ts))
-                    .await?;
+            for i in 0..rec.posts.len() {
+                let (channel, ts) = (rec.posts[i].channel.clone(), rec.posts[i].ts.clone());
+                if rec.posts[i].steps.contains(&e.step) {
+                    continue;
+                }
+                if let Err(e) = self
+                    .slack
+                    .post(&channel, vec![], line.clone(), None, Some(&ts))
+                    .await
+                {
+                    self.refused(e, "posting an escalation step in a thread", &channel)?;
+                }
+                rec.posts[i].steps.push(e.step);
+                self.store.put(id, &rec).await?;
             }
             rec.escalations.push(e.step);
             self.store.put(id, &rec).await?;
@@ -699,10 +833,7 @@ impl Bridge {
                 }
             }
             self.store.put(id, &rec).await?;
-            if let Some((blocks, text)) = self.render(&rec) {
-                let targets = self.targets(&q, &rec.added).await?;
-                self.post_to(id, &mut rec, targets, blocks, text).await?;
-            }
+            self.post_all(id, &mut rec, &q).await?;
         }
         Ok(())
     }
@@ -733,7 +864,7 @@ impl Bridge {
     }
 
     /// The Slack user of a responder identity (for a DM).
-    async fn slack_user_of(&self, who: &str) -> anyhow::Result<Option<String>> {
+    async fn slack_user_of(&self, who: &str) -> Result<Option<String>, api::Error> {
         let mut by_id: Vec<&String> = self
             .cfg
             .users
@@ -1314,6 +1445,33 @@ mod tests {
         assert_eq!(t, EventType::InteractionRequested);
         assert!(read_event("delta.interactions.requested.hello.x", b"not json").is_none());
         assert!(read_event("delta.jobs.hello", b"{}").is_none());
+    }
+
+    #[test]
+    fn failures_are_tried_again_later_and_later_unless_slack_refuses_for_good() {
+        let delays: Vec<u64> = [1, 2, 3, 6, 7, 100, i64::MAX]
+            .into_iter()
+            .map(|n| retry_delay(n).as_secs())
+            .collect();
+        assert_eq!(delays, [5, 10, 20, 160, 300, 300, 300]);
+        let down = anyhow::anyhow!("the gateway is down");
+        assert!(matches!(failure(&down, 1), Failure::Again(_)));
+        assert!(matches!(failure(&down, MAX_DELIVER), Failure::GaveUp));
+        let refused = |code: &str| {
+            anyhow::Error::from(api::Error::Api {
+                method: "chat.postMessage",
+                code: code.into(),
+            })
+            .context("posting")
+        };
+        assert!(matches!(
+            failure(&refused("invalid_auth"), 1),
+            Failure::Refused(_)
+        ));
+        assert!(matches!(
+            failure(&refused("internal_error"), 1),
+            Failure::Again(_)
+        ));
     }
 
     #[test]
