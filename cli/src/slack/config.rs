@@ -9,6 +9,7 @@
 //! inbox_url: https://delta.example.com/inbox
 //! slack_api_url: https://slack.com/api/   # the default
 //! slack_timeout_secs: 30          # a Slack call that takes longer failed (tried again later)
+//! team_id: T0123ABC               # optional: answer only for people of this workspace
 //! routes:
 //!   - {agents: [deployer], channel: C0123DEPLOY, dm: true}
 //!   - {agents: ["*"], channel: C0456OTHERS}
@@ -51,6 +52,8 @@ struct FileConfig {
     /// Seconds a Slack call may take, rate-limit waits included (default 30).
     #[serde(default)]
     slack_timeout_secs: Option<u64>,
+    #[serde(default)]
+    team_id: Option<String>,
     routes: Vec<RouteFile>,
     #[serde(default)]
     users: UsersFile,
@@ -142,6 +145,9 @@ pub struct Config {
     /// How long one Slack call may take (its rate-limit waits and retries included) before it
     /// is given up as failed: a hung call never holds the events.
     pub slack_timeout: std::time::Duration,
+    /// The workspace (`T…`) whose people the bridge answers for, when set: a click from
+    /// another team (a Slack Connect guest in a shared channel) is refused.
+    pub team_id: Option<String>,
     pub routes: Vec<Route>,
     pub users: Users,
     pub bot_token: String,
@@ -294,6 +300,13 @@ impl Config {
                 "slack_timeout_secs {slack_timeout_secs} must be 1 to 600 (seconds a Slack call may take)"
             ));
         }
+        if let Some(t) = &file.team_id
+            && (!t.starts_with('T') || t.len() < 2)
+        {
+            errors.push(format!(
+                "team_id `{t}` must be a workspace id (T…, in the workspace's settings or a Slack URL)"
+            ));
+        }
         if let Some(u) = &file.inbox_url
             && !u.starts_with("https://")
             && !u.starts_with("http://")
@@ -386,6 +399,7 @@ impl Config {
             inbox_url: file.inbox_url,
             slack_api_url: slack_api_url.trim_end_matches('/').to_owned(),
             slack_timeout: std::time::Duration::from_secs(slack_timeout_secs),
+            team_id: file.team_id,
             routes,
             users,
             bot_token,
@@ -451,7 +465,7 @@ mod tests {
 
     #[test]
     fn every_problem_is_reported_at_once() {
-        let text = "gateway_url: ftp://x\nnats: {url: \"nats://u:p@h:4222\"}\nlisten: nowhere\nroutes:\n  - {agents: [a]}\n  - {agents: [b], channel: \"#general\"}\n";
+        let text = "gateway_url: ftp://x\nnats: {url: \"nats://u:p@h:4222\"}\nlisten: nowhere\nslack_timeout_secs: 0\nteam_id: acme\nroutes:\n  - {agents: [a]}\n  - {agents: [b], channel: \"#general\"}\n";
         let e = Config::parse(text, Path::new("."), &HashMap::new()).expect_err("bad");
         let all = e.join("\n");
         for needle in [
@@ -462,6 +476,8 @@ mod tests {
             "listen",
             "neither a channel",
             "channel id",
+            "slack_timeout_secs 0",
+            "team_id `acme`",
         ] {
             assert!(all.contains(needle), "{needle} missing in {all}");
         }

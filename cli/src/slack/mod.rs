@@ -331,10 +331,20 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// Slack users and responder identities, both ways, as far as looked up.
 #[derive(Default)]
 struct UserCache {
-    /// Slack user id → identity (`None`: looked up, not mapped).
-    identity: HashMap<String, Option<String>>,
+    /// Slack user id → identity (`None`: looked up, not mapped), and when it was looked up.
+    identity: HashMap<String, (Option<String>, std::time::Instant)>,
     /// Identity → Slack user id (for DMs).
-    slack_user: HashMap<String, Option<String>>,
+    slack_user: HashMap<String, (Option<String>, std::time::Instant)>,
+}
+
+/// How long a lookup is trusted: a user found, an hour; one not found (their e-mail address
+/// not set yet, the app without users:read.email for a while), a minute.
+fn fresh(hit: &(Option<String>, std::time::Instant)) -> Option<Option<String>> {
+    let ttl = match hit.0 {
+        Some(_) => Duration::from_secs(3600),
+        None => Duration::from_secs(60),
+    };
+    (hit.1.elapsed() < ttl).then(|| hit.0.clone())
 }
 
 /// The running bridge.
@@ -529,6 +539,7 @@ impl Bridge {
             tally: r.tally.as_ref(),
             claim: r.claim.as_ref(),
             settled: r.settled.as_ref(),
+            added: &r.added,
         };
         Some(render::question(q, &s, self.cfg.inbox_url.as_deref()))
     }
@@ -616,6 +627,11 @@ impl Bridge {
 
     async fn requested(&self, q: InteractionRequest) -> Outcome {
         let id = q.request_id;
+        // A question no route takes is none of the bridge's business: no gateway call, no
+        // record (and so no record of what happens to it either).
+        if self.cfg.route(&q.agent).is_none() {
+            return Ok(());
+        }
         let mut rec = self.store.get(id).await?;
         let again = rec
             .request
@@ -769,6 +785,11 @@ impl Bridge {
     async fn resolved(&self, r: Resolved) -> Outcome {
         let id = r.request_id;
         let mut rec = self.store.get(id).await?;
+        if rec.request.is_none() && rec.posts.is_empty() && rec.posting.is_empty() {
+            // Never posted (no route, or settled before its announcement was read: then the
+            // announcement finds it settled at the gateway).
+            return Ok(());
+        }
         self.recover(id, &mut rec).await?;
         if rec.settled.is_none() {
             rec.settled = Some(r);
@@ -785,11 +806,16 @@ impl Bridge {
         if rec.settled.is_some() || rec.request.is_none() {
             return Ok(());
         }
+        if rec.updated_at.is_some_and(|last| u.at < last) {
+            // Delivered again after a later one: the record already shows what came after.
+            return Ok(());
+        }
         self.recover(id, &mut rec).await?;
         rec.claim = u.claim;
         if u.tally.is_some() {
             rec.tally = u.tally;
         }
+        rec.updated_at = Some(u.at);
         self.store.put(id, &rec).await?;
         self.show(id, &mut rec).await
     }
@@ -797,7 +823,7 @@ impl Bridge {
     async fn escalated(&self, e: Escalated) -> Outcome {
         let id = e.request_id;
         let mut rec = self.store.get(id).await?;
-        if rec.settled.is_some() {
+        if rec.settled.is_some() || rec.request.is_none() {
             return Ok(());
         }
         self.recover(id, &mut rec).await?;
@@ -833,6 +859,8 @@ impl Bridge {
                 }
             }
             self.store.put(id, &rec).await?;
+            // The messages' "who may answer" line names them too.
+            self.show(id, &mut rec).await?;
             self.post_all(id, &mut rec, &q).await?;
         }
         Ok(())
@@ -845,9 +873,9 @@ impl Bridge {
             return Ok(Some(id.clone()));
         }
         if let Ok(cache) = self.users.lock()
-            && let Some(hit) = cache.identity.get(user)
+            && let Some(hit) = cache.identity.get(user).and_then(fresh)
         {
-            return Ok(hit.clone());
+            return Ok(hit);
         }
         let found = match self.cfg.users.by_email.is_empty() {
             true => None,
@@ -858,7 +886,9 @@ impl Bridge {
                 .and_then(|e| self.cfg.users.by_email.get(&e.to_lowercase()).cloned()),
         };
         if let Ok(mut cache) = self.users.lock() {
-            cache.identity.insert(user.to_owned(), found.clone());
+            cache
+                .identity
+                .insert(user.to_owned(), (found.clone(), std::time::Instant::now()));
         }
         Ok(found)
     }
@@ -878,9 +908,9 @@ impl Bridge {
             return Ok(Some((*u).clone()));
         }
         if let Ok(cache) = self.users.lock()
-            && let Some(hit) = cache.slack_user.get(who)
+            && let Some(hit) = cache.slack_user.get(who).and_then(fresh)
         {
-            return Ok(hit.clone());
+            return Ok(hit);
         }
         let mut emails: Vec<&String> = self
             .cfg
@@ -899,10 +929,22 @@ impl Bridge {
             }
         }
         if let Ok(mut cache) = self.users.lock() {
-            cache.slack_user.insert(who.to_owned(), found.clone());
+            cache
+                .slack_user
+                .insert(who.to_owned(), (found.clone(), std::time::Instant::now()));
         }
         Ok(found)
     }
+}
+
+/// Whether `p` comes from the workspace `ours`, both where it happened and the user's own
+/// (always, when `ours` is not set).
+fn of_team(ours: Option<&str>, p: &Payload) -> bool {
+    let Some(ours) = ours else {
+        return true;
+    };
+    p.team.as_ref().is_some_and(|t| t.id == ours)
+        && p.user.team_id.as_deref().is_none_or(|t| t == ours)
 }
 
 /// What Slack posts to the interactivity URL, as far as the bridge reads it.
@@ -911,6 +953,9 @@ struct Payload {
     #[serde(rename = "type")]
     kind: String,
     user: PayloadUser,
+    /// The workspace the interaction happened in.
+    #[serde(default)]
+    team: Option<PayloadTeam>,
     #[serde(default)]
     trigger_id: Option<String>,
     #[serde(default)]
@@ -923,6 +968,14 @@ struct Payload {
 
 #[derive(Debug, serde::Deserialize)]
 struct PayloadUser {
+    id: String,
+    /// The user's own workspace (another one for a Slack Connect guest).
+    #[serde(default)]
+    team_id: Option<String>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PayloadTeam {
     id: String,
 }
 
@@ -1008,11 +1061,24 @@ async fn interactivity(
 
 impl Bridge {
     async fn interaction(&self, p: Payload) -> anyhow::Result<()> {
+        if !self.of_our_team(&p) {
+            tracing::warn!(user = %p.user.id, team = ?p.team.as_ref().map(|t| &t.id), user_team = ?p.user.team_id, "an interaction from another workspace refused (team_id)");
+            if let Some(c) = &p.channel {
+                self.tell(&c.id, &p.user.id, OTHER_TEAM).await;
+            }
+            return Ok(());
+        }
         match p.kind.as_str() {
             "block_actions" => self.clicked(p).await,
             "view_submission" => self.submitted(p).await,
             _ => Ok(()),
         }
+    }
+
+    /// Whether the interaction comes from the configured workspace, both where it happened and
+    /// the user's own (always, without `team_id`).
+    fn of_our_team(&self, p: &Payload) -> bool {
+        of_team(self.cfg.team_id.as_deref(), p)
     }
 
     /// The identity of the Slack user who clicked; else they are told why not.
@@ -1223,6 +1289,8 @@ impl Bridge {
 }
 
 const UNMAPPED: &str = "Your Slack account is not mapped to a Delta identity, so the bridge cannot answer for you. Ask an operator to add you to the bridge's user mapping (docs/slack.md).";
+const OTHER_TEAM: &str =
+    "This bridge answers only for people of its own Slack workspace: nothing was answered.";
 const STALE: &str = "the question changed after this message showed it (stale). Its message shows it as it is now: read it again, then answer.";
 const SENSITIVE: &str =
     "This question is sensitive: it is never answered in Slack. Answer it in the web inbox.";
@@ -1472,6 +1540,32 @@ mod tests {
             failure(&refused("internal_error"), 1),
             Failure::Again(_)
         ));
+    }
+
+    #[test]
+    fn with_a_team_id_only_its_people_are_answered_for() {
+        let payload = |team: &str, user_team: Option<&str>| -> Payload {
+            serde_json::from_value(json!({"type": "block_actions",
+                "team": {"id": team}, "user": {"id": "U1", "team_id": user_team}}))
+            .expect("payload")
+        };
+        assert!(of_team(None, &payload("T2", Some("T3"))));
+        assert!(of_team(Some("T1"), &payload("T1", Some("T1"))));
+        assert!(of_team(Some("T1"), &payload("T1", None)));
+        // A Slack Connect guest: another home workspace, in a channel shared with ours.
+        assert!(!of_team(Some("T1"), &payload("T1", Some("T9"))));
+        assert!(!of_team(Some("T1"), &payload("T9", None)));
+    }
+
+    #[test]
+    fn a_user_not_found_is_looked_up_again_soon() {
+        let now = std::time::Instant::now();
+        assert_eq!(fresh(&(None, now)), Some(None));
+        assert_eq!(fresh(&(Some("a".into()), now)), Some(Some("a".into())));
+        if let Some(past) = now.checked_sub(Duration::from_secs(120)) {
+            assert_eq!(fresh(&(None, past)), None);
+            assert_eq!(fresh(&(Some("a".into()), past)), Some(Some("a".into())));
+        }
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub struct Standing<'a> {
     pub tally: Option<&'a Tally>,
     pub claim: Option<&'a Claim>,
     pub settled: Option<&'a Resolved>,
+    /// Who escalation steps let answer besides `allowed_responders`.
+    pub added: &'a [String],
 }
 
 /// Whether an option is one to think twice about: red, with a confirmation.
@@ -185,9 +187,17 @@ fn rule_line(q: &InteractionRequest, s: &Standing<'_>) -> Option<String> {
         ));
     }
     if !q.allowed_responders.is_empty() {
+        let mut who = q.allowed_responders.clone();
+        who.extend(
+            s.added
+                .iter()
+                .filter(|a| !who.contains(a))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
         parts.push(format!(
             ":bust_in_silhouette: Who may answer: {}",
-            escaped(&q.allowed_responders.join(", "), 300)
+            escaped(&who.join(", "), 300)
         ));
     }
     (!parts.is_empty()).then(|| parts.join("\n"))
@@ -595,6 +605,19 @@ mod tests {
         assert!(parse_click("delta.answered.x", &value).is_none());
         assert!(parse_click("other.answer.x", &value).is_none());
         assert!(parse_click("delta.answer.x", "not-an-id x").is_none());
+    }
+
+    #[test]
+    fn who_may_answer_names_the_people_escalation_added() {
+        let mut q = approval();
+        q.allowed_responders = vec!["alice".into()];
+        let added = vec!["bob".into(), "alice".into()];
+        let s = Standing {
+            added: &added,
+            ..Default::default()
+        };
+        let (blocks, _) = question(&q, &s, None);
+        assert!(json_of(&blocks).contains("Who may answer: alice, bob\""));
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub struct Record {
     pub tally: Option<Tally>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<Claim>,
+    /// When the claim and tally above were changed (the update event's `at`): an update event
+    /// older than that (delivered again after a later one) changes nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<delta_protocol::Timestamp>,
     /// Escalation steps already posted in the thread of every message.
     #[serde(default)]
     pub escalations: Vec<u32>,
