@@ -29,8 +29,8 @@ const SECRET: &str = "test-signing-secret-0123456789";
 struct Call {
     method: String,
     params: Value,
-    /// What the stand-in answered: 200, 429, or 400 for a refusal (`ok: false`, sent with
-    /// HTTP 200 as Slack does).
+    /// What the stand-in answered: 200, 429, 400 for a refusal (`ok: false`, sent with HTTP
+    /// 200 as Slack does), or 0 for a call it never answered.
     status: u16,
 }
 
@@ -39,6 +39,8 @@ struct FakeState {
     calls: Mutex<Vec<Call>>,
     /// Answer the next `chat.postMessage` with `429` and `Retry-After: 1`.
     rate_limit_next_post: AtomicBool,
+    /// Never answer the next `chat.update` (a call that hangs).
+    hang_next_update: AtomicBool,
     /// Refuse the next `chat.update` with this error code.
     refuse_next_update: Mutex<Option<String>>,
     /// Refuse every `chat.postMessage` to a channel with its error code.
@@ -93,6 +95,14 @@ async fn api(
             .into_response();
     }
     let channel = params["channel"].as_str().unwrap_or_default().to_owned();
+    if method == "chat.update" && s.hang_next_update.swap(false, Ordering::SeqCst) {
+        s.calls.lock().expect("calls").push(Call {
+            method,
+            params,
+            status: 0,
+        });
+        return std::future::pending::<Response>().await;
+    }
     let refusal = match method.as_str() {
         "chat.update" => s.refuse_next_update.lock().expect("refuse").take(),
         "chat.postMessage" => s
@@ -340,6 +350,11 @@ impl Drop for Bridge {
 }
 
 async fn setup(prefix: &str, agents: &[(&str, &str, &str)]) -> Setup {
+    setup_with(prefix, agents, "").await
+}
+
+/// [`setup`] with more of the bridge's config (YAML lines).
+async fn setup_with(prefix: &str, agents: &[(&str, &str, &str)], more: &str) -> Setup {
     let dir = tempfile::tempdir().expect("tmp");
     let tokens = tokens_file(dir.path(), PEOPLE);
     let fleet = Fleet::start_with(prefix, 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
@@ -352,7 +367,7 @@ async fn setup(prefix: &str, agents: &[(&str, &str, &str)]) -> Setup {
     std::fs::write(
         &config,
         format!(
-            "gateway_url: {}\nnats: {{prefix: {prefix}}}\nlisten: 127.0.0.1:{port}\ninbox_url: https://delta.example/inbox\nslack_api_url: {}\nroutes:\n  - {{agents: [guarded, escalating], channel: C0GUARD, dm: true}}\n  - {{agents: [\"*\"], channel: C0ALL}}\nusers:\n  by_id: {{U0ALICE: alice}}\n  by_email: {{bob@example.com: bob, x@example.com: mallory}}\n",
+            "gateway_url: {}\nnats: {{prefix: {prefix}}}\nlisten: 127.0.0.1:{port}\ninbox_url: https://delta.example/inbox\nslack_api_url: {}\nroutes:\n  - {{agents: [guarded, escalating], channel: C0GUARD, dm: true}}\n  - {{agents: [\"*\"], channel: C0ALL}}\nusers:\n  by_id: {{U0ALICE: alice}}\n  by_email: {{bob@example.com: bob, x@example.com: mallory}}\n{more}",
             fleet.gateway_spec.url(),
             slack.url
         ),
@@ -1191,4 +1206,41 @@ async fn a_channel_slack_refuses_does_not_hold_the_bridge() {
         })
         .count();
     assert_eq!(tries, 1, "tried once, not again and again");
+}
+
+/// A Slack call that hangs is given up after `slack_timeout_secs`: the update is done when the
+/// event comes again, and the events after it are not held meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_call_is_given_up_and_done_again() {
+    let s = setup_with("slk9", &[], "slack_timeout_secs: 2\n").await;
+    let run = submit_as(&s.ops, "chooser", "go").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("chooser posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    s.slack.state.hang_next_update.store(true, Ordering::SeqCst);
+    let alice = s.fleet.client.with_token(Some(&token("alice")));
+    let (status, body) = alice
+        .post(
+            &format!("/v1/interactions/{rid}/response"),
+            &json!({"option_id": "staging"}),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 200, "{body}");
+    let update = s
+        .slack
+        .wait_for("the message updated after all", |f| {
+            updates_of(f, &post["_ts"]).pop()
+        })
+        .await;
+    assert!(buttons(&update).is_empty(), "{update}");
+    let hung = s
+        .slack
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "chat.update" && c.status == 0)
+        .count();
+    assert_eq!(hung, 1, "the first update hung");
 }
