@@ -29,7 +29,8 @@ const SECRET: &str = "test-signing-secret-0123456789";
 struct Call {
     method: String,
     params: Value,
-    /// What the stand-in answered: 200 or 429.
+    /// What the stand-in answered: 200, 429, 400 for a refusal (`ok: false`, sent with HTTP
+    /// 200 as Slack does), or 0 for a call it never answered.
     status: u16,
 }
 
@@ -38,6 +39,12 @@ struct FakeState {
     calls: Mutex<Vec<Call>>,
     /// Answer the next `chat.postMessage` with `429` and `Retry-After: 1`.
     rate_limit_next_post: AtomicBool,
+    /// Never answer the next `chat.update` (a call that hangs).
+    hang_next_update: AtomicBool,
+    /// Refuse the next `chat.update` with this error code.
+    refuse_next_update: Mutex<Option<String>>,
+    /// Refuse every `chat.postMessage` to a channel with its error code.
+    refuse_posts_to: Mutex<HashMap<String, String>>,
     seq: AtomicU64,
     /// Slack user id → e-mail address (`users.info`, `users.lookupByEmail`).
     emails: HashMap<String, String>,
@@ -88,6 +95,32 @@ async fn api(
             .into_response();
     }
     let channel = params["channel"].as_str().unwrap_or_default().to_owned();
+    if method == "chat.update" && s.hang_next_update.swap(false, Ordering::SeqCst) {
+        s.calls.lock().expect("calls").push(Call {
+            method,
+            params,
+            status: 0,
+        });
+        return std::future::pending::<Response>().await;
+    }
+    let refusal = match method.as_str() {
+        "chat.update" => s.refuse_next_update.lock().expect("refuse").take(),
+        "chat.postMessage" => s
+            .refuse_posts_to
+            .lock()
+            .expect("refuse")
+            .get(&channel)
+            .cloned(),
+        _ => None,
+    };
+    if let Some(code) = refusal {
+        s.calls.lock().expect("calls").push(Call {
+            method,
+            params,
+            status: 400,
+        });
+        return axum::Json(json!({"ok": false, "error": code})).into_response();
+    }
     let user_email = |u: &str| s.emails.get(u).cloned();
     let reply = match method.as_str() {
         "chat.postMessage" => {
@@ -317,6 +350,11 @@ impl Drop for Bridge {
 }
 
 async fn setup(prefix: &str, agents: &[(&str, &str, &str)]) -> Setup {
+    setup_with(prefix, agents, "").await
+}
+
+/// [`setup`] with more of the bridge's config (YAML lines).
+async fn setup_with(prefix: &str, agents: &[(&str, &str, &str)], more: &str) -> Setup {
     let dir = tempfile::tempdir().expect("tmp");
     let tokens = tokens_file(dir.path(), PEOPLE);
     let fleet = Fleet::start_with(prefix, 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
@@ -329,7 +367,7 @@ async fn setup(prefix: &str, agents: &[(&str, &str, &str)]) -> Setup {
     std::fs::write(
         &config,
         format!(
-            "gateway_url: {}\nnats: {{prefix: {prefix}}}\nlisten: 127.0.0.1:{port}\ninbox_url: https://delta.example/inbox\nslack_api_url: {}\nroutes:\n  - {{agents: [guarded, escalating], channel: C0GUARD, dm: true}}\n  - {{agents: [\"*\"], channel: C0ALL}}\nusers:\n  by_id: {{U0ALICE: alice}}\n  by_email: {{bob@example.com: bob, x@example.com: mallory}}\n",
+            "gateway_url: {}\nnats: {{prefix: {prefix}}}\nlisten: 127.0.0.1:{port}\ninbox_url: https://delta.example/inbox\nslack_api_url: {}\nroutes:\n  - {{agents: [guarded, escalating], channel: C0GUARD, dm: true}}\n  - {{agents: [\"*\"], channel: C0ALL}}\nusers:\n  by_id: {{U0ALICE: alice}}\n  by_email: {{bob@example.com: bob, x@example.com: mallory}}\n{more}",
             fleet.gateway_spec.url(),
             slack.url
         ),
@@ -996,4 +1034,213 @@ async fn votes_expiry_and_cancellation_show_in_slack() {
         .await;
     assert!(update.to_string().contains("Cancelled"), "{update}");
     assert!(buttons(&update).is_empty());
+}
+
+const VERSIONS_SCRIPT: &str = "steps:\n  - ask_human:\n      prompt: \"Which version?\"\n      options:\n        - {id: v1.2, label: \"1.2\"}\n        - {id: v1.3, label: \"1.3\"}\n  - finish: \"chose ${answer}\"\n";
+
+/// A button carries the `request_hash` of the question its message showed: a click carrying
+/// another one (the question changed since) is refused as stale, to the clicker only, and
+/// changes nothing; the button itself answers, also for an option id with a `.` in it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_click_answers_the_version_it_showed_or_nothing() {
+    let s = setup(
+        "slk6",
+        &[(
+            "versions",
+            "name: versions\nbrain: scripted\n",
+            VERSIONS_SCRIPT,
+        )],
+    )
+    .await;
+    let run = submit_as(&s.ops, "versions", "go").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("versions posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    let (_, view) = s
+        .ops
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    let hash = view["request"]["request_hash"]
+        .as_str()
+        .expect("a request_hash")
+        .to_owned();
+    let action = "delta.answer.v1.2";
+    let shown = click(&post, "U0ALICE", action);
+    let value = shown["actions"][0]["value"]
+        .as_str()
+        .expect("value")
+        .to_owned();
+    assert_eq!(value, format!("{rid} {hash} v1.2"));
+
+    // The message showed another version than the one pending now.
+    let mut old = shown.clone();
+    old["actions"][0]["value"] = json!(format!("{rid} {} v1.2", "0".repeat(64)));
+    assert_eq!(send(&s.bridge, &old, now(), None).await, 200);
+    let told = s
+        .slack
+        .wait_for("alice told it is stale", |f| {
+            ephemerals_to(f, "U0ALICE").into_iter().next()
+        })
+        .await;
+    assert!(
+        told.starts_with("Not answered") && told.contains("stale"),
+        "{told}"
+    );
+    let (_, view) = s
+        .ops
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(view["state"], "PENDING", "nothing answered");
+    assert!(updates_of(&s.slack, &post["_ts"]).is_empty());
+
+    // The button as shown answers.
+    assert_eq!(send(&s.bridge, &shown, now(), None).await, 200);
+    s.fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = s.fleet.store.load(run).await.expect("load");
+    let a = answers(&stored);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].option_id.as_deref(), Some("v1.2"));
+    assert_eq!(a[0].responder.via, Via::Slack);
+}
+
+/// An update Slack fails once (`internal_error`) is done when the event comes again: the
+/// message still loses its buttons and says who answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_update_is_done_again() {
+    let s = setup("slk7", &[]).await;
+    let run = submit_as(&s.ops, "chooser", "go").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("chooser posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    *s.slack.state.refuse_next_update.lock().expect("refuse") = Some("internal_error".into());
+    let alice = s.fleet.client.with_token(Some(&token("alice")));
+    let (status, body) = alice
+        .post(
+            &format!("/v1/interactions/{rid}/response"),
+            &json!({"option_id": "staging"}),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 200, "{body}");
+    let update = s
+        .slack
+        .wait_for("the message updated after all", |f| {
+            updates_of(f, &post["_ts"]).pop()
+        })
+        .await;
+    assert!(buttons(&update).is_empty(), "{update}");
+    assert!(
+        update.to_string().contains("Answered by *alice* via http"),
+        "{update}"
+    );
+    let refused = s
+        .slack
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "chat.update" && c.status == 400)
+        .count();
+    assert_eq!(refused, 1, "the first update was refused");
+}
+
+/// A channel Slack refuses for good (`not_in_channel`: the bot was never invited) is logged and
+/// skipped, once: the event is done with, and the next question is posted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_channel_slack_refuses_does_not_hold_the_bridge() {
+    let s = setup("slk8", &[]).await;
+    s.slack
+        .state
+        .refuse_posts_to
+        .lock()
+        .expect("refuse")
+        .insert("C0ALL".into(), "not_in_channel".into());
+    let run = submit_as(&s.ops, "chooser", "go").await;
+    let refused = pending(&s.ops, run).await;
+    s.slack
+        .wait_for("the post refused", |f| {
+            f.calls()
+                .into_iter()
+                .find(|c| c.method == "chat.postMessage" && c.status == 400)
+        })
+        .await;
+    let run = submit_as(&s.ops, "guarded", "go").await;
+    let rid = pending(&s.ops, run).await;
+    s.slack
+        .wait_for("the next question posted", |f| {
+            f.posts_of(&rid).into_iter().next()
+        })
+        .await;
+    // Nothing waits to be tried again: the refused event was acknowledged.
+    let js = async_nats::jetstream::new(s.fleet.nats_admin().await);
+    let stream = js
+        .get_stream(delta_queue::Names::new(&s.prefix).interactions_stream())
+        .await
+        .expect("the events stream");
+    let consumer = format!("{}-slack", s.prefix);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = stream.consumer_info(&consumer).await.expect("the consumer");
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "events still pending: {} unacknowledged, {} not delivered",
+            info.num_ack_pending,
+            info.num_pending
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tries = s
+        .slack
+        .calls()
+        .into_iter()
+        .filter(|c| {
+            c.method == "chat.postMessage"
+                && c.params["metadata"]["event_payload"]["request_id"] == json!(refused)
+        })
+        .count();
+    assert_eq!(tries, 1, "tried once, not again and again");
+}
+
+/// A Slack call that hangs is given up after `slack_timeout_secs`: the update is done when the
+/// event comes again, and the events after it are not held meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_call_is_given_up_and_done_again() {
+    let s = setup_with("slk9", &[], "slack_timeout_secs: 2\n").await;
+    let run = submit_as(&s.ops, "chooser", "go").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("chooser posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    s.slack.state.hang_next_update.store(true, Ordering::SeqCst);
+    let alice = s.fleet.client.with_token(Some(&token("alice")));
+    let (status, body) = alice
+        .post(
+            &format!("/v1/interactions/{rid}/response"),
+            &json!({"option_id": "staging"}),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 200, "{body}");
+    let update = s
+        .slack
+        .wait_for("the message updated after all", |f| {
+            updates_of(f, &post["_ts"]).pop()
+        })
+        .await;
+    assert!(buttons(&update).is_empty(), "{update}");
+    let hung = s
+        .slack
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "chat.update" && c.status == 0)
+        .count();
+    assert_eq!(hung, 1, "the first update hung");
 }

@@ -22,9 +22,119 @@ pub enum Error {
     Api { method: &'static str, code: String },
     #[error("Slack's {method} failed: {what}")]
     Failed { method: &'static str, what: String },
+    #[error("Slack's {method} did not answer within {after:?}")]
+    Timeout {
+        method: &'static str,
+        after: Duration,
+    },
+}
+
+/// How far a refusal reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// The same call can work later (Slack down, rate limited past the retries, a timeout, an
+    /// error Slack does not say is final): try again.
+    Transient,
+    /// This channel, user or message refuses for good until someone changes something there
+    /// (invite the bot, fix the route or the mapping); other targets are not concerned.
+    Target,
+    /// Every call fails until the app is fixed (its token, its scopes).
+    Bridge,
+}
+
+/// Slack's error codes that no retry changes, and whom they concern.
+fn reach_of(code: &str) -> Reach {
+    match code {
+        "not_in_channel"
+        | "channel_not_found"
+        | "is_archived"
+        | "invalid_blocks"
+        | "invalid_blocks_format"
+        | "msg_too_long"
+        | "no_text"
+        | "too_many_attachments"
+        | "invalid_metadata_format"
+        | "invalid_metadata_schema"
+        | "metadata_too_large"
+        | "user_not_found"
+        | "users_not_found"
+        | "user_not_in_channel"
+        | "cannot_dm_bot"
+        | "message_not_found"
+        | "cant_update_message"
+        | "edit_window_closed"
+        | "restricted_action"
+        | "restricted_action_read_only_channel"
+        | "restricted_action_thread_only_channel"
+        | "restricted_action_non_threadable_channel"
+        | "thread_not_found"
+        | "channel_is_archived"
+        | "ekm_access_denied" => Reach::Target,
+        "missing_scope"
+        | "invalid_auth"
+        | "not_authed"
+        | "account_inactive"
+        | "token_revoked"
+        | "token_expired"
+        | "no_permission"
+        | "not_allowed_token_type"
+        | "org_login_required"
+        | "team_access_not_granted" => Reach::Bridge,
+        _ => Reach::Transient,
+    }
 }
 
 impl Error {
+    /// Whether trying again can help, and if not, whom the refusal concerns.
+    pub fn reach(&self) -> Reach {
+        match self {
+            Error::Api { code, .. } => reach_of(code),
+            Error::Failed { .. } | Error::Timeout { .. } => Reach::Transient,
+        }
+    }
+
+    /// What an operator can do about a refusal.
+    pub fn advice(&self) -> &'static str {
+        match self.code().unwrap_or_default() {
+            "not_in_channel" | "user_not_in_channel" => {
+                "invite the bot to the channel (/invite @delta)"
+            }
+            "channel_not_found" => {
+                "check the route's channel id (C…) and that the bot may see the channel"
+            }
+            "is_archived" | "channel_is_archived" => {
+                "unarchive the channel, or route the agent to another"
+            }
+            "user_not_found" | "users_not_found" | "cannot_dm_bot" => {
+                "check the bridge's user mapping (users:)"
+            }
+            "message_not_found" | "cant_update_message" | "edit_window_closed" => {
+                "the message was deleted or can no longer be edited: nothing to do"
+            }
+            "missing_scope" | "no_permission" => {
+                "give the app the scopes docs/slack.md lists and reinstall it"
+            }
+            "invalid_auth"
+            | "not_authed"
+            | "account_inactive"
+            | "token_revoked"
+            | "token_expired"
+            | "not_allowed_token_type" => {
+                "SLACK_BOT_TOKEN is not a working bot token (xoxb-…): install the app again and restart the bridge with its token"
+            }
+            "invalid_blocks"
+            | "invalid_blocks_format"
+            | "msg_too_long"
+            | "no_text"
+            | "invalid_metadata_format"
+            | "invalid_metadata_schema"
+            | "metadata_too_large" => {
+                "the bridge made a message Slack refuses: report it with this log line"
+            }
+            _ => "see Slack's documentation of this error",
+        }
+    }
+
     fn of(method: &'static str, e: SlackClientError) -> Self {
         match e {
             SlackClientError::ApiError(a) => Error::Api {
@@ -42,7 +152,7 @@ impl Error {
     pub fn code(&self) -> Option<&str> {
         match self {
             Error::Api { code, .. } => Some(code),
-            Error::Failed { .. } => None,
+            Error::Failed { .. } | Error::Timeout { .. } => None,
         }
     }
 }
@@ -54,6 +164,9 @@ type Connector = SlackClientHyperConnector<HttpsConnector<HttpConnector>>;
 pub struct Slack {
     client: Arc<SlackClient<Connector>>,
     token: SlackApiToken,
+    /// How long one call may take, its rate-limit waits and retries included: the client's own
+    /// `max_delay_timeout` bounds only the waits it decides on, not a request that hangs.
+    timeout: Duration,
 }
 
 /// A posted message: where it is.
@@ -65,7 +178,7 @@ pub struct Posted {
 
 impl Slack {
     /// A client of `api_url` (`https://slack.com/api`, or a test's `http://…/api`).
-    pub fn new(api_url: &str, bot_token: &str) -> Result<Self, String> {
+    pub fn new(api_url: &str, bot_token: &str, timeout: Duration) -> Result<Self, String> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let builder = hyper_rustls::HttpsConnectorBuilder::new();
         let builder = match builder.with_native_roots() {
@@ -80,14 +193,29 @@ impl Slack {
         let https = builder.https_or_http().enable_http1().build();
         let rate = SlackApiRateControlConfig::new()
             .with_max_retries(5)
-            .with_max_delay_timeout(Duration::from_secs(120));
+            .with_max_delay_timeout(timeout);
         let connector = SlackClientHyperConnector::with_connector(https)
             .with_rate_control(rate)
             .with_slack_api_url(api_url);
         Ok(Self {
             client: Arc::new(SlackClient::new(connector)),
             token: SlackApiToken::new(SlackApiTokenValue::new(bot_token.to_owned())),
+            timeout,
         })
+    }
+
+    /// `call` (Slack's `method`), given up after the timeout.
+    async fn timed<T>(
+        &self,
+        method: &'static str,
+        call: impl std::future::Future<Output = Result<T, SlackClientError>>,
+    ) -> Result<Result<T, SlackClientError>, Error> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| Error::Timeout {
+                method,
+                after: self.timeout,
+            })
     }
 
     /// `chat.postMessage`: blocks, fallback text, the question's id as metadata, in a thread
@@ -116,9 +244,9 @@ impl Slack {
             req = req.with_thread_ts(SlackTs::new(t.to_owned()));
         }
         let session = self.client.open_session(&self.token);
-        let r = session
-            .chat_post_message(&req)
-            .await
+        let r = self
+            .timed("chat.postMessage", session.chat_post_message(&req))
+            .await?
             .map_err(|e| Error::of("chat.postMessage", e))?;
         Ok(Posted {
             channel: r.channel.to_string(),
@@ -143,9 +271,8 @@ impl Slack {
             SlackTs::new(ts.to_owned()),
         );
         let session = self.client.open_session(&self.token);
-        session
-            .chat_update(&req)
-            .await
+        self.timed("chat.update", session.chat_update(&req))
+            .await?
             .map_err(|e| Error::of("chat.update", e))?;
         Ok(())
     }
@@ -158,9 +285,8 @@ impl Slack {
             SlackMessageContent::new().with_text(text.to_owned()),
         );
         let session = self.client.open_session(&self.token);
-        session
-            .chat_post_ephemeral(&req)
-            .await
+        self.timed("chat.postEphemeral", session.chat_post_ephemeral(&req))
+            .await?
             .map_err(|e| Error::of("chat.postEphemeral", e))?;
         Ok(())
     }
@@ -172,7 +298,7 @@ impl Slack {
             SlackView::Modal(view),
         );
         let session = self.client.open_session(&self.token);
-        match session.views_open(&req).await {
+        match self.timed("views.open", session.views_open(&req)).await? {
             Ok(_) => Ok(()),
             // Slack answered `ok` with a view this client could not read: the modal is open.
             Err(SlackClientError::ProtocolError(_)) => Ok(()),
@@ -184,9 +310,9 @@ impl Slack {
     pub async fn email_of(&self, user: &str) -> Result<Option<String>, Error> {
         let req = SlackApiUsersInfoRequest::new(SlackUserId::new(user.into()));
         let session = self.client.open_session(&self.token);
-        let r = session
-            .users_info(&req)
-            .await
+        let r = self
+            .timed("users.info", session.users_info(&req))
+            .await?
             .map_err(|e| Error::of("users.info", e))?;
         Ok(r.user.profile.and_then(|p| p.email).map(|e| e.to_string()))
     }
@@ -195,7 +321,10 @@ impl Slack {
     pub async fn user_by_email(&self, email: &str) -> Result<Option<String>, Error> {
         let req = SlackApiUsersLookupByEmailRequest::new(EmailAddress::new(email.to_owned()));
         let session = self.client.open_session(&self.token);
-        match session.users_lookup_by_email(&req).await {
+        match self
+            .timed("users.lookupByEmail", session.users_lookup_by_email(&req))
+            .await?
+        {
             Ok(r) => Ok(Some(r.user.id.to_string())),
             Err(SlackClientError::ApiError(a)) if a.code == "users_not_found" => Ok(None),
             Err(e) => Err(Error::of("users.lookupByEmail", e)),
@@ -216,9 +345,9 @@ impl Slack {
             .with_limit(200)
             .with_include_all_metadata(true);
         let session = self.client.open_session(&self.token);
-        let r = session
-            .conversations_history(&req)
-            .await
+        let r = self
+            .timed("conversations.history", session.conversations_history(&req))
+            .await?
             .map_err(|e| Error::of("conversations.history", e))?;
         Ok(r.messages.into_iter().find_map(|m| {
             let md = m.content.metadata?;

@@ -8,6 +8,8 @@
 //! listen: 0.0.0.0:3000            # POST /slack/interactivity
 //! inbox_url: https://delta.example.com/inbox
 //! slack_api_url: https://slack.com/api/   # the default
+//! slack_timeout_secs: 30          # a Slack call that takes longer failed (tried again later)
+//! team_id: T0123ABC               # optional: answer only for people of this workspace
 //! routes:
 //!   - {agents: [deployer], channel: C0123DEPLOY, dm: true}
 //!   - {agents: ["*"], channel: C0456OTHERS}
@@ -29,6 +31,9 @@ pub const ENV_SIGNING_SECRET: &str = "SLACK_SIGNING_SECRET";
 pub const ENV_GATEWAY_TOKEN: &str = "DELTA_TOKEN";
 pub const ENV_NATS_URL: &str = "DELTA_NATS_URL";
 
+/// How long one Slack call may take by default, in seconds.
+pub const SLACK_TIMEOUT_SECS: u64 = 30;
+
 /// The default Slack Web API.
 pub const SLACK_API_URL: &str = "https://slack.com/api/";
 
@@ -44,6 +49,11 @@ struct FileConfig {
     inbox_url: Option<String>,
     #[serde(default)]
     slack_api_url: Option<String>,
+    /// Seconds a Slack call may take, rate-limit waits included (default 30).
+    #[serde(default)]
+    slack_timeout_secs: Option<u64>,
+    #[serde(default)]
+    team_id: Option<String>,
     routes: Vec<RouteFile>,
     #[serde(default)]
     users: UsersFile,
@@ -132,6 +142,12 @@ pub struct Config {
     pub inbox_url: Option<String>,
     /// Without a trailing `/` (how the Slack client joins method names).
     pub slack_api_url: String,
+    /// How long one Slack call may take (its rate-limit waits and retries included) before it
+    /// is given up as failed: a hung call never holds the events.
+    pub slack_timeout: std::time::Duration,
+    /// The workspace (`T…`) whose people the bridge answers for, when set: a click from
+    /// another team (a Slack Connect guest in a shared channel) is refused.
+    pub team_id: Option<String>,
     pub routes: Vec<Route>,
     pub users: Users,
     pub bot_token: String,
@@ -278,6 +294,19 @@ impl Config {
                 "slack_api_url `{slack_api_url}` must start with https:// (or http:// for a test's stand-in)"
             ));
         }
+        let slack_timeout_secs = file.slack_timeout_secs.unwrap_or(SLACK_TIMEOUT_SECS);
+        if !(1..=600).contains(&slack_timeout_secs) {
+            errors.push(format!(
+                "slack_timeout_secs {slack_timeout_secs} must be 1 to 600 (seconds a Slack call may take)"
+            ));
+        }
+        if let Some(t) = &file.team_id
+            && (!t.starts_with('T') || t.len() < 2)
+        {
+            errors.push(format!(
+                "team_id `{t}` must be a workspace id (T…, in the workspace's settings or a Slack URL)"
+            ));
+        }
         if let Some(u) = &file.inbox_url
             && !u.starts_with("https://")
             && !u.starts_with("http://")
@@ -369,6 +398,8 @@ impl Config {
             listen,
             inbox_url: file.inbox_url,
             slack_api_url: slack_api_url.trim_end_matches('/').to_owned(),
+            slack_timeout: std::time::Duration::from_secs(slack_timeout_secs),
+            team_id: file.team_id,
             routes,
             users,
             bot_token,
@@ -434,7 +465,7 @@ mod tests {
 
     #[test]
     fn every_problem_is_reported_at_once() {
-        let text = "gateway_url: ftp://x\nnats: {url: \"nats://u:p@h:4222\"}\nlisten: nowhere\nroutes:\n  - {agents: [a]}\n  - {agents: [b], channel: \"#general\"}\n";
+        let text = "gateway_url: ftp://x\nnats: {url: \"nats://u:p@h:4222\"}\nlisten: nowhere\nslack_timeout_secs: 0\nteam_id: acme\nroutes:\n  - {agents: [a]}\n  - {agents: [b], channel: \"#general\"}\n";
         let e = Config::parse(text, Path::new("."), &HashMap::new()).expect_err("bad");
         let all = e.join("\n");
         for needle in [
@@ -445,6 +476,8 @@ mod tests {
             "listen",
             "neither a channel",
             "channel id",
+            "slack_timeout_secs 0",
+            "team_id `acme`",
         ] {
             assert!(all.contains(needle), "{needle} missing in {all}");
         }

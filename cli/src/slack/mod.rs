@@ -221,7 +221,8 @@ fn consumer_name(prefix: &str) -> String {
 /// Runs the bridge with `cfg` until `cancel`.
 pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
     let names = delta_queue::Names::new(&cfg.prefix);
-    let slack = api::Slack::new(&cfg.slack_api_url, &cfg.bot_token).map_err(anyhow::Error::msg)?;
+    let slack = api::Slack::new(&cfg.slack_api_url, &cfg.bot_token, cfg.slack_timeout)
+        .map_err(anyhow::Error::msg)?;
     let gateway = Client::new(
         &cfg.gateway_url,
         cfg.gateway_token.clone(),
@@ -288,6 +289,9 @@ pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()>
                 // reason (they are handled one by one anyway).
                 ack_wait: ACK_WAIT,
                 max_ack_pending: 16,
+                // The bridge drops an event after MAX_DELIVER tries itself (retry_delay spaces
+                // them); the server's bound is the same, for a consumer made by this version.
+                max_deliver: MAX_DELIVER,
                 deliver_policy: jetstream::consumer::DeliverPolicy::All,
                 ..Default::default()
             },
@@ -327,10 +331,20 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// Slack users and responder identities, both ways, as far as looked up.
 #[derive(Default)]
 struct UserCache {
-    /// Slack user id → identity (`None`: looked up, not mapped).
-    identity: HashMap<String, Option<String>>,
+    /// Slack user id → identity (`None`: looked up, not mapped), and when it was looked up.
+    identity: HashMap<String, (Option<String>, std::time::Instant)>,
     /// Identity → Slack user id (for DMs).
-    slack_user: HashMap<String, Option<String>>,
+    slack_user: HashMap<String, (Option<String>, std::time::Instant)>,
+}
+
+/// How long a lookup is trusted: a user found, an hour; one not found (their e-mail address
+/// not set yet, the app without users:read.email for a while), a minute.
+fn fresh(hit: &(Option<String>, std::time::Instant)) -> Option<Option<String>> {
+    let ttl = match hit.0 {
+        Some(_) => Duration::from_secs(3600),
+        None => Duration::from_secs(60),
+    };
+    (hit.1.elapsed() < ttl).then(|| hit.0.clone())
 }
 
 /// The running bridge.
@@ -371,31 +385,97 @@ async fn consume(
                 continue;
             }
         };
-        // Slack's rate limits can hold an event for longer than `ack_wait`: say it is in hand.
+        // Slack's rate limits can hold an event for longer than `ack_wait`: say it is in hand,
+        // up to HANDLE_MAX (each Slack call has its own timeout; this bounds them all).
         let handled = b.event(&msg.subject, &msg.payload);
         tokio::pin!(handled);
+        let deadline = tokio::time::Instant::now() + HANDLE_MAX;
         let outcome = loop {
             tokio::select! {
                 r = &mut handled => break r,
+                _ = tokio::time::sleep_until(deadline) => {
+                    // Dropped between two awaits: every step is recorded before the next, so
+                    // the next delivery goes on from there.
+                    break Err(anyhow::anyhow!("handling the event took over {HANDLE_MAX:?}"));
+                }
                 _ = tokio::time::sleep(ACK_WAIT / 3) => {
                     let _ = msg.ack_with(jetstream::AckKind::Progress).await;
                 }
             }
         };
-        match outcome {
-            Ok(()) => {
-                if let Err(e) = msg.double_ack().await {
-                    tracing::warn!(error = %e, "acknowledging an event");
+        let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+        let ack = match outcome {
+            Ok(()) => jetstream::AckKind::Ack,
+            Err(e) => match failure(&e, delivered) {
+                Failure::Again(delay) => {
+                    tracing::warn!(error = %format!("{e:#}"), subject = %msg.subject, delivered, "handling an event failed; it comes again in {delay:?}");
+                    jetstream::AckKind::Nak(Some(delay))
                 }
-            }
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), subject = %msg.subject, "handling an event failed; it comes again in 5 s");
-                let _ = msg
-                    .ack_with(jetstream::AckKind::Nak(Some(Duration::from_secs(5))))
-                    .await;
-            }
+                Failure::Refused(s) => {
+                    tracing::error!(error = %format!("{e:#}"), subject = %msg.subject, advice = s.advice(), "Slack refused for good: this event is dropped");
+                    jetstream::AckKind::Term
+                }
+                Failure::GaveUp => {
+                    tracing::error!(error = %format!("{e:#}"), subject = %msg.subject, delivered, "handling an event failed {MAX_DELIVER} times: it is dropped");
+                    jetstream::AckKind::Term
+                }
+            },
+        };
+        let done = match ack {
+            jetstream::AckKind::Ack => msg.double_ack().await,
+            other => msg.ack_with(other).await,
+        };
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "acknowledging an event");
         }
     }
+}
+
+/// How long handling one event may take in all.
+const HANDLE_MAX: Duration = Duration::from_secs(600);
+
+/// How many times an event is tried before it is dropped: with [`retry_delay`], about a day.
+const MAX_DELIVER: i64 = 300;
+
+/// The wait before the `delivered`th try of an event is tried again: 5 s, doubling, at most
+/// 5 min.
+fn retry_delay(delivered: i64) -> Duration {
+    let doublings = u32::try_from(delivered.clamp(1, 32) - 1).unwrap_or(0);
+    Duration::from_secs(5)
+        .saturating_mul(2u32.saturating_pow(doublings))
+        .min(Duration::from_secs(300))
+}
+
+/// What becomes of an event whose handling failed.
+#[derive(Debug)]
+enum Failure<'a> {
+    /// Tried again after the delay.
+    Again(Duration),
+    /// Slack refuses every call of the bridge until the app is fixed (its token, its scopes):
+    /// dropped, the log says what to do.
+    Refused(&'a api::Error),
+    /// Tried [`MAX_DELIVER`] times.
+    GaveUp,
+}
+
+fn failure(e: &anyhow::Error, delivered: i64) -> Failure<'_> {
+    let slack = e.chain().find_map(|c| c.downcast_ref::<api::Error>());
+    if let Some(s) = slack
+        && s.reach() != api::Reach::Transient
+    {
+        return Failure::Refused(s);
+    }
+    if delivered >= MAX_DELIVER {
+        return Failure::GaveUp;
+    }
+    Failure::Again(retry_delay(delivered))
+}
+
+/// What a message shows (its blocks and text), as a SHA-256 in hex.
+fn digest_of(blocks: &[SlackBlock], text: &str) -> String {
+    let json = serde_json::to_string(&(blocks, text)).unwrap_or_default();
+    let digest = ring::digest::digest(&ring::digest::SHA256, json.as_bytes());
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An event's kind and `data`, from a CloudEvent or (a publisher not yet converted) from the
@@ -459,42 +539,64 @@ impl Bridge {
             tally: r.tally.as_ref(),
             claim: r.claim.as_ref(),
             settled: r.settled.as_ref(),
+            added: &r.added,
         };
         Some(render::question(q, &s, self.cfg.inbox_url.as_deref()))
     }
 
-    /// Every message of `r`, shown anew.
-    async fn refresh(&self, r: &Record) -> Outcome {
+    /// Brings every message of `r` to what it should show now, unless they all show it already
+    /// (`r.shown`, kept once every update is done): an update that failed is done again when
+    /// the event comes again, or with the question's next event.
+    async fn show(&self, id: RequestId, r: &mut Record) -> Outcome {
         let Some((blocks, text)) = self.render(r) else {
             return Ok(());
         };
+        let digest = digest_of(&blocks, &text);
+        if r.shown.as_deref() == Some(digest.as_str()) {
+            return Ok(());
+        }
         for p in &r.posts {
-            match self
+            if let Err(e) = self
                 .slack
                 .update(&p.channel, &p.ts, blocks.clone(), text.clone())
                 .await
             {
-                Ok(()) => {}
-                // Deleted in Slack, or the channel is gone: nothing left to update there.
-                Err(e) if matches!(e.code(), Some("message_not_found" | "channel_not_found")) => {
-                    tracing::warn!(error = %e, "a message of the bridge is gone")
-                }
-                Err(e) => return Err(e.into()),
+                self.refused(e, "updating a message", &p.channel)?;
             }
+        }
+        r.shown = Some(digest);
+        if !r.posts.is_empty() {
+            self.store.put(id, r).await?;
         }
         Ok(())
     }
 
+    /// A Slack call that failed: a refusal that concerns only `channel` (the bot not in it, a
+    /// deleted message, a message Slack refuses) is logged with what to do and skipped; anything
+    /// else is an error of the event (tried again later, unless it concerns the whole bridge).
+    fn refused(&self, e: api::Error, doing: &str, channel: &str) -> Outcome {
+        match e.reach() {
+            api::Reach::Target => {
+                tracing::error!(error = %e, %channel, advice = e.advice(), "{doing}: Slack refused for good, skipped");
+                Ok(())
+            }
+            api::Reach::Transient | api::Reach::Bridge => Err(e.into()),
+        }
+    }
+
     /// Where `q` goes: `(target, channel or Slack user id to post to)`.
+    /// A DM whose Slack user cannot be looked up now is left out, and the lookup's error given
+    /// back, for the event to come again once the others are posted.
     async fn targets(
         &self,
         q: &InteractionRequest,
         extra: &[String],
-    ) -> anyhow::Result<Vec<(String, String)>> {
+    ) -> (Vec<(String, String)>, Option<api::Error>) {
         let Some(route) = self.cfg.route(&q.agent) else {
-            return Ok(vec![]);
+            return (vec![], None);
         };
         let mut out = vec![];
+        let mut later = None;
         if let Some(c) = &route.channel {
             out.push((format!("channel:{c}"), c.clone()));
         }
@@ -503,17 +605,33 @@ impl Bridge {
                 if who.starts_with(delta_protocol::human::GROUP_PREFIX) {
                     continue;
                 }
-                match self.slack_user_of(who).await? {
-                    Some(u) => out.push((format!("dm:{who}"), u)),
-                    None => tracing::info!(%who, "no Slack user maps to this responder: no DM"),
+                match self.slack_user_of(who).await {
+                    Ok(Some(u)) => out.push((format!("dm:{who}"), u)),
+                    Ok(None) => tracing::info!(%who, "no Slack user maps to this responder: no DM"),
+                    // That one DM waits (or is skipped for good); the other targets do not.
+                    Err(e) => match e.reach() {
+                        api::Reach::Transient => {
+                            tracing::warn!(error = %e, %who, "cannot find the Slack user for a DM: tried again later");
+                            later.get_or_insert(e);
+                        }
+                        api::Reach::Target | api::Reach::Bridge => tracing::error!(
+                            error = %e, %who, advice = e.advice(),
+                            "cannot find the Slack user for a DM: no DM to them"
+                        ),
+                    },
                 }
             }
         }
-        Ok(out)
+        (out, later)
     }
 
     async fn requested(&self, q: InteractionRequest) -> Outcome {
         let id = q.request_id;
+        // A question no route takes is none of the bridge's business: no gateway call, no
+        // record (and so no record of what happens to it either).
+        if self.cfg.route(&q.agent).is_none() {
+            return Ok(());
+        }
         let mut rec = self.store.get(id).await?;
         let again = rec
             .request
@@ -552,18 +670,27 @@ impl Bridge {
         }
         rec.request = Some(q.clone());
         if again || reopened {
-            // Asked again: the same messages show the question as it is now, buttons and all.
             self.store.put(id, &rec).await?;
-            self.refresh(&rec).await?;
         }
-        let Some((blocks, text)) = self.render(&rec) else {
-            return Ok(());
-        };
         // Posts started before a crash: Slack may have them already.
         self.recover(id, &mut rec).await?;
-        let targets = self.targets(&q, &rec.added).await?;
-        self.post_to(id, &mut rec, targets, blocks, text).await?;
-        Ok(())
+        // Asked again or reopened (or an update that failed before): the same messages show the
+        // question as it is now, buttons and all.
+        self.show(id, &mut rec).await?;
+        self.post_all(id, &mut rec, &q).await
+    }
+
+    /// Posts the question to each target of its route it was not posted to yet.
+    async fn post_all(&self, id: RequestId, rec: &mut Record, q: &InteractionRequest) -> Outcome {
+        let Some((blocks, text)) = self.render(rec) else {
+            return Ok(());
+        };
+        let (targets, later) = self.targets(q, &rec.added).await;
+        self.post_to(id, rec, targets, blocks, text).await?;
+        match later {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
     }
 
     /// Posts the question to each of `targets` it was not posted to yet; each post is marked
@@ -584,7 +711,7 @@ impl Bridge {
                 rec.posting.push(target.clone());
                 self.store.put(id, rec).await?;
             }
-            let posted = self
+            let posted = match self
                 .slack
                 .post(
                     &to,
@@ -593,12 +720,23 @@ impl Bridge {
                     Some(&id.to_string()),
                     None,
                 )
-                .await?;
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    self.refused(e, "posting a question", &to)?;
+                    // Refused for good there: not under way any more, the other targets go on.
+                    rec.posting.retain(|t| t != &target);
+                    self.store.put(id, rec).await?;
+                    continue;
+                }
+            };
             rec.posting.retain(|t| t != &target);
             rec.posts.push(Post {
                 target,
                 channel: posted.channel,
                 ts: posted.ts,
+                steps: vec![],
             });
             self.store.put(id, rec).await?;
         }
@@ -628,6 +766,7 @@ impl Bridge {
                         target: target.clone(),
                         channel: channel.to_owned(),
                         ts,
+                        steps: vec![],
                     });
                     found = true;
                 }
@@ -646,14 +785,19 @@ impl Bridge {
     async fn resolved(&self, r: Resolved) -> Outcome {
         let id = r.request_id;
         let mut rec = self.store.get(id).await?;
-        if rec.settled.is_some() {
+        if rec.request.is_none() && rec.posts.is_empty() && rec.posting.is_empty() {
+            // Never posted (no route, or settled before its announcement was read: then the
+            // announcement finds it settled at the gateway).
             return Ok(());
         }
         self.recover(id, &mut rec).await?;
-        rec.settled = Some(r);
-        rec.claim = None;
-        self.store.put(id, &rec).await?;
-        self.refresh(&rec).await
+        if rec.settled.is_none() {
+            rec.settled = Some(r);
+            rec.claim = None;
+            self.store.put(id, &rec).await?;
+        }
+        // Also when the settling was recorded already: its updates may not all be done.
+        self.show(id, &mut rec).await
     }
 
     async fn updated(&self, u: InteractionUpdate) -> Outcome {
@@ -662,28 +806,44 @@ impl Bridge {
         if rec.settled.is_some() || rec.request.is_none() {
             return Ok(());
         }
+        if rec.updated_at.is_some_and(|last| u.at < last) {
+            // Delivered again after a later one: the record already shows what came after.
+            return Ok(());
+        }
         self.recover(id, &mut rec).await?;
         rec.claim = u.claim;
         if u.tally.is_some() {
             rec.tally = u.tally;
         }
+        rec.updated_at = Some(u.at);
         self.store.put(id, &rec).await?;
-        self.refresh(&rec).await
+        self.show(id, &mut rec).await
     }
 
     async fn escalated(&self, e: Escalated) -> Outcome {
         let id = e.request_id;
         let mut rec = self.store.get(id).await?;
-        if rec.settled.is_some() {
+        if rec.settled.is_some() || rec.request.is_none() {
             return Ok(());
         }
         self.recover(id, &mut rec).await?;
         if !rec.escalations.contains(&e.step) {
+            // In each message's thread once: a redelivery posts only where it is missing.
             let line = render::escalation_line(&e);
-            for p in &rec.posts {
-                self.slack
-                    .post(&p.channel, vec![], line.clone(), None, Some(&p.ts))
-                    .await?;
+            for i in 0..rec.posts.len() {
+                let (channel, ts) = (rec.posts[i].channel.clone(), rec.posts[i].ts.clone());
+                if rec.posts[i].steps.contains(&e.step) {
+                    continue;
+                }
+                if let Err(e) = self
+                    .slack
+                    .post(&channel, vec![], line.clone(), None, Some(&ts))
+                    .await
+                {
+                    self.refused(e, "posting an escalation step in a thread", &channel)?;
+                }
+                rec.posts[i].steps.push(e.step);
+                self.store.put(id, &rec).await?;
             }
             rec.escalations.push(e.step);
             self.store.put(id, &rec).await?;
@@ -699,10 +859,9 @@ impl Bridge {
                 }
             }
             self.store.put(id, &rec).await?;
-            if let Some((blocks, text)) = self.render(&rec) {
-                let targets = self.targets(&q, &rec.added).await?;
-                self.post_to(id, &mut rec, targets, blocks, text).await?;
-            }
+            // The messages' "who may answer" line names them too.
+            self.show(id, &mut rec).await?;
+            self.post_all(id, &mut rec, &q).await?;
         }
         Ok(())
     }
@@ -714,9 +873,9 @@ impl Bridge {
             return Ok(Some(id.clone()));
         }
         if let Ok(cache) = self.users.lock()
-            && let Some(hit) = cache.identity.get(user)
+            && let Some(hit) = cache.identity.get(user).and_then(fresh)
         {
-            return Ok(hit.clone());
+            return Ok(hit);
         }
         let found = match self.cfg.users.by_email.is_empty() {
             true => None,
@@ -727,13 +886,15 @@ impl Bridge {
                 .and_then(|e| self.cfg.users.by_email.get(&e.to_lowercase()).cloned()),
         };
         if let Ok(mut cache) = self.users.lock() {
-            cache.identity.insert(user.to_owned(), found.clone());
+            cache
+                .identity
+                .insert(user.to_owned(), (found.clone(), std::time::Instant::now()));
         }
         Ok(found)
     }
 
     /// The Slack user of a responder identity (for a DM).
-    async fn slack_user_of(&self, who: &str) -> anyhow::Result<Option<String>> {
+    async fn slack_user_of(&self, who: &str) -> Result<Option<String>, api::Error> {
         let mut by_id: Vec<&String> = self
             .cfg
             .users
@@ -747,9 +908,9 @@ impl Bridge {
             return Ok(Some((*u).clone()));
         }
         if let Ok(cache) = self.users.lock()
-            && let Some(hit) = cache.slack_user.get(who)
+            && let Some(hit) = cache.slack_user.get(who).and_then(fresh)
         {
-            return Ok(hit.clone());
+            return Ok(hit);
         }
         let mut emails: Vec<&String> = self
             .cfg
@@ -768,10 +929,22 @@ impl Bridge {
             }
         }
         if let Ok(mut cache) = self.users.lock() {
-            cache.slack_user.insert(who.to_owned(), found.clone());
+            cache
+                .slack_user
+                .insert(who.to_owned(), (found.clone(), std::time::Instant::now()));
         }
         Ok(found)
     }
+}
+
+/// Whether `p` comes from the workspace `ours`, both where it happened and the user's own
+/// (always, when `ours` is not set).
+fn of_team(ours: Option<&str>, p: &Payload) -> bool {
+    let Some(ours) = ours else {
+        return true;
+    };
+    p.team.as_ref().is_some_and(|t| t.id == ours)
+        && p.user.team_id.as_deref().is_none_or(|t| t == ours)
 }
 
 /// What Slack posts to the interactivity URL, as far as the bridge reads it.
@@ -780,6 +953,9 @@ struct Payload {
     #[serde(rename = "type")]
     kind: String,
     user: PayloadUser,
+    /// The workspace the interaction happened in.
+    #[serde(default)]
+    team: Option<PayloadTeam>,
     #[serde(default)]
     trigger_id: Option<String>,
     #[serde(default)]
@@ -792,6 +968,14 @@ struct Payload {
 
 #[derive(Debug, serde::Deserialize)]
 struct PayloadUser {
+    id: String,
+    /// The user's own workspace (another one for a Slack Connect guest).
+    #[serde(default)]
+    team_id: Option<String>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PayloadTeam {
     id: String,
 }
 
@@ -823,6 +1007,10 @@ struct ModalMeta {
     o: String,
     k: String,
     c: String,
+    /// The `request_hash` the clicked message showed ([`render::Shown::token`]; empty in a
+    /// modal opened by an older bridge): the submission answers that version or nothing.
+    #[serde(default)]
+    h: String,
 }
 
 fn now_secs() -> i64 {
@@ -873,11 +1061,24 @@ async fn interactivity(
 
 impl Bridge {
     async fn interaction(&self, p: Payload) -> anyhow::Result<()> {
+        if !self.of_our_team(&p) {
+            tracing::warn!(user = %p.user.id, team = ?p.team.as_ref().map(|t| &t.id), user_team = ?p.user.team_id, "an interaction from another workspace refused (team_id)");
+            if let Some(c) = &p.channel {
+                self.tell(&c.id, &p.user.id, OTHER_TEAM).await;
+            }
+            return Ok(());
+        }
         match p.kind.as_str() {
             "block_actions" => self.clicked(p).await,
             "view_submission" => self.submitted(p).await,
             _ => Ok(()),
         }
+    }
+
+    /// Whether the interaction comes from the configured workspace, both where it happened and
+    /// the user's own (always, without `team_id`).
+    fn of_our_team(&self, p: &Payload) -> bool {
+        of_team(self.cfg.team_id.as_deref(), p)
     }
 
     /// The identity of the Slack user who clicked; else they are told why not.
@@ -913,64 +1114,80 @@ impl Bridge {
         };
         let channel = p.channel.as_ref().map(|c| c.id.clone()).unwrap_or_default();
         let user = p.user.id.clone();
-        let Some((rid, option)) = action
-            .value
-            .as_deref()
-            .and_then(|v| v.split_once(' '))
-            .and_then(|(r, o)| Some((r.parse::<RequestId>().ok()?, o.to_owned())))
+        let Some(click) =
+            render::parse_click(&action.action_id, action.value.as_deref().unwrap_or(""))
         else {
             return Ok(());
         };
-        let Some(identity) = self.who(&channel, &user).await else {
-            return Ok(());
-        };
-        let rec = self.store.get(rid).await?;
-        let Some(q) = rec.request.clone() else {
-            self.tell(
-                &channel,
-                &user,
-                "This question is not known to the bridge any more.",
-            )
-            .await;
-            return Ok(());
-        };
-        if q.is_sensitive() {
-            self.tell(&channel, &user, SENSITIVE).await;
-            return Ok(());
-        }
-        let kind = action
-            .action_id
-            .rsplit_once('.')
-            .map(|(k, _)| k)
-            .unwrap_or_default();
-        match kind {
-            render::ACT_ANSWER => {
+        let rid = click.request_id;
+        match click.act {
+            render::Act::Answer => {
+                let Some(identity) = self.who(&channel, &user).await else {
+                    return Ok(());
+                };
+                let Some(q) = self.question_for(rid, &channel, &user).await? else {
+                    return Ok(());
+                };
                 let body = json!({
-                    "option_id": render::option_of_key(&q, &option),
-                    "request_hash": q.request_hash,
+                    "option_id": render::option_of_key(&q, &click.key),
+                    "request_hash": click.shown.echo(q.request_hash.as_deref()),
                     "responder": {"id": identity, "via": "slack"},
                 });
                 self.answer(&channel, &user, rid, body).await;
             }
-            render::ACT_MODAL | render::ACT_EDIT => {
+            render::Act::Modal | render::Act::Edit => {
+                // Slack's trigger is good for 3 s: the modal opens first (its content is the
+                // question as kept here, one read of a local bucket); who clicked is looked up
+                // after, and again when the form is sent.
                 let Some(trigger) = p.trigger_id.as_deref() else {
+                    return Ok(());
+                };
+                let Some(q) = self.question_for(rid, &channel, &user).await? else {
                     return Ok(());
                 };
                 let meta = ModalMeta {
                     r: rid,
-                    o: option,
-                    k: kind.to_owned(),
+                    o: click.key,
+                    k: click.act.prefix().to_owned(),
                     c: channel.clone(),
+                    h: click.shown.token().to_owned(),
                 };
                 let view = modal(&q, &meta);
                 if let Err(e) = self.slack.open_modal(trigger, view).await {
                     self.tell(&channel, &user, &format!("Cannot open the form: {e}"))
                         .await;
+                    return Ok(());
                 }
+                // Told now, not after filling the form in, when the bridge cannot answer for them.
+                let _ = self.who(&channel, &user).await;
             }
-            _ => {}
         }
         Ok(())
+    }
+
+    /// The question of a click as the bridge holds it, unless it is unknown or sensitive (the
+    /// user is told so).
+    async fn question_for(
+        &self,
+        rid: RequestId,
+        channel: &str,
+        user: &str,
+    ) -> anyhow::Result<Option<InteractionRequest>> {
+        let rec = self.store.get(rid).await?;
+        let Some(q) = rec.request else {
+            self.tell(
+                channel,
+                user,
+                "This question is not known to the bridge any more.",
+            )
+            .await;
+            return Ok(None);
+        };
+        if q.is_sensitive() {
+            self.tell(channel, user, SENSITIVE).await;
+            return Ok(None);
+        }
+        Ok(Some(q))
     }
 
     async fn submitted(&self, p: Payload) -> anyhow::Result<()> {
@@ -996,8 +1213,9 @@ impl Bridge {
             return Ok(());
         }
         let values = form_values(view.state.as_ref());
+        let shown = render::Shown::parse(&meta.h);
         let mut body = json!({
-            "request_hash": q.request_hash,
+            "request_hash": shown.echo(q.request_hash.as_deref()),
             "responder": {"id": identity, "via": "slack"},
         });
         if !meta.o.is_empty() {
@@ -1052,6 +1270,10 @@ impl Bridge {
             Ok(_) => {}
             Err(e) => {
                 let message = match &e {
+                    client::Error::Refused {
+                        code: Some(delta_api::ErrorCode::Stale),
+                        ..
+                    } => STALE.to_owned(),
                     client::Error::Refused { message, .. } => message.clone(),
                     other => other.to_string(),
                 };
@@ -1067,6 +1289,9 @@ impl Bridge {
 }
 
 const UNMAPPED: &str = "Your Slack account is not mapped to a Delta identity, so the bridge cannot answer for you. Ask an operator to add you to the bridge's user mapping (docs/slack.md).";
+const OTHER_TEAM: &str =
+    "This bridge answers only for people of its own Slack workspace: nothing was answered.";
+const STALE: &str = "the question changed after this message showed it (stale). Its message shows it as it is now: read it again, then answer.";
 const SENSITIVE: &str =
     "This question is sensitive: it is never answered in Slack. Answer it in the web inbox.";
 
@@ -1288,6 +1513,59 @@ mod tests {
         assert_eq!(t, EventType::InteractionRequested);
         assert!(read_event("delta.interactions.requested.hello.x", b"not json").is_none());
         assert!(read_event("delta.jobs.hello", b"{}").is_none());
+    }
+
+    #[test]
+    fn failures_are_tried_again_later_and_later_unless_slack_refuses_for_good() {
+        let delays: Vec<u64> = [1, 2, 3, 6, 7, 100, i64::MAX]
+            .into_iter()
+            .map(|n| retry_delay(n).as_secs())
+            .collect();
+        assert_eq!(delays, [5, 10, 20, 160, 300, 300, 300]);
+        let down = anyhow::anyhow!("the gateway is down");
+        assert!(matches!(failure(&down, 1), Failure::Again(_)));
+        assert!(matches!(failure(&down, MAX_DELIVER), Failure::GaveUp));
+        let refused = |code: &str| {
+            anyhow::Error::from(api::Error::Api {
+                method: "chat.postMessage",
+                code: code.into(),
+            })
+            .context("posting")
+        };
+        assert!(matches!(
+            failure(&refused("invalid_auth"), 1),
+            Failure::Refused(_)
+        ));
+        assert!(matches!(
+            failure(&refused("internal_error"), 1),
+            Failure::Again(_)
+        ));
+    }
+
+    #[test]
+    fn with_a_team_id_only_its_people_are_answered_for() {
+        let payload = |team: &str, user_team: Option<&str>| -> Payload {
+            serde_json::from_value(json!({"type": "block_actions",
+                "team": {"id": team}, "user": {"id": "U1", "team_id": user_team}}))
+            .expect("payload")
+        };
+        assert!(of_team(None, &payload("T2", Some("T3"))));
+        assert!(of_team(Some("T1"), &payload("T1", Some("T1"))));
+        assert!(of_team(Some("T1"), &payload("T1", None)));
+        // A Slack Connect guest: another home workspace, in a channel shared with ours.
+        assert!(!of_team(Some("T1"), &payload("T1", Some("T9"))));
+        assert!(!of_team(Some("T1"), &payload("T9", None)));
+    }
+
+    #[test]
+    fn a_user_not_found_is_looked_up_again_soon() {
+        let now = std::time::Instant::now();
+        assert_eq!(fresh(&(None, now)), Some(None));
+        assert_eq!(fresh(&(Some("a".into()), now)), Some(Some("a".into())));
+        if let Some(past) = now.checked_sub(Duration::from_secs(120)) {
+            assert_eq!(fresh(&(None, past)), None);
+            assert_eq!(fresh(&(Some("a".into()), past)), Some(Some("a".into())));
+        }
     }
 
     #[test]

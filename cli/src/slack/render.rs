@@ -93,6 +93,8 @@ pub struct Standing<'a> {
     pub tally: Option<&'a Tally>,
     pub claim: Option<&'a Claim>,
     pub settled: Option<&'a Resolved>,
+    /// Who escalation steps let answer besides `allowed_responders`.
+    pub added: &'a [String],
 }
 
 /// Whether an option is one to think twice about: red, with a confirmation.
@@ -185,9 +187,17 @@ fn rule_line(q: &InteractionRequest, s: &Standing<'_>) -> Option<String> {
         ));
     }
     if !q.allowed_responders.is_empty() {
+        let mut who = q.allowed_responders.clone();
+        who.extend(
+            s.added
+                .iter()
+                .filter(|a| !who.contains(a))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
         parts.push(format!(
             ":bust_in_silhouette: Who may answer: {}",
-            escaped(&q.allowed_responders.join(", "), 300)
+            escaped(&who.join(", "), 300)
         ));
     }
     (!parts.is_empty()).then(|| parts.join("\n"))
@@ -233,9 +243,120 @@ pub fn option_of_key(q: &InteractionRequest, key: &str) -> String {
         .unwrap_or_else(|| key.to_owned())
 }
 
-/// The button value: `<request_id> <option key>`.
+/// What a button carries for a question with no `request_hash` (asked before hashes existed).
+pub const NO_HASH: &str = "-";
+
+/// The button value: `<request_id> <request_hash> <option key>`. The hash is that of the version
+/// of the question the message shows, so that a click answers what was shown: the gateway
+/// refuses it as `stale` when the question changed since (docs/protocol.md §3, "What the
+/// approver saw").
 pub fn button_value(q: &InteractionRequest, option_id: &str) -> String {
-    format!("{} {}", q.request_id, option_key(q, option_id))
+    format!(
+        "{} {} {}",
+        q.request_id,
+        q.request_hash.as_deref().unwrap_or(NO_HASH),
+        option_key(q, option_id)
+    )
+}
+
+/// What a button does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    /// Answer at once with the option.
+    Answer,
+    /// Open a modal for the option's text (or a typed answer).
+    Modal,
+    /// Open a modal to edit the tool call's arguments, then approve.
+    Edit,
+}
+
+impl Act {
+    /// The `action_id` prefix of the kind.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Act::Answer => ACT_ANSWER,
+            Act::Modal => ACT_MODAL,
+            Act::Edit => ACT_EDIT,
+        }
+    }
+}
+
+/// The version of the question a click or a modal was shown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shown {
+    /// Its `request_hash`.
+    Hash(String),
+    /// A question with no `request_hash`.
+    NoHash,
+    /// Not known: a button or modal of a bridge from before buttons carried the hash.
+    Unknown,
+}
+
+impl Shown {
+    /// From a value's hash field (`""`: not there).
+    pub fn parse(token: &str) -> Shown {
+        match token {
+            "" => Shown::Unknown,
+            NO_HASH => Shown::NoHash,
+            h => Shown::Hash(h.to_owned()),
+        }
+    }
+
+    /// As a value's hash field.
+    pub fn token(&self) -> &str {
+        match self {
+            Shown::Hash(h) => h,
+            Shown::NoHash => NO_HASH,
+            Shown::Unknown => "",
+        }
+    }
+
+    /// The `request_hash` an answer echoes: the one shown; for a button older than the hash
+    /// in it, the question's as the bridge holds it (what such buttons always sent).
+    pub fn echo(&self, current: Option<&str>) -> Option<String> {
+        match self {
+            Shown::Hash(h) => Some(h.clone()),
+            Shown::NoHash => None,
+            Shown::Unknown => current.map(str::to_owned),
+        }
+    }
+}
+
+/// A click on one of the bridge's buttons, read from its `action_id` and `value`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Click {
+    pub act: Act,
+    pub request_id: delta_protocol::RequestId,
+    pub shown: Shown,
+    /// The option's key ([`option_key`]; empty: none).
+    pub key: String,
+}
+
+fn is_hash(s: &str) -> bool {
+    s == NO_HASH || (s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Reads a click; `None` for a button that is not the bridge's. The kind comes from the
+/// `action_id`'s known prefixes (an option id may contain `.`), the rest from the value
+/// (`<request_id> <request_hash> <key>`, or `<request_id> <key>` from an older bridge).
+pub fn parse_click(action_id: &str, value: &str) -> Option<Click> {
+    let act = [Act::Answer, Act::Modal, Act::Edit].into_iter().find(|a| {
+        action_id
+            .strip_prefix(a.prefix())
+            .is_some_and(|rest| rest.starts_with('.'))
+    })?;
+    let (rid, rest) = value.split_once(' ')?;
+    let request_id = rid.parse().ok()?;
+    let (shown, key) = match rest.split_once(' ') {
+        Some((h, key)) if is_hash(h) => (Shown::parse(h), key),
+        _ => (Shown::Unknown, rest),
+    };
+    Some(Click {
+        act,
+        request_id,
+        shown,
+        key: key.to_owned(),
+    })
 }
 
 fn button(q: &InteractionRequest, o: &InteractionOption) -> SlackActionBlockElement {
@@ -385,7 +506,8 @@ pub fn question(
         Some(r) => format!(" [{}]", r.state.as_str().to_lowercase()),
         None => String::new(),
     };
-    let text = truncate(&format!("{title}{status}: {}", q.prompt), TEXT_MAX);
+    // Notifications show the fallback text as mrkdwn too: escaped like the blocks.
+    let text = escaped(&format!("{title}{status}: {}", q.prompt), TEXT_MAX);
     (blocks, text)
 }
 
@@ -451,6 +573,64 @@ mod tests {
         // The arguments' ``` cannot close the code block early.
         assert_eq!(j.matches("```").count(), 2, "{j}");
         assert_eq!(escape("a<b>&c"), "a&lt;b&gt;&amp;c");
+    }
+
+    #[test]
+    fn a_click_names_its_kind_the_version_shown_and_the_option() {
+        let mut q = approval();
+        q.request_hash = Some("ab".repeat(32));
+        q.options[0].option_id = "v1.2".into();
+        let value = button_value(&q, "v1.2");
+        let c = parse_click("delta.answer.v1.2", &value).expect("click");
+        assert_eq!(c.act, Act::Answer);
+        assert_eq!(c.request_id, q.request_id);
+        assert_eq!(c.shown, Shown::Hash("ab".repeat(32)));
+        assert_eq!(option_of_key(&q, &c.key), "v1.2");
+        let c = parse_click("delta.edit.v1.2", &value).expect("edit");
+        assert_eq!(c.act, Act::Edit);
+        // An option whose id has spaces keeps them.
+        let c = parse_click("delta.modal.a b", &format!("{} - a b", q.request_id)).expect("modal");
+        assert_eq!(
+            (c.act, c.shown, c.key.as_str()),
+            (Act::Modal, Shown::NoHash, "a b")
+        );
+        // A button of an older bridge: no hash in its value.
+        let c = parse_click("delta.answer.x", &format!("{} x", q.request_id)).expect("old");
+        assert_eq!((c.shown.clone(), c.key.as_str()), (Shown::Unknown, "x"));
+        assert_eq!(c.shown.echo(Some("cur")), Some("cur".to_owned()));
+        assert_eq!(
+            parse_click("delta.modal.", &format!("{} - ", q.request_id)).map(|c| c.key),
+            Some(String::new())
+        );
+        assert!(parse_click("delta.answered.x", &value).is_none());
+        assert!(parse_click("other.answer.x", &value).is_none());
+        assert!(parse_click("delta.answer.x", "not-an-id x").is_none());
+    }
+
+    #[test]
+    fn who_may_answer_names_the_people_escalation_added() {
+        let mut q = approval();
+        q.allowed_responders = vec!["alice".into()];
+        let added = vec!["bob".into(), "alice".into()];
+        let s = Standing {
+            added: &added,
+            ..Default::default()
+        };
+        let (blocks, _) = question(&q, &s, None);
+        assert!(json_of(&blocks).contains("Who may answer: alice, bob\""));
+    }
+
+    #[test]
+    fn the_fallback_text_is_escaped_too() {
+        let mut q = approval();
+        q.title = Some("<!here> title".into());
+        q.prompt = "<!channel> <https://evil|x> & more".into();
+        let (_, text) = question(&q, &Standing::default(), None);
+        assert!(!text.contains('<') && !text.contains('>'), "{text}");
+        assert_eq!(
+            text,
+            "&lt;!here&gt; title: &lt;!channel&gt; &lt;https://evil|x&gt; &amp; more"
+        );
     }
 
     #[test]

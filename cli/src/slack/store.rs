@@ -18,6 +18,9 @@ pub struct Post {
     /// Where Slack put it (a DM's channel id for a DM) and its `ts`.
     pub channel: String,
     pub ts: String,
+    /// Escalation steps posted in this message's thread (each once, whatever failed after).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<u32>,
 }
 
 /// What the bridge knows of one question.
@@ -41,9 +44,18 @@ pub struct Record {
     pub tally: Option<Tally>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<Claim>,
-    /// Escalation steps already posted in the thread.
+    /// When the claim and tally above were changed (the update event's `at`): an update event
+    /// older than that (delivered again after a later one) changes nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<delta_protocol::Timestamp>,
+    /// Escalation steps already posted in the thread of every message.
     #[serde(default)]
     pub escalations: Vec<u32>,
+    /// What every message shows (a digest of its blocks and text), once all were updated: a
+    /// record whose rendering differs has an update to do, so one that failed is done again
+    /// when the event comes again, or on the next one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown: Option<String>,
     /// Who escalation steps let answer besides `allowed_responders` (DMs for `dm: true`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub added: Vec<String>,
