@@ -108,6 +108,21 @@ async fn subscriptions_keep_their_secrets_sealed_and_their_figures_straight() {
         (s.current.as_str(), s.previous.as_deref()),
         ("whsec_bmV3ZXI=", None)
     );
+    // Two rotations at once: each moves the secret it found aside, so both secrets handed out
+    // sign (one current, one previous), and the one they replaced no longer does.
+    let (a, b) = tokio::join!(
+        store.rotate_webhook_secret("w1", "whsec_YQ==", until),
+        store.rotate_webhook_secret("w1", "whsec_Yg==", until),
+    );
+    assert!(a.expect("rotate a") && b.expect("rotate b"));
+    let s = store
+        .webhook_secrets("w1")
+        .await
+        .expect("open")
+        .expect("there");
+    let mut both = [s.current.clone(), s.previous.clone().unwrap_or_default()];
+    both.sort();
+    assert_eq!(both, ["whsec_YQ==", "whsec_Yg=="], "{s:?}");
 
     // Failures start a period that a success ends; figures count both.
     let t1 = Timestamp::now();

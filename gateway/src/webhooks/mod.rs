@@ -252,7 +252,13 @@ pub async fn create(
     gw.queue
         .webhook_consumer(&deliver::consumer_of(&gw, &w, &events))
         .await?;
-    gw.store.create_webhook(&w, &secret).await?;
+    if let Err(e) = gw.store.create_webhook(&w, &secret).await {
+        // No subscription, so no consumer left behind for it.
+        if let Err(d) = gw.queue.delete_webhook_consumer(&w.id).await {
+            tracing::warn!(id = %w.id, error = %delta_host::Chain(&d), "webhooks: the consumer of a subscription that was not stored is left behind");
+        }
+        return Err(e.into());
+    }
     tracing::info!(id = %w.id, url = %redacted(&w.url), "webhook subscribed");
     Ok((
         StatusCode::CREATED,

@@ -324,28 +324,33 @@ return 1
     }
 
     /// Replaces the signing secret with `secret`; the one it replaces stays valid until
-    /// `previous_until`. `Ok(false)`: there is none.
+    /// `previous_until` (only the two newest ever sign: a rotation during another's grace ends
+    /// the oldest). One script, so that two rotations at once both hold: each moves the secret
+    /// it found to `previous`. `Ok(false)`: there is none.
     pub async fn rotate_webhook_secret(
         &self,
         id: &str,
         secret: &str,
         previous_until: Timestamp,
     ) -> Result<bool, Error> {
-        let Some(old) = self.webhook_secrets(id).await? else {
-            return Ok(false);
-        };
+        const ROTATE: &str = r#"
+local current = redis.call('HGET', KEYS[1], 'secret')
+if not current then return 0 end
+redis.call('HSET', KEYS[1], 'secret', ARGV[1], 'previous_secret', current,
+  'previous_secret_until', ARGV[2])
+return 1
+"#;
+        // Sealed for the subscription (not for the field): the current secret moves as it is.
         let sealed_new = self.seal_secret(id, secret)?;
-        let sealed_old = self.seal_secret(id, &old.current)?;
-        self.webhook_set(
-            id,
-            &[
-                ("secret", sealed_new),
-                ("previous_secret", sealed_old),
-                ("previous_secret_until", previous_until.micros().to_string()),
-            ],
-            &[],
-        )
-        .await
+        let mut conn = self.connection();
+        let n: i64 = redis::Script::new(ROTATE)
+            .key(self.webhook_key(id))
+            .arg(sealed_new)
+            .arg(previous_until.micros().to_string())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(n == 1)
     }
 
     /// The subscription's secrets, opened (the previous one only while its grace lasts).
