@@ -9,7 +9,8 @@ adds the new secret after a rotation). A request is verified with each secret; i
 (204) when at least one accepts it, and recorded as a JSON line in the out file:
 {"webhook_id", "type", "run", "id", "verified": [true/false per secret], "content_type"}.
 Otherwise it is answered 500. While the file `<out file>.fail` exists every request is answered
-503 (a receiver that is down without going away).
+503 (a receiver that is down without going away). While the file `<out file>.redirect` exists,
+every request is answered 307 to the URL it holds, and a line is added to `<out file>.redirected`.
 """
 
 import json
@@ -46,6 +47,17 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length)
         if os.path.exists(OUT + ".fail"):
             return self.answer(503)
+        if os.path.exists(OUT + ".redirect"):
+            with open(OUT + ".redirect") as f:
+                to = f.read().strip()
+            with LOCK:
+                with open(OUT + ".redirected", "a") as f:
+                    f.write(to + "\n")
+            self.send_response(307)
+            self.send_header("Location", to)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         headers = {k.lower(): v for k, v in self.headers.items()}
         verified = []
         for secret in secrets():

@@ -122,6 +122,24 @@ impl Receiver {
         }
     }
 
+    /// While `to` is set, every request is answered `307` to it.
+    fn redirecting(&self, to: Option<&str>) {
+        let flag = PathBuf::from(format!("{}.redirect", self.out().display()));
+        match to {
+            Some(url) => std::fs::write(flag, url).expect("flag"),
+            None => {
+                let _ = std::fs::remove_file(flag);
+            }
+        }
+    }
+
+    /// How many requests were answered with a redirect.
+    fn redirected(&self) -> usize {
+        std::fs::read_to_string(format!("{}.redirected", self.out().display()))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    }
+
     fn events(&self) -> Vec<Value> {
         read_lines(&self.out())
     }
@@ -664,4 +682,47 @@ async fn without_a_secrets_key_no_webhook_is_made() {
     assert!(message.contains("DELTA_SECRETS_KEY"), "{message}");
     let (_, list) = fleet.client.get("/v1/webhooks").await.expect("list");
     assert_eq!(list["webhooks"], json!([]));
+}
+
+/// A receiver that answers with a redirect is not followed (the place it points to could be
+/// anywhere, the allowlist's inside included): the attempt fails, saying so, and the event is
+/// delivered to the subscribed URL once it answers there, never to the redirect's target.
+#[tokio::test(flavor = "multi_thread")]
+async fn redirects_are_not_followed() {
+    let fleet = fleet("whx", 1, &[]).await;
+    let receiver = Receiver::start();
+    let elsewhere = Receiver::start();
+    let (id, secret) = subscribe(&fleet.client, json!({"url": receiver.url()})).await;
+    receiver.secrets(&[&secret]);
+    elsewhere.secrets(&[&secret]);
+    receiver.redirecting(Some(&elsewhere.url()));
+    let run = fleet.submit("hello", "greet").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while receiver.redirected() < 2 {
+        assert!(Instant::now() < deadline, "never posted to the receiver");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, w) = fleet
+        .client
+        .get(&format!("/v1/webhooks/{id}"))
+        .await
+        .expect("get");
+    assert!(
+        w["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("redirects are not followed")),
+        "{w}"
+    );
+    assert!(receiver.events().is_empty());
+    receiver.redirecting(None);
+    receiver
+        .wait("delivered where it was subscribed", |e| {
+            types_of(e, run).first().map(String::as_str) == Some("interaction.requested")
+        })
+        .await;
+    assert!(
+        elsewhere.events().is_empty() && elsewhere.redirected() == 0,
+        "the redirect was followed: {:?}",
+        elsewhere.events()
+    );
 }
