@@ -26,6 +26,7 @@ use delta_store::redis::RedisRunStore;
 pub mod api;
 pub mod auth;
 pub mod bots;
+pub mod catalog;
 pub mod config;
 pub mod delegations;
 pub mod dlq;
