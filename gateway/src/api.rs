@@ -80,6 +80,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/runs/{run_id}", get(crate::inbox::page))
         .route("/inbox.js", get(crate::inbox::script))
         .route("/inbox.css", get(crate::inbox::style))
+        .merge(crate::a2a::router())
         .fallback(|| async {
             ApiError::not_found("no such endpoint; GET /openapi.json lists them")
         })

@@ -64,6 +64,8 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_WEBHOOK_RETRY_FIRST_S", "webhook-retry-first-s", "1"),
     ("DELTA_WEBHOOK_RETRY_MAX_S", "webhook-retry-max-s", "600"),
     ("DELTA_WEBHOOK_ACK_WAIT_S", "webhook-ack-wait-s", "30"),
+    // The A2A server (src/a2a): the key that signs push notifications (a PKCS#8 Ed25519 file).
+    ("DELTA_A2A_SIGNING_KEY", "a2a-signing-key", ""),
 ];
 
 /// `DELTA_RETENTION`'s default: finished runs are kept a week.
@@ -127,6 +129,8 @@ pub struct Config {
     pub stream_ticket_ttl: Duration,
     /// How webhooks are delivered (`DELTA_WEBHOOK_*`).
     pub webhooks: crate::webhooks::Settings,
+    /// The A2A server's settings (`DELTA_A2A_*`).
+    pub a2a: crate::a2a::Settings,
 }
 
 impl Config {
@@ -160,6 +164,7 @@ impl Config {
             tls: None,
             stream_ticket_ttl: Duration::from_secs(30),
             webhooks: crate::webhooks::Settings::default(),
+            a2a: crate::a2a::Settings::default(),
         }
     }
 }
@@ -240,6 +245,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         ));
     }
     let webhooks = crate::webhooks::Settings::parse(&mut s);
+    let a2a = crate::a2a::Settings::parse(&mut s);
     s.finish()?;
     Ok(Config {
         nats_url: servers.nats_url,
@@ -269,6 +275,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         tls,
         stream_ticket_ttl: Duration::from_secs(ticket_ttl),
         webhooks,
+        a2a,
     })
 }
 

@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use delta_queue::{self as queue, Queue, Role};
 use delta_store::redis::RedisRunStore;
 
+pub mod a2a;
 pub mod api;
 pub mod auth;
 pub mod bots;
@@ -153,6 +154,8 @@ pub async fn run(
     };
     let reconcilers = tokio::spawn(reconcile::run(gw.clone(), shutdown.clone()));
     let webhooks = tokio::spawn(webhooks::deliver::run(gw.clone()));
+    // A2A push notifications (src/a2a/push.rs), delivered like webhooks.
+    let a2a_push = tokio::spawn(a2a::push::run(gw.clone()));
     let tls = gw.config.tls.is_some();
     tracing::info!(%bound, auth = gw.config.auth.is_on(), tls, "gateway listening");
     if !tls && gw.config.auth.is_on() && !bound.ip().is_loopback() {
@@ -175,6 +178,7 @@ pub async fn run(
     }
     let _ = reconcilers.await;
     let _ = webhooks.await;
+    let _ = a2a_push.await;
     // Under a target of its own, so that benchmarks can keep it while silencing the rest.
     tracing::info!(
         target: "delta_stats",

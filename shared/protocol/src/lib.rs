@@ -454,6 +454,8 @@ pub enum Via {
     Timeout,
     /// The Slack bridge (`delta slack`), for the person its user mapping names.
     Slack,
+    /// The A2A server (`/a2a`): a message continuing a task in `input-required`.
+    A2a,
 }
 
 /// What the journal keeps of an answer. Sensitive answers are redacted to `"***"` before they

@@ -1,0 +1,520 @@
+//! A2A push notifications: per-task configs (`Create`/`Get`/`List`/`Delete`
+//! `TaskPushNotificationConfig`), kept in Redis ([`delta_store::redis::A2aPushConfig`]), and
+//! their delivery.
+//!
+//! **Delivery** is driven from JetStream, not memory: each config has a durable consumer
+//! `<p>-a2apush-<hash>` on the events stream, filtered to its run's events, from the run's
+//! first event on. Every gateway pulls from every config's consumer; the consumer hands out one
+//! event at a time (`max_ack_pending` 1), so a task's notifications are posted in order, by
+//! whichever gateway holds it, and an event is acknowledged only once its receiver answered 2xx:
+//! a gateway that dies mid-delivery leaves it to be handed out again after the ack wait
+//! (`DELTA_WEBHOOK_ACK_WAIT_S`). At least once: a receiver may see a notification twice.
+//!
+//! Each notification is a `StreamResponse` with a `statusUpdate` made from the event itself
+//! (a question asked: `input-required` or `auth-required`, without a link; answered or expired:
+//! `working`; the run's end), posted with the same outbound protections as webhooks
+//! (`DELTA_WEBHOOK_ALLOW`, timeouts, no redirects, no proxies: [`crate::webhooks::deliver::client`])
+//! and retried with their backoff (`DELTA_WEBHOOK_RETRY_*`). It carries
+//! `Authorization: Bearer <JWT>` signed with the gateway's key ([`super::jwt`]), and the
+//! config's `token` in `X-A2A-Notification-Token`. Once the run's end is delivered, the config
+//! and its consumer are deleted.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer};
+use axum::http::HeaderMap;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use delta_api::ErrorCode;
+use delta_protocol::events::{self as ev, EventType, RunFinished};
+use delta_protocol::{InteractionRequest, RunId, Timestamp};
+use delta_store::redis::A2aPushConfig;
+
+use super::rpc::{self, PUSH_NOT_SUPPORTED, READ, RpcError};
+use super::task::{self, State};
+use crate::Gateway;
+use crate::api::caller;
+use crate::error::ApiError;
+use crate::webhooks::{allow, deliver};
+
+/// Configs one task may have.
+const MAX_PER_TASK: usize = 10;
+/// How often the configs are listed.
+const EVERY: Duration = Duration::from_secs(1);
+
+/// `TaskPushNotificationConfig` as a client sends it.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigIn {
+    #[serde(default)]
+    pub tenant: Option<String>,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub task_id: Option<String>,
+    pub url: String,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub authentication: Option<Value>,
+}
+
+/// `Get…` and `Delete…` params.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigRef {
+    #[serde(default)]
+    pub tenant: Option<String>,
+    pub task_id: String,
+    pub id: String,
+}
+
+/// `ListTaskPushNotificationConfigs` params.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigList {
+    #[serde(default)]
+    pub tenant: Option<String>,
+    pub task_id: String,
+    #[serde(default)]
+    pub page_size: Option<i64>,
+    #[serde(default)]
+    pub page_token: Option<String>,
+}
+
+/// A config as shown: its URL without path or query (receivers carry tokens there) and never
+/// its token.
+fn view(c: &A2aPushConfig) -> Value {
+    json!({
+        "id": c.id,
+        "taskId": c.task_id,
+        "url": crate::webhooks::redacted(&c.url),
+    })
+}
+
+fn invalid(message: impl Into<String>) -> RpcError {
+    ApiError::new(ErrorCode::InvalidArgs, message).into()
+}
+
+fn supported(gw: &Gateway) -> Result<(), RpcError> {
+    if gw.config.a2a.signing_key.is_none() {
+        return Err(RpcError::new(
+            PUSH_NOT_SUPPORTED,
+            "push notifications are off on this fleet: they need DELTA_A2A_SIGNING_KEY (docs/protocols.md)",
+        ));
+    }
+    Ok(())
+}
+
+fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// The durable consumer of a config.
+fn consumer_name(gw: &Gateway, task_id: &str, id: &str) -> String {
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{task_id}/{id}").as_bytes(),
+    );
+    let hex: String = digest.as_ref()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}-a2apush-{hex}", gw.config.prefix)
+}
+
+async fn events_stream(gw: &Gateway) -> Result<jetstream::stream::Stream, String> {
+    jetstream::new(gw.queue.client().clone())
+        .get_stream(gw.queue.names().interactions_stream())
+        .await
+        .map_err(|e| format!("cannot open the events stream: {e}"))
+}
+
+/// Creates a config's consumer, or gets it.
+async fn ensure_consumer(
+    gw: &Gateway,
+    run_id: RunId,
+    id: &str,
+) -> Result<consumer::PullConsumer, String> {
+    let name = consumer_name(gw, &run_id.to_string(), id);
+    events_stream(gw)
+        .await?
+        .get_or_create_consumer(
+            &name,
+            consumer::pull::Config {
+                durable_name: Some(name.clone()),
+                description: Some("A2A push notifications of one task (docs/protocols.md)".into()),
+                filter_subjects: super::events::run_filters(gw, run_id),
+                deliver_policy: consumer::DeliverPolicy::All,
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: gw.config.webhooks.ack_wait,
+                max_ack_pending: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| format!("cannot create the consumer: {e}"))
+}
+
+async fn delete_consumer(gw: &Gateway, task_id: &str, id: &str) {
+    let name = consumer_name(gw, task_id, id);
+    if let Ok(stream) = events_stream(gw).await
+        && let Err(e) = stream.delete_consumer(&name).await
+    {
+        tracing::debug!(error = %e, "a2a push: consumer not deleted");
+    }
+}
+
+/// `CreateTaskPushNotificationConfig`, or a `SendMessage`'s config for the task it started
+/// or continued (`task`).
+pub async fn create(
+    gw: &Arc<Gateway>,
+    headers: &HeaderMap,
+    c: ConfigIn,
+    task: Option<RunId>,
+) -> Result<Value, RpcError> {
+    supported(gw)?;
+    let who = caller(gw, headers, READ)?;
+    let run_id = match (task, c.task_id.as_deref()) {
+        (Some(t), _) => t,
+        (None, Some(t)) => rpc::task_id(t)?,
+        (None, None) => return Err(RpcError::params("`params.taskId` is required")),
+    };
+    if c.authentication.is_some() {
+        return Err(invalid(
+            "`authentication` is not kept: notifications carry a JWT signed with this gateway's key (JWKS at /.well-known/jwks.json), and `token` is echoed in X-A2A-Notification-Token",
+        ));
+    }
+    let id = c
+        .id
+        .clone()
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    if !valid_id(&id) {
+        return Err(invalid(
+            "`id`: 1 to 64 letters, digits, `-`, `_` or `.`",
+        ));
+    }
+    if c.url.len() > 2048 {
+        return Err(invalid("`url` is longer than 2048 characters"));
+    }
+    let target = allow::check_url(&c.url, &gw.config.webhooks.allow).map_err(invalid)?;
+    allow::check_resolved(&target, &gw.config.webhooks.allow)
+        .await
+        .map_err(invalid)?;
+    gw.store.record(run_id).await?;
+    let task_id = run_id.to_string();
+    let existing = gw.store.a2a_pushes_of(&task_id).await?;
+    if existing.len() >= MAX_PER_TASK && !existing.iter().any(|e| e.id == id) {
+        return Err(invalid(format!(
+            "a task has at most {MAX_PER_TASK} push configs: delete one first"
+        )));
+    }
+    let sealed_token = match c.token.as_deref().filter(|t| !t.is_empty()) {
+        Some(t) if t.len() > 512 => return Err(invalid("`token` is longer than 512 characters")),
+        Some(t) => Some(gw.store.a2a_seal_token(&task_id, &id, t).map_err(|_| {
+            invalid("a push config's `token` is stored sealed: this fleet needs DELTA_SECRETS_KEY for it (or send no token)")
+        })?),
+        None => None,
+    };
+    let config = A2aPushConfig {
+        id: id.clone(),
+        task_id: task_id.clone(),
+        url: c.url.trim().to_owned(),
+        sealed_token,
+        created_by: who.name.clone(),
+        created_at: Timestamp::now(),
+    };
+    // The consumer first: it starts at the run's first event whenever it is made, and a config
+    // without one would wait for the delivery loop to make it.
+    ensure_consumer(gw, run_id, &id).await.map_err(|e| {
+        tracing::warn!(error = %e, "a2a push: no consumer");
+        RpcError::from(ApiError::unavailable(
+            "cannot set up the delivery (NATS); try again",
+        ))
+    })?;
+    gw.store.a2a_put_push(&config).await?;
+    tracing::info!(task = %task_id, id = %id, url = %crate::webhooks::redacted(&config.url), "a2a push config set");
+    Ok(view(&config))
+}
+
+async fn found(gw: &Gateway, task_id: &str, id: &str) -> Result<A2aPushConfig, RpcError> {
+    let run_id = rpc::task_id(task_id)?;
+    gw.store.record(run_id).await?;
+    gw.store.a2a_push(task_id, id).await?.ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::NotFound,
+            format!(
+                "no push config `{}` on this task",
+                id.chars().take(64).collect::<String>()
+            ),
+        )
+        .into()
+    })
+}
+
+pub async fn get(gw: &Arc<Gateway>, headers: &HeaderMap, p: ConfigRef) -> Result<Value, RpcError> {
+    supported(gw)?;
+    caller(gw, headers, READ)?;
+    Ok(view(&found(gw, &p.task_id, &p.id).await?))
+}
+
+pub async fn list(gw: &Arc<Gateway>, headers: &HeaderMap, p: ConfigList) -> Result<Value, RpcError> {
+    supported(gw)?;
+    caller(gw, headers, READ)?;
+    let run_id = rpc::task_id(&p.task_id)?;
+    gw.store.record(run_id).await?;
+    let configs: Vec<Value> = gw
+        .store
+        .a2a_pushes_of(&p.task_id)
+        .await?
+        .iter()
+        .map(view)
+        .collect();
+    Ok(json!({"configs": configs, "nextPageToken": ""}))
+}
+
+pub async fn delete(
+    gw: &Arc<Gateway>,
+    headers: &HeaderMap,
+    p: ConfigRef,
+) -> Result<Value, RpcError> {
+    supported(gw)?;
+    caller(gw, headers, READ)?;
+    found(gw, &p.task_id, &p.id).await?;
+    gw.store.a2a_delete_push(&p.task_id, &p.id).await?;
+    delete_consumer(gw, &p.task_id, &p.id).await;
+    tracing::info!(task = %p.task_id, id = %p.id, "a2a push config deleted");
+    Ok(json!({}))
+}
+
+/// Keeps a delivery session per config until shutdown.
+pub async fn run(gw: Arc<Gateway>) {
+    if gw.config.a2a.signing_key.is_none() {
+        return;
+    }
+    let http = match deliver::client(&gw.config.webhooks) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %delta_host::Chain(&e), "a2a push: no HTTP client; none will be delivered by this gateway");
+            return;
+        }
+    };
+    let mut sessions: HashMap<(String, String), (CancellationToken, tokio::task::JoinHandle<()>)> =
+        HashMap::new();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(EVERY) => {}
+            () = gw.shutdown.cancelled() => break,
+        }
+        sessions.retain(|_, (_, h)| !h.is_finished());
+        let all: HashSet<(String, String)> = match gw.store.a2a_all_pushes().await {
+            Ok(l) => l.into_iter().collect(),
+            Err(e) => {
+                tracing::warn!(error = %delta_host::Chain(&e), "a2a push: cannot list configs");
+                continue;
+            }
+        };
+        for (key, (stop, _)) in &sessions {
+            if !all.contains(key) {
+                stop.cancel();
+            }
+        }
+        for key in all {
+            if sessions.contains_key(&key) {
+                continue;
+            }
+            let stop = gw.shutdown.child_token();
+            let handle = tokio::spawn(session(
+                gw.clone(),
+                http.clone(),
+                key.0.clone(),
+                key.1.clone(),
+                stop.clone(),
+            ));
+            sessions.insert(key, (stop, handle));
+        }
+    }
+    for (_, (stop, handle)) in sessions {
+        stop.cancel();
+        let _ = handle.await;
+    }
+}
+
+async fn session(
+    gw: Arc<Gateway>,
+    http: reqwest::Client,
+    task_id: String,
+    id: String,
+    stop: CancellationToken,
+) {
+    if let Err(e) = session_inner(&gw, &http, &task_id, &id, &stop).await {
+        tracing::warn!(task = %task_id, id = %id, error = %e, "a2a push session ended; starting again");
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = stop.cancelled() => {}
+        }
+    }
+}
+
+async fn session_inner(
+    gw: &Arc<Gateway>,
+    http: &reqwest::Client,
+    task_id: &str,
+    id: &str,
+    stop: &CancellationToken,
+) -> Result<(), String> {
+    let Ok(run_id) = task_id.parse::<RunId>() else {
+        let _ = gw.store.a2a_delete_push(task_id, id).await;
+        return Ok(());
+    };
+    let consumer = ensure_consumer(gw, run_id, id).await?;
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(1)
+        .expires(Duration::from_secs(5))
+        .messages()
+        .await
+        .map_err(|e| format!("cannot pull: {e}"))?;
+    loop {
+        let msg = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            m = messages.next() => match m {
+                None => return Err("the pull ended".into()),
+                Some(Err(e)) => return Err(format!("pull: {e}")),
+                Some(Ok(msg)) => msg,
+            },
+        };
+        let Some(config) = gw
+            .store
+            .a2a_push(task_id, id)
+            .await
+            .map_err(|e| delta_host::Chain(&e).to_string())?
+        else {
+            // Deleted meanwhile: the event stays for nobody.
+            delete_consumer(gw, task_id, id).await;
+            return Ok(());
+        };
+        let Some((body, end)) = notification(run_id, &msg.payload) else {
+            let _ = msg.double_ack().await;
+            continue;
+        };
+        let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+        let outcome = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            r = post(gw, http, &config, &body) => r,
+        };
+        match outcome {
+            Ok(()) => {
+                if let Err(e) = msg.double_ack().await {
+                    tracing::warn!(task = %task_id, error = %e, "a2a push: an ack was lost (a duplicate may follow)");
+                }
+                if end {
+                    let _ = gw.store.a2a_delete_push(task_id, id).await;
+                    delete_consumer(gw, task_id, id).await;
+                    return Ok(());
+                }
+            }
+            Err(why) => {
+                let s = &gw.config.webhooks;
+                let wait = deliver::backoff(
+                    s.retry_first,
+                    s.retry_max,
+                    u32::try_from(delivered).unwrap_or(u32::MAX),
+                    0.0,
+                );
+                tracing::info!(task = %task_id, id = %id, attempt = delivered, error = %why, "a2a push attempt failed");
+                let _ = msg.ack_with(AckKind::Nak(Some(wait))).await;
+            }
+        }
+    }
+}
+
+/// The notification of one event of `run_id`: a `StreamResponse` with its `statusUpdate`, and
+/// whether it ends the run; `None` for an event that changes nothing a client sees (a claim, an
+/// escalation, a question closed because its run was cancelled: the run's end follows).
+pub fn notification(run_id: RunId, payload: &[u8]) -> Option<(Vec<u8>, bool)> {
+    let ce = ev::decode::<Value>(payload).ok()?;
+    let ty = EventType::from_ce_type(&ce.ty)?;
+    let (state, message) = match ty {
+        EventType::InteractionRequested => {
+            let q: InteractionRequest = serde_json::from_value(ce.data.clone()).ok()?;
+            let (state, message) = task::question_status(run_id, &q, None);
+            (state, Some(message))
+        }
+        EventType::InteractionAnswered | EventType::InteractionExpired => (State::Working, None),
+        EventType::RunCompleted | EventType::RunFailed | EventType::RunCancelled => {
+            let f: RunFinished = serde_json::from_value(ce.data.clone()).ok()?;
+            task::ended_status(run_id, f.status, f.result, f.error)
+        }
+        EventType::InteractionCancelled
+        | EventType::InteractionUpdated
+        | EventType::InteractionEscalated => return None,
+    };
+    let mut status = json!({"state": state.wire(), "timestamp": ce.time.to_string()});
+    if let Some(m) = message {
+        status["message"] = m;
+    }
+    let body = json!({"statusUpdate": {
+        "taskId": run_id.to_string(),
+        "contextId": run_id.to_string(),
+        "status": status,
+        "metadata": {"event": ce.ty, "eventId": ce.id, "agent": ce.deltaagent},
+    }});
+    Some((body.to_string().into_bytes(), state.is_terminal()))
+}
+
+/// One attempt to post `body` to a config's URL.
+async fn post(
+    gw: &Gateway,
+    http: &reqwest::Client,
+    c: &A2aPushConfig,
+    body: &[u8],
+) -> Result<(), String> {
+    let key = gw
+        .config
+        .a2a
+        .signing_key
+        .as_ref()
+        .ok_or("no signing key")?;
+    let target = allow::check_url(&c.url, &gw.config.webhooks.allow)?;
+    let iat = Timestamp::now().micros() / 1_000_000;
+    let issuer = format!("delta-fleet:{}", gw.config.prefix);
+    let jwt = key.notification_jwt(&issuer, &c.task_id, body, iat);
+    let mut request = http
+        .post(target.url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header(reqwest::header::AUTHORIZATION, format!("Bearer {jwt}"))
+        .body(body.to_vec());
+    match gw.store.a2a_open_token(c) {
+        Ok(Some(token)) => request = request.header("X-A2A-Notification-Token", token),
+        Ok(None) => {}
+        Err(e) => return Err(format!("cannot open the token: {}", delta_host::Chain(&e))),
+    }
+    let resp = request.send().await.map_err(|e| {
+        let kind = if e.is_timeout() {
+            "timed out"
+        } else if e.is_connect() {
+            "cannot connect"
+        } else {
+            "request failed"
+        };
+        format!("{kind}: {}", delta_host::Chain(&e.without_url()))
+    })?;
+    let status = resp.status();
+    if status.is_success() {
+        Ok(())
+    } else if status.is_redirection() {
+        Err(format!("HTTP {status} (redirects are not followed)"))
+    } else {
+        Err(format!("HTTP {status}"))
+    }
+}

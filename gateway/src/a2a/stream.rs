@@ -1,0 +1,154 @@
+//! `SendStreamingMessage` and `SubscribeToTask`: server-sent events, each a JSON-RPC response
+//! whose `result` is a `StreamResponse`: the task first, then a `statusUpdate` each time its state
+//! or question changes. The stream ends after a terminal or interrupted (`input-required`,
+//! `auth-required`) state, as A2A's own servers end theirs: a client answers and subscribes
+//! again.
+//!
+//! Fed by the run's live events ([`super::events`]): each one wakes the stream, which reads the
+//! task from the store (the one truth) and sends it if it changed. The consumer is made before
+//! the first read, so nothing that happens after the read is missed; a read every few seconds
+//! besides is a safety net for an event that never came (a NATS hiccup).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use delta_protocol::RunId;
+
+use super::rpc::{self, Call, READ, RpcError};
+use super::task::{self, LinkFor};
+use crate::Gateway;
+use crate::api::caller;
+use crate::error::ApiError;
+
+/// How often a followed task is read even without an event.
+const RECHECK: Duration = Duration::from_secs(5);
+
+fn sse_data(id: &Value, result: Value) -> Event {
+    Event::default().data(json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string())
+}
+
+pub async fn handle(gw: Arc<Gateway>, headers: HeaderMap, call: Call) -> Response {
+    let id = call.id.clone();
+    match start(&gw, &headers, call).await {
+        Ok(r) => r,
+        Err(e) => rpc::response(&id, Err(e)),
+    }
+}
+
+async fn start(gw: &Arc<Gateway>, headers: &HeaderMap, call: Call) -> Result<Response, RpcError> {
+    let who = caller(gw, headers, READ)?;
+    let permit = gw.streams.clone().try_acquire_owned().map_err(|_| {
+        ApiError::unavailable(
+            "this gateway serves as many live streams as it can; try again shortly or use another gateway",
+        )
+    })?;
+    let run_id = if call.method == "SubscribeToTask" {
+        let q: rpc::TaskQuery = rpc::params(call.params)?;
+        let run_id = rpc::task_id(&q.id)?;
+        gw.store.record(run_id).await?;
+        run_id
+    } else {
+        let p: rpc::SendParams = rpc::params(call.params)?;
+        rpc::accept_message(gw, headers, p).await?.run_id
+    };
+    let events = super::events::live(gw, run_id).await?;
+    let first = task::snapshot(
+        gw,
+        run_id,
+        Some(LinkFor {
+            headers,
+            identity: &who,
+        }),
+    )
+    .await?;
+    let (tx, rx) = mpsc::channel::<Event>(16);
+    let id = call.id;
+    let gw2 = gw.clone();
+    let headers = headers.clone();
+    gw.tasks.spawn(async move {
+        let _permit = permit;
+        let mut events = std::pin::pin!(events);
+        let mut last = first.key();
+        let done = first.state.is_terminal() || first.state.is_interrupted();
+        if tx
+            .send(sse_data(&id, json!({"task": first.task})))
+            .await
+            .is_err()
+            || done
+        {
+            return;
+        }
+        loop {
+            tokio::select! {
+                _ = events.next() => {}
+                () = tokio::time::sleep(RECHECK) => {}
+                () = tx.closed() => return,
+                () = gw2.shutdown.cancelled() => return,
+            }
+            let link = LinkFor {
+                headers: &headers,
+                identity: &who,
+            };
+            let now = match task::snapshot(&gw2, run_id, Some(link)).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let error = json!({"jsonrpc": "2.0", "id": id, "error": RpcError::from(e).body()});
+                    let _ = tx.send(Event::default().data(error.to_string())).await;
+                    return;
+                }
+            };
+            if now.key() == last {
+                continue;
+            }
+            last = now.key();
+            let end = now.state.is_terminal() || now.state.is_interrupted();
+            if tx
+                .send(sse_data(&id, json!({"statusUpdate": now.status_update()})))
+                .await
+                .is_err()
+                || end
+            {
+                return;
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// Returns once `run_id` waits on someone or is over (or cannot be read).
+pub async fn settled(gw: &Gateway, run_id: RunId) {
+    let events = super::events::live(gw, run_id).await;
+    let mut events = match events {
+        Ok(e) => Some(Box::pin(e)),
+        Err(_) => None,
+    };
+    loop {
+        match task::snapshot(gw, run_id, None).await {
+            Ok(s) if s.state.is_terminal() || s.state.is_interrupted() => return,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+        match &mut events {
+            Some(e) => {
+                tokio::select! {
+                    _ = e.next() => {}
+                    () = tokio::time::sleep(RECHECK) => {}
+                }
+            }
+            None => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
