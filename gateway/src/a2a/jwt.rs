@@ -164,7 +164,10 @@ mod tests {
         let b = SigningKey::from_bytes(der.as_ref()).unwrap();
         assert_eq!(a.kid(), b.kid());
         assert!(SigningKey::from_bytes(b"nonsense").is_err());
-        assert!(SigningKey::from_bytes(b"-----BEGIN PRIVATE KEY-----\n!!\n-----END PRIVATE KEY-----").is_err());
+        assert!(
+            SigningKey::from_bytes(b"-----BEGIN PRIVATE KEY-----\n!!\n-----END PRIVATE KEY-----")
+                .is_err()
+        );
         assert!(SigningKey::from_bytes(b"-----BEGIN RSA PRIVATE KEY-----\n").is_err());
     }
 }

@@ -60,8 +60,9 @@ impl Settings {
                 }
             },
             Err(e) => {
-                s.errors
-                    .push(format!("{from}: cannot read `{path}`, the A2A signing key: {e}"));
+                s.errors.push(format!(
+                    "{from}: cannot read `{path}`, the A2A signing key: {e}"
+                ));
                 None
             }
         };

@@ -120,10 +120,7 @@ fn valid_id(id: &str) -> bool {
 
 /// The durable consumer of a config.
 fn consumer_name(gw: &Gateway, task_id: &str, id: &str) -> String {
-    let digest = ring::digest::digest(
-        &ring::digest::SHA256,
-        format!("{task_id}/{id}").as_bytes(),
-    );
+    let digest = ring::digest::digest(&ring::digest::SHA256, format!("{task_id}/{id}").as_bytes());
     let hex: String = digest.as_ref()[..12]
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -193,15 +190,12 @@ pub async fn create(
             "`authentication` is not kept: notifications carry a JWT signed with this gateway's key (JWKS at /.well-known/jwks.json), and `token` is echoed in X-A2A-Notification-Token",
         ));
     }
-    let id = c
-        .id
-        .clone()
-        .filter(|i| !i.is_empty())
-        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let id =
+        c.id.clone()
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     if !valid_id(&id) {
-        return Err(invalid(
-            "`id`: 1 to 64 letters, digits, `-`, `_` or `.`",
-        ));
+        return Err(invalid("`id`: 1 to 64 letters, digits, `-`, `_` or `.`"));
     }
     if c.url.len() > 2048 {
         return Err(invalid("`url` is longer than 2048 characters"));
@@ -267,7 +261,11 @@ pub async fn get(gw: &Arc<Gateway>, headers: &HeaderMap, p: ConfigRef) -> Result
     Ok(view(&found(gw, &p.task_id, &p.id).await?))
 }
 
-pub async fn list(gw: &Arc<Gateway>, headers: &HeaderMap, p: ConfigList) -> Result<Value, RpcError> {
+pub async fn list(
+    gw: &Arc<Gateway>,
+    headers: &HeaderMap,
+    p: ConfigList,
+) -> Result<Value, RpcError> {
     supported(gw)?;
     caller(gw, headers, READ)?;
     let run_id = rpc::task_id(&p.task_id)?;
@@ -479,12 +477,7 @@ async fn post(
     c: &A2aPushConfig,
     body: &[u8],
 ) -> Result<(), String> {
-    let key = gw
-        .config
-        .a2a
-        .signing_key
-        .as_ref()
-        .ok_or("no signing key")?;
+    let key = gw.config.a2a.signing_key.as_ref().ok_or("no signing key")?;
     let target = allow::check_url(&c.url, &gw.config.webhooks.allow)?;
     let iat = Timestamp::now().micros() / 1_000_000;
     let issuer = format!("delta-fleet:{}", gw.config.prefix);

@@ -342,15 +342,13 @@ async fn dispatch(
 
 /// A task id: a run id.
 pub fn task_id(raw: &str) -> Result<RunId, RpcError> {
-    raw.parse().map_err(|_| {
-        RpcError {
-            code: TASK_NOT_FOUND,
-            message: format!(
-                "no task `{}` (a task id is a run id, a UUID)",
-                raw.chars().take(100).collect::<String>()
-            ),
-            gateway: Some(ErrorCode::NotFound),
-        }
+    raw.parse().map_err(|_| RpcError {
+        code: TASK_NOT_FOUND,
+        message: format!(
+            "no task `{}` (a task id is a run id, a UUID)",
+            raw.chars().take(100).collect::<String>()
+        ),
+        gateway: Some(ErrorCode::NotFound),
     })
 }
 
@@ -664,15 +662,11 @@ pub fn answer_of(q: &InteractionRequest, parts: &[Part]) -> Result<AnswerBody, R
             "name an option: its id or label as text, or a data part {\"option_id\": …}",
         ));
     }
-    let option = q
-        .options
-        .iter()
-        .find(|o| o.option_id == first)
-        .or_else(|| {
-            q.options.iter().find(|o| {
-                o.option_id.eq_ignore_ascii_case(&first) || o.label.eq_ignore_ascii_case(&first)
-            })
-        });
+    let option = q.options.iter().find(|o| o.option_id == first).or_else(|| {
+        q.options.iter().find(|o| {
+            o.option_id.eq_ignore_ascii_case(&first) || o.label.eq_ignore_ascii_case(&first)
+        })
+    });
     body.option_id = Some(option.map_or(first, |o| o.option_id.clone()));
     body.input = rest.filter(|r| !r.is_empty());
     body.data = data.first().map(|d| (*d).clone());
@@ -794,7 +788,10 @@ mod tests {
         let choice = question(&[("approve", "Approve")]);
         let a = answer_of(
             &choice,
-            &[part(None, Some(json!({"option_id": "approve", "feedback": "ok"})))],
+            &[part(
+                None,
+                Some(json!({"option_id": "approve", "feedback": "ok"})),
+            )],
         )
         .unwrap();
         assert_eq!(a.option_id.as_deref(), Some("approve"));
@@ -802,13 +799,7 @@ mod tests {
         let free = question(&[]);
         let a = answer_of(&free, &[part(None, Some(json!({"email": "a@b.c"})))]).unwrap();
         assert_eq!(a.data, Some(json!({"email": "a@b.c"})));
-        assert!(
-            answer_of(
-                &free,
-                &[part(None, Some(json!({"option_id": 3})))]
-            )
-            .is_err()
-        );
+        assert!(answer_of(&free, &[part(None, Some(json!({"option_id": 3})))]).is_err());
     }
 
     #[test]

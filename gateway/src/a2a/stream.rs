@@ -100,7 +100,8 @@ async fn start(gw: &Arc<Gateway>, headers: &HeaderMap, call: Call) -> Result<Res
             let now = match task::snapshot(&gw2, run_id, Some(link)).await {
                 Ok(s) => s,
                 Err(e) => {
-                    let error = json!({"jsonrpc": "2.0", "id": id, "error": RpcError::from(e).body()});
+                    let error =
+                        json!({"jsonrpc": "2.0", "id": id, "error": RpcError::from(e).body()});
                     let _ = tx.send(Event::default().data(error.to_string())).await;
                     return;
                 }

@@ -178,7 +178,11 @@ fn question_data(q: &InteractionRequest) -> Value {
 
 /// The status of a task waiting on question `q`: `input-required` with the question as text and
 /// data, or, for a sensitive question, `auth-required` with the inbox link `url` (if made).
-pub fn question_status(run_id: RunId, q: &InteractionRequest, url: Option<String>) -> (State, Value) {
+pub fn question_status(
+    run_id: RunId,
+    q: &InteractionRequest,
+    url: Option<String>,
+) -> (State, Value) {
     if q.is_sensitive() {
         let text = match &url {
             Some(u) => format!(

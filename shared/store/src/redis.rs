@@ -70,8 +70,8 @@ mod webhooks;
 // A2A push-notification configs (gateway/src/a2a).
 mod a2a;
 
-pub use webhooks::{Webhook, WebhookSecrets, WebhookState};
 pub use a2a::A2aPushConfig;
+pub use webhooks::{Webhook, WebhookSecrets, WebhookState};
 
 use conn::{Client, Conn};
 pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};

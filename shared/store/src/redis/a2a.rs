@@ -149,10 +149,7 @@ impl RedisRunStore {
             .map_err(backend)?;
         Ok(all
             .into_iter()
-            .filter_map(|m| {
-                m.split_once('/')
-                    .map(|(t, i)| (t.to_owned(), i.to_owned()))
-            })
+            .filter_map(|m| m.split_once('/').map(|(t, i)| (t.to_owned(), i.to_owned())))
             .collect())
     }
 }

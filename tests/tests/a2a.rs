@@ -1,0 +1,316 @@
+//! The A2A server (`/a2a`, the agent card, the JWKS) through a real fleet (nats-server,
+//! redis-server, gateway and worker processes), driven by the official A2A Python SDK
+//! (PyPI `a2a-sdk`, tests/py/a2a_client.py): the card lists the fleet's agents as skills; a
+//! message to `hello` is `input-required`, a message on the task answers it, and the task
+//! completes; `deployer` is followed through streams (plan, a sensitive key that is
+//! `auth-required` with a link and refused through A2A, a choice, an approval); a task is
+//! cancelled; a bad answer is refused with the gateway's code; push notifications reach a
+//! receiver, each JWT verified by PyJWT against the served JWKS.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use delta_e2e::fleet::Fleet;
+use serde_json::{Value, json};
+
+const KEY: &str = "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e";
+
+/// A fleet with `deployer` too, an A2A signing key, and push notifications allowed to loopback.
+async fn fleet(prefix: &str) -> (Fleet, tempfile::TempDir) {
+    let keys = tempfile::tempdir().expect("tmp");
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
+        .expect("key");
+    let key_file = keys.path().join("a2a.der");
+    std::fs::write(&key_file, pkcs8.as_ref()).expect("write key");
+    let key_path = key_file.display().to_string();
+    let fleet = Fleet::start_with(prefix, 1, 1, |s| {
+        s.secrets_key_hex = Some(KEY.to_owned());
+        s.extra.extend([
+            ("DELTA_WEBHOOK_ALLOW", "127.0.0.1/32".to_owned()),
+            ("DELTA_WEBHOOK_RETRY_FIRST_S", "0.2".to_owned()),
+            ("DELTA_WEBHOOK_RETRY_MAX_S", "1".to_owned()),
+            ("DELTA_WEBHOOK_ACK_WAIT_S", "3".to_owned()),
+            ("DELTA_A2A_SIGNING_KEY", key_path.clone()),
+        ]);
+    })
+    .await;
+    let from = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/deployer");
+    let to = fleet.gateway_spec.agents_dir.join("deployer");
+    std::fs::create_dir_all(&to).expect("mkdir");
+    for entry in std::fs::read_dir(&from).expect("deployer") {
+        let path = entry.expect("entry").path();
+        if path.is_file() {
+            std::fs::copy(&path, to.join(path.file_name().expect("name"))).expect("copy");
+        }
+    }
+    (fleet, keys)
+}
+
+/// Runs one scenario of tests/py/a2a_client.py; its report.
+fn scenario(fleet: &Fleet, name: &str) -> Value {
+    let python = delta_e2e::test_python();
+    let has_sdk = Command::new(&python)
+        .args(["-c", "import a2a.client, jwt"])
+        .current_dir(std::env::temp_dir())
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has_sdk,
+        "{} lacks a2a-sdk or PyJWT: run deploy/install-test-python.sh",
+        python.display()
+    );
+    // Outside the package's directory (STACK.md trap 13).
+    let out = Command::new(&python)
+        .arg(delta_e2e::python_scripts().join("a2a_client.py"))
+        .arg(fleet.gateway_spec.url())
+        .arg(name)
+        .current_dir(std::env::temp_dir())
+        .output()
+        .expect("python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "scenario {name} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    let report: Value =
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("{name}: not JSON ({e}): {stdout}"));
+    eprintln!("{name}: {report}");
+    report
+}
+
+async fn rpc(fleet: &Fleet, body: &str, content_type: &str) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}/a2a", fleet.gateway_spec.url()))
+        .header("content-type", content_type)
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("post");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_card_lists_the_agents_and_a_question_is_answered_through_a2a() {
+    let (fleet, _keys) = fleet("a2ahello").await;
+
+    let card = scenario(&fleet, "card");
+    let skills: Vec<&str> = card["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for agent in ["hello", "deployer", "secret", "chooser"] {
+        assert!(skills.contains(&agent), "{agent} is not a skill: {card}");
+    }
+    assert_eq!(card["bindings"], json!(["JSONRPC"]), "{card}");
+    assert_eq!(card["versions"], json!(["1.0"]), "{card}");
+    assert_eq!(
+        card["urls"],
+        json!([format!("{}/a2a", fleet.gateway_spec.url())])
+    );
+    assert_eq!(card["streaming"], true);
+    assert_eq!(card["push"], true);
+
+    let hello = scenario(&fleet, "hello");
+    assert_eq!(hello["first"], "TASK_STATE_INPUT_REQUIRED", "{hello}");
+    assert_eq!(hello["question"]["prompt"], "What is your name?", "{hello}");
+    assert!(
+        hello["prompt_text"]
+            .as_str()
+            .unwrap()
+            .contains("What is your name?")
+    );
+    assert_eq!(hello["final"], "TASK_STATE_COMPLETED", "{hello}");
+    assert_eq!(hello["result"], "Greeted Ada.", "{hello}");
+    assert_eq!(hello["context_id"], hello["task_id"]);
+    // A message on a task that no longer waits is refused with the gateway's code.
+    assert_eq!(hello["again"], "already_resolved", "{hello}");
+    // The answer took the gateway's one answer path, recorded as A2A's.
+    let run: delta_protocol::RunId = hello["task_id"].as_str().unwrap().parse().unwrap();
+    let journal = fleet
+        .store
+        .journal_from(run, 1, 10_000)
+        .await
+        .expect("journal");
+    let via: Vec<String> = journal
+        .iter()
+        .filter_map(|e| match &e.event {
+            delta_protocol::Event::HumanInputReceived(h) => Some(format!("{:?}", h.responder.via)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(via, vec!["A2a".to_owned()], "{journal:?}");
+
+    let bad = scenario(&fleet, "bad_answer");
+    assert_eq!(bad["first"], "TASK_STATE_INPUT_REQUIRED", "{bad}");
+    assert_eq!(
+        bad["options"],
+        json!(["confirm", "modify", "cancel"]),
+        "{bad}"
+    );
+    assert_eq!(bad["code"], "invalid_option", "{bad}");
+    assert_eq!(bad["still"], "TASK_STATE_INPUT_REQUIRED", "{bad}");
+    assert_eq!(bad["missing"], "TaskNotFoundError", "{bad}");
+
+    let cancel = scenario(&fleet, "cancel");
+    assert_eq!(cancel["first"], "TASK_STATE_INPUT_REQUIRED", "{cancel}");
+    assert_eq!(cancel["cancelled"], "TASK_STATE_CANCELED", "{cancel}");
+    assert_eq!(cancel["again"], "already_resolved", "{cancel}");
+    assert_eq!(cancel["get"], "TASK_STATE_CANCELED", "{cancel}");
+
+    // What no SDK sends: every one a JSON-RPC error, never a panic or an HTML page.
+    let cases = [
+        ("not json", -32700),
+        ("{\"jsonrpc\": \"2.0\", \"id\": 1}", -32600),
+        (
+            "{\"jsonrpc\": \"1.0\", \"id\": 1, \"method\": \"GetTask\"}",
+            -32600,
+        ),
+        (
+            "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"message/send\", \"params\": {}}",
+            -32601,
+        ),
+        (
+            "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"Nope\"}",
+            -32601,
+        ),
+        (
+            "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"GetTask\", \"params\": {\"id\": \"x\", \"bogus\": 1}}",
+            -32602,
+        ),
+        (
+            "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"GetTask\", \"params\": {\"id\": \"x\"}}",
+            -32001,
+        ),
+        (
+            "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"SendMessage\", \"params\": {\"message\": {\"messageId\": \"m\", \"parts\": []}}}",
+            -32602,
+        ),
+        ("[1, 2]", -32600),
+    ];
+    for (body, code) in cases {
+        let (status, b) = rpc(&fleet, body, "application/json").await;
+        assert_eq!(status, 200, "{body}: {b}");
+        assert_eq!(b["error"]["code"], code, "{body}: {b}");
+    }
+    // The gateway's own rule holds here too: a POST that is not JSON is refused.
+    let (status, _) = rpc(&fleet, "{}", "text/plain").await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deployer_run_is_streamed_and_its_sensitive_question_is_auth_required() {
+    let (fleet, _keys) = fleet("a2astream").await;
+    let s = scenario(&fleet, "stream");
+    assert_eq!(s["final"], "TASK_STATE_COMPLETED", "{s}");
+    let seen: Vec<&str> = s["seen"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    // Each stream ends where someone is needed, or at the end.
+    let ends: Vec<&str> = seen
+        .split(|x| *x == "|")
+        .filter_map(|stream| stream.last().copied())
+        .filter(|x| *x != "TASK_STATE_WORKING")
+        .collect();
+    assert_eq!(
+        ends,
+        vec![
+            "TASK_STATE_INPUT_REQUIRED",
+            "TASK_STATE_AUTH_REQUIRED",
+            "TASK_STATE_INPUT_REQUIRED",
+            "TASK_STATE_INPUT_REQUIRED",
+            "TASK_STATE_COMPLETED",
+        ],
+        "{s}"
+    );
+    assert_eq!(s["key_sensitive"], true, "{s}");
+    let link = s["link"].as_str().expect("a link");
+    assert!(link.starts_with("http://127.0.0.1:"), "{link}");
+    assert!(s["key_text"].as_str().unwrap().contains(link), "{s}");
+    // The secret sent through A2A is refused, and not echoed back.
+    assert_eq!(
+        s["refused"],
+        json!({"code": "forbidden", "echoed": false}),
+        "{s}"
+    );
+    assert_eq!(s["env_options"], json!(["staging", "production", "other"]));
+    assert_eq!(s["approval_type"], "TOOL_APPROVAL", "{s}");
+    // Neither secret reached the journal.
+    let run: delta_protocol::RunId = s["task_id"].as_str().unwrap().parse().unwrap();
+    let journal = serde_json::to_string(
+        &fleet
+            .store
+            .journal_from(run, 1, 10_000)
+            .await
+            .expect("journal"),
+    )
+    .unwrap();
+    assert!(!journal.contains("s3cret-key"), "a secret in the journal");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn push_notifications_are_signed_with_the_gateways_key() {
+    let (fleet, _keys) = fleet("a2apush").await;
+    let p = scenario(&fleet, "push");
+    let states: Vec<&str> = p["states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    // In order, each at least once: asked, answered, done.
+    let mut firsts: Vec<&str> = vec![];
+    for s in &states {
+        if !firsts.contains(s) {
+            firsts.push(s);
+        }
+    }
+    assert_eq!(
+        firsts,
+        vec![
+            "TASK_STATE_INPUT_REQUIRED",
+            "TASK_STATE_WORKING",
+            "TASK_STATE_COMPLETED"
+        ],
+        "{p}"
+    );
+    for v in p["verified"].as_array().unwrap() {
+        assert_eq!(v["kid_is_jwks"], true, "{v}");
+        assert_eq!(v["iat"], true, "{v}");
+        assert_eq!(v["task_id"], p["task_id"], "{v}");
+        assert_eq!(v["token"], "tok-123", "{v}");
+        assert_eq!(v["content_type"], "application/json", "{v}");
+    }
+    assert_eq!(p["forged_ok"], false);
+    assert_eq!(p["tamper_refused"], true);
+    // Listed without its token, and with its URL's path and query hidden.
+    let listed = &p["listed"][0];
+    assert_eq!(listed["taskId"], p["task_id"], "{p}");
+    assert!(listed.get("token").is_none(), "{p}");
+    assert!(
+        !listed["url"].as_str().unwrap().contains("in-the-url"),
+        "{p}"
+    );
+    // Once the end is delivered, the config and its consumer are gone.
+    let task = p["task_id"].as_str().unwrap();
+    delta_e2e::chaos::wait_until(
+        "the config is deleted",
+        std::time::Duration::from_secs(30),
+        || async {
+            fleet
+                .store
+                .a2a_pushes_of(task)
+                .await
+                .map(|c| c.is_empty())
+                .unwrap_or(false)
+        },
+    )
+    .await;
+}
