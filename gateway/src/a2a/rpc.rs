@@ -169,9 +169,9 @@ pub fn params<T: DeserializeOwned>(v: Value) -> Result<T, RpcError> {
     })
 }
 
-/// The envelope of a request: `Err` is the response to send at once.
-fn parse(bytes: Result<Bytes, BytesRejection>) -> Result<Call, Response> {
-    let null = Value::Null;
+/// The envelope of a request: `Err` is the error to answer at once, with the id to answer it
+/// under.
+fn parse(bytes: Result<Bytes, BytesRejection>) -> Result<Call, (Value, RpcError)> {
     let bytes = bytes.map_err(|e| {
         let (gateway, message) = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             (
@@ -185,23 +185,23 @@ fn parse(bytes: Result<Bytes, BytesRejection>) -> Result<Call, Response> {
                 format!("cannot read the request body: {e}"),
             )
         };
-        response(
-            &null,
-            Err(RpcError {
+        (
+            Value::Null,
+            RpcError {
                 code: INVALID_REQUEST,
                 message,
                 gateway: Some(gateway),
-            }),
+            },
         )
     })?;
     let value: Value = crate::api::strict_json(&bytes).map_err(|e| {
-        response(
-            &null,
-            Err(RpcError {
+        (
+            Value::Null,
+            RpcError {
                 code: PARSE_ERROR,
                 message: e.message,
                 gateway: Some(ErrorCode::BadRequest),
-            }),
+            },
         )
     })?;
     let id = value.get("id").cloned().unwrap_or(Value::Null);
@@ -210,28 +210,25 @@ fn parse(bytes: Result<Bytes, BytesRejection>) -> Result<Call, Response> {
         _ => Value::Null,
     };
     let req: Request = serde_json::from_value(value).map_err(|e| {
-        response(
-            &id,
-            Err(RpcError {
+        (
+            id.clone(),
+            RpcError {
                 code: INVALID_REQUEST,
                 message: format!("not a JSON-RPC 2.0 request: {e}"),
                 gateway: Some(ErrorCode::BadRequest),
-            }),
+            },
         )
     })?;
     if req.jsonrpc != "2.0" {
-        return Err(response(
-            &id,
-            Err(RpcError::new(INVALID_REQUEST, "`jsonrpc` must be \"2.0\"")),
+        return Err((
+            id,
+            RpcError::new(INVALID_REQUEST, "`jsonrpc` must be \"2.0\""),
         ));
     }
     if !matches!(req.id, None | Some(Value::String(_) | Value::Number(_))) {
-        return Err(response(
-            &Value::Null,
-            Err(RpcError::new(
-                INVALID_REQUEST,
-                "`id` must be a string or a number",
-            )),
+        return Err((
+            Value::Null,
+            RpcError::new(INVALID_REQUEST, "`id` must be a string or a number"),
         ));
     }
     Ok(Call {
@@ -273,7 +270,7 @@ pub async fn endpoint(
 ) -> Response {
     let call = match parse(bytes) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err((id, e)) => return response(&id, Err(e)),
     };
     if let Some(v) = unsupported_version(&headers) {
         return response(
