@@ -47,6 +47,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/interactions/{request_id}", get(get_interaction))
         .route("/v1/interactions/{request_id}/response", post(respond))
         .route("/v1/interactions/{request_id}/claim", post(claim))
+        .route("/v1/answer-links/open", post(open_link))
+        .route("/v1/answer-links/answer", post(answer_link))
         .route(
             "/v1/delegations",
             post(crate::delegations::create).get(crate::delegations::list),
@@ -78,6 +80,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/", get(crate::inbox::page))
         .route("/runs/{run_id}", get(crate::inbox::page))
+        .route("/answer", get(crate::inbox::page))
         .route("/inbox.js", get(crate::inbox::script))
         .route("/inbox.css", get(crate::inbox::style))
         .merge(crate::a2a::router())
@@ -562,6 +565,21 @@ async fn respond(
         run_id: answered.run_id,
         tally: answered.tally,
     }))
+}
+
+/// No token: the link's secret is the credential (crate::links).
+async fn open_link(
+    State(gw): Shared,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<delta_api::links::LinkView>, ApiError> {
+    Ok(Json(crate::links::open(&gw, body(bytes)?).await?))
+}
+
+async fn answer_link(
+    State(gw): Shared,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<AnswerAccepted>, ApiError> {
+    Ok(Json(crate::links::answer(&gw, body(bytes)?).await?))
 }
 
 async fn claim(

@@ -222,12 +222,21 @@ async def stream_scenario(http):
             pass
     except UnsupportedOperationError as e:
         refused = {"code": (e.data or {}).get("code"), "echoed": "s3cret-key-via-a2a" in str(e)}
-    # Answered where sensitive answers go: the gateway's answer path (the inbox's API).
+    # Answered where sensitive answers go: the inbox, through the one-time link (what the
+    # inbox's page does with `#link=`).
+    secret_link = link.split("#link=", 1)[1]
+    r = await http.post(f"{BASE}/v1/answer-links/open", json={"link": secret_link})
+    assert r.status_code == 200, r.text
+    opened = r.json()
     r = await http.post(
-        f"{BASE}/v1/interactions/{key_q['request_id']}/response",
-        json={"input": "s3cret-key-inbox"},
+        f"{BASE}/v1/answer-links/answer",
+        json={"link": secret_link, "answer": {"input": "s3cret-key-inbox"}},
     )
     assert r.status_code == 200, r.text
+    reused = await http.post(
+        f"{BASE}/v1/answer-links/answer",
+        json={"link": secret_link, "answer": {"input": "s3cret-key-inbox"}},
+    )
     seen.append("|")
     _, last = await collect(client.subscribe(SubscribeToTaskRequest(id=task_id)), seen)
     while state_name(last.state) == "TASK_STATE_WORKING":
@@ -264,6 +273,8 @@ async def stream_scenario(http):
         "link": link,
         "key_text": key_text,
         "refused": refused,
+        "opened_request": opened["request_id"] == key_q["request_id"],
+        "link_reused": reused.status_code,
         "env_options": [o["option_id"] for o in env_q["options"]],
         "approval_type": approval_q.get("type"),
     }

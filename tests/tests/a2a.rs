@@ -233,6 +233,10 @@ async fn a_deployer_run_is_streamed_and_its_sensitive_question_is_auth_required(
     assert_eq!(s["key_sensitive"], true, "{s}");
     let link = s["link"].as_str().expect("a link");
     assert!(link.starts_with("http://127.0.0.1:"), "{link}");
+    assert!(link.contains("#link="), "{link}");
+    // The link opened that very question, answered it once, and is spent.
+    assert_eq!(s["opened_request"], true, "{s}");
+    assert_eq!(s["link_reused"], 404, "{s}");
     assert!(s["key_text"].as_str().unwrap().contains(link), "{s}");
     // The secret sent through A2A is refused, and not echoed back.
     assert_eq!(

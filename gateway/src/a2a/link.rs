@@ -1,45 +1,33 @@
-//! The inbox link an `auth-required` status carries, and the gateway's own address as a client
-//! reached it.
-//!
-//! TEMPORARY: until the lead's `crate::links::answer_link` (one-time answer links) is on main,
-//! this stand-in with the same signature links to the run's page in the inbox (not one-time).
-//! Replace its body with a call to `crate::links::answer_link` when merging.
+//! The one-time inbox link an `auth-required` status carries ([`crate::links`]), and the
+//! gateway's address for the agent card.
 
-use axum::http::{HeaderMap, header};
+use axum::http::HeaderMap;
 
-use delta_protocol::{RequestId, RunId};
+use delta_protocol::{RequestId, RunId, Via};
 
 use crate::Gateway;
-use crate::auth::Identity;
+use crate::auth::{Identity, Role};
 use crate::error::ApiError;
 
-/// A link to answer `request_id` of `run_id` in the inbox, for `identity`.
+/// A one-time link for `identity` to answer `request_id` of `run_id` in the inbox, recorded as
+/// an A2A answer; `None` for a caller that may not answer (a reader still sees the task).
 pub async fn answer_link(
     gw: &Gateway,
     headers: &HeaderMap,
-    _identity: &Identity,
+    identity: &Identity,
     run_id: RunId,
-    _request_id: RequestId,
-) -> Result<String, ApiError> {
-    Ok(format!("{}/runs/{run_id}", base_url(gw, headers)))
+    request_id: RequestId,
+) -> Result<Option<String>, ApiError> {
+    if !identity.has(Role::Answer) {
+        return Ok(None);
+    }
+    crate::links::answer_link(gw, headers, identity, None, Via::A2a, run_id, request_id)
+        .await
+        .map(Some)
 }
 
-/// The gateway's address as the client named it: `https` with TLS on, and the `Host` header
-/// (`localhost` when there is none).
+/// The gateway's address as links give it (`DELTA_PUBLIC_URL`, else the scheme it serves and
+/// the client's `Host`); `http://localhost` for a request without a usable `Host`.
 pub fn base_url(gw: &Gateway, headers: &HeaderMap) -> String {
-    let scheme = if gw.config.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .filter(|h| {
-            !h.is_empty()
-                && h.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-.:[]".contains(c))
-        })
-        .unwrap_or("localhost");
-    format!("{scheme}://{host}")
+    crate::links::base_url(gw, headers).unwrap_or_else(|_| "http://localhost".to_owned())
 }

@@ -273,10 +273,10 @@ pub async fn snapshot(
                 // A sensitive question is never answered through A2A: the secret goes to the
                 // inbox, through a one-time link made for the caller.
                 let url = match link {
-                    Some(l) if q.is_sensitive() => Some(
+                    Some(l) if q.is_sensitive() => {
                         super::link::answer_link(gw, l.headers, l.identity, run_id, q.request_id)
-                            .await?,
-                    ),
+                            .await?
+                    }
                     _ => None,
                 };
                 let (state, message) = question_status(run_id, q, url);

@@ -454,7 +454,11 @@ pub enum Via {
     Timeout,
     /// The Slack bridge (`delta slack`), for the person its user mapping names.
     Slack,
-    /// The A2A server (`/a2a`): a message continuing a task in `input-required`.
+    /// An MCP client at the gateway's `/mcp` (an elicitation's answer), or the one-time inbox
+    /// link it was given (docs/protocols.md).
+    Mcp,
+    /// An A2A client at the gateway's `/a2a` (a message continuing a task), or the one-time
+    /// inbox link it was given (docs/protocols.md).
     A2a,
 }
 
