@@ -511,3 +511,76 @@ async fn post(
         Err(format!("HTTP {status}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use delta_protocol::events::{encode, requested, run_ended};
+    use delta_protocol::{InteractionType, RunStatus};
+
+    fn parse(body: &[u8]) -> Value {
+        serde_json::from_slice(body).unwrap()
+    }
+
+    #[test]
+    fn a_question_is_input_required_and_a_sensitive_one_auth_required_without_a_link() {
+        let run = RunId::new();
+        let mut q = InteractionRequest::new(run, "hello", InteractionType::UserInput, "Name?");
+        let (body, end) = notification(run, &encode(&requested("delta", &q, None, None))).unwrap();
+        assert!(!end);
+        let n = parse(&body);
+        let u = &n["statusUpdate"];
+        assert_eq!(u["taskId"], run.to_string());
+        assert_eq!(u["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
+        assert_eq!(u["status"]["message"]["parts"][1]["data"]["prompt"], "Name?");
+        assert_eq!(u["metadata"]["event"], "dev.delta.interaction.requested");
+        q.sensitive = true;
+        let (body, _) = notification(run, &encode(&requested("delta", &q, None, None))).unwrap();
+        let n = parse(&body);
+        assert_eq!(n["statusUpdate"]["status"]["state"], "TASK_STATE_AUTH_REQUIRED");
+        assert_eq!(
+            n["statusUpdate"]["status"]["message"]["parts"][1]["data"]["url"],
+            Value::Null
+        );
+    }
+
+    #[test]
+    fn a_runs_end_maps_directly_and_ends_the_deliveries() {
+        let run = RunId::new();
+        for (status, state) in [
+            (RunStatus::Completed, "TASK_STATE_COMPLETED"),
+            (RunStatus::Failed, "TASK_STATE_FAILED"),
+            (RunStatus::Cancelled, "TASK_STATE_CANCELED"),
+        ] {
+            let f = RunFinished {
+                run_id: run,
+                agent: "hello".into(),
+                status,
+                result: Some("done".into()),
+                error: Some("why".into()),
+                submitted_by: None,
+                created_at: Timestamp::now(),
+                ended_at: Timestamp::now(),
+            };
+            let ce = run_ended("delta", &f, None).unwrap();
+            let (body, end) = notification(run, &encode(&ce)).unwrap();
+            assert!(end);
+            assert_eq!(parse(&body)["statusUpdate"]["status"]["state"], state);
+        }
+    }
+
+    #[test]
+    fn what_a_client_does_not_see_and_garbage_are_skipped() {
+        let run = RunId::new();
+        assert!(notification(run, b"not json").is_none());
+        assert!(notification(run, br#"{"specversion":"1.0"}"#).is_none());
+    }
+
+    #[test]
+    fn config_ids_are_checked() {
+        assert!(valid_id("a-1_b.c"));
+        assert!(!valid_id(""));
+        assert!(!valid_id("a/b"));
+        assert!(!valid_id(&"x".repeat(65)));
+    }
+}
