@@ -301,11 +301,18 @@ async def cancel_scenario(http):
 
 class Receiver(BaseHTTPRequestHandler):
     received = []
+    refused = 0
+    failing = False
     lock = threading.Lock()
 
     def do_POST(self):  # noqa: N802
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         with Receiver.lock:
+            if Receiver.failing:
+                Receiver.refused += 1
+                self.send_response(503)
+                self.end_headers()
+                return
             Receiver.received.append(
                 {
                     "auth": self.headers.get("Authorization", ""),
@@ -390,6 +397,61 @@ async def push_scenario(http):
     }
 
 
+def verify(base, got):
+    """Each notification's JWT, checked by PyJWT against the JWKS `base` serves."""
+    jwks = jwt.PyJWKClient(f"{base}/.well-known/jwks.json")
+    out = []
+    for g in got:
+        token = g["auth"][len("Bearer "):]
+        key = jwks.get_signing_key_from_jwt(token)
+        claims = jwt.decode(token, key.key, algorithms=["EdDSA"])
+        assert claims["request_body_sha256"] == hashlib.sha256(g["body"]).hexdigest(), claims
+        out.append(json.loads(g["body"])["statusUpdate"]["status"]["state"])
+    return out
+
+
+async def push_durable_scenario(http):
+    """Notifications outlive the gateway that was delivering them: the receiver refuses while
+    the test kills that gateway and starts another (its URL comes on stdin), then accepts."""
+    Receiver.failing = True
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/hook"
+    _, client = await clients(http, False)
+    req = SendMessageRequest(
+        message=message("durable", skill="hello"),
+        configuration=SendMessageConfiguration(
+            task_push_notification_config=TaskPushNotificationConfig(url=url)
+        ),
+    )
+    task = await send(client, req)
+    await send(client, SendMessageRequest(message=message("Hopper", task_id=task.id)))
+    deadline = time.monotonic() + 60
+    while True:
+        with Receiver.lock:
+            refused = Receiver.refused
+        if refused >= 2:
+            break
+        assert time.monotonic() < deadline, "no attempts"
+        await asyncio.sleep(0.1)
+    print("failing", flush=True)
+    new_base = sys.stdin.readline().strip()
+    with Receiver.lock:
+        Receiver.failing = False
+    deadline = time.monotonic() + 60
+    while True:
+        with Receiver.lock:
+            got = list(Receiver.received)
+        states = [json.loads(g["body"])["statusUpdate"]["status"]["state"] for g in got]
+        if "TASK_STATE_COMPLETED" in states:
+            break
+        assert time.monotonic() < deadline, f"no completed notification: {states}"
+        await asyncio.sleep(0.2)
+    verified = verify(new_base, got)
+    srv.shutdown()
+    return {"task_id": task.id, "states": states, "verified": verified, "refused": refused}
+
+
 async def main():
     async with httpx.AsyncClient(timeout=60) as http:
         scenario = {
@@ -399,6 +461,7 @@ async def main():
             "stream": stream_scenario,
             "cancel": cancel_scenario,
             "push": push_scenario,
+            "push_durable": push_durable_scenario,
         }[SCENARIO]
         out = await scenario(http)
     print(json.dumps(out))

@@ -318,3 +318,67 @@ async fn push_notifications_are_signed_with_the_gateways_key() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn push_notifications_outlive_the_gateway_that_was_delivering_them() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+
+    let (mut fleet, _keys) = fleet("a2adurable").await;
+    let mut child = Command::new(delta_e2e::test_python())
+        .arg(delta_e2e::python_scripts().join("a2a_client.py"))
+        .arg(fleet.gateway_spec.url())
+        .arg("push_durable")
+        .current_dir(std::env::temp_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut stdin = child.stdin.take().expect("stdin");
+    let (line, mut stdout) = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read");
+        (line, stdout)
+    })
+    .await
+    .expect("reader");
+    assert_eq!(line.trim(), "failing", "the scenario did not get going");
+    // The only gateway, retrying against a refusing receiver, dies; another one starts.
+    fleet.gateways[0].process.signal(delta_e2e::Signal::SIGKILL);
+    fleet.add_gateway(None).await;
+    let url = fleet.gateways.last().expect("gateway").url.clone();
+    writeln!(stdin, "{url}").expect("write");
+    let (rest, status) = tokio::task::spawn_blocking(move || {
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).expect("read");
+        (rest, child.wait().expect("wait"))
+    })
+    .await
+    .expect("reader");
+    assert!(status.success(), "push_durable failed: {rest}");
+    let report: Value = serde_json::from_str(rest.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {rest}"));
+    eprintln!("push_durable: {report}");
+    let mut firsts: Vec<&str> = vec![];
+    for s in report["states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+    {
+        if !firsts.contains(&s) {
+            firsts.push(s);
+        }
+    }
+    assert_eq!(
+        firsts,
+        vec![
+            "TASK_STATE_INPUT_REQUIRED",
+            "TASK_STATE_WORKING",
+            "TASK_STATE_COMPLETED"
+        ],
+        "{report}"
+    );
+    assert_eq!(report["verified"], report["states"], "{report}");
+}

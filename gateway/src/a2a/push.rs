@@ -532,12 +532,18 @@ mod tests {
         let u = &n["statusUpdate"];
         assert_eq!(u["taskId"], run.to_string());
         assert_eq!(u["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
-        assert_eq!(u["status"]["message"]["parts"][1]["data"]["prompt"], "Name?");
+        assert_eq!(
+            u["status"]["message"]["parts"][1]["data"]["prompt"],
+            "Name?"
+        );
         assert_eq!(u["metadata"]["event"], "dev.delta.interaction.requested");
         q.sensitive = true;
         let (body, _) = notification(run, &encode(&requested("delta", &q, None, None))).unwrap();
         let n = parse(&body);
-        assert_eq!(n["statusUpdate"]["status"]["state"], "TASK_STATE_AUTH_REQUIRED");
+        assert_eq!(
+            n["statusUpdate"]["status"]["state"],
+            "TASK_STATE_AUTH_REQUIRED"
+        );
         assert_eq!(
             n["statusUpdate"]["status"]["message"]["parts"][1]["data"]["url"],
             Value::Null
