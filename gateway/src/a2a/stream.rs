@@ -31,15 +31,15 @@ use crate::error::ApiError;
 /// How often a followed task is read even without an event.
 const RECHECK: Duration = Duration::from_secs(5);
 
+/// Live streams held by each identity (`Gateway::streams_by_identity`).
+type HeldStreams = Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
+
 /// A live stream's hold on the gateway: one of its stream slots and, with authentication on,
 /// one of its caller's (`DELTA_MAX_STREAMS_PER_IDENTITY`), as the HTTP API's streams take them.
 /// (The same rule as `crate::sse`'s `stream_permit`, which is private to that module.)
 struct Slot {
     _permit: tokio::sync::OwnedSemaphorePermit,
-    holder: Option<(
-        Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
-        String,
-    )>,
+    holder: Option<(HeldStreams, String)>,
 }
 
 impl Slot {
