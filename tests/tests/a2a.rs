@@ -382,3 +382,189 @@ async fn push_notifications_outlive_the_gateway_that_was_delivering_them() {
     );
     assert_eq!(report["verified"], report["states"], "{report}");
 }
+
+/// One JSON-RPC call with `token` (none: no `Authorization`).
+async fn call(fleet: &Fleet, token: Option<&str>, method: &str, params: Value) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{}/a2a", fleet.gateway_spec.url()))
+        .json(&json!({"jsonrpc": "2.0", "id": "1", "method": method, "params": params}));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect("post");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+fn text_message(text: &str, task: Option<&str>, skill: Option<&str>) -> Value {
+    let mut m = json!({
+        "messageId": delta_protocol::RunId::new().to_string(),
+        "role": "ROLE_USER",
+        "parts": [{"text": text}],
+    });
+    if let Some(t) = task {
+        m["taskId"] = json!(t);
+    }
+    if let Some(s) = skill {
+        m["metadata"] = json!({"skill": s});
+    }
+    json!({"message": m})
+}
+
+fn gateway_code(b: &Value) -> &str {
+    b["error"]["data"][0]["metadata"]["code"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_tokens_each_method_takes_the_gateways_roles() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = dir.path().join("tokens.yaml");
+    let entries = [
+        ("sam", "sam-token-0123456789ab", "submit"),
+        ("ann", "ann-token-0123456789ab", "answer"),
+        ("rel", "rel-token-0123456789ab", "relay"),
+    ];
+    let text: String = entries
+        .iter()
+        .map(|(n, t, r)| format!("- name: {n}\n  token: {t}\n  roles: [{r}]\n"))
+        .collect();
+    std::fs::write(&tokens, text).expect("tokens");
+    let fleet = Fleet::start_with("a2aauth", 1, 1, |s| {
+        s.tokens_file = Some(tokens.clone());
+    })
+    .await;
+    let (sam, ann, rel) = (
+        Some("sam-token-0123456789ab"),
+        Some("ann-token-0123456789ab"),
+        Some("rel-token-0123456789ab"),
+    );
+
+    // The card is public and says how to authenticate.
+    let card: Value = reqwest::get(format!(
+        "{}/.well-known/agent-card.json",
+        fleet.gateway_spec.url()
+    ))
+    .await
+    .expect("card")
+    .json()
+    .await
+    .expect("json");
+    assert_eq!(
+        card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"],
+        "Bearer"
+    );
+
+    // No token: 401 with a JSON-RPC error.
+    let (status, b) = call(
+        &fleet,
+        None,
+        "SendMessage",
+        text_message("x", None, Some("hello")),
+    )
+    .await;
+    assert_eq!(status, 401, "{b}");
+    assert_eq!(gateway_code(&b), "unauthorized", "{b}");
+
+    // An answerer may not start a task; a submitter may.
+    let (_, b) = call(
+        &fleet,
+        ann,
+        "SendMessage",
+        text_message("x", None, Some("hello")),
+    )
+    .await;
+    assert_eq!(gateway_code(&b), "forbidden", "{b}");
+    let (_, b) = call(
+        &fleet,
+        sam,
+        "SendMessage",
+        text_message("roles", None, Some("hello")),
+    )
+    .await;
+    assert_eq!(
+        b["result"]["task"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{b}"
+    );
+    let task = b["result"]["task"]["id"].as_str().expect("id").to_owned();
+    let run: delta_protocol::RunId = task.parse().unwrap();
+    assert_eq!(
+        fleet
+            .store
+            .record(run)
+            .await
+            .expect("run")
+            .submitted_by
+            .as_deref(),
+        Some("sam")
+    );
+
+    // Neither the submitter nor a relay may answer; an answerer may.
+    for who in [sam, rel] {
+        let (_, b) = call(
+            &fleet,
+            who,
+            "SendMessage",
+            text_message("Eve", Some(&task), None),
+        )
+        .await;
+        assert_eq!(gateway_code(&b), "forbidden", "{b}");
+    }
+    let (_, b) = call(
+        &fleet,
+        ann,
+        "SendMessage",
+        text_message("Ann", Some(&task), None),
+    )
+    .await;
+    assert!(b.get("error").is_none(), "{b}");
+    fleet
+        .wait_status(run, delta_protocol::RunStatus::Completed)
+        .await;
+    let (_, b) = call(&fleet, ann, "GetTask", json!({"id": task})).await;
+    assert_eq!(
+        b["result"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{b}"
+    );
+
+    // A sensitive question: the link only for whom may answer.
+    let (_, b) = call(
+        &fleet,
+        sam,
+        "SendMessage",
+        text_message("k", None, Some("secret")),
+    )
+    .await;
+    assert_eq!(
+        b["result"]["task"]["status"]["state"], "TASK_STATE_AUTH_REQUIRED",
+        "{b}"
+    );
+    let secret = b["result"]["task"]["id"].as_str().expect("id").to_owned();
+    let data = |b: &Value| b["result"]["status"]["message"]["parts"][1]["data"].clone();
+    let (_, b) = call(&fleet, sam, "GetTask", json!({"id": secret})).await;
+    assert_eq!(data(&b)["url"], Value::Null, "{b}");
+    let (_, b) = call(&fleet, ann, "GetTask", json!({"id": secret})).await;
+    assert!(
+        data(&b)["url"]
+            .as_str()
+            .is_some_and(|u| u.contains("#link=")),
+        "{b}"
+    );
+
+    // Cancelling: the submitter may, an answerer who did not submit may not.
+    let (_, b) = call(&fleet, ann, "CancelTask", json!({"id": secret})).await;
+    assert_eq!(gateway_code(&b), "forbidden", "{b}");
+    let (_, b) = call(&fleet, sam, "CancelTask", json!({"id": secret})).await;
+    assert_eq!(b["result"]["status"]["state"], "TASK_STATE_CANCELED", "{b}");
+
+    // Push notifications are off without a signing key.
+    let (_, b) = call(
+        &fleet,
+        sam,
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": task, "url": "https://example.com/hook"}),
+    )
+    .await;
+    assert_eq!(b["error"]["code"], -32003, "{b}");
+}
