@@ -302,6 +302,17 @@ async fn push_notifications_are_signed_with_the_gateways_key() {
         !listed["url"].as_str().unwrap().contains("in-the-url"),
         "{p}"
     );
+    // A config to an inside address is refused, and the message starts no run.
+    let runs = |b: &Value| b["runs"].as_array().map_or(0, Vec::len);
+    let (_, before) = fleet.client.get("/v1/runs").await.expect("runs");
+    let mut params = text_message("inside", None, Some("hello"));
+    params["configuration"] =
+        json!({"taskPushNotificationConfig": {"url": "http://10.1.2.3/hook"}});
+    let (_, b) = call(&fleet, None, "SendMessage", params).await;
+    assert_eq!(b["error"]["code"], -32602, "{b}");
+    assert_eq!(gateway_code(&b), "invalid_args", "{b}");
+    let (_, after) = fleet.client.get("/v1/runs").await.expect("runs");
+    assert_eq!(runs(&after), runs(&before), "{after}");
     // Once the end is delivered, the config and its consumer are gone.
     let task = p["task_id"].as_str().unwrap();
     delta_e2e::chaos::wait_until(

@@ -170,21 +170,10 @@ async fn delete_consumer(gw: &Gateway, task_id: &str, id: &str) {
     }
 }
 
-/// `CreateTaskPushNotificationConfig`, or a `SendMessage`'s config for the task it started
-/// or continued (`task`).
-pub async fn create(
-    gw: &Arc<Gateway>,
-    headers: &HeaderMap,
-    c: ConfigIn,
-    task: Option<RunId>,
-) -> Result<Value, RpcError> {
+/// Checks a config's settings, before anything is started or stored: the URL (allowlist,
+/// resolved now), the id, the token and `authentication`. The config's id.
+pub async fn check(gw: &Gateway, c: &ConfigIn) -> Result<String, RpcError> {
     supported(gw)?;
-    let who = caller(gw, headers, READ)?;
-    let run_id = match (task, c.task_id.as_deref()) {
-        (Some(t), _) => t,
-        (None, Some(t)) => rpc::task_id(t)?,
-        (None, None) => return Err(RpcError::params("`params.taskId` is required")),
-    };
     if c.authentication.is_some() {
         return Err(invalid(
             "`authentication` is not kept: notifications carry a JWT signed with this gateway's key (JWKS at /.well-known/jwks.json), and `token` is echoed in X-A2A-Notification-Token",
@@ -200,10 +189,37 @@ pub async fn create(
     if c.url.len() > 2048 {
         return Err(invalid("`url` is longer than 2048 characters"));
     }
+    if c.token.as_ref().is_some_and(|t| t.len() > 512) {
+        return Err(invalid("`token` is longer than 512 characters"));
+    }
+    if c.token.as_ref().is_some_and(|t| !t.is_empty()) && !gw.store.can_seal() {
+        return Err(invalid(
+            "a push config's `token` is stored sealed: this fleet needs DELTA_SECRETS_KEY for it (or send no token)",
+        ));
+    }
     let target = allow::check_url(&c.url, &gw.config.webhooks.allow).map_err(invalid)?;
     allow::check_resolved(&target, &gw.config.webhooks.allow)
         .await
         .map_err(invalid)?;
+    Ok(id)
+}
+
+/// `CreateTaskPushNotificationConfig`, or a `SendMessage`'s config for the task it started
+/// or continued (`task`; checked with [`check`] before the message was taken).
+pub async fn create(
+    gw: &Arc<Gateway>,
+    headers: &HeaderMap,
+    c: ConfigIn,
+    task: Option<RunId>,
+) -> Result<Value, RpcError> {
+    supported(gw)?;
+    let who = caller(gw, headers, READ)?;
+    let id = check(gw, &c).await?;
+    let run_id = match (task, c.task_id.as_deref()) {
+        (Some(t), _) => t,
+        (None, Some(t)) => rpc::task_id(t)?,
+        (None, None) => return Err(RpcError::params("`params.taskId` is required")),
+    };
     gw.store.record(run_id).await?;
     let task_id = run_id.to_string();
     let existing = gw.store.a2a_pushes_of(&task_id).await?;
@@ -213,7 +229,6 @@ pub async fn create(
         )));
     }
     let sealed_token = match c.token.as_deref().filter(|t| !t.is_empty()) {
-        Some(t) if t.len() > 512 => return Err(invalid("`token` is longer than 512 characters")),
         Some(t) => Some(gw.store.a2a_seal_token(&task_id, &id, t).map_err(|_| {
             invalid("a push config's `token` is stored sealed: this fleet needs DELTA_SECRETS_KEY for it (or send no token)")
         })?),

@@ -484,6 +484,11 @@ pub async fn accept_message(
         .configuration
         .as_ref()
         .and_then(|c| c.task_push_notification_config.clone());
+    // A config that would be refused is refused before the run starts or the answer is taken.
+    if let Some(config) = &push {
+        caller(gw, headers, READ)?;
+        super::push::check(gw, config).await?;
+    }
     let run_id = match &m.task_id {
         Some(t) if !t.is_empty() => {
             let run_id = task_id(t)?;
