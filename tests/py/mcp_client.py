@@ -5,7 +5,8 @@ Usage: mcp_client.py <gateway base URL> <alice's token> <bob's token> <submit-on
 alice (submit, answer) lists the tools, calls `hello` and answers its question through the
 SDK's elicitation callback; calls `deployer` round by round (a wrong option first, refused with
 the gateway's code; the plan confirmed; the API key through the one-time inbox link, answered
-over HTTP as the person's browser would; the environment chosen); and runs `hello` as a task.
+over HTTP as the person's browser would; the environment chosen); runs `hello` as a task; and, as a
+client of the 2025-11-25 protocol, is asked within its call.
 bob, a second client, reads the question alice answered as a resource. A submit-only token may
 list and call tools but not answer. Prints one JSON report on stdout; any failed check exits 1.
 """
@@ -100,8 +101,11 @@ async def deployer():
         async with httpx2.AsyncClient() as h:
             v = (await h.post(f"{BASE}/v1/answer-links/open", json={"link": link})).json()
             check(v["request_id"] == kid and v["responder"] == "alice", f"the link opens its question: {v}")
+            bad = await h.post(f"{BASE}/v1/answer-links/answer", json={"link": link, "answer": {"input": "k", "responder": {"id": "mallory"}}})
+            report["link_bad"] = bad.status_code
+            check(bad.status_code == 400, f"a link says who answers: {bad.text}")
             a = await h.post(f"{BASE}/v1/answer-links/answer", json={"link": link, "answer": {"input": "sk-live-1234567890"}})
-            check(a.status_code == 200, f"the key is accepted: {a.text}")
+            check(a.status_code == 200, f"a refused answer leaves the link usable: {a.text}")
             again = await h.post(f"{BASE}/v1/answer-links/answer", json={"link": link, "answer": {"input": "x"}})
             report["link_again"] = again.status_code
             check(again.status_code == 404, "a link answers once")
@@ -192,6 +196,27 @@ async def as_task():
         check(not result.is_error and "Grace" in result.content[0].text, "the task completes")
 
 
+async def legacy():
+    """A client of the 2025-11-25 protocol: asked within its call (`elicitation/create`)."""
+    asked = []
+
+    async def on_elicit(_ctx, params):
+        asked.append(params.mode)
+        return ElicitResult(action="accept", content={"answer": "Lin"})
+
+    async with client(ALICE, mode="legacy", elicitation_callback=on_elicit) as c:
+        check(c.protocol_version == "2025-11-25", f"a legacy session: {c.protocol_version}")
+        result = await c.call_tool("hello", {"task": "legacy"})
+        report["legacy"] = {"asked": asked, "text": result.content[0].text}
+        check(asked == ["form"] and "Lin" in result.content[0].text, "asked within the call, then completed")
+    # Without elicitation, the call says where the run stands and the question stays pending.
+    async with client(ALICE, mode="legacy") as c:
+        result = await c.call_tool("hello", {"task": "no elicitation"})
+        report["legacy_paused"] = result.structured_content
+        check(result.structured_content["status"] == "WAITING_FOR_INPUT", "the call says it waits")
+        check(result.structured_content["request_id"], "and for which question")
+
+
 async def submitter():
     async def on_elicit(_ctx, _params):
         return ElicitResult(action="accept", content={"answer": "Eve"})
@@ -210,6 +235,7 @@ async def main():
     await deployer()
     await second_client()
     await as_task()
+    await legacy()
     await submitter()
     print(json.dumps(report, default=str))
 

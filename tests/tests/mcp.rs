@@ -38,6 +38,23 @@ async fn the_official_python_client_lists_calls_answers_and_follows_tasks() {
     .await;
     fleet.add_example("deployer");
 
+    // Without a token: 401, with the scheme to use.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/mcp", fleet.gateway_spec.url()))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#)
+        .send()
+        .await
+        .expect("the gateway answers");
+    assert_eq!(resp.status(), 401);
+    assert_eq!(
+        resp.headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok()),
+        Some("Bearer")
+    );
+
     let out = Command::new(&python)
         .arg(delta_e2e::python_scripts().join("mcp_client.py"))
         .args([

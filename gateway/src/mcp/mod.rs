@@ -30,7 +30,7 @@ use rmcp::model::{
     ServerCapabilities, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
-use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde::{Deserialize, Serialize};
@@ -57,11 +57,13 @@ const ANSWERERS: &[Role] = &[Role::Answer, Role::Operate];
 
 /// The `/mcp` routes: the SDK's streamable HTTP service behind the gateway's token check.
 pub fn router(gw: Arc<Gateway>) -> Router<Arc<Gateway>> {
-    // No sessions: any gateway answers any request, and nothing lives in memory. Host and
-    // Origin are the gateway's own checks (api::not_from_other_sites), the same for every
-    // route; tokens keep the rest out.
+    // The 2026 protocol has no sessions: any gateway answers any request, and nothing lives in
+    // memory. Clients of older versions get a session (in this gateway's memory, for the
+    // elicitation requests sent within their calls), so a load balancer must keep them on one
+    // gateway (docs/protocols.md). Host and Origin are the gateway's own checks
+    // (api::not_from_other_sites), the same for every route; tokens keep the rest out.
     let config = StreamableHttpServerConfig::default()
-        .with_legacy_session_mode(false)
+        .with_legacy_session_mode(true)
         .with_json_response(false)
         .with_cancellation_token(gw.shutdown.child_token())
         .with_max_request_body_bytes(gw.config.max_body_bytes)
@@ -69,7 +71,7 @@ pub fn router(gw: Arc<Gateway>) -> Router<Arc<Gateway>> {
     let server = gw.clone();
     let service = StreamableHttpService::new(
         move || Ok(McpServer { gw: server.clone() }),
-        Arc::new(NeverSessionManager::default()),
+        Arc::new(LocalSessionManager::default()),
         config,
     );
     Router::new()
@@ -348,14 +350,97 @@ impl McpServer {
                     "requestState": state_text(&state),
                 }))?))
             }
-            // A client of an older protocol version cannot be asked within the call: it gets
-            // where the run stands, and reads or answers it elsewhere.
+            // A client of an older protocol version that takes elicitations is asked within
+            // its call (the elicitation request of those versions).
+            Standing::Asking(..) if !ctx.peer.supported_elicitation_modes().is_empty() => {
+                self.ask_within_call(ctx, &who, run).await
+            }
+            // One that does not gets where the run stands, and reads or answers it elsewhere.
             Standing::Asking(record, ix) => Ok(CallToolResponse::Complete(from_json(
                 paused_result(&record, Some(&ix)),
             )?)),
             Standing::Working(record) => Ok(CallToolResponse::Complete(from_json(paused_result(
                 &record, None,
             ))?)),
+        }
+    }
+
+    /// For a client of a protocol version before 2026-07-28: puts each question of `run` to it
+    /// with an `elicitation/create` request within the call, answers with what it says, and
+    /// returns when the run ends (or the client cancels a question, or goes away).
+    async fn ask_within_call(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        who: &Identity,
+        run: RunId,
+    ) -> Result<CallToolResponse, McpError> {
+        let modes = ctx.peer.supported_elicitation_modes();
+        let mut linked: Vec<RequestId> = vec![];
+        loop {
+            if ctx.ct.is_cancelled() || self.gw.shutdown.is_cancelled() {
+                let record = self
+                    .gw
+                    .store
+                    .record(run)
+                    .await
+                    .map_err(|e| mcp_error(e.into()))?;
+                return Ok(CallToolResponse::Complete(from_json(paused_result(
+                    &record, None,
+                ))?));
+            }
+            let ix = match self.standing(run, &linked).await.map_err(mcp_error)? {
+                Standing::Ended(record) => {
+                    return Ok(CallToolResponse::Complete(from_json(tool_result(&record))?));
+                }
+                Standing::Working(_) => continue,
+                Standing::Asking(_, ix) => ix,
+            };
+            let rid = ix.request.request_id;
+            let (request, is_link) = self.elicitation(ctx, who, run, &ix).await?;
+            let mode = if is_link {
+                rmcp::service::ElicitationMode::Url
+            } else {
+                rmcp::service::ElicitationMode::Form
+            };
+            if !modes.contains(&mode) {
+                // Never a secret through a form: without URL mode, the inbox it is.
+                let record = self
+                    .gw
+                    .store
+                    .record(run)
+                    .await
+                    .map_err(|e| mcp_error(e.into()))?;
+                return Ok(CallToolResponse::Complete(from_json(paused_result(
+                    &record,
+                    Some(&ix),
+                ))?));
+            }
+            let params = from_json(request["params"].clone())?;
+            let result = tokio::select! {
+                r = ctx.peer.create_elicitation(params) => r.map_err(|e| {
+                    McpError::internal_error(format!("the elicitation was not answered: {e}"), None)
+                })?,
+                () = ctx.ct.cancelled() => continue,
+            };
+            let result = serde_json::to_value(&result).map_err(|e| {
+                McpError::internal_error(format!("cannot read the elicitation's result: {e}"), None)
+            })?;
+            if is_link {
+                linked.push(rid);
+            } else if result["action"] == "cancel" {
+                let record = self
+                    .gw
+                    .store
+                    .record(run)
+                    .await
+                    .map_err(|e| mcp_error(e.into()))?;
+                return Ok(CallToolResponse::Complete(from_json(paused_result(
+                    &record,
+                    Some(&ix),
+                ))?));
+            }
+            let responses = std::collections::BTreeMap::from([(rid.to_string(), result)]);
+            self.answer_all(ctx, run, &responses).await?;
         }
     }
 
