@@ -209,6 +209,14 @@ async def legacy():
         result = await c.call_tool("hello", {"task": "legacy"})
         report["legacy"] = {"asked": asked, "text": result.content[0].text}
         check(asked == ["form"] and "Lin" in result.content[0].text, "asked within the call, then completed")
+    # A question dismissed (cancel) ends the call; the run waits for anyone's answer.
+    async def dismiss(_ctx, _params):
+        return ElicitResult(action="cancel")
+
+    async with client(ALICE, elicitation_callback=dismiss) as c:
+        result = await c.call_tool("hello", {"task": "dismissed"})
+        report["dismissed"] = result.structured_content
+        check(result.structured_content["status"] == "WAITING_FOR_INPUT", "a dismissed question ends the call")
     # Without elicitation, the call says where the run stands and the question stays pending.
     async with client(ALICE, mode="legacy") as c:
         result = await c.call_tool("hello", {"task": "no elicitation"})

@@ -281,9 +281,10 @@ impl McpServer {
         ctx: &RequestContext<RoleServer>,
         run: RunId,
         responses: &std::collections::BTreeMap<String, Value>,
-    ) -> Result<(), McpError> {
+    ) -> Result<bool, McpError> {
+        let mut left = false;
         if responses.is_empty() {
-            return Ok(());
+            return Ok(left);
         }
         let who = self.caller(ctx, ANSWERERS)?;
         for (key, result) in responses {
@@ -298,7 +299,10 @@ impl McpServer {
                 .map_err(|e| mcp_error(e.into()))?
                 .ok_or_else(|| bad(format!("`{key}` is not an input request of this run")))?;
             let body = match elicit::reply(&ix.request, result).map_err(bad)? {
-                elicit::Reply::Leave => continue,
+                elicit::Reply::Leave => {
+                    left |= matches!(elicit::ask(&ix.request), elicit::Ask::Form { .. });
+                    continue;
+                }
                 elicit::Reply::Answer(body) => *body,
             };
             // With tokens the token names the responder; without, the client's own name.
@@ -315,7 +319,7 @@ impl McpServer {
                 .await
                 .map_err(mcp_error)?;
         }
-        Ok(())
+        Ok(left)
     }
 
     /// A tool call's answer for where its run stands.
@@ -427,21 +431,35 @@ impl McpServer {
             })?;
             if is_link {
                 linked.push(rid);
-            } else if result["action"] == "cancel" {
-                let record = self
-                    .gw
-                    .store
-                    .record(run)
-                    .await
-                    .map_err(|e| mcp_error(e.into()))?;
-                return Ok(CallToolResponse::Complete(from_json(paused_result(
-                    &record,
-                    Some(&ix),
-                ))?));
             }
             let responses = std::collections::BTreeMap::from([(rid.to_string(), result)]);
-            self.answer_all(ctx, run, &responses).await?;
+            if self.answer_all(ctx, run, &responses).await? {
+                return self.paused(run).await;
+            }
         }
+    }
+
+    /// A call's end while `run` waits: where it stands, and its pending question.
+    async fn paused(&self, run: RunId) -> Result<CallToolResponse, McpError> {
+        let record = self
+            .gw
+            .store
+            .record(run)
+            .await
+            .map_err(|e| mcp_error(e.into()))?;
+        let ix = match record.pending_request_id {
+            Some(rid) => self
+                .gw
+                .store
+                .interaction(run, rid)
+                .await
+                .map_err(|e| mcp_error(e.into()))?,
+            None => None,
+        };
+        Ok(CallToolResponse::Complete(from_json(paused_result(
+            &record,
+            ix.as_ref(),
+        ))?))
     }
 
     /// `tasks/get`'s task for a run.
@@ -643,8 +661,14 @@ impl ServerHandler for McpServer {
                     record.agent
                 )));
             }
-            if let Some(responses) = &request.input_responses {
-                self.answer_all(&ctx, run, responses).await?;
+            let left = match &request.input_responses {
+                Some(responses) => self.answer_all(&ctx, run, responses).await?,
+                None => false,
+            };
+            if left {
+                // The client dismissed the question: the call ends, and the run waits for an
+                // answer from anyone.
+                return self.paused(run).await;
             }
             return self.call_result(&ctx, run, state).await;
         }
@@ -751,7 +775,9 @@ impl ServerHandler for McpServer {
             .record(run)
             .await
             .map_err(|e| mcp_error(e.into()))?;
-        self.answer_all(&ctx, run, &request.input_responses).await
+        self.answer_all(&ctx, run, &request.input_responses)
+            .await
+            .map(|_| ())
     }
 
     async fn cancel_task(
