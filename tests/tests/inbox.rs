@@ -40,21 +40,6 @@ fn add_asker(fleet: &Fleet, name: &str, ask: &str) {
     );
 }
 
-/// Copies one of `examples/agents` into the fleet's agents directory.
-fn add_example(fleet: &Fleet, name: &str) {
-    let from = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/agents")
-        .join(name);
-    let read = |f: &str| std::fs::read_to_string(from.join(f)).expect("example agent file");
-    fleet.add_agent(name, &read("config.yaml"), &read("script.yaml"));
-    let to = fleet.gateway_spec.agents_dir.join(name);
-    for entry in std::fs::read_dir(&from).expect("example agent dir") {
-        let path = entry.expect("entry").path();
-        if path.extension().is_some_and(|e| e == "sh") {
-            std::fs::copy(&path, to.join(path.file_name().expect("name"))).expect("copy");
-        }
-    }
-}
 
 fn answers(run: &delta_store::StoredRun) -> Vec<HumanInputReceived> {
     run.journal
@@ -909,7 +894,7 @@ async fn a_sensitive_answer_is_a_password_box_cleared_after_sending() {
 #[tokio::test(flavor = "multi_thread")]
 async fn at_phone_width_nothing_overflows() {
     let fleet = Fleet::start("ibk", 1, 1).await;
-    add_example(&fleet, "deployer");
+    fleet.add_example("deployer");
     let browser = Browser::start("at_phone_width_nothing_overflows", Screen::Phone).await;
     browser
         .checked(async {
