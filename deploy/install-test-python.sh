@@ -4,13 +4,14 @@
 #   standardwebhooks  verifies webhook signatures (Standard Webhooks' own library)
 #   cloudevents       decodes the fleet's events (the CloudEvents SDK for Python)
 #   jsonschema        checks each event against its JSON Schema in docs/events/
+#   mcp               the official MCP Python SDK, the client of the gateway's /mcp
 #   a2a-sdk           the official A2A client (tests/py/a2a_client.py)
 #   PyJWT[crypto]     verifies A2A push notifications' JWTs against the gateway's JWKS
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TOOLS="${DELTA_TOOLS_DIR:-$ROOT/.tools}"
 VENV="$TOOLS/venv"
-PACKAGES=("standardwebhooks==1.1.0" "cloudevents==2.2.0" "jsonschema==4.26.0")
+PACKAGES=("standardwebhooks==1.1.0" "cloudevents==2.2.0" "jsonschema==4.26.0" "mcp==2.3.0")
 # A2A (appended): the SDK, and PyJWT with `cryptography` for EdDSA.
 PACKAGES+=("a2a-sdk==1.3.0" "PyJWT==2.15.1" "cryptography==50.0.2")
 

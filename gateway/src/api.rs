@@ -83,6 +83,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/answer", get(crate::inbox::page))
         .route("/inbox.js", get(crate::inbox::script))
         .route("/inbox.css", get(crate::inbox::style))
+        .merge(crate::mcp::router(gw.clone()))
         .merge(crate::a2a::router())
         .fallback(|| async {
             ApiError::not_found("no such endpoint; GET /openapi.json lists them")
@@ -374,7 +375,7 @@ async fn list_runs(
 
 /// A run as the API shows it: the record without the local CLI's `agent_dir`. Listings leave
 /// out the (possibly large) structured input as well.
-fn run_view(r: &delta_store::RunRecord) -> Run {
+pub(crate) fn run_view(r: &delta_store::RunRecord) -> Run {
     Run {
         run_id: r.run_id,
         agent: r.agent.clone(),

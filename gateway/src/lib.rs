@@ -36,6 +36,7 @@ pub mod escalation;
 pub mod grants;
 pub mod inbox;
 pub mod links;
+pub mod mcp;
 pub mod metrics;
 pub mod ops;
 pub mod reconcile;

@@ -7,7 +7,6 @@
 //! cancelled; a bad answer is refused with the gateway's code; push notifications reach a
 //! receiver, each JWT verified by PyJWT against the served JWKS.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use delta_e2e::fleet::Fleet;
@@ -34,15 +33,7 @@ async fn fleet(prefix: &str) -> (Fleet, tempfile::TempDir) {
         ]);
     })
     .await;
-    let from = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/deployer");
-    let to = fleet.gateway_spec.agents_dir.join("deployer");
-    std::fs::create_dir_all(&to).expect("mkdir");
-    for entry in std::fs::read_dir(&from).expect("deployer") {
-        let path = entry.expect("entry").path();
-        if path.is_file() {
-            std::fs::copy(&path, to.join(path.file_name().expect("name"))).expect("copy");
-        }
-    }
+    fleet.add_example("deployer");
     (fleet, keys)
 }
 

@@ -39,22 +39,8 @@ async fn fleet(prefix: &str, gateways: usize, extra: &[(&'static str, &str)]) ->
         }
     })
     .await;
-    add_example(&fleet, "deployer");
+    fleet.add_example("deployer");
     fleet
-}
-
-fn add_example(fleet: &Fleet, name: &str) {
-    let from = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/agents")
-        .join(name);
-    let to = fleet.gateway_spec.agents_dir.join(name);
-    std::fs::create_dir_all(&to).expect("mkdir");
-    for entry in std::fs::read_dir(&from).expect("example agent dir") {
-        let path = entry.expect("entry").path();
-        if path.is_file() {
-            std::fs::copy(&path, to.join(path.file_name().expect("name"))).expect("copy");
-        }
-    }
 }
 
 /// The Python receiver, on a port of its own that survives its restarts.

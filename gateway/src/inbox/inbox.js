@@ -75,6 +75,10 @@
     } else {
       try { answerLink = sessionStorage.getItem(LINK_KEY) || ''; } catch (_) { answerLink = ''; }
     }
+    // Another link followed in this tab changes only the fragment: start over with it.
+    window.addEventListener('hashchange', () => {
+      if (new URLSearchParams(location.hash.slice(1)).get('link')) location.reload();
+    });
   }
 
   /** Milliseconds since the epoch of an RFC 3339 time (microseconds cut to milliseconds). */
