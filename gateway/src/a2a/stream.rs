@@ -138,9 +138,11 @@ async fn start(gw: &Arc<Gateway>, headers: &HeaderMap, call: Call) -> Result<Res
         {
             return;
         }
+        // Once the events end (NATS gone), the reads every RECHECK go on alone.
+        let mut live = true;
         loop {
             tokio::select! {
-                _ = events.next() => {}
+                e = events.next(), if live => live = e.is_some(),
                 () = tokio::time::sleep(RECHECK) => {}
                 () = tx.closed() => return,
                 () = gw2.shutdown.cancelled() => return,
@@ -188,6 +190,7 @@ pub async fn settled(gw: &Gateway, run_id: RunId) {
         Ok(e) => Some(Box::pin(e)),
         Err(_) => None,
     };
+    let mut live = events.is_some();
     loop {
         match task::snapshot(gw, run_id, None).await {
             Ok(s) if s.state.is_terminal() || s.state.is_interrupted() => return,
@@ -195,13 +198,13 @@ pub async fn settled(gw: &Gateway, run_id: RunId) {
             Err(_) => return,
         }
         match &mut events {
-            Some(e) => {
+            Some(e) if live => {
                 tokio::select! {
-                    _ = e.next() => {}
+                    next = e.next() => live = next.is_some(),
                     () = tokio::time::sleep(RECHECK) => {}
                 }
             }
-            None => tokio::time::sleep(Duration::from_millis(500)).await,
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     }
 }
