@@ -389,6 +389,12 @@ async fn session_inner(
         let _ = gw.store.a2a_delete_push(task_id, id).await;
         return Ok(());
     };
+    // A run deleted since (retention) takes its configs with it.
+    if let Err(delta_store::Error::NotFound(_)) = gw.store.record(run_id).await {
+        let _ = gw.store.a2a_delete_push(task_id, id).await;
+        delete_consumer(gw, task_id, id).await;
+        return Ok(());
+    }
     let consumer = ensure_consumer(gw, run_id, id).await?;
     let mut messages = consumer
         .stream()
@@ -416,7 +422,7 @@ async fn session_inner(
             delete_consumer(gw, task_id, id).await;
             return Ok(());
         };
-        let Some((body, end)) = notification(run_id, &msg.payload) else {
+        let Some((body, end, at)) = notification(run_id, &msg.payload) else {
             let _ = msg.double_ack().await;
             continue;
         };
@@ -438,6 +444,16 @@ async fn session_inner(
             }
             Err(why) => {
                 let s = &gw.config.webhooks;
+                // As a webhook is disabled (DELTA_WEBHOOK_DISABLE_AFTER): an event refused for
+                // that long ends the config, rather than holding the task's later ones forever.
+                let age = Timestamp::now().micros().saturating_sub(at.micros());
+                let age = Duration::from_micros(u64::try_from(age).unwrap_or(0));
+                if s.disable_after.is_some_and(|after| age >= after) {
+                    tracing::warn!(task = %task_id, id = %id, error = %why, "a2a push: an event refused for longer than DELTA_WEBHOOK_DISABLE_AFTER; the config is deleted");
+                    let _ = gw.store.a2a_delete_push(task_id, id).await;
+                    delete_consumer(gw, task_id, id).await;
+                    return Ok(());
+                }
                 let wait = deliver::backoff(
                     s.retry_first,
                     s.retry_max,
@@ -452,9 +468,9 @@ async fn session_inner(
 }
 
 /// The notification of one event of `run_id`: a `StreamResponse` with its `statusUpdate`, and
-/// whether it ends the run; `None` for an event that changes nothing a client sees (a claim, an
+/// whether it ends the run, and when it happened; `None` for an event that changes nothing a client sees (a claim, an
 /// escalation, a question closed because its run was cancelled: the run's end follows).
-pub fn notification(run_id: RunId, payload: &[u8]) -> Option<(Vec<u8>, bool)> {
+pub fn notification(run_id: RunId, payload: &[u8]) -> Option<(Vec<u8>, bool, Timestamp)> {
     let ce = ev::decode::<Value>(payload).ok()?;
     let ty = EventType::from_ce_type(&ce.ty)?;
     let (state, message) = match ty {
@@ -482,7 +498,7 @@ pub fn notification(run_id: RunId, payload: &[u8]) -> Option<(Vec<u8>, bool)> {
         "status": status,
         "metadata": {"event": ce.ty, "eventId": ce.id, "agent": ce.deltaagent},
     }});
-    Some((body.to_string().into_bytes(), state.is_terminal()))
+    Some((body.to_string().into_bytes(), state.is_terminal(), ce.time))
 }
 
 /// One attempt to post `body` to a config's URL.
@@ -541,7 +557,8 @@ mod tests {
     fn a_question_is_input_required_and_a_sensitive_one_auth_required_without_a_link() {
         let run = RunId::new();
         let mut q = InteractionRequest::new(run, "hello", InteractionType::UserInput, "Name?");
-        let (body, end) = notification(run, &encode(&requested("delta", &q, None, None))).unwrap();
+        let (body, end, _) =
+            notification(run, &encode(&requested("delta", &q, None, None))).unwrap();
         assert!(!end);
         let n = parse(&body);
         let u = &n["statusUpdate"];
@@ -553,7 +570,7 @@ mod tests {
         );
         assert_eq!(u["metadata"]["event"], "dev.delta.interaction.requested");
         q.sensitive = true;
-        let (body, _) = notification(run, &encode(&requested("delta", &q, None, None))).unwrap();
+        let (body, _, _) = notification(run, &encode(&requested("delta", &q, None, None))).unwrap();
         let n = parse(&body);
         assert_eq!(
             n["statusUpdate"]["status"]["state"],
@@ -584,7 +601,7 @@ mod tests {
                 ended_at: Timestamp::now(),
             };
             let ce = run_ended("delta", &f, None).unwrap();
-            let (body, end) = notification(run, &encode(&ce)).unwrap();
+            let (body, end, _) = notification(run, &encode(&ce)).unwrap();
             assert!(end);
             assert_eq!(parse(&body)["statusUpdate"]["status"]["state"], state);
         }
