@@ -148,6 +148,42 @@ pub async fn answer_link(
     ))
 }
 
+/// [`answer_link`], made once per channel, caller and question and given again while it works:
+/// a client that reads a waiting task over and over (an MCP task, an A2A task) gets the same
+/// link each time rather than a new one per read. The link's URL is kept beside it for its
+/// lifetime (`<p>:ticket:shown:<sha256 of channel, caller and question>`).
+#[allow(clippy::too_many_arguments)]
+pub async fn shown_link(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    identity: &Identity,
+    responder: Option<&str>,
+    via: Via,
+    run_id: RunId,
+    request_id: RequestId,
+) -> Result<String, ApiError> {
+    let who = identity.name.as_deref().or(responder).unwrap_or("-");
+    let key = {
+        let d = digest::digest(
+            &digest::SHA256,
+            format!("{via:?}\n{who}\n{request_id}").as_bytes(),
+        );
+        let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        format!("shown:{hex}")
+    };
+    if let Some(url) = gw.store.peek_ticket(&key).await? {
+        return Ok(url);
+    }
+    let url = answer_link(gw, headers, identity, responder, via, run_id, request_id).await?;
+    // Should two reads race, each made a link and the last one kept is shown from then on;
+    // both work.
+    let _ = gw
+        .store
+        .put_ticket(&key, &url, gw.config.answer_link_ttl)
+        .await;
+    Ok(url)
+}
+
 fn unknown() -> ApiError {
     ApiError::not_found(
         "this answer link is unknown, used or expired: ask the client that gave it to you for the question again",

@@ -124,7 +124,7 @@ impl Drop for StreamSlot {
 /// One of the gateway's live-stream slots (each holds a Redis connection or a NATS consumer),
 /// and, with authentication on, one of the caller's: a token holds at most
 /// `DELTA_MAX_STREAMS_PER_IDENTITY` streams at once, so one token cannot take every slot.
-fn stream_permit(gw: &Gateway, who: &Identity) -> Result<StreamSlot, ApiError> {
+pub fn stream_permit(gw: &Gateway, who: &Identity) -> Result<StreamSlot, ApiError> {
     let permit = gw.streams.clone().try_acquire_owned().map_err(|_| {
         ApiError::unavailable("this gateway serves as many live streams as it can; try again shortly or use another gateway")
     })?;

@@ -10,7 +10,8 @@ use crate::auth::{Identity, Role};
 use crate::error::ApiError;
 
 /// A one-time link for `identity` to answer `request_id` of `run_id` in the inbox, recorded as
-/// an A2A answer; `None` for a caller that may not answer (a reader still sees the task).
+/// an A2A answer, the same one at every read while it works ([`crate::links::shown_link`]);
+/// `None` for a caller that may not answer (a reader still sees the task).
 pub async fn answer_link(
     gw: &Gateway,
     headers: &HeaderMap,
@@ -21,7 +22,7 @@ pub async fn answer_link(
     if !identity.has(Role::Answer) {
         return Ok(None);
     }
-    crate::links::answer_link(gw, headers, identity, None, Via::A2a, run_id, request_id)
+    crate::links::shown_link(gw, headers, identity, None, Via::A2a, run_id, request_id)
         .await
         .map(Some)
 }

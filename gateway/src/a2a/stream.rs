@@ -26,66 +26,9 @@ use super::rpc::{self, Call, READ, RpcError};
 use super::task::{self, LinkFor};
 use crate::Gateway;
 use crate::api::caller;
-use crate::error::ApiError;
 
 /// How often a followed task is read even without an event.
 const RECHECK: Duration = Duration::from_secs(5);
-
-/// Live streams held by each identity (`Gateway::streams_by_identity`).
-type HeldStreams = Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
-
-/// A live stream's hold on the gateway: one of its stream slots and, with authentication on,
-/// one of its caller's (`DELTA_MAX_STREAMS_PER_IDENTITY`), as the HTTP API's streams take them.
-/// (The same rule as `crate::sse`'s `stream_permit`, which is private to that module.)
-struct Slot {
-    _permit: tokio::sync::OwnedSemaphorePermit,
-    holder: Option<(HeldStreams, String)>,
-}
-
-impl Slot {
-    fn take(gw: &Gateway, who: &crate::auth::Identity) -> Result<Slot, ApiError> {
-        let permit = gw.streams.clone().try_acquire_owned().map_err(|_| {
-            ApiError::unavailable(
-                "this gateway serves as many live streams as it can; try again shortly or use another gateway",
-            )
-        })?;
-        let Some(name) = &who.name else {
-            return Ok(Slot {
-                _permit: permit,
-                holder: None,
-            });
-        };
-        let mut counts = gw
-            .streams_by_identity
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let held = counts.entry(name.clone()).or_insert(0);
-        if *held >= gw.config.max_streams_per_identity {
-            return Err(ApiError::unavailable(format!(
-                "`{name}` holds {held} live streams, as many as one token may (DELTA_MAX_STREAMS_PER_IDENTITY); close one first"
-            )));
-        }
-        *held += 1;
-        Ok(Slot {
-            _permit: permit,
-            holder: Some((gw.streams_by_identity.clone(), name.clone())),
-        })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Some((counts, name)) = self.holder.take() {
-            let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(n) = counts.get_mut(&name) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    counts.remove(&name);
-                }
-            }
-        }
-    }
-}
 
 fn sse_data(id: &Value, result: Value) -> Event {
     Event::default().data(json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string())
@@ -101,7 +44,7 @@ pub async fn handle(gw: Arc<Gateway>, headers: HeaderMap, call: Call) -> Respons
 
 async fn start(gw: &Arc<Gateway>, headers: &HeaderMap, call: Call) -> Result<Response, RpcError> {
     let who = caller(gw, headers, READ)?;
-    let permit = Slot::take(gw, &who)?;
+    let permit = crate::sse::stream_permit(gw, &who)?;
     let run_id = if call.method == "SubscribeToTask" {
         let q: rpc::TaskQuery = rpc::params(call.params)?;
         let run_id = rpc::task_id(&q.id)?;

@@ -238,8 +238,8 @@ impl McpServer {
         })
     }
 
-    /// A one-time answer link for `who` to answer `rid`. A task's client polls, so the link
-    /// made for it is remembered (for the link's lifetime) and shown again, not made anew.
+    /// A one-time answer link for `who` to answer `rid`, the same one at every read of a task
+    /// ([`crate::links::shown_link`]).
     async fn link(
         &self,
         ctx: &RequestContext<RoleServer>,
@@ -247,32 +247,18 @@ impl McpServer {
         run: RunId,
         rid: RequestId,
     ) -> Result<String, McpError> {
-        let h = headers(ctx);
         let name = Self::client_name(ctx);
-        let key = {
-            let who = who.name.as_deref().or(name.as_deref()).unwrap_or("-");
-            let d = ring::digest::digest(&ring::digest::SHA256, format!("{who}\n{rid}").as_bytes());
-            let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-            format!("mcplink:{hex}")
-        };
-        if let Some(url) = self
-            .gw
-            .store
-            .peek_ticket(&key)
-            .await
-            .map_err(|e| mcp_error(e.into()))?
-        {
-            return Ok(url);
-        }
-        let url = crate::links::answer_link(&self.gw, &h, who, name.as_deref(), Via::Mcp, run, rid)
-            .await
-            .map_err(mcp_error)?;
-        let _ = self
-            .gw
-            .store
-            .put_ticket(&key, &url, self.gw.config.answer_link_ttl)
-            .await;
-        Ok(url)
+        crate::links::shown_link(
+            &self.gw,
+            &headers(ctx),
+            who,
+            name.as_deref(),
+            Via::Mcp,
+            run,
+            rid,
+        )
+        .await
+        .map_err(mcp_error)
     }
 
     /// Answers `run`'s questions with the client's elicitation results (keyed by request id).
