@@ -592,7 +592,9 @@ fn resolve_imports(
     })?;
     let mut stack = vec![from.canonicalize().unwrap_or_else(|_| from.to_path_buf())];
     let mut out = vec![];
-    walk_imports(&root, from, from_text, imports, &mut stack, &mut out, warnings)?;
+    walk_imports(
+        &root, from, from_text, imports, &mut stack, &mut out, warnings,
+    )?;
     // Which names a later definition replaces (the agent's own file last).
     let mut by_name: BTreeMap<&str, &Path> = BTreeMap::new();
     for it in &out {
@@ -619,7 +621,8 @@ fn walk_imports(
 ) -> Result<(), Error> {
     for (i, rel) in imports.iter().enumerate() {
         let field = format!("imports[{i}]");
-        let bad = |message: String| Error::invalid(from, from_text, field.clone(), Some(rel), message);
+        let bad =
+            |message: String| Error::invalid(from, from_text, field.clone(), Some(rel), message);
         let p = Path::new(rel);
         if p.is_absolute()
             || p.components()
@@ -630,12 +633,9 @@ fn walk_imports(
             )));
         }
         let path = root.join(p);
-        let real = path.canonicalize().map_err(|e| {
-            bad(format!(
-                "`{rel}`: cannot read {} ({e})",
-                path.display()
-            ))
-        })?;
+        let real = path
+            .canonicalize()
+            .map_err(|e| bad(format!("`{rel}`: cannot read {} ({e})", path.display())))?;
         if !real.starts_with(root) {
             return Err(bad(format!(
                 "`{rel}` leads outside the agent directory (to {})",
@@ -646,17 +646,9 @@ fn walk_imports(
             let chain: Vec<String> = stack[at..]
                 .iter()
                 .chain(std::iter::once(&real))
-                .map(|s| {
-                    s.strip_prefix(root)
-                        .unwrap_or(s)
-                        .display()
-                        .to_string()
-                })
+                .map(|s| s.strip_prefix(root).unwrap_or(s).display().to_string())
                 .collect();
-            return Err(bad(format!(
-                "circular import: {}",
-                chain.join(" -> ")
-            )));
+            return Err(bad(format!("circular import: {}", chain.join(" -> "))));
         }
         let text = std::sync::Arc::new(read(&path)?);
         let module: Module = parse_yaml(&path, &text)?;
@@ -737,9 +729,9 @@ fn load_context(dir: &Path) -> Result<Option<crate::context::Manifest>, Error> {
     }
     let text = read(&path)?;
     let manifest: crate::context::Manifest = parse_yaml(&path, &text)?;
-    manifest.check().map_err(|(field, message)| {
-        Error::invalid(&path, &text, field, None, message)
-    })?;
+    manifest
+        .check()
+        .map_err(|(field, message)| Error::invalid(&path, &text, field, None, message))?;
     Ok(Some(manifest))
 }
 
@@ -789,7 +781,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let err = Agent::load(dir.path()).unwrap_err();
         assert!(matches!(err, Error::NoConfig { .. }));
-        assert!(err.to_string().contains("agent.yaml (or legacy config.yaml)"));
+        assert!(
+            err.to_string()
+                .contains("agent.yaml (or legacy config.yaml)")
+        );
     }
 
     #[test]

@@ -87,7 +87,11 @@ impl Manifest {
         for (i, s) in self.sources.iter().enumerate() {
             match s {
                 Source::ComputedFile { generator, .. } => {
-                    if generator.command.first().is_none_or(|c| c.trim().is_empty()) {
+                    if generator
+                        .command
+                        .first()
+                        .is_none_or(|c| c.trim().is_empty())
+                    {
                         return Err((
                             format!("sources[{i}].generator.command"),
                             "must name a program".into(),
@@ -192,7 +196,11 @@ pub async fn compose(
                 id,
                 path,
                 on_missing,
-            } => (id.clone().unwrap_or_else(|| "file".into()), path, *on_missing),
+            } => (
+                id.clone().unwrap_or_else(|| "file".into()),
+                path,
+                *on_missing,
+            ),
             Source::ComputedFile {
                 id,
                 generator,
@@ -303,9 +311,11 @@ mod tests {
         )
         .expect("parses");
         assert_eq!(m.sources.len(), 2);
-        let err = serde_yaml_ng::from_str::<Manifest>("sources:\n  - type: file\n    path: x\n    max_turns: 3\n")
-            .unwrap_err()
-            .to_string();
+        let err = serde_yaml_ng::from_str::<Manifest>(
+            "sources:\n  - type: file\n    path: x\n    max_turns: 3\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("max_turns"), "{err}");
         let err = serde_yaml_ng::from_str::<Manifest>("sources:\n  - type: web\n    url: x\n")
             .unwrap_err()
@@ -325,7 +335,13 @@ mod tests {
         assert_eq!(last_turns(c.clone(), None).len(), 5);
         assert_eq!(last_turns(c.clone(), Some(5)).len(), 5);
         let kept = last_turns(c, Some(1));
-        assert_eq!(kept, vec![json!({"role": "assistant", "content": "2"}), json!({"role": "tool", "content": "r2"})]);
+        assert_eq!(
+            kept,
+            vec![
+                json!({"role": "assistant", "content": "2"}),
+                json!({"role": "tool", "content": "r2"})
+            ]
+        );
     }
 
     #[tokio::test]
@@ -358,9 +374,10 @@ mod tests {
                 },
             ]
         );
-        let m: Manifest =
-            serde_yaml_ng::from_str("sources:\n  - type: file\n    id: guide\n    path: '${CWD}/DELTA.md'\n")
-                .expect("parses");
+        let m: Manifest = serde_yaml_ng::from_str(
+            "sources:\n  - type: file\n    id: guide\n    path: '${CWD}/DELTA.md'\n",
+        )
+        .expect("parses");
         let err = compose(&m, &place, &CancellationToken::new())
             .await
             .unwrap_err();

@@ -633,24 +633,23 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             // An LLM call is slow and not free: keep what happened so far before making it.
             self.commit(None).await?;
         }
-        let decided = if self.agent.hooks.pre_llm_req.is_some()
-            || self.agent.hooks.post_llm_resp.is_some()
-        {
-            self.decide_hooked().await
-        } else {
-            let view = View {
-                run_id: self.record.run_id,
-                task: &self.record.task,
-                journal: &self.journal,
-                agent: self.agent,
-                work_dir: &self.settings.work_dir,
-                cancel: &self.cancel,
+        let decided =
+            if self.agent.hooks.pre_llm_req.is_some() || self.agent.hooks.post_llm_resp.is_some() {
+                self.decide_hooked().await
+            } else {
+                let view = View {
+                    run_id: self.record.run_id,
+                    task: &self.record.task,
+                    journal: &self.journal,
+                    agent: self.agent,
+                    work_dir: &self.settings.work_dir,
+                    cancel: &self.cancel,
+                };
+                tokio::select! {
+                    d = self.brain.decide(view) => Some(d),
+                    () = self.cancel.cancelled() => None,
+                }
             };
-            tokio::select! {
-                d = self.brain.decide(view) => Some(d),
-                () = self.cancel.cancelled() => None,
-            }
-        };
         let Some(decided) = decided else {
             return self.interrupt().await.map(Some);
         };

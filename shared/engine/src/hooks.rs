@@ -282,7 +282,13 @@ impl HookHost {
     }
 }
 
-fn prepare(io: &Path, kind: HookKind, step: u64, run_id: &str, payload: &Value) -> std::io::Result<()> {
+fn prepare(
+    io: &Path,
+    kind: HookKind,
+    step: u64,
+    run_id: &str,
+    payload: &Value,
+) -> std::io::Result<()> {
     for sub in ["input", "output", "execution_meta"] {
         std::fs::create_dir_all(io.join(sub))?;
     }
@@ -339,8 +345,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("pre_llm_request"), "{err}");
-        let h: Hooks =
-            serde_yaml_ng::from_str("on_error:\n  command: [x]\n  timeout_ms: 5\n").expect("parses");
+        let h: Hooks = serde_yaml_ng::from_str("on_error:\n  command: [x]\n  timeout_ms: 5\n")
+            .expect("parses");
         let (field, _) = h.check().unwrap_err();
         assert_eq!(field, "on_error.timeout_ms");
         let h: Hooks = serde_yaml_ng::from_str("on_error:\n  command: []\n").expect("parses");
@@ -378,7 +384,10 @@ mod tests {
             .await;
         assert!(out.success, "{}", out.audit);
         assert!(out.skips());
-        assert!(out.audit.starts_with("hook pre_tool_exec: SUCCESS (io/hooks/001_pre_tool_exec/)"));
+        assert!(
+            out.audit
+                .starts_with("hook pre_tool_exec: SUCCESS (io/hooks/001_pre_tool_exec/)")
+        );
         let seen: Value = serde_json::from_str(
             &std::fs::read_to_string(work.path().join("seen.json")).expect("written"),
         )
@@ -417,17 +426,28 @@ mod tests {
         let out = host
             .run(HookKind::OnError, &spec("sleep 30", 100), 2, &json!({}), &c)
             .await;
-        assert!(out.audit.contains("timed out after 100 ms"), "{}", out.audit);
+        assert!(
+            out.audit.contains("timed out after 100 ms"),
+            "{}",
+            out.audit
+        );
         let out = host
             .run(
                 HookKind::PreLlmReq,
-                &spec("echo nope > \"$DELTA_HOOK_IO_PATH/output/final_payload.json\"", 5000),
+                &spec(
+                    "echo nope > \"$DELTA_HOOK_IO_PATH/output/final_payload.json\"",
+                    5000,
+                ),
                 3,
                 &json!({}),
                 &c,
             )
             .await;
         assert!(!out.success);
-        assert!(out.audit.contains("final_payload.json is not JSON"), "{}", out.audit);
+        assert!(
+            out.audit.contains("final_payload.json is not JSON"),
+            "{}",
+            out.audit
+        );
     }
 }

@@ -27,10 +27,7 @@ fn every_example_loads() {
         assert!(agent.config_path.ends_with("agent.yaml"), "{name}");
         let context = agent.context.as_ref().expect("context.yaml");
         assert_eq!(context.sources.len(), 3, "{name}");
-        assert!(
-            agent.system_prompt.trim_start().starts_with('#'),
-            "{name}"
-        );
+        assert!(agent.system_prompt.trim_start().starts_with('#'), "{name}");
     }
 }
 
@@ -110,7 +107,13 @@ fn imports_bring_their_tools_and_name_what_they_ignore() {
 #[test]
 fn a_circular_import_is_refused_naming_the_chain() {
     let err = Agent::load(&fixture("fixtures/agent-with-circular-imports")).unwrap_err();
-    let Error::Invalid { path, field, message, .. } = &err else {
+    let Error::Invalid {
+        path,
+        field,
+        message,
+        ..
+    } = &err
+    else {
         panic!("{err}");
     };
     assert!(path.ends_with("module-b.yaml"), "{path}");
@@ -138,7 +141,10 @@ fn imports_stay_inside_the_agent_directory() {
         )
         .expect("write");
         let err = Agent::load(&agent).unwrap_err().to_string();
-        assert!(err.contains("imports[0]") && err.contains(says), "{import}: {err}");
+        assert!(
+            err.contains("imports[0]") && err.contains(says),
+            "{import}: {err}"
+        );
     }
     std::os::unix::fs::symlink(dir.path().join("outside.yaml"), agent.join("link.yaml"))
         .expect("symlink");
@@ -159,7 +165,11 @@ fn agent_yaml_wins_over_config_yaml_and_unknown_keys_are_named() {
         "name: new\nllm: {model: m, base_url: 'http://127.0.0.1:9/v1', seed: 4}\ntimeout_seconds: 60\nmemory: {kind: vector}\n",
     )
     .expect("write");
-    std::fs::write(dir.path().join("config.yaml"), "name: old\nbrain: scripted\n").expect("write");
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        "name: old\nbrain: scripted\n",
+    )
+    .expect("write");
     let agent = Agent::load(dir.path()).expect("loads");
     assert_eq!(agent.name(), "new");
     let w = agent.warnings.join("\n");
@@ -181,10 +191,16 @@ fn unknown_hooks_and_context_sources_are_refused_by_name() {
         "name: a\nllm: {model: m, base_url: 'http://127.0.0.1:9/v1'}\n",
     )
     .expect("write");
-    std::fs::write(dir.path().join("hooks.yaml"), "pre_llm_request:\n  command: [x]\n")
-        .expect("write");
+    std::fs::write(
+        dir.path().join("hooks.yaml"),
+        "pre_llm_request:\n  command: [x]\n",
+    )
+    .expect("write");
     let err = Agent::load(dir.path()).unwrap_err().to_string();
-    assert!(err.contains("hooks.yaml") && err.contains("pre_llm_request"), "{err}");
+    assert!(
+        err.contains("hooks.yaml") && err.contains("pre_llm_request"),
+        "{err}"
+    );
     std::fs::write(
         dir.path().join("hooks.yaml"),
         "pre_tool_exec:\n  command: [x]\n  timeout_ms: 900000\n",
@@ -199,5 +215,8 @@ fn unknown_hooks_and_context_sources_are_refused_by_name() {
     )
     .expect("write");
     let err = Agent::load(dir.path()).unwrap_err().to_string();
-    assert!(err.contains("context.yaml") && err.contains("vector_store"), "{err}");
+    assert!(
+        err.contains("context.yaml") && err.contains("vector_store"),
+        "{err}"
+    );
 }

@@ -137,7 +137,10 @@ pub trait Brain: Send + Sync {
 
     /// The request the next decision would send to an LLM, for a `pre_llm_req` hook to see
     /// and replace; `None` for a brain that sends none.
-    fn request(&self, _view: View<'_>) -> impl Future<Output = Result<Option<Value>, Error>> + Send {
+    fn request(
+        &self,
+        _view: View<'_>,
+    ) -> impl Future<Output = Result<Option<Value>, Error>> + Send {
         async { Ok(None) }
     }
 

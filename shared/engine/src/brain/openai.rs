@@ -284,7 +284,10 @@ pub fn composed(view: &View<'_>, blocks: &[crate::context::Block]) -> Vec<Value>
                 out.push(json!({"role": "system", "content": text}));
             }
             crate::context::Block::Journal { max_iterations } => {
-                out.extend(crate::context::last_turns(conversation(view), *max_iterations));
+                out.extend(crate::context::last_turns(
+                    conversation(view),
+                    *max_iterations,
+                ));
             }
         }
     }
