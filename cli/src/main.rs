@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 mod bench;
 mod client;
 mod dev;
+mod dotenv;
 mod grants;
 mod init;
 use delta_cli::mailbox;

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use delta_engine::agent::Agent;
+use delta_engine::agent::{Agent, BrainKind};
 use delta_engine::brain::AnyBrain;
 use delta_engine::engine::{self, Engine, Outcome, PauseMode, Settings};
 use delta_protocol::{Event, InteractionRequest, InteractionType, RunId, RunStatus};
@@ -240,8 +240,26 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
         }
         resumable = None;
     }
-    let brain =
-        AnyBrain::for_agent(&agent).map_err(|e| usage(delta_host::Chain(&e).to_string()))?;
+    let brain = if agent.brain == BrainKind::Openai {
+        // Delta Engine's `.env` files may hold the LLM's key and endpoint.
+        let mut wanted = vec!["DELTA_API_KEY", "DELTA_BASE_URL", "OPENAI_API_KEY"];
+        if let Some(own) = agent
+            .config
+            .llm
+            .as_ref()
+            .and_then(|l| l.api_key_env.as_deref())
+        {
+            wanted.push(own);
+        }
+        let dotenv = crate::dotenv::DotEnv::load(&work_dir, &agent.dir, &wanted);
+        for w in &dotenv.warnings {
+            eprintln!("warning: {w}");
+        }
+        AnyBrain::for_agent_with(&agent, &|name| dotenv.get(name))
+    } else {
+        AnyBrain::for_agent(&agent)
+    }
+    .map_err(|e| usage(delta_host::Chain(&e).to_string()))?;
 
     let run = match resumable {
         Some(run) => {

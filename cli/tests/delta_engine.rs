@@ -742,3 +742,49 @@ fn delta_init_makes_an_agent_from_a_template() {
         stderr(&out)
     );
 }
+
+#[test]
+fn the_agents_dotenv_file_gives_the_llms_variables_and_nothing_else() {
+    let (url, llm) = fake_llm(vec![
+        calls(&[("echo", json!({"message": "x"}))]),
+        answer("ok"),
+    ]);
+    let root = tempfile::tempdir().expect("tempdir");
+    let agent = root.path().join("a");
+    std::fs::create_dir_all(&agent).expect("mkdir");
+    std::fs::write(
+        agent.join("agent.yaml"),
+        "name: a\nllm: {model: m}\ntools:\n  - name: echo\n    shell: \"echo ${message}; env\"\n",
+    )
+    .expect("write");
+    std::fs::write(
+        agent.join(".env"),
+        format!("DELTA_API_KEY={KEY}\nDELTA_BASE_URL={url}\nSOME_TOKEN=do-not-print\n"),
+    )
+    .expect("write");
+    let out = Command::new(DELTA)
+        .args(["run", "--agent", "a", "-m", "go"])
+        .current_dir(root.path())
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("DELTA_API_KEY")
+        .env_remove("DELTA_BASE_URL")
+        .stdin(Stdio::null())
+        .output()
+        .expect("delta runs");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("ignored: SOME_TOKEN"), "{err}");
+    assert!(!err.contains("do-not-print") && !err.contains(KEY), "{err}");
+    let llm = llm.lock().expect("lock");
+    assert_eq!(llm.requests[0]["_auth"], format!("Bearer {KEY}"));
+    // The tool's environment holds neither the key nor the file's other variables.
+    let env = &llm.requests[1]["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("a result")["content"];
+    let env = env.as_str().expect("text");
+    assert!(env.starts_with("x\n"), "{env}");
+    assert!(!env.contains(KEY) && !env.contains("SOME_TOKEN"), "{env}");
+}

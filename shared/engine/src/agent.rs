@@ -483,6 +483,15 @@ impl Agent {
         }
         let config: AgentConfig = parse_yaml(&config_path, &text)?;
         let imported = resolve_imports(dir, &config_path, &text, &config.imports, &mut warnings)?;
+        for own in &config.tools {
+            if let Some(it) = imported.iter().rev().find(|it| it.config.name == own.name) {
+                warnings.push(format!(
+                    "tool `{}` of {} is replaced by the one in {file} (the last definition wins)",
+                    own.name,
+                    it.path.display()
+                ));
+            }
+        }
         let CheckedConfig {
             config,
             brain,

@@ -137,6 +137,9 @@ pub struct Engine<'a, S, B> {
 /// How a hook's call is journaled: `SYSTEM_MESSAGE` whose content starts so.
 const HOOK_PREFIX: &str = "hook ";
 
+/// The longest a hook may run while the host is stopping (milliseconds).
+const STOPPING_HOOK_MS: u64 = 5_000;
+
 /// The observation a tool sees in place of a sensitive value, should it echo one.
 const MASK: &str = "***";
 
@@ -321,7 +324,13 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         payload: Value,
         cancel: &CancellationToken,
     ) -> Option<crate::hooks::HookOutcome> {
-        let spec = self.agent.hooks.get(kind)?.clone();
+        let mut spec = self.agent.hooks.get(kind)?.clone();
+        if self.cancel.is_cancelled() {
+            // The host is stopping (on_run_end of an interrupted run): a hook may not hold it up
+            // for long.
+            let ms = spec.timeout_ms.unwrap_or(crate::hooks::DEFAULT_TIMEOUT_MS);
+            spec.timeout_ms = Some(ms.min(STOPPING_HOOK_MS));
+        }
         self.hook_calls += 1;
         let host = crate::hooks::HookHost {
             run_id: self.record.run_id.to_string(),

@@ -220,3 +220,42 @@ fn unknown_hooks_and_context_sources_are_refused_by_name() {
         "{err}"
     );
 }
+
+#[test]
+fn the_agents_own_tool_replaces_an_imported_one_with_a_warning() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("m")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("m/a.yaml"),
+        "tools:\n  - name: echo\n    description: imported\n    exec: \"echo ${x}\"\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("m/b.yaml"),
+        "imports: [m/a.yaml]\ntools:\n  - name: echo\n    description: from b\n    exec: \"echo ${y}\"\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        "name: a\nllm: {model: m, base_url: 'http://127.0.0.1:9/v1'}\nimports: [m/b.yaml, m/a.yaml]\n\
+         tools:\n  - name: echo\n    description: own\n    exec: \"echo ${z}\"\n",
+    )
+    .expect("write");
+    // A file imported twice (not a cycle) is fine; the last definition of a name wins.
+    let agent = Agent::load(dir.path()).expect("loads");
+    assert_eq!(agent.tools["echo"].description, "own");
+    let replaced = agent
+        .warnings
+        .iter()
+        .filter(|w| w.starts_with("tool `echo` of "))
+        .count();
+    assert_eq!(replaced, 3, "{:?}", agent.warnings);
+    assert!(
+        agent
+            .warnings
+            .iter()
+            .any(|w| w.ends_with("is replaced by the one in agent.yaml (the last definition wins)")),
+        "{:?}",
+        agent.warnings
+    );
+}

@@ -164,10 +164,19 @@ pub enum AnyBrain {
 impl AnyBrain {
     /// Builds the agent's brain. Fails when the OpenAI key variable is named but unset.
     pub fn for_agent(agent: &Agent) -> Result<AnyBrain, Error> {
+        Self::for_agent_with(agent, &|name| std::env::var(name).ok())
+    }
+
+    /// As [`AnyBrain::for_agent`], reading the LLM's variables (key, `DELTA_BASE_URL`) through
+    /// `env` (`delta run` adds Delta Engine's `.env` files to the process's environment).
+    pub fn for_agent_with(
+        agent: &Agent,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<AnyBrain, Error> {
         match agent.brain {
             BrainKind::Scripted => Ok(AnyBrain::Scripted(scripted::ScriptedBrain)),
             BrainKind::Openai => {
-                openai::OpenAiBrain::new(agent).map(|b| AnyBrain::Openai(Box::new(b)))
+                openai::OpenAiBrain::with_env(agent, env).map(|b| AnyBrain::Openai(Box::new(b)))
             }
         }
     }

@@ -53,12 +53,17 @@ fn install_crypto() {
 
 impl OpenAiBrain {
     pub fn new(agent: &Agent) -> Result<Self, Error> {
+        Self::with_env(agent, &|name| std::env::var(name).ok())
+    }
+
+    /// As [`OpenAiBrain::new`], reading the key and `DELTA_BASE_URL` through `env`.
+    pub fn with_env(agent: &Agent, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, Error> {
         let llm = agent
             .config
             .llm
             .clone()
             .ok_or_else(|| Error::Config("the openai brain needs an `llm:` section".into()))?;
-        let set = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
         // The agent's own settings win; then Delta Engine's variables; then OpenAI's defaults.
         let env_base = set(DELTA_BASE_URL_ENV);
         let base = llm
