@@ -788,3 +788,75 @@ fn the_agents_dotenv_file_gives_the_llms_variables_and_nothing_else() {
     assert!(env.starts_with("x\n"), "{env}");
     assert!(!env.contains(KEY) && !env.contains("SOME_TOKEN"), "{env}");
 }
+
+#[test]
+fn memory_folding_a_generator_reads_the_journal_and_old_turns_are_dropped() {
+    let (url, llm) = fake_llm(vec![
+        calls(&[("echo", json!({"message": "one"}))]),
+        calls(&[("echo", json!({"message": "two"}))]),
+        answer("folded"),
+    ]);
+    let root = tempfile::tempdir().expect("tempdir");
+    let agent = root.path().join("folding");
+    std::fs::create_dir_all(&agent).expect("mkdir");
+    std::fs::write(
+        agent.join("agent.yaml"),
+        "name: folding\nllm: {model: m}\ntools:\n  - name: echo\n    exec: \"echo ${message}\"\n",
+    )
+    .expect("write");
+    std::fs::write(agent.join("system_prompt.md"), "Fold.").expect("write");
+    // The generator summarizes the journal Delta Engine's way: from .delta/<run>/journal.jsonl.
+    std::fs::write(
+        agent.join("summarize.sh"),
+        "#!/bin/sh\nj=\"$DELTA_CWD/.delta/$DELTA_RUN_ID/journal.jsonl\"\nmkdir -p \"$DELTA_CWD/.delta/context_artifacts\"\n\
+         printf 'tools used: %s' \"$(grep '\"type\":\"ACTION_REQUEST\"' \"$j\" | grep -o '\"message\":\"[a-z]*\"' | tr '\\n' ' ')\" \
+         > \"$DELTA_CWD/.delta/context_artifacts/summary.md\"\n",
+    )
+    .expect("write");
+    std::fs::write(
+        agent.join("context.yaml"),
+        "sources:\n  - type: file\n    id: system_prompt\n    path: '${AGENT_HOME}/system_prompt.md'\n\
+         \x20 - type: computed_file\n    id: memory\n    generator:\n      command: [sh, '${AGENT_HOME}/summarize.sh']\n\
+         \x20   output_path: '${CWD}/.delta/context_artifacts/summary.md'\n\
+         \x20 - type: journal\n    max_iterations: 1\n",
+    )
+    .expect("write");
+    let out = delta(
+        root.path(),
+        &url,
+        &["run", "--agent", "folding", "-m", "fold it"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let llm = llm.lock().expect("lock");
+    let messages = |i: usize| -> Vec<Value> {
+        llm.requests[i]["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| json!([m["role"], m["content"]]))
+            .collect()
+    };
+    let first = messages(0);
+    assert_eq!(
+        first[1],
+        json!(["system", "# Context Block: system_prompt\n\nFold."])
+    );
+    assert_eq!(
+        first[2],
+        json!(["system", "# Context Block: memory\n\ntools used: "])
+    );
+    assert_eq!(first[3], json!(["user", "fold it"]));
+    let third = messages(2);
+    assert_eq!(
+        third[2],
+        json!([
+            "system",
+            "# Context Block: memory\n\ntools used: \"message\":\"one\" \"message\":\"two\" "
+        ])
+    );
+    // Only the last turn is kept verbatim: no task, no first call.
+    assert_eq!(third.len(), 5, "{third:?}");
+    assert_eq!(third[3][0], "assistant");
+    assert_eq!(third[4], json!(["tool", "two\n"]));
+}

@@ -281,6 +281,107 @@ async fn run_generator(
     })
 }
 
+impl Manifest {
+    /// Whether a generator runs (and so may read the journal file Delta Engine's generators
+    /// read: [`journal_file`]).
+    pub fn has_generators(&self) -> bool {
+        self.sources
+            .iter()
+            .any(|s| matches!(s, Source::ComputedFile { .. }))
+    }
+}
+
+/// Where Delta Engine's generators find the run's journal: `<work dir>/.delta/<run_id>/journal.jsonl`.
+pub fn journal_file(work_dir: &Path, run_id: &str) -> PathBuf {
+    work_dir.join(".delta").join(run_id).join("journal.jsonl")
+}
+
+/// The run's journal as Delta Engine writes it (`RUN_START`, `USER_MESSAGE`, `THOUGHT` with
+/// OpenAI-shaped `tool_calls`, `ACTION_REQUEST` with `tool_name`/`tool_args`, `ACTION_RESULT`,
+/// `SYSTEM_MESSAGE`), one JSON object a line, for generators written for it. The journal is
+/// the engine's (sensitive answers already `"***"`); `command_line` gives an action's command.
+pub fn delta_engine_journal(
+    journal: &[delta_protocol::JournalEvent],
+    run_id: &str,
+    task: &str,
+    agent_ref: &Path,
+    command_line: impl Fn(&str, &Value) -> String,
+) -> String {
+    use delta_protocol::{ActionStatus, Event, MessageLevel};
+    use serde_json::json;
+    let mut out = String::new();
+    let mut seq = 0u64;
+    let mut line = |timestamp: &delta_protocol::Timestamp, kind: &str, payload: Value| {
+        seq += 1;
+        let v = json!({"seq": seq, "timestamp": timestamp, "type": kind, "payload": payload});
+        out.push_str(&v.to_string());
+        out.push('\n');
+    };
+    let mut started = false;
+    for e in journal {
+        match &e.event {
+            Event::EngineStart(_) if !started => {
+                started = true;
+                line(
+                    &e.timestamp,
+                    "RUN_START",
+                    json!({"run_id": run_id, "task": task, "agent_ref": agent_ref}),
+                );
+                line(&e.timestamp, "USER_MESSAGE", json!({"content": task}));
+            }
+            Event::Thought(t) => {
+                let calls: Vec<Value> = t
+                    .tool_calls
+                    .iter()
+                    .flatten()
+                    .map(|c| {
+                        json!({"id": c.id, "type": "function",
+                               "function": {"name": c.tool, "arguments": c.args.to_string()}})
+                    })
+                    .collect();
+                let mut p = json!({"content": t.content});
+                if !calls.is_empty() {
+                    p["tool_calls"] = Value::Array(calls);
+                }
+                line(&e.timestamp, "THOUGHT", p);
+            }
+            Event::ActionRequest(r) => line(
+                &e.timestamp,
+                "ACTION_REQUEST",
+                json!({"action_id": r.action_id, "tool_name": r.tool, "tool_args": r.args,
+                       "resolved_command": command_line(&r.tool, &r.args)}),
+            ),
+            Event::ActionResult(r) => {
+                let status = match r.status {
+                    ActionStatus::Success | ActionStatus::Skipped => "SUCCESS",
+                    ActionStatus::Error => "FAILED",
+                    ActionStatus::Rejected => "ERROR",
+                };
+                line(
+                    &e.timestamp,
+                    "ACTION_RESULT",
+                    json!({"action_id": r.action_id, "status": status,
+                           "observation_content": r.observation_content}),
+                );
+            }
+            Event::SystemMessage(m) => {
+                let level = match m.level {
+                    MessageLevel::Info => "INFO",
+                    MessageLevel::Warn => "WARN",
+                    MessageLevel::Error => "ERROR",
+                };
+                line(
+                    &e.timestamp,
+                    "SYSTEM_MESSAGE",
+                    json!({"level": level, "content": m.content}),
+                );
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// Keeps the last `n` assistant turns of `conversation` (the journal's messages) and what
 /// follows them; the whole conversation when it has no more.
 pub fn last_turns(conversation: Vec<Value>, n: Option<u32>) -> Vec<Value> {

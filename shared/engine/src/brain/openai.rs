@@ -117,6 +117,9 @@ impl OpenAiBrain {
                     work_dir: view.work_dir,
                     run_id: view.run_id.to_string(),
                 };
+                if manifest.has_generators() {
+                    write_journal_file(view)?;
+                }
                 let blocks = crate::context::compose(manifest, &place, view.cancel)
                     .await
                     .map_err(|e| Error::Config(e.to_string()))?;
@@ -277,6 +280,45 @@ pub fn parse_choice(resp: &Value, plans: bool) -> Result<Decision, Error> {
 
 fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
+}
+
+/// Writes the journal where Delta Engine's generators read it ([`crate::context::journal_file`]).
+fn write_journal_file(view: &View<'_>) -> Result<(), Error> {
+    let run_id = view.run_id.to_string();
+    let env = crate::tools::ToolEnv {
+        work_dir: view.work_dir.to_path_buf(),
+        agent_home: view.agent.dir.clone(),
+        vars: vec![],
+    };
+    let command_line = |tool: &str, args: &Value| {
+        view.agent
+            .tools
+            .get(tool)
+            .and_then(|t| t.check_args(args).ok().map(|v| (t, v)))
+            .and_then(|(t, v)| t.invocation(&v, &env).ok())
+            .map(|inv| inv.display())
+            .unwrap_or_default()
+    };
+    let text = crate::context::delta_engine_journal(
+        view.journal,
+        &run_id,
+        view.task,
+        &view.agent.dir,
+        command_line,
+    );
+    let path = crate::context::journal_file(view.work_dir, &run_id);
+    let fail = |e: std::io::Error| {
+        Error::Config(format!(
+            "context.yaml: writing {} for its generators: {e}",
+            path.display()
+        ))
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    let tmp = path.with_extension("jsonl.tmp");
+    std::fs::write(&tmp, text).map_err(fail)?;
+    std::fs::rename(&tmp, &path).map_err(fail)
 }
 
 /// The messages composed as `context.yaml` says: its blocks in order, the journal where it
