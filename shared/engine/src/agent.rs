@@ -499,6 +499,18 @@ impl Agent {
         } = CheckedConfig::check(&config_path, &text, config, imported, dir)?;
         let hooks = load_hooks(dir, &config_path, &text, &config, &mut warnings)?;
         let context = load_context(dir)?;
+        if let Some(m) = &context
+            && !m
+                .sources
+                .iter()
+                .any(|s| matches!(s, crate::context::Source::Journal { .. }))
+        {
+            warnings.push(
+                "context.yaml has no `type: journal` source: the LLM sees neither the task nor \
+                 any result (as in Delta Engine 1.10); add `- type: journal`"
+                    .into(),
+            );
+        }
         if context.is_some() && brain == BrainKind::Scripted {
             warnings.push(
                 "context.yaml is ignored: only the openai brain composes an LLM context \

@@ -259,3 +259,171 @@ fn the_agents_own_tool_replaces_an_imported_one_with_a_warning() {
         agent.warnings
     );
 }
+
+#[test]
+fn a_context_without_the_journal_is_named_in_a_warning() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        "name: a\nllm: {model: m, base_url: 'http://127.0.0.1:9/v1'}\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("context.yaml"),
+        "sources:\n  - type: file\n    path: '${AGENT_HOME}/agent.yaml'\n",
+    )
+    .expect("write");
+    let agent = Agent::load(dir.path()).expect("loads");
+    assert!(
+        agent
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("context.yaml has no `type: journal` source")),
+        "{:?}",
+        agent.warnings
+    );
+}
+
+mod hooks_on_the_scripted_brain {
+    use std::path::Path;
+
+    use delta_engine::agent::Agent;
+    use delta_engine::brain::AnyBrain;
+    use delta_engine::engine::{Engine, Outcome, PauseMode, Settings};
+    use delta_protocol::{Event, RunId, RunStatus};
+    use delta_store::file::FileRunStore;
+    use delta_store::{RunRecord, RunStore};
+    use serde_json::Value;
+    use tokio_util::sync::CancellationToken;
+
+    /// Appends `<call dir name> <payload>` to `$1` for every call.
+    const RECORD: &str = "n=$(basename \"$DELTA_HOOK_IO_PATH\"); \
+        printf '%s %s\\n' \"$n\" \"$(tr -d '\\n' < \"$DELTA_HOOK_IO_PATH/input/payload.json\")\" >> \"$0\"";
+
+    fn agent(dir: &Path, script: &str, log: &Path) -> Agent {
+        let a = dir.join("agent");
+        std::fs::create_dir_all(&a).expect("mkdir");
+        std::fs::write(
+            a.join("agent.yaml"),
+            "name: t\nbrain: scripted\ntools:\n  - name: slow\n    shell: \"touch started; sleep 30\"\n\
+             \x20 - name: missing\n    exec: \"/nonexistent/program\"\n",
+        )
+        .expect("write");
+        std::fs::write(a.join("script.yaml"), script).expect("write");
+        let mut hooks = String::new();
+        for h in ["pre_tool_exec", "post_tool_exec", "on_error", "on_run_end"] {
+            hooks.push_str(&format!(
+                "{h}:\n  command: [sh, -c, {RECORD:?}, '{}']\n",
+                log.display()
+            ));
+        }
+        std::fs::write(a.join("hooks.yaml"), hooks).expect("write");
+        Agent::load(&a).expect("loads")
+    }
+
+    fn lines(log: &Path) -> Vec<(String, Value)> {
+        std::fs::read_to_string(log)
+            .expect("log")
+            .lines()
+            .map(|l| {
+                let (name, payload) = l.split_once(' ').expect("two parts");
+                (
+                    name.to_owned(),
+                    serde_json::from_str(payload).expect("json"),
+                )
+            })
+            .collect()
+    }
+
+    async fn run(dir: &Path, agent: &Agent, cancel: CancellationToken) -> (RunId, Outcome) {
+        let brain = AnyBrain::for_agent(agent).expect("brain");
+        let store = FileRunStore::new(dir.join(".delta"));
+        let rec = RunRecord::new(RunId::new(), "t", "task", RunStatus::Running);
+        let id = rec.run_id;
+        store.create(rec).await.expect("create");
+        let run = store.load(id).await.expect("load");
+        let settings = Settings {
+            worker: "local".into(),
+            work_dir: dir.to_path_buf(),
+            pause: PauseMode::Park,
+        };
+        let mut engine = Engine::new(agent, &brain, &store, run, settings, cancel);
+        let out = engine.advance(None).await.expect("advance");
+        (id, out)
+    }
+
+    #[tokio::test]
+    async fn a_tool_that_cannot_start_calls_on_error_and_a_run_end_calls_on_run_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("hooks.log");
+        let agent = agent(
+            dir.path(),
+            "steps:\n  - tool: missing\n    args: {}\n  - finish: done\n",
+            &log,
+        );
+        let (id, out) = run(dir.path(), &agent, CancellationToken::new()).await;
+        assert_eq!(
+            out,
+            Outcome::Completed {
+                result: "done".into()
+            }
+        );
+        let got = lines(&log);
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "001_pre_tool_exec",
+                "002_on_error",
+                "003_post_tool_exec",
+                "004_on_run_end"
+            ]
+        );
+        assert_eq!(got[1].1["error_type"], "TOOL_EXECUTION_ERROR");
+        assert_eq!(got[1].1["context"]["tool_name"], "missing");
+        assert_eq!(got[2].1["exit_code"], -1);
+        assert_eq!(got[3].1["status"], "COMPLETED");
+        assert_eq!(got[3].1["run_id"], id.to_string());
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_run_still_calls_on_run_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("hooks.log");
+        let agent = agent(
+            dir.path(),
+            "steps:\n  - tool: slow\n    args: {}\n  - finish: never\n",
+            &log,
+        );
+        let cancel = CancellationToken::new();
+        let started = dir.path().join("started");
+        let c = cancel.clone();
+        // Stop the host once the tool runs (as Ctrl+C or a stopping worker would).
+        tokio::spawn(async move {
+            while !started.exists() {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            c.cancel();
+        });
+        let (id, out) = run(dir.path(), &agent, cancel).await;
+        assert_eq!(out, Outcome::Interrupted);
+        let got = lines(&log);
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["001_pre_tool_exec", "002_on_run_end"]);
+        assert_eq!(got[1].1["status"], "INTERRUPTED");
+        let journal = FileRunStore::new(dir.path().join(".delta"))
+            .load(id)
+            .await
+            .expect("load")
+            .journal;
+        let n = journal.len();
+        assert!(
+            matches!(&journal[n - 2].event, Event::SystemMessage(m) if m.content.starts_with("hook on_run_end: SUCCESS")),
+            "{:?}",
+            journal[n - 2]
+        );
+        assert!(
+            matches!(&journal[n - 1].event, Event::EngineEnd(e) if e.status == RunStatus::Interrupted)
+        );
+    }
+}
