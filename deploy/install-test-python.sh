@@ -4,11 +4,12 @@
 #   standardwebhooks  verifies webhook signatures (Standard Webhooks' own library)
 #   cloudevents       decodes the fleet's events (the CloudEvents SDK for Python)
 #   jsonschema        checks each event against its JSON Schema in docs/events/
+#   mcp               the official MCP Python SDK, the client of the gateway's /mcp
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TOOLS="${DELTA_TOOLS_DIR:-$ROOT/.tools}"
 VENV="$TOOLS/venv"
-PACKAGES=("standardwebhooks==1.1.0" "cloudevents==2.2.0" "jsonschema==4.26.0")
+PACKAGES=("standardwebhooks==1.1.0" "cloudevents==2.2.0" "jsonschema==4.26.0" "mcp==2.3.0")
 
 [ -x "$VENV/bin/pip" ] || python3 -m venv "$VENV"
 missing=()

@@ -47,6 +47,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/interactions/{request_id}", get(get_interaction))
         .route("/v1/interactions/{request_id}/response", post(respond))
         .route("/v1/interactions/{request_id}/claim", post(claim))
+        .route("/v1/answer-links/open", post(open_link))
+        .route("/v1/answer-links/answer", post(answer_link))
         .route(
             "/v1/delegations",
             post(crate::delegations::create).get(crate::delegations::list),
@@ -78,8 +80,10 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/", get(crate::inbox::page))
         .route("/runs/{run_id}", get(crate::inbox::page))
+        .route("/answer", get(crate::inbox::page))
         .route("/inbox.js", get(crate::inbox::script))
         .route("/inbox.css", get(crate::inbox::style))
+        .merge(crate::mcp::router(gw.clone()))
         .fallback(|| async {
             ApiError::not_found("no such endpoint; GET /openapi.json lists them")
         })
@@ -370,7 +374,7 @@ async fn list_runs(
 
 /// A run as the API shows it: the record without the local CLI's `agent_dir`. Listings leave
 /// out the (possibly large) structured input as well.
-fn run_view(r: &delta_store::RunRecord) -> Run {
+pub(crate) fn run_view(r: &delta_store::RunRecord) -> Run {
     Run {
         run_id: r.run_id,
         agent: r.agent.clone(),
@@ -561,6 +565,21 @@ async fn respond(
         run_id: answered.run_id,
         tally: answered.tally,
     }))
+}
+
+/// No token: the link's secret is the credential (crate::links).
+async fn open_link(
+    State(gw): Shared,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<delta_api::links::LinkView>, ApiError> {
+    Ok(Json(crate::links::open(&gw, body(bytes)?).await?))
+}
+
+async fn answer_link(
+    State(gw): Shared,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<AnswerAccepted>, ApiError> {
+    Ok(Json(crate::links::answer(&gw, body(bytes)?).await?))
 }
 
 async fn claim(

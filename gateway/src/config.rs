@@ -64,6 +64,8 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_WEBHOOK_RETRY_FIRST_S", "webhook-retry-first-s", "1"),
     ("DELTA_WEBHOOK_RETRY_MAX_S", "webhook-retry-max-s", "600"),
     ("DELTA_WEBHOOK_ACK_WAIT_S", "webhook-ack-wait-s", "30"),
+    ("DELTA_PUBLIC_URL", "public-url", ""),
+    ("DELTA_ANSWER_LINK_TTL_S", "answer-link-ttl-s", "900"),
 ];
 
 /// `DELTA_RETENTION`'s default: finished runs are kept a week.
@@ -127,6 +129,11 @@ pub struct Config {
     pub stream_ticket_ttl: Duration,
     /// How webhooks are delivered (`DELTA_WEBHOOK_*`).
     pub webhooks: crate::webhooks::Settings,
+    /// The URL people reach this gateway at (`DELTA_PUBLIC_URL`, no trailing `/`), for the
+    /// links it gives out; `None`: the scheme it serves and the `Host` the client used.
+    pub public_url: Option<String>,
+    /// How long a one-time answer link works (`DELTA_ANSWER_LINK_TTL_S`).
+    pub answer_link_ttl: Duration,
 }
 
 impl Config {
@@ -160,6 +167,8 @@ impl Config {
             tls: None,
             stream_ticket_ttl: Duration::from_secs(30),
             webhooks: crate::webhooks::Settings::default(),
+            public_url: None,
+            answer_link_ttl: Duration::from_secs(900),
         }
     }
 }
@@ -240,6 +249,14 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         ));
     }
     let webhooks = crate::webhooks::Settings::parse(&mut s);
+    let public_url = public_url(&mut s);
+    let link_ttl = s.number("DELTA_ANSWER_LINK_TTL_S", 10);
+    if link_ttl > 86_400 {
+        let (_, from) = s.get("DELTA_ANSWER_LINK_TTL_S");
+        s.errors.push(format!(
+            "{from}: `{link_ttl}` s is too long for a one-time answer link; keep it at most 86400 (a day)"
+        ));
+    }
     s.finish()?;
     Ok(Config {
         nats_url: servers.nats_url,
@@ -269,7 +286,36 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         tls,
         stream_ticket_ttl: Duration::from_secs(ticket_ttl),
         webhooks,
+        public_url,
+        answer_link_ttl: Duration::from_secs(link_ttl),
     })
+}
+
+/// `DELTA_PUBLIC_URL`: an absolute `http(s)` URL with a host, and nothing after its path.
+fn public_url(s: &mut Settings) -> Option<String> {
+    let (url, from) = s.get("DELTA_PUBLIC_URL");
+    if url.is_empty() {
+        return None;
+    }
+    let trimmed = url.trim_end_matches('/');
+    let ok = match trimmed.split_once("://") {
+        Some(("http" | "https", rest)) => {
+            let host = rest.split('/').next().unwrap_or("");
+            !host.is_empty()
+                && !host.contains('@')
+                && !rest.contains(['?', '#', ' '])
+                && rest.is_ascii()
+        }
+        _ => false,
+    };
+    if ok {
+        Some(trimmed.to_owned())
+    } else {
+        s.errors.push(format!(
+            "{from}: `{url}` is not an absolute URL like https://delta.example.com (http or https, a host, no user, query or fragment)"
+        ));
+        None
+    }
 }
 
 /// The TLS settings: both files or neither. Without TLS, a gateway with tokens serves plain HTTP

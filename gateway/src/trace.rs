@@ -151,6 +151,8 @@ fn via(r: &Responder) -> &'static str {
         delta_protocol::Via::Stdin => "stdin",
         delta_protocol::Via::Timeout => "timeout",
         delta_protocol::Via::Slack => "slack",
+        delta_protocol::Via::Mcp => "mcp",
+        delta_protocol::Via::A2a => "a2a",
     }
 }
 

@@ -227,6 +227,22 @@ impl Fleet {
         std::fs::write(dir.join("script.yaml"), script_yaml).expect("script");
     }
 
+    /// Copies the example agent `name` (every file of `examples/agents/<name>`) into the
+    /// fleet's agents directory.
+    pub fn add_example(&self, name: &str) {
+        let from = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples/agents")
+            .join(name);
+        let to = self._agents.path().join(name);
+        std::fs::create_dir_all(&to).expect("mkdir");
+        for entry in std::fs::read_dir(&from).expect("example agent dir") {
+            let path = entry.expect("entry").path();
+            if path.is_file() {
+                std::fs::copy(&path, to.join(path.file_name().expect("name"))).expect("copy");
+            }
+        }
+    }
+
     /// Another worker process, named `id`.
     pub fn add_worker(&mut self, id: &str) {
         let w = self.spawn_worker(id);

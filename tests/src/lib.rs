@@ -327,12 +327,15 @@ pub fn test_python() -> std::path::PathBuf {
         .unwrap_or_else(|| root.join(".tools"));
     let python = tools.join("venv/bin/python");
     let ok = std::process::Command::new(&python)
-        .args(["-c", "import standardwebhooks, cloudevents, jsonschema"])
+        .args([
+            "-c",
+            "import standardwebhooks, cloudevents, jsonschema, mcp",
+        ])
         .output()
         .is_ok_and(|o| o.status.success());
     assert!(
         ok,
-        "{} lacks standardwebhooks, cloudevents or jsonschema: run {}",
+        "{} lacks standardwebhooks, cloudevents, jsonschema or mcp: run {}",
         python.display(),
         root.join("deploy/install-test-python.sh").display()
     );

@@ -1259,3 +1259,135 @@ async fn always_allow_makes_a_grant_that_the_inbox_lists_and_revokes() {
         .await;
     browser.close().await;
 }
+
+/// What an MCP client of the 2026 protocol gets when it calls `agent`: the first question's
+/// elicitation (a plain JSON-RPC call here; the protocol itself is tested with the official
+/// SDK in tests/mcp.rs).
+async fn mcp_call(url: &str, token: &str, agent: &str) -> Value {
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "inbox-test", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}, "url": {}}},
+    });
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": agent, "arguments": {"task": "now"}, "_meta": meta,
+    }});
+    let text = reqwest::Client::new()
+        .post(format!("{url}/mcp"))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", agent)
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the gateway answers")
+        .text()
+        .await
+        .expect("a body");
+    let data = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .find(|d| d.contains("\"result\""))
+        .unwrap_or_else(|| panic!("a result in {text}"));
+    serde_json::from_str::<Value>(data).expect("JSON")["result"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_link_opens_its_one_question_and_works_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(
+        &tokens,
+        "- name: alice\n  token: alice-token-0123456789\n  roles: [submit, answer]\n",
+    )
+    .expect("tokens");
+    let key = "7a".repeat(32);
+    let fleet = Fleet::start_with("ibl", 1, 1, |s| {
+        s.tokens_file = Some(tokens.clone());
+        s.secrets_key_hex = Some(key.clone());
+    })
+    .await;
+    let browser = Browser::start(
+        "an_answer_link_opens_its_one_question_and_works_once",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let url = &fleet.gateways[0].url;
+            let result = mcp_call(url, "alice-token-0123456789", "secret").await;
+            assert_eq!(result["resultType"], "input_required", "{result}");
+            let (rid, request) = result["inputRequests"]
+                .as_object()
+                .and_then(|m| m.iter().next())
+                .expect("one input request");
+            assert_eq!(request["params"]["mode"], "url", "{request}");
+            let link = request["params"]["url"].as_str().expect("a URL").to_owned();
+            assert!(link.starts_with(&format!("{url}/answer#link=")), "{link}");
+            let run: RunId =
+                serde_json::from_str::<Value>(result["requestState"].as_str().expect("state"))
+                    .expect("JSON state")["run"]
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .expect("the run");
+
+            // No token in this browser: the link alone opens its question, as alice.
+            browser.goto(&link).await;
+            let c = card(rid);
+            let input = format!("{c} input[name=input]");
+            browser.find(&input).await;
+            let shown = browser
+                .js(
+                    "return [location.hash, document.getElementById('link-who').textContent, \
+                     document.querySelector(arguments[0]).type];",
+                    vec![json!(input)],
+                )
+                .await;
+            assert_eq!(shown[0], "", "the link leaves the address bar at once");
+            assert!(
+                shown[1].as_str().is_some_and(|t| t.contains("alice")),
+                "{shown}"
+            );
+            assert_eq!(shown[2], "password");
+            let canary = "canary-link-5b4a3c2d1e";
+            browser.type_into(&input, canary).await;
+            browser.click(&format!("{c} button[type=submit]")).await;
+            wait_outcome(&browser, rid, "Answer sent").await;
+            fleet.wait_status(run, RunStatus::Completed).await;
+            let stored = fleet.store.load(run).await.expect("load");
+            let a = answers(&stored);
+            assert_eq!(a.len(), 1);
+            assert_eq!(a[0].input.as_deref(), Some("***"));
+            assert_eq!(
+                (a[0].responder.id.as_str(), a[0].responder.via),
+                ("alice", delta_protocol::Via::Mcp)
+            );
+            assert!(
+                !serde_json::to_string(&stored.journal)
+                    .expect("json")
+                    .contains(canary)
+            );
+
+            // Spent: opened again, it says so and shows no question.
+            browser.goto(&link).await;
+            let said = browser
+                .wait_for(
+                    "the spent link to be refused",
+                    "const b = document.getElementById('link-error'); \
+                     return b && !b.hidden ? b.textContent : null;",
+                    vec![],
+                )
+                .await;
+            assert!(
+                said.as_str()
+                    .is_some_and(|t| t.contains("unknown, used or expired")),
+                "{said}"
+            );
+        })
+        .await;
+    browser.close().await;
+}

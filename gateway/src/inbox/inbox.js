@@ -61,6 +61,25 @@
     history.replaceState(null, '', location.pathname + location.search);
   }
   let responderName = storageGet(NAME_KEY);
+  // `/answer#link=…`: a one-time answer link (made for an MCP or A2A client's question). The
+  // link is the credential for its one question: no token is sent, and it is kept for this tab
+  // only (sessionStorage), out of the address bar.
+  const LINK_KEY = 'delta.inbox.link';
+  let answerLink = '';
+  if (location.pathname === '/answer') {
+    const fromHash = new URLSearchParams(location.hash.slice(1)).get('link');
+    if (fromHash) {
+      answerLink = fromHash.trim();
+      try { sessionStorage.setItem(LINK_KEY, answerLink); } catch (_) { /* this page only */ }
+      history.replaceState(null, '', location.pathname);
+    } else {
+      try { answerLink = sessionStorage.getItem(LINK_KEY) || ''; } catch (_) { answerLink = ''; }
+    }
+    // Another link followed in this tab changes only the fragment: start over with it.
+    window.addEventListener('hashchange', () => {
+      if (new URLSearchParams(location.hash.slice(1)).get('link')) location.reload();
+    });
+  }
 
   /** Milliseconds since the epoch of an RFC 3339 time (microseconds cut to milliseconds). */
   function parseTime(s) {
@@ -128,8 +147,18 @@
   }
 
   async function api(method, path, body) {
+    if (answerLink) {
+      // Through the link: its question is read and answered with the link, never a token.
+      if (method === 'POST' && /^\/v1\/interactions\/[^/]+\/response$/.test(path)) {
+        path = '/v1/answer-links/answer';
+        body = { link: answerLink, answer: body };
+      } else if (method === 'GET' && /^\/v1\/interactions\/[^/]+$/.test(path)) {
+        const v = await api('POST', '/v1/answer-links/open', { link: answerLink });
+        return v.interaction;
+      }
+    }
     const headers = { Accept: 'application/json' };
-    if (token) headers.Authorization = `Bearer ${token}`;
+    if (token && !answerLink) headers.Authorization = `Bearer ${token}`;
     if (body !== undefined) headers['Content-Type'] = 'application/json';
     let resp;
     try {
@@ -683,7 +712,7 @@
     async function send(answer, fields) {
       if (card.busy || card.settled) return;
       const bodyOut = { ...answer };
-      if (!token && responderName) bodyOut.responder = { id: responderName };
+      if (!token && responderName && !answerLink) bodyOut.responder = { id: responderName };
       // What was shown: an answer to another version of the question is refused (409 stale).
       if (q.request_hash) bodyOut.request_hash = q.request_hash;
       // A sensitive answer leaves the page now: it is never kept or shown again.
@@ -1445,9 +1474,54 @@
   }
 
   // ---------------------------------------------------------------------------------------
+  // One question through an answer link: `/answer#link=…`
+
+  function linkError(text) {
+    const b = $('link-error');
+    b.textContent = text;
+    b.hidden = false;
+  }
+
+  async function startLink() {
+    $('link-view').hidden = false;
+    $('settings-toggle').hidden = true;
+    document.title = 'A question for you · Delta';
+    if (!answerLink) {
+      linkError('This page answers a question through a link, and no link came with it: open the link you were given again.');
+      return;
+    }
+    let v;
+    try {
+      v = await api('POST', '/v1/answer-links/open', { link: answerLink });
+    } catch (err) {
+      linkError(err.status === 404 ? 'This link is unknown, used or expired: ask for the question again where you got it.' : `Cannot open the link: ${err.message}`);
+      return;
+    }
+    const until = parseTime(v.expires_at);
+    $('link-who').textContent = `You answer as ${v.responder}. The link works for one answer${Number.isNaN(until) ? '' : `, until ${clock(until)}`}.`;
+    const q = { ...v.interaction.request, run_id: v.run_id, request_hash: v.interaction.request_hash };
+    if (v.interaction.state !== 'PENDING') {
+      linkError(v.interaction.state === 'ANSWERED' ? 'This question is answered already.' : `This question is closed (${String(v.interaction.state).toLowerCase()}).`);
+      return;
+    }
+    const card = makeCard(q, 'link', (c, why) => {
+      if (why === 'sent') {
+        try { sessionStorage.removeItem(LINK_KEY); } catch (_) { /* gone with the tab */ }
+      }
+    });
+    // Claims are for people with a token in the inbox; a link answers, once.
+    const claim = card.node.querySelector('.claim-actions');
+    if (claim) claim.remove();
+    card.setHuman({ claim: v.interaction.claim, tally: v.interaction.tally });
+    $('link-card').replaceChildren(card.node);
+    tick();
+  }
+
+  // ---------------------------------------------------------------------------------------
   // Start
 
   function route() {
+    if (location.pathname === '/answer') return { view: 'link' };
     const m = /^\/runs\/([^/]+)\/?$/.exec(location.pathname);
     if (m) return { view: 'run', id: decodeURIComponent(m[1]) };
     return { view: 'inbox' };
@@ -1457,6 +1531,7 @@
   function restart(fromSettings) {
     if (!fromSettings) lastTokenAsk = '';
     const r = route();
+    if (r.view === 'link') return;
     if (r.view === 'run') {
       run.ended = false;
       clearTimeout(run.timer);
@@ -1474,7 +1549,9 @@
 
   function start() {
     const r = route();
-    if (r.view === 'run') startRun(r.id); else startInbox();
+    if (r.view === 'link') startLink();
+    else if (r.view === 'run') startRun(r.id);
+    else startInbox();
     setInterval(tick, 1000);
     tick();
   }

@@ -27,6 +27,7 @@ pub use delta_protocol::{
 
 pub mod events;
 pub mod grants;
+pub mod links;
 pub mod openapi;
 pub mod webhooks;
 

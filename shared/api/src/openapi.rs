@@ -129,6 +129,27 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
         ANSWER_OR_RELAY,
         &[BadRequest, Unauthorized, Forbidden, NotFound, Unavailable],
     ),
+    ("openAnswerLink", OPEN, &[BadRequest, NotFound, Unavailable]),
+    (
+        "answerThroughLink",
+        OPEN,
+        &[
+            BadRequest,
+            Forbidden,
+            NotFound,
+            AlreadyResolved,
+            Expired,
+            PayloadTooLarge,
+            InvalidOption,
+            InputRequired,
+            InvalidArgs,
+            InvalidData,
+            Stale,
+            Claimed,
+            AlreadyVoted,
+            Unavailable,
+        ],
+    ),
     (
         "answerInteraction",
         ANSWER_OR_RELAY,
@@ -284,6 +305,7 @@ pub const OPERATIONS: &[(&str, &[&str], &[ErrorCode])] = &[
     ("openapi", OPEN, &[]),
     ("inboxPage", OPEN, &[]),
     ("inboxRunPage", OPEN, &[]),
+    ("inboxAnswerPage", OPEN, &[]),
     ("inboxScript", OPEN, &[]),
     ("inboxStyle", OPEN, &[]),
 ];
@@ -552,6 +574,8 @@ impl Modify for Streams {
         crate::grants::paths::list_grants,
         crate::grants::paths::get_grant,
         crate::grants::paths::revoke_grant,
+        crate::links::paths::open_answer_link,
+        crate::links::paths::answer_through_link,
         crate::webhooks::paths::create_webhook,
         crate::webhooks::paths::list_webhooks,
         crate::webhooks::paths::get_webhook,
@@ -565,6 +589,7 @@ impl Modify for Streams {
         paths::openapi,
         paths::inbox_page,
         paths::inbox_run_page,
+        paths::inbox_answer_page,
         paths::inbox_script,
         paths::inbox_style,
     ),
@@ -581,6 +606,7 @@ impl Modify for Streams {
         GrantView, GrantList, Grant, GrantRequest, GrantScope, GrantState, ArgMatch,
         crate::webhooks::WebhookBody, crate::webhooks::RotateBody, crate::webhooks::WebhookView,
         crate::webhooks::WebhookCreated, crate::webhooks::WebhookList,
+        crate::links::LinkOpen, crate::links::LinkView, crate::links::LinkAnswer,
     )),
     modifiers(&Contract, &Streams),
 )]
@@ -891,6 +917,18 @@ mod paths {
         responses((status = 200, description = "The page (`text/html; charset=utf-8`).", content_type = "text/html", body = String)),
     )]
     fn inbox_run_page() {}
+
+    /// The web inbox: one question, through an answer link
+    ///
+    /// The same page as `/`, opened by a one-time answer link (`/answer#link=…`, made for an
+    /// MCP or A2A client's sensitive question): it shows the link's question
+    /// (`POST /v1/answer-links/open`) and answers it (`POST /v1/answer-links/answer`). The
+    /// link's secret is in the fragment, which the browser never sends.
+    #[utoipa::path(
+        get, path = "/answer", operation_id = "inboxAnswerPage", tag = "inbox",
+        responses((status = 200, description = "The page (`text/html; charset=utf-8`).", content_type = "text/html", body = String)),
+    )]
+    fn inbox_answer_page() {}
 
     /// The web inbox's script
     ///

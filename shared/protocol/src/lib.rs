@@ -454,6 +454,12 @@ pub enum Via {
     Timeout,
     /// The Slack bridge (`delta slack`), for the person its user mapping names.
     Slack,
+    /// An MCP client at the gateway's `/mcp` (an elicitation's answer), or the one-time inbox
+    /// link it was given (docs/protocols.md).
+    Mcp,
+    /// An A2A client at the gateway's `/a2a` (a message continuing a task), or the one-time
+    /// inbox link it was given (docs/protocols.md).
+    A2a,
 }
 
 /// What the journal keeps of an answer. Sensitive answers are redacted to `"***"` before they

@@ -47,6 +47,28 @@ impl RedisRunStore {
             .map_err(backend)
     }
 
+    /// The grant stored under `digest`, left in place (an answer link is read when its page
+    /// opens and spent only when its answer is accepted).
+    pub async fn peek_ticket(&self, digest: &str) -> Result<Option<String>, Error> {
+        let mut conn = self.connection();
+        redis::cmd("GET")
+            .arg(self.ticket_key(digest))
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)
+    }
+
+    /// Removes the grant under `digest`; `Ok(true)` when this call removed it.
+    pub async fn drop_ticket(&self, digest: &str) -> Result<bool, Error> {
+        let mut conn = self.connection();
+        let n: i64 = redis::cmd("DEL")
+            .arg(self.ticket_key(digest))
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(n > 0)
+    }
+
     /// How long the ticket under `digest` has left (`None`: there is none).
     pub async fn ticket_ttl(&self, digest: &str) -> Result<Option<Duration>, Error> {
         let mut conn = self.connection();
