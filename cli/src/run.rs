@@ -130,7 +130,10 @@ fn workspace(agent_dir: &Path, fresh: bool) -> Result<PathBuf, Stop> {
     let last = std::fs::read_to_string(root.join("LAST_USED"))
         .ok()
         .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty() && !s.contains('/') && s != ".." && root.join(s).is_dir());
+        // A plain name of a directory inside `workspaces/` (not `.`, `..` or a path).
+        .filter(|s| {
+            Path::new(s).file_name().is_some_and(|n| n == s.as_str()) && root.join(s).is_dir()
+        });
     let name = match last {
         Some(last) if !fresh => last,
         _ => {
