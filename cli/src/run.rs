@@ -45,6 +45,10 @@ pub struct RunArgs {
     /// asks for a new workspace.
     #[arg(long, conflicts_with = "work_dir")]
     pub workspaces: bool,
+    /// Brain decisions allowed in this run, instead of the agent's `max_iterations` (Delta
+    /// Engine's flag).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_iterations: Option<u32>,
     /// Ask nothing before starting (Delta Engine's `-y`); with `--workspaces`: a new workspace.
     #[arg(short = 'y', long = "yes")]
     pub yes: bool,
@@ -223,7 +227,11 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
             ));
         }
     };
-    let agent = Agent::load(&agent_dir).map_err(|e| usage(delta_host::Chain(&e).to_string()))?;
+    let mut agent =
+        Agent::load(&agent_dir).map_err(|e| usage(delta_host::Chain(&e).to_string()))?;
+    if let Some(n) = args.max_iterations {
+        agent.config.max_iterations = Some(n);
+    }
     // What the agent declares but this engine does not use is said, whatever `-q` says.
     for w in &agent.warnings {
         eprintln!("warning: {w}");

@@ -860,3 +860,51 @@ fn memory_folding_a_generator_reads_the_journal_and_old_turns_are_dropped() {
     assert_eq!(third[3][0], "assistant");
     assert_eq!(third[4], json!(["tool", "two\n"]));
 }
+
+#[test]
+fn max_iterations_on_the_command_line_wins() {
+    let (url, _llm) = fake_llm(vec![
+        calls(&[("print_message", json!({"message": "again"}))]),
+        calls(&[("print_message", json!({"message": "again"}))]),
+    ]);
+    let root = tempfile::tempdir().expect("tempdir");
+    copy_dir(
+        &fixture("examples/hello-world"),
+        &root.path().join("hello-world"),
+    );
+    let out = delta(
+        root.path(),
+        &url,
+        &[
+            "run",
+            "--agent",
+            "hello-world",
+            "-m",
+            "loop",
+            "--max-iterations",
+            "1",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("max_iterations (1)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = delta(
+        root.path(),
+        &url,
+        &[
+            "run",
+            "--agent",
+            "hello-world",
+            "-m",
+            "x",
+            "--max-iterations",
+            "0",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
