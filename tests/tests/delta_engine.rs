@@ -175,10 +175,33 @@ async fn delta_engines_examples_run_in_the_fleet() {
     // there and `wc` says so.
     let run = fleet.submit("tool-syntax", "Count").await;
     fleet.wait_status(run, RunStatus::Completed).await;
-    let llm = llm.lock().expect("lock");
-    let results = tool_results(&llm.requests[3]);
-    assert_eq!(results[0], "legacy\n");
-    assert!(results[1].contains("greeting.txt"), "{}", results[1]);
+    {
+        let llm = llm.lock().expect("lock");
+        let results = tool_results(&llm.requests[3]);
+        assert_eq!(results[0], "legacy\n");
+        assert!(results[1].contains("greeting.txt"), "{}", results[1]);
+    }
+
+    // The other examples need programs besides an LLM for their tools (Delta Engine's
+    // `delta-sessions`, Claude Code): submitted as they are, they load on the worker and complete
+    // when the model answers without a tool.
+    for name in ["interactive-shell", "python-repl", "delta-agent-generator"] {
+        copy_dir(
+            &fixture(&format!("examples/{name}")),
+            &fleet.gateway_spec.agents_dir.join(name),
+        );
+        llm.lock()
+            .expect("lock")
+            .replies
+            .push(answer(&format!("{name} answered")));
+        let run = fleet.submit(name, "Just answer").await;
+        fleet.wait_status(run, RunStatus::Completed).await;
+        let stored = fleet.store.load(run).await.expect("load");
+        assert_eq!(
+            stored.record.result.as_deref(),
+            Some(format!("{name} answered").as_str())
+        );
+    }
 }
 
 /// A hook that appends its name and payload to the file `$1`.
