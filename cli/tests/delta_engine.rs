@@ -492,6 +492,13 @@ fn hooks_fire_in_order_with_delta_engines_payloads() {
             "hook on_run_end: SUCCESS"
         ]
     );
+    assert!(
+        msgs.iter().any(
+            |m| m.starts_with("hook pre_llm_req: SUCCESS (io/hooks/001_pre_llm_req/)")
+                && m.ends_with("; output/final_payload.json used")
+        ),
+        "{msgs:?}"
+    );
     let meta = work.join(format!(
         ".delta/{run_id}/io/hooks/004_post_tool_exec/execution_meta/exit_code.txt"
     ));

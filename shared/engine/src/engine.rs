@@ -340,8 +340,9 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let out = host
             .run(kind, &spec, self.hook_calls, &payload, cancel)
             .await;
+        let audit = self.mask(out.audit.clone());
         if !out.success {
-            tracing::warn!(run_id = %self.record.run_id, hook = kind.name(), "{}", out.audit);
+            tracing::warn!(run_id = %self.record.run_id, hook = kind.name(), "{audit}");
         }
         self.push(Event::SystemMessage(SystemMessage {
             level: if out.success {
@@ -349,7 +350,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             } else {
                 MessageLevel::Warn
             },
-            content: self.mask(out.audit.clone()),
+            content: audit,
         }));
         Some(out)
     }

@@ -265,19 +265,30 @@ impl HookHost {
             Exit::SpawnFailed(e) => return fail(format!("could not start: {e}")),
         }
         let out = io.join("output");
-        let final_payload = match read_json(&out.join("final_payload.json")) {
-            Ok(v) => v,
-            Err(e) => return fail(e),
+        // Only `pre_llm_req` may replace its payload (as in Delta Engine).
+        let final_payload = match kind {
+            HookKind::PreLlmReq => match read_json(&out.join("final_payload.json")) {
+                Ok(v) => v,
+                Err(e) => return fail(e),
+            },
+            _ => None,
         };
         let control = match read_json(&out.join("control.json")) {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
+        let mut audit = format!("hook {}: SUCCESS ({io_ref}) in {ms} ms", kind.name());
+        if final_payload.is_some() {
+            audit.push_str("; output/final_payload.json used");
+        }
+        if control.is_some() {
+            audit.push_str("; output/control.json read");
+        }
         HookOutcome {
             success: true,
             final_payload,
             control,
-            audit: format!("hook {}: SUCCESS ({io_ref}) in {ms} ms", kind.name()),
+            audit,
         }
     }
 }
