@@ -150,7 +150,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
     let mut runs = vec![];
     if !a.no_demo {
         for (agent, task) in DEMO {
-            if !agents.join(agent).join("config.yaml").is_file() {
+            if delta_engine::agent::config_file(&agents.join(agent)).is_none() {
                 continue;
             }
             match client

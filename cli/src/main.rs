@@ -1,5 +1,5 @@
-//! `delta`: run agents locally (Delta Engine v1.2 compatible) and operate the fleet through its
-//! gateway.
+//! `delta`: run agents locally (Delta Engine compatible: v1.2's human interaction, v1.10's agent
+//! directories) and operate the fleet through its gateway.
 
 /// mimalloc: under load, glibc malloc took about a quarter of a worker's CPU (perf).
 #[global_allocator]
@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 mod bench;
 mod client;
 mod dev;
+mod dotenv;
 mod grants;
+mod init;
 use delta_cli::mailbox;
 mod migrate;
 mod ops;
@@ -52,6 +54,9 @@ enum Command {
     /// Run an agent on a task here, or resume the latest run (exit 0 completed, 1 failed,
     /// 2 usage, 3 cancelled, 101 waiting for input, 130 interrupted).
     Run(run::RunArgs),
+    /// Create an agent directory from a template (this project's example agents):
+    /// `delta init my-agent -t openai-tools`.
+    Init(init::InitArgs),
     /// The whole fleet on this machine for trying it: servers, a gateway, two workers and demo
     /// runs that ask questions; prints the web inbox URL and CLI commands. Ctrl+C stops it.
     Dev(dev::DevArgs),
@@ -77,6 +82,7 @@ fn main() {
         watch_signals(cancel.clone());
         match cli.command {
             Command::Run(args) => run::run(args, cancel).await,
+            Command::Init(args) => init::run(args),
             Command::Dev(args) => dev::run(args, cancel).await,
             Command::Bench(cmd) => bench::run(cmd, cancel).await,
             Command::MigrateRedis(args) => migrate::run(args).await,

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use delta_engine::agent::Agent;
+use delta_engine::agent::{Agent, BrainKind};
 use delta_engine::brain::AnyBrain;
 use delta_engine::engine::{self, Engine, Outcome, PauseMode, Settings};
 use delta_protocol::{Event, InteractionRequest, InteractionType, RunId, RunStatus};
@@ -32,12 +32,26 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 /// The options of `delta run`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// The agent directory (holds config.yaml). Optional when resuming: the run remembers it.
+    /// The agent directory (holds agent.yaml or config.yaml). Optional when resuming: the run
+    /// remembers it.
     #[arg(short, long)]
     pub agent: Option<PathBuf>,
     /// What the agent should do. Needed to start a run; ignored when one is resumed.
-    #[arg(short, long)]
+    /// `-m/--message` is Delta Engine's name for it.
+    #[arg(short, long, visible_alias = "message", visible_short_alias = 'm')]
     pub task: Option<String>,
+    /// Delta Engine's layout: run in `<agent>/workspaces/W001`, `W002`… The last one used
+    /// (`workspaces/LAST_USED`) is taken again (resuming its latest run), unless `--new` or `-y`
+    /// asks for a new workspace.
+    #[arg(long, conflicts_with = "work_dir")]
+    pub workspaces: bool,
+    /// Brain decisions allowed in this run, instead of the agent's `max_iterations` (Delta
+    /// Engine's flag).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_iterations: Option<u32>,
+    /// Ask nothing before starting (Delta Engine's `-y`); with `--workspaces`: a new workspace.
+    #[arg(short = 'y', long = "yes")]
+    pub yes: bool,
     /// Ask questions on this terminal and go on in the same process (no mailbox, no exit 101).
     #[arg(short, long)]
     pub interactive: bool,
@@ -99,8 +113,65 @@ fn shown(path: &Path) -> String {
         .to_string()
 }
 
+/// `W001`, `W002`…: the workspaces of Delta Engine's layout.
+fn workspace_number(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix('W')?;
+    (digits.len() == 3 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The work directory under `<agent>/workspaces/` (created), remembered in `LAST_USED`.
+fn workspace(agent_dir: &Path, fresh: bool) -> Result<PathBuf, Stop> {
+    let root = agent_dir.join("workspaces");
+    let cannot = |what: &str, e: std::io::Error| {
+        Stop(
+            EXIT_FAILED,
+            format!("{}: cannot {what} ({e})", root.display()),
+        )
+    };
+    std::fs::create_dir_all(&root).map_err(|e| cannot("create it", e))?;
+    let last = std::fs::read_to_string(root.join("LAST_USED"))
+        .ok()
+        .map(|s| s.trim().to_owned())
+        // A plain name of a directory inside `workspaces/` (not `.`, `..` or a path).
+        .filter(|s| {
+            Path::new(s).file_name().is_some_and(|n| n == s.as_str()) && root.join(s).is_dir()
+        });
+    let name = match last {
+        Some(last) if !fresh => last,
+        _ => {
+            let highest = std::fs::read_dir(&root)
+                .map_err(|e| cannot("list it", e))?
+                .filter_map(|e| e.ok())
+                .filter(|e| e.path().is_dir())
+                .filter_map(|e| workspace_number(&e.file_name().to_string_lossy()))
+                .max()
+                .unwrap_or(0);
+            format!("W{:03}", highest + 1)
+        }
+    };
+    let dir = root.join(&name);
+    std::fs::create_dir_all(&dir).map_err(|e| cannot(&format!("create {name}"), e))?;
+    std::fs::write(root.join("LAST_USED"), &name).map_err(|e| cannot("write LAST_USED", e))?;
+    dir.canonicalize()
+        .map_err(|e| cannot(&format!("resolve {name}"), e))
+}
+
 async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Stop> {
     let work_dir = match &args.work_dir {
+        None if args.workspaces => {
+            let agent = args.agent.as_ref().ok_or_else(|| {
+                usage(
+                    "--workspaces needs --agent <dir>: the workspaces live in the agent directory",
+                )
+            })?;
+            let dir = workspace(agent, args.new || args.yes)?;
+            if !args.quiet {
+                eprintln!("workspace: {}", shown(&dir));
+            }
+            dir
+        }
         Some(d) => {
             std::fs::create_dir_all(d).map_err(|e| {
                 usage(format!(
@@ -152,11 +223,19 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
             })?,
         (None, None) => {
             return Err(usage(
-                "--agent <dir> is required: the directory holding the agent's config.yaml",
+                "--agent <dir> is required: the directory holding the agent's agent.yaml (or config.yaml)",
             ));
         }
     };
-    let agent = Agent::load(&agent_dir).map_err(|e| usage(delta_host::Chain(&e).to_string()))?;
+    let mut agent =
+        Agent::load(&agent_dir).map_err(|e| usage(delta_host::Chain(&e).to_string()))?;
+    if let Some(n) = args.max_iterations {
+        agent.config.max_iterations = Some(n);
+    }
+    // What the agent declares but this engine does not use is said, whatever `-q` says.
+    for w in &agent.warnings {
+        eprintln!("warning: {w}");
+    }
     if let Some(run) = &resumable
         && run.record.agent != agent.name()
     {
@@ -172,8 +251,26 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
         }
         resumable = None;
     }
-    let brain =
-        AnyBrain::for_agent(&agent).map_err(|e| usage(delta_host::Chain(&e).to_string()))?;
+    let brain = if agent.brain == BrainKind::Openai {
+        // Delta Engine's `.env` files may hold the LLM's key and endpoint.
+        let mut wanted = vec!["DELTA_API_KEY", "DELTA_BASE_URL", "OPENAI_API_KEY"];
+        if let Some(own) = agent
+            .config
+            .llm
+            .as_ref()
+            .and_then(|l| l.api_key_env.as_deref())
+        {
+            wanted.push(own);
+        }
+        let dotenv = crate::dotenv::DotEnv::load(&work_dir, &agent.dir, &wanted);
+        for w in &dotenv.warnings {
+            eprintln!("warning: {w}");
+        }
+        AnyBrain::for_agent_with(&agent, &|name| dotenv.get(name))
+    } else {
+        AnyBrain::for_agent(&agent)
+    }
+    .map_err(|e| usage(delta_host::Chain(&e).to_string()))?;
 
     let run = match resumable {
         Some(run) => {
@@ -193,7 +290,9 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
                 .task
                 .clone()
                 .filter(|t| !t.trim().is_empty())
-                .ok_or_else(|| usage("--task \"<what to do>\" is required to start a run"))?;
+                .ok_or_else(|| {
+                    usage("--task (or -m) \"<what to do>\" is required to start a run")
+                })?;
             let mut rec = RunRecord::new(RunId::new(), agent.name(), &task, RunStatus::Running);
             rec.agent_dir = Some(agent.dir.display().to_string());
             let id = rec.run_id;
@@ -238,7 +337,11 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
     } else {
         mailbox_mode(&mut engine, &mailbox).await?
     };
-    Ok(report(args, &engine, &mailbox, &outcome, &agent_dir))
+    let mut resume = format!("delta run --agent {}", shown(&agent_dir));
+    if args.workspaces {
+        resume.push_str(" --workspaces");
+    }
+    Ok(report(args, &engine, &mailbox, &outcome, &resume))
 }
 
 type LocalEngine<'a> = Engine<'a, FileRunStore, AnyBrain>;
@@ -337,7 +440,7 @@ fn report(
     engine: &LocalEngine<'_>,
     mailbox: &Mailbox,
     outcome: &Outcome,
-    agent_dir: &Path,
+    resume: &str,
 ) -> i32 {
     let run_id = engine.record().run_id;
     let code = match outcome {
@@ -372,12 +475,12 @@ fn report(
         Outcome::Interrupted => eprintln!(
             "\nINTERRUPTED run {run_id}: checkpointed; run the same command again to resume"
         ),
-        Outcome::Paused(q) => explain_pause(q, mailbox, agent_dir),
+        Outcome::Paused(q) => explain_pause(q, mailbox, resume),
     }
     code
 }
 
-fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, agent_dir: &Path) {
+fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, resume: &str) {
     let txt = shown(&mailbox.txt_path());
     let mut s = format!(
         "\nWAITING_FOR_INPUT run {}\n  question: {}\n",
@@ -418,11 +521,10 @@ fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, agent_dir: &Path) {
             s.push_str(&format!("    {f}\n"));
         }
         s.push_str(&format!(
-            "  request: {}\n  answer:  echo '{{\"data\": {}}}' > {}\n  resume:  delta run --agent {}\n",
+            "  request: {}\n  answer:  echo '{{\"data\": {}}}' > {}\n  resume:  {resume}\n",
             shown(&mailbox.request_path()),
             crate::mailbox::typed_example(q),
             shown(&mailbox.json_path()),
-            shown(agent_dir)
         ));
         eprint!("{s}");
         return;
@@ -449,9 +551,6 @@ fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, agent_dir: &Path) {
             shown(&mailbox.json_path())
         ));
     }
-    s.push_str(&format!(
-        "  resume:  delta run --agent {}\n",
-        shown(agent_dir)
-    ));
+    s.push_str(&format!("  resume:  {resume}\n"));
     eprint!("{s}");
 }

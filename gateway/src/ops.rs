@@ -80,13 +80,7 @@ impl Gateway {
                 ),
             ));
         }
-        if !self
-            .config
-            .agents_dir
-            .join(&s.agent)
-            .join("config.yaml")
-            .is_file()
-        {
+        if delta_engine::agent::config_file(&self.config.agents_dir.join(&s.agent)).is_none() {
             return Err(ApiError::new(
                 ErrorCode::InvalidArgs,
                 format!(

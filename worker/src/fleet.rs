@@ -106,6 +106,9 @@ impl Agents {
         }
         let agent = Agent::load(&self.dir.join(name))
             .map_err(|e| format!("agent `{name}`: {}", delta_host::Chain(&e)))?;
+        for w in &agent.warnings {
+            tracing::warn!(agent = name, "{w}");
+        }
         let brain = AnyBrain::for_agent(&agent)
             .map_err(|e| format!("agent `{name}`: {}", delta_host::Chain(&e)))?;
         let pair = Arc::new((agent, brain));

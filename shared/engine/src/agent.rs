@@ -1,5 +1,10 @@
-//! Agents: a directory with `config.yaml` (Delta Engine's format, docs/protocol.md §8), an optional
-//! `system_prompt.md`, and for the scripted brain a `script.yaml`.
+//! Agents: a directory with `agent.yaml` (or the legacy `config.yaml`: Delta Engine's format,
+//! docs/protocol.md §8), an optional `system_prompt.md`, for the scripted brain a `script.yaml`,
+//! and Delta Engine v1.10's optional files: tool modules named by `imports:`, `hooks.yaml`
+//! ([`crate::hooks`]) and `context.yaml` ([`crate::context`]).
+//!
+//! What Delta Engine accepts but this engine does not use is never dropped silently: it is
+//! either refused or listed in [`Agent::warnings`] by name (the hosts print or log them).
 //!
 //! Loading checks everything it can up front (tool forms, parameter names, the script's tools and
 //! options) so that a broken agent is refused with the file, the line and the field before a run
@@ -26,6 +31,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "{dir}: no agent.yaml (or legacy config.yaml): not an agent directory; `delta init <name>` \
+         creates one"
+    )]
+    NoConfig { dir: String },
     #[error("{path}{}: {field}: {message}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
     Invalid {
         path: String,
@@ -122,10 +132,16 @@ pub struct LlmConfig {
     pub max_tokens: Option<u32>,
     #[serde(default)]
     pub top_p: Option<f64>,
-    /// Any OpenAI-compatible endpoint (`https://api.openai.com/v1` when absent).
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    /// Any OpenAI-compatible endpoint (when absent: `$DELTA_BASE_URL`, else
+    /// `https://api.openai.com/v1`).
     #[serde(default)]
     pub base_url: Option<String>,
-    /// The environment variable holding the API key (`OPENAI_API_KEY` when absent).
+    /// The environment variable holding the API key (when absent: `DELTA_API_KEY` if set, else
+    /// `OPENAI_API_KEY`).
     #[serde(default)]
     pub api_key_env: Option<String>,
     /// Attempts on 429/5xx/connection errors before the run fails (default 5).
@@ -150,8 +166,8 @@ pub struct InteractionDefaults {
     pub allowed_responders: Vec<String>,
 }
 
-/// `config.yaml`, as written. Unknown top-level keys (Delta Engine's `lifecycle_hooks`, …) are
-/// accepted and ignored so that Delta Engine agents load unchanged.
+/// `agent.yaml` (or `config.yaml`), as written. Unknown top-level keys are accepted so that Delta
+/// Engine agents load unchanged, and named in the agent's warnings ([`config_warnings`]).
 #[derive(Clone, Debug, Deserialize)]
 pub struct AgentConfig {
     pub name: String,
@@ -182,6 +198,87 @@ pub struct AgentConfig {
     /// How many times one plan is put to a person, revisions included (default 3).
     #[serde(default)]
     pub max_plan_rounds: Option<u32>,
+    /// Delta Engine's tool modules: files (relative to the agent directory) whose `tools:` come
+    /// before this file's own; a later definition of a name replaces an earlier one.
+    #[serde(default)]
+    pub imports: Vec<String>,
+    /// Delta Engine's legacy hooks (`hooks.yaml` wins when both exist).
+    #[serde(default)]
+    pub lifecycle_hooks: Option<crate::hooks::Hooks>,
+}
+
+/// The top-level keys this engine reads.
+const KNOWN_KEYS: &[&str] = &[
+    "name",
+    "version",
+    "description",
+    "llm",
+    "brain",
+    "tools",
+    "max_iterations",
+    "interaction_defaults",
+    "confirm_plan",
+    "plan_timeout_seconds",
+    "plan_default",
+    "max_plan_rounds",
+    "imports",
+    "lifecycle_hooks",
+];
+
+/// The keys of `llm:` this engine reads.
+const KNOWN_LLM_KEYS: &[&str] = &[
+    "model",
+    "temperature",
+    "max_tokens",
+    "top_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "base_url",
+    "api_key_env",
+    "max_retries",
+    "timeout_s",
+];
+
+/// The keys of the agent's config file that this engine does not read, each with what it means
+/// for the user. `file` is the file's name as shown (`agent.yaml`).
+pub fn config_warnings(file: &str, text: &str) -> Vec<String> {
+    let Ok(serde_yaml_ng::Value::Mapping(map)) = serde_yaml_ng::from_str(text) else {
+        return vec![];
+    };
+    let mut out = vec![];
+    for key in map.keys().filter_map(serde_yaml_ng::Value::as_str) {
+        if KNOWN_KEYS.contains(&key) {
+            continue;
+        }
+        out.push(match key {
+            "hooks" => format!(
+                "{file}: `hooks` is not read from {file} (Delta Engine ignores it there too): \
+                 move it to hooks.yaml to have the hooks run"
+            ),
+            "timeout_seconds" => format!(
+                "{file}: `timeout_seconds` (a whole-run time limit) is not supported and is \
+                 ignored; each tool has its own `timeout_s`"
+            ),
+            other => format!("{file}: unknown key `{other}` is ignored"),
+        });
+    }
+    if let Some(serde_yaml_ng::Value::Mapping(llm)) = map.get("llm") {
+        for key in llm.keys().filter_map(serde_yaml_ng::Value::as_str) {
+            if !KNOWN_LLM_KEYS.contains(&key) {
+                out.push(format!("{file}: unknown key `llm.{key}` is ignored"));
+            }
+        }
+    }
+    out
+}
+
+/// The agent's config file in `dir`: `agent.yaml` (Delta Engine v1.9+), else the legacy
+/// `config.yaml`; `None` when there is neither. The hosts and the gateway use this one rule.
+pub fn config_file(dir: &Path) -> Option<PathBuf> {
+    ["agent.yaml", "config.yaml"]
+        .iter()
+        .map(|f| dir.join(f))
+        .find(|p| p.is_file())
 }
 
 /// The options of a plan confirmation, by id.
@@ -201,6 +298,14 @@ pub struct Agent {
     pub script: Option<Script>,
     /// `policy.yaml`: rules that deny, allow or require approval of tool calls (none without it).
     pub policy: crate::policy::Policy,
+    /// The config file read (`agent.yaml` or `config.yaml`).
+    pub config_path: PathBuf,
+    /// `hooks.yaml`, else `lifecycle_hooks:` (empty: none).
+    pub hooks: crate::hooks::Hooks,
+    /// `context.yaml`, if any (used by the openai brain).
+    pub context: Option<crate::context::Manifest>,
+    /// What was accepted but is not used, or is deprecated, each naming the key or file.
+    pub warnings: Vec<String>,
 }
 
 pub const DEFAULT_MAX_ITERATIONS: u32 = 30;
@@ -219,6 +324,18 @@ impl CheckedConfig {
     /// [`Agent::load`] runs.
     pub fn parse(config_path: &Path, text: &str, dir: &Path) -> Result<CheckedConfig, Error> {
         let config: AgentConfig = parse_yaml(config_path, text)?;
+        Self::check(config_path, text, config, vec![], dir)
+    }
+
+    /// Checks a parsed config whose `imports:` gave `imported` tools (in order; a later one of
+    /// a name, or the config's own, replaces an earlier one).
+    pub(crate) fn check(
+        config_path: &Path,
+        text: &str,
+        config: AgentConfig,
+        imported: Vec<ImportedTool>,
+        dir: &Path,
+    ) -> Result<CheckedConfig, Error> {
         if config.name.trim().is_empty() {
             return Err(Error::invalid(
                 config_path,
@@ -286,6 +403,23 @@ impl CheckedConfig {
             ));
         }
         let mut tools = BTreeMap::new();
+        for it in imported {
+            let field = format!("tools[{}]", it.index);
+            let needle = format!("name: {}", it.config.name);
+            if it.config.name == ASK_HUMAN {
+                return Err(Error::invalid(
+                    &it.path,
+                    &it.text,
+                    field,
+                    Some(&needle),
+                    "`ask_human` is built in: remove this tool or rename it",
+                ));
+            }
+            let tool = Tool::from_config(&it.config, dir).map_err(|e: ToolError| {
+                Error::invalid(&it.path, &it.text, field, Some(&needle), e.to_string())
+            })?;
+            tools.insert(tool.name.clone(), tool);
+        }
         let mut seen = HashSet::new();
         for (i, tc) in config.tools.iter().enumerate() {
             let field = format!("tools[{i}]");
@@ -330,13 +464,74 @@ impl CheckedConfig {
 impl Agent {
     /// Loads and checks the agent in `dir`.
     pub fn load(dir: &Path) -> Result<Agent, Error> {
-        let config_path = dir.join("config.yaml");
+        let Some(config_path) = config_file(dir) else {
+            return Err(Error::NoConfig {
+                dir: dir.display().to_string(),
+            });
+        };
+        let file = config_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let text = read(&config_path)?;
+        let mut warnings = config_warnings(&file, &text);
+        if file == "agent.yaml" && dir.join("config.yaml").is_file() {
+            warnings.push(
+                "both agent.yaml and config.yaml exist: agent.yaml is used; remove config.yaml"
+                    .into(),
+            );
+        }
+        let config: AgentConfig = parse_yaml(&config_path, &text)?;
+        let imported = resolve_imports(dir, &config_path, &text, &config.imports, &mut warnings)?;
+        for own in &config.tools {
+            if let Some(it) = imported.iter().rev().find(|it| it.config.name == own.name) {
+                warnings.push(format!(
+                    "tool `{}` of {} is replaced by the one in {file} (the last definition wins)",
+                    own.name,
+                    it.path.display()
+                ));
+            }
+        }
         let CheckedConfig {
             config,
             brain,
             tools,
-        } = CheckedConfig::parse(&config_path, &text, dir)?;
+        } = CheckedConfig::check(&config_path, &text, config, imported, dir)?;
+        let hooks = load_hooks(dir, &config_path, &text, &config, &mut warnings)?;
+        let context = load_context(dir)?;
+        if let Some(m) = &context
+            && !m
+                .sources
+                .iter()
+                .any(|s| matches!(s, crate::context::Source::Journal { .. }))
+        {
+            warnings.push(
+                "context.yaml has no `type: journal` source: the LLM sees neither the task nor \
+                 any result (as in Delta Engine 1.10); add `- type: journal`"
+                    .into(),
+            );
+        }
+        if context.is_some() && brain == BrainKind::Scripted {
+            warnings.push(
+                "context.yaml is ignored: only the openai brain composes an LLM context \
+                 (this agent is `brain: scripted`)"
+                    .into(),
+            );
+        }
+        if !hooks.is_empty() && brain == BrainKind::Scripted {
+            for kind in [
+                crate::hooks::HookKind::PreLlmReq,
+                crate::hooks::HookKind::PostLlmResp,
+            ] {
+                if hooks.get(kind).is_some() {
+                    warnings.push(format!(
+                        "hook {} never runs: this agent is `brain: scripted` and makes no LLM \
+                         request",
+                        kind.name()
+                    ));
+                }
+            }
+        }
         let system_prompt = ["system_prompt.md", "system_prompt.txt"]
             .iter()
             .map(|f| dir.join(f))
@@ -354,6 +549,10 @@ impl Agent {
         let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
         Ok(Agent {
             policy,
+            config_path,
+            hooks,
+            context,
+            warnings,
             dir,
             config,
             brain,
@@ -377,6 +576,184 @@ impl Agent {
             .unwrap_or(DEFAULT_MAX_PLAN_ROUNDS)
             .max(1)
     }
+}
+
+/// A tool declared in a file named by `imports:`.
+#[derive(Clone, Debug)]
+pub(crate) struct ImportedTool {
+    path: PathBuf,
+    text: std::sync::Arc<String>,
+    /// Its index in that file's `tools:`.
+    index: usize,
+    config: crate::tools::ToolConfig,
+}
+
+/// A file named by `imports:`: only `imports` and `tools` are read (as in Delta Engine).
+#[derive(Deserialize)]
+struct Module {
+    #[serde(default)]
+    imports: Vec<String>,
+    #[serde(default)]
+    tools: Vec<crate::tools::ToolConfig>,
+}
+
+/// The tools of `imports` (of the file `from`), depth first, in order. Paths are relative to
+/// the agent directory, without `..`, and stay inside it; a file that imports itself, directly
+/// or not, is refused naming the chain.
+fn resolve_imports(
+    dir: &Path,
+    from: &Path,
+    from_text: &str,
+    imports: &[String],
+    warnings: &mut Vec<String>,
+) -> Result<Vec<ImportedTool>, Error> {
+    let root = dir.canonicalize().map_err(|source| Error::Read {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let mut stack = vec![from.canonicalize().unwrap_or_else(|_| from.to_path_buf())];
+    let mut out = vec![];
+    walk_imports(
+        &root, from, from_text, imports, &mut stack, &mut out, warnings,
+    )?;
+    // Which names a later definition replaces (the agent's own file last).
+    let mut by_name: BTreeMap<&str, &Path> = BTreeMap::new();
+    for it in &out {
+        if let Some(earlier) = by_name.insert(&it.config.name, &it.path) {
+            warnings.push(format!(
+                "tool `{}` of {} is replaced by the one in {} (the last definition wins)",
+                it.config.name,
+                earlier.display(),
+                it.path.display()
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn walk_imports(
+    root: &Path,
+    from: &Path,
+    from_text: &str,
+    imports: &[String],
+    stack: &mut Vec<PathBuf>,
+    out: &mut Vec<ImportedTool>,
+    warnings: &mut Vec<String>,
+) -> Result<(), Error> {
+    for (i, rel) in imports.iter().enumerate() {
+        let field = format!("imports[{i}]");
+        let bad =
+            |message: String| Error::invalid(from, from_text, field.clone(), Some(rel), message);
+        let p = Path::new(rel);
+        if p.is_absolute()
+            || p.components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(bad(format!(
+                "`{rel}`: an import is a path relative to the agent directory, without `..`"
+            )));
+        }
+        let path = root.join(p);
+        let real = path
+            .canonicalize()
+            .map_err(|e| bad(format!("`{rel}`: cannot read {} ({e})", path.display())))?;
+        if !real.starts_with(root) {
+            return Err(bad(format!(
+                "`{rel}` leads outside the agent directory (to {})",
+                real.display()
+            )));
+        }
+        if let Some(at) = stack.iter().position(|s| *s == real) {
+            let chain: Vec<String> = stack[at..]
+                .iter()
+                .chain(std::iter::once(&real))
+                .map(|s| s.strip_prefix(root).unwrap_or(s).display().to_string())
+                .collect();
+            return Err(bad(format!("circular import: {}", chain.join(" -> "))));
+        }
+        let text = std::sync::Arc::new(read(&path)?);
+        let module: Module = parse_yaml(&path, &text)?;
+        if let Ok(serde_yaml_ng::Value::Mapping(map)) = serde_yaml_ng::from_str(&text) {
+            let other: Vec<&str> = map
+                .keys()
+                .filter_map(serde_yaml_ng::Value::as_str)
+                .filter(|k| *k != "imports" && *k != "tools")
+                .collect();
+            if !other.is_empty() {
+                warnings.push(format!(
+                    "{rel}: only `imports` and `tools` are read from an imported file; ignored: {}",
+                    other.join(", ")
+                ));
+            }
+        }
+        stack.push(real);
+        walk_imports(root, &path, &text, &module.imports, stack, out, warnings)?;
+        stack.pop();
+        for (index, config) in module.tools.into_iter().enumerate() {
+            out.push(ImportedTool {
+                path: path.clone(),
+                text: text.clone(),
+                index,
+                config,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `hooks.yaml`, else the config's `lifecycle_hooks:`.
+fn load_hooks(
+    dir: &Path,
+    config_path: &Path,
+    config_text: &str,
+    config: &AgentConfig,
+    warnings: &mut Vec<String>,
+) -> Result<crate::hooks::Hooks, Error> {
+    let file = config_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let path = dir.join("hooks.yaml");
+    let (hooks, path, text) = if path.is_file() {
+        let text = read(&path)?;
+        let hooks: crate::hooks::Hooks = if text.trim().is_empty() {
+            crate::hooks::Hooks::default()
+        } else {
+            parse_yaml(&path, &text)?
+        };
+        if config.lifecycle_hooks.is_some() {
+            warnings.push(format!(
+                "{file}: `lifecycle_hooks` is ignored because hooks.yaml exists (hooks.yaml wins)"
+            ));
+        }
+        (hooks, path, text)
+    } else if let Some(h) = &config.lifecycle_hooks {
+        warnings.push(format!(
+            "{file}: `lifecycle_hooks` is deprecated (Delta Engine 1.9+): move it to hooks.yaml"
+        ));
+        (h.clone(), config_path.to_path_buf(), config_text.to_owned())
+    } else {
+        return Ok(crate::hooks::Hooks::default());
+    };
+    hooks.check().map_err(|(field, message)| {
+        let needle = field.split('.').next().unwrap_or_default().to_owned();
+        Error::invalid(&path, &text, field, Some(&needle), message)
+    })?;
+    Ok(hooks)
+}
+
+/// `context.yaml`, if the agent has one.
+fn load_context(dir: &Path) -> Result<Option<crate::context::Manifest>, Error> {
+    let path = dir.join("context.yaml");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = read(&path)?;
+    let manifest: crate::context::Manifest = parse_yaml(&path, &text)?;
+    manifest
+        .check()
+        .map_err(|(field, message)| Error::invalid(&path, &text, field, None, message))?;
+    Ok(Some(manifest))
 }
 
 fn read(path: &Path) -> Result<String, Error> {
@@ -421,10 +798,14 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_config_names_the_file() {
+    fn a_missing_config_names_both_files() {
         let dir = tempfile::tempdir().expect("tempdir");
         let err = Agent::load(dir.path()).unwrap_err();
-        assert!(matches!(err, Error::Read { ref path, .. } if path.ends_with("config.yaml")));
+        assert!(matches!(err, Error::NoConfig { .. }));
+        assert!(
+            err.to_string()
+                .contains("agent.yaml (or legacy config.yaml)")
+        );
     }
 
     #[test]

@@ -130,7 +130,15 @@ pub struct Engine<'a, S, B> {
     expired: Option<RequestId>,
     /// The stored answer a resumed engine applies first ([`Engine::resumed`]).
     resume_answer: Option<InteractionResponse>,
+    /// Hook calls so far in this run (numbers each call's I/O directory).
+    hook_calls: u64,
 }
+
+/// How a hook's call is journaled: `SYSTEM_MESSAGE` whose content starts so.
+const HOOK_PREFIX: &str = "hook ";
+
+/// The longest a hook may run while the host is stopping (milliseconds).
+const STOPPING_HOOK_MS: u64 = 5_000;
 
 /// The observation a tool sees in place of a sensitive value, should it echo one.
 const MASK: &str = "***";
@@ -293,7 +301,85 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             answered_at: None,
             expired: None,
             resume_answer: None,
+            hook_calls: 0,
         }
+        .count_hook_calls()
+    }
+
+    fn count_hook_calls(mut self) -> Self {
+        self.hook_calls = self
+            .journal
+            .iter()
+            .filter(|e| {
+                matches!(&e.event, Event::SystemMessage(m) if m.content.starts_with(HOOK_PREFIX))
+            })
+            .count() as u64;
+        self
+    }
+
+    /// Runs hook `kind` if the agent has it, journaling the call; `None` when it has none.
+    async fn hook(
+        &mut self,
+        kind: crate::hooks::HookKind,
+        payload: Value,
+        cancel: &CancellationToken,
+    ) -> Option<crate::hooks::HookOutcome> {
+        let mut spec = self.agent.hooks.get(kind)?.clone();
+        if self.cancel.is_cancelled() {
+            // The host is stopping (on_run_end of an interrupted run): a hook may not hold it up
+            // for long.
+            let ms = spec.timeout_ms.unwrap_or(crate::hooks::DEFAULT_TIMEOUT_MS);
+            spec.timeout_ms = Some(ms.min(STOPPING_HOOK_MS));
+        }
+        self.hook_calls += 1;
+        let host = crate::hooks::HookHost {
+            run_id: self.record.run_id.to_string(),
+            work_dir: self.settings.work_dir.clone(),
+            agent_home: self.agent.dir.clone(),
+        };
+        let out = host
+            .run(kind, &spec, self.hook_calls, &payload, cancel)
+            .await;
+        let audit = self.mask(out.audit.clone());
+        if !out.success {
+            tracing::warn!(run_id = %self.record.run_id, hook = kind.name(), "{audit}");
+        }
+        self.push(Event::SystemMessage(SystemMessage {
+            level: if out.success {
+                MessageLevel::Info
+            } else {
+                MessageLevel::Warn
+            },
+            content: audit,
+        }));
+        Some(out)
+    }
+
+    /// `on_run_end` (and, for a failure, `on_error`) before the run's end is journaled.
+    async fn end_hooks(&mut self, status: RunStatus, result: Option<&str>, error: Option<&str>) {
+        use crate::hooks::HookKind;
+        let cancel = if status == RunStatus::Interrupted {
+            // The host is stopping: the hook gets its own token, bounded by its timeout.
+            CancellationToken::new()
+        } else {
+            self.cancel.clone()
+        };
+        if status == RunStatus::Failed {
+            let payload = json!({
+                "error_type": "FATAL_ERROR",
+                "message": error.unwrap_or_default(),
+                "context": {"iteration": self.replay.turns, "run_id": self.record.run_id},
+            });
+            self.hook(HookKind::OnError, payload, &cancel).await;
+        }
+        let payload = json!({
+            "run_id": self.record.run_id,
+            "status": status,
+            "result": result,
+            "error": error,
+            "iterations": self.replay.turns,
+        });
+        self.hook(HookKind::OnRunEnd, payload, &cancel).await;
     }
 
     /// The answer [`Engine::advance_resumed`] applies.
@@ -488,6 +574,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     /// Checkpoints the run as `INTERRUPTED` (the host's answer to SIGINT/SIGTERM).
     pub async fn interrupt(&mut self) -> Result<Outcome, Error> {
         if self.replay.terminal().is_none() {
+            self.end_hooks(RunStatus::Interrupted, None, None).await;
             self.push(Event::EngineEnd(EngineEnd {
                 status: RunStatus::Interrupted,
                 result: None,
@@ -556,16 +643,23 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             // An LLM call is slow and not free: keep what happened so far before making it.
             self.commit(None).await?;
         }
-        let view = View {
-            run_id: self.record.run_id,
-            task: &self.record.task,
-            journal: &self.journal,
-            agent: self.agent,
-        };
-        let decided = tokio::select! {
-            d = self.brain.decide(view) => Some(d),
-            () = self.cancel.cancelled() => None,
-        };
+        let decided =
+            if self.agent.hooks.pre_llm_req.is_some() || self.agent.hooks.post_llm_resp.is_some() {
+                self.decide_hooked().await
+            } else {
+                let view = View {
+                    run_id: self.record.run_id,
+                    task: &self.record.task,
+                    journal: &self.journal,
+                    agent: self.agent,
+                    work_dir: &self.settings.work_dir,
+                    cancel: &self.cancel,
+                };
+                tokio::select! {
+                    d = self.brain.decide(view) => Some(d),
+                    () = self.cancel.cancelled() => None,
+                }
+            };
         let Some(decided) = decided else {
             return self.interrupt().await.map(Some);
         };
@@ -627,12 +721,83 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         }
     }
 
+    /// A decision with the LLM hooks: `pre_llm_req` sees (and may replace) the request,
+    /// `post_llm_resp` sees the response. `None`: cancelled.
+    async fn decide_hooked(&mut self) -> Option<Result<Decision, crate::brain::Error>> {
+        use crate::hooks::HookKind;
+        let view = View {
+            run_id: self.record.run_id,
+            task: &self.record.task,
+            journal: &self.journal,
+            agent: self.agent,
+            work_dir: &self.settings.work_dir,
+            cancel: &self.cancel,
+        };
+        let request = tokio::select! {
+            r = self.brain.request(view) => r,
+            () = self.cancel.cancelled() => return None,
+        };
+        let mut request = match request {
+            Ok(Some(r)) => r,
+            // A brain that sends no request: its hooks have nothing to see.
+            Ok(None) => {
+                let view = View {
+                    run_id: self.record.run_id,
+                    task: &self.record.task,
+                    journal: &self.journal,
+                    agent: self.agent,
+                    work_dir: &self.settings.work_dir,
+                    cancel: &self.cancel,
+                };
+                return tokio::select! {
+                    d = self.brain.decide(view) => Some(d),
+                    () = self.cancel.cancelled() => None,
+                };
+            }
+            Err(e) => return Some(Err(e)),
+        };
+        let cancel = self.cancel.clone();
+        if let Some(out) = self
+            .hook(HookKind::PreLlmReq, request.clone(), &cancel)
+            .await
+            && let Some(p) = out.final_payload
+        {
+            request = p;
+        }
+        if cancel.is_cancelled() {
+            return None;
+        }
+        let view = View {
+            run_id: self.record.run_id,
+            task: &self.record.task,
+            journal: &self.journal,
+            agent: self.agent,
+            work_dir: &self.settings.work_dir,
+            cancel: &self.cancel,
+        };
+        let decided = tokio::select! {
+            d = self.brain.decide_request(view, request) => d,
+            () = self.cancel.cancelled() => return None,
+        };
+        match decided {
+            Ok((decision, response)) => {
+                if let Some(resp) = response {
+                    self.hook(HookKind::PostLlmResp, resp, &cancel).await;
+                }
+                Some(Ok(decision))
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     async fn finish(
         &mut self,
         status: Terminal,
         result: Option<String>,
         error: Option<String>,
     ) -> Result<Outcome, Error> {
+        self.end_hooks(status.into(), result.as_deref(), error.as_deref())
+            .await;
         self.push(Event::EngineEnd(EngineEnd {
             status: status.into(),
             result: result.clone(),
@@ -1234,6 +1399,23 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 return Ok(None);
             }
         };
+        if self.agent.hooks.pre_tool_exec.is_some() {
+            let payload = json!({
+                "tool_name": req.tool,
+                "tool_args": req.args,
+                "resolved_command": self.command_line(tool, &req.args),
+            });
+            let cancel = self.cancel.clone();
+            if let Some(out) = self
+                .hook(crate::hooks::HookKind::PreToolExec, payload, &cancel)
+                .await
+                && out.skips()
+            {
+                let text = "Tool execution skipped by pre_tool_exec hook".to_owned();
+                self.result(&req.action_id, ActionStatus::Skipped, text, None, 0);
+                return Ok(None);
+            }
+        }
         // The request must be durable before the side effect: stored, and on disk when the tool
         // must not run twice (a lost record would run it again on resume).
         self.commit(None).await?;
@@ -1265,7 +1447,36 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let text = self.mask(ex.observation(tool.timeout));
         let ms = u64::try_from(ex.duration.as_millis()).unwrap_or(u64::MAX);
         self.result(&req.action_id, status, text, ex.exit_code(), ms);
+        self.tool_hooks(req, &ex).await;
         Ok(None)
+    }
+
+    /// `post_tool_exec` after a tool ran, and `on_error` when it could not run or was killed.
+    async fn tool_hooks(&mut self, req: &ActionRequest, ex: &tools::Execution) {
+        use crate::hooks::HookKind;
+        let cancel = self.cancel.clone();
+        let failure = match &ex.exit {
+            tools::Exit::SpawnFailed(e) => Some(format!("could not start: {e}")),
+            tools::Exit::TimedOut => Some("timed out and was killed".to_owned()),
+            _ => None,
+        };
+        if let Some(message) = failure {
+            let payload = json!({
+                "error_type": "TOOL_EXECUTION_ERROR",
+                "message": message,
+                "context": {"tool_name": req.tool, "tool_args": req.args},
+            });
+            self.hook(HookKind::OnError, payload, &cancel).await;
+        }
+        if self.agent.hooks.post_tool_exec.is_some() {
+            let payload = json!({
+                "tool_name": req.tool,
+                "exit_code": ex.exit_code().unwrap_or(-1),
+                "stdout": self.mask(ex.stdout.clone()),
+                "stderr": self.mask(ex.stderr.clone()),
+            });
+            self.hook(HookKind::PostToolExec, payload, &cancel).await;
+        }
     }
 
     fn tool_env(&self) -> ToolEnv {

@@ -1,7 +1,10 @@
 //! Delta Fleet's agent engine: everything that decides what a run does next, and nothing about
 //! where it runs.
 //!
-//! - [`agent`]: loading and checking an agent directory (`config.yaml`, `script.yaml`).
+//! - [`agent`]: loading and checking an agent directory (`agent.yaml`/`config.yaml`, imports,
+//!   `script.yaml`, `hooks.yaml`, `context.yaml`).
+//! - [`hooks`]: Delta Engine's lifecycle hooks, run as processes with its file protocol.
+//! - [`context`]: Delta Engine's `context.yaml` composition, for the openai brain.
 //! - [`tools`]: Delta Engine's tool forms, run as child processes with timeouts.
 //! - [`brain`]: the scripted and the OpenAI-compatible brains.
 //! - [`policy`], [`grants`]: `policy.yaml` rules and scoped grants, consulted before each tool
@@ -15,8 +18,10 @@
 
 pub mod agent;
 pub mod brain;
+pub mod context;
 pub mod engine;
 pub mod grants;
+pub mod hooks;
 pub mod policy;
 pub mod resume;
 pub mod script;

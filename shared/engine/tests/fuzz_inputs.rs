@@ -522,8 +522,12 @@ fn configs_with_huge_numbers_or_deep_nesting_are_refused_clearly() {
         assert!(e.contains(&format!(": {field}: ")), "{e}");
     }
     // Deep nesting where any value goes (unknown keys are ignored) or where a string belongs.
-    let deep = format!("{base}lifecycle_hooks: {}\n", nested(1_000));
+    let deep = format!("{base}x_unknown: {}\n", nested(1_000));
     parse_config(&deep).expect("skipped without recursing");
+    // `lifecycle_hooks` is read now (Delta Engine's hooks): deep nesting there is refused.
+    let deep = format!("{base}lifecycle_hooks: {}\n", nested(1_000));
+    let e = parse_config(&deep).expect_err("not hooks").to_string();
+    assert!(e.contains(": lifecycle_hooks: invalid type"), "{e}");
     let deep = format!("{base}description: {}\n", nested(1_000));
     let e = parse_config(&deep).expect_err("not text").to_string();
     assert!(

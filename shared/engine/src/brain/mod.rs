@@ -49,6 +49,10 @@ pub struct View<'a> {
     pub task: &'a str,
     pub journal: &'a [JournalEvent],
     pub agent: &'a Agent,
+    /// The run's work directory (`${CWD}` of `context.yaml`, where its generators run).
+    pub work_dir: &'a std::path::Path,
+    /// Stops a `context.yaml` generator when the host stops.
+    pub cancel: &'a tokio_util::sync::CancellationToken,
 }
 
 /// A task list as a person (`data.tasks` of a plan "modify") or an LLM (the `plan` tool) writes
@@ -130,6 +134,25 @@ pub enum Error {
 /// Decides steps. One implementation per kind of brain.
 pub trait Brain: Send + Sync {
     fn decide(&self, view: View<'_>) -> impl Future<Output = Result<Decision, Error>> + Send;
+
+    /// The request the next decision would send to an LLM, for a `pre_llm_req` hook to see
+    /// and replace; `None` for a brain that sends none.
+    fn request(
+        &self,
+        _view: View<'_>,
+    ) -> impl Future<Output = Result<Option<Value>, Error>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Decides by sending `request` (from [`Brain::request`], as a hook left it); returns the
+    /// decision and the LLM's raw response (for a `post_llm_resp` hook).
+    fn decide_request(
+        &self,
+        view: View<'_>,
+        _request: Value,
+    ) -> impl Future<Output = Result<(Decision, Option<Value>), Error>> + Send {
+        async move { self.decide(view).await.map(|d| (d, None)) }
+    }
 }
 
 /// The brain an agent's config asks for.
@@ -141,10 +164,19 @@ pub enum AnyBrain {
 impl AnyBrain {
     /// Builds the agent's brain. Fails when the OpenAI key variable is named but unset.
     pub fn for_agent(agent: &Agent) -> Result<AnyBrain, Error> {
+        Self::for_agent_with(agent, &|name| std::env::var(name).ok())
+    }
+
+    /// As [`AnyBrain::for_agent`], reading the LLM's variables (key, `DELTA_BASE_URL`) through
+    /// `env` (`delta run` adds Delta Engine's `.env` files to the process's environment).
+    pub fn for_agent_with(
+        agent: &Agent,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<AnyBrain, Error> {
         match agent.brain {
             BrainKind::Scripted => Ok(AnyBrain::Scripted(scripted::ScriptedBrain)),
             BrainKind::Openai => {
-                openai::OpenAiBrain::new(agent).map(|b| AnyBrain::Openai(Box::new(b)))
+                openai::OpenAiBrain::with_env(agent, env).map(|b| AnyBrain::Openai(Box::new(b)))
             }
         }
     }
@@ -155,6 +187,24 @@ impl Brain for AnyBrain {
         match self {
             AnyBrain::Scripted(b) => b.decide(view).await,
             AnyBrain::Openai(b) => b.decide(view).await,
+        }
+    }
+
+    async fn request(&self, view: View<'_>) -> Result<Option<Value>, Error> {
+        match self {
+            AnyBrain::Scripted(b) => b.request(view).await,
+            AnyBrain::Openai(b) => b.request(view).await,
+        }
+    }
+
+    async fn decide_request(
+        &self,
+        view: View<'_>,
+        request: Value,
+    ) -> Result<(Decision, Option<Value>), Error> {
+        match self {
+            AnyBrain::Scripted(b) => b.decide_request(view, request).await,
+            AnyBrain::Openai(b) => b.decide_request(view, request).await,
         }
     }
 }

@@ -22,6 +22,10 @@ use delta_protocol::{ActionStatus, Event, OptionAction, PlanTask, RequestId};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
+/// Delta Engine's variables: its API key, and its endpoint (both used when the agent's `llm:`
+/// does not name its own).
+pub const DELTA_KEY_ENV: &str = "DELTA_API_KEY";
+pub const DELTA_BASE_URL_ENV: &str = "DELTA_BASE_URL";
 const DEFAULT_RETRIES: u32 = 5;
 
 /// The brain of agents with an `llm:` section.
@@ -49,24 +53,37 @@ fn install_crypto() {
 
 impl OpenAiBrain {
     pub fn new(agent: &Agent) -> Result<Self, Error> {
+        Self::with_env(agent, &|name| std::env::var(name).ok())
+    }
+
+    /// As [`OpenAiBrain::new`], reading the key and `DELTA_BASE_URL` through `env`.
+    pub fn with_env(agent: &Agent, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, Error> {
         let llm = agent
             .config
             .llm
             .clone()
             .ok_or_else(|| Error::Config("the openai brain needs an `llm:` section".into()))?;
+        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        // The agent's own settings win; then Delta Engine's variables; then OpenAI's defaults.
+        let env_base = set(DELTA_BASE_URL_ENV);
         let base = llm
             .base_url
             .clone()
+            .or_else(|| env_base.clone())
             .unwrap_or_else(|| DEFAULT_BASE_URL.to_owned());
-        let key_env = llm
-            .api_key_env
-            .clone()
-            .unwrap_or_else(|| DEFAULT_KEY_ENV.to_owned());
-        let key = std::env::var(&key_env).ok().filter(|k| !k.is_empty());
-        if key.is_none() && llm.base_url.is_none() {
+        let key_env = llm.api_key_env.clone().unwrap_or_else(|| {
+            if set(DELTA_KEY_ENV).is_some() {
+                DELTA_KEY_ENV.to_owned()
+            } else {
+                DEFAULT_KEY_ENV.to_owned()
+            }
+        });
+        let key = set(&key_env);
+        if key.is_none() && llm.base_url.is_none() && env_base.is_none() {
             return Err(Error::Config(format!(
-                "{key_env} is not set: export your API key, or set `llm.base_url` to an endpoint \
-                 that needs none (and `llm.api_key_env` to name another variable)"
+                "{key_env} is not set: export your API key (DELTA_API_KEY or OPENAI_API_KEY), or \
+                 set `llm.base_url` (or DELTA_BASE_URL) to an endpoint that needs none (and \
+                 `llm.api_key_env` to name another variable)"
             )));
         }
         install_crypto();
@@ -91,10 +108,27 @@ impl OpenAiBrain {
         self
     }
 
-    fn body(&self, view: &View<'_>) -> Value {
+    async fn body(&self, view: &View<'_>) -> Result<Value, Error> {
+        let messages = match &view.agent.context {
+            None => messages(view),
+            Some(manifest) => {
+                let place = crate::context::Place {
+                    agent_home: &view.agent.dir,
+                    work_dir: view.work_dir,
+                    run_id: view.run_id.to_string(),
+                };
+                if manifest.has_generators() {
+                    write_journal_file(view)?;
+                }
+                let blocks = crate::context::compose(manifest, &place, view.cancel)
+                    .await
+                    .map_err(|e| Error::Config(e.to_string()))?;
+                composed(view, &blocks)
+            }
+        };
         let mut body = json!({
             "model": self.llm.model,
-            "messages": messages(view),
+            "messages": messages,
             "tools": self.tool_specs,
         });
         if let Some(t) = self.llm.temperature {
@@ -106,7 +140,13 @@ impl OpenAiBrain {
         if let Some(p) = self.llm.top_p {
             body["top_p"] = json!(p);
         }
-        body
+        if let Some(p) = self.llm.frequency_penalty {
+            body["frequency_penalty"] = json!(p);
+        }
+        if let Some(p) = self.llm.presence_penalty {
+            body["presence_penalty"] = json!(p);
+        }
+        Ok(body)
     }
 
     async fn call(&self, body: &Value) -> Result<Value, Error> {
@@ -161,9 +201,23 @@ impl OpenAiBrain {
 
 impl Brain for OpenAiBrain {
     async fn decide(&self, view: View<'_>) -> Result<Decision, Error> {
-        let body = self.body(&view);
+        let body = self.body(&view).await?;
         let resp = self.call(&body).await?;
         parse_choice(&resp, self.plans)
+    }
+
+    async fn request(&self, view: View<'_>) -> Result<Option<Value>, Error> {
+        self.body(&view).await.map(Some)
+    }
+
+    async fn decide_request(
+        &self,
+        _view: View<'_>,
+        request: Value,
+    ) -> Result<(Decision, Option<Value>), Error> {
+        let resp = self.call(&request).await?;
+        let decision = parse_choice(&resp, self.plans)?;
+        Ok((decision, Some(resp)))
     }
 }
 
@@ -228,28 +282,97 @@ fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
 }
 
+/// Writes the journal where Delta Engine's generators read it ([`crate::context::journal_file`]).
+fn write_journal_file(view: &View<'_>) -> Result<(), Error> {
+    let run_id = view.run_id.to_string();
+    let env = crate::tools::ToolEnv {
+        work_dir: view.work_dir.to_path_buf(),
+        agent_home: view.agent.dir.clone(),
+        vars: vec![],
+    };
+    let command_line = |tool: &str, args: &Value| {
+        view.agent
+            .tools
+            .get(tool)
+            .and_then(|t| t.check_args(args).ok().map(|v| (t, v)))
+            .and_then(|(t, v)| t.invocation(&v, &env).ok())
+            .map(|inv| inv.display())
+            .unwrap_or_default()
+    };
+    let text = crate::context::delta_engine_journal(
+        view.journal,
+        &run_id,
+        view.task,
+        &view.agent.dir,
+        command_line,
+    );
+    let path = crate::context::journal_file(view.work_dir, &run_id);
+    let fail = |e: std::io::Error| {
+        Error::Config(format!(
+            "context.yaml: writing {} for its generators: {e}",
+            path.display()
+        ))
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    let tmp = path.with_extension("jsonl.tmp");
+    std::fs::write(&tmp, text).map_err(fail)?;
+    std::fs::rename(&tmp, &path).map_err(fail)
+}
+
+/// The messages composed as `context.yaml` says: its blocks in order, the journal where it
+/// stands; this engine's own instructions (`ask_human`, plans) as a system message first.
+pub fn composed(view: &View<'_>, blocks: &[crate::context::Block]) -> Vec<Value> {
+    let mut out = vec![json!({"role": "system", "content": instructions(view.agent)})];
+    for b in blocks {
+        match b {
+            crate::context::Block::System(text) => {
+                out.push(json!({"role": "system", "content": text}));
+            }
+            crate::context::Block::Journal { max_iterations } => {
+                out.extend(crate::context::last_turns(
+                    conversation(view),
+                    *max_iterations,
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// What this engine tells every LLM about its built-in tools.
+fn instructions(agent: &Agent) -> String {
+    let mut system = String::from(
+        "When you need information or a decision from a person, call the `ask_human` tool. \
+         A sensitive answer is never shown to you: its result names a {{secret:…}} reference; \
+         pass that reference verbatim as a tool argument to use the value.",
+    );
+    if offers_plan_tool(agent) {
+        system.push_str(
+            "\n\nBefore you act, lay out your plan with the `plan` tool. A person confirms it or \
+             says what to change; when asked to change it, call `plan` again with the revised plan.",
+        );
+    }
+    system
+}
+
 /// The conversation so far, from the journal.
 pub fn messages(view: &View<'_>) -> Vec<Value> {
     let mut system = view.agent.system_prompt.trim().to_owned();
     if !system.is_empty() {
         system.push_str("\n\n");
     }
-    system.push_str(
-        "When you need information or a decision from a person, call the `ask_human` tool. \
-         A sensitive answer is never shown to you: its result names a {{secret:…}} reference; \
-         pass that reference verbatim as a tool argument to use the value.",
-    );
-    if offers_plan_tool(view.agent) {
-        system.push_str(
-            "\n\nBefore you act, lay out your plan with the `plan` tool. A person confirms it or \
-             says what to change; when asked to change it, call `plan` again with the revised plan.",
-        );
-    }
+    system.push_str(&instructions(view.agent));
+    let mut out = vec![json!({"role": "system", "content": system})];
+    out.extend(conversation(view));
+    out
+}
+
+/// The task as the user's message, then what the journal holds.
+fn conversation(view: &View<'_>) -> Vec<Value> {
     let mut plan_requests: Vec<RequestId> = vec![];
-    let mut out = vec![
-        json!({"role": "system", "content": system}),
-        json!({"role": "user", "content": view.task}),
-    ];
+    let mut out = vec![json!({"role": "user", "content": view.task})];
     for e in view.journal {
         match &e.event {
             Event::Thought(t) => {
