@@ -243,8 +243,8 @@ impl BotReply {
 #[serde(deny_unknown_fields)]
 #[schema(examples(json!({"agent": "hello", "task": "say hi"})))]
 pub struct Submission {
-    /// An agent directory of the gateway's agents directory (`<agents-dir>/<agent>/config.yaml`
-    /// must exist), else `422 invalid_args`.
+    /// An agent directory of the gateway's agents directory (`<agents-dir>/<agent>/agent.yaml`
+    /// or `config.yaml` must exist), else `422 invalid_args`.
     #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub agent: String,
     /// Must not be blank (`422 invalid_args`).
