@@ -102,7 +102,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
 
 /// Whether `host` (a `Host` header, or an `Origin`'s host, with or without a port) names this
 /// machine's loopback: `localhost`, `127.0.0.0/8` or `[::1]`.
-fn is_loopback_host(host: &str) -> bool {
+pub(crate) fn is_loopback_host(host: &str) -> bool {
     let name = match host.strip_prefix('[') {
         // `[::1]:8080`
         Some(rest) => rest.split(']').next().unwrap_or(""),

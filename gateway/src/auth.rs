@@ -236,6 +236,28 @@ impl Auth {
         })
     }
 
+    /// Who `name` is now: the roles and groups of every token of that name (the operator
+    /// token's included); `None` when no token has that name any more. A one-time answer link
+    /// answers as this, not as what its maker held when it was made.
+    pub fn current(&self, name: &str) -> Option<Identity> {
+        let mut roles: Vec<Role> = self
+            .by_digest
+            .values()
+            .filter(|i| i.name.as_deref() == Some(name))
+            .flat_map(|i| i.roles.iter().copied())
+            .collect();
+        if roles.is_empty() {
+            return None;
+        }
+        roles.sort_by_key(|r| *r as u8);
+        roles.dedup();
+        Some(Identity {
+            name: Some(name.to_owned()),
+            roles,
+            groups: self.groups_of(name),
+        })
+    }
+
     /// The groups the tokens file puts `name` in (none for an unknown name).
     pub fn groups_of(&self, name: &str) -> Vec<String> {
         // Every token of that name (a rotation keeps two): the same answer on every gateway.

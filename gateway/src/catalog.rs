@@ -2,11 +2,15 @@
 //! (docs/protocols.md). Read from the gateway's `DELTA_AGENTS_DIR`, the directory submissions
 //! are checked against, so a protocol lists exactly the agents a submission may name.
 //!
-//! Nothing is cached: the directory is small and read when a client asks, so an agent added or
-//! changed on disk shows at the next listing. An agent that does not load is left out of the
-//! listing and named in a warning (`delta run` or the worker says why in full).
+//! The directory is read at most every [`FRESH_FOR`] (the agent card and the tool list are open
+//! to many callers: no caller makes the gateway parse every agent on each request), so an agent
+//! added or changed on disk shows within that. An agent that does not load is left out of the
+//! listing and named in a warning, once per error (`delta run` or the worker says why in full).
 
-use std::path::Path;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Instant;
 
 use crate::Gateway;
 use crate::ops::valid_agent_name;
@@ -25,10 +29,18 @@ pub struct AgentInfo {
 /// Agents in a catalog at most: a directory with more lists the first ones by name.
 pub const MAX_AGENTS: usize = 1000;
 
+/// How long a reading of the agents directory is used before it is read again.
+pub const FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(2);
+
+type Readings = HashMap<PathBuf, (Instant, Arc<Vec<AgentInfo>>)>;
+
+/// The last reading of each agents directory (one per gateway in practice).
+static READINGS: LazyLock<Mutex<Readings>> = LazyLock::new(Mutex::default);
+
 impl Gateway {
     /// The agents of this fleet, sorted by name.
     pub fn agents(&self) -> Vec<AgentInfo> {
-        list(&self.config.agents_dir)
+        cached(&self.config.agents_dir).as_ref().clone()
     }
 
     /// One agent of the catalog, by the name a submission would use.
@@ -36,8 +48,25 @@ impl Gateway {
         if !valid_agent_name(name) {
             return None;
         }
-        load(&self.config.agents_dir, name)
+        // One added since the last reading is loaded at once (one agent, on a miss only).
+        cached(&self.config.agents_dir)
+            .iter()
+            .find(|a| a.name == name)
+            .cloned()
+            .or_else(|| load(&self.config.agents_dir, name))
     }
+}
+
+fn cached(dir: &Path) -> Arc<Vec<AgentInfo>> {
+    let mut readings = READINGS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((at, agents)) = readings.get(dir)
+        && at.elapsed() < FRESH_FOR
+    {
+        return agents.clone();
+    }
+    let agents = Arc::new(list(dir));
+    readings.insert(dir.to_path_buf(), (Instant::now(), agents.clone()));
+    agents
 }
 
 /// The agents in `dir`, sorted by name: each subdirectory with a valid agent name that loads.
@@ -76,7 +105,13 @@ fn load(dir: &Path, name: &str) -> Option<AgentInfo> {
             version: agent.config.version,
         }),
         Err(e) => {
-            tracing::warn!(agent = name, error = %delta_host::Chain(&e), "agent left out of the catalog: it does not load");
+            static WARNED: LazyLock<Mutex<HashSet<(String, String)>>> =
+                LazyLock::new(Mutex::default);
+            let why = delta_host::Chain(&e).to_string();
+            let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+            if warned.len() < 10_000 && warned.insert((name.to_owned(), why.clone())) {
+                tracing::warn!(agent = name, error = %why, "agent left out of the catalog: it does not load");
+            }
             None
         }
     }

@@ -8,12 +8,15 @@
 //!
 //! - opens the one question it was made for, in the inbox (`/answer#link=…`: the secret rides in
 //!   the fragment, which browsers never send, so it reaches no log and no `Referer`);
-//! - answers it as the client it was made for (its token's identity, roles and groups, checked
-//!   again by the answer path, and recorded `via` the client's protocol);
+//! - answers it as the client it was made for: its token's name, with the roles and groups the
+//!   tokens file gives that name when the answer arrives (a name whose tokens are gone, or that
+//!   may no longer answer, answers nothing), recorded `via` the client's protocol;
 //! - works once: an accepted answer spends it (a refused one, a mistyped value say, leaves it
 //!   usable), and only for `DELTA_ANSWER_LINK_TTL_S`;
-//! - is 256 random bits, kept in Redis as its SHA-256 only (like the stream tickets), so any
-//!   gateway of the fleet honours it and a dump of Redis opens nothing.
+//! - is 256 random bits, kept in Redis as its SHA-256 (like the stream tickets), so any gateway
+//!   of the fleet honours it. A link given again at each read of a task ([`shown_link`]) is
+//!   kept whole besides, sealed with `DELTA_SECRETS_KEY` (without the key, every read makes a
+//!   new link instead).
 
 use axum::http::{HeaderMap, header};
 use ring::digest;
@@ -21,8 +24,8 @@ use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 
 use delta_api::links::{LinkAnswer, LinkOpen, LinkView};
-use delta_api::{AnswerAccepted, ErrorCode};
-use delta_protocol::{RequestId, Responder, RunId, Timestamp, Via};
+use delta_api::{AnswerAccepted, ClaimedResponder, ErrorCode};
+use delta_protocol::{RequestId, RunId, Timestamp, Via};
 
 use crate::Gateway;
 use crate::auth::{Identity, Role};
@@ -62,8 +65,15 @@ fn digest_of(link: &str) -> String {
 /// The absolute URL this gateway is reached at: `DELTA_PUBLIC_URL`, or else the scheme it
 /// serves and the `Host` the client used (the link goes back to that same client).
 pub fn base_url(gw: &Gateway, headers: &HeaderMap) -> Result<String, ApiError> {
+    Ok(base(gw, headers)?.0)
+}
+
+/// [`base_url`], and whether a person's browser would reach it in clear over a network: plain
+/// HTTP to a name that is not this machine's loopback (a gateway behind a proxy that ends TLS
+/// must be told its public URL).
+fn base(gw: &Gateway, headers: &HeaderMap) -> Result<(String, bool), ApiError> {
     if let Some(url) = &gw.config.public_url {
-        return Ok(url.clone());
+        return Ok((url.clone(), false));
     }
     let host = headers
         .get(header::HOST)
@@ -79,12 +89,10 @@ pub fn base_url(gw: &Gateway, headers: &HeaderMap) -> Result<String, ApiError> {
                 "no usable Host header to make a link with; send one, or set DELTA_PUBLIC_URL on the gateway",
             )
         })?;
-    let scheme = if gw.config.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    Ok(format!("{scheme}://{host}"))
+    let tls = gw.config.tls.is_some();
+    let scheme = if tls { "https" } else { "http" };
+    let in_clear = !tls && !crate::api::is_loopback_host(host);
+    Ok((format!("{scheme}://{host}"), in_clear))
 }
 
 /// Makes a one-time link for `identity` to answer `request_id` of `run_id` in the inbox, and
@@ -108,7 +116,12 @@ pub async fn answer_link(
             ),
         ));
     }
-    let base = base_url(gw, headers)?;
+    let (base, in_clear) = base(gw, headers)?;
+    if in_clear {
+        return Err(ApiError::unavailable(
+            "this gateway serves plain HTTP: a link to it would carry a person's answer in clear. Set DELTA_PUBLIC_URL to the https:// address people reach it at (a proxy ending TLS in front of it)",
+        ));
+    }
     let ttl = gw.config.answer_link_ttl;
     let now = Timestamp::now();
     let micros = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);
@@ -162,26 +175,68 @@ pub async fn shown_link(
     run_id: RunId,
     request_id: RequestId,
 ) -> Result<String, ApiError> {
+    let Some(secrets) = gw.config.secrets_key.clone() else {
+        return answer_link(gw, headers, identity, responder, via, run_id, request_id).await;
+    };
     let who = identity.name.as_deref().or(responder).unwrap_or("-");
+    let (base, _) = base(gw, headers)?;
+    let context = format!("{via:?}\n{who}\n{request_id}\n{base}");
     let key = {
-        let d = digest::digest(
-            &digest::SHA256,
-            format!("{via:?}\n{who}\n{request_id}").as_bytes(),
-        );
+        let d = digest::digest(&digest::SHA256, context.as_bytes());
         let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
         format!("shown:{hex}")
     };
-    if let Some(url) = gw.store.peek_ticket(&key).await? {
+    if let Some(sealed) = gw.store.peek_ticket(&key).await?
+        && let Ok(url) = secrets.open(&format!("answer-link:{context}"), &sealed)
+        && link_alive(gw, &url).await?
+    {
         return Ok(url);
     }
     let url = answer_link(gw, headers, identity, responder, via, run_id, request_id).await?;
     // Should two reads race, each made a link and the last one kept is shown from then on;
     // both work.
-    let _ = gw
-        .store
-        .put_ticket(&key, &url, gw.config.answer_link_ttl)
-        .await;
+    if let Ok(sealed) = secrets.seal(&format!("answer-link:{context}"), &url) {
+        let _ = gw
+            .store
+            .put_ticket(&key, &sealed, gw.config.answer_link_ttl)
+            .await;
+    }
     Ok(url)
+}
+
+/// Whether the link `url` still works (not spent, not expired).
+async fn link_alive(gw: &Gateway, url: &str) -> Result<bool, ApiError> {
+    let Some((_, link)) = url.rsplit_once("#link=") else {
+        return Ok(false);
+    };
+    Ok(gw.store.peek_ticket(&digest_of(link)).await?.is_some())
+}
+
+/// Whether the link [`shown_link`] gives `who` for `request_id` still works: `false` once it
+/// was spent or expired (a client polling a question it was given a link for asks again then).
+pub async fn shown_alive(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    identity: &Identity,
+    responder: Option<&str>,
+    via: Via,
+    request_id: RequestId,
+) -> Result<bool, ApiError> {
+    let Some(secrets) = gw.config.secrets_key.clone() else {
+        return Ok(false);
+    };
+    let who = identity.name.as_deref().or(responder).unwrap_or("-");
+    let (base, _) = base(gw, headers)?;
+    let context = format!("{via:?}\n{who}\n{request_id}\n{base}");
+    let d = digest::digest(&digest::SHA256, context.as_bytes());
+    let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let Some(sealed) = gw.store.peek_ticket(&format!("shown:{hex}")).await? else {
+        return Ok(false);
+    };
+    match secrets.open(&format!("answer-link:{context}"), &sealed) {
+        Ok(url) => link_alive(gw, &url).await,
+        Err(_) => Ok(false),
+    }
 }
 
 fn unknown() -> ApiError {
@@ -201,9 +256,30 @@ async fn grant_of(gw: &Gateway, link: &str) -> Result<(String, Grant), ApiError>
     Ok((digest, grant))
 }
 
+/// Who the link's answer is given as, now: with authentication on, the tokens file's current
+/// word on the name the link was made for (its roles and groups today), which must still allow
+/// answering; off, the identity it was made with.
+fn current(gw: &Gateway, grant: &Grant) -> Result<Identity, ApiError> {
+    if !gw.config.auth.is_on() {
+        return Ok(grant.identity.clone());
+    }
+    let name = grant.identity.name.as_deref().unwrap_or_default();
+    gw.config
+        .auth
+        .current(name)
+        .filter(|i| i.has(Role::Answer))
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Forbidden,
+                format!("`{name}`, whom this link answers as, may no longer answer (the gateway's tokens file changed)"),
+            )
+        })
+}
+
 /// `POST /v1/answer-links/open`: the question, without spending the link.
 pub async fn open(gw: &Gateway, body: LinkOpen) -> Result<LinkView, ApiError> {
     let (_, grant) = grant_of(gw, &body.link).await?;
+    current(gw, &grant)?;
     let ix = gw
         .store
         .interaction(grant.run_id, grant.request_id)
@@ -227,14 +303,14 @@ pub async fn answer(gw: &Gateway, body: LinkAnswer) -> Result<AnswerAccepted, Ap
             "`answer.responder` must be absent: an answer link says who answers",
         ));
     }
-    let responder = Responder::new(grant.responder, grant.via);
+    let identity = current(gw, &grant)?;
+    let claimed = ClaimedResponder {
+        id: identity.name.is_none().then(|| grant.responder.clone()),
+        via: None,
+    };
+    let responder = gw.responder(identity.name.as_deref(), Some(&claimed), grant.via)?;
     let result = gw
-        .answer(
-            grant.request_id,
-            body.answer,
-            responder,
-            grant.identity.groups(),
-        )
+        .answer(grant.request_id, body.answer, responder, identity.groups())
         .await;
     let spent = match &result {
         Ok(_) => true,

@@ -67,8 +67,13 @@ async def hello():
         check(not result.is_error and "Ada" in result.content[0].text, "the run completed")
 
 
+async def never(_ctx, params):
+    check(False, f"driven by hand, never through the callback: {params}")
+
+
 async def deployer():
-    async with client(ALICE) as c:
+    # The callback declares elicitation (form and URL); the rounds are driven by hand.
+    async with client(ALICE, elicitation_callback=never) as c:
         s = c.session
         r = await s.call_tool("deployer", {"task": "1.4.2"}, allow_input_required=True)
         check(r.result_type == "input_required", "the plan is asked")
@@ -104,6 +109,9 @@ async def deployer():
             bad = await h.post(f"{BASE}/v1/answer-links/answer", json={"link": link, "answer": {"input": "k", "responder": {"id": "mallory"}}})
             report["link_bad"] = bad.status_code
             check(bad.status_code == 400, f"a link says who answers: {bad.text}")
+            wrong = await h.post(f"{BASE}/v1/answer-links/answer", json={"link": link, "answer": {"option_id": "nope"}})
+            report["link_refused"] = wrong.json()
+            check(wrong.status_code == 422, f"the answer path refuses a wrong answer: {wrong.text}")
             a = await h.post(f"{BASE}/v1/answer-links/answer", json={"link": link, "answer": {"input": "sk-live-1234567890"}})
             check(a.status_code == 200, f"a refused answer leaves the link usable: {a.text}")
             again = await h.post(f"{BASE}/v1/answer-links/answer", json={"link": link, "answer": {"input": "x"}})
@@ -187,7 +195,7 @@ class Tasks(ClientExtension):
 
 async def as_task():
     tasks = Tasks({"action": "accept", "content": {"answer": "Grace"}})
-    async with client(ALICE, extensions=[tasks]) as c:
+    async with client(ALICE, extensions=[tasks], elicitation_callback=never) as c:
         result = await c.call_tool("hello", {"task": "tasked"})
         report["task"] = {"statuses": sorted(set(tasks.seen)), "text": result.content[0].text}
         check(report["task_created"]["status"] == "working", "a task is made, working")
@@ -213,10 +221,15 @@ async def legacy():
     async def dismiss(_ctx, _params):
         return ElicitResult(action="cancel")
 
-    async with client(ALICE, elicitation_callback=dismiss) as c:
-        result = await c.call_tool("hello", {"task": "dismissed"})
-        report["dismissed"] = result.structured_content
-        check(result.structured_content["status"] == "WAITING_FOR_INPUT", "a dismissed question ends the call")
+    async def decline(_ctx, _params):
+        return ElicitResult(action="decline")
+
+    for how, mode in ((dismiss, "auto"), (decline, "auto"), (dismiss, "legacy")):
+        async with client(ALICE, elicitation_callback=how, mode=mode) as c:
+            result = await c.call_tool("hello", {"task": "dismissed"})
+            report.setdefault("dismissed", []).append(result.structured_content)
+            check(result.structured_content["status"] == "WAITING_FOR_INPUT",
+                  f"a dismissed question ends the call ({how.__name__}, {mode})")
     # Without elicitation, the call says where the run stands and the question stays pending.
     async with client(ALICE, mode="legacy") as c:
         result = await c.call_tool("hello", {"task": "no elicitation"})
@@ -226,15 +239,28 @@ async def legacy():
 
 
 async def submitter():
-    async def on_elicit(_ctx, _params):
+    asked = []
+
+    async def on_elicit(_ctx, params):
+        asked.append(params.message)
         return ElicitResult(action="accept", content={"answer": "Eve"})
 
+    # A submit-only token is never asked: its call says where the run stands.
     async with client(SUBMITTER, elicitation_callback=on_elicit) as c:
+        result = await c.call_tool("hello", {"task": "no answers"})
+        report["submitter"] = result.structured_content
+        check(not asked, "a submit-only caller is not asked")
+        check(result.structured_content["status"] == "WAITING_FOR_INPUT", "its call says the run waits")
+        # Answering anyway (a crafted retry) is refused with the gateway's code.
+        state = json.dumps({"run": result.structured_content["run_id"]})
+        rid = result.structured_content["request_id"]
         try:
-            await c.call_tool("hello", {"task": "no answers"})
+            await c.session.call_tool("hello", {"task": "no answers"}, allow_input_required=True,
+                                      input_responses={rid: {"action": "accept", "content": {"answer": "Eve"}}},
+                                      request_state=state)
             check(False, "a submit-only token cannot answer")
         except MCPError as e:
-            report["submitter"] = e.error.data
+            report["submitter_refused"] = e.error.data
             check(e.error.data["code"] == "forbidden", "refused: forbidden")
 
 

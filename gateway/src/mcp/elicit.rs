@@ -9,9 +9,10 @@
 //! | free text | `answer`: a string | `input` |
 //! | sensitive, or a schema forms cannot carry | URL mode: a one-time inbox link | nothing: the person answers in the inbox |
 //!
-//! `decline` picks the question's one rejecting option (`REJECT_WITH_REASON`, else
-//! `TERMINATE`); a question with none or several refuses it. `cancel` answers nothing: the
-//! question stays pending for anyone else.
+//! `decline` on a form picks the question's one `REJECT_WITH_REASON` option (never `TERMINATE`:
+//! a client's generic "no" must not end a run for everyone); with none or several, and on a link,
+//! it answers nothing, as `cancel` does: the question stays pending for anyone else, and the
+//! call ends.
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -168,6 +169,9 @@ fn flat_schema(schema: &Value) -> Option<Value> {
     if let Some(required) = schema.get("required").filter(|r| r.is_array()) {
         flat["required"] = required.clone();
     }
+    // Only what the SDK (and so the spec's restricted schema) takes: a `format` it does not
+    // know, a default of the wrong type… and the question goes by link instead.
+    serde_json::from_value::<rmcp::model::ElicitationSchema>(flat.clone()).ok()?;
     Some(flat)
 }
 
@@ -184,7 +188,10 @@ struct ElicitResult {
 pub enum Reply {
     /// Answer it with this body.
     Answer(Box<AnswerBody>),
-    /// Leave it pending (`cancel`, or a link's acknowledgement): someone answers elsewhere.
+    /// A link was opened (`accept` in URL mode): the person answers in the inbox; wait.
+    Wait,
+    /// The client dismissed it (`cancel`, or a `decline` that no option means): it stays
+    /// pending for anyone else, and the call ends.
     Leave,
 }
 
@@ -197,20 +204,17 @@ pub fn reply(q: &InteractionRequest, result: &Value) -> Result<Reply, String> {
         request_hash: q.request_hash.clone(),
         ..AnswerBody::default()
     };
+    let by_link = matches!(ask(q), Ask::Url { .. });
     match r.action.as_str() {
         "cancel" => Ok(Reply::Leave),
-        "accept" if matches!(ask(q), Ask::Url { .. }) => Ok(Reply::Leave),
+        "accept" if by_link => Ok(Reply::Wait),
+        "decline" if by_link => Ok(Reply::Leave),
         "decline" => {
-            let rejecting: Vec<_> = [OptionAction::RejectWithReason, OptionAction::Terminate]
+            let rejecting: Vec<_> = q
+                .options
                 .iter()
-                .map(|a| {
-                    q.options
-                        .iter()
-                        .filter(|o| o.action == *a)
-                        .collect::<Vec<_>>()
-                })
-                .find(|found| !found.is_empty())
-                .unwrap_or_default();
+                .filter(|o| o.action == OptionAction::RejectWithReason)
+                .collect();
             match rejecting.as_slice() {
                 [o] => {
                     body.option_id = Some(o.option_id.clone());
@@ -219,10 +223,7 @@ pub fn reply(q: &InteractionRequest, result: &Value) -> Result<Reply, String> {
                     }
                     Ok(Reply::Answer(Box::new(body)))
                 }
-                _ => Err(
-                    "this question has no one option that declines it: accept with the option that says no, or cancel to leave it to someone else"
-                        .into(),
-                ),
+                _ => Ok(Reply::Leave),
             }
         }
         "accept" => {
@@ -310,16 +311,17 @@ mod tests {
             reply(&q, &json!({"action": "cancel"})).unwrap(),
             Reply::Leave
         );
-        assert!(
-            reply(&q, &json!({"action": "decline"})).is_err(),
-            "no rejecting option"
+        assert_eq!(
+            reply(&q, &json!({"action": "decline"})).unwrap(),
+            Reply::Leave,
+            "no rejecting option: left to others"
         );
         assert!(reply(&q, &json!({"action": "maybe"})).is_err());
         assert!(reply(&q, &json!("accept")).is_err());
     }
 
     #[test]
-    fn decline_picks_the_one_rejecting_option() {
+    fn decline_picks_the_one_rejecting_option_and_never_terminates() {
         let q = question(vec![
             InteractionOption::new("yes", "Approve", OptionAction::ApproveAndExecute),
             InteractionOption::new("no", "Reject", OptionAction::RejectWithReason),
@@ -329,6 +331,14 @@ mod tests {
             panic!("an answer")
         };
         assert_eq!(a.option_id.as_deref(), Some("no"));
+        let only_stop = question(vec![
+            InteractionOption::new("yes", "Approve", OptionAction::ApproveAndExecute),
+            InteractionOption::new("stop", "Stop the run", OptionAction::Terminate),
+        ]);
+        assert_eq!(
+            reply(&only_stop, &json!({"action": "decline"})).unwrap(),
+            Reply::Leave
+        );
     }
 
     #[test]
@@ -342,8 +352,12 @@ mod tests {
                 &json!({"action": "accept", "content": {"answer": "secret"}})
             )
             .unwrap(),
-            Reply::Leave,
+            Reply::Wait,
             "a secret sent back anyway is dropped, never answered"
+        );
+        assert_eq!(
+            reply(&q, &json!({"action": "decline"})).unwrap(),
+            Reply::Leave
         );
         let mut typed = question(vec![]);
         typed.response_schema = Some(json!({"type": "object", "properties": {
@@ -359,6 +373,13 @@ mod tests {
             "topics": {"type": "array", "items": {"type": "string"}},
         }}));
         assert!(matches!(ask(&typed), Ask::Url { .. }));
+        typed.response_schema = Some(json!({"type": "object", "properties": {
+            "host": {"type": "string", "format": "hostname"},
+        }}));
+        assert!(
+            matches!(ask(&typed), Ask::Url { .. }),
+            "a format the restricted schema has not goes by link"
+        );
     }
 
     #[test]

@@ -49,8 +49,11 @@ use crate::ops::interaction_view;
 /// How long one tool call (one round) waits for its run to end or ask before it answers
 /// `input_required` with only its state, for the client to call again.
 pub const WAIT: Duration = Duration::from_secs(20);
-/// How often a task's client is asked to poll, and how long a task lives after it ends.
+/// How often a task's client is asked to poll.
 const POLL_MS: u64 = 1000;
+/// How long one call of a client of an older protocol version (asked within its call) lasts
+/// at most; its session is kept as long while it waits.
+pub const LEGACY_CALL: Duration = Duration::from_secs(3600);
 
 const READ: &[Role] = &[Role::Submit, Role::Answer, Role::Operate];
 const ANSWERERS: &[Role] = &[Role::Answer, Role::Operate];
@@ -69,9 +72,13 @@ pub fn router(gw: Arc<Gateway>) -> Router<Arc<Gateway>> {
         .with_max_request_body_bytes(gw.config.max_body_bytes)
         .disable_allowed_hosts();
     let server = gw.clone();
+    // A session outlives the longest call it may hold (rmcp's default would end it after five
+    // quiet minutes, while a person takes their time).
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(LEGACY_CALL + Duration::from_secs(60));
     let service = StreamableHttpService::new(
         move || Ok(McpServer { gw: server.clone() }),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(sessions),
         config,
     );
     Router::new()
@@ -183,8 +190,59 @@ impl McpServer {
             .filter(|n| !n.trim().is_empty())
     }
 
-    /// Waits up to [`WAIT`] for `run` to end or to ask a question that is not in `linked`.
-    async fn standing(&self, run: RunId, linked: &[RequestId]) -> Result<Standing, ApiError> {
+    /// The responder id the caller's answers are recorded with.
+    fn responder_id(who: &Identity, ctx: &RequestContext<RoleServer>) -> String {
+        who.name
+            .clone()
+            .or_else(|| Self::client_name(ctx))
+            .unwrap_or_else(|| "anonymous".into())
+    }
+
+    /// The elicitation modes the client declared: (form, url). A declaration with neither is
+    /// form only (the 2025-06-18 rule).
+    fn modes(ctx: &RequestContext<RoleServer>) -> (bool, bool) {
+        match ctx.client_capabilities().and_then(|c| c.elicitation) {
+            None => (false, false),
+            Some(e) if e.form.is_none() && e.url.is_none() => (true, false),
+            Some(e) => (e.form.is_some(), e.url.is_some()),
+        }
+    }
+
+    /// The questions of `linked` whose link still works: a spent or expired one is asked again.
+    async fn live_links(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        who: &Identity,
+        linked: &[RequestId],
+    ) -> Result<Vec<RequestId>, McpError> {
+        let name = Self::client_name(ctx);
+        let mut live = vec![];
+        for rid in linked {
+            if crate::links::shown_alive(
+                &self.gw,
+                &headers(ctx),
+                who,
+                name.as_deref(),
+                Via::Mcp,
+                *rid,
+            )
+            .await
+            .map_err(mcp_error)?
+            {
+                live.push(*rid);
+            }
+        }
+        Ok(live)
+    }
+
+    /// Waits up to [`WAIT`] for `run` to end or to ask a question that is not in `skip` and
+    /// that `voter` has not voted on yet.
+    async fn standing(
+        &self,
+        run: RunId,
+        skip: &[RequestId],
+        voter: &str,
+    ) -> Result<Standing, ApiError> {
         let deadline = tokio::time::Instant::now() + WAIT.min(self.gw.config.request_timeout);
         let mut pause = Duration::from_millis(20);
         loop {
@@ -192,9 +250,10 @@ impl McpServer {
             if record.status.is_terminal() {
                 return Ok(Standing::Ended(record));
             }
-            if let Some(rid) = record.pending_request_id.filter(|r| !linked.contains(r))
+            if let Some(rid) = record.pending_request_id.filter(|r| !skip.contains(r))
                 && let Some(ix) = self.gw.store.interaction(run, rid).await?
                 && ix.state == InteractionState::Pending
+                && !ix.votes.iter().any(|v| v.responder.id == voter)
             {
                 return Ok(Standing::Asking(record, Box::new(ix)));
             }
@@ -207,25 +266,30 @@ impl McpServer {
     }
 
     /// The elicitation for a pending question (a one-time link for what must not pass through
-    /// the client), and whether it is a link.
+    /// the client), and whether it is a link; `None` when this caller is not to be asked: it
+    /// may not answer, or it did not declare the mode the question needs.
     async fn elicitation(
         &self,
         ctx: &RequestContext<RoleServer>,
         who: &Identity,
         run: RunId,
         ix: &StoredInteraction,
-    ) -> Result<(Value, bool), McpError> {
+    ) -> Result<Option<(Value, bool)>, McpError> {
+        if !who.has(Role::Answer) {
+            return Ok(None);
+        }
+        let (form, url) = Self::modes(ctx);
         let q = &ix.request;
         Ok(match elicit::ask(q) {
-            elicit::Ask::Form { message, schema } => (
+            elicit::Ask::Form { message, schema } if form => Some((
                 json!({"method": "elicitation/create", "params": {
                     "mode": "form", "message": message, "requestedSchema": schema,
                 }}),
                 false,
-            ),
-            elicit::Ask::Url { message } => {
+            )),
+            elicit::Ask::Url { message } if url => {
                 let url = self.link(ctx, who, run, q.request_id).await?;
-                (
+                Some((
                     json!({"method": "elicitation/create", "params": {
                         "mode": "url",
                         "message": format!("{message}\n\nAnswer it in the inbox (this link works once): it is not asked here, so that the answer never passes through this client."),
@@ -233,8 +297,10 @@ impl McpServer {
                         "elicitationId": q.request_id.to_string(),
                     }}),
                     true,
-                )
+                ))
             }
+            // Never a secret through a form: without URL mode, the inbox it is.
+            _ => None,
         })
     }
 
@@ -262,6 +328,9 @@ impl McpServer {
     }
 
     /// Answers `run`'s questions with the client's elicitation results (keyed by request id).
+    /// Returns whether the client dismissed one (it stays pending for anyone else, and a call
+    /// ends). A question settled meanwhile (answered elsewhere, expired) is no error: the run
+    /// goes on without this answer.
     async fn answer_all(
         &self,
         ctx: &RequestContext<RoleServer>,
@@ -286,9 +355,10 @@ impl McpServer {
                 .ok_or_else(|| bad(format!("`{key}` is not an input request of this run")))?;
             let body = match elicit::reply(&ix.request, result).map_err(bad)? {
                 elicit::Reply::Leave => {
-                    left |= matches!(elicit::ask(&ix.request), elicit::Ask::Form { .. });
+                    left = true;
                     continue;
                 }
+                elicit::Reply::Wait => continue,
                 elicit::Reply::Answer(body) => *body,
             };
             // With tokens the token names the responder; without, the client's own name.
@@ -300,15 +370,20 @@ impl McpServer {
                 .gw
                 .responder(who.name.as_deref(), Some(&claimed), Via::Mcp)
                 .map_err(mcp_error)?;
-            self.gw
-                .answer(rid, body, responder, who.groups())
-                .await
-                .map_err(mcp_error)?;
+            match self.gw.answer(rid, body, responder, who.groups()).await {
+                Ok(_) => {}
+                Err(e) if matches!(e.code, ErrorCode::AlreadyResolved | ErrorCode::Expired) => {
+                    tracing::debug!(request = %rid, "an MCP answer came after the question was settled");
+                }
+                Err(e) => return Err(mcp_error(e)),
+            }
         }
         Ok(left)
     }
 
-    /// A tool call's answer for where its run stands.
+    /// A tool call's answer for where its run stands. The wait holds one of the gateway's
+    /// stream slots and one of the caller's (`DELTA_MAX_STREAMS_PER_IDENTITY`), like a live
+    /// stream: one token cannot hold every connection in waiting calls.
     async fn call_result(
         &self,
         ctx: &RequestContext<RoleServer>,
@@ -316,18 +391,33 @@ impl McpServer {
         mut state: CallState,
     ) -> Result<CallToolResponse, McpError> {
         let who = self.caller(ctx, READ)?;
-        let standing = self.standing(run, &state.linked).await.map_err(mcp_error)?;
+        let _slot = crate::sse::stream_permit(&self.gw, &who).map_err(mcp_error)?;
+        if !modern(ctx) && who.has(Role::Answer) && Self::modes(ctx) != (false, false) {
+            // A client of an older protocol version that takes elicitations is asked within
+            // its call (the elicitation request of those versions).
+            return self.ask_within_call(ctx, &who, run).await;
+        }
+        state.linked = self.live_links(ctx, &who, &state.linked).await?;
+        let voter = Self::responder_id(&who, ctx);
+        let standing = self
+            .standing(run, &state.linked, &voter)
+            .await
+            .map_err(mcp_error)?;
         let state_text = |s: &CallState| serde_json::to_string(s).unwrap_or_default();
         match standing {
             Standing::Ended(record) => {
                 Ok(CallToolResponse::Complete(from_json(tool_result(&record))?))
             }
             Standing::Asking(record, ix) if modern(ctx) => {
-                let (request, linked) = self.elicitation(ctx, &who, run, &ix).await?;
+                let Some((request, linked)) = self.elicitation(ctx, &who, run, &ix).await? else {
+                    return Ok(CallToolResponse::Complete(from_json(paused_result(
+                        &record,
+                        Some(&ix),
+                    ))?));
+                };
                 if linked {
                     state.linked.push(ix.request.request_id);
                 }
-                let _ = record;
                 Ok(CallToolResponse::InputRequired(from_json(json!({
                     "resultType": "input_required",
                     "inputRequests": {ix.request.request_id.to_string(): request},
@@ -340,12 +430,8 @@ impl McpServer {
                     "requestState": state_text(&state),
                 }))?))
             }
-            // A client of an older protocol version that takes elicitations is asked within
-            // its call (the elicitation request of those versions).
-            Standing::Asking(..) if !ctx.peer.supported_elicitation_modes().is_empty() => {
-                self.ask_within_call(ctx, &who, run).await
-            }
-            // One that does not gets where the run stands, and reads or answers it elsewhere.
+            // A client of an older version that takes no elicitations (or may not answer) gets
+            // where the run stands, and reads or answers it elsewhere.
             Standing::Asking(record, ix) => Ok(CallToolResponse::Complete(from_json(
                 paused_result(&record, Some(&ix)),
             )?)),
@@ -357,28 +443,30 @@ impl McpServer {
 
     /// For a client of a protocol version before 2026-07-28: puts each question of `run` to it
     /// with an `elicitation/create` request within the call, answers with what it says, and
-    /// returns when the run ends (or the client cancels a question, or goes away).
+    /// returns when the run ends, when the client dismisses a question, goes away, or cannot be
+    /// asked a question, or after [`LEGACY_CALL`].
     async fn ask_within_call(
         &self,
         ctx: &RequestContext<RoleServer>,
         who: &Identity,
         run: RunId,
     ) -> Result<CallToolResponse, McpError> {
-        let modes = ctx.peer.supported_elicitation_modes();
+        let voter = Self::responder_id(who, ctx);
+        let until = tokio::time::Instant::now() + LEGACY_CALL;
         let mut linked: Vec<RequestId> = vec![];
         loop {
-            if ctx.ct.is_cancelled() || self.gw.shutdown.is_cancelled() {
-                let record = self
-                    .gw
-                    .store
-                    .record(run)
-                    .await
-                    .map_err(|e| mcp_error(e.into()))?;
-                return Ok(CallToolResponse::Complete(from_json(paused_result(
-                    &record, None,
-                ))?));
+            if ctx.ct.is_cancelled()
+                || self.gw.shutdown.is_cancelled()
+                || tokio::time::Instant::now() > until
+            {
+                return self.paused(run).await;
             }
-            let ix = match self.standing(run, &linked).await.map_err(mcp_error)? {
+            linked = self.live_links(ctx, who, &linked).await?;
+            let ix = match self
+                .standing(run, &linked, &voter)
+                .await
+                .map_err(mcp_error)?
+            {
                 Standing::Ended(record) => {
                     return Ok(CallToolResponse::Complete(from_json(tool_result(&record))?));
                 }
@@ -386,25 +474,9 @@ impl McpServer {
                 Standing::Asking(_, ix) => ix,
             };
             let rid = ix.request.request_id;
-            let (request, is_link) = self.elicitation(ctx, who, run, &ix).await?;
-            let mode = if is_link {
-                rmcp::service::ElicitationMode::Url
-            } else {
-                rmcp::service::ElicitationMode::Form
+            let Some((request, is_link)) = self.elicitation(ctx, who, run, &ix).await? else {
+                return self.paused(run).await;
             };
-            if !modes.contains(&mode) {
-                // Never a secret through a form: without URL mode, the inbox it is.
-                let record = self
-                    .gw
-                    .store
-                    .record(run)
-                    .await
-                    .map_err(|e| mcp_error(e.into()))?;
-                return Ok(CallToolResponse::Complete(from_json(paused_result(
-                    &record,
-                    Some(&ix),
-                ))?));
-            }
             let params = from_json(request["params"].clone())?;
             let result = tokio::select! {
                 r = ctx.peer.create_elicitation(params) => r.map_err(|e| {
@@ -455,11 +527,24 @@ impl McpServer {
         who: &Identity,
         record: &RunRecord,
     ) -> Result<Value, McpError> {
+        // The tasks extension counts a task's TTL from its creation; a run is kept
+        // `DELTA_RETENTION` after it ends: unlimited while it lives, then exact.
+        let ttl = match (self.gw.config.retention, record.status.is_terminal()) {
+            (Some(keep), true) => {
+                let lived = record
+                    .updated_at
+                    .micros()
+                    .saturating_sub(record.created_at.micros());
+                let lived_ms = u64::try_from(lived / 1000).unwrap_or(0);
+                Some(lived_ms.saturating_add(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX)))
+            }
+            _ => None,
+        };
         let mut task = json!({
             "taskId": record.run_id.to_string(),
             "createdAt": rfc3339(record.created_at),
             "lastUpdatedAt": rfc3339(record.updated_at),
-            "ttlMs": self.gw.config.retention.map(|r| u64::try_from(r.as_millis()).unwrap_or(u64::MAX)),
+            "ttlMs": ttl,
             "pollIntervalMs": POLL_MS,
         });
         let status = match record.status {
@@ -489,10 +574,20 @@ impl McpServer {
                         .filter(|ix| ix.state == InteractionState::Pending),
                     None => None,
                 };
+                let voter = Self::responder_id(who, ctx);
                 match pending {
+                    // A vote given, the question waits for others': working, for this caller.
+                    Some(ix) if ix.votes.iter().any(|v| v.responder.id == voter) => "working",
                     Some(ix) => {
-                        let (request, _) = self.elicitation(ctx, who, record.run_id, &ix).await?;
-                        task["inputRequests"] = json!({ix.request.request_id.to_string(): request});
+                        // A caller that may not answer, or cannot be asked this question, sees
+                        // the question without an input request.
+                        let requests = match self.elicitation(ctx, who, record.run_id, &ix).await? {
+                            Some((request, _)) => {
+                                json!({ix.request.request_id.to_string(): request})
+                            }
+                            None => json!({}),
+                        };
+                        task["inputRequests"] = requests;
                         task["statusMessage"] = json!(elicit::message(&ix.request));
                         "input_required"
                     }
@@ -771,8 +866,22 @@ impl ServerHandler for McpServer {
         request: CancelTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let who = self.caller(&ctx, &[Role::Operate])?;
+        // Operators, and whoever submitted the run (as A2A's CancelTask).
+        let who = self.caller(&ctx, READ)?;
         let run = Self::run_id(&request.task_id)?;
+        let record = self
+            .gw
+            .store
+            .record(run)
+            .await
+            .map_err(|e| mcp_error(e.into()))?;
+        let submitter = who.name.is_some() && record.submitted_by == who.name;
+        if !who.has(Role::Operate) && !submitter {
+            return Err(mcp_error(ApiError::new(
+                ErrorCode::Forbidden,
+                "only an operator or the run's submitter may cancel it",
+            )));
+        }
         let by = who.name.unwrap_or_else(|| "an MCP client".into());
         self.gw
             .cancel(run, &by, Some("cancelled through MCP (tasks/cancel)"))

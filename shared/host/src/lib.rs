@@ -90,6 +90,12 @@ impl opentelemetry_sdk::trace::SpanExporter for FileSpanExporter {
 pub fn init_logging(default: &str, service: &str, rt: &tokio::runtime::Runtime) -> Telemetry {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DELTA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // The MCP SDK logs whole results at debug (an answer link among them) and every refusal it
+    // sends at warn (as many as callers like): only its errors, whatever DELTA_LOG says.
+    let filter = match "rmcp=error".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").unwrap_or_default();
     let spans_file = std::env::var_os("DELTA_SPANS_FILE").filter(|p| !p.is_empty());
