@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-use delta_e2e::fleet::Fleet;
+use delta_e2e::fleet::{Fleet, FleetLogs};
 use delta_protocol::{Event, RunId, RunStatus, Via};
 use delta_store::RunStore;
 use serde_json::Value;
@@ -30,12 +30,21 @@ async fn the_official_python_client_lists_calls_answers_and_follows_tasks() {
         .map(|(n, r)| format!("- name: {n}\n  token: {}\n  roles: [{r}]\n", token(n)))
         .collect();
     std::fs::write(&tokens, text).expect("tokens");
-    let fleet = Fleet::start_with("mcp", 1, 1, |s| {
+    let mut fleet = Fleet::start_with("mcp", 0, 0, |s| {
         s.tokens_file = Some(tokens.clone());
         // Sensitive answers are sealed with it (the workers get the same key).
         s.secrets_key_hex = Some("42".repeat(32));
     })
     .await;
+    // Everything the processes log, at debug: neither the key nor a link may show there.
+    let logs = tempfile::tempdir().expect("logs");
+    fleet.logs = Some(FleetLogs {
+        dir: logs.path().to_path_buf(),
+        filter: Some("debug".into()),
+        spans: false,
+    });
+    fleet.add_gateway(None).await;
+    fleet.add_worker("w0");
     fleet.add_example("deployer");
 
     // Without a token: 401, with the scheme to use.
@@ -107,4 +116,15 @@ async fn the_official_python_client_lists_calls_answers_and_follows_tasks() {
         !text.contains("sk-live-1234567890"),
         "the key is not journaled"
     );
+    let link = report["link"].as_str().expect("the link");
+    let secret = link.rsplit_once("#link=").expect("a link").1;
+    let mut logged = 0;
+    for entry in std::fs::read_dir(logs.path()).expect("logs") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("a log");
+        logged += text.len();
+        assert!(!text.contains("sk-live-1234567890"), "the key in {}", path.display());
+        assert!(!text.contains(secret), "the link in {}", path.display());
+    }
+    assert!(logged > 1000, "the processes logged ({logged} bytes)");
 }
