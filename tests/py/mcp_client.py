@@ -188,6 +188,8 @@ class Tasks(ClientExtension):
                     taskId=created.task_id, inputResponses={rid: self.answer})), TypeAdapter(dict))
             if t["status"] in ("completed", "failed", "cancelled"):
                 report["task_final"] = t
+                if t["status"] != "completed":
+                    raise RuntimeError(f"the task ended {t['status']}")
                 return CallToolResult.model_validate(t["result"])
             await asyncio.sleep(0.1)
         check(False, "the task ends")
@@ -202,6 +204,23 @@ async def as_task():
         check(report["task_created"]["pollIntervalMs"] >= 1, "with a poll interval")
         check("input_required" in tasks.seen, "it was input_required on the way")
         check(not result.is_error and "Grace" in result.content[0].text, "the task completes")
+
+
+async def failing():
+    """A run that fails: an error result for a call, a `failed` task for a tasks client."""
+    async with client(ALICE) as c:
+        result = await c.call_tool("failer", {"task": "brew"})
+        report["failed_call"] = {"is_error": result.is_error, "text": result.content[0].text}
+        check(result.is_error and "out of coffee" in result.content[0].text, "a failed run is an error result")
+    tasks = Tasks({"action": "cancel"})
+    async with client(ALICE, extensions=[tasks], elicitation_callback=never) as c:
+        try:
+            await c.call_tool("failer", {"task": "brew"})
+        except Exception:  # the SDK has no shape for a failed task: the resolver's own check says
+            pass
+        report["failed_task"] = report.get("task_final")
+        check(report["task_final"]["status"] == "failed", "a failed run is a failed task")
+        check("out of coffee" in report["task_final"]["error"]["message"], "with the run's reason")
 
 
 async def legacy():
@@ -269,6 +288,7 @@ async def main():
     await deployer()
     await second_client()
     await as_task()
+    await failing()
     await legacy()
     await submitter()
     print(json.dumps(report, default=str))

@@ -46,6 +46,11 @@ async fn the_official_python_client_lists_calls_answers_and_follows_tasks() {
     fleet.add_gateway(None).await;
     fleet.add_worker("w0");
     fleet.add_example("deployer");
+    fleet.add_agent(
+        "failer",
+        "name: failer\nbrain: scripted\n",
+        "steps:\n  - fail: \"out of coffee\"\n",
+    );
 
     // Without a token: 401, with the scheme to use.
     let resp = reqwest::Client::new()
@@ -123,7 +128,11 @@ async fn the_official_python_client_lists_calls_answers_and_follows_tasks() {
         let path = entry.expect("entry").path();
         let text = std::fs::read_to_string(&path).expect("a log");
         logged += text.len();
-        assert!(!text.contains("sk-live-1234567890"), "the key in {}", path.display());
+        assert!(
+            !text.contains("sk-live-1234567890"),
+            "the key in {}",
+            path.display()
+        );
         assert!(!text.contains(secret), "the link in {}", path.display());
     }
     assert!(logged > 1000, "the processes logged ({logged} bytes)");

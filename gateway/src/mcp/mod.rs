@@ -548,11 +548,25 @@ impl McpServer {
             "pollIntervalMs": POLL_MS,
         });
         let status = match record.status {
-            RunStatus::Completed | RunStatus::Failed => {
+            RunStatus::Completed => {
                 task["result"] = tool_result(record);
-                task["statusMessage"] =
-                    json!(format!("the run {}", record.status.as_str().to_lowercase()));
+                task["statusMessage"] = json!("the run completed");
                 "completed"
+            }
+            RunStatus::Failed => {
+                // The run's failure, as the task's error (the tool result it would have been is
+                // in `data.result` too, for clients that show results only).
+                let why = record
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "no reason given".into());
+                task["error"] = json!({
+                    "code": -32000,
+                    "message": format!("the run failed: {why}"),
+                    "data": {"run_id": record.run_id, "status": record.status, "result": tool_result(record)},
+                });
+                task["statusMessage"] = json!(format!("the run failed: {why}"));
+                "failed"
             }
             RunStatus::Cancelled => {
                 task["statusMessage"] = json!(
