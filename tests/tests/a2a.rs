@@ -711,6 +711,54 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
     )
     .await;
     assert_eq!(gateway_code(&b), "forbidden", "{b}");
+    // Refused attempts left sam's config whole, delivery included.
+    let all = fleet.store.a2a_all_pushes().await.expect("configs");
+    assert!(all.contains(&(task.clone(), "mine".to_owned())), "{all:?}");
+    // The per-task limit counts per caller.
+    for i in 0..9 {
+        let (_, b) = call(
+            &fleet,
+            sue,
+            "CreateTaskPushNotificationConfig",
+            config(&format!("s{i}")),
+        )
+        .await;
+        assert!(b.get("error").is_none(), "{b}");
+    }
+    let (_, b) = call(
+        &fleet,
+        sue,
+        "CreateTaskPushNotificationConfig",
+        config("s9"),
+    )
+    .await;
+    assert_eq!(gateway_code(&b), "rate_limited", "{b}");
+    let (_, b) = call(
+        &fleet,
+        sam,
+        "CreateTaskPushNotificationConfig",
+        config("mine2"),
+    )
+    .await;
+    assert!(b.get("error").is_none(), "{b}");
+    for i in 0..9 {
+        let (_, b) = call(
+            &fleet,
+            sue,
+            "DeleteTaskPushNotificationConfig",
+            json!({"taskId": task, "id": format!("s{i}")}),
+        )
+        .await;
+        assert!(b.get("error").is_none(), "{b}");
+    }
+    let (_, b) = call(
+        &fleet,
+        sam,
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "mine2"}),
+    )
+    .await;
+    assert!(b.get("error").is_none(), "{b}");
     let ids = |b: &Value| -> Vec<String> {
         b["result"]["configs"]
             .as_array()

@@ -129,13 +129,16 @@ return 'ok'
 /// set member, who asks, check the owner (1/0). 1 deleted, 0 none, -1 someone else's.
 const DELETE_PUSH: &str = r#"
 local old = redis.call('HGET', KEYS[1], ARGV[1])
-redis.call('SREM', KEYS[2], ARGV[2])
-if not old then return 0 end
+if not old then
+  redis.call('SREM', KEYS[2], ARGV[2])
+  return 0
+end
 local ok, c = pcall(cjson.decode, old)
 local was = '-'
 if ok and type(c) == 'table' and type(c.created_by) == 'string' then was = 'n:' .. c.created_by end
 if ARGV[4] == '1' and was ~= ARGV[3] then return -1 end
 redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('SREM', KEYS[2], ARGV[2])
 redis.call('DEL', KEYS[4])
 if tonumber(redis.call('HINCRBY', KEYS[3], was, -1)) <= 0 then redis.call('HDEL', KEYS[3], was) end
 return 1
