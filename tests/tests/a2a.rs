@@ -776,9 +776,19 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
     assert_eq!(ids(&b), vec!["mine"], "{b}");
     let (_, b) = call(&fleet, sam, "GetTaskPushNotificationConfig", mine.clone()).await;
     assert_eq!(b["result"]["id"], "mine", "{b}");
-    // An operator sees and deletes all.
+    // An operator sees, replaces and deletes all; what it replaces stays its creator's.
     let (_, b) = call(&fleet, ops, "ListTaskPushNotificationConfigs", list.clone()).await;
     assert_eq!(ids(&b), vec!["hers", "mine"], "{b}");
+    let (_, b) = call(
+        &fleet,
+        ops,
+        "CreateTaskPushNotificationConfig",
+        config("hers"),
+    )
+    .await;
+    assert_eq!(b["result"]["id"], "hers", "{b}");
+    let (_, b) = call(&fleet, sue, "ListTaskPushNotificationConfigs", list.clone()).await;
+    assert_eq!(ids(&b), vec!["hers"], "{b}");
     let (_, b) = call(
         &fleet,
         ops,

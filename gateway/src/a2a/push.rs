@@ -269,12 +269,21 @@ pub async fn create(
         })?),
         None => None,
     };
+    // An operator replacing someone's config leaves it theirs (the store refuses anyone else).
+    let operator = who.has(Role::Operate);
+    let mut created_by = who.name.clone();
+    if operator
+        && let Some(old) = gw.store.a2a_push(&task_id, &id).await?
+        && old.created_by != created_by
+    {
+        created_by = old.created_by;
+    }
     let config = A2aPushConfig {
         id: id.clone(),
         task_id: task_id.clone(),
         url: c.url.trim().to_owned(),
         sealed_token,
-        created_by: who.name.clone(),
+        created_by,
         created_at: Timestamp::now(),
     };
     // The consumer first: it starts at the run's first event whenever it is made, and a config
@@ -288,11 +297,7 @@ pub async fn create(
     let full = |what: String| -> RpcError {
         ApiError::new(ErrorCode::RateLimited, format!("{what}: delete one first")).into()
     };
-    match gw
-        .store
-        .a2a_put_push(&config, who.has(Role::Operate), LIMITS)
-        .await?
-    {
+    match gw.store.a2a_put_push(&config, operator, LIMITS).await? {
         PutPush::Stored => {}
         PutPush::Taken => {
             return Err(ApiError::new(
