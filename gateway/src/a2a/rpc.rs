@@ -702,12 +702,25 @@ struct Tie {
     request_hash: Option<String>,
 }
 
+/// The answer's fields a data part may have, as `POST /v1/interactions/{id}/response` takes them.
+const FIELDS: [&str; 4] = ["option_id", "input", "data", "feedback"];
+/// What ties an answer to its question.
+const TIE: [&str; 2] = ["request_id", "request_hash"];
+
+/// Whether data part `o` is the answer's fields (and the tie), not a typed answer: only then
+/// are `request_id` and `request_hash` in it the tie (a typed answer may have such fields).
+fn is_fields(o: &Map<String, Value>) -> bool {
+    o.keys()
+        .all(|k| FIELDS.contains(&k.as_str()) || TIE.contains(&k.as_str()))
+}
+
 fn tie_of(m: &Message) -> Result<Tie, RpcError> {
     let mut tie = Tie::default();
     let sources = m
         .parts
         .iter()
         .filter_map(|p| p.data.as_ref().and_then(Value::as_object))
+        .filter(|o| is_fields(o))
         .chain(m.metadata.as_ref());
     for o in sources {
         for (field, slot) in [
@@ -739,7 +752,6 @@ fn tie_of(m: &Message) -> Result<Tie, RpcError> {
 ///   `requires_input` takes the text after the first line as its input;
 /// - else the text is the input, and a data part the typed answer (`response_schema`).
 pub fn answer_of(q: &InteractionRequest, parts: &[Part]) -> Result<AnswerBody, RpcError> {
-    const FIELDS: [&str; 4] = ["option_id", "input", "data", "feedback"];
     let text = parts
         .iter()
         .filter_map(|p| p.text.as_deref())
@@ -751,10 +763,11 @@ pub fn answer_of(q: &InteractionRequest, parts: &[Part]) -> Result<AnswerBody, R
         .iter()
         .filter_map(|p| p.data.as_ref())
         .filter_map(|d| match d {
-            Value::Object(o) => {
+            Value::Object(o) if is_fields(o) => {
                 let mut o = o.clone();
-                o.remove("request_id");
-                o.remove("request_hash");
+                for k in TIE {
+                    o.remove(k);
+                }
                 (!o.is_empty()).then_some(Value::Object(o))
             }
             other => Some(other.clone()),
@@ -958,6 +971,12 @@ mod tests {
         // A data part of only the tie is no data part: the text is the answer.
         let a = answer_of(&question(&[]), &parts).unwrap();
         assert_eq!((a.input.as_deref(), a.data), (Some("Ada"), None));
+        // A typed answer with a `request_id` field of its own keeps it, and ties nothing.
+        let typed = json!({"request_id": "mine", "email": "a@b.c"});
+        let t = tie_of(&message(vec![part(None, Some(typed.clone()))], None)).unwrap();
+        assert_eq!(t.request_id, None);
+        let a = answer_of(&question(&[]), &[part(None, Some(typed.clone()))]).unwrap();
+        assert_eq!(a.data, Some(typed));
         let t = tie_of(&message(vec![], Some(json!({"request_id": "r2"})))).unwrap();
         assert_eq!(t.request_id.as_deref(), Some("r2"));
         // Two different ones, or not a string: refused.
