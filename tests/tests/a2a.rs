@@ -5,7 +5,10 @@
 //! completes; `deployer` is followed through streams (plan, a sensitive key that is
 //! `auth-required` with a link and refused through A2A, a choice, an approval); a task is
 //! cancelled; a bad answer is refused with the gateway's code; push notifications reach a
-//! receiver, each JWT verified by PyJWT against the served JWKS.
+//! receiver, each JWT verified by PyJWT against the served JWKS (`kid`, `aud`, the body's hash),
+//! and the config's consumer is gone once the run ended. With tokens: each method's roles; push
+//! configs are their creator's (and an operator's); answers tied to a question that changed or
+//! moved on are `stale`; a retried message does not answer the next question.
 
 use std::process::Command;
 
