@@ -5,11 +5,15 @@
 //! completes; `deployer` is followed through streams (plan, a sensitive key that is
 //! `auth-required` with a link and refused through A2A, a choice, an approval); a task is
 //! cancelled; a bad answer is refused with the gateway's code; push notifications reach a
-//! receiver, each JWT verified by PyJWT against the served JWKS.
+//! receiver, each JWT verified by PyJWT against the served JWKS (`kid`, `aud`, the body's hash),
+//! and the config's consumer is gone once the run ended. With tokens: each method's roles; push
+//! configs are their creator's (and an operator's); answers tied to a question that changed or
+//! moved on are `stale`; a retried message does not answer the next question.
 
 use std::process::Command;
 
 use delta_e2e::fleet::Fleet;
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 const KEY: &str = "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e";
@@ -282,9 +286,10 @@ async fn push_notifications_are_signed_with_the_gateways_key() {
         assert_eq!(v["task_id"], p["task_id"], "{v}");
         assert_eq!(v["token"], "tok-123", "{v}");
         assert_eq!(v["content_type"], "application/json", "{v}");
+        assert_eq!(v["aud"], p["origin"], "{v}");
+        assert_eq!(v["wrong_aud_refused"], true, "{v}");
+        assert_eq!(v["body_hash_ok"], true, "{v}");
     }
-    assert_eq!(p["forged_ok"], false);
-    assert_eq!(p["tamper_refused"], true);
     // Listed without its token, and with its URL's path and query hidden.
     let listed = &p["listed"][0];
     assert_eq!(listed["taskId"], p["task_id"], "{p}");
@@ -319,6 +324,26 @@ async fn push_notifications_are_signed_with_the_gateways_key() {
         },
     )
     .await;
+    let consumers = push_consumers(&fleet, "a2apush").await;
+    assert!(consumers.is_empty(), "left behind: {consumers:?}");
+}
+
+/// The names of the A2A push consumers on the events stream.
+async fn push_consumers(fleet: &Fleet, prefix: &str) -> Vec<String> {
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let stream = js
+        .get_stream(delta_queue::Names::new(prefix).interactions_stream())
+        .await
+        .expect("events stream");
+    let names: Vec<String> = stream
+        .consumer_names()
+        .filter_map(|n| async move { n.ok() })
+        .collect()
+        .await;
+    names
+        .into_iter()
+        .filter(|n| n.contains("-a2apush-"))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -569,4 +594,282 @@ async fn with_tokens_each_method_takes_the_gateways_roles() {
     )
     .await;
     assert_eq!(b["error"]["code"], -32003, "{b}");
+}
+
+/// The status message's data part: the question as data.
+fn question_of(task: &Value) -> Value {
+    task["status"]["message"]["parts"][1]["data"].clone()
+}
+
+/// A message answering `task` with `text`, tied to the question by `tie` (a data part), under
+/// `message_id`.
+fn answer_message(task: &str, text: &str, tie: Value, message_id: &str) -> Value {
+    let mut parts = vec![json!({"text": text})];
+    if !tie.is_null() {
+        parts.push(json!({"data": tie}));
+    }
+    json!({"message": {
+        "messageId": message_id,
+        "role": "ROLE_USER",
+        "taskId": task,
+        "parts": parts,
+    }})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_their_question() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tokens = dir.path().join("tokens.yaml");
+    let entries = [
+        ("sam", "sam-token-0123456789ab", "submit"),
+        ("sue", "sue-token-0123456789ab", "submit"),
+        ("ann", "ann-token-0123456789ab", "answer"),
+        ("ops", "ops-token-0123456789ab", "operate"),
+    ];
+    let text: String = entries
+        .iter()
+        .map(|(n, t, r)| format!("- name: {n}\n  token: {t}\n  roles: [{r}]\n"))
+        .collect();
+    std::fs::write(&tokens, text).expect("tokens");
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())
+        .expect("key");
+    let key_file = dir.path().join("a2a.der");
+    std::fs::write(&key_file, pkcs8.as_ref()).expect("write key");
+    let key_path = key_file.display().to_string();
+    let fleet = Fleet::start_with("a2aown", 1, 1, |s| {
+        s.tokens_file = Some(tokens.clone());
+        s.secrets_key_hex = Some(KEY.to_owned());
+        s.extra.extend([
+            ("DELTA_WEBHOOK_ALLOW", "127.0.0.1/32".to_owned()),
+            ("DELTA_A2A_SIGNING_KEY", key_path.clone()),
+        ]);
+    })
+    .await;
+    fleet.add_agent(
+        "twice",
+        "name: twice\nbrain: scripted\n",
+        "steps:\n  - ask_human:\n      prompt: \"First?\"\n  - ask_human:\n      prompt: \"Second?\"\n  - finish: \"done\"\n",
+    );
+    let (sam, sue, ann, ops) = (
+        Some("sam-token-0123456789ab"),
+        Some("sue-token-0123456789ab"),
+        Some("ann-token-0123456789ab"),
+        Some("ops-token-0123456789ab"),
+    );
+    let (_, b) = call(
+        &fleet,
+        sam,
+        "SendMessage",
+        text_message("go", None, Some("twice")),
+    )
+    .await;
+    let t = &b["result"]["task"];
+    assert_eq!(t["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{b}");
+    let task = t["id"].as_str().expect("id").to_owned();
+    let q1 = question_of(t);
+    let rid1 = q1["request_id"].as_str().expect("request_id").to_owned();
+    assert!(
+        q1["request_hash"].as_str().is_some_and(|h| !h.is_empty()),
+        "{q1}"
+    );
+
+    // Another submitter may not cancel sam's task.
+    let (_, b) = call(&fleet, sue, "CancelTask", json!({"id": task})).await;
+    assert_eq!(gateway_code(&b), "forbidden", "{b}");
+
+    // Push configs are their creator's.
+    let config = |id: &str| json!({"taskId": task, "id": id, "url": "http://127.0.0.1:9/hook"});
+    let (_, b) = call(
+        &fleet,
+        sam,
+        "CreateTaskPushNotificationConfig",
+        config("mine"),
+    )
+    .await;
+    assert_eq!(b["result"]["id"], "mine", "{b}");
+    let (_, b) = call(
+        &fleet,
+        sue,
+        "CreateTaskPushNotificationConfig",
+        config("hers"),
+    )
+    .await;
+    assert_eq!(b["result"]["id"], "hers", "{b}");
+    let mine = json!({"taskId": task, "id": "mine"});
+    let (_, b) = call(&fleet, sue, "GetTaskPushNotificationConfig", mine.clone()).await;
+    assert_eq!(gateway_code(&b), "not_found", "{b}");
+    let (_, b) = call(
+        &fleet,
+        sue,
+        "DeleteTaskPushNotificationConfig",
+        mine.clone(),
+    )
+    .await;
+    assert_eq!(gateway_code(&b), "not_found", "{b}");
+    let (_, b) = call(
+        &fleet,
+        sue,
+        "CreateTaskPushNotificationConfig",
+        config("mine"),
+    )
+    .await;
+    assert_eq!(gateway_code(&b), "forbidden", "{b}");
+    // Refused attempts left sam's config whole, delivery included.
+    let all = fleet.store.a2a_all_pushes().await.expect("configs");
+    assert!(all.contains(&(task.clone(), "mine".to_owned())), "{all:?}");
+    // The per-task limit counts per caller.
+    for i in 0..9 {
+        let (_, b) = call(
+            &fleet,
+            sue,
+            "CreateTaskPushNotificationConfig",
+            config(&format!("s{i}")),
+        )
+        .await;
+        assert!(b.get("error").is_none(), "{b}");
+    }
+    let (_, b) = call(
+        &fleet,
+        sue,
+        "CreateTaskPushNotificationConfig",
+        config("s9"),
+    )
+    .await;
+    assert_eq!(gateway_code(&b), "rate_limited", "{b}");
+    let (_, b) = call(
+        &fleet,
+        sam,
+        "CreateTaskPushNotificationConfig",
+        config("mine2"),
+    )
+    .await;
+    assert!(b.get("error").is_none(), "{b}");
+    for i in 0..9 {
+        let (_, b) = call(
+            &fleet,
+            sue,
+            "DeleteTaskPushNotificationConfig",
+            json!({"taskId": task, "id": format!("s{i}")}),
+        )
+        .await;
+        assert!(b.get("error").is_none(), "{b}");
+    }
+    let (_, b) = call(
+        &fleet,
+        sam,
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "mine2"}),
+    )
+    .await;
+    assert!(b.get("error").is_none(), "{b}");
+    let ids = |b: &Value| -> Vec<String> {
+        b["result"]["configs"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|c| c["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let list = json!({"taskId": task});
+    let (_, b) = call(&fleet, sue, "ListTaskPushNotificationConfigs", list.clone()).await;
+    assert_eq!(ids(&b), vec!["hers"], "{b}");
+    let (_, b) = call(&fleet, sam, "ListTaskPushNotificationConfigs", list.clone()).await;
+    assert_eq!(ids(&b), vec!["mine"], "{b}");
+    let (_, b) = call(&fleet, sam, "GetTaskPushNotificationConfig", mine.clone()).await;
+    assert_eq!(b["result"]["id"], "mine", "{b}");
+    // An operator sees, replaces and deletes all; what it replaces stays its creator's.
+    let (_, b) = call(&fleet, ops, "ListTaskPushNotificationConfigs", list.clone()).await;
+    assert_eq!(ids(&b), vec!["hers", "mine"], "{b}");
+    let (_, b) = call(
+        &fleet,
+        ops,
+        "CreateTaskPushNotificationConfig",
+        config("hers"),
+    )
+    .await;
+    assert_eq!(b["result"]["id"], "hers", "{b}");
+    let (_, b) = call(&fleet, sue, "ListTaskPushNotificationConfigs", list.clone()).await;
+    assert_eq!(ids(&b), vec!["hers"], "{b}");
+    let (_, b) = call(
+        &fleet,
+        ops,
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "hers"}),
+    )
+    .await;
+    assert!(b.get("error").is_none(), "{b}");
+    let (_, b) = call(&fleet, sam, "DeleteTaskPushNotificationConfig", mine).await;
+    assert!(b.get("error").is_none(), "{b}");
+
+    // An answer to a question that changed since it was shown (another hash), or to another
+    // question, is stale.
+    let (_, b) = call(
+        &fleet,
+        ann,
+        "SendMessage",
+        answer_message(
+            &task,
+            "Ann",
+            json!({"request_id": rid1, "request_hash": "not-the-shown-one"}),
+            "m-stale-1",
+        ),
+    )
+    .await;
+    assert_eq!(gateway_code(&b), "stale", "{b}");
+    let (_, b) = call(
+        &fleet,
+        ann,
+        "SendMessage",
+        answer_message(
+            &task,
+            "Ann",
+            json!({"request_id": delta_protocol::RunId::new().to_string()}),
+            "m-stale-2",
+        ),
+    )
+    .await;
+    assert_eq!(gateway_code(&b), "stale", "{b}");
+
+    // An operator answers, as over HTTP, tied to the question it saw.
+    let tie = json!({"request_id": rid1, "request_hash": q1["request_hash"]});
+    let answer = answer_message(&task, "first", tie, "m-1");
+    let (_, b) = call(&fleet, ops, "SendMessage", answer.clone()).await;
+    assert!(b.get("error").is_none(), "{b}");
+    let run: delta_protocol::RunId = task.parse().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let rid2 = loop {
+        let (_, b) = call(&fleet, ops, "GetTask", json!({"id": task})).await;
+        if let Some(rid) = question_of(&b["result"])["request_id"].as_str()
+            && rid != rid1
+        {
+            break rid.to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no second question: {b}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    // The same message again (a retry after a lost response) does not answer the next question.
+    let (_, b) = call(&fleet, ops, "SendMessage", answer).await;
+    assert!(b.get("error").is_none(), "{b}");
+    let (_, b) = call(&fleet, ops, "GetTask", json!({"id": task})).await;
+    assert_eq!(
+        b["result"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{b}"
+    );
+    assert_eq!(question_of(&b["result"])["request_id"], rid2, "{b}");
+    let (_, b) = call(
+        &fleet,
+        ann,
+        "SendMessage",
+        answer_message(&task, "second", json!({"request_id": rid2}), "m-2"),
+    )
+    .await;
+    assert!(b.get("error").is_none(), "{b}");
+    fleet
+        .wait_status(run, delta_protocol::RunStatus::Completed)
+        .await;
 }

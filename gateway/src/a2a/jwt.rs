@@ -39,14 +39,18 @@ impl SigningKey {
                         .into(),
                 );
             }
+            // Every whitespace goes (CRLF line ends, indentation), not only the line breaks.
             let body: String = text
                 .lines()
+                .map(str::trim)
                 .skip_while(|l| !l.starts_with("-----BEGIN PRIVATE KEY-----"))
                 .skip(1)
                 .take_while(|l| !l.starts_with("-----END"))
+                .flat_map(str::chars)
+                .filter(|c| !c.is_whitespace())
                 .collect();
             STANDARD
-                .decode(body.trim())
+                .decode(body)
                 .map_err(|_| "the PEM file's body is not base64")?
         } else {
             bytes.to_vec()
@@ -80,14 +84,22 @@ impl SigningKey {
         })
     }
 
-    /// A JWT for a notification whose body is `body`, about `task_id`, issued at `iat` (Unix
-    /// seconds): `iat`, `exp`, `jti`, `task_id` and `request_body_sha256` (hex), signed EdDSA
-    /// with `kid` in the header.
-    pub fn notification_jwt(&self, issuer: &str, task_id: &str, body: &[u8], iat: i64) -> String {
+    /// A JWT for a notification whose body is `body`, about `task_id`, posted to a receiver
+    /// whose URL's origin is `aud`, issued at `iat` (Unix seconds): `iss`, `aud`, `iat`, `exp`,
+    /// `jti`, `task_id` and `request_body_sha256` (hex), signed EdDSA with `kid` in the header.
+    pub fn notification_jwt(
+        &self,
+        issuer: &str,
+        aud: &str,
+        task_id: &str,
+        body: &[u8],
+        iat: i64,
+    ) -> String {
         let header = json!({"alg": "EdDSA", "typ": "JWT", "kid": self.kid});
         let digest = ring::digest::digest(&ring::digest::SHA256, body);
         let claims = json!({
             "iss": issuer,
+            "aud": aud,
             "iat": iat,
             "exp": iat + JWT_LIFETIME_S,
             "jti": uuid::Uuid::new_v4().to_string(),
@@ -130,7 +142,7 @@ mod tests {
     fn a_jwt_verifies_with_the_jwk_and_carries_the_body_hash_and_kid() {
         let k = key();
         let body = br#"{"statusUpdate":{}}"#;
-        let jwt = k.notification_jwt("delta", "t1", body, 1_700_000_000);
+        let jwt = k.notification_jwt("delta", "https://r.example", "t1", body, 1_700_000_000);
         let parts: Vec<&str> = jwt.split('.').collect();
         assert_eq!(parts.len(), 3);
         let header: Value =
@@ -140,6 +152,7 @@ mod tests {
         let claims: Value =
             serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
         assert_eq!(claims["iat"], 1_700_000_000);
+        assert_eq!(claims["aud"], "https://r.example");
         let digest = ring::digest::digest(&ring::digest::SHA256, body);
         assert_eq!(claims["request_body_sha256"], hex(digest.as_ref()));
         let x = URL_SAFE_NO_PAD
@@ -163,6 +176,21 @@ mod tests {
         let a = SigningKey::from_bytes(pem.as_bytes()).unwrap();
         let b = SigningKey::from_bytes(der.as_ref()).unwrap();
         assert_eq!(a.kid(), b.kid());
+        // CRLF line ends and 64-column lines, as Windows tools write PEM files.
+        let wrapped: Vec<String> = STANDARD
+            .encode(der.as_ref())
+            .as_bytes()
+            .chunks(64)
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect();
+        let crlf = format!(
+            "-----BEGIN PRIVATE KEY-----\r\n{}\r\n-----END PRIVATE KEY-----\r\n",
+            wrapped.join("\r\n")
+        );
+        assert_eq!(
+            SigningKey::from_bytes(crlf.as_bytes()).unwrap().kid(),
+            b.kid()
+        );
         assert!(SigningKey::from_bytes(b"nonsense").is_err());
         assert!(
             SigningKey::from_bytes(b"-----BEGIN PRIVATE KEY-----\n!!\n-----END PRIVATE KEY-----")

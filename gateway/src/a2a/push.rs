@@ -2,6 +2,19 @@
 //! `TaskPushNotificationConfig`), kept in Redis ([`delta_store::redis::A2aPushConfig`]), and
 //! their delivery.
 //!
+//! **Ownership and limits.** A config is its creator's (`created_by`, the token's name): only
+//! they or an operator get, replace or delete it; `List` shows the caller's own (all to an
+//! operator); another caller's config is "not found", as in the SDK's reference server, which
+//! keeps configs per owner. Its id is unique within the task, so a create reusing another
+//! caller's id is refused. Limits: [`MAX_PER_TASK`] per caller and task, [`MAX_PER_CALLER`] per
+//! caller, [`MAX_FLEET`] in all, checked and written in one Redis script.
+//!
+//! **Cost.** One durable consumer per config, pulled by every gateway (a pull waits
+//! [`PULL_EXPIRY`]); the config set is read every [`EVERY`]. A consumer nobody pulled for
+//! [`INACTIVE`] is removed by JetStream, so one leaked by a config deleted while the gateways
+//! were down goes away. One shared consumer fanning out to the configs would cost less at
+//! scale; the per-config design is kept for its ordering and failover, under these limits.
+//!
 //! **Delivery** is driven from JetStream, not memory: each config has a durable consumer
 //! `<p>-a2apush-<hash>` on the events stream, filtered to its run's events, from the run's
 //! first event on. Every gateway pulls from every config's consumer; the consumer hands out one
@@ -15,8 +28,12 @@
 //! `working`; the run's end), posted with the same outbound protections as webhooks
 //! (`DELTA_WEBHOOK_ALLOW`, timeouts, no redirects, no proxies: [`crate::webhooks::deliver::client`])
 //! and retried with their backoff (`DELTA_WEBHOOK_RETRY_*`). It carries
-//! `Authorization: Bearer <JWT>` signed with the gateway's key ([`super::jwt`]), and the
-//! config's `token` in `X-A2A-Notification-Token`. Once the run's end is delivered, the config
+//! `Authorization: Bearer <JWT>` signed with the gateway's key ([`super::jwt`]), its `aud` the
+//! origin of the config's URL ([`audience`]), and the config's `token` in
+//! `X-A2A-Notification-Token`. A post longer than the ack wait is kept with progress acks. The
+//! give-up rule (`DELTA_WEBHOOK_DISABLE_AFTER`) counts from the first failure of the event for
+//! the config; this gateway's own failures (a token it cannot open) never count, and a gateway
+//! without `DELTA_SECRETS_KEY` leaves configs with a token to the others. Once the run's end is delivered, the config
 //! and its consumer are deleted.
 
 use std::collections::{HashMap, HashSet};
@@ -33,19 +50,41 @@ use tokio_util::sync::CancellationToken;
 use delta_api::ErrorCode;
 use delta_protocol::events::{self as ev, EventType, RunFinished};
 use delta_protocol::{InteractionRequest, RunId, Timestamp};
-use delta_store::redis::A2aPushConfig;
+use delta_store::redis::{A2aPushConfig, DeletePush, PutPush};
 
 use super::rpc::{self, PUSH_NOT_SUPPORTED, READ, RpcError};
 use super::task::{self, State};
 use crate::Gateway;
 use crate::api::caller;
+use crate::auth::{Identity, Role};
 use crate::error::ApiError;
 use crate::webhooks::{allow, deliver};
 
-/// Configs one task may have.
-const MAX_PER_TASK: usize = 10;
-/// How often the configs are listed.
-const EVERY: Duration = Duration::from_secs(1);
+/// Configs one caller may have on one task.
+pub const MAX_PER_TASK: usize = 10;
+/// Configs one caller may have on the fleet.
+pub const MAX_PER_CALLER: usize = 100;
+/// Configs the fleet may have (each is a JetStream consumer and a puller on every gateway).
+pub const MAX_FLEET: usize = 2000;
+/// How often the configs are listed (a config made on this gateway is seen at once).
+const EVERY: Duration = Duration::from_secs(5);
+/// How long a pull waits for an event before asking again.
+const PULL_EXPIRY: Duration = Duration::from_secs(30);
+/// How often a session checks that its run still exists (retention deletes runs).
+const RUN_CHECK: Duration = Duration::from_secs(60);
+/// A config's consumer that no gateway pulled from for this long is deleted by JetStream: a
+/// consumer leaked by a config deleted while its gateway was down goes away.
+const INACTIVE: Duration = Duration::from_secs(6 * 3600);
+
+/// Wakes this gateway's delivery loop when a config is made here.
+static RESCAN: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// The limits, as the store applies them.
+const LIMITS: delta_store::redis::PushLimits = delta_store::redis::PushLimits {
+    per_task: MAX_PER_TASK,
+    per_caller: MAX_PER_CALLER,
+    fleet: MAX_FLEET,
+};
 
 /// `TaskPushNotificationConfig` as a client sends it.
 #[derive(Clone, Deserialize)]
@@ -154,6 +193,7 @@ async fn ensure_consumer(
                 ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: gw.config.webhooks.ack_wait,
                 max_ack_pending: 1,
+                inactive_threshold: INACTIVE,
                 ..Default::default()
             },
         )
@@ -221,25 +261,29 @@ pub async fn create(
         (None, None) => return Err(RpcError::params("`params.taskId` is required")),
     };
     gw.store.record(run_id).await?;
+    // Keyed on the canonical run id, whatever spelling of it the client sent.
     let task_id = run_id.to_string();
-    let existing = gw.store.a2a_pushes_of(&task_id).await?;
-    if existing.len() >= MAX_PER_TASK && !existing.iter().any(|e| e.id == id) {
-        return Err(invalid(format!(
-            "a task has at most {MAX_PER_TASK} push configs: delete one first"
-        )));
-    }
     let sealed_token = match c.token.as_deref().filter(|t| !t.is_empty()) {
         Some(t) => Some(gw.store.a2a_seal_token(&task_id, &id, t).map_err(|_| {
             invalid("a push config's `token` is stored sealed: this fleet needs DELTA_SECRETS_KEY for it (or send no token)")
         })?),
         None => None,
     };
+    // An operator replacing someone's config leaves it theirs (the store refuses anyone else).
+    let operator = who.has(Role::Operate);
+    let mut created_by = who.name.clone();
+    if operator
+        && let Some(old) = gw.store.a2a_push(&task_id, &id).await?
+        && old.created_by != created_by
+    {
+        created_by = old.created_by;
+    }
     let config = A2aPushConfig {
         id: id.clone(),
         task_id: task_id.clone(),
         url: c.url.trim().to_owned(),
         sealed_token,
-        created_by: who.name.clone(),
+        created_by,
         created_at: Timestamp::now(),
     };
     // The consumer first: it starts at the run's first event whenever it is made, and a config
@@ -250,30 +294,75 @@ pub async fn create(
             "cannot set up the delivery (NATS); try again",
         ))
     })?;
-    gw.store.a2a_put_push(&config).await?;
+    let full = |what: String| -> RpcError {
+        ApiError::new(ErrorCode::RateLimited, format!("{what}: delete one first")).into()
+    };
+    match gw.store.a2a_put_push(&config, operator, LIMITS).await? {
+        PutPush::Stored => {}
+        PutPush::Taken => {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!("push config `{id}` of this task is someone else's: choose another id"),
+            )
+            .into());
+        }
+        PutPush::TaskFull => {
+            return Err(full(format!(
+                "you have {MAX_PER_TASK} push configs on this task, the most one caller may"
+            )));
+        }
+        PutPush::CallerFull => {
+            return Err(full(format!(
+                "you have {MAX_PER_CALLER} push configs, the most one caller may"
+            )));
+        }
+        PutPush::FleetFull => {
+            return Err(full(format!(
+                "this fleet has {MAX_FLEET} push configs, the most it keeps"
+            )));
+        }
+    }
+    RESCAN.notify_one();
     tracing::info!(task = %task_id, id = %id, url = %crate::webhooks::redacted(&config.url), "a2a push config set");
     Ok(view(&config))
 }
 
-async fn found(gw: &Gateway, task_id: &str, id: &str) -> Result<A2aPushConfig, RpcError> {
+/// Whether `who` may see and change config `c`: its creator, or an operator.
+fn owns(who: &Identity, c: &A2aPushConfig) -> bool {
+    who.has(Role::Operate) || c.created_by == who.name
+}
+
+fn not_found(id: &str) -> RpcError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!(
+            "no push config `{}` of yours on this task",
+            id.chars().take(64).collect::<String>()
+        ),
+    )
+    .into()
+}
+
+/// Config `id` of task `task_id`, if `who` may see it (someone else's is not found, as in the
+/// SDK's reference server, which keeps configs per owner).
+async fn found(
+    gw: &Gateway,
+    who: &Identity,
+    task_id: &str,
+    id: &str,
+) -> Result<(RunId, A2aPushConfig), RpcError> {
     let run_id = rpc::task_id(task_id)?;
     gw.store.record(run_id).await?;
-    gw.store.a2a_push(task_id, id).await?.ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::NotFound,
-            format!(
-                "no push config `{}` on this task",
-                id.chars().take(64).collect::<String>()
-            ),
-        )
-        .into()
-    })
+    match gw.store.a2a_push(&run_id.to_string(), id).await? {
+        Some(c) if owns(who, &c) => Ok((run_id, c)),
+        _ => Err(not_found(id)),
+    }
 }
 
 pub async fn get(gw: &Arc<Gateway>, headers: &HeaderMap, p: ConfigRef) -> Result<Value, RpcError> {
     supported(gw)?;
-    caller(gw, headers, READ)?;
-    Ok(view(&found(gw, &p.task_id, &p.id).await?))
+    let who = caller(gw, headers, READ)?;
+    Ok(view(&found(gw, &who, &p.task_id, &p.id).await?.1))
 }
 
 pub async fn list(
@@ -282,14 +371,15 @@ pub async fn list(
     p: ConfigList,
 ) -> Result<Value, RpcError> {
     supported(gw)?;
-    caller(gw, headers, READ)?;
+    let who = caller(gw, headers, READ)?;
     let run_id = rpc::task_id(&p.task_id)?;
     gw.store.record(run_id).await?;
     let configs: Vec<Value> = gw
         .store
-        .a2a_pushes_of(&p.task_id)
+        .a2a_pushes_of(&run_id.to_string())
         .await?
         .iter()
+        .filter(|c| owns(&who, c))
         .map(view)
         .collect();
     Ok(json!({"configs": configs, "nextPageToken": ""}))
@@ -301,12 +391,25 @@ pub async fn delete(
     p: ConfigRef,
 ) -> Result<Value, RpcError> {
     supported(gw)?;
-    caller(gw, headers, READ)?;
-    found(gw, &p.task_id, &p.id).await?;
-    gw.store.a2a_delete_push(&p.task_id, &p.id).await?;
-    delete_consumer(gw, &p.task_id, &p.id).await;
-    tracing::info!(task = %p.task_id, id = %p.id, "a2a push config deleted");
+    let who = caller(gw, headers, READ)?;
+    let (run_id, _) = found(gw, &who, &p.task_id, &p.id).await?;
+    let task_id = run_id.to_string();
+    let by = (!who.has(Role::Operate)).then_some(who.name.as_deref());
+    match gw.store.a2a_delete_push(&task_id, &p.id, by).await? {
+        DeletePush::Deleted => {}
+        DeletePush::NotFound | DeletePush::NotYours => return Err(not_found(&p.id)),
+    }
+    delete_consumer(gw, &task_id, &p.id).await;
+    tracing::info!(task = %task_id, id = %p.id, "a2a push config deleted");
     Ok(json!({}))
+}
+
+/// Deletes a config and its consumer, whoever made it (the delivery loop).
+async fn forget(gw: &Gateway, task_id: &str, id: &str) {
+    if let Err(e) = gw.store.a2a_delete_push(task_id, id, None).await {
+        tracing::warn!(task = %task_id, id = %id, error = %delta_host::Chain(&e), "a2a push: config not deleted");
+    }
+    delete_consumer(gw, task_id, id).await;
 }
 
 /// Keeps a delivery session per config until shutdown.
@@ -323,9 +426,12 @@ pub async fn run(gw: Arc<Gateway>) {
     };
     let mut sessions: HashMap<(String, String), (CancellationToken, tokio::task::JoinHandle<()>)> =
         HashMap::new();
+    // Configs whose token this gateway cannot open (no DELTA_SECRETS_KEY): not delivered here.
+    let mut sealed: HashSet<(String, String)> = HashSet::new();
     loop {
         tokio::select! {
             () = tokio::time::sleep(EVERY) => {}
+            () = RESCAN.notified() => {}
             () = gw.shutdown.cancelled() => break,
         }
         sessions.retain(|_, (_, h)| !h.is_finished());
@@ -341,8 +447,17 @@ pub async fn run(gw: Arc<Gateway>) {
                 stop.cancel();
             }
         }
+        sealed.retain(|k| all.contains(k));
         for key in all {
-            if sessions.contains_key(&key) {
+            if sessions.contains_key(&key) || sealed.contains(&key) {
+                continue;
+            }
+            if !gw.store.can_seal()
+                && let Ok(Some(c)) = gw.store.a2a_push(&key.0, &key.1).await
+                && c.sealed_token.is_some()
+            {
+                tracing::warn!(task = %key.0, id = %key.1, "a2a push: the config has a token and this gateway has no DELTA_SECRETS_KEY to open it; it is left to gateways that have");
+                sealed.insert(key);
                 continue;
             }
             let stop = gw.shutdown.child_token();
@@ -378,6 +493,14 @@ async fn session(
     }
 }
 
+/// Whether run `run_id` was deleted (retention): its configs go with it.
+async fn run_gone(gw: &Gateway, run_id: RunId) -> bool {
+    matches!(
+        gw.store.record(run_id).await,
+        Err(delta_store::Error::NotFound(_))
+    )
+}
+
 async fn session_inner(
     gw: &Arc<Gateway>,
     http: &reqwest::Client,
@@ -386,26 +509,33 @@ async fn session_inner(
     stop: &CancellationToken,
 ) -> Result<(), String> {
     let Ok(run_id) = task_id.parse::<RunId>() else {
-        let _ = gw.store.a2a_delete_push(task_id, id).await;
+        forget(gw, task_id, id).await;
         return Ok(());
     };
-    // A run deleted since (retention) takes its configs with it.
-    if let Err(delta_store::Error::NotFound(_)) = gw.store.record(run_id).await {
-        let _ = gw.store.a2a_delete_push(task_id, id).await;
-        delete_consumer(gw, task_id, id).await;
+    if run_gone(gw, run_id).await {
+        forget(gw, task_id, id).await;
         return Ok(());
     }
     let consumer = ensure_consumer(gw, run_id, id).await?;
     let mut messages = consumer
         .stream()
         .max_messages_per_batch(1)
-        .expires(Duration::from_secs(5))
+        .expires(PULL_EXPIRY)
         .messages()
         .await
         .map_err(|e| format!("cannot pull: {e}"))?;
+    let mut run_check = tokio::time::interval(RUN_CHECK);
+    run_check.tick().await;
     loop {
         let msg = tokio::select! {
             () = stop.cancelled() => return Ok(()),
+            _ = run_check.tick() => {
+                if run_gone(gw, run_id).await {
+                    forget(gw, task_id, id).await;
+                    return Ok(());
+                }
+                continue;
+            }
             m = messages.next() => match m {
                 None => return Err("the pull ended".into()),
                 Some(Err(e)) => return Err(format!("pull: {e}")),
@@ -422,37 +552,73 @@ async fn session_inner(
             delete_consumer(gw, task_id, id).await;
             return Ok(());
         };
-        let Some((body, end, at)) = notification(run_id, &msg.payload) else {
+        if run_gone(gw, run_id).await {
+            forget(gw, task_id, id).await;
+            return Ok(());
+        }
+        let Some((body, end, event_id)) = notification(run_id, &msg.payload) else {
             let _ = msg.double_ack().await;
             continue;
         };
         let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
-        let outcome = tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            r = post(gw, http, &config, &body) => r,
+        let s = &gw.config.webhooks;
+        // The post may outlast the ack wait (slow receiver, retries of DNS): the event is kept
+        // ours meanwhile, as webhooks do.
+        let mut progress = tokio::time::interval((s.ack_wait / 3).max(Duration::from_millis(500)));
+        progress.tick().await;
+        let mut attempt = std::pin::pin!(post(gw, http, &config, &body));
+        let outcome = loop {
+            tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                _ = progress.tick() => {
+                    let _ = msg.ack_with(AckKind::Progress).await;
+                }
+                r = &mut attempt => break r,
+            }
         };
         match outcome {
             Ok(()) => {
                 if let Err(e) = msg.double_ack().await {
                     tracing::warn!(task = %task_id, error = %e, "a2a push: an ack was lost (a duplicate may follow)");
                 }
+                if let Err(e) = gw.store.a2a_push_delivered(task_id, id).await {
+                    tracing::debug!(error = %delta_host::Chain(&e), "a2a push: failures not cleared");
+                }
                 if end {
-                    let _ = gw.store.a2a_delete_push(task_id, id).await;
-                    delete_consumer(gw, task_id, id).await;
+                    forget(gw, task_id, id).await;
                     return Ok(());
                 }
             }
-            Err(why) => {
-                let s = &gw.config.webhooks;
+            Err(Failure::Ours(why)) => {
+                // Not the receiver's doing: never counted against the config.
+                tracing::warn!(task = %task_id, id = %id, error = %why, "a2a push: cannot post; retrying later");
+                let _ = msg.ack_with(AckKind::Nak(Some(s.retry_max))).await;
+            }
+            Err(Failure::Receiver(why)) => {
                 // As a webhook is disabled (DELTA_WEBHOOK_DISABLE_AFTER): an event refused for
-                // that long ends the config, rather than holding the task's later ones forever.
-                let age = Timestamp::now().micros().saturating_sub(at.micros());
-                let age = Duration::from_micros(u64::try_from(age).unwrap_or(0));
-                if s.disable_after.is_some_and(|after| age >= after) {
-                    tracing::warn!(task = %task_id, id = %id, error = %why, "a2a push: an event refused for longer than DELTA_WEBHOOK_DISABLE_AFTER; the config is deleted");
-                    let _ = gw.store.a2a_delete_push(task_id, id).await;
-                    delete_consumer(gw, task_id, id).await;
-                    return Ok(());
+                // that long since its first failure ends the config, rather than holding the
+                // task's later ones forever.
+                if let Some(after) = s.disable_after {
+                    let now = Timestamp::now();
+                    let since = gw
+                        .store
+                        .a2a_push_failing_since(
+                            task_id,
+                            id,
+                            &event_id,
+                            now,
+                            after + Duration::from_secs(86_400),
+                        )
+                        .await
+                        .unwrap_or(now);
+                    let failing = Duration::from_micros(
+                        u64::try_from(now.micros().saturating_sub(since.micros())).unwrap_or(0),
+                    );
+                    if failing >= after {
+                        tracing::warn!(task = %task_id, id = %id, error = %why, "a2a push: an event refused for longer than DELTA_WEBHOOK_DISABLE_AFTER; the config is deleted");
+                        forget(gw, task_id, id).await;
+                        return Ok(());
+                    }
                 }
                 let wait = deliver::backoff(
                     s.retry_first,
@@ -467,10 +633,18 @@ async fn session_inner(
     }
 }
 
+/// Why a post failed.
+enum Failure {
+    /// The receiver: counted towards DELTA_WEBHOOK_DISABLE_AFTER.
+    Receiver(String),
+    /// This gateway (no signing key, a token it cannot open): never counted.
+    Ours(String),
+}
+
 /// The notification of one event of `run_id`: a `StreamResponse` with its `statusUpdate`, and
-/// whether it ends the run, and when it happened; `None` for an event that changes nothing a client sees (a claim, an
+/// whether it ends the run, and the event's id; `None` for an event that changes nothing a client sees (a claim, an
 /// escalation, a question closed because its run was cancelled: the run's end follows).
-pub fn notification(run_id: RunId, payload: &[u8]) -> Option<(Vec<u8>, bool, Timestamp)> {
+pub fn notification(run_id: RunId, payload: &[u8]) -> Option<(Vec<u8>, bool, String)> {
     let ce = ev::decode::<Value>(payload).ok()?;
     let ty = EventType::from_ce_type(&ce.ty)?;
     let (state, message) = match ty {
@@ -498,7 +672,14 @@ pub fn notification(run_id: RunId, payload: &[u8]) -> Option<(Vec<u8>, bool, Tim
         "status": status,
         "metadata": {"event": ce.ty, "eventId": ce.id, "agent": ce.deltaagent},
     }});
-    Some((body.to_string().into_bytes(), state.is_terminal(), ce.time))
+    Some((body.to_string().into_bytes(), state.is_terminal(), ce.id))
+}
+
+/// The JWT's audience: the origin of the config's URL (`scheme://host[:port]`), which a
+/// receiver checks is its own.
+pub fn audience(url: &str) -> Option<String> {
+    let u = reqwest::Url::parse(url.trim()).ok()?;
+    Some(u.origin().ascii_serialization())
 }
 
 /// One attempt to post `body` to a config's URL.
@@ -507,21 +688,29 @@ async fn post(
     http: &reqwest::Client,
     c: &A2aPushConfig,
     body: &[u8],
-) -> Result<(), String> {
-    let key = gw.config.a2a.signing_key.as_ref().ok_or("no signing key")?;
-    let target = allow::check_url(&c.url, &gw.config.webhooks.allow)?;
+) -> Result<(), Failure> {
+    let key = gw
+        .config
+        .a2a
+        .signing_key
+        .as_ref()
+        .ok_or_else(|| Failure::Ours("no signing key".into()))?;
+    let token = gw
+        .store
+        .a2a_open_token(c)
+        .map_err(|e| Failure::Ours(format!("cannot open the token: {}", delta_host::Chain(&e))))?;
+    let target = allow::check_url(&c.url, &gw.config.webhooks.allow).map_err(Failure::Receiver)?;
+    let aud = audience(&c.url).ok_or_else(|| Failure::Receiver("the URL has no origin".into()))?;
     let iat = Timestamp::now().micros() / 1_000_000;
     let issuer = format!("delta-fleet:{}", gw.config.prefix);
-    let jwt = key.notification_jwt(&issuer, &c.task_id, body, iat);
+    let jwt = key.notification_jwt(&issuer, &aud, &c.task_id, body, iat);
     let mut request = http
         .post(target.url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .header(reqwest::header::AUTHORIZATION, format!("Bearer {jwt}"))
         .body(body.to_vec());
-    match gw.store.a2a_open_token(c) {
-        Ok(Some(token)) => request = request.header("X-A2A-Notification-Token", token),
-        Ok(None) => {}
-        Err(e) => return Err(format!("cannot open the token: {}", delta_host::Chain(&e))),
+    if let Some(token) = token {
+        request = request.header("X-A2A-Notification-Token", token);
     }
     let resp = request.send().await.map_err(|e| {
         let kind = if e.is_timeout() {
@@ -531,15 +720,17 @@ async fn post(
         } else {
             "request failed"
         };
-        format!("{kind}: {}", delta_host::Chain(&e.without_url()))
+        Failure::Receiver(format!("{kind}: {}", delta_host::Chain(&e.without_url())))
     })?;
     let status = resp.status();
     if status.is_success() {
         Ok(())
     } else if status.is_redirection() {
-        Err(format!("HTTP {status} (redirects are not followed)"))
+        Err(Failure::Receiver(format!(
+            "HTTP {status} (redirects are not followed)"
+        )))
     } else {
-        Err(format!("HTTP {status}"))
+        Err(Failure::Receiver(format!("HTTP {status}")))
     }
 }
 

@@ -444,6 +444,23 @@ pub struct SendParams {
 pub struct Sent {
     pub run_id: RunId,
     pub wait: bool,
+    /// Why the message's push config was not set, though its run started (told in the task's
+    /// `metadata.pushNotificationConfigError` rather than as an error: the run is under way).
+    pub push_error: Option<String>,
+}
+
+/// How long a message id is remembered with the question it answered.
+const MESSAGE_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A caller's message id, scoped to the caller and hashed: the same id from two callers never
+/// meets, and never an HTTP `Idempotency-Key`.
+fn message_key(who: Option<&str>, message_id: &str) -> String {
+    let input = format!("{}\n{message_id}", who.unwrap_or("-"));
+    let digest = ring::digest::digest(&ring::digest::SHA256, input.as_bytes());
+    digest.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Checks a message and starts its run, or answers its task's question. The caller's identity
@@ -489,18 +506,35 @@ pub async fn accept_message(
         caller(gw, headers, READ)?;
         super::push::check(gw, config).await?;
     }
-    let run_id = match &m.task_id {
+    match &m.task_id {
         Some(t) if !t.is_empty() => {
             let run_id = task_id(t)?;
+            // The task exists: its config is made (limits, consumer) before the answer.
+            if let Some(config) = push {
+                super::push::create(gw, headers, config, Some(run_id)).await?;
+            }
             continue_task(gw, headers, run_id, m).await?;
-            run_id
+            Ok(Sent {
+                run_id,
+                wait,
+                push_error: None,
+            })
         }
-        _ => start_task(gw, headers, &p).await?,
-    };
-    if let Some(config) = push {
-        super::push::create(gw, headers, config, Some(run_id)).await?;
+        _ => {
+            let run_id = start_task(gw, headers, &p).await?;
+            let mut push_error = None;
+            if let Some(config) = push
+                && let Err(e) = super::push::create(gw, headers, config, Some(run_id)).await
+            {
+                push_error = Some(e.message);
+            }
+            Ok(Sent {
+                run_id,
+                wait,
+                push_error,
+            })
+        }
     }
-    Ok(Sent { run_id, wait })
 }
 
 /// The skill a new message names: `message.metadata.skill`, else the request's
@@ -566,8 +600,12 @@ async fn start_task(
         task: text.join("\n"),
         input,
     };
-    // The message id makes a retried message the same run, as an Idempotency-Key would.
-    let key = format!("a2a:{}", p.message.message_id);
+    // The message id makes a retried message the same run, as an Idempotency-Key would; scoped
+    // to the caller.
+    let key = format!(
+        "a2a:{}",
+        message_key(who.name.as_deref(), &p.message.message_id)
+    );
     let accepted = gw
         .submit(submission, Some(&key), who.name.as_deref())
         .await?;
@@ -581,7 +619,8 @@ async fn continue_task(
     run_id: RunId,
     m: &Message,
 ) -> Result<(), RpcError> {
-    let who: Identity = caller(gw, headers, &[Role::Answer])?;
+    // As over HTTP: answerers and operators.
+    let who: Identity = caller(gw, headers, crate::api::ANSWERERS)?;
     let record = gw.store.record(run_id).await?;
     if record.status.is_terminal() {
         return Err(RpcError {
@@ -612,11 +651,97 @@ async fn continue_task(
             gateway: Some(ErrorCode::Forbidden),
         });
     }
-    let body = answer_of(&ix.request, &m.parts)?;
-    let responder = gw.responder(who.name.as_deref(), None, Via::A2a)?;
-    gw.answer(ix.request.request_id, body, responder, who.groups())
-        .await?;
-    Ok(())
+    let pending_id = ix.request.request_id.to_string();
+    let tie = tie_of(m)?;
+    // A retried message (same messageId from the same caller) that answered an earlier question
+    // is not applied to this one: it did what it did.
+    let seen = message_key(who.name.as_deref(), &m.message_id);
+    if let Some(before) = gw
+        .store
+        .a2a_message_answers(&seen, &pending_id, MESSAGE_TTL)
+        .await?
+        && before != pending_id
+    {
+        return Ok(());
+    }
+    if let Some(rid) = &tie.request_id
+        && *rid != pending_id
+    {
+        let _ = gw.store.a2a_message_forget(&seen).await;
+        return Err(ApiError::new(
+            ErrorCode::Stale,
+            format!(
+                "the message answers question {}, but the task now waits on {pending_id}: read the task again and answer what it asks now",
+                rid.chars().take(64).collect::<String>()
+            ),
+        )
+        .into());
+    }
+    let result = async {
+        let mut body = answer_of(&ix.request, &m.parts)?;
+        body.request_hash = tie.request_hash;
+        let responder = gw.responder(who.name.as_deref(), None, Via::A2a)?;
+        gw.answer(ix.request.request_id, body, responder, who.groups())
+            .await?;
+        Ok::<_, RpcError>(())
+    }
+    .await;
+    if result.is_err() {
+        // Refused: a retry is a new attempt.
+        let _ = gw.store.a2a_message_forget(&seen).await;
+    }
+    result
+}
+
+/// Which question a message answers, as the client saw it: `request_id` and `request_hash`
+/// from the answer's data part or `message.metadata` (the status message's data part carries
+/// both).
+#[derive(Default)]
+struct Tie {
+    request_id: Option<String>,
+    request_hash: Option<String>,
+}
+
+/// The answer's fields a data part may have, as `POST /v1/interactions/{id}/response` takes them.
+const FIELDS: [&str; 4] = ["option_id", "input", "data", "feedback"];
+/// What ties an answer to its question.
+const TIE: [&str; 2] = ["request_id", "request_hash"];
+
+/// Whether data part `o` is the answer's fields (and the tie), not a typed answer: only then
+/// are `request_id` and `request_hash` in it the tie (a typed answer may have such fields).
+fn is_fields(o: &Map<String, Value>) -> bool {
+    o.keys()
+        .all(|k| FIELDS.contains(&k.as_str()) || TIE.contains(&k.as_str()))
+}
+
+fn tie_of(m: &Message) -> Result<Tie, RpcError> {
+    let mut tie = Tie::default();
+    let sources = m
+        .parts
+        .iter()
+        .filter_map(|p| p.data.as_ref().and_then(Value::as_object))
+        .filter(|o| is_fields(o))
+        .chain(m.metadata.as_ref());
+    for o in sources {
+        for (field, slot) in [
+            ("request_id", &mut tie.request_id),
+            ("request_hash", &mut tie.request_hash),
+        ] {
+            match o.get(field) {
+                None | Some(Value::Null) => {}
+                Some(Value::String(v)) => match slot {
+                    Some(s) if s != v => {
+                        return Err(RpcError::params(format!(
+                            "two different `{field}`s in the message"
+                        )));
+                    }
+                    _ => *slot = Some(v.clone()),
+                },
+                Some(_) => return Err(RpcError::params(format!("`{field}` must be a string"))),
+            }
+        }
+    }
+    Ok(tie)
 }
 
 /// An answer to `q` from a message's parts (docs/protocols.md "A2A: answering"):
@@ -627,13 +752,27 @@ async fn continue_task(
 ///   `requires_input` takes the text after the first line as its input;
 /// - else the text is the input, and a data part the typed answer (`response_schema`).
 pub fn answer_of(q: &InteractionRequest, parts: &[Part]) -> Result<AnswerBody, RpcError> {
-    const FIELDS: [&str; 4] = ["option_id", "input", "data", "feedback"];
     let text = parts
         .iter()
         .filter_map(|p| p.text.as_deref())
         .collect::<Vec<_>>()
         .join("\n");
-    let data: Vec<&Value> = parts.iter().filter_map(|p| p.data.as_ref()).collect();
+    // `request_id` and `request_hash` tie the answer to the question ([`tie_of`]): not part of
+    // the answer; a data part of only those is no data part.
+    let data: Vec<Value> = parts
+        .iter()
+        .filter_map(|p| p.data.as_ref())
+        .filter_map(|d| match d {
+            Value::Object(o) if is_fields(o) => {
+                let mut o = o.clone();
+                for k in TIE {
+                    o.remove(k);
+                }
+                (!o.is_empty()).then_some(Value::Object(o))
+            }
+            other => Some(other.clone()),
+        })
+        .collect();
     if data.len() > 1 {
         return Err(RpcError::params("an answer has at most one data part"));
     }
@@ -652,7 +791,7 @@ pub fn answer_of(q: &InteractionRequest, parts: &[Part]) -> Result<AnswerBody, R
         if !text.trim().is_empty() {
             body.input = Some(text);
         }
-        body.data = data.first().map(|d| (*d).clone());
+        body.data = data.first().cloned();
         return Ok(body);
     }
     let (first, rest) = match text.trim().split_once('\n') {
@@ -671,7 +810,7 @@ pub fn answer_of(q: &InteractionRequest, parts: &[Part]) -> Result<AnswerBody, R
     });
     body.option_id = Some(option.map_or(first, |o| o.option_id.clone()));
     body.input = rest.filter(|r| !r.is_empty());
-    body.data = data.first().map(|d| (*d).clone());
+    body.data = data.first().cloned();
     Ok(body)
 }
 
@@ -692,7 +831,10 @@ async fn send_message(
         let within = (gw.config.request_timeout / 2).min(std::time::Duration::from_secs(20));
         let _ = tokio::time::timeout(within, super::stream::settled(gw, sent.run_id)).await;
     }
-    let snapshot = task::snapshot(gw, sent.run_id, Some(link)).await?;
+    let mut snapshot = task::snapshot(gw, sent.run_id, Some(link)).await?;
+    if let Some(e) = sent.push_error {
+        snapshot.task["metadata"]["pushNotificationConfigError"] = json!(e);
+    }
     Ok(json!({"task": snapshot.task}))
 }
 
@@ -802,6 +944,56 @@ mod tests {
         let a = answer_of(&free, &[part(None, Some(json!({"email": "a@b.c"})))]).unwrap();
         assert_eq!(a.data, Some(json!({"email": "a@b.c"})));
         assert!(answer_of(&free, &[part(None, Some(json!({"option_id": 3})))]).is_err());
+    }
+
+    fn message(parts: Vec<Part>, metadata: Option<Value>) -> Message {
+        Message {
+            message_id: "m".into(),
+            context_id: None,
+            task_id: None,
+            role: None,
+            parts,
+            metadata: metadata.and_then(|m| m.as_object().cloned()),
+            extensions: vec![],
+            reference_task_ids: vec![],
+        }
+    }
+
+    #[test]
+    fn the_question_an_answer_is_tied_to_is_read_and_is_no_part_of_the_answer() {
+        let tie = json!({"request_id": "r1", "request_hash": "h1"});
+        let parts = vec![part(Some("Ada"), Some(tie.clone()))];
+        let t = tie_of(&message(vec![part(Some("Ada"), Some(tie))], None)).unwrap();
+        assert_eq!(
+            (t.request_id.as_deref(), t.request_hash.as_deref()),
+            (Some("r1"), Some("h1"))
+        );
+        // A data part of only the tie is no data part: the text is the answer.
+        let a = answer_of(&question(&[]), &parts).unwrap();
+        assert_eq!((a.input.as_deref(), a.data), (Some("Ada"), None));
+        // A typed answer with a `request_id` field of its own keeps it, and ties nothing.
+        let typed = json!({"request_id": "mine", "email": "a@b.c"});
+        let t = tie_of(&message(vec![part(None, Some(typed.clone()))], None)).unwrap();
+        assert_eq!(t.request_id, None);
+        let a = answer_of(&question(&[]), &[part(None, Some(typed.clone()))]).unwrap();
+        assert_eq!(a.data, Some(typed));
+        let t = tie_of(&message(vec![], Some(json!({"request_id": "r2"})))).unwrap();
+        assert_eq!(t.request_id.as_deref(), Some("r2"));
+        // Two different ones, or not a string: refused.
+        let two = message(
+            vec![part(None, Some(json!({"request_id": "r1"})))],
+            Some(json!({"request_id": "r2"})),
+        );
+        assert!(tie_of(&two).is_err());
+        assert!(tie_of(&message(vec![], Some(json!({"request_hash": 3})))).is_err());
+    }
+
+    #[test]
+    fn message_ids_are_scoped_to_the_caller() {
+        assert_ne!(message_key(Some("a"), "m"), message_key(Some("b"), "m"));
+        assert_ne!(message_key(None, "m"), message_key(Some("a"), "m"));
+        assert_eq!(message_key(Some("a"), "m"), message_key(Some("a"), "m"));
+        assert_eq!(message_key(Some("a"), &"x".repeat(200)).len(), 32);
     }
 
     #[test]

@@ -45,17 +45,33 @@ pub async fn handle(gw: Arc<Gateway>, headers: HeaderMap, call: Call) -> Respons
 async fn start(gw: &Arc<Gateway>, headers: &HeaderMap, call: Call) -> Result<Response, RpcError> {
     let who = caller(gw, headers, READ)?;
     let permit = crate::sse::stream_permit(gw, &who)?;
-    let run_id = if call.method == "SubscribeToTask" {
+    // The live consumer is made before anything is done where the task is known, so that a
+    // failure to make it refuses the call before an answer is taken; for a new task, after it
+    // started, a failure only leaves the stream to its reads every RECHECK.
+    let (run_id, events, push_error) = if call.method == "SubscribeToTask" {
         let q: rpc::TaskQuery = rpc::params(call.params)?;
         let run_id = rpc::task_id(&q.id)?;
         gw.store.record(run_id).await?;
-        run_id
+        let events = super::events::live(gw, run_id).await?;
+        (run_id, Some(events), None)
     } else {
         let p: rpc::SendParams = rpc::params(call.params)?;
-        rpc::accept_message(gw, headers, p).await?.run_id
+        let known = match p.message.task_id.as_deref() {
+            Some(t) if !t.is_empty() => Some(rpc::task_id(t)?),
+            _ => None,
+        };
+        let early = match known {
+            Some(run_id) => Some(super::events::live(gw, run_id).await?),
+            None => None,
+        };
+        let sent = rpc::accept_message(gw, headers, p).await?;
+        let events = match early {
+            Some(e) => Some(e),
+            None => super::events::live(gw, sent.run_id).await.ok(),
+        };
+        (sent.run_id, events, sent.push_error)
     };
-    let events = super::events::live(gw, run_id).await?;
-    let first = task::snapshot(
+    let mut first = task::snapshot(
         gw,
         run_id,
         Some(LinkFor {
@@ -64,13 +80,16 @@ async fn start(gw: &Arc<Gateway>, headers: &HeaderMap, call: Call) -> Result<Res
         }),
     )
     .await?;
+    if let Some(e) = push_error {
+        first.task["metadata"]["pushNotificationConfigError"] = json!(e);
+    }
     let (tx, rx) = mpsc::channel::<Event>(16);
     let id = call.id;
     let gw2 = gw.clone();
     let headers = headers.clone();
     gw.tasks.spawn(async move {
         let _permit = permit;
-        let mut events = std::pin::pin!(events);
+        let mut events = std::pin::pin!(futures_util::stream::iter(events).flatten());
         let mut last = first.key();
         let done = first.state.is_terminal() || first.state.is_interrupted();
         if tx

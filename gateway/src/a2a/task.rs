@@ -162,6 +162,9 @@ fn question_data(q: &InteractionRequest) -> Value {
         .collect();
     json!({
         "request_id": q.request_id.to_string(),
+        // Echoed in the answer (docs/protocols.md "A2A: answering"): an answer to a question
+        // that changed since is refused `stale`.
+        "request_hash": q.shown_hash(),
         "type": q.kind,
         "prompt": q.prompt,
         "title": q.title,

@@ -70,7 +70,7 @@ mod webhooks;
 // A2A push-notification configs (gateway/src/a2a).
 mod a2a;
 
-pub use a2a::A2aPushConfig;
+pub use a2a::{A2aPushConfig, DeletePush, PushLimits, PutPush};
 pub use webhooks::{Webhook, WebhookSecrets, WebhookState};
 
 use conn::{Client, Conn};
