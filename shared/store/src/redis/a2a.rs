@@ -2,12 +2,13 @@
 //! posted. The only state the A2A server keeps besides the runs themselves, in Redis like the
 //! rest, so that any gateway serves any request and delivers any config.
 //!
-//! - `<prefix>:a2a:pushes`: a set of `<task_id>/<config_id>`, for the delivery loop.
-//! - `<prefix>:a2a:push:<task_id>`: a hash of the task's configs, `config_id` → JSON.
+//! The push keys share one hash tag, `{a2a}` (one Redis Cluster slot: the scripts touch several):
 //!
-//! - `<prefix>:a2a:push-owners`: a hash, owner → how many configs they have (the per-caller
+//! - `<prefix>:{a2a}:pushes`: a set of `<task_id>/<config_id>`, for the delivery loop.
+//! - `<prefix>:{a2a}:push:<task_id>`: a hash of the task's configs, `config_id` → JSON.
+//! - `<prefix>:{a2a}:push-owners`: a hash, owner → how many configs they have (the per-caller
 //!   limit).
-//! - `<prefix>:a2a:push-failing:<task_id>/<config_id>`: `<event id> <µs>`, when the delivery of
+//! - `<prefix>:{a2a}:push-failing:<task_id>/<config_id>`: `<event id> <µs>`, when the delivery of
 //!   the event being retried first failed (`DELTA_WEBHOOK_DISABLE_AFTER` counts from there).
 //! - `<prefix>:a2a:msg:<hash>`: the question a caller's message answered (a retry of the message
 //!   is recognised), for an hour.
@@ -160,20 +161,26 @@ fn seal_context(task_id: &str, id: &str) -> String {
 }
 
 impl RedisRunStore {
+    /// A push config key: all of them under one hash tag (`{a2a}`), so that the scripts that
+    /// touch several (a config, the set, the owners' counts) run on a Redis Cluster too.
+    fn a2a_key(&self, name: &str) -> String {
+        format!("{}:{{a2a}}:{name}", self.prefix())
+    }
+
     fn a2a_pushes_key(&self) -> String {
-        self.index("a2a:pushes")
+        self.a2a_key("pushes")
     }
 
     fn a2a_push_key(&self, task_id: &str) -> String {
-        self.index(&format!("a2a:push:{task_id}"))
+        self.a2a_key(&format!("push:{task_id}"))
     }
 
     fn a2a_owners_key(&self) -> String {
-        self.index("a2a:push-owners")
+        self.a2a_key("push-owners")
     }
 
     fn a2a_failing_key(&self, task_id: &str, id: &str) -> String {
-        self.index(&format!("a2a:push-failing:{task_id}/{id}"))
+        self.a2a_key(&format!("push-failing:{task_id}/{id}"))
     }
 
     /// Seals a config's token (needs `DELTA_SECRETS_KEY`).
