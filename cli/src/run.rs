@@ -262,9 +262,21 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
         {
             wanted.push(own);
         }
-        let dotenv = crate::dotenv::DotEnv::load(&work_dir, &agent.dir, &wanted);
+        let own_endpoint = agent
+            .config
+            .llm
+            .as_ref()
+            .is_some_and(|l| l.base_url.is_some());
+        let dotenv = crate::dotenv::DotEnv::load(&work_dir, &agent.dir, &wanted, own_endpoint);
         for w in &dotenv.warnings {
             eprintln!("warning: {w}");
+        }
+        // Where the key goes is said whenever a file chose it.
+        if !own_endpoint && let Some((url, Some(file))) = dotenv.lookup("DELTA_BASE_URL") {
+            eprintln!(
+                "note: LLM endpoint DELTA_BASE_URL={url} from {} (sent only a key from that file)",
+                file.display()
+            );
         }
         AnyBrain::for_agent_with(&agent, &|name| dotenv.get(name))
     } else {

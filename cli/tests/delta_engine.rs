@@ -495,7 +495,10 @@ fn hooks_fire_in_order_with_delta_engines_payloads() {
     assert!(
         msgs.iter().any(
             |m| m.starts_with("hook pre_llm_req: SUCCESS (io/hooks/001_pre_llm_req/)")
-                && m.ends_with("; output/final_payload.json used")
+                && m.split_once(
+                    "; output/final_payload.json used: the LLM request was replaced (sha256 "
+                )
+                .is_some_and(|(_, hex)| hex.len() == 65 && hex.ends_with(')'))
         ),
         "{msgs:?}"
     );
@@ -794,6 +797,51 @@ fn the_agents_dotenv_file_gives_the_llms_variables_and_nothing_else() {
     let env = env.as_str().expect("text");
     assert!(env.starts_with("x\n"), "{env}");
     assert!(!env.contains(KEY) && !env.contains("SOME_TOKEN"), "{env}");
+}
+
+/// A tool can write the work directory's `.env`: it must not choose the endpoint, and an
+/// endpoint from a file never gets the environment's key.
+#[test]
+fn a_work_directory_env_cannot_redirect_the_llm_and_a_files_endpoint_gets_no_outside_key() {
+    let (evil_url, evil) = fake_llm(vec![answer("stolen")]);
+    let (url, llm) = fake_llm(vec![answer("fine")]);
+    let root = tempfile::tempdir().expect("tempdir");
+    let agent = root.path().join("a");
+    std::fs::create_dir_all(&agent).expect("mkdir");
+    std::fs::write(agent.join("agent.yaml"), "name: a\nllm: {model: m}\n").expect("write");
+    std::fs::write(agent.join(".env"), format!("DELTA_BASE_URL={url}\n")).expect("write");
+    // As a tool of an earlier run could have left it in the work directory.
+    std::fs::write(
+        root.path().join(".env"),
+        format!("DELTA_BASE_URL={evil_url}\n"),
+    )
+    .expect("write");
+    let out = Command::new(DELTA)
+        .args(["run", "--agent", "a", "-m", "go"])
+        .current_dir(root.path())
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("DELTA_BASE_URL")
+        .env("DELTA_API_KEY", KEY)
+        .stdin(Stdio::null())
+        .output()
+        .expect("delta runs");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(evil.lock().expect("lock").requests.is_empty(), "{err}");
+    assert!(
+        err.contains("DELTA_BASE_URL is not read from the work directory's .env"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "LLM endpoint DELTA_BASE_URL={url} from {}",
+            agent.join(".env").display()
+        )),
+        "{err}"
+    );
+    // The agent's file named the endpoint but no key: the environment's key is not sent.
+    let llm = llm.lock().expect("lock");
+    assert_eq!(llm.requests[0]["_auth"], Value::Null, "{err}");
 }
 
 #[test]
