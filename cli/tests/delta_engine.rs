@@ -706,6 +706,45 @@ fn workspaces_follow_delta_engines_layout() {
 }
 
 #[test]
+fn a_workspace_symlinked_elsewhere_is_not_used() {
+    let (url, _llm) = fake_llm(vec![answer("one"), answer("two"), answer("three")]);
+    let root = tempfile::tempdir().expect("tempdir");
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let agent = root.path().join("hello-world");
+    copy_dir(&fixture("examples/hello-world"), &agent);
+    let ws = agent.join("workspaces");
+    std::fs::create_dir_all(&ws).expect("mkdir");
+    std::os::unix::fs::symlink(elsewhere.path(), ws.join("W007")).expect("symlink");
+    std::fs::write(ws.join("LAST_USED"), "W007").expect("write");
+    for last in ["W007", "../../..", "W007/."] {
+        std::fs::write(ws.join("LAST_USED"), last).expect("write");
+        let out = delta(
+            root.path(),
+            &url,
+            &["run", "--agent", "hello-world", "--workspaces", "-m", "go"],
+            &[],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(
+            std::fs::read_dir(elsewhere.path()).expect("list").count(),
+            0,
+            "{last}: the run wrote through the symlink"
+        );
+        // A new workspace instead, numbered past the real ones only (W007 is no workspace).
+        let used = std::fs::read_to_string(ws.join("LAST_USED")).expect("LAST_USED");
+        assert!(
+            ["W001", "W002", "W003"].contains(&used.as_str()),
+            "{last}: {used}"
+        );
+        assert!(
+            std::fs::symlink_metadata(ws.join(&used))
+                .expect("made")
+                .is_dir()
+        );
+    }
+}
+
+#[test]
 fn delta_init_makes_an_agent_from_a_template() {
     let root = tempfile::tempdir().expect("tempdir");
     let out = delta(
