@@ -274,7 +274,11 @@ async fn run_generator(
     place: &Place<'_>,
     cancel: &CancellationToken,
 ) -> Result<(), Error> {
-    let argv: Vec<String> = generator.command.iter().map(|a| expand(a, place)).collect();
+    let mut argv: Vec<String> = generator.command.iter().map(|a| expand(a, place)).collect();
+    // As a hook's: a relative program path is the agent directory's, not the work directory's.
+    if let Some(program) = argv.first_mut() {
+        *program = crate::hooks::resolve_program(program, place.agent_home);
+    }
     let inv = Invocation {
         argv: argv.clone(),
         stdin: None,
@@ -570,5 +574,34 @@ mod tests {
         assert_eq!(err.source_id, "summary");
         assert!(err.message.contains("outside"), "{err}");
         assert!(!err.message.contains("s3cr3t"));
+    }
+
+    #[tokio::test]
+    async fn a_generators_relative_program_is_the_agent_directorys() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let work = tempfile::tempdir().expect("tempdir");
+        for (dir, who) in [(work.path(), "work"), (home.path(), "agent")] {
+            std::fs::create_dir_all(dir.join("gen")).expect("mkdir");
+            let script = dir.join("gen/g.sh");
+            std::fs::write(&script, format!("#!/bin/sh\necho {who} > out.md\n")).expect("write");
+            std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .expect("chmod");
+        }
+        let m: Manifest = serde_yaml_ng::from_str(
+            "sources:\n  - type: computed_file\n    id: s\n    generator:\n      command: [./gen/g.sh]\n    output_path: '${CWD}/out.md'\n",
+        )
+        .expect("parses");
+        let place = Place {
+            agent_home: home.path(),
+            work_dir: work.path(),
+            run_id: "r".into(),
+        };
+        let blocks = compose(&m, &place, &CancellationToken::new())
+            .await
+            .expect("composes");
+        assert_eq!(
+            blocks,
+            vec![Block::System("# Context Block: s\n\nagent\n".into())]
+        );
     }
 }

@@ -326,7 +326,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     ) -> Option<crate::hooks::HookOutcome> {
         let mut spec = self.agent.hooks.get(kind)?.clone();
         if self.cancel.is_cancelled() {
-            // The host is stopping (on_run_end of an interrupted run): a hook may not hold it up
+            // The host is stopping (a hook after the cancel, e.g. on_error): it may not hold it up
             // for long.
             let ms = spec.timeout_ms.unwrap_or(crate::hooks::DEFAULT_TIMEOUT_MS);
             spec.timeout_ms = Some(ms.min(STOPPING_HOOK_MS));

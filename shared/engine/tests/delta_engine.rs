@@ -499,7 +499,18 @@ mod hooks_on_the_scripted_brain {
     #[tokio::test]
     async fn a_cancel_during_pre_tool_exec_does_not_start_the_tool() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let agent = guarded(dir.path(), "touch guard-started; sleep 30", 60_000);
+        guarded(dir.path(), "touch guard-started; sleep 30", 60_000);
+        // The built-in echo instead of `touch`.
+        std::fs::write(
+            dir.path().join("agent/script.yaml"),
+            "steps:\n  - tool: say\n    args: {text: hi}\n  - finish: done\n",
+        )
+        .expect("write");
+        let mut yaml =
+            std::fs::read_to_string(dir.path().join("agent/agent.yaml")).expect("agent.yaml");
+        yaml.push_str("  - name: say\n    builtin: echo\n");
+        std::fs::write(dir.path().join("agent/agent.yaml"), yaml).expect("write");
+        let agent = Agent::load(&dir.path().join("agent")).expect("loads");
         let cancel = CancellationToken::new();
         let c = cancel.clone();
         let started = dir.path().join("guard-started");
@@ -509,8 +520,20 @@ mod hooks_on_the_scripted_brain {
             }
             c.cancel();
         });
-        let (_, out) = run(dir.path(), &agent, cancel).await;
+        let (id, out) = run(dir.path(), &agent, cancel).await;
         assert_eq!(out, Outcome::Interrupted);
         assert!(!dir.path().join("ran").exists(), "the tool ran");
+        // The built-in `echo` runs at once, whatever the cancel: it must not have been reached.
+        let journal = FileRunStore::new(dir.path().join(".delta"))
+            .load(id)
+            .await
+            .expect("load")
+            .journal;
+        assert!(
+            !journal
+                .iter()
+                .any(|e| matches!(&e.event, Event::ActionResult(_))),
+            "a tool ran after the cancel"
+        );
     }
 }
