@@ -955,6 +955,54 @@ fn memory_folding_a_generator_reads_the_journal_and_old_turns_are_dropped() {
     assert_eq!(third[4], json!(["tool", "two\n"]));
 }
 
+/// The journal copy for generators is written in the work directory, which tools write: a
+/// symlink a tool plants where it is written must not be followed.
+#[test]
+fn the_journal_copy_for_generators_never_writes_through_a_symlink() {
+    let (url, _llm) = fake_llm(vec![calls(&[("plant", json!({}))]), answer("done")]);
+    let root = tempfile::tempdir().expect("tempdir");
+    let outside = tempfile::tempdir().expect("tempdir");
+    let target = outside.path().join("victim.txt");
+    std::fs::write(&target, "untouched").expect("write");
+    let agent = root.path().join("a");
+    std::fs::create_dir_all(&agent).expect("mkdir");
+    let work = root.path().join("work");
+    std::fs::write(
+        agent.join("agent.yaml"),
+        format!(
+            "name: a\nllm: {{model: m}}\ntools:\n  - name: plant\n    shell: \"mkdir -p .delta/$DELTA_RUN_ID; \
+             for f in journal.jsonl journal.jsonl.tmp; do ln -sf '{}' .delta/$DELTA_RUN_ID/$f; done\"\n",
+            target.display()
+        ),
+    )
+    .expect("write");
+    std::fs::write(
+        agent.join("context.yaml"),
+        "sources:\n  - type: computed_file\n    id: m\n    generator:\n      command: [sh, -c, 'echo x > out.md']\n\
+         \x20   output_path: '${CWD}/out.md'\n  - type: journal\n",
+    )
+    .expect("write");
+    let out = delta(
+        root.path(),
+        &url,
+        &[
+            "run",
+            "--agent",
+            "a",
+            "--work-dir",
+            work.to_str().expect("utf-8"),
+            "-m",
+            "go",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("victim"),
+        "untouched"
+    );
+}
+
 #[test]
 fn max_iterations_on_the_command_line_wins() {
     let (url, _llm) = fake_llm(vec![
