@@ -121,6 +121,16 @@ fn workspace_number(name: &str) -> Option<u32> {
         .flatten()
 }
 
+/// `name` is a plain name (no `/`, not `.` or `..`) of a real directory in `root` (a symlink
+/// to a directory elsewhere is not a workspace).
+fn plain_workspace_dir(root: &Path, name: &str) -> bool {
+    !name.is_empty()
+        && !name.contains('/')
+        && name != "."
+        && name != ".."
+        && std::fs::symlink_metadata(root.join(name)).is_ok_and(|m| m.is_dir())
+}
+
 /// The work directory under `<agent>/workspaces/` (created), remembered in `LAST_USED`.
 fn workspace(agent_dir: &Path, fresh: bool) -> Result<PathBuf, Stop> {
     let root = agent_dir.join("workspaces");
@@ -131,20 +141,19 @@ fn workspace(agent_dir: &Path, fresh: bool) -> Result<PathBuf, Stop> {
         )
     };
     std::fs::create_dir_all(&root).map_err(|e| cannot("create it", e))?;
-    let last = std::fs::read_to_string(root.join("LAST_USED"))
+    // Bounded, and a regular file only (a FIFO or a symlink is not read).
+    let last = delta_engine::files::read_text(&root.join("LAST_USED"), 4096)
         .ok()
         .map(|s| s.trim().to_owned())
-        // A plain name of a directory inside `workspaces/` (not `.`, `..` or a path).
-        .filter(|s| {
-            Path::new(s).file_name().is_some_and(|n| n == s.as_str()) && root.join(s).is_dir()
-        });
+        .filter(|s| plain_workspace_dir(&root, s));
     let name = match last {
         Some(last) if !fresh => last,
         _ => {
             let highest = std::fs::read_dir(&root)
                 .map_err(|e| cannot("list it", e))?
                 .filter_map(|e| e.ok())
-                .filter(|e| e.path().is_dir())
+                // A real directory, not a symlink to one.
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
                 .filter_map(|e| workspace_number(&e.file_name().to_string_lossy()))
                 .max()
                 .unwrap_or(0);
@@ -153,7 +162,16 @@ fn workspace(agent_dir: &Path, fresh: bool) -> Result<PathBuf, Stop> {
     };
     let dir = root.join(&name);
     std::fs::create_dir_all(&dir).map_err(|e| cannot(&format!("create {name}"), e))?;
-    std::fs::write(root.join("LAST_USED"), &name).map_err(|e| cannot("write LAST_USED", e))?;
+    // Written aside and renamed over: a symlink planted as LAST_USED is replaced, not followed.
+    let tmp = root.join(format!(".LAST_USED.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, name.as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, root.join("LAST_USED")))
+        .map_err(|e| cannot("write LAST_USED", e))?;
     dir.canonicalize()
         .map_err(|e| cannot(&format!("resolve {name}"), e))
 }
@@ -262,9 +280,21 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
         {
             wanted.push(own);
         }
-        let dotenv = crate::dotenv::DotEnv::load(&work_dir, &agent.dir, &wanted);
+        let own_endpoint = agent
+            .config
+            .llm
+            .as_ref()
+            .is_some_and(|l| l.base_url.is_some());
+        let dotenv = crate::dotenv::DotEnv::load(&work_dir, &agent.dir, &wanted, own_endpoint);
         for w in &dotenv.warnings {
             eprintln!("warning: {w}");
+        }
+        // Where the key goes is said whenever a file chose it.
+        if !own_endpoint && let Some((url, Some(file))) = dotenv.lookup("DELTA_BASE_URL") {
+            eprintln!(
+                "note: LLM endpoint DELTA_BASE_URL={url} from {} (sent only a key from that file)",
+                file.display()
+            );
         }
         AnyBrain::for_agent_with(&agent, &|name| dotenv.get(name))
     } else {

@@ -210,6 +210,8 @@ io="$DELTA_HOOK_IO_PATH"
 payload=$(cat "$io"/input/*payload.json | tr -d '\n')
 printf '%s %s\n' "$(basename "$io")" "$payload" >> "$1"
 env | grep -c API_KEY >> "$1.keys"
+env >> "$1.env"
+cat "$io"/input/* >> "$1.inputs"
 exit 0
 "#;
 
@@ -277,6 +279,33 @@ async fn hooks_fire_on_the_worker_in_order_and_are_journaled() {
     // No hook saw an API key variable (the worker has DELTA_API_KEY).
     let keys = std::fs::read_to_string(format!("{}.keys", log.display())).expect("keys");
     assert!(keys.lines().all(|l| l == "0"), "{keys}");
+    // Nor the key's value, under any name or in any input file; nor the worker's secrets key
+    // or its Redis and NATS URLs (which hold logins).
+    let env = std::fs::read_to_string(format!("{}.env", log.display())).expect("env");
+    let inputs = std::fs::read_to_string(format!("{}.inputs", log.display())).expect("inputs");
+    assert!(env.contains("DELTA_RUN_ID="), "{env}");
+    for text in [&env, &inputs] {
+        assert!(!text.contains(KEY), "the API key reached a hook");
+        for secret in [
+            "DELTA_SECRETS_KEY",
+            "redis://",
+            "rediss://",
+            "nats://",
+            "tls://",
+        ] {
+            assert!(!text.contains(secret), "{secret} reached a hook");
+        }
+    }
+    for (name, value) in fleet.worker_spec.extra.iter() {
+        if (name.contains("URL") || name.contains("KEY") || name.contains("SECRET"))
+            && !value.is_empty()
+        {
+            assert!(
+                !env.contains(value.as_str()),
+                "the worker's {name} reached a hook"
+            );
+        }
+    }
     let stored = fleet.store.load(run).await.expect("load");
     let audits: Vec<String> = stored
         .journal

@@ -156,25 +156,48 @@ const MAX_SOURCE_BYTES: u64 = 1024 * 1024;
 
 enum ReadError {
     Missing(PathBuf),
+    /// Not a file this engine reads (FIFO, device, symlink out of the work directory…).
+    Refused(String),
     Other(String),
 }
 
-fn read_source(path: &Path) -> Result<String, ReadError> {
-    match std::fs::metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ReadError::Missing(path.to_path_buf()));
+/// Reads a source's file: bounded, a regular file only, and — when it is in the work directory,
+/// where tools write — resolved inside it (a symlink out of it is refused).
+async fn read_source(path: &Path, place: &Place<'_>) -> Result<String, ReadError> {
+    use crate::files::Error as F;
+    let in_work_dir = path.starts_with(place.work_dir)
+        || place
+            .work_dir
+            .canonicalize()
+            .is_ok_and(|w| path.starts_with(w));
+    let real = if in_work_dir {
+        match crate::files::inside(path, place.work_dir) {
+            Ok(real) => real,
+            Err(F::Missing(p)) => return Err(ReadError::Missing(p)),
+            Err(e) => return Err(ReadError::Refused(e.to_string())),
         }
-        Err(e) => return Err(ReadError::Other(format!("{}: {e}", path.display()))),
-        Ok(m) if m.len() > MAX_SOURCE_BYTES => {
-            return Err(ReadError::Other(format!(
-                "{} is {} bytes, more than the {MAX_SOURCE_BYTES} a source may hold",
-                path.display(),
-                m.len()
-            )));
+    } else {
+        // The agent's own files (the user's) may be symlinks: resolved, then read as files.
+        match path.canonicalize() {
+            Ok(real) => real,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ReadError::Missing(path.to_path_buf()));
+            }
+            Err(e) => return Err(ReadError::Other(format!("{}: {e}", path.display()))),
         }
-        Ok(_) => {}
+    };
+    match crate::files::read_text_async(real, MAX_SOURCE_BYTES).await {
+        Ok(text) => Ok(text),
+        Err(F::Missing(p)) => Err(ReadError::Missing(p)),
+        Err(e @ (F::Symlink(_) | F::NotRegular(_) | F::Outside { .. })) => {
+            Err(ReadError::Refused(e.to_string()))
+        }
+        Err(F::TooLarge { path, max }) => Err(ReadError::Other(format!(
+            "{} is more than the {max} bytes a source may hold",
+            path.display()
+        ))),
+        Err(e) => Err(ReadError::Other(e.to_string())),
     }
-    std::fs::read_to_string(path).map_err(|e| ReadError::Other(format!("{}: {e}", path.display())))
 }
 
 /// Resolves the manifest's sources into blocks (running generators), in order.
@@ -213,9 +236,18 @@ pub async fn compose(
             }
         };
         let path = PathBuf::from(expand(path, place));
-        match read_source(&path) {
+        match read_source(&path, place).await {
             Ok(text) => blocks.push(Block::System(format!("# Context Block: {id}\n\n{text}"))),
             Err(ReadError::Missing(_)) if on_missing == OnMissing::Skip => {}
+            Err(ReadError::Refused(why)) if on_missing == OnMissing::Skip => {
+                tracing::warn!(source = %id, "context.yaml: source `{id}` skipped: {why}");
+            }
+            Err(ReadError::Refused(why)) => {
+                return Err(Error {
+                    source_id: id,
+                    message: format!("refused: {why}"),
+                });
+            }
             Err(ReadError::Missing(p)) => {
                 return Err(Error {
                     source_id: id,
@@ -242,7 +274,11 @@ async fn run_generator(
     place: &Place<'_>,
     cancel: &CancellationToken,
 ) -> Result<(), Error> {
-    let argv: Vec<String> = generator.command.iter().map(|a| expand(a, place)).collect();
+    let mut argv: Vec<String> = generator.command.iter().map(|a| expand(a, place)).collect();
+    // As a hook's: a relative program path is the agent directory's, not the work directory's.
+    if let Some(program) = argv.first_mut() {
+        *program = crate::hooks::resolve_program(program, place.agent_home);
+    }
     let inv = Invocation {
         argv: argv.clone(),
         stdin: None,
@@ -265,7 +301,7 @@ async fn run_generator(
             .timeout_ms
             .unwrap_or(crate::hooks::DEFAULT_TIMEOUT_MS),
     );
-    let ex = tools::execute(&inv, &env, timeout, 64 * 1024, cancel).await;
+    let ex = tools::execute_reaped(&inv, &env, timeout, 64 * 1024, cancel).await;
     let why = match &ex.exit {
         Exit::Code(0) => return Ok(()),
         Exit::Code(c) => format!("exited with code {c}"),
@@ -484,5 +520,88 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.source_id, "guide");
         assert!(err.message.contains("on_missing: skip"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn fifos_devices_and_symlinks_out_of_the_work_dir_are_refused_without_hanging() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let work = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::write(outside.path().join("secret.md"), "s3cr3t").expect("write");
+        nix::unistd::mkfifo(&work.path().join("DELTA.md"), nix::sys::stat::Mode::S_IRWXU)
+            .expect("mkfifo");
+        std::os::unix::fs::symlink("/dev/zero", work.path().join("zero.md")).expect("symlink");
+        let place = Place {
+            agent_home: home.path(),
+            work_dir: work.path(),
+            run_id: "r9".into(),
+        };
+        let compose_one = |yaml: String| {
+            let place = place.clone();
+            async move {
+                let m: Manifest = serde_yaml_ng::from_str(&yaml).expect("parses");
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(20),
+                    compose(&m, &place, &CancellationToken::new()),
+                )
+                .await
+                .expect("no hang")
+            }
+        };
+        // Optional: skipped (with a warning), not read.
+        let blocks = compose_one(
+            "sources:\n  - type: file\n    id: guide\n    path: '${CWD}/DELTA.md'\n    on_missing: skip\n".into(),
+        )
+        .await
+        .expect("skipped");
+        assert!(blocks.is_empty());
+        for (path, why) in [("DELTA.md", "not a regular file"), ("zero.md", "outside")] {
+            let err = compose_one(format!(
+                "sources:\n  - type: file\n    id: guide\n    path: '${{CWD}}/{path}'\n"
+            ))
+            .await
+            .unwrap_err();
+            assert_eq!(err.source_id, "guide");
+            assert!(err.message.contains(why), "{path}: {err}");
+        }
+        // A generator's output symlinked out of the work directory.
+        let target = outside.path().join("secret.md").display().to_string();
+        let err = compose_one(format!(
+            "sources:\n  - type: computed_file\n    id: summary\n    generator:\n      command: [ln, -sf, '{target}', out.md]\n    output_path: '${{CWD}}/out.md'\n"
+        ))
+        .await
+        .unwrap_err();
+        assert_eq!(err.source_id, "summary");
+        assert!(err.message.contains("outside"), "{err}");
+        assert!(!err.message.contains("s3cr3t"));
+    }
+
+    #[tokio::test]
+    async fn a_generators_relative_program_is_the_agent_directorys() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let work = tempfile::tempdir().expect("tempdir");
+        for (dir, who) in [(work.path(), "work"), (home.path(), "agent")] {
+            std::fs::create_dir_all(dir.join("gen")).expect("mkdir");
+            let script = dir.join("gen/g.sh");
+            std::fs::write(&script, format!("#!/bin/sh\necho {who} > out.md\n")).expect("write");
+            std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .expect("chmod");
+        }
+        let m: Manifest = serde_yaml_ng::from_str(
+            "sources:\n  - type: computed_file\n    id: s\n    generator:\n      command: [./gen/g.sh]\n    output_path: '${CWD}/out.md'\n",
+        )
+        .expect("parses");
+        let place = Place {
+            agent_home: home.path(),
+            work_dir: work.path(),
+            run_id: "r".into(),
+        };
+        let blocks = compose(&m, &place, &CancellationToken::new())
+            .await
+            .expect("composes");
+        assert_eq!(
+            blocks,
+            vec![Block::System("# Context Block: s\n\nagent\n".into())]
+        );
     }
 }

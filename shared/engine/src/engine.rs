@@ -326,7 +326,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     ) -> Option<crate::hooks::HookOutcome> {
         let mut spec = self.agent.hooks.get(kind)?.clone();
         if self.cancel.is_cancelled() {
-            // The host is stopping (on_run_end of an interrupted run): a hook may not hold it up
+            // The host is stopping (a hook after the cancel, e.g. on_error): it may not hold it up
             // for long.
             let ms = spec.timeout_ms.unwrap_or(crate::hooks::DEFAULT_TIMEOUT_MS);
             spec.timeout_ms = Some(ms.min(STOPPING_HOOK_MS));
@@ -358,12 +358,11 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     /// `on_run_end` (and, for a failure, `on_error`) before the run's end is journaled.
     async fn end_hooks(&mut self, status: RunStatus, result: Option<&str>, error: Option<&str>) {
         use crate::hooks::HookKind;
-        let cancel = if status == RunStatus::Interrupted {
-            // The host is stopping: the hook gets its own token, bounded by its timeout.
-            CancellationToken::new()
-        } else {
-            self.cancel.clone()
-        };
+        if status == RunStatus::Interrupted {
+            // Not the run's end: it resumes (another worker, the next `delta run`).
+            return;
+        }
+        let cancel = self.cancel.clone();
         if status == RunStatus::Failed {
             let payload = json!({
                 "error_type": "FATAL_ERROR",
@@ -574,7 +573,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     /// Checkpoints the run as `INTERRUPTED` (the host's answer to SIGINT/SIGTERM).
     pub async fn interrupt(&mut self) -> Result<Outcome, Error> {
         if self.replay.terminal().is_none() {
-            self.end_hooks(RunStatus::Interrupted, None, None).await;
+            // No `on_run_end`: an interrupted run is not over (it resumes).
             self.push(Event::EngineEnd(EngineEnd {
                 status: RunStatus::Interrupted,
                 result: None,
@@ -1409,12 +1408,32 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             if let Some(out) = self
                 .hook(crate::hooks::HookKind::PreToolExec, payload, &cancel)
                 .await
-                && out.skips()
             {
-                let text = "Tool execution skipped by pre_tool_exec hook".to_owned();
-                self.result(&req.action_id, ActionStatus::Skipped, text, None, 0);
-                return Ok(None);
+                if out.cancelled || self.cancel.is_cancelled() {
+                    // Cancelled while the guard ran: the tool does not start.
+                    return self.interrupt().await.map(Some);
+                }
+                // The guard's `skip` counts whatever its exit code, and a guard that failed
+                // without a readable answer fails closed.
+                let text = if out.skips() {
+                    Some("Tool execution skipped by pre_tool_exec hook".to_owned())
+                } else if !out.success {
+                    Some(
+                        "Tool execution skipped: the pre_tool_exec hook failed (see its journal \
+                         line); a failed guard does not let the tool run"
+                            .to_owned(),
+                    )
+                } else {
+                    None
+                };
+                if let Some(text) = text {
+                    self.result(&req.action_id, ActionStatus::Skipped, text, None, 0);
+                    return Ok(None);
+                }
             }
+        }
+        if self.cancel.is_cancelled() {
+            return self.interrupt().await.map(Some);
         }
         // The request must be durable before the side effect: stored, and on disk when the tool
         // must not run twice (a lost record would run it again on resume).

@@ -10,12 +10,21 @@
 //! and `DELTA_HOOK_IO_PATH` (that directory) and, like a tool, nothing else of the host's
 //! environment but `PATH`, `HOME`, `LANG`, `TZ`: no API key ever reaches it.
 //!
-//! What a hook may return (only read when it exits 0):
-//! - `pre_llm_req`: `output/final_payload.json`, the request sent instead of the proposed one.
-//! - `pre_tool_exec`: `output/control.json` with `"skip": true`: the tool does not run.
+//! What a hook may return:
+//! - `pre_llm_req`: `output/final_payload.json`, the request sent instead of the proposed one
+//!   (read only when it exits 0; the journal line holds the SHA-256 of the request sent).
+//! - `pre_tool_exec`: `output/control.json` with `"skip": true`: the tool does not run — read
+//!   whatever the exit code (Delta Engine's guard writes it and exits 1). A `pre_tool_exec` that
+//!   fails without a readable answer (non-zero exit, timeout, crash, cannot start, unreadable
+//!   `control.json`) fails closed: the tool is not run.
 //!
-//! A hook that fails (non-zero exit, timeout, cannot start, unreadable output) never fails the
-//! run: the engine goes on as if it had not been configured, and says so in the journal. Every
+//! Each call's directory is made afresh (anything left there is removed first, without following
+//! symlinks), and output files are read only as regular files, bounded ([`crate::files`]). A
+//! relative program path is the agent directory's ([`resolve_program`]). The hook's process group
+//! is killed once it exits.
+//!
+//! Any other hook that fails never fails the run: the engine goes on as if it had not been
+//! configured, and says so in the journal. Every
 //! call is journaled as a `SYSTEM_MESSAGE` (`hook <name>: SUCCESS|FAILED …`), Delta Engine's
 //! `HOOK_EXECUTION_AUDIT`.
 
@@ -155,24 +164,25 @@ impl Hooks {
 pub struct HookOutcome {
     /// Exited 0 (and its output, if any, was readable).
     pub success: bool,
+    /// The host cancelled the call (the run is being interrupted).
+    pub cancelled: bool,
     /// `output/final_payload.json` (pre_llm_req), parsed.
     pub final_payload: Option<Value>,
-    /// `output/control.json`, parsed.
+    /// `output/control.json` (pre_tool_exec), parsed — read whatever the exit code.
     pub control: Option<Value>,
     /// The journal line: `hook <name>: SUCCESS (io/hooks/001_pre_llm_req/)` or why it failed.
     pub audit: String,
 }
 
 impl HookOutcome {
-    /// `control.json` asks to skip the tool (`"skip": true`).
+    /// `control.json` asks to skip the tool (`"skip": true`), whatever the hook's exit code:
+    /// Delta Engine's documented guard writes it and exits 1.
     pub fn skips(&self) -> bool {
-        self.success
-            && self
-                .control
-                .as_ref()
-                .and_then(|c| c.get("skip"))
-                .and_then(Value::as_bool)
-                .unwrap_or(false)
+        self.control
+            .as_ref()
+            .and_then(|c| c.get("skip"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
     }
 }
 
@@ -182,6 +192,18 @@ pub struct HookHost {
     pub run_id: String,
     pub work_dir: PathBuf,
     pub agent_home: PathBuf,
+}
+
+/// A hook's (or generator's) program: a relative path with a `/` (`./hooks/check.sh`,
+/// `hooks/check.sh`) is the agent directory's, never the work directory's (which tools write);
+/// a bare name is looked up in `PATH`.
+pub fn resolve_program(program: &str, agent_home: &Path) -> String {
+    let p = Path::new(program);
+    if p.is_relative() && program.contains('/') {
+        agent_home.join(p).display().to_string()
+    } else {
+        program.to_owned()
+    }
 }
 
 impl HookHost {
@@ -207,20 +229,21 @@ impl HookHost {
         let io = self.hooks_dir().join(&dir_name);
         let io_ref = format!("io/hooks/{dir_name}/");
         let fail = |why: String| HookOutcome {
-            success: false,
-            final_payload: None,
-            control: None,
             audit: format!("hook {}: FAILED ({io_ref}): {why}", kind.name()),
+            ..HookOutcome::default()
         };
         if let Err(e) = prepare(&io, kind, step, &self.run_id, payload) {
             return fail(format!("cannot prepare {}: {e}", io.display()));
         }
         let home = self.agent_home.display().to_string();
-        let argv: Vec<String> = spec
+        let mut argv: Vec<String> = spec
             .command
             .iter()
             .map(|p| p.replace("${AGENT_HOME}", &home))
             .collect();
+        if let Some(program) = argv.first_mut() {
+            *program = resolve_program(program, &self.agent_home);
+        }
         let inv = Invocation {
             argv: argv.clone(),
             stdin: None,
@@ -234,7 +257,7 @@ impl HookHost {
                 ("DELTA_HOOK_IO_PATH".into(), io.display().to_string()),
             ],
         };
-        let ex = tools::execute(&inv, &env, spec.timeout(), MAX_LOG_BYTES, cancel).await;
+        let ex = tools::execute_reaped(&inv, &env, spec.timeout(), MAX_LOG_BYTES, cancel).await;
         let code = match &ex.exit {
             Exit::Code(c) => *c,
             _ => -1,
@@ -251,41 +274,104 @@ impl HookHost {
             // The metadata is for people reading the run afterwards: losing it fails nothing.
             let _ = std::fs::write(meta.join(file), text);
         }
-        match &ex.exit {
-            Exit::Code(0) => {}
-            Exit::Code(c) => return fail(format!("exit code {c}")),
-            Exit::Signal(s) => return fail(format!("killed by signal {s}")),
-            Exit::TimedOut => {
-                return fail(format!(
-                    "timed out after {} ms and was killed",
-                    spec.timeout().as_millis()
+        let failure = match &ex.exit {
+            Exit::Code(0) => None,
+            Exit::Code(c) => Some(format!("exit code {c}")),
+            Exit::Signal(s) => Some(format!("killed by signal {s}")),
+            Exit::TimedOut => Some(format!(
+                "timed out after {} ms and was killed",
+                spec.timeout().as_millis()
+            )),
+            Exit::Cancelled => {
+                let mut out = fail("cancelled".into());
+                out.cancelled = true;
+                return out;
+            }
+            Exit::SpawnFailed(e) => return fail(format!("could not start: {e}")),
+        };
+        let out = io.join("output");
+        // The hook may have replaced `output/` itself: only a real directory is read from.
+        if !std::fs::symlink_metadata(&out).is_ok_and(|m| m.is_dir()) {
+            return fail("output/ is no longer a directory: nothing read from it".into());
+        }
+        let mut notes = vec![];
+        // `control.json` is pre_tool_exec's (and read even after a non-zero exit: a guard that
+        // writes `skip` and exits 1 must still stop the tool).
+        let control = if kind == HookKind::PreToolExec {
+            match read_json(out.join("control.json")).await {
+                Ok(v) => v,
+                Err(e) => {
+                    let mut o = fail(match &failure {
+                        Some(f) => format!("{f}; {e}"),
+                        None => e,
+                    });
+                    // Unreadable: the guard's word is unknown.
+                    o.control = None;
+                    return o;
+                }
+            }
+        } else {
+            if std::fs::symlink_metadata(out.join("control.json")).is_ok() {
+                notes.push(
+                    "output/control.json ignored (only pre_tool_exec's is read by this engine)"
+                        .to_owned(),
+                );
+            }
+            None
+        };
+        if let Some(c) = control.as_ref().and_then(Value::as_object) {
+            let ignored: Vec<&str> = c
+                .keys()
+                .map(String::as_str)
+                .filter(|k| *k != "skip")
+                .collect();
+            if !ignored.is_empty() {
+                notes.push(format!(
+                    "control.json keys ignored by this engine: {}",
+                    ignored.join(", ")
                 ));
             }
-            Exit::Cancelled => return fail("cancelled".into()),
-            Exit::SpawnFailed(e) => return fail(format!("could not start: {e}")),
         }
-        let out = io.join("output");
+        if let Some(f) = failure {
+            let mut o = fail(f);
+            if control.is_some() {
+                o.audit.push_str("; output/control.json read");
+            }
+            for n in notes {
+                o.audit.push_str("; ");
+                o.audit.push_str(&n);
+            }
+            o.control = control;
+            return o;
+        }
         // Only `pre_llm_req` may replace its payload (as in Delta Engine).
         let final_payload = match kind {
-            HookKind::PreLlmReq => match read_json(&out.join("final_payload.json")) {
+            HookKind::PreLlmReq => match read_json(out.join("final_payload.json")).await {
                 Ok(v) => v,
                 Err(e) => return fail(e),
             },
             _ => None,
         };
-        let control = match read_json(&out.join("control.json")) {
-            Ok(v) => v,
-            Err(e) => return fail(e),
-        };
         let mut audit = format!("hook {}: SUCCESS ({io_ref}) in {ms} ms", kind.name());
-        if final_payload.is_some() {
-            audit.push_str("; output/final_payload.json used");
+        if let Some(p) = &final_payload {
+            // What was sent instead, identifiable afterwards without keeping the request.
+            let digest =
+                <sha2::Sha256 as sha2::Digest>::digest(serde_json::to_vec(p).unwrap_or_default());
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            audit.push_str(&format!(
+                "; output/final_payload.json used: the LLM request was replaced (sha256 {hex})"
+            ));
         }
         if control.is_some() {
             audit.push_str("; output/control.json read");
         }
+        for n in notes {
+            audit.push_str("; ");
+            audit.push_str(&n);
+        }
         HookOutcome {
             success: true,
+            cancelled: false,
             final_payload,
             control,
             audit,
@@ -293,6 +379,9 @@ impl HookHost {
     }
 }
 
+/// Makes the call's directory afresh: whatever was there (left by a crashed call, or planted by a
+/// tool, which can write the work directory) is moved aside and removed without following any
+/// symlink, so a stale `final_payload.json` or `control.json` is never read back.
 fn prepare(
     io: &Path,
     kind: HookKind,
@@ -300,8 +389,33 @@ fn prepare(
     run_id: &str,
     payload: &Value,
 ) -> std::io::Result<()> {
+    if let Some(parent) = io.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    if let Ok(old) = std::fs::symlink_metadata(io) {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let aside = io.with_file_name(format!(
+            ".stale-{}-{}-{nanos}",
+            std::process::id(),
+            io.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default()
+        ));
+        std::fs::rename(io, &aside)?;
+        // `remove_dir_all` does not follow symlinks; a symlink itself is removed as a file.
+        if old.is_dir() {
+            std::fs::remove_dir_all(&aside)?;
+        } else {
+            std::fs::remove_file(&aside)?;
+        }
+    }
+    // Fails if something appeared meanwhile.
+    std::fs::create_dir(io)?;
     for sub in ["input", "output", "execution_meta"] {
-        std::fs::create_dir_all(io.join(sub))?;
+        std::fs::create_dir(io.join(sub))?;
     }
     let context = json!({
         "hook_name": kind.name(),
@@ -323,24 +437,29 @@ fn prepare(
     )
 }
 
-/// A JSON output file, if the hook wrote one.
-fn read_json(path: &Path) -> Result<Option<Value>, String> {
+/// A JSON output file, if the hook wrote one: a regular file (no symlink, FIFO or device), at
+/// most [`MAX_OUTPUT_FILE_BYTES`], read off the runtime.
+async fn read_json(path: PathBuf) -> Result<Option<Value>, String> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+    let text = match crate::files::read_text_async(path, MAX_OUTPUT_FILE_BYTES).await {
+        Ok(t) => t,
+        Err(crate::files::Error::Missing(_)) => return Ok(None),
+        Err(crate::files::Error::TooLarge { max, .. }) => {
+            return Err(format!(
+                "output/{name} is more than the {max} bytes read back"
+            ));
+        }
+        Err(crate::files::Error::Symlink(_)) => {
+            return Err(format!("output/{name} is a symbolic link: refused"));
+        }
+        Err(crate::files::Error::NotRegular(_)) => {
+            return Err(format!("output/{name} is not a regular file: refused"));
+        }
         Err(e) => return Err(format!("output/{name}: {e}")),
     };
-    if meta.len() > MAX_OUTPUT_FILE_BYTES {
-        return Err(format!(
-            "output/{name} is {} bytes, more than the {MAX_OUTPUT_FILE_BYTES} read back",
-            meta.len()
-        ));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("output/{name}: {e}"))?;
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| format!("output/{name} is not JSON: {e}"))
@@ -406,7 +525,17 @@ mod tests {
         assert_eq!(seen["tool_name"], "t");
         let env = std::fs::read_to_string(work.path().join("env.txt")).expect("env");
         assert!(env.contains("DELTA_RUN_ID=r1"));
-        assert!(!env.contains("API_KEY"));
+        // Nothing of this process's environment but the base variables reaches the hook (cargo
+        // sets CARGO_* here, at least: this cannot pass vacuously).
+        let leaked: Vec<String> = std::env::vars()
+            .filter(|(k, _)| !crate::tools::BASE_ENV.contains(&k.as_str()))
+            // What a shell sets for itself.
+            .filter(|(k, _)| !["PWD", "OLDPWD", "SHLVL", "_"].contains(&k.as_str()))
+            .filter(|(k, v)| env.contains(&format!("{k}={v}")))
+            .map(|(k, _)| k)
+            .collect();
+        assert!(std::env::vars().count() > crate::tools::BASE_ENV.len());
+        assert!(leaked.is_empty(), "{leaked:?}");
         let code = std::fs::read_to_string(
             work.path()
                 .join(".delta/r1/io/hooks/001_pre_tool_exec/execution_meta/exit_code.txt"),
@@ -460,5 +589,153 @@ mod tests {
             "{}",
             out.audit
         );
+    }
+
+    fn host(work: &Path, home: &Path) -> HookHost {
+        HookHost {
+            run_id: "r1".into(),
+            work_dir: work.to_path_buf(),
+            agent_home: home.to_path_buf(),
+        }
+    }
+
+    fn sh(cmd: &str) -> HookSpec {
+        HookSpec {
+            command: vec!["sh".into(), "-c".into(), cmd.into()],
+            timeout_ms: Some(5000),
+            description: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stale_or_planted_output_is_never_read() {
+        let work = tempfile::tempdir().expect("tempdir");
+        let host = host(work.path(), work.path());
+        // A tool (or a crashed earlier call) left answers where call 1 will look.
+        let io = host.hooks_dir().join("001_pre_llm_req");
+        std::fs::create_dir_all(io.join("output")).expect("mkdir");
+        std::fs::write(io.join("output/final_payload.json"), r#"{"model": "evil"}"#)
+            .expect("write");
+        let io2 = host.hooks_dir().join("002_pre_tool_exec");
+        let elsewhere = tempfile::tempdir().expect("tempdir");
+        std::fs::write(elsewhere.path().join("control.json"), r#"{"skip": true}"#).expect("write");
+        std::fs::create_dir_all(&io2).expect("mkdir");
+        std::os::unix::fs::symlink(elsewhere.path(), io2.join("output")).expect("symlink");
+        let c = CancellationToken::new();
+        let out = host
+            .run(HookKind::PreLlmReq, &sh("true"), 1, &json!({}), &c)
+            .await;
+        assert!(out.success, "{}", out.audit);
+        assert_eq!(out.final_payload, None);
+        let out = host
+            .run(HookKind::PreToolExec, &sh("true"), 2, &json!({}), &c)
+            .await;
+        assert!(out.success && !out.skips(), "{}", out.audit);
+        // The symlink was removed, not followed.
+        assert!(elsewhere.path().join("control.json").exists());
+    }
+
+    #[tokio::test]
+    async fn fifo_device_and_symlinked_outputs_are_refused_without_hanging() {
+        let work = tempfile::tempdir().expect("tempdir");
+        let host = host(work.path(), work.path());
+        let c = CancellationToken::new();
+        for (n, (kind, cmd)) in [
+            (
+                HookKind::PreLlmReq,
+                "ln -s /dev/zero \"$DELTA_HOOK_IO_PATH/output/final_payload.json\"",
+            ),
+            (
+                HookKind::PreToolExec,
+                "mkfifo \"$DELTA_HOOK_IO_PATH/output/control.json\"",
+            ),
+            (
+                HookKind::PreToolExec,
+                "echo '{\"skip\": true}' > /tmp/defix-c.json; ln -sf /tmp/defix-c.json \"$DELTA_HOOK_IO_PATH/output/control.json\"",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let out = tokio::time::timeout(
+                Duration::from_secs(20),
+                host.run(kind, &sh(cmd), n as u64 + 1, &json!({}), &c),
+            )
+            .await
+            .expect("no hang");
+            assert!(!out.success, "{cmd}: {}", out.audit);
+            assert!(out.audit.contains("refused"), "{cmd}: {}", out.audit);
+            assert!(out.final_payload.is_none() && out.control.is_none());
+        }
+    }
+
+    #[tokio::test]
+    async fn skip_counts_on_exit_1_and_ignored_keys_are_named() {
+        let work = tempfile::tempdir().expect("tempdir");
+        let host = host(work.path(), work.path());
+        let out = host
+            .run(
+                HookKind::PreToolExec,
+                &sh(r#"echo '{"skip": true, "action": "ABORT", "message": "no"}' > "$DELTA_HOOK_IO_PATH/output/control.json"; exit 1"#),
+                1,
+                &json!({}),
+                &CancellationToken::new(),
+            )
+            .await;
+        assert!(!out.success);
+        assert!(out.skips(), "{}", out.audit);
+        assert!(
+            out.audit
+                .contains("control.json keys ignored by this engine: action, message"),
+            "{}",
+            out.audit
+        );
+    }
+
+    #[tokio::test]
+    async fn relative_programs_are_the_agent_directorys_and_leftovers_are_killed() {
+        let work = tempfile::tempdir().expect("tempdir");
+        let home = tempfile::tempdir().expect("tempdir");
+        for (dir, who) in [(work.path(), "work"), (home.path(), "agent")] {
+            std::fs::create_dir_all(dir.join("hooks")).expect("mkdir");
+            let script = dir.join("hooks/h.sh");
+            std::fs::write(
+                &script,
+                format!("#!/bin/sh\necho {who} > by.txt\nsleep 300 &\necho $! > pid.txt\n"),
+            )
+            .expect("write");
+            std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .expect("chmod");
+        }
+        let spec = HookSpec {
+            command: vec!["./hooks/h.sh".into()],
+            timeout_ms: None,
+            description: None,
+        };
+        let out = host(work.path(), home.path())
+            .run(
+                HookKind::OnError,
+                &spec,
+                1,
+                &json!({}),
+                &CancellationToken::new(),
+            )
+            .await;
+        assert!(out.success, "{}", out.audit);
+        let by = std::fs::read_to_string(work.path().join("by.txt")).expect("ran");
+        assert_eq!(by.trim(), "agent");
+        let pid = std::fs::read_to_string(work.path().join("pid.txt")).expect("pid");
+        let proc = PathBuf::from(format!("/proc/{}", pid.trim()));
+        let mut gone = false;
+        for _ in 0..100 {
+            // Killed (and reaped by init), or at least a zombie.
+            let state = std::fs::read_to_string(proc.join("stat")).unwrap_or_default();
+            if state.is_empty() || state.contains(") Z ") {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(gone, "the hook's background process outlived it");
     }
 }

@@ -5,6 +5,8 @@
 //!   `script.yaml`, `hooks.yaml`, `context.yaml`).
 //! - [`hooks`]: Delta Engine's lifecycle hooks, run as processes with its file protocol.
 //! - [`context`]: Delta Engine's `context.yaml` composition, for the openai brain.
+//! - [`files`]: bounded reads of files a tool or hook may have written (no FIFOs, devices,
+//!   symlinks).
 //! - [`tools`]: Delta Engine's tool forms, run as child processes with timeouts.
 //! - [`brain`]: the scripted and the OpenAI-compatible brains.
 //! - [`policy`], [`grants`]: `policy.yaml` rules and scoped grants, consulted before each tool
@@ -20,6 +22,7 @@ pub mod agent;
 pub mod brain;
 pub mod context;
 pub mod engine;
+pub mod files;
 pub mod grants;
 pub mod hooks;
 pub mod policy;

@@ -932,6 +932,29 @@ pub async fn execute(
     max_output: usize,
     cancel: &CancellationToken,
 ) -> Execution {
+    run_child(inv, env, timeout, max_output, cancel, false).await
+}
+
+/// As [`execute`], and the process group is killed once the process exits too: for hooks and
+/// context generators, whose leftovers (a `cmd &` they started) have no business outliving them.
+pub async fn execute_reaped(
+    inv: &Invocation,
+    env: &ToolEnv,
+    timeout: Duration,
+    max_output: usize,
+    cancel: &CancellationToken,
+) -> Execution {
+    run_child(inv, env, timeout, max_output, cancel, true).await
+}
+
+async fn run_child(
+    inv: &Invocation,
+    env: &ToolEnv,
+    timeout: Duration,
+    max_output: usize,
+    cancel: &CancellationToken,
+    reap: bool,
+) -> Execution {
     let started = Instant::now();
     let failed = |e: String| Execution {
         exit: Exit::SpawnFailed(e),
@@ -997,7 +1020,7 @@ pub async fn execute(
         () = tokio::time::sleep(timeout) => Exit::TimedOut,
         () = cancel.cancelled() => Exit::Cancelled,
     };
-    if matches!(exit, Exit::TimedOut | Exit::Cancelled) {
+    if reap || matches!(exit, Exit::TimedOut | Exit::Cancelled) {
         if let Some(pgid) = pgid {
             let _ = killpg(pgid, Signal::SIGKILL);
         }

@@ -11,6 +11,7 @@
 //! as `PLAN` and put to a person). The person's answer comes back as a user message: confirmed,
 //! or what to change (their feedback, or their own task list), after which the model plans again.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -46,6 +47,94 @@ pub struct OpenAiBrain {
     backoff: Duration,
 }
 
+/// Where the requests go and with which key: the one place that pairs an endpoint with a key.
+///
+/// - The agent's own `llm.base_url` gets the key named by `llm.api_key_env`, else
+///   `OPENAI_API_KEY` (this engine's rule before Delta Engine's variables); never
+///   `DELTA_API_KEY`, which is Delta Engine's key for Delta Engine's endpoint.
+/// - Otherwise `DELTA_BASE_URL` (else OpenAI's endpoint) gets `llm.api_key_env`, else
+///   `DELTA_API_KEY`, else `OPENAI_API_KEY`.
+/// - A key is never sent over plain `http://` to a host other than the loopback: refused.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// The base URL (`…/v1`).
+    pub base: String,
+    /// Where the base URL came from: `llm.base_url`, `DELTA_BASE_URL` or `default`.
+    pub base_from: &'static str,
+    /// The variable the key is read from, when one is read.
+    pub key_env: Option<String>,
+    /// The bearer key.
+    pub key: Option<String>,
+    /// Keys that are set but deliberately not sent, named (values never).
+    pub warnings: Vec<String>,
+}
+
+impl Endpoint {
+    pub fn resolve(llm: &LlmConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, Error> {
+        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        let mut warnings = vec![];
+        let env_base = set(DELTA_BASE_URL_ENV);
+        let (base, base_from) = match (&llm.base_url, &env_base) {
+            (Some(own), _) => (own.clone(), "llm.base_url"),
+            (None, Some(b)) => (b.clone(), DELTA_BASE_URL_ENV),
+            (None, None) => (DEFAULT_BASE_URL.to_owned(), "default"),
+        };
+        let key_env = match (&llm.api_key_env, &llm.base_url) {
+            (Some(own), _) => own.clone(),
+            (None, Some(_)) => {
+                if set(DELTA_KEY_ENV).is_some() {
+                    warnings.push(format!(
+                        "{DELTA_KEY_ENV} is not sent to the agent's own llm.base_url ({base}): \
+                         name the key's variable in `llm.api_key_env` to send one"
+                    ));
+                }
+                DEFAULT_KEY_ENV.to_owned()
+            }
+            (None, None) if set(DELTA_KEY_ENV).is_some() => DELTA_KEY_ENV.to_owned(),
+            (None, None) => DEFAULT_KEY_ENV.to_owned(),
+        };
+        let key = set(&key_env);
+        if key.is_none() && base_from == "default" {
+            return Err(Error::Config(format!(
+                "{key_env} is not set: export your API key (DELTA_API_KEY or OPENAI_API_KEY), or \
+                 set `llm.base_url` (or DELTA_BASE_URL) to an endpoint that needs none (and \
+                 `llm.api_key_env` to name another variable)"
+            )));
+        }
+        if key.is_some() && plain_http_off_loopback(&base) {
+            return Err(Error::Config(format!(
+                "{base} (from {base_from}) is plain http:// to a host that is not this machine: \
+                 the key in {key_env} is not sent over it. Use https://, or a loopback address \
+                 (an SSH tunnel), or unset {key_env} for an endpoint that needs no key"
+            )));
+        }
+        Ok(Endpoint {
+            base,
+            base_from,
+            key_env: key.is_some().then_some(key_env),
+            key,
+            warnings,
+        })
+    }
+}
+
+/// `http://` to anything but `localhost`, `127.0.0.0/8` or `::1`.
+fn plain_http_off_loopback(base: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(base) else {
+        return false;
+    };
+    if url.scheme() != "http" {
+        return false;
+    }
+    let host = url.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.eq_ignore_ascii_case("localhost") {
+        return false;
+    }
+    host.parse::<std::net::IpAddr>()
+        .map_or(true, |ip| !ip.is_loopback())
+}
+
 fn install_crypto() {
     // reqwest is built without a default TLS provider: install ring once per process.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -63,29 +152,11 @@ impl OpenAiBrain {
             .llm
             .clone()
             .ok_or_else(|| Error::Config("the openai brain needs an `llm:` section".into()))?;
-        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
-        // The agent's own settings win; then Delta Engine's variables; then OpenAI's defaults.
-        let env_base = set(DELTA_BASE_URL_ENV);
-        let base = llm
-            .base_url
-            .clone()
-            .or_else(|| env_base.clone())
-            .unwrap_or_else(|| DEFAULT_BASE_URL.to_owned());
-        let key_env = llm.api_key_env.clone().unwrap_or_else(|| {
-            if set(DELTA_KEY_ENV).is_some() {
-                DELTA_KEY_ENV.to_owned()
-            } else {
-                DEFAULT_KEY_ENV.to_owned()
-            }
-        });
-        let key = set(&key_env);
-        if key.is_none() && llm.base_url.is_none() && env_base.is_none() {
-            return Err(Error::Config(format!(
-                "{key_env} is not set: export your API key (DELTA_API_KEY or OPENAI_API_KEY), or \
-                 set `llm.base_url` (or DELTA_BASE_URL) to an endpoint that needs none (and \
-                 `llm.api_key_env` to name another variable)"
-            )));
+        let endpoint = Endpoint::resolve(&llm, env)?;
+        for w in &endpoint.warnings {
+            tracing::warn!("{w}");
         }
+        let (base, key) = (endpoint.base, endpoint.key);
         install_crypto();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(llm.timeout_s.unwrap_or(120)))
@@ -118,7 +189,7 @@ impl OpenAiBrain {
                     run_id: view.run_id.to_string(),
                 };
                 if manifest.has_generators() {
-                    write_journal_file(view)?;
+                    write_journal_file(view).await?;
                 }
                 let blocks = crate::context::compose(manifest, &place, view.cancel)
                     .await
@@ -283,7 +354,7 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 /// Writes the journal where Delta Engine's generators read it ([`crate::context::journal_file`]).
-fn write_journal_file(view: &View<'_>) -> Result<(), Error> {
+async fn write_journal_file(view: &View<'_>) -> Result<(), Error> {
     let run_id = view.run_id.to_string();
     let env = crate::tools::ToolEnv {
         work_dir: view.work_dir.to_path_buf(),
@@ -307,18 +378,38 @@ fn write_journal_file(view: &View<'_>) -> Result<(), Error> {
         command_line,
     );
     let path = crate::context::journal_file(view.work_dir, &run_id);
-    let fail = |e: std::io::Error| {
-        Error::Config(format!(
-            "context.yaml: writing {} for its generators: {e}",
-            path.display()
-        ))
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(fail)?;
-    }
-    let tmp = path.with_extension("jsonl.tmp");
-    std::fs::write(&tmp, text).map_err(fail)?;
-    std::fs::rename(&tmp, &path).map_err(fail)
+    tokio::task::spawn_blocking(move || {
+        let fail = |e: std::io::Error| {
+            Error::Config(format!(
+                "context.yaml: writing {} for its generators: {e}",
+                path.display()
+            ))
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(fail)?;
+        }
+        // A new file of a name no one else uses, never through a symlink (the work directory is
+        // the tools'), renamed over the old one (rename replaces a symlink, never follows it).
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let tmp = path.with_extension(format!("jsonl.{}-{nanos}.tmp", std::process::id()));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(&tmp)
+            .map_err(fail)?;
+        std::io::Write::write_all(&mut file, text.as_bytes())
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                fail(e)
+            })
+    })
+    .await
+    .map_err(|e| Error::Config(format!("context.yaml: writing the journal file: {e}")))?
 }
 
 /// The messages composed as `context.yaml` says: its blocks in order, the journal where it
@@ -522,4 +613,80 @@ fn tool_specs(agent: &Agent) -> Value {
             }}}}));
     }
     Value::Array(specs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llm(yaml: &str) -> LlmConfig {
+        serde_yaml_ng::from_str(yaml).expect("llm")
+    }
+
+    fn env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |n| {
+            vars.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn delta_api_key_goes_only_to_delta_engines_endpoint() {
+        let vars = &[
+            ("DELTA_API_KEY", "sk-delta"),
+            ("DELTA_BASE_URL", "https://delta.example/v1"),
+        ];
+        let e = Endpoint::resolve(&llm("model: m"), &env(vars)).expect("resolves");
+        assert_eq!(
+            (e.base.as_str(), e.key.as_deref()),
+            ("https://delta.example/v1", Some("sk-delta"))
+        );
+        // The agent's own endpoint: not DELTA_API_KEY (named in a warning), only its own
+        // variable or OPENAI_API_KEY.
+        let own = llm("model: m\nbase_url: https://own.example/v1");
+        let e = Endpoint::resolve(&own, &env(vars)).expect("resolves");
+        assert_eq!(e.key, None);
+        assert!(e.warnings[0].contains("DELTA_API_KEY"), "{:?}", e.warnings);
+        let e = Endpoint::resolve(
+            &own,
+            &env(&[("DELTA_API_KEY", "sk-delta"), ("OPENAI_API_KEY", "sk-oa")]),
+        )
+        .expect("resolves");
+        assert_eq!(e.key.as_deref(), Some("sk-oa"));
+        let named = llm("model: m\nbase_url: https://own.example/v1\napi_key_env: OWN");
+        let e = Endpoint::resolve(&named, &env(&[("OWN", "sk-own"), ("DELTA_API_KEY", "x")]))
+            .expect("resolves");
+        assert_eq!(e.key.as_deref(), Some("sk-own"));
+    }
+
+    #[test]
+    fn no_key_over_plain_http_off_loopback() {
+        for base in ["http://10.0.0.5:8000/v1", "http://llm.example/v1"] {
+            let l = llm(&format!("model: m\nbase_url: {base}\napi_key_env: K"));
+            let err = Endpoint::resolve(&l, &env(&[("K", "sk")])).unwrap_err();
+            assert!(matches!(err, Error::Config(_)), "{err}");
+            // Without a key it is allowed.
+            assert!(Endpoint::resolve(&l, &env(&[])).is_ok());
+        }
+        for base in [
+            "http://127.0.0.1:9/v1",
+            "http://localhost:8000/v1",
+            "http://[::1]:8000/v1",
+            "https://llm.example/v1",
+        ] {
+            let l = llm(&format!("model: m\nbase_url: {base}\napi_key_env: K"));
+            let e = Endpoint::resolve(&l, &env(&[("K", "sk")])).expect(base);
+            assert_eq!(e.key.as_deref(), Some("sk"));
+        }
+        let err = Endpoint::resolve(
+            &llm("model: m"),
+            &env(&[
+                ("DELTA_BASE_URL", "http://203.0.113.9/v1"),
+                ("DELTA_API_KEY", "sk"),
+            ]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("DELTA_BASE_URL"), "{err}");
+    }
 }
