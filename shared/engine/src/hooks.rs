@@ -355,9 +355,9 @@ impl HookHost {
         let mut audit = format!("hook {}: SUCCESS ({io_ref}) in {ms} ms", kind.name());
         if let Some(p) = &final_payload {
             // What was sent instead, identifiable afterwards without keeping the request.
-            let digest =
-                <sha2::Sha256 as sha2::Digest>::digest(serde_json::to_vec(p).unwrap_or_default());
-            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            let bytes = serde_json::to_vec(p).unwrap_or_default();
+            let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+            let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
             audit.push_str(&format!(
                 "; output/final_payload.json used: the LLM request was replaced (sha256 {hex})"
             ));
