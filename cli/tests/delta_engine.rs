@@ -12,9 +12,12 @@ use serde_json::{Value, json};
 const DELTA: &str = env!("CARGO_BIN_EXE_delta");
 const KEY: &str = "sk-delta-engine-test";
 
+/// A file or directory of Delta Engine's fixtures (this workspace's `shared/engine/tests/`).
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/engine/tests/fixtures/delta-engine")
+        .parent()
+        .expect("the crate is in the workspace")
+        .join("shared/engine/tests/fixtures/delta-engine")
         .join(rel)
 }
 

@@ -14,9 +14,12 @@ use serde_json::{Value, json};
 
 const KEY: &str = "sk-fleet-delta-engine";
 
+/// A file or directory of Delta Engine's fixtures (this workspace's `shared/engine/tests/`).
 fn fixture(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/engine/tests/fixtures/delta-engine")
+        .parent()
+        .expect("the crate is in the workspace")
+        .join("shared/engine/tests/fixtures/delta-engine")
         .join(rel)
 }
 

@@ -497,6 +497,19 @@ impl McpServer {
         }
     }
 
+    /// The question `record` names as pending, as stored (whatever its state now).
+    async fn pending_of(&self, record: &RunRecord) -> Result<Option<StoredInteraction>, McpError> {
+        match record.pending_request_id {
+            Some(rid) => self
+                .gw
+                .store
+                .interaction(record.run_id, rid)
+                .await
+                .map_err(|e| mcp_error(e.into())),
+            None => Ok(None),
+        }
+    }
+
     /// A call's end while `run` waits: where it stands, and its pending question.
     async fn paused(&self, run: RunId) -> Result<CallToolResponse, McpError> {
         let record = self
@@ -505,15 +518,7 @@ impl McpServer {
             .record(run)
             .await
             .map_err(|e| mcp_error(e.into()))?;
-        let ix = match record.pending_request_id {
-            Some(rid) => self
-                .gw
-                .store
-                .interaction(run, rid)
-                .await
-                .map_err(|e| mcp_error(e.into()))?,
-            None => None,
-        };
+        let ix = self.pending_of(&record).await?;
         Ok(CallToolResponse::Complete(from_json(paused_result(
             &record,
             ix.as_ref(),
@@ -578,16 +583,10 @@ impl McpServer {
                 "cancelled"
             }
             _ => {
-                let pending = match record.pending_request_id {
-                    Some(rid) => self
-                        .gw
-                        .store
-                        .interaction(record.run_id, rid)
-                        .await
-                        .map_err(|e| mcp_error(e.into()))?
-                        .filter(|ix| ix.state == InteractionState::Pending),
-                    None => None,
-                };
+                let pending = self
+                    .pending_of(record)
+                    .await?
+                    .filter(|ix| ix.state == InteractionState::Pending);
                 let voter = Self::responder_id(who, ctx);
                 match pending {
                     // A vote given, the question waits for others': working, for this caller.
@@ -994,16 +993,10 @@ impl ServerHandler for McpServer {
                 .record(run)
                 .await
                 .map_err(|e| mcp_error(e.into()))?;
-            let pending = match record.pending_request_id {
-                Some(rid) => self
-                    .gw
-                    .store
-                    .interaction(run, rid)
-                    .await
-                    .map_err(|e| mcp_error(e.into()))?
-                    .map(|ix| interaction_view(run, &ix)),
-                None => None,
-            };
+            let pending = self
+                .pending_of(&record)
+                .await?
+                .map(|ix| interaction_view(run, &ix));
             serde_json::to_value(RunDetail {
                 run: crate::api::run_view(&record),
                 pending_interaction: pending,
