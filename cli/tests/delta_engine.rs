@@ -12,26 +12,7 @@ use serde_json::{Value, json};
 const DELTA: &str = env!("CARGO_BIN_EXE_delta");
 const KEY: &str = "sk-delta-engine-test";
 
-/// A file or directory of Delta Engine's fixtures (this workspace's `shared/engine/tests/`).
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the crate is in the workspace")
-        .join("shared/engine/tests/fixtures/delta-engine")
-        .join(rel)
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for e in std::fs::read_dir(from).expect("read_dir").flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            copy_dir(&p, &to.join(e.file_name()));
-        } else {
-            std::fs::copy(&p, to.join(e.file_name())).expect("copy");
-        }
-    }
-}
+use delta_e2e::{copy_dir, delta_engine_fixture as fixture};
 
 /// What the fake endpoint received, and what it answers next.
 #[derive(Default)]

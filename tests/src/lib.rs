@@ -343,6 +343,29 @@ pub fn test_python() -> std::path::PathBuf {
 }
 
 /// The directory of the tests' Python scripts (`tests/py/`).
+/// A file or directory of Delta Engine's agents kept as fixtures
+/// (`shared/engine/tests/fixtures/delta-engine`).
+pub fn delta_engine_fixture(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the crate is in the workspace")
+        .join("shared/engine/tests/fixtures/delta-engine")
+        .join(rel)
+}
+
+/// Copies the directory `from` to `to`, recursively.
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).expect("copy");
+        }
+    }
+}
+
 pub fn python_scripts() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py")
 }

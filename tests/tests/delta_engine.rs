@@ -4,7 +4,7 @@
 //! with only an `agent.yaml` (the gateway's check), run with their `context.yaml`, and their
 //! hooks fire on the worker, journaled.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use delta_e2e::fleet::Fleet;
@@ -14,26 +14,7 @@ use serde_json::{Value, json};
 
 const KEY: &str = "sk-fleet-delta-engine";
 
-/// A file or directory of Delta Engine's fixtures (this workspace's `shared/engine/tests/`).
-fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the crate is in the workspace")
-        .join("shared/engine/tests/fixtures/delta-engine")
-        .join(rel)
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for e in std::fs::read_dir(from).expect("read_dir").flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            copy_dir(&p, &to.join(e.file_name()));
-        } else {
-            std::fs::copy(&p, to.join(e.file_name())).expect("copy");
-        }
-    }
-}
+use delta_e2e::{copy_dir, delta_engine_fixture as fixture};
 
 #[derive(Default)]
 struct Exchange {

@@ -142,6 +142,11 @@ pub fn mcp_error(e: ApiError) -> McpError {
     }
 }
 
+/// A store failure as an MCP error (the gateway's mapping of it, then [`mcp_error`]).
+fn store_error(e: delta_store::Error) -> McpError {
+    mcp_error(e.into())
+}
+
 fn bad(message: impl Into<String>) -> McpError {
     mcp_error(ApiError::bad_request(message.into()))
 }
@@ -351,7 +356,7 @@ impl McpServer {
                 .store
                 .interaction(run, rid)
                 .await
-                .map_err(|e| mcp_error(e.into()))?
+                .map_err(store_error)?
                 .ok_or_else(|| bad(format!("`{key}` is not an input request of this run")))?;
             let body = match elicit::reply(&ix.request, result).map_err(bad)? {
                 elicit::Reply::Leave => {
@@ -505,19 +510,14 @@ impl McpServer {
                 .store
                 .interaction(record.run_id, rid)
                 .await
-                .map_err(|e| mcp_error(e.into())),
+                .map_err(store_error),
             None => Ok(None),
         }
     }
 
     /// A call's end while `run` waits: where it stands, and its pending question.
     async fn paused(&self, run: RunId) -> Result<CallToolResponse, McpError> {
-        let record = self
-            .gw
-            .store
-            .record(run)
-            .await
-            .map_err(|e| mcp_error(e.into()))?;
+        let record = self.gw.store.record(run).await.map_err(store_error)?;
         let ix = self.pending_of(&record).await?;
         Ok(CallToolResponse::Complete(from_json(paused_result(
             &record,
@@ -743,12 +743,7 @@ impl ServerHandler for McpServer {
                 .run
                 .ok_or_else(|| bad("the requestState names no run"))?;
             self.caller(&ctx, READ)?;
-            let record = self
-                .gw
-                .store
-                .record(run)
-                .await
-                .map_err(|e| mcp_error(e.into()))?;
+            let record = self.gw.store.record(run).await.map_err(store_error)?;
             if record.agent != name {
                 return Err(bad(format!(
                     "the requestState is of a call to `{}`, not `{name}`",
@@ -814,12 +809,7 @@ impl ServerHandler for McpServer {
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks())
         {
-            let record = self
-                .gw
-                .store
-                .record(run)
-                .await
-                .map_err(|e| mcp_error(e.into()))?;
+            let record = self.gw.store.record(run).await.map_err(store_error)?;
             let mut task = self.task(&ctx, &who, &record).await?;
             task["resultType"] = json!("task");
             if let Some(obj) = task.as_object_mut() {
@@ -847,12 +837,7 @@ impl ServerHandler for McpServer {
     ) -> Result<GetTaskResult, McpError> {
         let who = self.caller(&ctx, READ)?;
         let run = Self::run_id(&request.task_id)?;
-        let record = self
-            .gw
-            .store
-            .record(run)
-            .await
-            .map_err(|e| mcp_error(e.into()))?;
+        let record = self.gw.store.record(run).await.map_err(store_error)?;
         let mut task = self.task(&ctx, &who, &record).await?;
         task["resultType"] = json!("complete");
         from_json(task)
@@ -864,11 +849,7 @@ impl ServerHandler for McpServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let run = Self::run_id(&request.task_id)?;
-        self.gw
-            .store
-            .record(run)
-            .await
-            .map_err(|e| mcp_error(e.into()))?;
+        self.gw.store.record(run).await.map_err(store_error)?;
         self.answer_all(&ctx, run, &request.input_responses)
             .await
             .map(|_| ())
@@ -882,12 +863,7 @@ impl ServerHandler for McpServer {
         // Operators, and whoever submitted the run (as A2A's CancelTask).
         let who = self.caller(&ctx, READ)?;
         let run = Self::run_id(&request.task_id)?;
-        let record = self
-            .gw
-            .store
-            .record(run)
-            .await
-            .map_err(|e| mcp_error(e.into()))?;
+        let record = self.gw.store.record(run).await.map_err(store_error)?;
         let submitter = who.name.is_some() && record.submitted_by == who.name;
         if !who.has(Role::Operate) && !submitter {
             return Err(mcp_error(ApiError::new(
@@ -915,18 +891,14 @@ impl ServerHandler for McpServer {
             let page = store
                 .index_page("interactions:pending", false, None, 100)
                 .await
-                .map_err(|e| mcp_error(e.into()))?
+                .map_err(store_error)?
                 .unwrap_or_default();
             let ids: Vec<RequestId> = page
                 .entries
                 .iter()
                 .filter_map(|(m, _)| m.parse().ok())
                 .collect();
-            for (run, ix) in store
-                .interactions(&ids)
-                .await
-                .map_err(|e| mcp_error(e.into()))?
-            {
+            for (run, ix) in store.interactions(&ids).await.map_err(store_error)? {
                 if ix.state != InteractionState::Pending {
                     continue;
                 }
@@ -943,14 +915,14 @@ impl ServerHandler for McpServer {
         let page = store
             .index_page("runs:all", true, None, 50)
             .await
-            .map_err(|e| mcp_error(e.into()))?
+            .map_err(store_error)?
             .unwrap_or_default();
         let ids: Vec<RunId> = page
             .entries
             .iter()
             .filter_map(|(m, _)| m.parse().ok())
             .collect();
-        for r in store.records(&ids).await.map_err(|e| mcp_error(e.into()))? {
+        for r in store.records(&ids).await.map_err(store_error)? {
             resources.push(json!({
                 "uri": format!("delta://runs/{}", r.run_id),
                 "name": format!("run {}", r.run_id),
@@ -987,12 +959,7 @@ impl ServerHandler for McpServer {
         let body = if let Some(raw) = uri.strip_prefix("delta://runs/") {
             self.caller(&ctx, READ)?;
             let run: RunId = raw.parse().map_err(|_| unknown())?;
-            let record = self
-                .gw
-                .store
-                .record(run)
-                .await
-                .map_err(|e| mcp_error(e.into()))?;
+            let record = self.gw.store.record(run).await.map_err(store_error)?;
             let pending = self
                 .pending_of(&record)
                 .await?
