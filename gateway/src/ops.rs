@@ -798,17 +798,10 @@ impl Gateway {
                 "no interaction request {request_id}; GET /v1/interactions lists the pending ones"
             ))
         };
-        let run_id = self
-            .store
-            .interaction_run(request_id)
+        self.store
+            .find_interaction(request_id)
             .await?
-            .ok_or_else(missing)?;
-        let ix = self
-            .store
-            .interaction(run_id, request_id)
-            .await?
-            .ok_or_else(missing)?;
-        Ok((run_id, ix))
+            .ok_or_else(missing)
     }
 
     /// The reply to an answer for a request that is no longer pending: acknowledged again when

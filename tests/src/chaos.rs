@@ -1051,10 +1051,10 @@ mod tests {
                 event,
             })
             .collect();
-        StoredRun {
-            record: RunRecord::new(id, "chaos", "t", RunStatus::Completed),
+        StoredRun::whole(
+            RunRecord::new(id, "chaos", "t", RunStatus::Completed),
             journal,
-        }
+        )
     }
 
     fn effects(run: &StoredRun, starts: [usize; 2]) -> Effects {

@@ -139,3 +139,183 @@ async fn questions_on_redis_get_ids_in_their_runs_bucket() {
         );
     }
 }
+
+/// A scripted agent whose runs think `thoughts` times, ask a colour, branch on it and finish.
+fn long_agent(dir: &std::path::Path, thoughts: usize) -> Agent {
+    std::fs::write(
+        dir.join("config.yaml"),
+        "name: long\nbrain: scripted\nmax_iterations: 100000\ntools:\n  - name: echo\n    builtin: echo\n",
+    )
+    .expect("config");
+    let mut script = String::from("steps:\n  - tool: echo\n    args: {text: first}\n");
+    for i in 0..thoughts {
+        script.push_str(&format!("  - think: \"thought {i} on ${{observation}}\"\n"));
+    }
+    script.push_str(
+        "  - ask_human:\n      prompt: \"colour?\"\n      options: [{id: red, label: Red}, {id: blue, label: Blue}]\n  - branch:\n      red:\n        - tool: echo\n          args: {text: \"went red after ${observation}\"}\n      default:\n        - fail: \"not red\"\n  - finish: \"done ${observation}\"\n",
+    );
+    std::fs::write(dir.join("script.yaml"), script).expect("script");
+    Agent::load(dir).expect("agent")
+}
+
+fn red(q: &delta_protocol::InteractionRequest) -> InteractionResponse {
+    let mut a = InteractionResponse::new(
+        q.request_id,
+        Responder {
+            id: "alice".into(),
+            via: Via::Http,
+            on_behalf_of: None,
+            relayed_by: None,
+        },
+    );
+    a.option_id = Some("red".into());
+    a
+}
+
+/// What a test does to a stored snapshot (`<seq>:<json>`): `None` deletes it.
+type Prepare = dyn Fn(&str) -> Option<String>;
+
+/// Runs a long run to its pause, then resumes it with `red` from what `prepare` leaves of its
+/// snapshot; returns the journal and whether the resume read a snapshot.
+async fn resume_long(
+    url: &str,
+    store: &RedisRunStore,
+    agent: &Agent,
+    work: &std::path::Path,
+    prepare: &Prepare,
+) -> (Vec<JournalEvent>, bool) {
+    let brain = AnyBrain::for_agent(agent).expect("brain");
+    let rec = RunRecord::new(RunId::new(), agent.name(), "t", RunStatus::Queued);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    let settings = Settings {
+        worker: "w1".into(),
+        work_dir: work.to_path_buf(),
+        pause: PauseMode::Park,
+    };
+    let run = store.load(id).await.expect("load");
+    let out = Engine::new(
+        agent,
+        &brain,
+        store,
+        run,
+        settings.clone(),
+        CancellationToken::new(),
+    )
+    .advance(None)
+    .await
+    .expect("advance");
+    let Outcome::Paused(q) = out else {
+        panic!("expected a pause, got {out:?}")
+    };
+    // The pause stored a snapshot of the whole journal.
+    let key = format!("{}:snap", store.run_key(id));
+    let mut conn = redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let stored: String = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("a snapshot at the pause");
+    let whole = store.load(id).await.expect("load").journal;
+    let (seq, json) = stored.split_once(':').expect("<seq>:<json>");
+    assert_eq!(seq.parse::<u64>().ok(), whole.last().map(|e| e.seq));
+    assert!(json.len() < 4_000, "a snapshot holds no journal: {json}");
+    match prepare(&stored) {
+        Some(v) => {
+            let () = redis::cmd("SET")
+                .arg(&key)
+                .arg(v)
+                .query_async(&mut conn)
+                .await
+                .expect("set");
+        }
+        None => {
+            let () = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("del");
+        }
+    }
+    let run = delta_engine::resume::load_run(store, id, Some(agent), None)
+        .await
+        .expect("load for a resume");
+    let from_snapshot = run.snapshot.is_some();
+    if from_snapshot {
+        assert!(run.journal.is_empty(), "nothing after the pause's snapshot");
+    } else {
+        assert_eq!(run.journal, whole, "no usable snapshot: the whole journal");
+    }
+    let out = Engine::new(
+        agent,
+        &brain,
+        store,
+        run,
+        settings,
+        CancellationToken::new(),
+    )
+    .advance(Some(red(&q)))
+    .await
+    .expect("advance");
+    assert!(
+        matches!(&out, Outcome::Completed { result } if result.starts_with("done went red after chose")),
+        "{out:?}"
+    );
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("exists");
+    assert!(!exists, "a finished run keeps no snapshot");
+    (store.load(id).await.expect("load").journal, from_snapshot)
+}
+
+/// A resume reads the pause's snapshot and no event before it, and goes on exactly as from the
+/// whole journal; a snapshot that is missing, unreadable, of another format or for another seq
+/// is ignored and the journal replayed. The run is long enough (300 thoughts) that the engine
+/// also stores snapshots on its way, every 256 events.
+#[tokio::test]
+async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent_dir = dir.path().join("long");
+    std::fs::create_dir_all(&agent_dir).expect("mkdir");
+    let agent = long_agent(&agent_dir, 300);
+    let store = RedisRunStore::connect(&redis.url(), "snap")
+        .await
+        .expect("connect");
+    let (reference, used) = resume_long(&redis.url(), &store, &agent, dir.path(), &|s| {
+        Some(s.to_owned())
+    })
+    .await;
+    assert!(used, "the intact snapshot is used");
+    let shape = delta_e2e::journal_shape(&reference);
+    let cases: [(&str, &Prepare); 4] = [
+        ("missing", &|_| None),
+        ("unreadable", &|s| {
+            let (seq, json) = s.split_once(':').expect("seq");
+            Some(format!("{seq}:{}", &json[..json.len() / 2]))
+        }),
+        ("another format", &|s| {
+            Some(s.replacen("\"format\":1", "\"format\":0", 1))
+        }),
+        ("another seq", &|s| {
+            let (seq, json) = s.split_once(':').expect("seq");
+            let n: u64 = seq.parse().expect("n");
+            Some(format!(
+                "{}:{}",
+                n - 1,
+                json.replacen(&format!("\"seq\":{n}"), &format!("\"seq\":{}", n - 1), 1)
+            ))
+        }),
+    ];
+    for (what, prepare) in cases {
+        let (journal, used) = resume_long(&redis.url(), &store, &agent, dir.path(), prepare).await;
+        assert!(!used, "{what}: not used");
+        assert_eq!(delta_e2e::journal_shape(&journal), shape, "{what}");
+    }
+}

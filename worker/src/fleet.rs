@@ -28,7 +28,7 @@ use tracing::Instrument;
 use delta_engine::agent::Agent;
 use delta_engine::brain::AnyBrain;
 use delta_engine::engine::{self, Engine, Outcome, PauseMode};
-use delta_engine::resume::{Answers, Resumed};
+use delta_engine::resume::{self, Answers, Resumed};
 use delta_protocol::secret::SecretsKey;
 use delta_protocol::{Event, Fence, MessageLevel, RunId, RunStatus, SystemMessage};
 use delta_queue::{self as queue, Delivery, Exhausted, Queue};
@@ -660,7 +660,16 @@ async fn handle(shared: &Shared, d: Delivery) {
         .store
         .fenced(d.fence)
         .owned_by(&shared.config.worker_id, tp.clone());
-    let run = match store.load(job.run_id).await {
+    // The agent the job's subject names, to read the run from its snapshot if its brain can.
+    let named = shared.agents.get(&d.agent).ok();
+    let agent = named.as_ref().map(|p| &p.0);
+    let loaded = match resume::load_run(&store, job.run_id, agent, job.request_id).await {
+        // A job under another agent's name than the run's: the snapshot was checked against
+        // the wrong agent, so the run is read whole.
+        Ok(r) if r.snapshot.is_some() && r.record.agent != d.agent => store.load(job.run_id).await,
+        other => other,
+    };
+    let run = match loaded {
         Ok(r) => r,
         Err(store::Error::NotFound(_)) => {
             return poison(shared, &d, &format!("unknown run {}", job.run_id)).await;

@@ -26,12 +26,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::{ASK_HUMAN, Agent, BrainKind};
 use crate::brain::scripted::secret_ref;
-use crate::brain::{Brain, Decision, View, parse_tasks};
+use crate::brain::{Brain, Decision, Memo, View, parse_tasks};
 use crate::grants;
 use crate::policy::Effect;
 use crate::script::AskHuman;
 use crate::tools::{self, Approval, Tool, ToolEnv};
-use delta_protocol::journal::{NextCall, Replay};
+use delta_protocol::journal::{NextCall, Replay, SNAPSHOT_FORMAT, Snapshot};
 use delta_protocol::schema::{FieldKind, ResponseSchema};
 use delta_protocol::{
     AcceptedAnswer, ActionRequest, ActionResult, ActionStatus, EngineEnd, EngineStart, Event,
@@ -112,8 +112,18 @@ pub struct Engine<'a, S, B> {
     settings: Settings,
     cancel: CancellationToken,
     record: RunRecord,
-    /// Committed events, then the provisional (buffered) ones.
+    /// Committed events, then the provisional (buffered) ones: the whole journal, or the events
+    /// after the snapshot the run was resumed from.
     journal: Vec<JournalEvent>,
+    /// The seq of the last event before `journal` (the snapshot's; 0 for a whole journal).
+    base_seq: u64,
+    /// The seq of the latest snapshot stored (or resumed from).
+    snapshot_seq: u64,
+    /// Hook calls and grant notes journaled before `journal` (the snapshot's).
+    base_hook_calls: u64,
+    base_grants: Vec<String>,
+    /// What the brain remembers of the run.
+    memo: Memo,
     /// How many events of `journal` are committed.
     committed: usize,
     replay: Replay,
@@ -133,6 +143,9 @@ pub struct Engine<'a, S, B> {
     /// Hook calls so far in this run (numbers each call's I/O directory).
     hook_calls: u64,
 }
+
+/// A snapshot is stored at each pause and interruption, and at least every this many events.
+const SNAPSHOT_EVERY: u64 = 256;
 
 /// How a hook's call is journaled: `SYSTEM_MESSAGE` whose content starts so.
 const HOOK_PREFIX: &str = "hook ";
@@ -279,7 +292,17 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         settings: Settings,
         cancel: CancellationToken,
     ) -> Self {
-        let mut replay = Replay::new(&run.journal);
+        let (mut replay, base_seq, base_hook_calls, base_grants, memo) = match run.snapshot {
+            Some(s) => (
+                s.replay,
+                s.seq,
+                s.hook_calls,
+                s.grants_noted,
+                Memo::restore(s.brain.as_ref()),
+            ),
+            None => (Replay::default(), 0, 0, vec![], Memo::default()),
+        };
+        run.journal.iter().for_each(|e| replay.apply(e));
         if !run.record.status.is_terminal() {
             // The run's status is the source of truth: a failed run an operator put back in the
             // queue (a dead-lettered job retried) goes on from where its journal stops.
@@ -294,6 +317,11 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             record: run.record,
             committed: run.journal.len(),
             journal: run.journal,
+            base_seq,
+            snapshot_seq: base_seq,
+            base_hook_calls,
+            base_grants,
+            memo,
             replay,
             started: false,
             secrets: HashMap::new(),
@@ -307,14 +335,75 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     }
 
     fn count_hook_calls(mut self) -> Self {
-        self.hook_calls = self
-            .journal
+        self.hook_calls = self.base_hook_calls + self.journaled_hook_calls();
+        self
+    }
+
+    /// Hook calls journaled in `journal` (the events after the snapshot, if any).
+    fn journaled_hook_calls(&self) -> u64 {
+        self.journal
             .iter()
             .filter(|e| {
                 matches!(&e.event, Event::SystemMessage(m) if m.content.starts_with(HOOK_PREFIX))
             })
-            .count() as u64;
-        self
+            .count() as u64
+    }
+
+    /// The ids of the grant notes journaled (before the snapshot and after it).
+    fn grants_noted(&self) -> impl Iterator<Item = &str> {
+        self.base_grants
+            .iter()
+            .map(String::as_str)
+            .chain(self.journal.iter().filter_map(|e| match &e.event {
+                Event::SystemMessage(m) => m.content.strip_prefix("grant ")?.split(' ').next(),
+                _ => None,
+            }))
+    }
+
+    /// A snapshot of the run as it stands with the buffered events, if one is due with
+    /// `change` and the brain keeps what it needs in one.
+    fn snapshot_for(&self, change: Option<&StatusChange>) -> Option<Snapshot> {
+        let seq = self.replay.last_seq;
+        let due = matches!(
+            change,
+            Some(StatusChange::Waiting(_) | StatusChange::Interrupted)
+        ) || seq >= self.snapshot_seq + SNAPSHOT_EVERY;
+        if !due || seq <= self.snapshot_seq {
+            return None;
+        }
+        self.snapshot()
+    }
+
+    /// A snapshot of the run as this engine holds it (with any buffered events): what it stores
+    /// at a pause. `None` when the brain reads the whole journal anyway, or cannot say where
+    /// the run stands.
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        let seq = self.replay.last_seq;
+        let view = View {
+            run_id: self.record.run_id,
+            task: &self.record.task,
+            journal: &self.journal,
+            memo: &self.memo,
+            agent: self.agent,
+            work_dir: &self.settings.work_dir,
+            cancel: &self.cancel,
+        };
+        let brain = match self.brain.remember(view) {
+            Ok(Some(b)) => b,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::debug!(error = %e, "no snapshot: the brain cannot say where the run stands");
+                return None;
+            }
+        };
+        Some(Snapshot {
+            format: SNAPSHOT_FORMAT,
+            seq,
+            replay: self.replay.pruned(),
+            hook_calls: self.base_hook_calls + self.journaled_hook_calls(),
+            grants_noted: self.grants_noted().map(str::to_owned).collect(),
+            brain: Some(brain),
+        })
     }
 
     /// Runs hook `kind` if the agent has it, journaling the call; `None` when it has none.
@@ -480,7 +569,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             q.seal_hash();
         }
         let e = JournalEvent {
-            seq: self.journal.len() as u64 + 1,
+            seq: self.base_seq + self.journal.len() as u64 + 1,
             timestamp: Timestamp::now(),
             event,
         };
@@ -501,10 +590,19 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         if events.is_empty() && change.is_none() {
             return Ok(());
         }
+        let snapshot = self.snapshot_for(change.as_ref());
         let stored = self
             .store
-            .append(self.record.run_id, events, change.clone())
+            .append_with_snapshot(
+                self.record.run_id,
+                events,
+                change.clone(),
+                snapshot.as_ref(),
+            )
             .await?;
+        if let Some(s) = &snapshot {
+            self.snapshot_seq = s.seq;
+        }
         if let Some(c) = &change {
             c.apply_to(&mut self.record, Timestamp::now());
         }
@@ -650,6 +748,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     run_id: self.record.run_id,
                     task: &self.record.task,
                     journal: &self.journal,
+                    memo: &self.memo,
                     agent: self.agent,
                     work_dir: &self.settings.work_dir,
                     cancel: &self.cancel,
@@ -728,6 +827,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             run_id: self.record.run_id,
             task: &self.record.task,
             journal: &self.journal,
+            memo: &self.memo,
             agent: self.agent,
             work_dir: &self.settings.work_dir,
             cancel: &self.cancel,
@@ -744,6 +844,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     run_id: self.record.run_id,
                     task: &self.record.task,
                     journal: &self.journal,
+                    memo: &self.memo,
                     agent: self.agent,
                     work_dir: &self.settings.work_dir,
                     cancel: &self.cancel,
@@ -770,6 +871,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             run_id: self.record.run_id,
             task: &self.record.task,
             journal: &self.journal,
+            memo: &self.memo,
             agent: self.agent,
             work_dir: &self.settings.work_dir,
             cancel: &self.cancel,
@@ -1316,11 +1418,8 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             a,
             Timestamp::now(),
         );
-        let mark = format!("grant {} ", q.request_id);
-        let journaled = self
-            .journal
-            .iter()
-            .any(|e| matches!(&e.event, Event::SystemMessage(m) if m.content.starts_with(&mark)));
+        let mark = q.request_id.to_string();
+        let journaled = self.grants_noted().any(|id| id == mark);
         let content = match made {
             Ok(None) => return Ok(()),
             Ok(Some(g)) => {

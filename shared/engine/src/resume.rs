@@ -10,14 +10,37 @@
 //! The host (the fleet worker) only adds what is its own: who owns the job (fencing), what to
 //! acknowledge, what to publish.
 
-use delta_protocol::journal::Replay;
-use delta_protocol::{Event, InteractionResponse, RequestId, ResponseError, RunStatus, Timestamp};
-use delta_store::{self as store, AnswerStore, StoredRun};
+use delta_protocol::{InteractionResponse, RequestId, ResponseError, RunId, RunStatus, Timestamp};
+use delta_store::{self as store, AnswerStore, RunStore, StoredRun};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Agent;
-use crate::brain::Brain;
+use crate::agent::{Agent, BrainKind};
+use crate::brain::{Brain, Memo};
 use crate::engine::{Engine, Error, Outcome, Settings};
+
+/// Reads run `run_id` to resume it with `agent` (the agent its job names, if the host has it),
+/// for a job about question `job_request` (if any): from its latest snapshot and the events
+/// after it when the agent's brain can go on from there (the scripted brain, with the script
+/// the snapshot was made with), else whole. The time this takes does not grow with the journal
+/// when a snapshot is used, and the store may read the question with the run.
+pub async fn load_run<S: RunStore>(
+    store: &S,
+    run_id: RunId,
+    agent: Option<&Agent>,
+    job_request: Option<RequestId>,
+) -> Result<StoredRun, store::Error> {
+    let Some(agent) = agent.filter(|a| a.brain == BrainKind::Scripted) else {
+        return store.load(run_id).await;
+    };
+    let run = store.load_latest(run_id, job_request).await?;
+    match &run.snapshot {
+        Some(s) if !Memo::fits(agent, s) => {
+            tracing::debug!(run = %run_id, "the snapshot was made with another script; replaying the whole journal");
+            store.load(run_id).await
+        }
+        _ => Ok(run),
+    }
+}
 
 /// What resuming a run needs from the store, read by [`Answers::load`].
 #[derive(Clone, Debug, Default)]
@@ -48,15 +71,14 @@ impl Answers {
         job_request: Option<RequestId>,
     ) -> Result<Answers, store::Error> {
         let run_id = run.record.run_id;
+        // From the snapshot and the events after it, or the whole journal.
+        let replay = run.replay();
         let asked = match job_request {
             Some(rid) => Some(rid),
             None if run.record.status == RunStatus::WaitingForInput => {
                 run.record.pending_request_id
             }
-            None if !run.journal.is_empty() => {
-                Replay::new(&run.journal).pending().map(|q| q.request_id)
-            }
-            None => None,
+            None => replay.pending().map(|q| q.request_id),
         };
         let mut answers = Answers {
             asked,
@@ -69,10 +91,7 @@ impl Answers {
             answers.expired = settled.expired;
             answers.answer = settled.response;
         }
-        for e in &run.journal {
-            let Event::HumanInputRequest(q) = &e.event else {
-                continue;
-            };
+        for (q, _) in &replay.interactions {
             if !q.is_sensitive() || Some(q.request_id) == job_request {
                 continue;
             }

@@ -221,6 +221,10 @@ pub enum Step {
 #[serde(deny_unknown_fields)]
 pub struct Script {
     pub steps: Vec<Step>,
+    /// A digest of `script.yaml`'s text (hex): a run's memo of where it stands in the script
+    /// is used only with the script it was made with.
+    #[serde(skip)]
+    pub digest: String,
 }
 
 impl Script {
@@ -254,7 +258,14 @@ impl Script {
             other => other,
         })?;
         check_steps(&script.steps, "steps", path, text, tools)?;
-        Ok(script)
+        let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+        Ok(Script {
+            digest: digest.as_ref()[..12]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+            ..script
+        })
     }
 }
 

@@ -95,6 +95,26 @@ impl Fixture {
         Engine::new(&self.agent, &self.brain, &self.store, run, settings, cancel)
     }
 
+    /// `run` as a resume from a snapshot reads it: the snapshot an engine that had read the
+    /// first `at(len)` events would store, and the events after them.
+    fn snapshotted(&self, run: StoredRun, at: At) -> StoredRun {
+        let n = at(run.journal.len()).min(run.journal.len());
+        if n == 0 {
+            return run;
+        }
+        let head = StoredRun::whole(run.record.clone(), run.journal[..n].to_vec());
+        let snapshot = self
+            .engine_for(head, CancellationToken::new())
+            .snapshot()
+            .expect("a scripted brain's run has a snapshot");
+        assert_eq!(snapshot.seq, run.journal[n - 1].seq);
+        StoredRun {
+            record: run.record,
+            journal: run.journal[n..].to_vec(),
+            snapshot: Some(snapshot),
+        }
+    }
+
     /// An engine in hold mode (like `-i`): answers arrive in this process, secrets stay in it.
     async fn holding_engine(&self, id: RunId) -> Engine<'_, FileRunStore, AnyBrain> {
         let run = self.store.load(id).await.expect("load");
@@ -873,15 +893,52 @@ steps:
 
 /// Drives a run to its end, answering each question the same way.
 async fn drive(f: &Fixture, id: RunId) -> Outcome {
-    for _ in 0..10 {
-        let out = f.engine(id).await.advance(None).await.expect("advance");
-        let Outcome::Paused(q) = out else { return out };
-        let a = if q.options.is_empty() {
-            answer(&q, None, Some("Ada"))
+    drive_with(f, id, None).await
+}
+
+/// How many of a journal's `len` events a test's snapshot covers.
+type At = fn(usize) -> usize;
+
+/// Drives a run to its end, each engine reading the run whole, or with `snapshot_at`, from a
+/// snapshot of its first `snapshot_at(len)` events and the events after it.
+async fn drive_with(f: &Fixture, id: RunId, snapshot_at: Option<At>) -> Outcome {
+    drive_answering(f, id, snapshot_at, |q, _| {
+        if q.options.is_empty() {
+            answer(q, None, Some("Ada"))
         } else {
-            answer(&q, Some("red"), None)
-        };
-        let out = f.engine(id).await.advance(Some(a)).await.expect("advance");
+            answer(q, Some("red"), None)
+        }
+    })
+    .await
+}
+
+/// [`drive_with`], answering the `n`th question `q` with `respond(q, n)`.
+async fn drive_answering(
+    f: &Fixture,
+    id: RunId,
+    snapshot_at: Option<At>,
+    respond: fn(&InteractionRequest, usize) -> InteractionResponse,
+) -> Outcome {
+    let run = async || {
+        let run = f.store.load(id).await.expect("load");
+        match snapshot_at {
+            None => run,
+            Some(at) => f.snapshotted(run, at),
+        }
+    };
+    for n in 0..10 {
+        let out = f
+            .engine_for(run().await, CancellationToken::new())
+            .advance(None)
+            .await
+            .expect("advance");
+        let Outcome::Paused(q) = out else { return out };
+        let a = respond(&q, n);
+        let out = f
+            .engine_for(run().await, CancellationToken::new())
+            .advance(Some(a))
+            .await
+            .expect("advance");
         if !matches!(out, Outcome::Paused(_)) {
             return out;
         }
@@ -941,6 +998,104 @@ async fn a_run_cut_after_any_event_resumes_to_the_same_journal_without_extra_eff
         assert_eq!(again, out);
         assert_eq!(g.journal(id).await, resumed);
         assert_eq!(g.counter("counter"), total_counts - done_before);
+    }
+}
+
+/// Resuming from a snapshot taken at any event, with any events after it, goes on exactly as
+/// from the whole journal: the same journal, and no step run again that has a result.
+#[tokio::test]
+async fn a_run_resumed_from_a_snapshot_at_any_event_goes_on_as_from_its_whole_journal() {
+    let f = Fixture::new(REPLAY);
+    let id = f.start("t").await;
+    drive(&f, id).await;
+    let full = f.journal(id).await;
+    let reference = semantic(&full);
+    let at: [(&str, At); 3] = [
+        ("the last event", |n| n),
+        ("half way", |n| n / 2),
+        ("the first event", |n| n.min(1)),
+    ];
+    for cut in 1..full.len() {
+        for (where_, at) in at {
+            let g = Fixture::new(REPLAY);
+            let rec = RunRecord::new(id, "t", "t", RunStatus::Running);
+            g.store.create(rec).await.expect("create");
+            let exec = g.store.execution_dir(id);
+            let prefix: String = full[..cut]
+                .iter()
+                .map(delta_protocol::journal::to_line)
+                .collect();
+            std::fs::write(exec.join("journal.jsonl"), prefix).expect("write prefix");
+            let done_before = full[..cut]
+                .iter()
+                .filter(|e| matches!(&e.event, Event::ActionResult(r) if r.observation_content.starts_with("counted")))
+                .count();
+            let out = drive_with(&g, id, Some(at)).await;
+            assert_eq!(
+                out,
+                Outcome::Completed {
+                    result: "done red".into()
+                },
+                "cut at {cut}, snapshot at {where_}"
+            );
+            assert_eq!(
+                semantic(&g.journal(id).await),
+                reference,
+                "cut after event {cut}, snapshot at {where_}"
+            );
+            assert_eq!(g.counter("counter"), 3 - done_before, "cut at {cut}");
+        }
+    }
+}
+
+/// The same with a plan sent back once ("modify") and then confirmed: a snapshot taken after a
+/// plan must let the next walk stop at that plan again.
+#[tokio::test]
+async fn a_plan_sent_back_resumes_from_a_snapshot_as_from_its_whole_journal() {
+    fn respond(q: &InteractionRequest, n: usize) -> InteractionResponse {
+        match (q.option("modify").is_some(), n) {
+            (true, 0) => answer(q, Some("modify"), Some("the smoke tests")),
+            (true, _) => answer(q, Some("confirm"), None),
+            (false, _) => answer(q, Some("approve"), None),
+        }
+    }
+    let f = planned("max_plan_rounds: 3\n");
+    let id = f.start("v2").await;
+    let out = drive_answering(&f, id, None, respond).await;
+    let done = Outcome::Completed {
+        result: "carrying out the plan\n".into(),
+    };
+    assert_eq!(out, done);
+    let full = f.journal(id).await;
+    assert_eq!(plans(&full).len(), 2, "sent back once");
+    let reference = semantic(&full);
+    for cut in 1..full.len() {
+        let g = planned("max_plan_rounds: 3\n");
+        let rec = RunRecord::new(id, "t", "v2", RunStatus::Running);
+        g.store.create(rec).await.expect("create");
+        let prefix: String = full[..cut]
+            .iter()
+            .map(delta_protocol::journal::to_line)
+            .collect();
+        std::fs::write(g.store.execution_dir(id).join("journal.jsonl"), prefix).expect("write");
+        // The answers the prefix holds were the first ones: count them.
+        let answered = received(&full[..cut]).len();
+        let out = drive_answering(
+            &g,
+            id,
+            Some(|n| n),
+            match answered {
+                0 => respond,
+                _ => |q, _| respond(q, 1),
+            },
+        )
+        .await;
+        assert_eq!(out, done, "cut at {cut}");
+        assert_eq!(
+            semantic(&g.journal(id).await),
+            reference,
+            "cut after event {cut}"
+        );
     }
 }
 

@@ -7,6 +7,8 @@
 
 use std::collections::HashMap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::{
     ActionRequest, ActionResult, EngineEnd, EngineStart, Event, HumanInputReceived,
     InteractionRequest, JournalEvent, Plan, RequestId, RunStatus, ToolCall,
@@ -144,9 +146,14 @@ pub fn to_line(event: &JournalEvent) -> String {
 }
 
 /// Where a run stands, derived from its journal alone.
-#[derive(Debug, Default)]
+///
+/// Serialisable, so that a [`Snapshot`] can carry it: a resume then applies only the events
+/// after the snapshot. Its fields default, so a snapshot written without one still reads.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Replay {
-    /// The first `ENGINE_START`: the run's identity.
+    /// The first `ENGINE_START`: the run's identity (not kept in a snapshot: the record has it).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub start: Option<EngineStart>,
     /// How many times an engine started on this run.
     pub attempts: u32,
@@ -155,15 +162,21 @@ pub struct Replay {
     /// Brain decisions made so far (`THOUGHT` and `PLAN` events).
     pub turns: u32,
     /// The tool calls of the most recent `THOUGHT`, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub current_calls: Vec<ToolCall>,
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
     requested: HashMap<String, ActionRequest>,
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
     results: HashMap<String, ActionResult>,
     /// Interactions in journal order, with their answer when one arrived.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub interactions: Vec<(InteractionRequest, Option<HumanInputReceived>)>,
     /// When the brain's most recent decision is a `PLAN`: that plan, and the index in
     /// `interactions` of the request asking to confirm it, once asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
     current_plan: Option<(Plan, Option<usize>)>,
     /// The round of a plan whose confirmation was answered "modify", until the next plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
     revising: Option<u32>,
     /// The last `seq` seen.
     pub last_seq: u64,
@@ -322,6 +335,29 @@ impl Replay {
         self.interactions.iter().find(|(q, _)| q.request_id == id)
     }
 
+    /// What a snapshot keeps: everything the rest of the run can ask, without what it never
+    /// will (the identity, which the record holds, and the requests and results of decisions
+    /// before the current one: action ids carry their turn, so no later call reuses them).
+    pub fn pruned(&self) -> Replay {
+        let current = |id: &String| self.current_calls.iter().any(|c| &c.id == id);
+        Replay {
+            start: None,
+            requested: self
+                .requested
+                .iter()
+                .filter(|(id, _)| current(id))
+                .map(|(id, a)| (id.clone(), a.clone()))
+                .collect(),
+            results: self
+                .results
+                .iter()
+                .filter(|(id, _)| current(id))
+                .map(|(id, a)| (id.clone(), a.clone()))
+                .collect(),
+            ..self.clone()
+        }
+    }
+
     /// The status the journal implies, for stores that must reconcile a record with it.
     pub fn implied_status(&self) -> Option<RunStatus> {
         match &self.end {
@@ -329,6 +365,70 @@ impl Replay {
             None if self.attempts > 0 => Some(RunStatus::Running),
             None => None,
         }
+    }
+}
+
+/// The format of the [`Snapshot`]s this build writes. A snapshot of any other format is ignored
+/// (the journal is replayed instead), so changing what a snapshot holds means a new number.
+pub const SNAPSHOT_FORMAT: u32 = 1;
+
+/// Where a run stood at journal seq `seq`, so that a resume reads this and the events after it
+/// rather than the whole journal (docs/protocol.md, "Snapshots"). Derived data only: the journal
+/// stays the truth, and a snapshot that is missing, unreadable, of another format or for another
+/// seq is ignored and the journal replayed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snapshot {
+    /// [`SNAPSHOT_FORMAT`] when written.
+    pub format: u32,
+    /// The last journal seq it covers.
+    pub seq: u64,
+    /// [`Replay::pruned`] after event `seq`.
+    pub replay: Replay,
+    /// Lifecycle-hook calls journaled up to `seq` (they number the hooks' I/O directories).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hook_calls: u64,
+    /// The ids of the grant notes (`grant <id> …` system messages) journaled up to `seq`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants_noted: Vec<String>,
+    /// The brain's own memory of the run (the scripted brain's place in its script), in the
+    /// brain's format; `None` for a brain that reads the whole journal anyway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub brain: Option<serde_json::Value>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Snapshot {
+    /// The snapshot `text` holds if it is one this build can use for journal seq `seq`;
+    /// `None` (with the reason logged by the caller) otherwise.
+    pub fn decode(text: &str, seq: u64) -> Result<Snapshot, String> {
+        #[derive(Deserialize)]
+        struct Head {
+            format: u32,
+        }
+        let head: Head = serde_json::from_str(text).map_err(|e| format!("unreadable: {e}"))?;
+        if head.format != SNAPSHOT_FORMAT {
+            return Err(format!(
+                "format {} where this build writes {SNAPSHOT_FORMAT}",
+                head.format
+            ));
+        }
+        let snap: Snapshot = serde_json::from_str(text).map_err(|e| format!("unreadable: {e}"))?;
+        if snap.seq != seq || snap.replay.last_seq != seq {
+            return Err(format!(
+                "it covers seq {} (replay at {}) where the store says {seq}",
+                snap.seq, snap.replay.last_seq
+            ));
+        }
+        Ok(snap)
+    }
+
+    /// The snapshot as stored (compact JSON).
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
     }
 }
 

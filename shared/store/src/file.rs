@@ -193,10 +193,7 @@ impl FileRunStore {
         }
         let last = parsed.events.last().map_or(0, |e| e.seq);
         self.cached().insert(run_id, (record.clone(), last));
-        Ok(StoredRun {
-            record,
-            journal: parsed.events,
-        })
+        Ok(StoredRun::whole(record, parsed.events))
     }
 
     fn append_sync(

@@ -15,6 +15,7 @@ use std::future::Future;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use delta_protocol::journal::{Replay, Snapshot};
 use delta_protocol::{
     Event, InteractionRequest, InteractionResponse, JournalEvent, RequestId, RunId, RunStatus,
     Timestamp,
@@ -161,11 +162,47 @@ pub fn numbered(events: Vec<Event>, first: u64, now: Timestamp) -> Vec<JournalEv
         .collect()
 }
 
-/// A run as stored: its record and its whole journal.
+/// A run as stored: its record and its journal, whole or (from
+/// [`RunStore::load_latest`]) the events after its latest snapshot.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoredRun {
     pub record: RunRecord,
+    /// The whole journal without `snapshot`; the events after `snapshot.seq` with one.
     pub journal: Vec<JournalEvent>,
+    /// Where the run stood at the start of `journal`, when it was read with one.
+    pub snapshot: Option<Snapshot>,
+}
+
+impl StoredRun {
+    /// A run read whole.
+    pub fn whole(record: RunRecord, journal: Vec<JournalEvent>) -> StoredRun {
+        StoredRun {
+            record,
+            journal,
+            snapshot: None,
+        }
+    }
+
+    /// Where the run stands: the snapshot's replay with the events after it, or the whole
+    /// journal replayed.
+    pub fn replay(&self) -> Replay {
+        let mut r = self
+            .snapshot
+            .as_ref()
+            .map(|s| s.replay.clone())
+            .unwrap_or_default();
+        self.journal.iter().for_each(|e| r.apply(e));
+        r
+    }
+
+    /// The seq of the last event, read or covered by the snapshot (0 for an empty journal).
+    pub fn last_seq(&self) -> u64 {
+        self.journal
+            .last()
+            .map(|e| e.seq)
+            .or(self.snapshot.as_ref().map(|s| s.seq))
+            .unwrap_or(0)
+    }
 }
 
 /// Why a store operation failed.
@@ -237,6 +274,21 @@ pub trait RunStore: GrantStore + Send + Sync {
     /// The run's record and whole journal.
     fn load(&self, run_id: RunId) -> impl Future<Output = Result<StoredRun, Error>> + Send;
 
+    /// The run's record, its latest usable snapshot and the events after it: what a resume
+    /// needs, in time that does not grow with the journal. A snapshot that is missing,
+    /// unreadable or of another format is ignored: the whole journal comes back, as from
+    /// [`RunStore::load`] (the default, for stores that keep no snapshots). `asking`: the
+    /// question the caller asks about next ([`AnswerStore::settled`]; `None`: the one the run
+    /// waits on), which a store may read in the same round trip.
+    fn load_latest(
+        &self,
+        run_id: RunId,
+        asking: Option<RequestId>,
+    ) -> impl Future<Output = Result<StoredRun, Error>> + Send {
+        let _ = asking;
+        self.load(run_id)
+    }
+
     /// Appends `events` (numbered from the journal's last `seq` + 1, stamped now) and applies
     /// `change`, atomically. Refused once the run is terminal. Returns the events as stored.
     fn append(
@@ -245,6 +297,20 @@ pub trait RunStore: GrantStore + Send + Sync {
         events: Vec<Event>,
         change: Option<StatusChange>,
     ) -> impl Future<Output = Result<Vec<JournalEvent>, Error>> + Send;
+
+    /// [`RunStore::append`], storing `snapshot` with the events when it covers exactly the
+    /// journal as this append leaves it (it is dropped otherwise: snapshots are only ever an
+    /// optimisation). Stores that keep no snapshots ignore it (the default).
+    fn append_with_snapshot(
+        &self,
+        run_id: RunId,
+        events: Vec<Event>,
+        change: Option<StatusChange>,
+        snapshot: Option<&Snapshot>,
+    ) -> impl Future<Output = Result<Vec<JournalEvent>, Error>> + Send {
+        let _ = snapshot;
+        self.append(run_id, events, change)
+    }
 
     /// Returns once what this handle wrote to `run_id` is durable (on disk, or on a replica
     /// as well, as the store is configured), for a write that precedes an irreversible step

@@ -79,7 +79,7 @@ pub use migrate::Migrated;
 pub use retention::{Purge, Purged};
 
 use super::{AnswerStore, Error, RunRecord, RunStore, Settled, StatusChange, StoredRun, numbered};
-use delta_protocol::journal;
+use delta_protocol::journal::{self, Snapshot};
 use delta_protocol::secret::{self, SecretsKey};
 use delta_protocol::{
     Event, Fence, InteractionRequest, InteractionResponse, InteractionState, JournalEvent,
@@ -151,24 +151,34 @@ script_args!(
         // The journal length the writer saw ('' when unknown): a takeover is refused when the
         // journal has grown since.
         seen_len,
+        // A snapshot (`<seq>:<json>`) to keep when the journal ends at `snap_seq` after this
+        // write ('' for none).
+        snap,
+        snap_seq,
     }
 );
 
-/// Appends events and applies a status change, fenced, keeping the indexes. KEYS: run, journal,
-/// the interaction paused on (or a dummy). ARGV: [`AppendArgs`], then one event each.
+/// Appends events and applies a status change, fenced, keeping the indexes, and keeps the run's
+/// snapshot (dropped when the run finishes). KEYS: run, journal, the interaction paused on (or a
+/// dummy), the snapshot. ARGV: [`AppendArgs`], then one event each.
 /// Errors: `NOTFOUND`, `TERMINAL <status>`, `FENCED` (an older token), `FENCED moved` (a takeover
 /// after the journal moved), `REWOUND` (the journal lost writes this writer made, or holds this
 /// write already): see [`ScriptError`].
 const APPEND: &str = r#"
-local st = redis.call('HGET', KEYS[1], 'status')
+local cur = redis.call('HMGET', KEYS[1], 'status', 'seq', 'fence_seq', 'fence_n', 'run_id',
+  'pending_request_id')
+local st = cur[1]
 if not st then return redis.error_reply('NOTFOUND') end
 if st == 'COMPLETED' or st == 'FAILED' or st == 'CANCELLED' then
   return redis.error_reply('TERMINAL ' .. st)
 end
-local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
+local seq = tonumber(cur[2] or '0')
+-- Every field of the record this write sets, written by one HSET at the end.
+local set = {}
+local function put(f, v) set[#set + 1] = f; set[#set + 1] = v end
 if fence_seq ~= '' then
-  local fs = tonumber(redis.call('HGET', KEYS[1], 'fence_seq') or '0')
-  local fn = tonumber(redis.call('HGET', KEYS[1], 'fence_n') or '0')
+  local fs = tonumber(cur[3] or '0')
+  local fn = tonumber(cur[4] or '0')
   local s, n = tonumber(fence_seq), tonumber(fence_n)
   if fs > s or (fs == s and fn > n) then return redis.error_reply('FENCED') end
   -- Shorter than this writer left it: writes it was told were stored are gone (a failover
@@ -183,20 +193,23 @@ if fence_seq ~= '' then
   if not takeover and seen_len ~= '' and tonumber(seen_len) < seq then
     return redis.error_reply('REWOUND applied already')
   end
-  redis.call('HSET', KEYS[1], 'fence_seq', s, 'fence_n', n)
+  put('fence_seq', s)
+  put('fence_n', n)
 end
-if owner ~= '' then redis.call('HSET', KEYS[1], 'owner', owner) end
+if owner ~= '' then put('owner', owner) end
 for i = first_extra, #ARGV do
   seq = seq + 1
   redis.call('XADD', KEYS[2], seq .. '-0', 'e',
     '{"seq":' .. seq .. ',"timestamp":"' .. now .. '",' .. ARGV[i])
 end
-redis.call('HSET', KEYS[1], 'seq', seq, 'updated_at', now)
+put('seq', seq)
+put('updated_at', now)
+if snap ~= '' and tostring(seq) == snap_seq then redis.call('SET', KEYS[4], snap) end
 if status ~= '' then
   local p = prefix
-  local run = redis.call('HGET', KEYS[1], 'run_id')
-  local old = redis.call('HGET', KEYS[1], 'pending_request_id')
-  redis.call('HSET', KEYS[1], 'status', status)
+  local run = cur[5]
+  local old = cur[6]
+  put('status', status)
   if status ~= st then
     local score = redis.call('ZSCORE', p .. ':runs:all', run) or created_us
     redis.call('ZREM', p .. ':runs:' .. st, run)
@@ -216,27 +229,53 @@ if status ~= '' then
     redis.call('ZREM', p .. ':resumes', run .. '/' .. old)
   end
   if pending ~= '' then
-    redis.call('HSET', KEYS[1], 'pending_request_id', pending)
+    put('pending_request_id', pending)
     if redis.call('HSETNX', KEYS[3], 'state', 'PENDING') == 1 then
-      redis.call('HSET', KEYS[3], 'request', request, 'run_id', run)
-      if traceparent ~= '' then redis.call('HSET', KEYS[3], 'traceparent', traceparent) end
+      if traceparent ~= '' then
+        redis.call('HSET', KEYS[3], 'request', request, 'run_id', run, 'traceparent', traceparent)
+      else
+        redis.call('HSET', KEYS[3], 'request', request, 'run_id', run)
+      end
       redis.call('ZADD', p .. ':interactions:all', asked_us, pending)
       redis.call('ZADD', p .. ':interactions:pending', asked_us, pending)
       if expires_us ~= '' then redis.call('ZADD', p .. ':interactions:deadlines', expires_us, pending) end
       if escalate_us ~= '' then redis.call('ZADD', p .. ':interactions:escalations', escalate_us, pending) end
       redis.call('HSET', p .. ':interactions:runs', pending, run)
     end
-  else
+  elseif old then
     redis.call('HDEL', KEYS[1], 'pending_request_id')
   end
   if finished == '1' then
-    if result ~= '' then redis.call('HSET', KEYS[1], 'result', result) end
-    if err_text ~= '' then redis.call('HSET', KEYS[1], 'error', err_text) end
+    if result ~= '' then put('result', result) end
+    if err_text ~= '' then put('error', err_text) end
     -- Retention finds finished runs by when they finished (redis/retention.rs).
     redis.call('ZADD', p .. ':runs:finished', created_us, run)
+    redis.call('DEL', KEYS[4])
   end
 end
+redis.call('HSET', KEYS[1], unpack(set))
 return seq
+"#;
+
+/// A run's record, its snapshot and the journal after it, and the question a resume asks about,
+/// in one round trip. KEYS: run, journal, snapshot. ARGV: the question's request id ('': the one
+/// the run waits on, if any). Returns `{record fields, snapshot or nil, entries, request id or
+/// nil, its interaction's fields}`: without a snapshot (or with one whose seq cannot be read) the
+/// whole journal.
+const LOAD_LATEST: &str = r#"
+local h = redis.call('HGETALL', KEYS[1])
+if #h == 0 then return {h, false, {}, false, {}} end
+local rid = ARGV[1]
+if rid == '' then rid = redis.call('HGET', KEYS[1], 'pending_request_id') end
+local ix = {}
+if rid then ix = redis.call('HGETALL', KEYS[1] .. ':ix:' .. rid) end
+local snap = redis.call('GET', KEYS[3])
+local from = '-'
+if snap then
+  local s = tonumber(string.match(snap, '^(%d+):'))
+  if s then from = (s + 1) .. '-0' else snap = false end
+end
+return {h, snap, redis.call('XRANGE', KEYS[2], from, '+'), rid, ix}
 "#;
 
 /// Buckets when `DELTA_REDIS_BUCKETS` is not set, on one Redis.
@@ -429,6 +468,7 @@ pub struct RedisRunStore {
     /// The trace a pause belongs to, stored with the question so its answer continues it.
     traceparent: Option<String>,
     append: Script,
+    load_latest: Script,
     create: Script,
     resolve: Script,
     /// Round trips to Redis made through this handle and its clones (each method makes one).
@@ -438,6 +478,9 @@ pub struct RedisRunStore {
     /// For a fenced handle: the run it loaded or wrote last, and its journal length then, so that
     /// its takeover write is refused if someone wrote in between (see the module doc).
     seen: Arc<std::sync::Mutex<Option<(RunId, u64)>>>,
+    /// The question read with the run by [`RunStore::load_latest`] (the one a resume asks
+    /// about next), for [`AnswerStore::settled`] to take instead of reading it again.
+    prefetched: Arc<std::sync::Mutex<Option<(RunId, RequestId, Fields)>>>,
     /// How a write that precedes an irreversible step is made durable ([`Durability`]).
     durability: Durability,
 }
@@ -620,11 +663,13 @@ impl RedisRunStore {
             owner: None,
             traceparent: None,
             append: Script::new(&named_args(AppendArgs::NAMES, APPEND)),
+            load_latest: Script::new(LOAD_LATEST),
             create: Script::new(CREATE),
             resolve: Script::new(RESOLVE),
             trips: Arc::new(AtomicU64::new(0)),
             secrets: None,
             seen: Arc::default(),
+            prefetched: Arc::default(),
             durability: Durability::FsyncAlways,
         })
     }
@@ -810,6 +855,7 @@ impl RedisRunStore {
         let mut s = self.clone();
         s.fence = Some(fence);
         s.seen = Arc::default();
+        s.prefetched = Arc::default();
         s
     }
 
@@ -907,6 +953,11 @@ impl RedisRunStore {
 
     fn journal_key(&self, run_id: RunId) -> String {
         format!("{}:journal", self.run_key(run_id))
+    }
+
+    /// The run's latest snapshot: `<seq>:<snapshot JSON>` (a string).
+    fn snapshot_key(&self, run_id: RunId) -> String {
+        format!("{}:snap", self.run_key(run_id))
     }
 
     pub fn interaction_key(&self, run_id: RunId, request_id: &str) -> String {
@@ -1183,6 +1234,17 @@ fn parse_interaction(
 /// A Redis hash, or a stream entry's fields.
 type Fields = HashMap<String, String>;
 
+/// Journal entries as read from the stream (`e` holds each event), checked to be numbered from
+/// `first` on.
+fn parse_entries(entries: &[(String, Fields)], first: u64) -> Result<Vec<JournalEvent>, Error> {
+    let mut text = String::new();
+    for (_, fields) in entries {
+        text.push_str(fields.get("e").map(String::as_str).unwrap_or("{}"));
+        text.push('\n');
+    }
+    Ok(journal::parse_jsonl_from(&text, first)?.events)
+}
+
 fn backend(e: redis::RedisError) -> Error {
     Error::Backend(Box::new(e))
 }
@@ -1279,7 +1341,17 @@ impl AnswerStore for RedisRunStore {
         run_id: RunId,
         request_id: RequestId,
     ) -> Result<Option<Settled>, Error> {
-        let Some(ix) = self.interaction(run_id, request_id).await? else {
+        let prefetched = self
+            .prefetched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take_if(|(run, rid, _)| *run == run_id && *rid == request_id)
+            .map(|(_, _, h)| h);
+        let ix = match prefetched {
+            Some(h) => parse_interaction(request_id, &h)?,
+            None => self.interaction(run_id, request_id).await?,
+        };
+        let Some(ix) = ix else {
             return Ok(None);
         };
         Ok(Some(Settled {
@@ -1363,17 +1435,82 @@ impl RunStore for RedisRunStore {
             return Err(Error::NotFound(run_id));
         }
         let record = parse_record(run_id, &hash)?;
-        let mut text = String::new();
-        for (_, fields) in &entries {
-            text.push_str(fields.get("e").map(String::as_str).unwrap_or("{}"));
-            text.push('\n');
+        let events = parse_entries(&entries, 1)?;
+        self.saw(run_id, events.last().map_or(0, |e| e.seq));
+        Ok(StoredRun::whole(record, events))
+    }
+
+    async fn load_latest(
+        &self,
+        run_id: RunId,
+        asking: Option<RequestId>,
+    ) -> Result<StoredRun, Error> {
+        let mut conn = self.connection();
+        type Reply = (
+            Fields,
+            Option<String>,
+            Vec<(String, Fields)>,
+            Option<String>,
+            Fields,
+        );
+        let (hash, snap, entries, rid, ix): Reply = self
+            .load_latest
+            .key(self.run_key(run_id))
+            .key(self.journal_key(run_id))
+            .key(self.snapshot_key(run_id))
+            .arg(asking.map(|r| r.to_string()).unwrap_or_default())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        if hash.is_empty() {
+            return Err(Error::NotFound(run_id));
         }
-        let parsed = journal::parse_jsonl(&text)?;
-        self.saw(run_id, parsed.events.last().map_or(0, |e| e.seq));
-        Ok(StoredRun {
-            record,
-            journal: parsed.events,
-        })
+        *self
+            .prefetched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            rid.and_then(|r| r.parse().ok()).map(|r| (run_id, r, ix));
+        let Some(snap) = snap else {
+            let record = parse_record(run_id, &hash)?;
+            let events = parse_entries(&entries, 1)?;
+            self.saw(run_id, events.last().map_or(0, |e| e.seq));
+            return Ok(StoredRun::whole(record, events));
+        };
+        let stored_seq = hash.get("seq").and_then(|s| s.parse::<u64>().ok());
+        let usable = snap
+            .split_once(':')
+            .ok_or_else(|| "no `<seq>:` in front".to_owned())
+            .and_then(|(seq, json)| {
+                let seq = seq.parse::<u64>().map_err(|e| format!("its seq: {e}"))?;
+                Snapshot::decode(json, seq)
+            })
+            .and_then(|snapshot| {
+                let events = parse_entries(&entries, snapshot.seq + 1)
+                    .map_err(|e| format!("the events after it: {e}"))?;
+                let last = events.last().map_or(snapshot.seq, |e| e.seq);
+                if Some(last) != stored_seq {
+                    return Err(format!(
+                        "it and the events after it end at seq {last}, the record at {stored_seq:?}"
+                    ));
+                }
+                Ok((snapshot, events))
+            });
+        match usable {
+            Ok((snapshot, events)) => {
+                let record = parse_record(run_id, &hash)?;
+                let run = StoredRun {
+                    record,
+                    journal: events,
+                    snapshot: Some(snapshot),
+                };
+                self.saw(run_id, run.last_seq());
+                Ok(run)
+            }
+            Err(why) => {
+                tracing::warn!(run = %run_id, why = %why, "the run's snapshot is not usable; replaying its whole journal");
+                self.load(run_id).await
+            }
+        }
     }
 
     async fn append(
@@ -1381,6 +1518,17 @@ impl RunStore for RedisRunStore {
         run_id: RunId,
         events: Vec<Event>,
         change: Option<StatusChange>,
+    ) -> Result<Vec<JournalEvent>, Error> {
+        self.append_with_snapshot(run_id, events, change, None)
+            .await
+    }
+
+    async fn append_with_snapshot(
+        &self,
+        run_id: RunId,
+        events: Vec<Event>,
+        change: Option<StatusChange>,
+        snapshot: Option<&Snapshot>,
     ) -> Result<Vec<JournalEvent>, Error> {
         let now = Timestamp::now();
         let mut args = AppendArgs {
@@ -1395,6 +1543,10 @@ impl RunStore for RedisRunStore {
         if let Some(f) = self.fence {
             args.fence_seq = f.stream_seq.to_string();
             args.fence_n = f.delivery.to_string();
+        }
+        if let Some(snap) = snapshot {
+            args.snap = format!("{}:{}", snap.seq, snap.encode());
+            args.snap_seq = snap.seq.to_string();
         }
         if let Some(c) = &change {
             args.status = c.status().as_str().to_owned();
@@ -1434,7 +1586,9 @@ impl RunStore for RedisRunStore {
             },
         );
         let mut inv = self.append.key(self.run_key(run_id));
-        inv.key(self.journal_key(run_id)).key(ix_key);
+        inv.key(self.journal_key(run_id))
+            .key(ix_key)
+            .key(self.snapshot_key(run_id));
         for a in args.into_argv() {
             inv.arg(a);
         }

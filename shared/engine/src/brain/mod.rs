@@ -3,6 +3,12 @@
 //! A brain is a pure function of the journal (the scripted one exactly, the LLM one as far as the
 //! model is): it holds no per-run state, so any process can ask it about any run after a resume.
 //! It only ever sees the journal, where sensitive answers are already `"***"`.
+//!
+//! What a brain derives from the journal it may keep in the run's [`Memo`], which the engine
+//! holds for the run and stores in its snapshots ([`Brain::remember`]): the scripted brain keeps
+//! its place in the script there, so that a decision costs the same at the 10,000th event as at
+//! the 10th, and a resume from a snapshot needs only the events after it. The memo is derived
+//! data: from the whole journal the brain rebuilds it, and decides the same.
 
 use std::future::Future;
 
@@ -42,12 +48,64 @@ pub enum Decision {
     },
 }
 
+/// What a brain remembers of one run between decisions (and, through a snapshot, between
+/// processes). Held by the engine; each brain uses its own part.
+#[derive(Debug, Default)]
+pub struct Memo {
+    scripted: std::sync::Mutex<Option<scripted::ScriptMemo>>,
+}
+
+/// A memo as a snapshot stores it: `{"scripted": …}`.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum SavedMemo {
+    Scripted(scripted::ScriptMemo),
+}
+
+impl Memo {
+    /// The memo a snapshot stored (`None`, or one that does not read, gives an empty memo).
+    pub fn restore(saved: Option<&Value>) -> Memo {
+        let scripted = match saved.map(|v| serde_json::from_value::<SavedMemo>(v.clone())) {
+            Some(Ok(SavedMemo::Scripted(m))) => Some(m),
+            _ => None,
+        };
+        Memo {
+            scripted: std::sync::Mutex::new(scripted),
+        }
+    }
+
+    /// Whether a resume of `agent` can go on from `snapshot` and the events after it: its brain
+    /// keeps what it needs in the snapshot, and the snapshot was made with this very script.
+    /// Otherwise the host reads the whole journal ([`delta_store::RunStore::load`]).
+    pub fn fits(agent: &Agent, snapshot: &delta_protocol::journal::Snapshot) -> bool {
+        let (BrainKind::Scripted, Some(script), Some(saved)) =
+            (agent.brain, &agent.script, &snapshot.brain)
+        else {
+            return false;
+        };
+        match serde_json::from_value::<SavedMemo>(saved.clone()) {
+            Ok(SavedMemo::Scripted(m)) => m.fits(script),
+            Err(_) => false,
+        }
+    }
+
+    fn scripted(&self) -> std::sync::MutexGuard<'_, Option<scripted::ScriptMemo>> {
+        self.scripted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// What a brain sees of a run.
 #[derive(Clone, Copy, Debug)]
 pub struct View<'a> {
     pub run_id: RunId,
     pub task: &'a str,
+    /// The journal: whole, or the events after the snapshot the run was resumed from (the brain
+    /// then finds the rest in `memo`).
     pub journal: &'a [JournalEvent],
+    /// What the brain remembers of this run.
+    pub memo: &'a Memo,
     pub agent: &'a Agent,
     /// The run's work directory (`${CWD}` of `context.yaml`, where its generators run).
     pub work_dir: &'a std::path::Path,
@@ -153,6 +211,14 @@ pub trait Brain: Send + Sync {
     ) -> impl Future<Output = Result<(Decision, Option<Value>), Error>> + Send {
         async move { self.decide(view).await.map(|d| (d, None)) }
     }
+
+    /// The brain's memory of the run brought up to the end of `view.journal`, as a snapshot
+    /// stores it; `None` for a brain that reads the whole journal at each decision anyway (a
+    /// snapshot is then of no use to it, and none is written).
+    fn remember(&self, view: View<'_>) -> Result<Option<Value>, Error> {
+        let _ = view;
+        Ok(None)
+    }
 }
 
 /// The brain an agent's config asks for.
@@ -205,6 +271,13 @@ impl Brain for AnyBrain {
         match self {
             AnyBrain::Scripted(b) => b.decide_request(view, request).await,
             AnyBrain::Openai(b) => b.decide_request(view, request).await,
+        }
+    }
+
+    fn remember(&self, view: View<'_>) -> Result<Option<Value>, Error> {
+        match self {
+            AnyBrain::Scripted(b) => b.remember(view),
+            AnyBrain::Openai(b) => b.remember(view),
         }
     }
 }

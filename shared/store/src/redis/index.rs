@@ -25,6 +25,18 @@ use delta_protocol::{
 /// without its opening brace, the letter's reason, the question's id (or ''), when it was asked
 /// (µs), its deadline (µs or ''), `1` when it has an escalation (the reconciler finds its next
 /// step).
+/// A request's run and interaction, if the run is in the request's bucket. KEYS: the bucket's
+/// `interactions:runs`. ARGV: request id, the bucket's tag. Returns `{run id, interaction
+/// fields}` (empty fields for a run of another bucket), or nil.
+const FIND: &str = r#"
+local run = redis.call('HGET', KEYS[1], ARGV[1])
+if not run then return false end
+return {run, redis.call('HGETALL', ARGV[2] .. ':run:' .. run .. ':ix:' .. ARGV[1])}
+"#;
+
+static FIND_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(FIND));
+
 const REQUEUE: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return redis.error_reply('NOTFOUND') end
@@ -267,6 +279,39 @@ impl RedisRunStore {
     /// The run a request belongs to, if the request exists. A request id is drawn in its run's
     /// bucket (`new_request_id`), so its own bucket is asked first; one made otherwise (by an
     /// older worker) is looked for in every bucket, in one more round trip.
+    /// The run of request `request_id` and its stored interaction: one script on the request's
+    /// own bucket, where the engine mints its ids (an answer's one read); a request of an older
+    /// run found elsewhere takes the long way ([`RedisRunStore::interaction_run`]).
+    pub async fn find_interaction(
+        &self,
+        request_id: RequestId,
+    ) -> Result<Option<(RunId, StoredInteraction)>, Error> {
+        let rid = request_id.to_string();
+        let own = super::bucket_of(&rid, self.buckets);
+        let mut conn = self.connection();
+        let found: Option<(String, HashMap<String, String>)> = FIND_SCRIPT
+            .key(self.bucket_index(own, "interactions:runs"))
+            .arg(&rid)
+            .arg(self.tag(own))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        let run_id = match found.map(|(run, h)| (run.parse::<RunId>(), h)) {
+            Some((Ok(run_id), h)) if self.bucket(run_id) == own => {
+                return Ok(super::parse_interaction(request_id, &h)?.map(|ix| (run_id, ix)));
+            }
+            Some((Ok(run_id), _)) => Some(run_id),
+            _ => self.interaction_run(request_id).await?,
+        };
+        let Some(run_id) = run_id else {
+            return Ok(None);
+        };
+        Ok(self
+            .interaction(run_id, request_id)
+            .await?
+            .map(|ix| (run_id, ix)))
+    }
+
     pub async fn interaction_run(&self, request_id: RequestId) -> Result<Option<RunId>, Error> {
         let rid = request_id.to_string();
         let own = super::bucket_of(&rid, self.buckets);

@@ -21,8 +21,8 @@ use super::{RedisRunStore, ScriptError, backend};
 use crate::Error;
 use delta_protocol::{RunId, RunStatus, Timestamp};
 
-/// Deletes one finished run entirely, if it finished at or before the cut-off. KEYS: run,
-/// journal. ARGV: bucket tag, run id, cut-off (µs). Returns `PURGED`, `GONE` (nothing was left but
+/// Deletes one finished run entirely (with its snapshot, `<run>:snap`), if it finished at or
+/// before the cut-off. KEYS: run, journal. ARGV: bucket tag, run id, cut-off (µs). Returns `PURGED`, `GONE` (nothing was left but
 /// index entries, now removed), `KEPT` (finished after the cut-off, or not in the finished index)
 /// or `LIVE` (not finished: reopened; its stale finished entry is removed).
 ///
@@ -66,7 +66,7 @@ if idem then
   local v = redis.call('GET', idem)
   if v and string.sub(v, 1, #run + 1) == run .. ' ' then redis.call('DEL', idem) end
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[1] .. ':snap')
 for _, s in ipairs({'QUEUED', 'RUNNING', 'WAITING_FOR_INPUT', 'INTERRUPTED', 'COMPLETED', 'FAILED', 'CANCELLED'}) do
   redis.call('ZREM', p .. ':runs:' .. s, run)
 end
