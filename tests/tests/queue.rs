@@ -265,6 +265,10 @@ async fn an_older_deployments_consumer_is_narrowed_and_its_resume_jobs_still_ser
         old.config.filter_subject, "",
         "a gateway leaves it to the workers"
     );
+    assert!(
+        jobs.consumer_info("qu-resumes").await.is_err(),
+        "no consumer may overlap an unfiltered one on a work queue"
+    );
     assert_eq!(gateway.stats().await.expect("stats").pending, 1);
     let exhausted = js.get_stream("QU_EXHAUSTED").await.expect("stream");
     let subjects = exhausted.cached_info().config.subjects.clone();
@@ -295,11 +299,27 @@ async fn an_older_deployments_consumer_is_narrowed_and_its_resume_jobs_still_ser
     assert_eq!(got[0].agent, "hello");
     got[0].ack().await.expect("ack");
 
-    // A new resume takes the new way; a second setup changes nothing.
-    let fresh = resume_job();
-    Queue::connect(&nats.url(), "qu", &settings())
+    // An old worker restarting now widens it again: nats-server 2.12 lets an update make
+    // consumers of a work queue overlap (it refuses only a new consumer that would). The next
+    // worker of this version to start narrows it back (docs/protocol.md §4 "Upgrading").
+    jobs.update_consumer(consumer::pull::Config {
+        durable_name: Some("qu-workers".into()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(5),
+        max_deliver: 3,
+        ..Default::default()
+    })
+    .await
+    .expect("the server lets an old worker widen it");
+    let again = Queue::connect(&nats.url(), "qu", &settings())
         .await
-        .expect("again")
+        .expect("again");
+    let narrowed = jobs.consumer_info("qu-workers").await.expect("consumer");
+    assert_eq!(narrowed.config.filter_subject, "qu.jobs.*");
+
+    // A new resume takes the new way.
+    let fresh = resume_job();
+    again
         .publish_job("hello", &fresh, None)
         .await
         .expect("publish");
