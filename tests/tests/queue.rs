@@ -269,7 +269,15 @@ async fn an_older_deployments_consumer_is_narrowed_and_its_resume_jobs_still_ser
         jobs.consumer_info("qu-resumes").await.is_err(),
         "no consumer may overlap an unfiltered one on a work queue"
     );
-    assert_eq!(gateway.stats().await.expect("stats").pending, 1);
+    // Its resume jobs go where the old consumer takes them (not on `.resume`, which the
+    // resumes' consumer would deliver a second time once a worker creates it).
+    let from_gateway = resume_job();
+    let seq = gateway
+        .publish_job("hello", &from_gateway, None)
+        .await
+        .expect("publish");
+    assert_eq!(subject_of(&js, "QU_JOBS", seq).await, "qu.jobs.hello");
+    assert_eq!(gateway.stats().await.expect("stats").pending, 2);
     let exhausted = js.get_stream("QU_EXHAUSTED").await.expect("stream");
     let subjects = exhausted.cached_info().config.subjects.clone();
     assert_eq!(
@@ -288,16 +296,18 @@ async fn an_older_deployments_consumer_is_narrowed_and_its_resume_jobs_still_ser
     let resumes = jobs.consumer_info("qu-resumes").await.expect("resumes");
     assert_eq!(resumes.config.filter_subject, "qu.jobs.*.resume");
 
-    // The old job comes from the starts' consumer, and is a resume by its payload.
+    // The old jobs come from the starts' consumer, and are resumes by their payload.
     let got = q
         .fetch(Lane::Starts, 10, Duration::from_millis(500))
         .await
         .expect("fetch");
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].job.as_ref().expect("a job"), &resume);
-    assert_eq!(got[0].job.as_ref().expect("a job").kind, JobKind::Resume);
-    assert_eq!(got[0].agent, "hello");
-    got[0].ack().await.expect("ack");
+    assert_eq!(got.len(), 2);
+    for (d, want) in got.iter().zip([&resume, &from_gateway]) {
+        assert_eq!(d.job.as_ref().expect("a job"), want);
+        assert_eq!(d.job.as_ref().expect("a job").kind, JobKind::Resume);
+        assert_eq!(d.agent, "hello");
+        d.ack().await.expect("ack");
+    }
 
     // An old worker restarting now widens it again: nats-server 2.12 lets an update make
     // consumers of a work queue overlap (it refuses only a new consumer that would). The next

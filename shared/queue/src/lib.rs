@@ -373,7 +373,8 @@ pub struct Queue {
     /// `<p>-workers`: start jobs.
     starts: consumer::PullConsumer,
     /// `<p>-resumes`: resume jobs. `None` only on a gateway that found `<p>-workers` as an
-    /// older version left it, taking every job (no worker of this version narrowed it yet).
+    /// older version left it, taking every job (no worker of this version narrowed it yet):
+    /// that gateway then publishes resume jobs on the old subject.
     resumes: Option<consumer::PullConsumer>,
     jobs: stream::Stream,
     exhausted: consumer::PullConsumer,
@@ -706,11 +707,11 @@ impl Queue {
             Ok((_, c)) => Some(c),
             Err(e) if role == Role::Gateway => {
                 // An upgrade that reached a gateway before any worker: the old consumer
-                // still takes every job, resume jobs on their new subject included, and
-                // the first worker of this version sorts it out.
+                // still takes every job. This gateway goes on publishing resume jobs where
+                // it does (see `publish_job_as`) until it restarts.
                 tracing::warn!(
                     error = %chain(&e),
-                    "no consumer of resume jobs yet; until a worker of this version starts, the workers' consumer takes them"
+                    "no consumer of resume jobs yet (workers not upgraded): this gateway publishes resume jobs as before, without priority, until it restarts"
                 );
                 None
             }
@@ -803,8 +804,15 @@ impl Queue {
             headers.insert("traceparent", tp);
         }
         let payload = serde_json::to_vec(job).unwrap_or_default();
-        self.publish(self.names.job_subject(agent, job), headers, payload)
-            .await
+        let subject = match (job.kind, &self.resumes) {
+            // No consumer of resume jobs yet (an upgrade that reached this gateway before any
+            // worker): the old subject, which the old consumer serves. A resume on the new one
+            // would be delivered again by `<p>-resumes` once a worker creates it, while an old
+            // worker still holds it.
+            (JobKind::Resume, None) => self.names.jobs_subject(agent),
+            _ => self.names.job_subject(agent, job),
+        };
+        self.publish(subject, headers, payload).await
     }
 
     /// Announces a question on `…interactions.requested.<agent>.<run_id>` (idempotent per request),
