@@ -3,9 +3,11 @@
 //! A permit of the concurrency limit is taken *before* pulling, so a worker never holds jobs it
 //! cannot start. Resume jobs come first: they have a consumer of their own, pulled by a puller of
 //! their own that may take any free slot, while start jobs may only take slots while more than
-//! `resume_slots` are left (docs/protocol.md §4 "Resumes first"). Each job is handled in a tracked task: the run is advanced through a Redis store
-//! fenced with the delivery's token, `Progress` acks keep JetStream from redelivering during long
-//! steps, and the outcome maps to one queue action. Nothing of a run stays in the worker.
+//! `resume_slots` are left (docs/protocol.md §4 "Resumes first").
+//!
+//! Each job is handled in a tracked task: the run is advanced through a Redis store fenced with
+//! the delivery's token, `Progress` acks keep JetStream from redelivering during long steps, and
+//! the outcome maps to one queue action. Nothing of a run stays in the worker.
 //!
 //! | outcome | queue |
 //! |---|---|
