@@ -166,6 +166,8 @@ refused kustomize k8s/worker-scaledobject.yaml 's/pollingInterval:/pollingInterv
   "'pollingIntervall' was unexpected" k8s
 refused kustomize k8s/worker-scaledobject.yaml 's/consumer: delta-workers/consumer: delta-worker/' \
   "trigger consumer is 'delta-worker'" k8s
+refused kustomize k8s/worker-scaledobject.yaml 's/consumer: delta-resumes/consumer: delta-workers/' \
+  "nats-jetstream triggers on ['delta-workers', 'delta-workers']" k8s
 refused kustomize k8s/worker-scaledobject.yaml 's/lagThreshold: "16"/lagThreshold: "100"/' \
   "lagThreshold 100 is not the workers' DELTA_WORKER_CONCURRENCY 16" k8s
 refused kustomize k8s/gateway.yaml 's/:\$(REDIS_PASSWORD)@/:hunter2hunter2@/' \

@@ -426,15 +426,20 @@ def fleet_checks(objects, redis_start):
         if spec.get("minReplicaCount", 0) not in (0, 1):
             faults.append(f"{where}: minReplicaCount is {spec.get('minReplicaCount')}: 0 or 1")
         triggers = [t for t in spec.get("triggers") or [] if t.get("type") == "nats-jetstream"]
-        if len(triggers) != 1:
-            faults.append(f"{where}: not one nats-jetstream trigger")
+        # One trigger per consumer of the job stream: start jobs and resume jobs.
+        consumers = ("delta-workers", "delta-resumes")
+        got = sorted(str((t.get("metadata") or {}).get("consumer")) for t in triggers)
+        if got != sorted(consumers):
+            faults.append(f"{where}: nats-jetstream triggers on {got}: one on each of "
+                          f"{list(consumers)} is expected")
         for t in triggers:
             md = t.get("metadata") or {}
-            for key, want in (("stream", "DELTA_JOBS"), ("consumer", "delta-workers"),
-                              ("account", "$G")):
+            for key, want in (("stream", "DELTA_JOBS"), ("account", "$G")):
                 if md.get(key) != want:
-                    faults.append(f"{where}: trigger {key} is {md.get(key)!r}, not {want!r} "
-                                  "(the workers' durable consumer)")
+                    faults.append(f"{where}: trigger {key} is {md.get(key)!r}, not {want!r}")
+            if md.get("consumer") not in consumers:
+                faults.append(f"{where}: trigger consumer is {md.get('consumer')!r}, not one of "
+                              f"{list(consumers)} (the workers' durable consumers)")
             if not str(md.get("natsServerMonitoringEndpoint", "")).endswith(":8222"):
                 faults.append(f"{where}: natsServerMonitoringEndpoint is not NATS's monitoring "
                               "port 8222")

@@ -24,6 +24,7 @@ fn config(nats: &NatsServers, redis: &RedisServers, prefix: &str, id: &str, work
         agents_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
         work_dir: work.to_path_buf(),
         concurrency: 4,
+        resume_slots: fleet::default_resume_slots(4),
         queue: queue::Settings {
             ack_wait: Duration::from_secs(5),
             max_deliver: 3,
@@ -511,4 +512,84 @@ async fn a_sealed_secret_reaches_a_tool_after_a_later_pause_on_another_worker() 
             .expect("json")
             .contains(CANARY)
     );
+}
+
+/// Agents for the resumes-first test: `hello` (asks a name) and `gate`, whose one tool blocks
+/// until the file `gate` appears.
+fn gated_agents(gate: &Path) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let hello = dir.path().join("hello");
+    std::fs::create_dir_all(&hello).expect("mkdir");
+    for f in ["config.yaml", "script.yaml"] {
+        std::fs::copy(examples.join("hello").join(f), hello.join(f)).expect("copy");
+    }
+    let blocked = dir.path().join("gate");
+    std::fs::create_dir_all(&blocked).expect("mkdir");
+    std::fs::write(
+        blocked.join("config.yaml"),
+        format!(
+            "name: gate\nbrain: scripted\ntools:\n  - name: wait\n    shell: \"while [ ! -e '{}' ]; do sleep 0.05; done; echo open\"\n    timeout_s: 600\n",
+            gate.display()
+        ),
+    )
+    .expect("config");
+    std::fs::write(
+        blocked.join("script.yaml"),
+        "steps:\n  - tool: wait\n    args: {}\n  - finish: \"through\"\n",
+    )
+    .expect("script");
+    dir
+}
+
+#[tokio::test]
+async fn a_resume_is_taken_while_start_jobs_fill_every_slot_they_may_take() {
+    let (nats, redis) = (NatsServers::start(), RedisServers::start());
+    let work = tempfile::tempdir().expect("tmp");
+    let gate = work.path().join("gate");
+    let agents = gated_agents(&gate);
+    let store = redis.store("fr", None).await;
+    let q = Queue::connect(&nats.url(), "fr", &nats.queue_settings())
+        .await
+        .expect("nats");
+    let client = delta_e2e::nats_client(&nats.url()).await;
+    let mut requested = client
+        .subscribe("fr.interactions.requested.>")
+        .await
+        .expect("subscribe");
+    // Two slots: one for start jobs, one kept for resumes (the default quarter, at least one).
+    let mut c = config(&nats, &redis, "fr", "worker-r", work.path());
+    c.agents_dir = agents.path().to_path_buf();
+    c.concurrency = 2;
+    c.resume_slots = fleet::default_resume_slots(2);
+    assert_eq!(c.resume_slots, 1);
+    let w = start(c);
+
+    let waiting = submit(&store, &q, "hello", "say hi").await;
+    delta_e2e::wait_for_status(&store, waiting, RunStatus::WaitingForInput).await;
+    let req = next_question(&mut requested).await;
+    // The start slot is taken by a run that does not finish until the gate opens, and another
+    // start job waits behind it.
+    let blocked = submit(&store, &q, "gate", "wait").await;
+    delta_e2e::wait_for_status(&store, blocked, RunStatus::Running).await;
+    let queued = submit(&store, &q, "gate", "wait too").await;
+
+    answer(&store, &q, &req, None, Some("Ada"), None).await;
+    delta_e2e::wait_for_status(&store, waiting, RunStatus::Completed).await;
+    let run = store.load(waiting).await.expect("load");
+    assert_eq!(run.record.result.as_deref(), Some("Greeted Ada."));
+    // The resume went past the start job waiting, which got no slot of the resumes'.
+    assert_eq!(
+        store.load(queued).await.expect("load").record.status,
+        RunStatus::Queued
+    );
+    assert_eq!(
+        store.load(blocked).await.expect("load").record.status,
+        RunStatus::Running
+    );
+
+    std::fs::write(&gate, "").expect("open the gate");
+    delta_e2e::wait_for_status(&store, blocked, RunStatus::Completed).await;
+    delta_e2e::wait_for_status(&store, queued, RunStatus::Completed).await;
+    w.stop().await;
 }

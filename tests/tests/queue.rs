@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use delta_protocol::{Job, JobKind, RequestId, RunId};
-use delta_queue::{Queue, Settings};
+use delta_queue::{Lane, Queue, Role, Settings};
 
 fn settings() -> Settings {
     Settings {
@@ -53,7 +53,7 @@ async fn setup_is_idempotent_and_duplicate_jobs_are_dropped() {
     );
 
     let got = q
-        .fetch(10, Duration::from_millis(500))
+        .fetch(Lane::Starts, 10, Duration::from_millis(500))
         .await
         .expect("fetch");
     assert_eq!(got.len(), 1);
@@ -86,14 +86,14 @@ async fn a_nak_redelivers_with_a_higher_fence_and_poison_goes_to_the_dlq() {
     };
     q.publish_job("chooser", &job, None).await.expect("publish");
     let first = q
-        .fetch(1, Duration::from_millis(500))
+        .fetch(Lane::Resumes, 1, Duration::from_millis(500))
         .await
         .expect("fetch")
         .pop()
         .expect("delivery");
     first.nak(None).await.expect("nak");
     let second = q
-        .fetch(1, Duration::from_secs(2))
+        .fetch(Lane::Resumes, 1, Duration::from_secs(2))
         .await
         .expect("fetch")
         .pop()
@@ -117,7 +117,7 @@ async fn a_nak_redelivers_with_a_higher_fence_and_poison_goes_to_the_dlq() {
         .await
         .expect("ack");
     let poison = q
-        .fetch(1, Duration::from_secs(1))
+        .fetch(Lane::Starts, 1, Duration::from_secs(1))
         .await
         .expect("fetch")
         .pop()
@@ -128,4 +128,274 @@ async fn a_nak_redelivers_with_a_higher_fence_and_poison_goes_to_the_dlq() {
     poison.term().await.expect("term");
     assert_eq!(stream_messages(&q, &nats.url(), "QB_DLQ").await, 1);
     assert_eq!(stream_messages(&q, &nats.url(), "QB_JOBS").await, 0);
+}
+
+fn start_job() -> Job {
+    Job {
+        run_id: RunId::new(),
+        kind: JobKind::Start,
+        request_id: None,
+    }
+}
+
+fn resume_job() -> Job {
+    Job {
+        run_id: RunId::new(),
+        kind: JobKind::Resume,
+        request_id: Some(RequestId::new()),
+    }
+}
+
+/// The subject message `seq` of `stream` was published on.
+async fn subject_of(js: &async_nats::jetstream::Context, stream: &str, seq: u64) -> String {
+    let s = js.get_stream(stream).await.expect("stream");
+    let m = s.get_raw_message(seq).await.expect("message");
+    m.subject.to_string()
+}
+
+#[tokio::test]
+async fn resume_jobs_have_their_own_subject_and_consumer() {
+    let nats = delta_e2e::Nats::start().expect("nats-server");
+    let q = Queue::connect(&nats.url(), "qc", &settings())
+        .await
+        .expect("setup");
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&nats.url()).await);
+    let (start, resume) = (start_job(), resume_job());
+    let start_seq = q.publish_job("hello", &start, None).await.expect("start");
+    let resume_seq = q.publish_job("hello", &resume, None).await.expect("resume");
+    assert_eq!(subject_of(&js, "QC_JOBS", start_seq).await, "qc.jobs.hello");
+    assert_eq!(
+        subject_of(&js, "QC_JOBS", resume_seq).await,
+        "qc.jobs.hello.resume"
+    );
+    let stats = q.stats().await.expect("stats");
+    assert_eq!(stats.pending, 2, "both consumers are counted: {stats:?}");
+
+    // Each consumer delivers its own kind only.
+    let resumes = q
+        .fetch(Lane::Resumes, 10, Duration::from_millis(500))
+        .await
+        .expect("fetch resumes");
+    assert_eq!(resumes.len(), 1);
+    assert_eq!(resumes[0].job.as_ref().expect("a job"), &resume);
+    assert_eq!(
+        resumes[0].agent, "hello",
+        "the `.resume` suffix is no agent's"
+    );
+    let starts = q
+        .fetch(Lane::Starts, 10, Duration::from_millis(500))
+        .await
+        .expect("fetch starts");
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0].job.as_ref().expect("a job"), &start);
+    assert_eq!(starts[0].agent, "hello");
+    let stats = q.stats().await.expect("stats");
+    assert_eq!((stats.pending, stats.in_flight), (0, 2), "{stats:?}");
+    for d in resumes.iter().chain(&starts) {
+        d.ack().await.expect("ack");
+    }
+    assert_eq!(stream_messages(&q, &nats.url(), "QC_JOBS").await, 0);
+
+    let jobs = js.get_stream("QC_JOBS").await.expect("stream");
+    for (consumer, filter) in [
+        ("qc-workers", "qc.jobs.*"),
+        ("qc-resumes", "qc.jobs.*.resume"),
+    ] {
+        let info = jobs.consumer_info(consumer).await.expect("consumer");
+        assert_eq!(info.config.filter_subject, filter, "{consumer}");
+        assert_eq!(
+            info.config.max_deliver, 3,
+            "{consumer}: the workers' settings"
+        );
+        assert_eq!(info.config.ack_wait, Duration::from_secs(5), "{consumer}");
+    }
+}
+
+#[tokio::test]
+async fn an_older_deployments_consumer_is_narrowed_and_its_resume_jobs_still_served() {
+    use async_nats::jetstream::{consumer, stream};
+    let nats = delta_e2e::Nats::start().expect("nats-server");
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&nats.url()).await);
+    // What the previous version set up: one unfiltered consumer, one advisory kept.
+    js.create_stream(stream::Config {
+        name: "QU_JOBS".into(),
+        subjects: vec!["qu.jobs.>".into()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: stream::StorageType::File,
+        discard: stream::DiscardPolicy::New,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .expect("old job stream");
+    let jobs = js.get_stream("QU_JOBS").await.expect("stream");
+    jobs.create_consumer(consumer::pull::Config {
+        durable_name: Some("qu-workers".into()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ..Default::default()
+    })
+    .await
+    .expect("old consumer");
+    js.create_stream(stream::Config {
+        name: "QU_EXHAUSTED".into(),
+        subjects: vec!["$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.QU_JOBS.qu-workers".into()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .expect("old exhausted stream");
+    // An old gateway's resume job, on the subject starts use.
+    let resume = resume_job();
+    js.publish(
+        "qu.jobs.hello",
+        serde_json::to_vec(&resume).expect("json").into(),
+    )
+    .await
+    .expect("publish")
+    .await
+    .expect("ack");
+
+    // A gateway of this version first: it changes no consumer, and still comes up.
+    let gateway = Queue::connect_as(&nats.url(), "qu", &settings(), Role::Gateway)
+        .await
+        .expect("a gateway starts before any worker is upgraded");
+    let old = jobs.consumer_info("qu-workers").await.expect("consumer");
+    assert_eq!(
+        old.config.filter_subject, "",
+        "a gateway leaves it to the workers"
+    );
+    assert!(
+        jobs.consumer_info("qu-resumes").await.is_err(),
+        "no consumer may overlap an unfiltered one on a work queue"
+    );
+    // Its resume jobs go where the old consumer takes them (not on `.resume`, which the
+    // resumes' consumer would deliver a second time once a worker creates it).
+    let from_gateway = resume_job();
+    let seq = gateway
+        .publish_job("hello", &from_gateway, None)
+        .await
+        .expect("publish");
+    assert_eq!(subject_of(&js, "QU_JOBS", seq).await, "qu.jobs.hello");
+    assert_eq!(gateway.stats().await.expect("stats").pending, 2);
+    let exhausted = js.get_stream("QU_EXHAUSTED").await.expect("stream");
+    let subjects = exhausted.cached_info().config.subjects.clone();
+    assert_eq!(
+        subjects.len(),
+        2,
+        "the gateway keeps both advisories: {subjects:?}"
+    );
+
+    // A worker narrows the consumer and adds the one for resumes.
+    let q = Queue::connect(&nats.url(), "qu", &settings())
+        .await
+        .expect("worker setup");
+    let narrowed = jobs.consumer_info("qu-workers").await.expect("consumer");
+    assert_eq!(narrowed.config.filter_subject, "qu.jobs.*");
+    assert_eq!(narrowed.config.max_deliver, 3);
+    let resumes = jobs.consumer_info("qu-resumes").await.expect("resumes");
+    assert_eq!(resumes.config.filter_subject, "qu.jobs.*.resume");
+
+    // The old jobs come from the starts' consumer, and are resumes by their payload.
+    let got = q
+        .fetch(Lane::Starts, 10, Duration::from_millis(500))
+        .await
+        .expect("fetch");
+    assert_eq!(got.len(), 2);
+    for (d, want) in got.iter().zip([&resume, &from_gateway]) {
+        assert_eq!(d.job.as_ref().expect("a job"), want);
+        assert_eq!(d.job.as_ref().expect("a job").kind, JobKind::Resume);
+        assert_eq!(d.agent, "hello");
+        d.ack().await.expect("ack");
+    }
+
+    // An old worker restarting now widens it again: nats-server 2.12 lets an update make
+    // consumers of a work queue overlap (it refuses only a new consumer that would). The next
+    // worker of this version to start narrows it back (docs/protocol.md §4 "Upgrading").
+    jobs.update_consumer(consumer::pull::Config {
+        durable_name: Some("qu-workers".into()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(5),
+        max_deliver: 3,
+        ..Default::default()
+    })
+    .await
+    .expect("the server lets an old worker widen it");
+    let again = Queue::connect(&nats.url(), "qu", &settings())
+        .await
+        .expect("again");
+    let narrowed = jobs.consumer_info("qu-workers").await.expect("consumer");
+    assert_eq!(narrowed.config.filter_subject, "qu.jobs.*");
+
+    // A new resume takes the new way.
+    let fresh = resume_job();
+    again
+        .publish_job("hello", &fresh, None)
+        .await
+        .expect("publish");
+    let got = q
+        .fetch(Lane::Resumes, 10, Duration::from_millis(500))
+        .await
+        .expect("fetch");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job.as_ref().expect("a job"), &fresh);
+    got[0].ack().await.expect("ack");
+}
+
+#[tokio::test]
+async fn a_resume_job_that_used_up_its_deliveries_is_dead_lettered() {
+    let nats = delta_e2e::Nats::start().expect("nats-server");
+    let settings = Settings {
+        max_deliver: 2,
+        ..settings()
+    };
+    let q = Queue::connect(&nats.url(), "qx", &settings)
+        .await
+        .expect("setup");
+    let resume = resume_job();
+    q.publish_job("hello", &resume, None)
+        .await
+        .expect("publish");
+    for _ in 0..2 {
+        let d = q
+            .fetch(Lane::Resumes, 1, Duration::from_secs(2))
+            .await
+            .expect("fetch")
+            .pop()
+            .expect("a delivery");
+        d.nak(None).await.expect("nak");
+    }
+    // The server gives up on it when it would deliver it a third time: to a pull.
+    let third = q
+        .fetch(Lane::Resumes, 1, Duration::from_secs(1))
+        .await
+        .expect("fetch");
+    assert!(third.is_empty(), "delivered past max_deliver");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let x = loop {
+        if let Some(x) = q
+            .fetch_exhausted(Duration::from_secs(1))
+            .await
+            .expect("fetch exhausted")
+            .pop()
+        {
+            break x;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no MAX_DELIVERIES advisory from the resumes' consumer was kept"
+        );
+    };
+    assert_eq!(x.agent, "hello");
+    assert_eq!(x.deliveries, 2);
+    assert_eq!(x.job.as_ref().expect("the job"), &resume);
+    q.dead_letter_exhausted(&x, "worker died")
+        .await
+        .expect("dlq");
+    let (letters, more) = q.dead_letters(None, 1, 10).await.expect("dead letters");
+    assert!(!more);
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].agent, "hello");
+    assert_eq!(letters[0].job.as_ref().expect("a job"), &resume);
+    assert_eq!(stream_messages(&q, &nats.url(), "QX_JOBS").await, 0);
 }

@@ -68,6 +68,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
             agents_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/agents"),
             work_dir: work.path().to_path_buf(),
             concurrency: 2,
+            resume_slots: fleet::default_resume_slots(2),
             queue: nats.queue_settings(),
             worker_id: "traced".into(),
             grace: Duration::from_secs(5),

@@ -23,6 +23,7 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_AGENTS_DIR", "agents-dir", "./agents"),
     ("DELTA_WORK_DIR", "work-dir", "."),
     ("DELTA_WORKER_CONCURRENCY", "concurrency", "16"),
+    ("DELTA_RESUME_SLOTS", "resume-slots", ""),
     ("DELTA_ACK_WAIT_S", "ack-wait-s", "30"),
     ("DELTA_MAX_DELIVER", "max-deliver", "5"),
     ("DELTA_WORKER_ID", "worker-id", ""),
@@ -36,6 +37,7 @@ pub const SETTINGS: &[Setting] = &[
 pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, Vec<String>> {
     let mut s = Settings::parse(SETTINGS, args, env);
     let concurrency = s.number("DELTA_WORKER_CONCURRENCY", 1);
+    let resume_slots = resume_slots(&mut s, concurrency);
     let ack_wait = s.seconds("DELTA_ACK_WAIT_S", 1.0);
     let max_deliver = s.number("DELTA_MAX_DELIVER", 1);
     let grace = s.seconds("DELTA_GRACE_S", 0.0);
@@ -63,6 +65,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         agents_dir,
         work_dir: PathBuf::from(work_dir),
         concurrency: usize::try_from(concurrency).unwrap_or(usize::MAX),
+        resume_slots: usize::try_from(resume_slots).unwrap_or(usize::MAX),
         queue: queue::Settings {
             ca_file: servers.nats_ca,
             replicas: servers.stream_replicas,
@@ -79,6 +82,26 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         retention,
         sweep_every,
     })
+}
+
+/// `DELTA_RESUME_SLOTS`: the slots start jobs may not take, so that a resume job finds one free
+/// (docs/protocol.md §9). Unset: [`fleet::default_resume_slots`]. Start jobs keep at least one
+/// slot, so it is less than the concurrency.
+fn resume_slots(s: &mut Settings, concurrency: u64) -> u64 {
+    let (v, _) = s.get("DELTA_RESUME_SLOTS");
+    if v.trim().is_empty() {
+        let c = usize::try_from(concurrency).unwrap_or(usize::MAX);
+        return crate::fleet::default_resume_slots(c) as u64;
+    }
+    let most = concurrency.saturating_sub(1);
+    s.number_at_most(
+        "DELTA_RESUME_SLOTS",
+        0,
+        most,
+        &format!(
+            "is not less than DELTA_WORKER_CONCURRENCY ({concurrency}): start jobs need a slot (at most {most})"
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -120,6 +143,55 @@ mod tests {
         let c = parse(&args(&["--work-sweep-s", "0.5"]), &off).expect("valid");
         assert_eq!(c.retention, None);
         assert_eq!(c.sweep_every, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn resume_slots_default_to_a_quarter_and_leave_starts_a_slot() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path().display().to_string();
+        let with = |pairs: &[(&str, &str)]| -> Result<Config, Vec<String>> {
+            let env: HashMap<String, String> = pairs
+                .iter()
+                .chain([("DELTA_AGENTS_DIR", d.as_str())].iter())
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            parse(&[], &env)
+        };
+        let slots = |c: &str| {
+            with(&[("DELTA_WORKER_CONCURRENCY", c)])
+                .expect("valid")
+                .resume_slots
+        };
+        assert_eq!(slots("16"), 4);
+        assert_eq!(slots("5"), 1);
+        assert_eq!(slots("2"), 1);
+        assert_eq!(
+            slots("1"),
+            0,
+            "one slot: starts keep it, resumes are asked first"
+        );
+        let c = with(&[
+            ("DELTA_WORKER_CONCURRENCY", "8"),
+            ("DELTA_RESUME_SLOTS", "0"),
+        ])
+        .expect("valid");
+        assert_eq!(c.resume_slots, 0);
+        let c = parse(&args(&["--resume-slots", "7", "--concurrency", "8"]), &{
+            let mut e = HashMap::new();
+            e.insert("DELTA_AGENTS_DIR".to_owned(), d.clone());
+            e
+        })
+        .expect("valid");
+        assert_eq!(c.resume_slots, 7);
+        for bad in ["8", "-1", "many"] {
+            let errs = with(&[
+                ("DELTA_WORKER_CONCURRENCY", "8"),
+                ("DELTA_RESUME_SLOTS", bad),
+            ])
+            .expect_err(bad);
+            assert_eq!(errs.len(), 1, "{errs:#?}");
+            assert!(errs[0].starts_with("DELTA_RESUME_SLOTS: "), "{errs:#?}");
+        }
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! The fleet host of the engine: pull a job, advance its run, release it (docs/architecture.md "The walk of one run").
 //!
 //! A permit of the concurrency limit is taken *before* pulling, so a worker never holds jobs it
-//! cannot start. Each job is handled in a tracked task: the run is advanced through a Redis store
-//! fenced with the delivery's token, `Progress` acks keep JetStream from redelivering during long
-//! steps, and the outcome maps to one queue action. Nothing of a run stays in the worker.
+//! cannot start. Resume jobs come first: they have a consumer of their own, pulled by a puller of
+//! their own that may take any free slot, while start jobs may only take slots while more than
+//! `resume_slots` are left (docs/protocol.md §4 "Resumes first").
+//!
+//! Each job is handled in a tracked task: the run is advanced through a Redis store fenced with
+//! the delivery's token, `Progress` acks keep JetStream from redelivering during long steps, and
+//! the outcome maps to one queue action. Nothing of a run stays in the worker.
 //!
 //! | outcome | queue |
 //! |---|---|
@@ -20,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -49,6 +53,9 @@ pub struct Config {
     /// The root of the runs' work directories: a run's tools run in `<work_dir>/<run_id>`.
     pub work_dir: PathBuf,
     pub concurrency: usize,
+    /// Slots start jobs may not take, kept for resume jobs (`DELTA_RESUME_SLOTS`; see
+    /// [`default_resume_slots`]). Less than `concurrency`: at least one slot is the starts'.
+    pub resume_slots: usize,
     pub queue: queue::Settings,
     /// This worker's id, journaled in `ENGINE_START.worker`.
     pub worker_id: String,
@@ -176,56 +183,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let reaper = tokio::spawn(reap_exhausted(shared.clone(), shutdown.clone()));
     let heart = tokio::spawn(heartbeat(shared.clone(), shutdown.clone()));
     let sweeper = tokio::spawn(sweep_work_dirs(shared.clone(), shutdown.clone()));
-    let permits = Arc::new(Semaphore::new(shared.config.concurrency.max(1)));
+    let slots = Slots::new(shared.config.concurrency, shared.config.resume_slots);
     let tracker = TaskTracker::new();
-    tracing::info!(worker = %shared.config.worker_id, "worker started");
-    loop {
-        let first = tokio::select! {
-            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            () = shutdown.cancelled() => break,
-        };
-        // One pull for as many jobs as there are free slots (up to a batch): under load that
-        // is one round trip to NATS for several jobs; idle, the pull waits for the first.
-        let mut slots = vec![first];
-        while slots.len() < FETCH_BATCH {
-            match permits.clone().try_acquire_owned() {
-                Ok(p) => slots.push(p),
-                Err(_) => break,
-            }
+    tracing::info!(
+        worker = %shared.config.worker_id,
+        slots = slots.concurrency,
+        resume_slots = slots.reserved,
+        "worker started"
+    );
+    // Each puller long-polls its own consumer, so a resume never waits behind a start's pull.
+    // With no slot reserved the start puller takes the resumes first itself: a puller of their
+    // own would then hold slots idle that start jobs could use.
+    let resumes = async {
+        if slots.reserved > 0 {
+            pull(&shared, &slots, queue::Lane::Resumes, &tracker, &shutdown).await;
         }
-        let fetched = tokio::select! {
-            f = shared.queue.fetch(slots.len(), Duration::from_secs(1)) => f,
-            () = shutdown.cancelled() => break,
-        };
-        let deliveries = match fetched {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!(error = %delta_host::Chain(&e), "fetch failed; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-        };
-        // Slots left over go back as `slots` drops.
-        for (delivery, permit) in deliveries.into_iter().zip(slots.drain(..)) {
-            let shared = shared.clone();
-            let run_id = delivery.job.as_ref().map(|j| j.run_id.to_string()).ok();
-            let span = tracing::info_span!(
-                "job",
-                run_id = run_id.as_deref().unwrap_or("?"),
-                agent = %delivery.agent,
-                seq = delivery.fence.stream_seq,
-                delivery = delivery.fence.delivery,
-            );
-            delta_host::continue_trace(&span, delivery.traceparent.as_deref());
-            tracker.spawn(
-                async move {
-                    handle(&shared, delivery).await;
-                    drop(permit);
-                }
-                .instrument(span),
-            );
-        }
-    }
+    };
+    tokio::join!(
+        resumes,
+        pull(&shared, &slots, queue::Lane::Starts, &tracker, &shutdown),
+    );
     tracker.close();
     if tokio::time::timeout(shared.config.grace, tracker.wait())
         .await
@@ -246,6 +223,169 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
         "worker stopped"
     );
     Ok(())
+}
+
+/// The resume slots when `DELTA_RESUME_SLOTS` is not set: a quarter of `concurrency`, at least
+/// one, and none when there is only one slot (start jobs keep it). With none reserved, there is
+/// one puller, and it asks for resume jobs before each pull of start jobs.
+pub fn default_resume_slots(concurrency: usize) -> usize {
+    if concurrency <= 1 {
+        0
+    } else {
+        (concurrency / 4).max(1)
+    }
+}
+
+/// A worker's slots: every job holds one of `all`; a start job holds one of `starts` as well,
+/// which has `reserved` fewer, so that that many slots stay for resume jobs.
+struct Slots {
+    all: Arc<Semaphore>,
+    starts: Arc<Semaphore>,
+    concurrency: usize,
+    reserved: usize,
+}
+
+/// A slot a job holds until it is handled (both permits go back when it drops).
+struct Slot {
+    _all: OwnedSemaphorePermit,
+    _start: Option<OwnedSemaphorePermit>,
+}
+
+impl Slots {
+    fn new(concurrency: usize, reserved: usize) -> Self {
+        let concurrency = concurrency.max(1);
+        // Starts keep at least one slot, whatever the config says (it checks this too).
+        let reserved = reserved.min(concurrency - 1);
+        Slots {
+            all: Arc::new(Semaphore::new(concurrency)),
+            starts: Arc::new(Semaphore::new(concurrency - reserved)),
+            concurrency,
+            reserved,
+        }
+    }
+
+    /// Waits for a slot for a job of `lane`; `None` once the semaphores are closed (never).
+    async fn acquire(&self, lane: queue::Lane) -> Option<Slot> {
+        let start = match lane {
+            queue::Lane::Starts => Some(self.starts.clone().acquire_owned().await.ok()?),
+            queue::Lane::Resumes => None,
+        };
+        let all = self.all.clone().acquire_owned().await.ok()?;
+        Some(Slot {
+            _all: all,
+            _start: start,
+        })
+    }
+
+    /// A slot for a job of `lane` if one is free now.
+    fn try_acquire(&self, lane: queue::Lane) -> Option<Slot> {
+        let start = match lane {
+            queue::Lane::Starts => Some(self.starts.clone().try_acquire_owned().ok()?),
+            queue::Lane::Resumes => None,
+        };
+        let all = self.all.clone().try_acquire_owned().ok()?;
+        Some(Slot {
+            _all: all,
+            _start: start,
+        })
+    }
+
+    /// How many slots one pull of `lane` may hold while it waits for jobs. Slots held by a
+    /// pull that waits are idle: the resume puller holds at most the reserved share while it
+    /// waits, so that it never keeps a free slot from a start job (it pulls again at once for
+    /// more when a pull comes back full). A start pull can hold no more than its own share.
+    fn batch(&self, lane: queue::Lane) -> usize {
+        match lane {
+            queue::Lane::Resumes => self.reserved.clamp(1, FETCH_BATCH),
+            queue::Lane::Starts => FETCH_BATCH,
+        }
+    }
+}
+
+/// Pulls jobs of `lane` while slots allow, and handles each in a task of `tracker`, until
+/// `shutdown`.
+async fn pull(
+    shared: &Arc<Shared>,
+    slots: &Slots,
+    lane: queue::Lane,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) {
+    loop {
+        let first = tokio::select! {
+            s = slots.acquire(lane) => match s { Some(s) => s, None => break },
+            () = shutdown.cancelled() => break,
+        };
+        // One pull for as many jobs as there are free slots (up to a batch): under load that
+        // is one round trip to NATS for several jobs; idle, the pull waits for the first.
+        let mut held = vec![first];
+        while held.len() < slots.batch(lane) {
+            match slots.try_acquire(lane) {
+                Some(s) => held.push(s),
+                None => break,
+            }
+        }
+        let fetched = tokio::select! {
+            f = fetch_for(shared, slots, lane, held.len()) => f,
+            () = shutdown.cancelled() => break,
+        };
+        let deliveries = match fetched {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %delta_host::Chain(&e), ?lane, "fetch failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        };
+        // Slots left over go back as `held` drops.
+        for (delivery, slot) in deliveries.into_iter().zip(held.drain(..)) {
+            spawn_job(shared, tracker, delivery, slot);
+        }
+    }
+}
+
+/// One pull of `lane` for up to `max` jobs. With no slot reserved for resumes (one slot in
+/// all, or `DELTA_RESUME_SLOTS=0`), a start pull takes the resume jobs waiting first, so that
+/// they still go first.
+async fn fetch_for(
+    shared: &Shared,
+    slots: &Slots,
+    lane: queue::Lane,
+    max: usize,
+) -> Result<Vec<Delivery>, queue::Error> {
+    if lane == queue::Lane::Starts && slots.reserved == 0 {
+        let resumes = shared
+            .queue
+            .fetch(queue::Lane::Resumes, max, Duration::ZERO)
+            .await?;
+        if !resumes.is_empty() {
+            return Ok(resumes);
+        }
+    }
+    shared.queue.fetch(lane, max, Duration::from_secs(1)).await
+}
+
+/// Handles `delivery` in a task of `tracker`, in the span of its job, holding `slot`.
+fn spawn_job(shared: &Arc<Shared>, tracker: &TaskTracker, delivery: Delivery, slot: Slot) {
+    let shared = shared.clone();
+    let run_id = delivery.job.as_ref().map(|j| j.run_id.to_string()).ok();
+    let span = tracing::info_span!(
+        "job",
+        run_id = run_id.as_deref().unwrap_or("?"),
+        agent = %delivery.agent,
+        seq = delivery.fence.stream_seq,
+        delivery = delivery.fence.delivery,
+    );
+    delta_host::continue_trace(&span, delivery.traceparent.as_deref());
+    tracker.spawn(
+        async move {
+            handle(&shared, delivery).await;
+            drop(slot);
+        }
+        .instrument(span),
+    );
 }
 
 /// A run this worker advances, registered for as long as the handle lives, so that a gateway's

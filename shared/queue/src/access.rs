@@ -11,7 +11,7 @@
 //!   and deletes the durable consumers `<p>-webhook-<id>` on the events stream, which its rights
 //!   to read that stream through consumers of its own already cover (a consumer's name is one
 //!   subject token: NATS cannot grant a name prefix, so nothing narrower can be written).
-//! - A **worker** takes jobs from its consumer, publishes `requested` announcements, dead
+//! - A **worker** takes jobs from its two consumers (`<p>-workers`: starts, `<p>-resumes`), publishes `requested` announcements, dead
 //!   letters and resumes, and hears cancellations. It may not answer, announce an answer,
 //!   publish a job, or create or change a stream (a stream's subjects decide what it keeps: a
 //!   worker that could add `respond.*` to one could read bots' tokens from it).
@@ -156,12 +156,13 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
     let interactions = scope.stream("INTERACTIONS");
     let exhausted = scope.stream("EXHAUSTED");
     let workers = scope.consumer("workers");
+    let resumes = scope.consumer("resumes");
     let exhausted_consumer = scope.consumer("exhausted");
     let inbox = |r: NatsRole| format!("_DELTA_INBOX.{p}.{}.>", r.name());
     let all_streams = [&jobs, &dlq, &interactions, &exhausted];
     // Gateways create and update the streams; workers only read them (a stream's subjects decide
     // what it captures, so whoever may update a stream could make it keep bots' answers). Both
-    // set up the two durable consumers, whichever comes first.
+    // set up the three durable consumers (starts, resumes, exhausted), whichever comes first.
     let setup = |admin: bool| {
         let mut v = vec!["$JS.API.INFO".to_owned()];
         for s in all_streams {
@@ -172,6 +173,7 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
             }
         }
         v.extend(durable(&jobs, &workers));
+        v.extend(durable(&jobs, &resumes));
         v.extend(durable(&exhausted, &exhausted_consumer));
         v
     };
@@ -202,6 +204,7 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
         NatsRole::Worker => {
             let mut publish = setup(false);
             publish.extend(pull(&jobs, &workers));
+            publish.extend(pull(&jobs, &resumes));
             publish.extend(pull(&exhausted, &exhausted_consumer));
             publish.extend([
                 format!("$JS.API.STREAM.MSG.GET.{jobs}"),
@@ -408,6 +411,34 @@ mod tests {
         );
         assert_eq!(p.subscribe, ["_DELTA_INBOX.delta.slack.>"]);
         assert!(!p.allow_responses);
+    }
+
+    #[test]
+    fn workers_pull_from_both_job_consumers_and_the_gateway_from_neither() {
+        let scope = Scope::Prefix("delta".into());
+        let worker = permissions(&scope, NatsRole::Worker);
+        let gateway = permissions(&scope, NatsRole::Gateway);
+        for c in ["delta-workers", "delta-resumes"] {
+            let next = format!("$JS.API.CONSUMER.MSG.NEXT.DELTA_JOBS.{c}");
+            let ack = format!("$JS.ACK.DELTA_JOBS.{c}.1.7.7.1795971601000000000.0");
+            let create = format!("$JS.API.CONSUMER.DURABLE.CREATE.DELTA_JOBS.{c}");
+            let info = format!("$JS.API.CONSUMER.INFO.DELTA_JOBS.{c}");
+            for subject in [&next, &ack, &create, &info] {
+                assert!(allows(&worker.publish, subject), "worker: {subject}");
+            }
+            // The gateway sets the consumers up and reads their figures, but takes no job.
+            for subject in [&create, &info] {
+                assert!(allows(&gateway.publish, subject), "gateway: {subject}");
+            }
+            for subject in [&next, &ack] {
+                assert!(!allows(&gateway.publish, subject), "gateway: {subject}");
+            }
+        }
+        // Both job subjects are the gateway's to publish, and no worker's.
+        for subject in ["delta.jobs.hello", "delta.jobs.hello.resume"] {
+            assert!(allows(&gateway.publish, subject), "{subject}");
+            assert!(!allows(&worker.publish, subject), "{subject}");
+        }
     }
 
     #[test]

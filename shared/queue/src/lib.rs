@@ -19,7 +19,9 @@ use async_nats::jetstream::{self, AckKind, consumer, stream};
 use futures_util::StreamExt;
 
 use delta_protocol::events;
-use delta_protocol::{Fence, InteractionRequest, Job, RequestId, Resolved, RunId, Timestamp};
+use delta_protocol::{
+    Fence, InteractionRequest, Job, JobKind, RequestId, Resolved, RunId, Timestamp,
+};
 
 pub mod access;
 pub mod webhooks;
@@ -79,8 +81,29 @@ impl Names {
     pub fn interactions_stream(&self) -> String {
         format!("{}_INTERACTIONS", self.prefix.to_uppercase())
     }
+    /// The durable consumer of start jobs (`<p>.jobs.<agent>`), shared by all workers.
     pub fn consumer(&self) -> String {
         format!("{}-workers", self.prefix)
+    }
+    /// The durable consumer of resume jobs (`<p>.jobs.<agent>.resume`), shared by all workers.
+    pub fn resumes_consumer(&self) -> String {
+        format!("{}-resumes", self.prefix)
+    }
+    /// The durable consumer of `lane`.
+    pub fn lane_consumer(&self, lane: Lane) -> String {
+        match lane {
+            Lane::Starts => self.consumer(),
+            Lane::Resumes => self.resumes_consumer(),
+        }
+    }
+    /// What `lane`'s consumer takes from the job stream: `<p>.jobs.*` (one token after
+    /// `jobs`: starts, and resumes published before resumes had their own subject) or
+    /// `<p>.jobs.*.resume`. Disjoint, as a work-queue stream requires.
+    pub fn lane_filter(&self, lane: Lane) -> String {
+        match lane {
+            Lane::Starts => format!("{}.jobs.*", self.prefix),
+            Lane::Resumes => format!("{}.jobs.*.resume", self.prefix),
+        }
     }
     pub fn exhausted_stream(&self) -> String {
         format!("{}_EXHAUSTED", self.prefix.to_uppercase())
@@ -88,16 +111,44 @@ impl Names {
     pub fn exhausted_consumer(&self) -> String {
         format!("{}-exhausted", self.prefix)
     }
-    /// Where JetStream announces a job that used up `max_deliver` on the workers' consumer.
-    pub fn exhausted_advisory(&self) -> String {
+    /// Where JetStream announces a job that used up `max_deliver` on `lane`'s consumer.
+    pub fn exhausted_advisory(&self, lane: Lane) -> String {
         format!(
             "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
             self.jobs_stream(),
-            self.consumer()
+            self.lane_consumer(lane)
         )
     }
+    /// The advisories the exhausted stream keeps: both consumers'.
+    pub fn exhausted_advisories(&self) -> Vec<String> {
+        Lane::ALL
+            .iter()
+            .map(|l| self.exhausted_advisory(*l))
+            .collect()
+    }
+    /// Where a start job for `agent` is published (and where resumes were before they had
+    /// their own subject).
     pub fn jobs_subject(&self, agent: &str) -> String {
         format!("{}.jobs.{agent}", self.prefix)
+    }
+    /// Where a resume job for `agent` is published.
+    pub fn resume_subject(&self, agent: &str) -> String {
+        format!("{}.jobs.{agent}.resume", self.prefix)
+    }
+    /// Where `job` for `agent` goes: its kind decides.
+    pub fn job_subject(&self, agent: &str, job: &Job) -> String {
+        match job.kind {
+            JobKind::Start => self.jobs_subject(agent),
+            JobKind::Resume => self.resume_subject(agent),
+        }
+    }
+    /// The agent a job's subject names, either form (`<p>.jobs.<agent>`,
+    /// `<p>.jobs.<agent>.resume`); `None` for a subject outside the job stream's.
+    pub fn agent_of_job_subject<'s>(&self, subject: &'s str) -> Option<&'s str> {
+        let rest = subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".jobs.")?;
+        Some(rest.strip_suffix(".resume").unwrap_or(rest))
     }
     pub fn dlq_subject(&self, agent: &str) -> String {
         format!("{}.dlq.{agent}", self.prefix)
@@ -161,6 +212,20 @@ impl Names {
     pub fn cancelled_subject(&self) -> String {
         format!("{}.events.cancelled", self.prefix)
     }
+}
+
+/// The two ways into the workers: resume jobs (a person answered and may be waiting) have a
+/// consumer of their own, so that workers can take them first and keep slots for them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// `<p>-workers` on `<p>.jobs.*`.
+    Starts,
+    /// `<p>-resumes` on `<p>.jobs.*.resume`.
+    Resumes,
+}
+
+impl Lane {
+    pub const ALL: [Lane; 2] = [Lane::Starts, Lane::Resumes];
 }
 
 /// Consumer and connection settings.
@@ -305,7 +370,12 @@ pub struct Queue {
     client: async_nats::Client,
     js: jetstream::Context,
     names: Names,
-    consumer: consumer::PullConsumer,
+    /// `<p>-workers`: start jobs.
+    starts: consumer::PullConsumer,
+    /// `<p>-resumes`: resume jobs. `None` only on a gateway that found `<p>-workers` as an
+    /// older version left it, taking every job (no worker of this version narrowed it yet):
+    /// that gateway then publishes resume jobs on the old subject.
+    resumes: Option<consumer::PullConsumer>,
     jobs: stream::Stream,
     exhausted: consumer::PullConsumer,
 }
@@ -482,6 +552,18 @@ async fn durable_consumer(
     Ok((stream, consumer))
 }
 
+/// An error with its sources, for a log line (`Display` of [`Error`] leaves them out).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        next = s.source();
+    }
+    out
+}
+
 /// Whether `tp` is a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`). Anything else (a value
 /// planted in Redis with CR/LF, say) is left off a message rather than put in a header.
 pub fn is_traceparent(tp: &str) -> bool {
@@ -606,26 +688,41 @@ impl Queue {
             role,
         )
         .await?;
-        let (stream, consumer) = durable_consumer(
-            &js,
-            &names.jobs_stream(),
-            consumer::pull::Config {
-                durable_name: Some(names.consumer()),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: settings.ack_wait,
-                max_deliver: settings.max_deliver,
-                max_ack_pending: settings.max_ack_pending,
-                ..Default::default()
-            },
-            role,
-        )
-        .await?;
+        let lane = |lane: Lane| consumer::pull::Config {
+            durable_name: Some(names.lane_consumer(lane)),
+            filter_subject: names.lane_filter(lane),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: settings.ack_wait,
+            max_deliver: settings.max_deliver,
+            max_ack_pending: settings.max_ack_pending,
+            ..Default::default()
+        };
+        // Starts first: a worker narrows a `<p>-workers` left unfiltered by an older version to
+        // `<p>.jobs.*` before `<p>-resumes` can exist (filters on a work queue may not overlap).
+        let (stream, starts) =
+            durable_consumer(&js, &names.jobs_stream(), lane(Lane::Starts), role).await?;
+        let resumes = match durable_consumer(&js, &names.jobs_stream(), lane(Lane::Resumes), role)
+            .await
+        {
+            Ok((_, c)) => Some(c),
+            Err(e) if role == Role::Gateway => {
+                // An upgrade that reached a gateway before any worker: the old consumer
+                // still takes every job. This gateway goes on publishing resume jobs where
+                // it does (see `publish_job_as`) until it restarts.
+                tracing::warn!(
+                    error = %chain(&e),
+                    "no consumer of resume jobs yet (workers not upgraded): this gateway publishes resume jobs as before, without priority, until it restarts"
+                );
+                None
+            }
+            Err(e) => return Err(e),
+        };
         ensure_stream(
             &js,
             stream::Config {
                 num_replicas: settings.replicas,
                 name: names.exhausted_stream(),
-                subjects: vec![names.exhausted_advisory()],
+                subjects: names.exhausted_advisories(),
                 retention: stream::RetentionPolicy::WorkQueue,
                 storage: stream::StorageType::File,
                 max_age: settings.interactions_max_age,
@@ -650,7 +747,8 @@ impl Queue {
             client,
             js,
             names,
-            consumer,
+            starts,
+            resumes,
             jobs: stream,
             exhausted,
         })
@@ -679,7 +777,8 @@ impl Queue {
         Ok(ack.sequence)
     }
 
-    /// Publishes a job for `agent`, idempotently (`Nats-Msg-Id`), and waits for the server's ack.
+    /// Publishes a job for `agent` on its kind's subject (`…jobs.<agent>` or
+    /// `…jobs.<agent>.resume`), idempotently (`Nats-Msg-Id`), and waits for the server's ack.
     /// Returns its stream sequence (that of the first copy, for a duplicate).
     pub async fn publish_job(
         &self,
@@ -705,8 +804,15 @@ impl Queue {
             headers.insert("traceparent", tp);
         }
         let payload = serde_json::to_vec(job).unwrap_or_default();
-        self.publish(self.names.jobs_subject(agent), headers, payload)
-            .await
+        let subject = match (job.kind, &self.resumes) {
+            // No consumer of resume jobs yet (an upgrade that reached this gateway before any
+            // worker): the old subject, which the old consumer serves. A resume on the new one
+            // would be delivered again by `<p>-resumes` once a worker creates it, while an old
+            // worker still holds it.
+            (JobKind::Resume, None) => self.names.jobs_subject(agent),
+            _ => self.names.job_subject(agent, job),
+        };
+        self.publish(subject, headers, payload).await
     }
 
     /// Announces a question on `…interactions.requested.<agent>.<run_id>` (idempotent per request),
@@ -869,17 +975,31 @@ impl Queue {
         }
     }
 
-    /// The workers' consumer and the dead-letter stream, in figures.
+    /// The workers' two consumers (added up) and the dead-letter stream, in figures.
     pub async fn stats(&self) -> Result<Stats, Error> {
         let err = |what: String, e: Cause| Error::Fetch {
             consumer: what,
             source: e,
         };
-        let mut consumer = self.consumer.clone();
-        let info = consumer
-            .info()
-            .await
-            .map_err(|e| err(self.names.consumer(), e.into()))?;
+        let mut stats = Stats::default();
+        for lane in Lane::ALL {
+            let name = self.names.lane_consumer(lane);
+            let info = match self.jobs.consumer_info(&name).await {
+                Ok(info) => info,
+                // Not made yet: an upgrade under way (see `Queue::resumes`).
+                Err(e)
+                    if lane == Lane::Resumes
+                        && e.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(err(name, e.into())),
+            };
+            stats.pending += info.num_pending;
+            stats.in_flight += info.num_ack_pending as u64;
+            stats.redelivered += info.num_redelivered as u64;
+            stats.waiting_pulls += info.num_waiting as u64;
+        }
         let mut dlq = self
             .js
             .get_stream(self.names.dlq_stream())
@@ -889,13 +1009,8 @@ impl Queue {
             .info()
             .await
             .map_err(|e| err(self.names.dlq_stream(), e.into()))?;
-        Ok(Stats {
-            pending: info.num_pending,
-            in_flight: info.num_ack_pending as u64,
-            redelivered: info.num_redelivered as u64,
-            waiting_pulls: info.num_waiting as u64,
-            dead_lettered: dlq.state.messages,
-        })
+        stats.dead_lettered = dlq.state.messages;
+        Ok(stats)
     }
 
     /// The dead-letter stream.
@@ -1094,29 +1209,38 @@ impl Queue {
             .map(drop)
     }
 
-    /// Pulls up to `max` jobs, waiting at most `wait` for the first.
-    pub async fn fetch(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, Error> {
+    /// Pulls up to `max` jobs from `lane`'s consumer, waiting at most `wait` for the first
+    /// (`Duration::ZERO`: only what is there now). A job is what its payload says, whichever
+    /// consumer brought it: resumes published before they had their own subject come as starts.
+    pub async fn fetch(
+        &self,
+        lane: Lane,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, Error> {
         let err = |source: Cause| Error::Fetch {
-            consumer: self.names.consumer(),
+            consumer: self.names.lane_consumer(lane),
             source,
         };
-        let mut batch = self
-            .consumer
-            .fetch()
-            .max_messages(max)
-            .expires(wait)
-            .messages()
-            .await
-            .map_err(|e| err(e.into()))?;
+        let consumer = match lane {
+            Lane::Starts => &self.starts,
+            Lane::Resumes => self.resumes.as_ref().ok_or_else(|| {
+                err("this connection has no consumer of resume jobs (a gateway's)".into())
+            })?,
+        };
+        let mut request = consumer.fetch().max_messages(max);
+        if !wait.is_zero() {
+            request = request.expires(wait);
+        }
+        let mut batch = request.messages().await.map_err(|e| err(e.into()))?;
         let mut out = vec![];
         while let Some(msg) = batch.next().await {
             let msg = msg.map_err(&err)?;
             let (fence, agent) = {
                 let info = msg.info().map_err(&err)?;
-                let agent = msg
-                    .subject
-                    .as_str()
-                    .strip_prefix(&format!("{}.jobs.", self.names.prefix))
+                let agent = self
+                    .names
+                    .agent_of_job_subject(msg.subject.as_str())
                     .unwrap_or("")
                     .to_owned();
                 (
@@ -1174,12 +1298,8 @@ impl Queue {
             };
             let agent = raw
                 .as_ref()
-                .and_then(|m| {
-                    m.subject
-                        .as_str()
-                        .strip_prefix(&format!("{}.jobs.", self.names.prefix))
-                        .map(str::to_owned)
-                })
+                .and_then(|m| self.names.agent_of_job_subject(m.subject.as_str()))
+                .map(str::to_owned)
                 .unwrap_or_default();
             let job = raw.as_ref().and_then(|m| Job::decode(&m.payload).ok());
             let traceparent = raw
@@ -1267,6 +1387,48 @@ impl Delivery {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_goes_on_its_kinds_subject_and_either_subject_names_its_agent() {
+        let names = Names::new("delta");
+        let start = Job {
+            run_id: RunId::new(),
+            kind: JobKind::Start,
+            request_id: None,
+        };
+        let resume = Job {
+            kind: JobKind::Resume,
+            request_id: Some(RequestId::new()),
+            ..start.clone()
+        };
+        assert_eq!(names.job_subject("hello", &start), "delta.jobs.hello");
+        assert_eq!(
+            names.job_subject("hello", &resume),
+            "delta.jobs.hello.resume"
+        );
+        for (subject, agent) in [
+            ("delta.jobs.hello", Some("hello")),
+            ("delta.jobs.hello.resume", Some("hello")),
+            // An agent may be called `resume`: one token is always the agent.
+            ("delta.jobs.resume", Some("resume")),
+            ("delta.jobs.resume.resume", Some("resume")),
+            ("delta.dlq.hello", None),
+            ("deltax.jobs.hello", None),
+        ] {
+            assert_eq!(names.agent_of_job_subject(subject), agent, "{subject}");
+        }
+        assert_eq!(names.lane_filter(Lane::Starts), "delta.jobs.*");
+        assert_eq!(names.lane_filter(Lane::Resumes), "delta.jobs.*.resume");
+        assert_eq!(
+            names.exhausted_advisories(),
+            [
+                "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.DELTA_JOBS.delta-workers",
+                "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.DELTA_JOBS.delta-resumes",
+            ]
+        );
+    }
+
     #[test]
     fn only_a_w3c_traceparent_goes_in_a_header() {
         assert!(super::is_traceparent(
