@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the hitl-basic variants BENCHMARKS.md reports, one JSON line each, into bench-results.jsonl
-# (or $1). Release build; servers installed if missing. About five minutes on two cores.
+# (or $1). Release build; servers installed if missing. About ten minutes on two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-bench-results.jsonl}"
@@ -19,6 +19,9 @@ run --runs 2000 --concurrency 64 --workers 4
 run --runs 500 --concurrency 1 --workers 2
 run --runs 20 --concurrency 1 --journal-len 10
 run --runs 20 --concurrency 1 --journal-len 10000
+run --runs 640 --concurrency 64 --journal-len 10
+run --runs 640 --concurrency 64 --journal-len 10000
 run --runs 2000 --concurrency 64 --paused-probe 1000
 run --runs 2000 --concurrency 64 --echo process
 run --runs 2000 --concurrency 64 --fsync everysec
+run --runs 2000 --concurrency 64 --cluster

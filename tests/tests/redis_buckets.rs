@@ -781,13 +781,7 @@ async fn a_journal_that_lost_writes_refuses_the_writer_that_made_them() {
     // the journal as the replica has it.
     let mut raw = raw(&redis.url()).await;
     let journal = format!("{}:journal", store.run_key(id));
-    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-        .arg(&journal)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut raw)
-        .await
-        .expect("xrange");
+    let kept = store.load(id).await.expect("load").journal[0].clone();
     let _: () = redis::pipe()
         .del(&journal)
         .ignore()
@@ -795,7 +789,7 @@ async fn a_journal_that_lost_writes_refuses_the_writer_that_made_them() {
         .arg(&journal)
         .arg("1-0")
         .arg("e")
-        .arg(&entries[0].1["e"])
+        .arg(delta_protocol::journal::to_line(&kept).trim_end())
         .ignore()
         .cmd("HSET")
         .arg(store.run_key(id))
@@ -849,16 +843,12 @@ async fn a_write_applied_already_is_refused_when_it_comes_again() {
     // journal holds it, and the writer still has the length it left before it.
     let mut raw = raw(&redis.url()).await;
     let journal = format!("{}:journal", store.run_key(id));
-    let entry: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-        .arg(&journal)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut raw)
-        .await
-        .expect("xrange");
-    let applied = entry[0].1["e"]
-        .replace("\"seq\":1", "\"seq\":2")
-        .replace("one", "two");
+    let mut second = store.load(id).await.expect("load").journal[0].clone();
+    second.seq = 2;
+    second.event = msg("two");
+    let applied = delta_protocol::journal::to_line(&second)
+        .trim_end()
+        .to_owned();
     let _: () = redis::pipe()
         .cmd("XADD")
         .arg(&journal)

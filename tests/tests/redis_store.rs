@@ -617,3 +617,92 @@ async fn runs_finished_before_the_index_are_backfilled() {
     );
     assert!(matches!(store.load(id).await, Err(Error::NotFound(_))));
 }
+
+/// A write's events are one stream entry (their time once, one line each); a note a script
+/// appends alone, and an entry written before this format, is one event whole. Every reader
+/// (the whole journal, a page from a seq, a live tail) gives the same events, numbered without
+/// a gap, from any seq, even inside an entry.
+#[tokio::test]
+async fn a_write_is_one_entry_and_every_reader_splits_it_back() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "ent")
+        .await
+        .expect("connect");
+    let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    store
+        .append(id, vec![msg("1"), msg("2"), msg("3")], None)
+        .await
+        .expect("append");
+    store
+        .append(id, vec![msg("4"), msg("5")], None)
+        .await
+        .expect("append");
+    let journal = format!("{}:journal", store.run_key(id));
+    let mut raw = redis::Client::open(redis.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let len: u64 = redis::cmd("XLEN")
+        .arg(&journal)
+        .query_async(&mut raw)
+        .await
+        .expect("xlen");
+    assert_eq!(len, 2, "one entry per write");
+    // An entry of one whole event, as a note script writes it (and as journals used to be).
+    let mut six = store.load(id).await.expect("load").journal[4].clone();
+    six.seq = 6;
+    six.event = msg("6");
+    let () = redis::pipe()
+        .cmd("XADD")
+        .arg(&journal)
+        .arg("6-0")
+        .arg("e")
+        .arg(delta_protocol::journal::to_line(&six).trim_end())
+        .ignore()
+        .cmd("HSET")
+        .arg(store.run_key(id))
+        .arg("seq")
+        .arg(6)
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .expect("a whole event");
+    let texts = |events: &[delta_protocol::JournalEvent]| -> Vec<(u64, String)> {
+        events
+            .iter()
+            .map(|e| match &e.event {
+                Event::SystemMessage(m) => (e.seq, m.content.clone()),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    let all: Vec<(u64, String)> = (1..=6).map(|i| (i, i.to_string())).collect();
+    let whole = store.load(id).await.expect("load").journal;
+    assert_eq!(texts(&whole), all);
+    assert!(
+        whole[..3].iter().all(|e| e.timestamp == whole[0].timestamp),
+        "one time per write"
+    );
+    for from in 1..=7u64 {
+        let page = store.journal_from(id, from, 100).await.expect("page");
+        assert_eq!(texts(&page), all[(from - 1) as usize..], "from {from}");
+        let tail = store
+            .journal_tail(id)
+            .await
+            .expect("tail")
+            .next(from - 1, 10)
+            .await
+            .expect("next");
+        assert_eq!(
+            texts(&tail),
+            all[(from - 1) as usize..],
+            "after {}",
+            from - 1
+        );
+    }
+    let two = store.journal_from(id, 2, 2).await.expect("page");
+    assert_eq!(texts(&two), all[1..3], "at most `max`");
+}

@@ -197,10 +197,11 @@ if fence_seq ~= '' then
   put('fence_n', n)
 end
 if owner ~= '' then put('owner', owner) end
-for i = first_extra, #ARGV do
-  seq = seq + 1
-  redis.call('XADD', KEYS[2], seq .. '-0', 'e',
-    '{"seq":' .. seq .. ',"timestamp":"' .. now .. '",' .. ARGV[i])
+-- The events as one entry, `<last seq>-0`: their time once, then one JSON line each.
+if #ARGV >= first_extra then
+  seq = seq + #ARGV - first_extra + 1
+  redis.call('XADD', KEYS[2], seq .. '-0', 't', now, 'b',
+    table.concat(ARGV, '\n', first_extra, #ARGV))
 end
 put('seq', seq)
 put('updated_at', now)
@@ -1234,15 +1235,52 @@ fn parse_interaction(
 /// A Redis hash, or a stream entry's fields.
 type Fields = HashMap<String, String>;
 
-/// Journal entries as read from the stream (`e` holds each event), checked to be numbered from
-/// `first` on.
+/// Journal entries as read from the stream, from seq `first` on, checked to be numbered from
+/// there without a gap.
 fn parse_entries(entries: &[(String, Fields)], first: u64) -> Result<Vec<JournalEvent>, Error> {
     let mut text = String::new();
-    for (_, fields) in entries {
-        text.push_str(fields.get("e").map(String::as_str).unwrap_or("{}"));
-        text.push('\n');
+    for (id, fields) in entries {
+        entry_lines(id, |f| fields.get(f).map(String::as_str), first, &mut text);
     }
     Ok(journal::parse_jsonl_from(&text, first)?.events)
+}
+
+/// Appends to `text` the journal lines of stream entry `id` (its fields read by `field`) whose
+/// seq is `first` or more. An entry is one write: id `<last seq>-0`, `t` the time of the write,
+/// `b` its events' JSON, one per line, without seq and time. An older entry (and a note a
+/// script appends alone) is one event whole in `e`, id `<seq>-0`.
+pub(crate) fn entry_lines<'a>(
+    id: &str,
+    field: impl Fn(&str) -> Option<&'a str>,
+    first: u64,
+    text: &mut String,
+) {
+    let last = id
+        .split_once('-')
+        .map_or(id, |(seq, _)| seq)
+        .parse::<u64>()
+        .unwrap_or(0);
+    if let Some(e) = field("e") {
+        if last >= first {
+            text.push_str(e);
+            text.push('\n');
+        }
+        return;
+    }
+    let (Some(t), Some(b)) = (field("t"), field("b")) else {
+        // Not an entry this store writes: a line that does not parse, so the reader says so.
+        text.push_str("{}\n");
+        return;
+    };
+    let n = b.split('\n').count() as u64;
+    for (seq, line) in (last.saturating_add(1).saturating_sub(n)..).zip(b.split('\n')) {
+        if seq < first {
+            continue;
+        }
+        text.push_str(&format!("{{\"seq\":{seq},\"timestamp\":\"{t}\","));
+        text.push_str(line.strip_prefix('{').unwrap_or(line));
+        text.push('\n');
+    }
 }
 
 fn backend(e: redis::RedisError) -> Error {
@@ -1593,10 +1631,8 @@ impl RunStore for RedisRunStore {
             inv.arg(a);
         }
         for e in &events {
-            // `{"type":…,"payload":…}` without its opening brace: the script puts seq and
-            // timestamp in front.
-            let json = serde_json::to_string(e).unwrap_or_default();
-            inv.arg(json.strip_prefix('{').unwrap_or(&json).to_owned());
+            // `{"type":…,"payload":…}`: the entry holds their seq and timestamp once.
+            inv.arg(serde_json::to_string(e).unwrap_or_default());
         }
         let (last, replicated) = self.invoke_replicated::<u64>(run_id, &inv).await;
         let last = last.map_err(|e| script_error(e, run_id))?;

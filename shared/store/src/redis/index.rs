@@ -159,10 +159,22 @@ impl JournalTail {
         let mut text = String::new();
         for key in reply.map(|r| r.keys).unwrap_or_default() {
             for id in key.ids {
-                if let Some(redis::Value::BulkString(b)) = id.map.get("e") {
-                    text.push_str(&String::from_utf8_lossy(b));
-                    text.push('\n');
-                }
+                let fields: HashMap<&str, String> = id
+                    .map
+                    .iter()
+                    .filter_map(|(k, v)| match v {
+                        redis::Value::BulkString(b) => {
+                            Some((k.as_str(), String::from_utf8_lossy(b).into_owned()))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                super::entry_lines(
+                    &id.id,
+                    |f| fields.get(f).map(String::as_str),
+                    after_seq.saturating_add(1),
+                    &mut text,
+                );
             }
         }
         Ok(journal::parse_jsonl_from(&text, after_seq.saturating_add(1))?.events)
@@ -676,12 +688,10 @@ impl RedisRunStore {
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
-        let mut text = String::new();
-        for (_, fields) in &entries {
-            text.push_str(fields.get("e").map(String::as_str).unwrap_or("{}"));
-            text.push('\n');
-        }
-        Ok(journal::parse_jsonl_from(&text, from_seq.max(1))?.events)
+        // An entry holds one write's events: keep `max` of them.
+        let mut events = super::parse_entries(&entries, from_seq.max(1))?;
+        events.truncate(max);
+        Ok(events)
     }
 
     /// A blocking reader of one run's journal, on a connection of its own.
