@@ -1,6 +1,9 @@
 //! `delta migrate-redis`: moves a fleet's Redis keys from the layout of before the buckets to
 //! the bucketed one (docs/operations.md#redis-buckets). Stop the fleet first; running it again
 //! finishes a migration cut short and otherwise moves nothing.
+//!
+//! With `--journal-entries` it only lets the fleet write each write's events as one journal
+//! entry, once every gateway and worker runs a build that reads them (docs/operations.md#upgrades).
 
 use delta_store::redis::{DEFAULT_BUCKETS, MAX_BUCKETS, RedisRunStore};
 
@@ -26,10 +29,21 @@ pub struct MigrateArgs {
     #[arg(long, env = "DELTA_REDIS_BUCKETS", default_value_t = DEFAULT_BUCKETS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BUCKETS)))]
     pub redis_buckets: u32,
+    /// Only let the fleet write each write's events as one journal entry (smaller, fewer
+    /// commands): run it once every gateway and worker runs a build of 2026-11-24 or later, then
+    /// restart them. Moves no keys.
+    #[arg(long)]
+    pub journal_entries: bool,
+    /// The URL is a seed node of a Redis Cluster (for `--journal-entries`).
+    #[arg(long, env = "DELTA_REDIS_CLUSTER")]
+    pub redis_cluster: bool,
 }
 
 /// Migrates, prints what moved as one JSON line; exit 0, or 1 with the reason on stderr.
 pub async fn run(args: MigrateArgs) -> i32 {
+    if args.journal_entries {
+        return journal_entries(&args).await;
+    }
     match RedisRunStore::migrate_layout(
         &args.redis_url,
         &args.key_prefix,
@@ -49,6 +63,40 @@ pub async fn run(args: MigrateArgs) -> i32 {
                     "idempotency_keys": m.idempotency_keys,
                     "skipped": m.skipped,
                 })
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {}", delta_host::Chain(&e));
+            1
+        }
+    }
+}
+
+/// `--journal-entries`: sets `<p>:journal-format`, prints one JSON line.
+async fn journal_entries(args: &MigrateArgs) -> i32 {
+    let options = delta_store::redis::Options {
+        cluster: args.redis_cluster,
+        ca_file: args.redis_ca_file.clone(),
+        buckets: None,
+    };
+    let set =
+        match RedisRunStore::connect_options(&args.redis_url, &args.key_prefix, &options).await {
+            Ok(store) => store.allow_entry_per_write().await,
+            Err(e) => Err(e),
+        };
+    match set {
+        Ok(already) => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "prefix": args.key_prefix,
+                    "journal_format": delta_store::redis::JOURNAL_FORMAT,
+                    "already": already,
+                })
+            );
+            eprintln!(
+                "restart the gateways and workers: each writes one journal entry per write once it starts again"
             );
             0
         }

@@ -202,7 +202,7 @@ async fn a_runs_keys_and_the_indexes_that_name_it_share_one_slot() {
     };
     store.heartbeat("w1").await.expect("heartbeat");
     let contents = keys_and_contents(&redis.url(), "sl").await;
-    let singletons = ["sl:buckets", "sl:workers"];
+    let singletons = ["sl:buckets", "sl:workers", "sl:journal-format"];
     let mut buckets_seen = BTreeSet::new();
     for (key, text) in &contents {
         if singletons.contains(&key.as_str()) {
@@ -574,7 +574,7 @@ async fn migration_moves_the_layout_of_before_the_buckets() {
     let c = keys_and_contents(&url, "mg").await;
     assert!(
         c.keys()
-            .all(|k| k == "mg:buckets" || k.starts_with("mg:{b")),
+            .all(|k| k == "mg:buckets" || k == "mg:journal-format" || k.starts_with("mg:{b")),
         "{c:?}"
     );
     assert_eq!(

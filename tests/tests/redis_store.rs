@@ -706,3 +706,80 @@ async fn a_write_is_one_entry_and_every_reader_splits_it_back() {
     let two = store.journal_from(id, 2, 2).await.expect("page");
     assert_eq!(texts(&two), all[1..3], "at most `max`");
 }
+
+/// A deployment older than the entry-per-write format keeps writing one entry per event (what
+/// its older programs read) until `delta migrate-redis --journal-entries` allows it; a new
+/// deployment writes one entry per write from the start. Either way every reader gives the same
+/// journal.
+#[tokio::test]
+async fn an_older_deployment_writes_one_entry_per_event_until_it_is_allowed_more() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let mut raw = redis::Client::open(redis.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    // What a fleet of before the format left: its bucket count, no journal format.
+    let () = redis::cmd("SET")
+        .arg("old:buckets")
+        .arg(16)
+        .query_async(&mut raw)
+        .await
+        .expect("set");
+    let entries = async |store: &RedisRunStore| -> (u64, Vec<String>) {
+        let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
+        let id = rec.run_id;
+        store.create(rec).await.expect("create");
+        store
+            .append(id, vec![msg("1"), msg("2"), msg("3")], None)
+            .await
+            .expect("append");
+        let mut raw = redis::Client::open(redis.url())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let len: u64 = redis::cmd("XLEN")
+            .arg(format!("{}:journal", store.run_key(id)))
+            .query_async(&mut raw)
+            .await
+            .expect("xlen");
+        let texts = store
+            .load(id)
+            .await
+            .expect("load")
+            .journal
+            .iter()
+            .map(|e| match &e.event {
+                Event::SystemMessage(m) => format!("{} {}", e.seq, m.content),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        (len, texts)
+    };
+    let want: Vec<String> = ["1 1", "2 2", "3 3"].map(String::from).to_vec();
+    let old = RedisRunStore::connect(&redis.url(), "old")
+        .await
+        .expect("connect");
+    assert!(old.writes_single_entries());
+    assert_eq!(entries(&old).await, (3, want.clone()), "an entry per event");
+    assert!(!old.allow_entry_per_write().await.expect("allow"));
+    assert!(
+        old.allow_entry_per_write().await.expect("allow"),
+        "set already"
+    );
+    let upgraded = RedisRunStore::connect(&redis.url(), "old")
+        .await
+        .expect("connect");
+    assert!(!upgraded.writes_single_entries());
+    assert_eq!(
+        entries(&upgraded).await,
+        (1, want.clone()),
+        "an entry per write"
+    );
+    let new = RedisRunStore::connect(&redis.url(), "new")
+        .await
+        .expect("connect");
+    assert!(!new.writes_single_entries(), "a new deployment");
+    assert_eq!(entries(&new).await, (1, want));
+}

@@ -600,7 +600,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 snapshot.as_ref(),
             )
             .await?;
-        if let Some(s) = &snapshot {
+        // The store keeps a snapshot only when the journal ends at its seq.
+        if let Some(s) = &snapshot
+            && stored.last().map(|e| e.seq) == Some(s.seq)
+        {
             self.snapshot_seq = s.seq;
         }
         if let Some(c) = &change {

@@ -155,6 +155,8 @@ script_args!(
         // write ('' for none).
         snap,
         snap_seq,
+        // '1': each event an entry of its own (the format older builds read).
+        single,
     }
 );
 
@@ -197,15 +199,11 @@ if fence_seq ~= '' then
   put('fence_n', n)
 end
 if owner ~= '' then put('owner', owner) end
--- The events as one entry, `<last seq>-0`: their time once, then one JSON line each.
-if #ARGV >= first_extra then
-  seq = seq + #ARGV - first_extra + 1
-  redis.call('XADD', KEYS[2], seq .. '-0', 't', now, 'b',
-    table.concat(ARGV, '\n', first_extra, #ARGV))
-end
+-- The seq after the events (they are written last, with the record's `seq`).
+local first_seq = seq + 1
+if #ARGV >= first_extra then seq = seq + #ARGV - first_extra + 1 end
 put('seq', seq)
 put('updated_at', now)
-if snap ~= '' and tostring(seq) == snap_seq then redis.call('SET', KEYS[4], snap) end
 if status ~= '' then
   local p = prefix
   local run = cur[5]
@@ -254,6 +252,22 @@ if status ~= '' then
     redis.call('DEL', KEYS[4])
   end
 end
+-- The events as one entry, `<last seq>-0`: their time once, then one JSON line each; then the
+-- record, so that the journal and the record's `seq` are written together, after anything
+-- above that could fail.
+if seq >= first_seq and single == '1' then
+  for i = first_extra, #ARGV do
+    local n = first_seq + i - first_extra
+    redis.call('XADD', KEYS[2], n .. '-0', 'e',
+      '{"seq":' .. n .. ',"timestamp":"' .. now .. '",' .. string.sub(ARGV[i], 2))
+  end
+elseif seq >= first_seq then
+  redis.call('XADD', KEYS[2], seq .. '-0', 't', now, 'b',
+    table.concat(ARGV, '\n', first_extra, #ARGV))
+end
+if seq >= first_seq then
+  if snap ~= '' and tostring(seq) == snap_seq then redis.call('SET', KEYS[4], snap) end
+end
 redis.call('HSET', KEYS[1], unpack(set))
 return seq
 "#;
@@ -278,6 +292,12 @@ if snap then
 end
 return {h, snap, redis.call('XRANGE', KEYS[2], from, '+'), rid, ix}
 "#;
+
+/// What `<p>:journal-format` holds once every program of a fleet reads a write's events as one
+/// journal entry: programs then write them so. Set by the first program of a new deployment,
+/// or by `delta migrate-redis --journal-entries` once an older fleet is upgraded; without it
+/// each event is an entry of its own, as older builds read them (docs/operations.md).
+pub const JOURNAL_FORMAT: &str = "entry-per-write";
 
 /// Buckets when `DELTA_REDIS_BUCKETS` is not set, on one Redis.
 pub const DEFAULT_BUCKETS: u32 = 16;
@@ -482,6 +502,10 @@ pub struct RedisRunStore {
     /// The question read with the run by [`RunStore::load_latest`] (the one a resume asks
     /// about next), for [`AnswerStore::settled`] to take instead of reading it again.
     prefetched: Arc<std::sync::Mutex<Option<(RunId, RequestId, Fields)>>>,
+    /// Writes each event as a journal entry of its own, as builds before 2026-11-24 read them,
+    /// until `<p>:journal-format` says every reader takes a write as one entry (see
+    /// [`JOURNAL_FORMAT`]).
+    single_entries: bool,
     /// How a write that precedes an irreversible step is made durable ([`Durability`]).
     durability: Durability,
 }
@@ -634,8 +658,28 @@ impl RedisRunStore {
                 "Redis holds runs under the prefix `{prefix}` in the layout of before the buckets: stop the fleet and run `delta migrate-redis` (docs/operations.md#redis-buckets)"
             )));
         }
-        store.claim_buckets(options.buckets.is_some()).await?;
+        store.claim_buckets(options.buckets.is_some(), true).await?;
         Ok(store)
+    }
+
+    /// Lets the fleet write each write's events as one journal entry (`<p>:journal-format`),
+    /// once every gateway and worker runs a build that reads them; programs started after it
+    /// write so. Returns whether it was set already.
+    pub async fn allow_entry_per_write(&self) -> Result<bool, Error> {
+        let mut conn = self.connection();
+        let old: Option<String> = redis::cmd("SET")
+            .arg(self.index("journal-format"))
+            .arg(JOURNAL_FORMAT)
+            .arg("GET")
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(old.as_deref() == Some(JOURNAL_FORMAT))
+    }
+
+    /// Whether this handle writes each event as a journal entry of its own.
+    pub fn writes_single_entries(&self) -> bool {
+        self.single_entries
     }
 
     /// Connects without checking the layout or the bucket count (for the migration).
@@ -671,6 +715,7 @@ impl RedisRunStore {
             secrets: None,
             seen: Arc::default(),
             prefetched: Arc::default(),
+            single_entries: true,
             durability: Durability::FsyncAlways,
         })
     }
@@ -678,19 +723,36 @@ impl RedisRunStore {
     /// Stores this handle's bucket count in `<prefix>:buckets` unless a count is there. With
     /// `strict` (a count was given), refuses to go on with another one; otherwise takes the
     /// count Redis holds.
-    async fn claim_buckets(&mut self, strict: bool) -> Result<(), Error> {
+    /// `new_format`: a deployment this claim creates writes one journal entry per write (not
+    /// for a migration: the migrated fleet's older programs may still run).
+    async fn claim_buckets(&mut self, strict: bool, new_format: bool) -> Result<(), Error> {
         let key = self.index("buckets");
+        let format_key = self.index("journal-format");
         let mut conn = self.conn.clone();
-        let (stored,): (Option<String>,) = redis::pipe()
+        let (fresh, stored): (Option<String>, Option<String>) = redis::pipe()
             .cmd("SET")
             .arg(&key)
             .arg(self.buckets)
             .arg("NX")
-            .ignore()
             .get(&key)
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
+        // A new deployment has no reader of the older format: a write is one entry there.
+        let mut pipe = redis::pipe();
+        if fresh.is_some() && new_format {
+            pipe.cmd("SET")
+                .arg(&format_key)
+                .arg(JOURNAL_FORMAT)
+                .arg("NX")
+                .ignore();
+        }
+        let (format,): (Option<String>,) = pipe
+            .get(&format_key)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        self.single_entries = format.as_deref() != Some(JOURNAL_FORMAT);
         match stored.as_deref().map(str::parse::<u32>) {
             Some(Ok(n)) if n == self.buckets => Ok(()),
             Some(Ok(n)) if !strict && (1..=MAX_BUCKETS).contains(&n) => {
@@ -1576,6 +1638,7 @@ impl RunStore for RedisRunStore {
             owner: self.owner.clone().unwrap_or_default(),
             traceparent: self.traceparent.clone().unwrap_or_default(),
             seen_len: self.seen_len(run_id),
+            single: if self.single_entries { "1" } else { "" }.to_owned(),
             ..AppendArgs::default()
         };
         if let Some(f) = self.fence {

@@ -84,7 +84,7 @@ impl Memo {
             return false;
         };
         match serde_json::from_value::<SavedMemo>(saved.clone()) {
-            Ok(SavedMemo::Scripted(m)) => m.fits(script),
+            Ok(SavedMemo::Scripted(m)) => m.fits(script) && m.covers(snapshot.seq),
             Err(_) => false,
         }
     }

@@ -224,6 +224,12 @@ impl ScriptMemo {
         self.script == script.digest
     }
 
+    /// Whether this memo holds the journal up to `seq` (a snapshot's) and knows where the run
+    /// stands: a snapshot's memo must, for a resume to read only the events after it.
+    pub fn covers(&self, seq: u64) -> bool {
+        self.seq == seq && self.at.is_some()
+    }
+
     /// What a snapshot stores: the history without what no later walk needs.
     fn pruned(&self) -> ScriptMemo {
         let passed = self.at.as_ref().map_or(0, |p| p.passed);

@@ -67,7 +67,7 @@ impl RedisRunStore {
             buckets: Some(buckets),
         };
         let mut store = Self::connect_unchecked(url, prefix, &options).await?;
-        store.claim_buckets(true).await?;
+        store.claim_buckets(true, false).await?;
         store.migrate().await
     }
 
