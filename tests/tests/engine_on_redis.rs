@@ -275,8 +275,9 @@ async fn resume_long(
 }
 
 /// A resume reads the pause's snapshot and no event before it, and goes on exactly as from the
-/// whole journal; a snapshot that is missing, unreadable, of another format or for another seq
-/// is ignored and the journal replayed. The run is long enough (300 thoughts) that the engine
+/// whole journal; a snapshot that is missing, unreadable, of another format or for another seq,
+/// or whose brain memo names a place the script does not have, is ignored and the journal
+/// replayed. The run is long enough (300 thoughts) that the engine
 /// also stores snapshots on its way, every 256 events.
 #[tokio::test]
 async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
@@ -294,7 +295,7 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
     .await;
     assert!(used, "the intact snapshot is used");
     let shape = delta_e2e::journal_shape(&reference);
-    let cases: [(&str, &Prepare); 4] = [
+    let cases: [(&str, &Prepare); 5] = [
         ("missing", &|_| None),
         ("unreadable", &|s| {
             let (seq, json) = s.split_once(':').expect("seq");
@@ -302,6 +303,12 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
         }),
         ("another format", &|s| {
             Some(s.replacen("\"format\":1", "\"format\":0", 1))
+        }),
+        ("a place the script does not have", &|s| {
+            let (seq, json) = s.split_once(':').expect("seq");
+            let mut v: serde_json::Value = serde_json::from_str(json).expect("json");
+            v["brain"]["scripted"]["at"]["frames"] = serde_json::json!([[null, 99_999]]);
+            Some(format!("{seq}:{v}"))
         }),
         ("another seq", &|s| {
             let (seq, json) = s.split_once(':').expect("seq");

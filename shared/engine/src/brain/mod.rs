@@ -75,7 +75,8 @@ impl Memo {
     }
 
     /// Whether a resume of `agent` can go on from `snapshot` and the events after it: its brain
-    /// keeps what it needs in the snapshot, and the snapshot was made with this very script.
+    /// keeps what it needs in the snapshot, made with this very script, up to the snapshot's
+    /// seq, at a place of the script the next walk can start from.
     /// Otherwise the host reads the whole journal ([`delta_store::RunStore::load`]).
     pub fn fits(agent: &Agent, snapshot: &delta_protocol::journal::Snapshot) -> bool {
         let (BrainKind::Scripted, Some(script), Some(saved)) =
@@ -84,7 +85,9 @@ impl Memo {
             return false;
         };
         match serde_json::from_value::<SavedMemo>(saved.clone()) {
-            Ok(SavedMemo::Scripted(m)) => m.fits(script) && m.covers(snapshot.seq),
+            Ok(SavedMemo::Scripted(m)) => {
+                m.fits(script) && m.covers(snapshot.seq) && m.walks(script)
+            }
             Err(_) => false,
         }
     }

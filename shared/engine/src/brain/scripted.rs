@@ -230,6 +230,19 @@ impl ScriptMemo {
         self.seq == seq && self.at.is_some()
     }
 
+    /// Whether the next walk can start where this memo says the run stands in `script` (a
+    /// damaged or mistaken memo cannot): checked before a resume relies on it, so that it reads
+    /// the whole journal instead of failing the run.
+    pub fn walks(&self, script: &Script) -> bool {
+        walk(
+            script,
+            &self.history,
+            self.at.as_ref(),
+            self.history.target(),
+        )
+        .is_ok()
+    }
+
     /// What a snapshot stores: the history without what no later walk needs.
     fn pruned(&self) -> ScriptMemo {
         let passed = self.at.as_ref().map_or(0, |p| p.passed);
