@@ -368,7 +368,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             change,
             Some(StatusChange::Waiting(_) | StatusChange::Interrupted)
         ) || seq >= self.snapshot_seq + SNAPSHOT_EVERY;
-        if !due || seq <= self.snapshot_seq {
+        if !due || seq <= self.snapshot_seq || !self.store.keeps_snapshots() {
             return None;
         }
         self.snapshot()

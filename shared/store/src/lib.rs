@@ -298,6 +298,12 @@ pub trait RunStore: GrantStore + Send + Sync {
         change: Option<StatusChange>,
     ) -> impl Future<Output = Result<Vec<JournalEvent>, Error>> + Send;
 
+    /// Whether this store keeps snapshots ([`RunStore::append_with_snapshot`]): the engine
+    /// makes none for a store that would drop them.
+    fn keeps_snapshots(&self) -> bool {
+        false
+    }
+
     /// [`RunStore::append`], storing `snapshot` with the events when it covers exactly the
     /// journal as this append leaves it (it is dropped otherwise: snapshots are only ever an
     /// optimisation). Stores that keep no snapshots ignore it (the default).

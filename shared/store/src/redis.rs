@@ -1623,6 +1623,10 @@ impl RunStore for RedisRunStore {
             .await
     }
 
+    fn keeps_snapshots(&self) -> bool {
+        true
+    }
+
     async fn append_with_snapshot(
         &self,
         run_id: RunId,
