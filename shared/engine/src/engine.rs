@@ -360,6 +360,19 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             }))
     }
 
+    /// What the brain sees of the run: the journal as this engine holds it.
+    fn view(&self) -> View<'_> {
+        View {
+            run_id: self.record.run_id,
+            task: &self.record.task,
+            journal: &self.journal,
+            memo: &self.memo,
+            agent: self.agent,
+            work_dir: &self.settings.work_dir,
+            cancel: &self.cancel,
+        }
+    }
+
     /// A snapshot of the run as it stands with the buffered events, if one is due with
     /// `change` and the brain keeps what it needs in one.
     fn snapshot_for(&self, change: Option<&StatusChange>) -> Option<Snapshot> {
@@ -379,15 +392,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     /// the run stands.
     pub fn snapshot(&self) -> Option<Snapshot> {
         let seq = self.replay.last_seq;
-        let view = View {
-            run_id: self.record.run_id,
-            task: &self.record.task,
-            journal: &self.journal,
-            memo: &self.memo,
-            agent: self.agent,
-            work_dir: &self.settings.work_dir,
-            cancel: &self.cancel,
-        };
+        let view = self.view();
         let brain = match self.brain.remember(view) {
             Ok(Some(b)) => b,
             Ok(None) => return None,
@@ -747,15 +752,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             if self.agent.hooks.pre_llm_req.is_some() || self.agent.hooks.post_llm_resp.is_some() {
                 self.decide_hooked().await
             } else {
-                let view = View {
-                    run_id: self.record.run_id,
-                    task: &self.record.task,
-                    journal: &self.journal,
-                    memo: &self.memo,
-                    agent: self.agent,
-                    work_dir: &self.settings.work_dir,
-                    cancel: &self.cancel,
-                };
+                let view = self.view();
                 tokio::select! {
                     d = self.brain.decide(view) => Some(d),
                     () = self.cancel.cancelled() => None,
@@ -826,15 +823,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     /// `post_llm_resp` sees the response. `None`: cancelled.
     async fn decide_hooked(&mut self) -> Option<Result<Decision, crate::brain::Error>> {
         use crate::hooks::HookKind;
-        let view = View {
-            run_id: self.record.run_id,
-            task: &self.record.task,
-            journal: &self.journal,
-            memo: &self.memo,
-            agent: self.agent,
-            work_dir: &self.settings.work_dir,
-            cancel: &self.cancel,
-        };
+        let view = self.view();
         let request = tokio::select! {
             r = self.brain.request(view) => r,
             () = self.cancel.cancelled() => return None,
@@ -843,15 +832,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             Ok(Some(r)) => r,
             // A brain that sends no request: its hooks have nothing to see.
             Ok(None) => {
-                let view = View {
-                    run_id: self.record.run_id,
-                    task: &self.record.task,
-                    journal: &self.journal,
-                    memo: &self.memo,
-                    agent: self.agent,
-                    work_dir: &self.settings.work_dir,
-                    cancel: &self.cancel,
-                };
+                let view = self.view();
                 return tokio::select! {
                     d = self.brain.decide(view) => Some(d),
                     () = self.cancel.cancelled() => None,
@@ -870,15 +851,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         if cancel.is_cancelled() {
             return None;
         }
-        let view = View {
-            run_id: self.record.run_id,
-            task: &self.record.task,
-            journal: &self.journal,
-            memo: &self.memo,
-            agent: self.agent,
-            work_dir: &self.settings.work_dir,
-            cancel: &self.cancel,
-        };
+        let view = self.view();
         let decided = tokio::select! {
             d = self.brain.decide_request(view, request) => d,
             () = self.cancel.cancelled() => return None,
