@@ -146,6 +146,15 @@ pub fn answers_of(run: &delta_store::StoredRun) -> Vec<delta_protocol::HumanInpu
         .collect()
 }
 
+/// A plain connection to the Redis at `url`, for a test that reads or changes keys directly.
+pub async fn redis_raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis")
+}
+
 /// Every key matching `pattern` in Redis with its value, as text: hashes, streams, sorted sets,
 /// sets, lists and strings read in clear (a `DUMP` is compressed, so a search could miss). With
 /// several URLs (a Redis Cluster's nodes, comma-separated), the keys of every master.

@@ -9,13 +9,16 @@ use delta_store::redis::RedisRunStore;
 use delta_store::{RunRecord, RunStore};
 use tokio_util::sync::CancellationToken;
 
-async fn run_hello<S: RunStore>(
+/// A new run of `agent` with `task`, advanced by a first engine to its first pause: its id,
+/// the question and the engine's settings.
+async fn to_first_pause<S: RunStore>(
     store: &S,
     agent: &Agent,
+    brain: &AnyBrain,
+    task: &str,
     work: &std::path::Path,
-) -> Vec<JournalEvent> {
-    let brain = AnyBrain::for_agent(agent).expect("brain");
-    let rec = RunRecord::new(RunId::new(), agent.name(), "say hi", RunStatus::Queued);
+) -> (RunId, delta_protocol::InteractionRequest, Settings) {
+    let rec = RunRecord::new(RunId::new(), agent.name(), task, RunStatus::Queued);
     let id = rec.run_id;
     store.create(rec).await.expect("create");
     let settings = Settings {
@@ -26,7 +29,7 @@ async fn run_hello<S: RunStore>(
     let run = store.load(id).await.expect("load");
     let out = Engine::new(
         agent,
-        &brain,
+        brain,
         store,
         run,
         settings.clone(),
@@ -38,6 +41,16 @@ async fn run_hello<S: RunStore>(
     let Outcome::Paused(q) = out else {
         panic!("expected a pause, got {out:?}")
     };
+    (id, *q, settings)
+}
+
+async fn run_hello<S: RunStore>(
+    store: &S,
+    agent: &Agent,
+    work: &std::path::Path,
+) -> Vec<JournalEvent> {
+    let brain = AnyBrain::for_agent(agent).expect("brain");
+    let (id, q, settings) = to_first_pause(store, agent, &brain, "say hi", work).await;
     // Resumed by a fresh engine, as another worker would.
     let run = store.load(id).await.expect("load");
     assert_eq!(run.record.status, RunStatus::WaitingForInput);
@@ -185,36 +198,10 @@ async fn resume_long(
     prepare: &Prepare,
 ) -> (Vec<JournalEvent>, bool) {
     let brain = AnyBrain::for_agent(agent).expect("brain");
-    let rec = RunRecord::new(RunId::new(), agent.name(), "t", RunStatus::Queued);
-    let id = rec.run_id;
-    store.create(rec).await.expect("create");
-    let settings = Settings {
-        worker: "w1".into(),
-        work_dir: work.to_path_buf(),
-        pause: PauseMode::Park,
-    };
-    let run = store.load(id).await.expect("load");
-    let out = Engine::new(
-        agent,
-        &brain,
-        store,
-        run,
-        settings.clone(),
-        CancellationToken::new(),
-    )
-    .advance(None)
-    .await
-    .expect("advance");
-    let Outcome::Paused(q) = out else {
-        panic!("expected a pause, got {out:?}")
-    };
+    let (id, q, settings) = to_first_pause(store, agent, &brain, "t", work).await;
     // The pause stored a snapshot of the whole journal.
     let key = format!("{}:snap", store.run_key(id));
-    let mut conn = redis::Client::open(url)
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = delta_e2e::redis_raw(url).await;
     let stored: String = redis::cmd("GET")
         .arg(&key)
         .query_async(&mut conn)

@@ -22,14 +22,6 @@ fn the_slot_function_is_redis_clusters() {
     assert_eq!(slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
 }
 
-async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis")
-}
-
 fn msg(text: &str) -> Event {
     Event::SystemMessage(SystemMessage {
         level: MessageLevel::Info,
@@ -122,7 +114,7 @@ async fn lifecycle(store: &RedisRunStore, key: &str) -> (RunId, Vec<InteractionR
 
 /// Every key under `prefix` with the text of its members, fields and values.
 async fn keys_and_contents(url: &str, prefix: &str) -> HashMap<String, String> {
-    let mut c = raw(url).await;
+    let mut c = delta_e2e::redis_raw(url).await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}:*"))
         .query_async(&mut c)
@@ -458,7 +450,7 @@ async fn a_program_with_another_bucket_count_is_refused() {
 async fn make_old_layout(url: &str, store: &RedisRunStore) {
     let p = store.prefix().to_owned();
     let tag = store.tag(0);
-    let mut c = raw(url).await;
+    let mut c = delta_e2e::redis_raw(url).await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{p}:*"))
         .query_async(&mut c)
@@ -779,7 +771,7 @@ async fn a_journal_that_lost_writes_refuses_the_writer_that_made_them() {
         .expect("append");
     // The second event is lost, as a failover to a replica that had only the first loses it:
     // the journal as the replica has it.
-    let mut raw = raw(&redis.url()).await;
+    let mut raw = delta_e2e::redis_raw(&redis.url()).await;
     let journal = format!("{}:journal", store.run_key(id));
     let kept = store.load(id).await.expect("load").journal[0].clone();
     let _: () = redis::pipe()
@@ -841,7 +833,7 @@ async fn a_write_applied_already_is_refused_when_it_comes_again() {
         .expect("append");
     // The next write reaches Redis and runs, but its reply is lost with the connection: the
     // journal holds it, and the writer still has the length it left before it.
-    let mut raw = raw(&redis.url()).await;
+    let mut raw = delta_e2e::redis_raw(&redis.url()).await;
     let journal = format!("{}:journal", store.run_key(id));
     let mut second = store.load(id).await.expect("load").journal[0].clone();
     second.seq = 2;

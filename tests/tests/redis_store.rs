@@ -640,11 +640,7 @@ async fn a_write_is_one_entry_and_every_reader_splits_it_back() {
         .await
         .expect("append");
     let journal = format!("{}:journal", store.run_key(id));
-    let mut raw = redis::Client::open(redis.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut raw = delta_e2e::redis_raw(&redis.url()).await;
     let len: u64 = redis::cmd("XLEN")
         .arg(&journal)
         .query_async(&mut raw)
@@ -714,11 +710,7 @@ async fn a_write_is_one_entry_and_every_reader_splits_it_back() {
 #[tokio::test]
 async fn an_older_deployment_writes_one_entry_per_event_until_it_is_allowed_more() {
     let redis = delta_e2e::Redis::start().expect("redis-server");
-    let mut raw = redis::Client::open(redis.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut raw = delta_e2e::redis_raw(&redis.url()).await;
     // What a fleet of before the format left: its bucket count, no journal format.
     let () = redis::cmd("SET")
         .arg("old:buckets")
@@ -734,11 +726,7 @@ async fn an_older_deployment_writes_one_entry_per_event_until_it_is_allowed_more
             .append(id, vec![msg("1"), msg("2"), msg("3")], None)
             .await
             .expect("append");
-        let mut raw = redis::Client::open(redis.url())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
+        let mut raw = delta_e2e::redis_raw(&redis.url()).await;
         let len: u64 = redis::cmd("XLEN")
             .arg(format!("{}:journal", store.run_key(id)))
             .query_async(&mut raw)

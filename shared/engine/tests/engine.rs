@@ -95,6 +95,21 @@ impl Fixture {
         Engine::new(&self.agent, &self.brain, &self.store, run, settings, cancel)
     }
 
+    /// Run `id` (task `task`) as a crash right after `events` leaves it on disk: its record
+    /// `RUNNING` and the journal prefix.
+    async fn crashed_after(&self, id: RunId, task: &str, events: &[JournalEvent]) {
+        self.store
+            .create(RunRecord::new(id, "t", task, RunStatus::Running))
+            .await
+            .expect("create");
+        let prefix: String = events
+            .iter()
+            .map(delta_protocol::journal::to_line)
+            .collect();
+        std::fs::write(self.store.execution_dir(id).join("journal.jsonl"), prefix)
+            .expect("write prefix");
+    }
+
     /// `run` as a resume from a snapshot reads it: the snapshot an engine that had read the
     /// first `at(len)` events would store, and the events after them.
     fn snapshotted(&self, run: StoredRun, at: At) -> StoredRun {
@@ -891,6 +906,14 @@ steps:
   - finish: "done ${answer}"
 "#;
 
+/// `count` tool runs journaled as done in `events`.
+fn counted(events: &[JournalEvent]) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(&e.event, Event::ActionResult(r) if r.observation_content.starts_with("counted")))
+        .count()
+}
+
 /// Drives a run to its end, answering each question the same way.
 async fn drive(f: &Fixture, id: RunId) -> Outcome {
     drive_with(f, id, None).await
@@ -964,20 +987,9 @@ async fn a_run_cut_after_any_event_resumes_to_the_same_journal_without_extra_eff
 
     for cut in 1..full.len() {
         let g = Fixture::new(REPLAY);
-        let rec = RunRecord::new(id, "t", "t", RunStatus::Running);
-        g.store.create(rec).await.expect("create");
         // What a crash right after event `cut` leaves on disk: the journal prefix.
-        let exec = g.store.execution_dir(id);
-        let prefix: String = full[..cut]
-            .iter()
-            .map(delta_protocol::journal::to_line)
-            .collect();
-        std::fs::write(exec.join("journal.jsonl"), prefix).expect("write prefix");
-        // Count tool runs already journaled as done in the prefix.
-        let done_before = full[..cut]
-            .iter()
-            .filter(|e| matches!(&e.event, Event::ActionResult(r) if r.observation_content.starts_with("counted")))
-            .count();
+        g.crashed_after(id, "t", &full[..cut]).await;
+        let done_before = counted(&full[..cut]);
         let out = drive(&g, id).await;
         assert_eq!(
             out,
@@ -1018,18 +1030,8 @@ async fn a_run_resumed_from_a_snapshot_at_any_event_goes_on_as_from_its_whole_jo
     for cut in 1..full.len() {
         for (where_, at) in at {
             let g = Fixture::new(REPLAY);
-            let rec = RunRecord::new(id, "t", "t", RunStatus::Running);
-            g.store.create(rec).await.expect("create");
-            let exec = g.store.execution_dir(id);
-            let prefix: String = full[..cut]
-                .iter()
-                .map(delta_protocol::journal::to_line)
-                .collect();
-            std::fs::write(exec.join("journal.jsonl"), prefix).expect("write prefix");
-            let done_before = full[..cut]
-                .iter()
-                .filter(|e| matches!(&e.event, Event::ActionResult(r) if r.observation_content.starts_with("counted")))
-                .count();
+            g.crashed_after(id, "t", &full[..cut]).await;
+            let done_before = counted(&full[..cut]);
             let out = drive_with(&g, id, Some(at)).await;
             assert_eq!(
                 out,
@@ -1071,13 +1073,7 @@ async fn a_plan_sent_back_resumes_from_a_snapshot_as_from_its_whole_journal() {
     let reference = semantic(&full);
     for cut in 1..full.len() {
         let g = planned("max_plan_rounds: 3\n");
-        let rec = RunRecord::new(id, "t", "v2", RunStatus::Running);
-        g.store.create(rec).await.expect("create");
-        let prefix: String = full[..cut]
-            .iter()
-            .map(delta_protocol::journal::to_line)
-            .collect();
-        std::fs::write(g.store.execution_dir(id).join("journal.jsonl"), prefix).expect("write");
+        g.crashed_after(id, "v2", &full[..cut]).await;
         // The answers the prefix holds were the first ones: count them.
         let answered = received(&full[..cut]).len();
         let out = drive_answering(
@@ -1121,15 +1117,7 @@ async fn an_unfinished_non_idempotent_action_asks_whether_it_already_ran() {
         let g = Fixture::new(
             "steps:\n  - tool: record\n    args: {line: once}\n  - finish: \"${observation}\"\n",
         );
-        g.store
-            .create(RunRecord::new(id, "t", "t", RunStatus::Running))
-            .await
-            .expect("create");
-        let prefix: String = full[..cut]
-            .iter()
-            .map(delta_protocol::journal::to_line)
-            .collect();
-        std::fs::write(g.store.execution_dir(id).join("journal.jsonl"), prefix).expect("write");
+        g.crashed_after(id, "t", &full[..cut]).await;
         let q = paused(g.engine(id).await.advance(None).await.expect("advance"));
         assert_eq!(q.kind, InteractionType::ToolApproval);
         assert_eq!(q.context["may_have_run"], true);
@@ -1523,15 +1511,7 @@ async fn a_plan_cut_after_any_event_resumes_to_the_same_journal() {
     let reference = semantic(&full);
     for cut in 1..full.len() {
         let g = planned("");
-        g.store
-            .create(RunRecord::new(id, "t", "v2", RunStatus::Running))
-            .await
-            .expect("create");
-        let prefix: String = full[..cut]
-            .iter()
-            .map(delta_protocol::journal::to_line)
-            .collect();
-        std::fs::write(g.store.execution_dir(id).join("journal.jsonl"), prefix).expect("write");
+        g.crashed_after(id, "v2", &full[..cut]).await;
         let mut out = g.engine(id).await.advance(None).await.expect("advance");
         for _ in 0..4 {
             let Outcome::Paused(q) = out else { break };
