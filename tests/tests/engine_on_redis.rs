@@ -3,7 +3,9 @@
 use delta_engine::agent::Agent;
 use delta_engine::brain::AnyBrain;
 use delta_engine::engine::{Engine, Outcome, PauseMode, Settings};
-use delta_protocol::{Event, InteractionResponse, JournalEvent, Responder, RunId, RunStatus, Via};
+use delta_protocol::{
+    Event, InteractionRequest, InteractionResponse, JournalEvent, Responder, RunId, RunStatus, Via,
+};
 use delta_store::file::FileRunStore;
 use delta_store::redis::RedisRunStore;
 use delta_store::{RunRecord, RunStore};
@@ -185,8 +187,9 @@ fn red(q: &delta_protocol::InteractionRequest) -> InteractionResponse {
     a
 }
 
-/// What a test does to a stored snapshot (`<seq>:<json>`): `None` deletes it.
-type Prepare = dyn Fn(&str) -> Option<String>;
+/// What a test does to a stored snapshot (`<seq>:<json>`) of a run waiting on a question:
+/// `None` deletes it.
+type Prepare = dyn Fn(&str, &InteractionRequest) -> Option<String>;
 
 /// Runs a long run to its pause, then resumes it with `red` from what `prepare` leaves of its
 /// snapshot; returns the journal and whether the resume read a snapshot.
@@ -211,7 +214,7 @@ async fn resume_long(
     let (seq, json) = stored.split_once(':').expect("<seq>:<json>");
     assert_eq!(seq.parse::<u64>().ok(), whole.last().map(|e| e.seq));
     assert!(json.len() < 4_000, "a snapshot holds no journal: {json}");
-    match prepare(&stored) {
+    match prepare(&stored, &q) {
         Some(v) => {
             let () = redis::cmd("SET")
                 .arg(&key)
@@ -261,6 +264,24 @@ async fn resume_long(
     (store.load(id).await.expect("load").journal, from_snapshot)
 }
 
+/// The snapshot `s` (format 2) as a build before format 2 stored it: the question `q` the run
+/// waits on copied in, and the requests of the current calls in full.
+fn format_1(s: &str, q: &InteractionRequest) -> Option<String> {
+    let (seq, json) = s.split_once(':').expect("seq");
+    let n: u64 = seq.parse().expect("seq");
+    use delta_protocol::journal::Snapshot;
+    assert!(
+        Snapshot::decode(json, n, None).is_err(),
+        "a format-2 pause snapshot needs its question"
+    );
+    let whole = Snapshot::decode(json, n, Some(q)).expect("decodes with its question");
+    let mut v = serde_json::to_value(&whole).expect("json");
+    v["format"] = 1.into();
+    assert!(v.get("asked").is_none() && v.get("requested").is_none());
+    assert!(v["replay"]["interactions"].is_array() && v["replay"]["requested"].is_object());
+    Some(format!("{seq}:{v}"))
+}
+
 /// A resume reads the pause's snapshot and no event before it, and goes on exactly as from the
 /// whole journal; a snapshot that is missing, unreadable, of another format or for another seq,
 /// or whose brain memo names a place the script does not have, is ignored and the journal
@@ -276,40 +297,71 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
     let store = RedisRunStore::connect(&redis.url(), "snap")
         .await
         .expect("connect");
-    let (reference, used) = resume_long(&redis.url(), &store, &agent, dir.path(), &|s| {
+    let (reference, used) = resume_long(&redis.url(), &store, &agent, dir.path(), &|s, _| {
         Some(s.to_owned())
     })
     .await;
     assert!(used, "the intact snapshot is used");
     let shape = delta_e2e::journal_shape(&reference);
-    let cases: [(&str, &Prepare); 5] = [
-        ("missing", &|_| None),
-        ("unreadable", &|s| {
-            let (seq, json) = s.split_once(':').expect("seq");
-            Some(format!("{seq}:{}", &json[..json.len() / 2]))
-        }),
-        ("another format", &|s| {
-            Some(s.replacen("\"format\":1", "\"format\":0", 1))
-        }),
-        ("a place the script does not have", &|s| {
-            let (seq, json) = s.split_once(':').expect("seq");
-            let mut v: serde_json::Value = serde_json::from_str(json).expect("json");
-            v["brain"]["scripted"]["at"]["frames"] = serde_json::json!([[null, 99_999]]);
-            Some(format!("{seq}:{v}"))
-        }),
-        ("another seq", &|s| {
-            let (seq, json) = s.split_once(':').expect("seq");
-            let n: u64 = seq.parse().expect("n");
-            Some(format!(
-                "{}:{}",
-                n - 1,
-                json.replacen(&format!("\"seq\":{n}"), &format!("\"seq\":{}", n - 1), 1)
-            ))
-        }),
+    // (what is done to the snapshot, whether the resume still uses it)
+    let cases: [(&str, &Prepare, bool); 7] = [
+        ("missing", &|_, _| None, false),
+        (
+            "unreadable",
+            &|s, _| {
+                let (seq, json) = s.split_once(':').expect("seq");
+                Some(format!("{seq}:{}", &json[..json.len() / 2]))
+            },
+            false,
+        ),
+        (
+            "another format",
+            &|s, _| Some(s.replacen("\"format\":2", "\"format\":0", 1)),
+            false,
+        ),
+        (
+            "a place the script does not have",
+            &|s, _| {
+                let (seq, json) = s.split_once(':').expect("seq");
+                let mut v: serde_json::Value = serde_json::from_str(json).expect("json");
+                v["brain"]["scripted"]["at"]["frames"] = serde_json::json!([[null, 99_999]]);
+                Some(format!("{seq}:{v}"))
+            },
+            false,
+        ),
+        (
+            "another seq",
+            &|s, _| {
+                let (seq, json) = s.split_once(':').expect("seq");
+                let n: u64 = seq.parse().expect("n");
+                Some(format!(
+                    "{}:{}",
+                    n - 1,
+                    json.replacen(&format!("\"seq\":{n}"), &format!("\"seq\":{}", n - 1), 1)
+                ))
+            },
+            false,
+        ),
+        (
+            "waiting on another question",
+            &|s, _| {
+                let (seq, json) = s.split_once(':').expect("seq");
+                let mut v: serde_json::Value = serde_json::from_str(json).expect("json");
+                assert!(v["asked"].is_string(), "format 2 names the question: {v}");
+                v["asked"] = serde_json::json!(delta_protocol::RequestId::new());
+                Some(format!("{seq}:{v}"))
+            },
+            false,
+        ),
+        (
+            "format 1 (the question copied in, as builds before format 2 wrote it)",
+            &format_1,
+            true,
+        ),
     ];
-    for (what, prepare) in cases {
+    for (what, prepare, usable) in cases {
         let (journal, used) = resume_long(&redis.url(), &store, &agent, dir.path(), prepare).await;
-        assert!(!used, "{what}: not used");
+        assert_eq!(used, usable, "{what}: used");
         assert_eq!(delta_e2e::journal_shape(&journal), shape, "{what}");
     }
 }

@@ -408,6 +408,8 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             hook_calls: self.base_hook_calls + self.journaled_hook_calls(),
             grants_noted: self.grants_noted().map(str::to_owned).collect(),
             brain: Some(brain),
+            asked: None,
+            requested: Vec::new(),
         })
     }
 
@@ -691,9 +693,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     }
 
     fn refusal_for(&self, request_id: RequestId) -> ResponseError {
-        match self.replay.interaction(request_id) {
-            Some((_, Some(_))) => ResponseError::AlreadyResolved(request_id),
-            _ => ResponseError::NotFound(request_id.to_string()),
+        if self.replay.answered(request_id) {
+            ResponseError::AlreadyResolved(request_id)
+        } else {
+            ResponseError::NotFound(request_id.to_string())
         }
     }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use delta_engine::agent::Agent;
 use delta_engine::brain::AnyBrain;
 use delta_engine::engine::{Engine, Error, Outcome, PauseMode, Settings};
+use delta_protocol::journal::Snapshot;
 use delta_protocol::{
     ActionStatus, Event, HumanInputReceived, InteractionRequest, InteractionResponse,
     InteractionType, JournalEvent, OptionAction, Plan, Responder, RiskLevel, RunId, RunStatus, Via,
@@ -118,11 +119,17 @@ impl Fixture {
             return run;
         }
         let head = StoredRun::whole(run.record.clone(), run.journal[..n].to_vec());
+        let waits_on = head.replay().pending().cloned();
         let snapshot = self
             .engine_for(head, CancellationToken::new())
             .snapshot()
             .expect("a scripted brain's run has a snapshot");
         assert_eq!(snapshot.seq, run.journal[n - 1].seq);
+        // As a store keeps it: encoded, the question waited on named by its id, and decoded
+        // with the store's copy of that question.
+        let stored = snapshot.encode();
+        let snapshot = Snapshot::decode(&stored, snapshot.seq, waits_on.as_ref())
+            .expect("a snapshot reads back");
         StoredRun {
             record: run.record,
             journal: run.journal[n..].to_vec(),
@@ -1048,6 +1055,60 @@ async fn a_run_resumed_from_a_snapshot_at_any_event_goes_on_as_from_its_whole_jo
             assert_eq!(g.counter("counter"), 3 - done_before, "cut at {cut}");
         }
     }
+}
+
+/// A snapshot keeps only the id of an answered question that is neither sensitive nor about the
+/// current decision, and names the question the run waits on by its id; a resume from it still
+/// refuses a second answer to that earlier question as already answered, and writes nothing.
+#[tokio::test]
+async fn an_earlier_answer_left_out_of_a_snapshot_is_still_refused_as_answered() {
+    let f = Fixture::new(REPLAY);
+    let id = f.start("t").await;
+    let first = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let second = paused(
+        f.engine(id)
+            .await
+            .advance(Some(answer(&first, None, Some("Ada"))))
+            .await
+            .expect("advance"),
+    );
+    let whole = f.store.load(id).await.expect("load");
+    let from_snapshot = f.snapshotted(whole.clone(), |n| n);
+    let snapshot = from_snapshot.snapshot.as_ref().expect("a snapshot");
+    assert!(from_snapshot.journal.is_empty());
+    // Stored, it holds neither question (the one waited on only by its id), and the call
+    // that asks once; read back, the pending one is there again.
+    let stored = snapshot.encode();
+    assert!(
+        !stored.contains("name?") && !stored.contains("request_hash"),
+        "{stored}"
+    );
+    assert_eq!(stored.matches("colour?").count(), 1, "{stored}");
+    assert!(stored.contains(&first.request_id.to_string()));
+    assert!(stored.contains(&second.request_id.to_string()));
+    assert_eq!(
+        snapshot.replay.pending().map(|q| q.request_id),
+        Some(second.request_id)
+    );
+    assert!(snapshot.replay.interaction(first.request_id).is_none());
+    assert!(snapshot.replay.answered(first.request_id));
+    assert!(!snapshot.replay.answered(second.request_id));
+    // Decoded without the store's copy of the question it names, it is not usable.
+    assert!(Snapshot::decode(&stored, snapshot.seq, None).is_err());
+    assert!(Snapshot::decode(&stored, snapshot.seq, Some(&first)).is_err());
+
+    let before = f.journal(id).await;
+    for run in [whole, from_snapshot] {
+        let again = f
+            .engine_for(run, CancellationToken::new())
+            .advance(Some(answer(&first, None, Some("Bob"))))
+            .await;
+        assert!(
+            matches!(&again, Err(Error::Answer(e)) if e.code() == "already_resolved"),
+            "{again:?}"
+        );
+    }
+    assert_eq!(f.journal(id).await, before);
 }
 
 /// The same with a plan sent back once ("modify") and then confirmed: a snapshot taken after a

@@ -171,6 +171,10 @@ pub struct Replay {
     /// Interactions in journal order, with their answer when one arrived.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub interactions: Vec<(InteractionRequest, Option<HumanInputReceived>)>,
+    /// The ids of answered interactions a snapshot left out ([`Replay::pruned`]): a repeat of
+    /// their answer is refused as already answered, not as unknown.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    answered: Vec<RequestId>,
     /// When the brain's most recent decision is a `PLAN`: that plan, and the index in
     /// `interactions` of the request asking to confirm it, once asked.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -327,7 +331,17 @@ impl Replay {
             .map(|(q, _)| q)
     }
 
-    /// Looks an interaction up by id.
+    /// Whether interaction `id` was asked and answered (kept, or left out by a snapshot).
+    pub fn answered(&self, id: RequestId) -> bool {
+        self.answered.contains(&id)
+            || self
+                .interactions
+                .iter()
+                .any(|(q, a)| q.request_id == id && a.is_some())
+    }
+
+    /// Looks an interaction up by id. An answered one that a snapshot left out (neither
+    /// sensitive nor about the current decision) is not found: see [`Replay::answered`].
     pub fn interaction(
         &self,
         id: RequestId,
@@ -336,10 +350,33 @@ impl Replay {
     }
 
     /// What a snapshot keeps: everything the rest of the run can ask, without what it never
-    /// will (the identity, which the record holds, and the requests and results of decisions
-    /// before the current one: action ids carry their turn, so no later call reuses them).
+    /// will: the identity, which the record holds; the requests and results of decisions before
+    /// the current one (action ids carry their turn, so no later call reuses them); and the
+    /// answered interactions that are neither sensitive (their answers are masked for the rest
+    /// of the run) nor about the current decision, of which only the ids are kept. So a
+    /// snapshot stays small however many questions a run asked.
     pub fn pruned(&self) -> Replay {
-        let current = |id: &String| self.current_calls.iter().any(|c| &c.id == id);
+        let current = |id: &str| self.current_calls.iter().any(|c| c.id == id);
+        let plan_asked = self.current_plan.as_ref().and_then(|(_, i)| *i);
+        let mut answered = self.answered.clone();
+        let mut interactions = Vec::new();
+        let mut current_plan = self.current_plan.clone();
+        for (i, (q, a)) in self.interactions.iter().enumerate() {
+            let keep = a.is_none()
+                || q.is_sensitive()
+                || q.action_id().is_some_and(current)
+                || plan_asked == Some(i);
+            if !keep {
+                answered.push(q.request_id);
+                continue;
+            }
+            if plan_asked == Some(i)
+                && let Some((_, asked)) = &mut current_plan
+            {
+                *asked = Some(interactions.len());
+            }
+            interactions.push((q.clone(), a.clone()));
+        }
         Replay {
             start: None,
             requested: self
@@ -354,7 +391,15 @@ impl Replay {
                 .filter(|(id, _)| current(id))
                 .map(|(id, a)| (id.clone(), a.clone()))
                 .collect(),
-            ..self.clone()
+            interactions,
+            answered,
+            current_plan,
+            attempts: self.attempts,
+            end: self.end.clone(),
+            turns: self.turns,
+            current_calls: self.current_calls.clone(),
+            revising: self.revising,
+            last_seq: self.last_seq,
         }
     }
 
@@ -368,9 +413,11 @@ impl Replay {
     }
 }
 
-/// The format of the [`Snapshot`]s this build writes. A snapshot of any other format is ignored
-/// (the journal is replayed instead), so changing what a snapshot holds means a new number.
-pub const SNAPSHOT_FORMAT: u32 = 1;
+/// The format of the [`Snapshot`]s this build writes. Changing what a snapshot holds means a new
+/// number. Format 2 names the question the run waits on by its id (`asked`) instead of copying
+/// it (the store keeps the question anyway). Format 1 (the question copied in) is still read;
+/// a snapshot of any other format is ignored and the journal replayed.
+pub const SNAPSHOT_FORMAT: u32 = 2;
 
 /// Where a run stood at journal seq `seq`, so that a resume reads this and the events after it
 /// rather than the whole journal (docs/protocol.md, "Snapshots"). Derived data only: the journal
@@ -395,6 +442,16 @@ pub struct Snapshot {
     /// brain's format; `None` for a brain that reads the whole journal anyway.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub brain: Option<serde_json::Value>,
+    /// Only as stored ([`Snapshot::encode`]): the id of the question the run waits on, which the
+    /// stored `replay` then leaves out. [`Snapshot::decode`] puts the store's copy back, so in
+    /// memory this is always `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked: Option<RequestId>,
+    /// Only as stored: the current calls whose `ACTION_REQUEST` is the call itself (the same
+    /// tool and arguments, as it nearly always is), which the stored `replay` then leaves out of
+    /// its requests. Empty in memory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requested: Vec<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -402,33 +459,75 @@ fn is_zero(n: &u64) -> bool {
 }
 
 impl Snapshot {
-    /// The snapshot `text` holds if it is one this build can use for journal seq `seq`;
-    /// `None` (with the reason logged by the caller) otherwise.
-    pub fn decode(text: &str, seq: u64) -> Result<Snapshot, String> {
+    /// The snapshot `text` holds if it is one this build can use for journal seq `seq`, or why
+    /// not (for the caller to log). `question` is the store's copy of the question the run waits
+    /// on, read with the snapshot: a snapshot naming another question (or one not read) is not
+    /// usable.
+    pub fn decode(
+        text: &str,
+        seq: u64,
+        question: Option<&InteractionRequest>,
+    ) -> Result<Snapshot, String> {
         #[derive(Deserialize)]
         struct Head {
             format: u32,
         }
         let head: Head = serde_json::from_str(text).map_err(|e| format!("unreadable: {e}"))?;
-        if head.format != SNAPSHOT_FORMAT {
+        if head.format != SNAPSHOT_FORMAT && head.format != 1 {
             return Err(format!(
-                "format {} where this build writes {SNAPSHOT_FORMAT}",
+                "format {} where this build reads 1 and {SNAPSHOT_FORMAT}",
                 head.format
             ));
         }
-        let snap: Snapshot = serde_json::from_str(text).map_err(|e| format!("unreadable: {e}"))?;
+        let mut snap: Snapshot =
+            serde_json::from_str(text).map_err(|e| format!("unreadable: {e}"))?;
         if snap.seq != seq || snap.replay.last_seq != seq {
             return Err(format!(
                 "it covers seq {} (replay at {}) where the store says {seq}",
                 snap.seq, snap.replay.last_seq
             ));
         }
+        if let Some(id) = snap.asked.take() {
+            let q = question
+                .filter(|q| q.request_id == id)
+                .ok_or_else(|| format!("it waits on question {id}, which was not read with it"))?;
+            snap.replay.interactions.push((q.clone(), None));
+        }
+        for id in std::mem::take(&mut snap.requested) {
+            let call = snap
+                .replay
+                .current_calls
+                .iter()
+                .find(|c| c.id == id)
+                .ok_or_else(|| format!("it names a request of call {id}, which is not current"))?;
+            let request = ActionRequest {
+                action_id: call.id.clone(),
+                tool: call.tool.clone(),
+                args: call.args.clone(),
+            };
+            snap.replay.requested.insert(id, request);
+        }
         Ok(snap)
     }
 
-    /// The snapshot as stored (compact JSON).
+    /// The snapshot as stored (compact JSON, [`SNAPSHOT_FORMAT`]): the question the run waits on
+    /// named by its id, when it is the last one asked.
     pub fn encode(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
+        let mut stored = self.clone();
+        stored.format = SNAPSHOT_FORMAT;
+        if let Some((q, None)) = stored.replay.interactions.last() {
+            stored.asked = Some(q.request_id);
+            stored.replay.interactions.pop();
+        }
+        for call in &self.replay.current_calls {
+            let as_called = |r: &ActionRequest| r.tool == call.tool && r.args == call.args;
+            if stored.replay.requested.get(&call.id).is_some_and(as_called) {
+                stored.replay.requested.remove(&call.id);
+                stored.requested.push(call.id.clone());
+            }
+        }
+        // Our own types, string keys only: serialising cannot fail.
+        serde_json::to_string(&stored).unwrap_or_default()
     }
 }
 

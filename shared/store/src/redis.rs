@@ -1565,6 +1565,11 @@ impl RunStore for RedisRunStore {
         if hash.is_empty() {
             return Err(Error::NotFound(run_id));
         }
+        // The question the run waits on, read with the snapshot (which names it by its id).
+        let question = ix
+            .get("request")
+            .filter(|_| snap.is_some())
+            .and_then(|r| serde_json::from_str::<InteractionRequest>(r).ok());
         *self
             .prefetched
             .lock()
@@ -1582,7 +1587,7 @@ impl RunStore for RedisRunStore {
             .ok_or_else(|| "no `<seq>:` in front".to_owned())
             .and_then(|(seq, json)| {
                 let seq = seq.parse::<u64>().map_err(|e| format!("its seq: {e}"))?;
-                Snapshot::decode(json, seq)
+                Snapshot::decode(json, seq, question.as_ref())
             })
             .and_then(|snapshot| {
                 let events = parse_entries(&entries, snapshot.seq + 1)
