@@ -760,9 +760,34 @@ async fn probe_paused(
     let mem_paused = used_memory(store).await?;
     let rss_paused = rss.workers_now();
     report.insert("paused_probe_runs".into(), json!(n));
+    let per_run = mem_paused.saturating_sub(mem_before) / n;
+    report.insert("redis_bytes_per_paused_run".into(), json!(per_run));
+    // Where those bytes are: each key of a sample of the paused runs, as Redis counts it; the
+    // rest is their entries in the listings and the keyspace's own overhead.
+    let sample = &asked[..asked.len().min(50)];
+    let mut by_key: Vec<(&str, u64)> = Vec::new();
+    for q in sample {
+        for (name, bytes) in store.memory_of_run(q.run_id).await? {
+            match by_key.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, sum)) => *sum += bytes,
+                None => by_key.push((name, bytes)),
+            }
+        }
+    }
+    let mut breakdown = serde_json::Map::new();
+    let mut keys = 0;
+    for (name, sum) in by_key {
+        let mean = sum / (sample.len().max(1) as u64);
+        keys += mean;
+        breakdown.insert(name.into(), json!(mean));
+    }
+    breakdown.insert(
+        "listings_and_keyspace".into(),
+        json!(per_run.saturating_sub(keys)),
+    );
     report.insert(
-        "redis_bytes_per_paused_run".into(),
-        json!(mem_paused.saturating_sub(mem_before) / n),
+        "redis_bytes_per_paused_run_by_key".into(),
+        Value::Object(breakdown),
     );
     report.insert("worker_rss_kib_before_probe".into(), json!(rss_before));
     report.insert("worker_rss_kib_with_probe_paused".into(), json!(rss_paused));
@@ -797,11 +822,17 @@ async fn probe_paused(
     Ok(())
 }
 
+/// What Redis holds in memory for its data: `used_memory` without the connections' buffers and
+/// the AOF buffer, which a burst of submissions fills for a moment and which are not the runs'.
 async fn used_memory(store: &RedisRunStore) -> anyhow::Result<u64> {
     let info = store.info("memory").await?;
-    info.get("used_memory")
-        .and_then(|v| v.parse().ok())
-        .context("INFO memory has no used_memory")
+    let field = |name: &str| info.get(name).and_then(|v| v.parse::<u64>().ok());
+    let used = field("used_memory").context("INFO memory has no used_memory")?;
+    let transient: u64 = ["mem_clients_normal", "mem_clients_slaves", "mem_aof_buffer"]
+        .iter()
+        .filter_map(|f| field(f))
+        .sum();
+    Ok(used.saturating_sub(transient))
 }
 
 /// CPU clock ticks used so far by each Redis server, by port.

@@ -962,6 +962,44 @@ impl RedisRunStore {
         Ok(out)
     }
 
+    /// What Redis says each of a run's keys takes (`MEMORY USAGE`, in bytes, every element
+    /// sampled): its record, journal, snapshot and the question it waits on, by those names;
+    /// a key that does not exist counts 0. For the bench's breakdown of a paused run.
+    pub async fn memory_of_run(&self, run_id: RunId) -> Result<Vec<(&'static str, u64)>, Error> {
+        let mut conn = self.connection();
+        let pending: Option<String> = redis::cmd("HGET")
+            .arg(self.run_key(run_id))
+            .arg("pending_request_id")
+            .query_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        let keys = [
+            ("record", Some(self.run_key(run_id))),
+            ("journal", Some(self.journal_key(run_id))),
+            ("snapshot", Some(self.snapshot_key(run_id))),
+            (
+                "question",
+                pending.map(|rid| self.interaction_key(run_id, &rid)),
+            ),
+        ];
+        let mut out = Vec::new();
+        for (name, key) in keys {
+            let bytes: Option<u64> = match key {
+                Some(key) => redis::cmd("MEMORY")
+                    .arg("USAGE")
+                    .arg(key)
+                    .arg("SAMPLES")
+                    .arg(0)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(backend)?,
+                None => None,
+            };
+            out.push((name, bytes.unwrap_or(0)));
+        }
+        Ok(out)
+    }
+
     /// Whether the store can take writes as configured: every master answers and, with
     /// [`super::Durability::Replica`], has a replica that acknowledges.
     pub async fn writable(&self) -> Result<(), Error> {
