@@ -343,8 +343,8 @@ impl Kind {
             _ => ("--port", port),
         };
         let mut args: Vec<&str> = match self {
-            // AOF on, no RDB snapshots, never evict (STACK.md), and stream nodes of 2 KB, which
-            // halves what Redis reserves for each run's journal (docs/operations.md#durability).
+            // AOF on, no RDB snapshots, never evict (STACK.md), and stream nodes of 1 KB: Redis
+            // reserves less for each run's journal (docs/operations.md#durability).
             Kind::Redis => vec![
                 port_flag,
                 &port,
@@ -357,7 +357,7 @@ impl Kind {
                 "--maxmemory-policy",
                 "noeviction",
                 "--stream-node-max-bytes",
-                "2048",
+                "1024",
             ],
             // Always a store dir of its own, or servers share /tmp/nats/jetstream.
             Kind::Nats => vec!["-js", "-a", "127.0.0.1", "-p", &port],
