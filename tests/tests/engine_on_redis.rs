@@ -3,9 +3,7 @@
 use delta_engine::agent::Agent;
 use delta_engine::brain::AnyBrain;
 use delta_engine::engine::{Engine, Outcome, PauseMode, Settings};
-use delta_protocol::{
-    Event, InteractionRequest, InteractionResponse, JournalEvent, Responder, RunId, RunStatus, Via,
-};
+use delta_protocol::{Event, InteractionResponse, JournalEvent, Responder, RunId, RunStatus, Via};
 use delta_store::file::FileRunStore;
 use delta_store::redis::RedisRunStore;
 use delta_store::{RunRecord, RunStore};
@@ -187,9 +185,9 @@ fn red(q: &delta_protocol::InteractionRequest) -> InteractionResponse {
     a
 }
 
-/// What a test does to a stored snapshot (`<seq>:<json>`) of a run waiting on a question:
+/// What a test does to a stored snapshot (`<seq>:<json>`) of a run whose whole journal is given:
 /// `None` deletes it.
-type Prepare = dyn Fn(&str, &InteractionRequest) -> Option<String>;
+type Prepare = dyn Fn(&str, &[JournalEvent]) -> Option<String>;
 
 /// Runs a long run to its pause, then resumes it with `red` from what `prepare` leaves of its
 /// snapshot; returns the journal and whether the resume read a snapshot.
@@ -214,7 +212,7 @@ async fn resume_long(
     let (seq, json) = stored.split_once(':').expect("<seq>:<json>");
     assert_eq!(seq.parse::<u64>().ok(), whole.last().map(|e| e.seq));
     assert!(json.len() < 4_000, "a snapshot holds no journal: {json}");
-    match prepare(&stored, &q) {
+    match prepare(&stored, &whole) {
         Some(v) => {
             let () = redis::cmd("SET")
                 .arg(&key)
@@ -264,21 +262,28 @@ async fn resume_long(
     (store.load(id).await.expect("load").journal, from_snapshot)
 }
 
-/// The snapshot `s` (format 2) as a build before format 2 stored it: the question `q` the run
-/// waits on copied in, and the requests of the current calls in full.
-fn format_1(s: &str, q: &InteractionRequest) -> Option<String> {
+/// The snapshot `s` (format 2) of a run whose journal is `whole`, as a build before format 2
+/// stored it: every question the run asked with its answer (the one waited on included), and the
+/// requests of the current calls in full. (Whether a resume from a snapshot that left answered
+/// questions out goes on as from the whole journal is the engine's tests' part.)
+fn format_1(s: &str, whole: &[JournalEvent]) -> Option<String> {
+    use delta_protocol::journal::{Replay, Snapshot};
     let (seq, json) = s.split_once(':').expect("seq");
     let n: u64 = seq.parse().expect("seq");
-    use delta_protocol::journal::Snapshot;
+    let full = Replay::new(whole);
+    let q = full.pending().expect("the run waits on a question");
     assert!(
         Snapshot::decode(json, n, None).is_err(),
         "a format-2 pause snapshot needs its question"
     );
-    let whole = Snapshot::decode(json, n, Some(q)).expect("decodes with its question");
-    let mut v = serde_json::to_value(&whole).expect("json");
+    let decoded = Snapshot::decode(json, n, Some(q)).expect("decodes with its question");
+    let mut v = serde_json::to_value(&decoded).expect("json");
     v["format"] = 1.into();
+    v["replay"]["interactions"] = serde_json::to_value(&full.interactions).expect("json");
+    let replay = v["replay"].as_object_mut().expect("replay");
+    replay.remove("answered");
     assert!(v.get("asked").is_none() && v.get("requested").is_none());
-    assert!(v["replay"]["interactions"].is_array() && v["replay"]["requested"].is_object());
+    assert!(v["replay"]["requested"].is_object());
     Some(format!("{seq}:{v}"))
 }
 
@@ -364,4 +369,68 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
         assert_eq!(used, usable, "{what}: used");
         assert_eq!(delta_e2e::journal_shape(&journal), shape, "{what}");
     }
+}
+
+/// A worker stopped (its grace over) while it handles a job for a run that waits on a question,
+/// before it did anything, leaves the run waiting: the question stays open for its person, the
+/// record and the journal as they were. (An `INTERRUPTED` write here closed the question as
+/// expired, and the next delivery applied its default or failed the run.)
+#[tokio::test]
+async fn stopping_on_a_waiting_run_keeps_its_question_open() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent_dir = dir.path().join("long");
+    std::fs::create_dir_all(&agent_dir).expect("mkdir");
+    let agent = long_agent(&agent_dir, 3);
+    let brain = AnyBrain::for_agent(&agent).expect("brain");
+    let store = RedisRunStore::connect(&redis.url(), "stop")
+        .await
+        .expect("connect");
+    let (id, q, settings) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
+    let before = store.load(id).await.expect("load");
+    let stopped = CancellationToken::new();
+    stopped.cancel();
+    for answer in [None, Some(red(&q))] {
+        let run = delta_engine::resume::load_run(&store, id, Some(&agent), None)
+            .await
+            .expect("load");
+        let out = Engine::new(
+            &agent,
+            &brain,
+            &store,
+            run,
+            settings.clone(),
+            stopped.clone(),
+        )
+        .advance(answer)
+        .await
+        .expect("advance");
+        assert_eq!(out, Outcome::Interrupted);
+        let now = store.load(id).await.expect("load");
+        assert_eq!(now.journal, before.journal, "nothing written");
+        assert_eq!(now.record.status, RunStatus::WaitingForInput);
+        assert_eq!(now.record.pending_request_id, Some(q.request_id));
+        let ix = store
+            .interaction(id, q.request_id)
+            .await
+            .expect("read")
+            .expect("the question");
+        assert_eq!(ix.state, delta_protocol::InteractionState::Pending);
+    }
+    // And the run still goes on with its answer.
+    let run = delta_engine::resume::load_run(&store, id, Some(&agent), None)
+        .await
+        .expect("load");
+    let out = Engine::new(
+        &agent,
+        &brain,
+        &store,
+        run,
+        settings,
+        CancellationToken::new(),
+    )
+    .advance(Some(red(&q)))
+    .await
+    .expect("advance");
+    assert!(matches!(out, Outcome::Completed { .. }), "{out:?}");
 }

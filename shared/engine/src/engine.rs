@@ -678,8 +678,17 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         self.advance(None).await
     }
 
-    /// Checkpoints the run as `INTERRUPTED` (the host's answer to SIGINT/SIGTERM).
+    /// Checkpoints the run as `INTERRUPTED` (the host's answer to SIGINT/SIGTERM). A run parked
+    /// on a question that this engine has written nothing to is left as it is: it was not
+    /// running, so there is nothing to interrupt, and an `INTERRUPTED` write would close the
+    /// question its person may still answer.
     pub async fn interrupt(&mut self) -> Result<Outcome, Error> {
+        let parked = self.record.status == RunStatus::WaitingForInput
+            && self.committed == self.journal.len()
+            && self.replay.pending().is_some();
+        if parked {
+            return Ok(Outcome::Interrupted);
+        }
         if self.replay.terminal().is_none() {
             // No `on_run_end`: an interrupted run is not over (it resumes).
             self.push(Event::EngineEnd(EngineEnd {
