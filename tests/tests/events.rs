@@ -197,6 +197,17 @@ async fn every_event_decodes_with_the_cloudevents_sdk_and_matches_its_schema() {
         .expect("completed");
     assert_eq!(completed["data"]["result"], "chose yes");
     assert_eq!(completed["data"]["status"], "COMPLETED");
+    // The worker announces the record as it wrote it, without reading it back: the same times
+    // and outcome as the stored run.
+    let (s, run) = fleet
+        .client
+        .get(&format!("/v1/runs/{asked}"))
+        .await
+        .expect("the run");
+    assert_eq!(s, 200, "{run}");
+    assert_eq!(completed["data"]["ended_at"], run["updated_at"], "{run}");
+    assert_eq!(completed["data"]["created_at"], run["created_at"], "{run}");
+    assert_eq!(completed["data"]["result"], run["result"], "{run}");
     let cancel = events
         .iter()
         .find(|e| e["type"] == "dev.delta.run.cancelled")

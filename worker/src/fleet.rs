@@ -914,9 +914,10 @@ async fn handle(shared: &Shared, d: Delivery) {
             Err(e) => Err(e),
         };
         beat.cancel();
-        out
+        // The record as this engine last wrote it: what a run that ended announces.
+        (out, engine.record().clone())
     };
-    let (outcome, ()) = tokio::join!(advance, heart);
+    let ((outcome, record), ()) = tokio::join!(advance, heart);
     if stale {
         tracing::info!("a stale resume job for a run another job is running; dropped");
         let _ = d.ack().await;
@@ -940,8 +941,14 @@ async fn handle(shared: &Shared, d: Delivery) {
         }
         Ok(_) => {
             // Ended: announced before the job is acked, so that a crash in between leaves the
-            // job to a redelivery that announces it.
-            match announce_end_of(shared, job.run_id, tp.as_deref()).await {
+            // job to a redelivery that announces it. From the record as the engine wrote it
+            // (read back only if the engine ended nothing: a run ended before this job).
+            let announced = if record.status.is_terminal() {
+                announce_ended(shared, &record, tp.as_deref()).await
+            } else {
+                announce_end_of(shared, job.run_id, tp.as_deref()).await
+            };
+            match announced {
                 Ok(()) => {
                     let _ = d.ack().await;
                 }

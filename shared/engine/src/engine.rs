@@ -614,7 +614,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             self.snapshot_seq = s.seq;
         }
         if let Some(c) = &change {
-            c.apply_to(&mut self.record, Timestamp::now());
+            // As the store wrote it: the write's time is its events' (so `record()` is the
+            // stored record, and the host need not read it back).
+            let at = stored.last().map_or_else(Timestamp::now, |e| e.timestamp);
+            c.apply_to(&mut self.record, at);
         }
         self.journal.truncate(self.committed);
         if let Some(f) = &self.observer {
