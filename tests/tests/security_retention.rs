@@ -282,3 +282,38 @@ async fn a_worker_removes_the_directory_of_a_run_finished_past_retention() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(names(&root), [paused.to_string()]);
 }
+
+/// An agent that never uses a work directory (the scripted brain, `builtin:` tools only, no
+/// hooks) gets none: its runs pause and complete with nothing made under the root.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_of_builtin_tools_gets_no_work_directory() {
+    let mut fleet = Fleet::start_with("ret4", 1, 0, |_| {}).await;
+    fleet.add_agent(
+        "inworker",
+        "name: inworker\nbrain: scripted\ntools:\n  - name: echo\n    description: Returns its input.\n    builtin: echo\n",
+        "steps:\n  - ask_human: {prompt: \"go?\"}\n  - tool: echo\n    args: {text: \"said ${answer}\"}\n  - finish: \"${observation}\"\n",
+    );
+    add_files_agent(&fleet);
+    fleet.add_worker("w0");
+    let root = fleet
+        .worker_spec
+        .work_dir
+        .canonicalize()
+        .expect("work root");
+    let run = fleet.submit("inworker", "t").await;
+    let q = fleet.pending(run).await;
+    assert!(names(&root).is_empty(), "{:?}", names(&root));
+    let (status, body) = fleet.answer(&q, json!({"input": "yes"})).await;
+    assert_eq!(status, 200, "{body}");
+    fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(
+        observations(&stored).last().map(String::as_str),
+        Some("said yes")
+    );
+    assert!(names(&root).is_empty(), "{:?}", names(&root));
+    // An agent that runs processes on the same worker still gets its own.
+    let files = fleet.submit("files", "alpha").await;
+    fleet.pending(files).await;
+    assert_eq!(names(&root), [files.to_string()]);
+}

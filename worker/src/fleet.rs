@@ -843,12 +843,17 @@ async fn handle(shared: &Shared, d: Delivery) {
     if let (Some((rid, at)), RunStatus::WaitingForInput) = (answers.applying(), status_at_load) {
         shared.queue.announce_resumed(rid, at).await;
     }
-    // The run's own directory, made before any of its tools runs here.
-    let work_dir = match shared.work_dirs.create(job.run_id) {
-        Ok(dir) => dir,
-        Err(e) => {
-            return retry_or_poison(shared, &d, &format!("its work directory: {e}")).await;
+    // The run's own directory, made before any of its tools runs here; none for an agent that
+    // never uses one (a scripted agent of `builtin:` tools without hooks).
+    let work_dir = if agent.needs_work_dir() {
+        match shared.work_dirs.create(job.run_id) {
+            Ok(dir) => dir,
+            Err(e) => {
+                return retry_or_poison(shared, &d, &format!("its work directory: {e}")).await;
+            }
         }
+    } else {
+        shared.work_dirs.path(job.run_id)
     };
     let settings = engine::Settings {
         worker: shared.config.worker_id.clone(),

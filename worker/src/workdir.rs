@@ -1,7 +1,8 @@
 //! Per-run work directories (issue 14, finding 11).
 //!
 //! `DELTA_WORK_DIR` is a root: a run's tools run in `<root>/<run_id>`, created `0700` by the
-//! worker before it advances the run, so that two runs (on one worker or on several sharing a
+//! worker before it advances the run (unless its agent never uses one: `Agent::needs_work_dir`),
+//! so that two runs (on one worker or on several sharing a
 //! root) do not see each other's files by relative path, and `${CWD}` / `CWD` name the run's own
 //! directory. A run may move between workers, so each worker that advanced it holds a copy of
 //! its directory under its own root (or shares one, when workers share a root).

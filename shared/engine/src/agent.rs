@@ -308,6 +308,18 @@ pub struct Agent {
     pub warnings: Vec<String>,
 }
 
+impl Agent {
+    /// Whether a run of this agent may use its work directory: it runs processes (a tool that
+    /// is not `builtin:`, a lifecycle hook), or its brain reads or writes files there (any brain
+    /// but the scripted one: the openai brain's `context.yaml`). A scripted agent of `builtin:`
+    /// tools alone never touches it, so the fleet's workers make none for its runs.
+    pub fn needs_work_dir(&self) -> bool {
+        self.brain != BrainKind::Scripted
+            || !self.hooks.is_empty()
+            || self.tools.values().any(crate::tools::Tool::runs_process)
+    }
+}
+
 pub const DEFAULT_MAX_ITERATIONS: u32 = 30;
 
 /// `config.yaml` parsed and checked: the config, the brain it picks and its tools.

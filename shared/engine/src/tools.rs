@@ -316,6 +316,13 @@ pub struct Tool {
     pub env: Vec<String>,
 }
 
+impl Tool {
+    /// Whether a call runs a process (everything but `builtin:` tools, which run in the host).
+    pub fn runs_process(&self) -> bool {
+        !matches!(self.form, Form::Echo)
+    }
+}
+
 pub const DEFAULT_TOOL_TIMEOUT_S: u64 = 120;
 pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 64 * 1024;
 
