@@ -301,17 +301,29 @@ async fn s2_sigstop_a_worker_past_ack_wait_then_sigcont() {
                 taken.push(id);
             }
         }
-        chaos::wait_until(
-            "the woken worker's late writes to be refused",
-            Duration::from_secs(60),
-            || {
-                let all_refused = taken
-                    .iter()
-                    .all(|id| log_lines(&log_of, names[v], "write refused", &id.to_string()) > 0);
-                std::future::ready(all_refused)
-            },
-        )
-        .await;
+        let unrefused = || {
+            taken
+                .iter()
+                .filter(|id| log_lines(&log_of, names[v], "write refused", &id.to_string()) == 0)
+                .collect::<Vec<_>>()
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !unrefused().is_empty() {
+            if std::time::Instant::now() > deadline {
+                // What the woken worker logged of each run it was not refused on, to tell a
+                // lost refusal from another path (a timed-out write, a job given back).
+                let mut said = String::new();
+                for id in unrefused() {
+                    said.push_str(&format!("\n{id}:"));
+                    let log = std::fs::read_to_string(log_of.log(names[v])).unwrap_or_default();
+                    for line in log.lines().filter(|l| l.contains(&id.to_string())) {
+                        said.push_str(&format!("\n  {line}"));
+                    }
+                }
+                panic!("timed out waiting for the woken worker's late writes to be refused;{said}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         // The round is over before the next freeze, which could otherwise hit the new owner.
         let done = chaos::wait_terminal(&fleet.store, &ids, Duration::from_secs(60)).await;
         assert_eq!(done, ids.len(), "the round's runs finished");
