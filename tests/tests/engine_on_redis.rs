@@ -390,22 +390,24 @@ async fn stopping_on_a_waiting_run_keeps_its_question_open() {
     let before = store.load(id).await.expect("load");
     let stopped = CancellationToken::new();
     stopped.cancel();
-    for answer in [None, Some(red(&q))] {
+    let resume = async |answer, cancel: &CancellationToken| {
         let run = delta_engine::resume::load_run(&store, id, Some(&agent), None)
             .await
             .expect("load");
-        let out = Engine::new(
+        Engine::new(
             &agent,
             &brain,
             &store,
             run,
             settings.clone(),
-            stopped.clone(),
+            cancel.clone(),
         )
         .advance(answer)
         .await
-        .expect("advance");
-        assert_eq!(out, Outcome::Interrupted);
+        .expect("advance")
+    };
+    for answer in [None, Some(red(&q))] {
+        assert_eq!(resume(answer, &stopped).await, Outcome::Interrupted);
         let now = store.load(id).await.expect("load");
         assert_eq!(now.journal, before.journal, "nothing written");
         assert_eq!(now.record.status, RunStatus::WaitingForInput);
@@ -418,19 +420,6 @@ async fn stopping_on_a_waiting_run_keeps_its_question_open() {
         assert_eq!(ix.state, delta_protocol::InteractionState::Pending);
     }
     // And the run still goes on with its answer.
-    let run = delta_engine::resume::load_run(&store, id, Some(&agent), None)
-        .await
-        .expect("load");
-    let out = Engine::new(
-        &agent,
-        &brain,
-        &store,
-        run,
-        settings,
-        CancellationToken::new(),
-    )
-    .advance(Some(red(&q)))
-    .await
-    .expect("advance");
+    let out = resume(Some(red(&q)), &CancellationToken::new()).await;
     assert!(matches!(out, Outcome::Completed { .. }), "{out:?}");
 }

@@ -377,20 +377,19 @@ impl Replay {
             }
             interactions.push((q.clone(), a.clone()));
         }
+        fn of_current<T: Clone>(
+            map: &HashMap<String, T>,
+            current: impl Fn(&str) -> bool,
+        ) -> HashMap<String, T> {
+            map.iter()
+                .filter(|(id, _)| current(id))
+                .map(|(id, v)| (id.clone(), v.clone()))
+                .collect()
+        }
         Replay {
             start: None,
-            requested: self
-                .requested
-                .iter()
-                .filter(|(id, _)| current(id))
-                .map(|(id, a)| (id.clone(), a.clone()))
-                .collect(),
-            results: self
-                .results
-                .iter()
-                .filter(|(id, _)| current(id))
-                .map(|(id, a)| (id.clone(), a.clone()))
-                .collect(),
+            requested: of_current(&self.requested, current),
+            results: of_current(&self.results, current),
             interactions,
             answered,
             current_plan,
