@@ -38,6 +38,7 @@ pub mod inbox;
 pub mod links;
 pub mod mcp;
 pub mod metrics;
+pub mod notes;
 pub mod ops;
 pub mod reconcile;
 pub mod sse;
@@ -67,6 +68,8 @@ pub struct Gateway {
     pub streams_by_identity: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
     /// Bot answers handled at once.
     pub bot_answers: Arc<tokio::sync::Semaphore>,
+    /// Writes what the gateway notes of the jobs it published, together.
+    pub notes: notes::Notes,
 }
 
 /// Live streams one gateway serves at once.
@@ -124,15 +127,16 @@ impl Gateway {
         let submissions = SubmitRate::new(config.submit_per_minute);
         Ok(Self {
             config,
-            store,
             queue,
             metrics: metrics::Metrics::new(),
-            shutdown,
             tasks: TaskTracker::new(),
             streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
             streams_by_identity: Arc::default(),
             submissions,
             bot_answers: Arc::new(tokio::sync::Semaphore::new(MAX_BOT_ANSWERS)),
+            notes: notes::Notes::spawn(store.clone(), shutdown.clone()),
+            store,
+            shutdown,
         })
     }
 }
@@ -181,6 +185,7 @@ pub async fn run(
     let _ = reconcilers.await;
     let _ = webhooks.await;
     let _ = a2a_push.await;
+    gw.notes.finish().await;
     // Under a target of its own, so that benchmarks can keep it while silencing the rest.
     tracing::info!(
         target: "delta_stats",

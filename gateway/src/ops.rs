@@ -15,7 +15,9 @@ use delta_protocol::{
     InteractionUpdate, Job, JobKind, MessageLevel, OptionAction, REDACTED, RequestId, Resolved,
     Responder, ResponseError, RunId, RunStatus, SystemMessage, Tally, Timestamp, Via, Vote,
 };
-use delta_store::redis::{ClaimMode, Claimed, Counted, Resolution, StoredInteraction, Submitted};
+use delta_store::redis::{
+    ClaimMode, Claimed, Counted, Note, Resolution, StoredInteraction, Submitted,
+};
 use delta_store::{RunRecord, RunStore, StatusChange, Terminal};
 
 use crate::Gateway;
@@ -167,7 +169,14 @@ impl Gateway {
         };
         // Should this fail, the run stays QUEUED with no job: the lost-job reconciler sends it.
         match self.queue.publish_job(&s.agent, &job, None).await {
-            Ok(seq) => self.store.set_job_seq(record.run_id, seq).await?,
+            Ok(seq) => {
+                self.notes
+                    .note(Note::JobSeq {
+                        run_id: record.run_id,
+                        seq,
+                    })
+                    .await;
+            }
             Err(e) => {
                 tracing::warn!(error = %delta_host::Chain(&e), run = %record.run_id, "start job not published; the reconciler will")
             }
@@ -888,15 +897,16 @@ impl Gateway {
         let msg_id = job.resume_msg_id(answered_at);
         match self.queue.publish_job_as(&q.agent, &job, &msg_id, tp).await {
             Ok(seq) => {
-                let recheck = Timestamp::now().micros()
+                let recheck_us = Timestamp::now().micros()
                     + i64::try_from(self.config.lost_job_after.as_micros()).unwrap_or(i64::MAX);
-                if let Err(e) = self
-                    .store
-                    .resume_published(q.run_id, q.request_id, seq, recheck)
-                    .await
-                {
-                    tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "resume published but not noted; the reconciler will check it");
-                }
+                self.notes
+                    .note(Note::ResumePublished {
+                        run_id: q.run_id,
+                        request_id: q.request_id,
+                        seq,
+                        recheck_us,
+                    })
+                    .await;
             }
             Err(e) => {
                 tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "resume not published; the reconciler will");

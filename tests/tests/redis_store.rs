@@ -771,3 +771,103 @@ async fn an_older_deployment_writes_one_entry_per_event_until_it_is_allowed_more
     assert!(!new.writes_single_entries(), "a new deployment");
     assert_eq!(entries(&new).await, (1, want));
 }
+
+/// A run's score in every status index is when it was created. A delivery's writes take it from
+/// the record they loaded, without reading the `runs:all` index; a writer that loaded nothing
+/// reads it there.
+#[tokio::test]
+async fn a_run_is_scored_by_its_creation_in_every_status_index() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "score")
+        .await
+        .expect("connect");
+    let raw = delta_e2e::redis_raw(&redis.url()).await;
+    let mut rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    // An hour ago, so that no write's own time could pass for it.
+    rec.created_at =
+        delta_protocol::Timestamp::from_micros(rec.created_at.micros() - 3_600_000_000)
+            .expect("a time");
+    let id = rec.run_id;
+    let created = rec.created_at.micros();
+    store.create(rec).await.expect("create");
+    let run_key = store.run_key(id);
+    let tag = run_key.strip_suffix(&format!(":run:{id}")).expect("tag");
+    let score = |status: RunStatus| {
+        let key = format!("{tag}:runs:{}", status.as_str());
+        let mut raw = raw.clone();
+        async move {
+            // ZMSCORE, so as not to count among the scripts' ZSCOREs.
+            let s: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+                .arg(&key)
+                .arg(id.to_string())
+                .query_async(&mut raw)
+                .await
+                .expect("zmscore");
+            s[0].map(|s| s as i64)
+        }
+    };
+    let zscores = || {
+        let mut raw = raw.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut raw)
+                .await
+                .expect("info");
+            info.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_zscore:calls="))
+                .and_then(|l| l.split(',').next())
+                .map_or(0, |n| n.parse::<u64>().expect("calls"))
+        }
+    };
+    assert_eq!(score(RunStatus::Queued).await, Some(created));
+
+    // A delivery loads the run, starts it and pauses it.
+    let start = store.fenced(delta_protocol::Fence::new(1, 1));
+    start.load_latest(id, None).await.expect("load");
+    let before = zscores().await;
+    start
+        .append(
+            id,
+            vec![msg("started")],
+            Some(delta_store::StatusChange::Running),
+        )
+        .await
+        .expect("start");
+    assert_eq!(score(RunStatus::Running).await, Some(created));
+    assert_eq!(score(RunStatus::Queued).await, None);
+    let mut q = delta_protocol::InteractionRequest::new(
+        id,
+        "a",
+        delta_protocol::InteractionType::UserInput,
+        "go on?",
+    );
+    q.sensitive = false;
+    start
+        .append(
+            id,
+            vec![Event::HumanInputRequest(Box::new(q.clone()))],
+            Some(delta_store::StatusChange::Waiting(Box::new(q))),
+        )
+        .await
+        .expect("pause");
+    assert_eq!(score(RunStatus::WaitingForInput).await, Some(created));
+    assert_eq!(
+        zscores().await,
+        before,
+        "the delivery scored the run from the record it loaded"
+    );
+
+    // A writer that did not load the run reads its score from `runs:all`.
+    store
+        .append(
+            id,
+            vec![msg("on")],
+            Some(delta_store::StatusChange::Running),
+        )
+        .await
+        .expect("unfenced write");
+    assert_eq!(score(RunStatus::Running).await, Some(created));
+    assert_eq!(score(RunStatus::WaitingForInput).await, None);
+    assert_eq!(zscores().await, before + 1);
+}

@@ -74,7 +74,7 @@ pub use a2a::{A2aPushConfig, DeletePush, PushLimits, PutPush};
 pub use webhooks::{Webhook, WebhookSecrets, WebhookState};
 
 use conn::{Client, Conn};
-pub use index::{JournalTail, Page, QueueRun, Requeue, Submitted};
+pub use index::{JournalTail, Note, Page, QueueRun, Requeue, Submitted};
 pub use migrate::Migrated;
 pub use retention::{Purge, Purged};
 
@@ -142,6 +142,9 @@ script_args!(
         // µs of the write (the score of a run new to an index), the owner ('' for none).
         created_us,
         owner,
+        // µs the run was created, which scores it in the status indexes ('' when the writer did
+        // not read its record: the script reads it from `runs:all`).
+        run_us,
         // µs when the request was asked, and of its deadline ('' for none).
         asked_us,
         expires_us,
@@ -210,7 +213,8 @@ if status ~= '' then
   local old = cur[6]
   put('status', status)
   if status ~= st then
-    local score = redis.call('ZSCORE', p .. ':runs:all', run) or created_us
+    local score = run_us
+    if score == '' then score = redis.call('ZSCORE', p .. ':runs:all', run) or created_us end
     redis.call('ZREM', p .. ':runs:' .. st, run)
     redis.call('ZADD', p .. ':runs:' .. status, score, run)
   end
@@ -281,7 +285,12 @@ const LOAD_LATEST: &str = r#"
 local h = redis.call('HGETALL', KEYS[1])
 if #h == 0 then return {h, false, {}, false, {}} end
 local rid = ARGV[1]
-if rid == '' then rid = redis.call('HGET', KEYS[1], 'pending_request_id') end
+if rid == '' then
+  rid = false
+  for i = 1, #h - 1, 2 do
+    if h[i] == 'pending_request_id' then rid = h[i + 1] break end
+  end
+end
 local ix = {}
 if rid then ix = redis.call('HGETALL', KEYS[1] .. ':ix:' .. rid) end
 local snap = redis.call('GET', KEYS[3])
@@ -298,6 +307,16 @@ return {h, snap, redis.call('XRANGE', KEYS[2], from, '+'), rid, ix}
 /// or by `delta migrate-redis --journal-entries` once an older fleet is upgraded; without it
 /// each event is an entry of its own, as older builds read them (docs/operations.md).
 pub const JOURNAL_FORMAT: &str = "entry-per-write";
+
+/// What a fenced handle last saw of the run it writes (see [`RedisRunStore::fenced`]).
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    run_id: RunId,
+    /// The journal's length then.
+    len: u64,
+    /// When the run was created (µs), if its record was read.
+    created_us: Option<i64>,
+}
 
 /// Buckets when `DELTA_REDIS_BUCKETS` is not set, on one Redis.
 pub const DEFAULT_BUCKETS: u32 = 16;
@@ -398,10 +417,12 @@ if ARGV[3] ~= '' then
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.error_reply('EXISTS') end
 local fields = {}
+local run, st
 for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 6, #ARGV - 1, 2 do
+  if ARGV[i] == 'run_id' then run = ARGV[i + 1] elseif ARGV[i] == 'status' then st = ARGV[i + 1] end
+end
 redis.call('HSET', KEYS[1], unpack(fields))
-local run = redis.call('HGET', KEYS[1], 'run_id')
-local st = redis.call('HGET', KEYS[1], 'status')
 redis.call('ZADD', ARGV[1] .. ':runs:all', ARGV[2], run)
 redis.call('ZADD', ARGV[1] .. ':runs:' .. st, ARGV[2], run)
 if st == 'COMPLETED' or st == 'FAILED' or st == 'CANCELLED' then
@@ -421,19 +442,19 @@ return {'CREATED', ''}
 /// resume member, when to check the resume (µs), the responder (`''` for the clock), now (µs).
 /// `CLAIMED|<until µs>|<holder>` when someone else holds a live claim on it.
 const RESOLVE: &str = r#"
-local st = redis.call('HGET', KEYS[1], 'state')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'claim_by', 'claim_until')
+local st, by, till = cur[1], cur[2], cur[3]
 if not st then return redis.error_reply('NOTFOUND') end
 if st ~= 'PENDING' then return st end
-if ARGV[8] ~= '' then
-  local by = redis.call('HGET', KEYS[1], 'claim_by')
-  local till = redis.call('HGET', KEYS[1], 'claim_until')
-  if by and by ~= ARGV[8] and tonumber(till or '0') > tonumber(ARGV[9]) then
-    return 'CLAIMED|' .. till .. '|' .. by
-  end
+if ARGV[8] ~= '' and by and by ~= ARGV[8] and tonumber(till or '0') > tonumber(ARGV[9]) then
+  return 'CLAIMED|' .. till .. '|' .. by
 end
-redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
-redis.call('HSET', KEYS[1], 'state', ARGV[1], 'answered_at', ARGV[3])
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'response', ARGV[2]) end
+if by or till then redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until') end
+if ARGV[2] ~= '' then
+  redis.call('HSET', KEYS[1], 'state', ARGV[1], 'answered_at', ARGV[3], 'response', ARGV[2])
+else
+  redis.call('HSET', KEYS[1], 'state', ARGV[1], 'answered_at', ARGV[3])
+end
 redis.call('ZREM', ARGV[4] .. ':interactions:pending', ARGV[5])
 redis.call('ZREM', ARGV[4] .. ':interactions:deadlines', ARGV[5])
 redis.call('ZREM', ARGV[4] .. ':interactions:escalations', ARGV[5])
@@ -496,9 +517,10 @@ pub struct RedisRunStore {
     trips: Arc<AtomicU64>,
     /// Seals sensitive answers at rest (`DELTA_SECRETS_KEY`); without it they are refused.
     secrets: Option<Arc<SecretsKey>>,
-    /// For a fenced handle: the run it loaded or wrote last, and its journal length then, so that
-    /// its takeover write is refused if someone wrote in between (see the module doc).
-    seen: Arc<std::sync::Mutex<Option<(RunId, u64)>>>,
+    /// For a fenced handle: the run it loaded or wrote last, its journal length then (so that
+    /// its takeover write is refused if someone wrote in between: see the module doc), and when
+    /// the run was created if it was loaded (the score of its status indexes).
+    seen: Arc<std::sync::Mutex<Option<Seen>>>,
     /// The question read with the run by [`RunStore::load_latest`] (the one a resume asks
     /// about next), for [`AnswerStore::settled`] to take instead of reading it again.
     prefetched: Arc<std::sync::Mutex<Option<(RunId, RequestId, Fields)>>>,
@@ -923,19 +945,26 @@ impl RedisRunStore {
     }
 
     /// Notes (on a fenced handle) that `run_id`'s journal is `len` events long as far as this
-    /// handle knows.
-    fn saw(&self, run_id: RunId, len: u64) {
-        if self.fence.is_some() {
-            *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some((run_id, len));
+    /// handle knows; `created` is the run's record's creation time when it was just read.
+    fn saw(&self, run_id: RunId, len: u64, created: Option<Timestamp>) {
+        if self.fence.is_none() {
+            return;
         }
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let created_us = created.map(|t| t.micros()).or(match *seen {
+            Some(s) if s.run_id == run_id => s.created_us,
+            _ => None,
+        });
+        *seen = Some(Seen {
+            run_id,
+            len,
+            created_us,
+        });
     }
 
-    /// The journal length this handle last saw for `run_id`, as the script's argument.
-    fn seen_len(&self, run_id: RunId) -> String {
-        match *self.seen.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some((r, len)) if r == run_id => len.to_string(),
-            _ => String::new(),
-        }
+    /// What this handle last saw of `run_id`.
+    fn seen(&self, run_id: RunId) -> Option<Seen> {
+        (*self.seen.lock().unwrap_or_else(|p| p.into_inner())).filter(|s| s.run_id == run_id)
     }
 
     /// A handle whose writes name `worker` as the run's owner and store `traceparent` with any
@@ -1536,7 +1565,11 @@ impl RunStore for RedisRunStore {
         }
         let record = parse_record(run_id, &hash)?;
         let events = parse_entries(&entries, 1)?;
-        self.saw(run_id, events.last().map_or(0, |e| e.seq));
+        self.saw(
+            run_id,
+            events.last().map_or(0, |e| e.seq),
+            Some(record.created_at),
+        );
         Ok(StoredRun::whole(record, events))
     }
 
@@ -1578,7 +1611,11 @@ impl RunStore for RedisRunStore {
         let Some(snap) = snap else {
             let record = parse_record(run_id, &hash)?;
             let events = parse_entries(&entries, 1)?;
-            self.saw(run_id, events.last().map_or(0, |e| e.seq));
+            self.saw(
+                run_id,
+                events.last().map_or(0, |e| e.seq),
+                Some(record.created_at),
+            );
             return Ok(StoredRun::whole(record, events));
         };
         let stored_seq = hash.get("seq").and_then(|s| s.parse::<u64>().ok());
@@ -1608,7 +1645,7 @@ impl RunStore for RedisRunStore {
                     journal: events,
                     snapshot: Some(snapshot),
                 };
-                self.saw(run_id, run.last_seq());
+                self.saw(run_id, run.last_seq(), Some(run.record.created_at));
                 Ok(run)
             }
             Err(why) => {
@@ -1640,13 +1677,18 @@ impl RunStore for RedisRunStore {
         snapshot: Option<&Snapshot>,
     ) -> Result<Vec<JournalEvent>, Error> {
         let now = Timestamp::now();
+        let seen = self.seen(run_id);
         let mut args = AppendArgs {
             now: now.to_string(),
             prefix: self.run_tag(run_id),
             created_us: now.micros().to_string(),
             owner: self.owner.clone().unwrap_or_default(),
             traceparent: self.traceparent.clone().unwrap_or_default(),
-            seen_len: self.seen_len(run_id),
+            seen_len: seen.map(|s| s.len.to_string()).unwrap_or_default(),
+            run_us: seen
+                .and_then(|s| s.created_us)
+                .map(|us| us.to_string())
+                .unwrap_or_default(),
             single: if self.single_entries { "1" } else { "" }.to_owned(),
             ..AppendArgs::default()
         };
@@ -1708,7 +1750,7 @@ impl RunStore for RedisRunStore {
         }
         let (last, replicated) = self.invoke_replicated::<u64>(run_id, &inv).await;
         let last = last.map_err(|e| script_error(e, run_id))?;
-        self.saw(run_id, last);
+        self.saw(run_id, last, None);
         replicated?;
         let first = last + 1 - events.len() as u64;
         Ok(numbered(events, first, now))

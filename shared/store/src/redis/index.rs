@@ -16,6 +16,23 @@ use delta_protocol::{
     SystemMessage, Timestamp,
 };
 
+/// What the gateway notes about a job once it is published (it learns the job's stream sequence
+/// only then). Each is a few idempotent writes; many go in one round trip
+/// ([`RedisRunStore::write_notes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Note {
+    /// A run's start job went out as stream message `seq` ([`RedisRunStore::set_job_seq`]).
+    JobSeq { run_id: RunId, seq: u64 },
+    /// The resume job of an answered question went out as `seq`; the resume is checked again
+    /// at `recheck_us` unless it happened ([`RedisRunStore::resume_published`]).
+    ResumePublished {
+        run_id: RunId,
+        request_id: RequestId,
+        seq: u64,
+        recheck_us: i64,
+    },
+}
+
 /// Puts a run that dead-lettering failed back in the queue: `FAILED` → `QUEUED`, its error
 /// cleared, a journal note appended; a question its journal left open, closed `EXPIRED` by the
 /// failure before its deadline, is `PENDING` again. Only a run whose error is the letter's
@@ -254,10 +271,43 @@ impl RedisRunStore {
 
     /// Remembers the stream sequence of the job just published for a run.
     pub async fn set_job_seq(&self, run_id: RunId, seq: u64) -> Result<(), Error> {
+        self.write_notes(&[Note::JobSeq { run_id, seq }]).await
+    }
+
+    /// Writes `notes` in one round trip (a pipeline; on a Redis Cluster, split by slot).
+    pub async fn write_notes(&self, notes: &[Note]) -> Result<(), Error> {
+        if notes.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for note in notes {
+            match *note {
+                Note::JobSeq { run_id, seq } => {
+                    pipe.hset(self.run_key(run_id), "job_seq", seq).ignore();
+                }
+                Note::ResumePublished {
+                    run_id,
+                    request_id,
+                    seq,
+                    recheck_us,
+                } => {
+                    pipe.hset(
+                        self.interaction_key(run_id, &request_id.to_string()),
+                        "resume_seq",
+                        seq,
+                    )
+                    .ignore()
+                    .cmd("ZADD")
+                    .arg(self.run_index(run_id, "resumes"))
+                    .arg("XX")
+                    .arg(recheck_us)
+                    .arg(format!("{run_id}/{request_id}"))
+                    .ignore();
+                }
+            }
+        }
         let mut conn = self.connection();
-        conn.hset::<_, _, _, ()>(self.run_key(run_id), "job_seq", seq)
-            .await
-            .map_err(backend)
+        pipe.query_async::<()>(&mut conn).await.map_err(backend)
     }
 
     /// A run's record alone (no journal).
@@ -393,23 +443,13 @@ impl RedisRunStore {
         seq: u64,
         recheck_us: i64,
     ) -> Result<(), Error> {
-        let mut conn = self.connection();
-        redis::pipe()
-            .hset(
-                self.interaction_key(run_id, &request_id.to_string()),
-                "resume_seq",
-                seq,
-            )
-            .ignore()
-            .cmd("ZADD")
-            .arg(self.run_index(run_id, "resumes"))
-            .arg("XX")
-            .arg(recheck_us)
-            .arg(format!("{run_id}/{request_id}"))
-            .ignore()
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(backend)
+        self.write_notes(&[Note::ResumePublished {
+            run_id,
+            request_id,
+            seq,
+            recheck_us,
+        }])
+        .await
     }
 
     /// Pending interactions whose deadline is at or before `now_us`: `(run, request)`.
