@@ -234,10 +234,11 @@ if status ~= '' then
   if pending ~= '' then
     put('pending_request_id', pending)
     if redis.call('HSETNX', KEYS[3], 'state', 'PENDING') == 1 then
+      -- The question's run is in its key, and in `interactions:runs`.
       if traceparent ~= '' then
-        redis.call('HSET', KEYS[3], 'request', request, 'run_id', run, 'traceparent', traceparent)
+        redis.call('HSET', KEYS[3], 'request', request, 'traceparent', traceparent)
       else
-        redis.call('HSET', KEYS[3], 'request', request, 'run_id', run)
+        redis.call('HSET', KEYS[3], 'request', request)
       end
       redis.call('ZADD', p .. ':interactions:all', asked_us, pending)
       redis.call('ZADD', p .. ':interactions:pending', asked_us, pending)
