@@ -2,8 +2,9 @@
 //! the bucketed one (docs/operations.md#redis-buckets). Stop the fleet first; running it again
 //! finishes a migration cut short and otherwise moves nothing.
 //!
-//! With `--journal-entries` it only lets the fleet write each write's events as one journal
-//! entry, once every gateway and worker runs a build that reads them (docs/operations.md#upgrades).
+//! With `--journal-entries` it only lets the fleet write its journals in the newest format (each
+//! write's events packed in one entry), once every gateway and worker runs a build that reads it
+//! (docs/operations.md#upgrades).
 
 use delta_store::redis::{DEFAULT_BUCKETS, MAX_BUCKETS, RedisRunStore};
 
@@ -29,9 +30,9 @@ pub struct MigrateArgs {
     #[arg(long, env = "DELTA_REDIS_BUCKETS", default_value_t = DEFAULT_BUCKETS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BUCKETS)))]
     pub redis_buckets: u32,
-    /// Only let the fleet write each write's events as one journal entry (smaller, fewer
-    /// commands): run it once every gateway and worker runs a build of 2026-11-24 or later, then
-    /// restart them. Moves no keys.
+    /// Only let the fleet write its journals in the newest format, each write's events packed in
+    /// one entry (smaller, fewer commands): run it once every gateway and worker runs a build of
+    /// 2026-11-25 or later, then restart them. Moves no keys.
     #[arg(long)]
     pub journal_entries: bool,
     /// The URL is a seed node of a Redis Cluster (for `--journal-entries`).
@@ -91,12 +92,12 @@ async fn journal_entries(args: &MigrateArgs) -> i32 {
                 "{}",
                 serde_json::json!({
                     "prefix": args.key_prefix,
-                    "journal_format": delta_store::redis::JOURNAL_FORMAT,
+                    "journal_format": delta_store::redis::JOURNAL_FORMAT_PACKED,
                     "already": already,
                 })
             );
             eprintln!(
-                "restart the gateways and workers: each writes one journal entry per write once it starts again"
+                "restart the gateways and workers: each writes packed journal entries once it starts again"
             );
             0
         }

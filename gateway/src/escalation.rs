@@ -117,7 +117,9 @@ impl Gateway {
                         },
                     );
                     let tp = span.traceparent(ix.traceparent.as_deref());
-                    self.resume(&ix, resolved, None, tp.as_deref()).await;
+                    let unannounced = self.maybe_unannounced(&ix).await;
+                    self.resume(&ix, resolved, None, tp.as_deref(), unannounced)
+                        .await;
                     span.end();
                     return Ok(done + 1);
                 }

@@ -467,29 +467,40 @@ impl Gateway {
                 )
                 .await;
         }
-        let won = self
-            .store
-            .resolve(
+        // Whether the question may be unannounced is asked of NATS while Redis settles it.
+        let (won, unannounced) = tokio::join!(
+            self.store.resolve(
                 &ix.request,
                 Resolution::Answer(&response, now),
                 self.config.resume_check,
-            )
-            .await?;
-        if won.is_some() {
+            ),
+            self.maybe_unannounced(&ix),
+        );
+        if won?.is_some() {
             // Someone else settled it between our read and our write.
             let (_, now) = self.find(request_id).await?;
             let run = self.settled(run_id, &now, &response)?;
             self.store.sync(run_id).await?;
             return Ok(Answered::decided(run));
         }
-        self.decided(run_id, &ix, &response, accepted.action, now, None, trace)
-            .await?;
+        self.decided(
+            run_id,
+            &ix,
+            &response,
+            accepted.action,
+            now,
+            None,
+            Some(unannounced),
+            trace,
+        )
+        .await?;
         Ok(Answered::decided(run_id))
     }
 
     /// After this gateway settled `ix` with `response` (the last of `votes`, on a question with
     /// `approvals`): once it is on disk, the `interaction` span, the resume job and the
-    /// `resolved` announcement.
+    /// `resolved` announcement. `unannounced`: what [`Gateway::maybe_unannounced`] said, if it
+    /// was asked already.
     #[allow(clippy::too_many_arguments)]
     async fn decided(
         &self,
@@ -499,6 +510,7 @@ impl Gateway {
         action: OptionAction,
         now: Timestamp,
         votes: Option<&[Vote]>,
+        unannounced: Option<bool>,
         trace: &mut crate::trace::AnswerTrace,
     ) -> Result<(), ApiError> {
         let request_id = ix.request.request_id;
@@ -530,8 +542,27 @@ impl Gateway {
         );
         let tp = span.traceparent(ix.traceparent.as_deref());
         trace.decided = Some(span);
-        self.resume(ix, resolved, Some(now), tp.as_deref()).await;
+        let unannounced = match unannounced {
+            Some(u) => u,
+            None => self.maybe_unannounced(ix).await,
+        };
+        self.resume(ix, resolved, Some(now), tp.as_deref(), unannounced)
+            .await;
         Ok(())
+    }
+
+    /// Whether question `ix` may never have been announced: the job that asked it is still in
+    /// the stream. Its worker announces a question before it acks the job, so an acked job's
+    /// question was announced; one that is not acked yet may be a worker that died in between
+    /// (its job is redelivered, which announces it again, but only after `ack_wait`, and a
+    /// person who found it in a listing may answer first). Asked of NATS only for a question
+    /// that names its job (asked by a build of 2026-11-25 or later); `true` when NATS cannot
+    /// say (announcing it again is harmless: the same `id`).
+    pub async fn maybe_unannounced(&self, ix: &StoredInteraction) -> bool {
+        match ix.asked_by_job {
+            Some(seq) => self.queue.job_exists(seq).await.unwrap_or(true),
+            None => false,
+        }
     }
 
     /// Whether `response` is a vote its responder cast on `ix` already, the same way.
@@ -643,8 +674,17 @@ impl Gateway {
         };
         if status == AnswerStatus::Accepted {
             let action = accepted.action;
-            self.decided(run_id, ix, &response, action, now, Some(&votes), trace)
-                .await?;
+            self.decided(
+                run_id,
+                ix,
+                &response,
+                action,
+                now,
+                Some(&votes),
+                None,
+                trace,
+            )
+            .await?;
         } else {
             self.store.sync(run_id).await?;
         }
@@ -872,8 +912,11 @@ impl Gateway {
     /// After an interaction was settled: announce it (`resolved`), then publish its run's resume
     /// job (idempotent) and note it. In that order, so that the settling precedes in the events
     /// stream whatever the resumed run announces next (its next question, its end), and no job
-    /// goes out unannounced. A failure here is left to the resume reconciler, which announces
-    /// `resolved` (again: the same id) and then publishes the job.
+    /// goes out unannounced. `unannounced` (see [`Gateway::maybe_unannounced`]): the question
+    /// itself is announced first (`requested`, its usual `id`: dropped as a duplicate if its
+    /// worker did announce it), so that it precedes its answer in the stream. A failure here is
+    /// left to the resume reconciler, which announces `resolved` (again: the same id) and then
+    /// publishes the job.
     /// `traceparent` is the question's `interaction` span (crate::trace), or what was stored.
     pub async fn resume(
         &self,
@@ -881,6 +924,7 @@ impl Gateway {
         resolved: Resolved,
         answered_at: Option<Timestamp>,
         traceparent: Option<&str>,
+        unannounced: bool,
     ) {
         let q = &ix.request;
         let job = Job {
@@ -889,6 +933,17 @@ impl Gateway {
             request_id: Some(q.request_id),
         };
         let tp = traceparent;
+        if unannounced {
+            if let Err(e) = self
+                .queue
+                .publish_request(q, ix.traceparent.as_deref())
+                .await
+            {
+                tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "a question its worker may not have announced is not announced either; the reconciler will");
+                return;
+            }
+            tracing::info!(request = %q.request_id, "announced a question whose job was not acked (its worker may have died before announcing it)");
+        }
         if let Err(e) = self.queue.publish_resolved(&q.agent, &resolved, tp).await {
             // No job without its announcement: the reconciler does both, in this order.
             tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "`resolved` not announced, nor the resume published; the reconciler will");
@@ -1003,7 +1058,9 @@ impl Gateway {
             },
         );
         let tp = span.traceparent(ix.traceparent.as_deref());
-        self.resume(&ix, resolved, None, tp.as_deref()).await;
+        let unannounced = self.maybe_unannounced(&ix).await;
+        self.resume(&ix, resolved, None, tp.as_deref(), unannounced)
+            .await;
         span.end();
         Ok(true)
     }

@@ -194,6 +194,12 @@ async fn resume_one(
     };
     // Whoever settled it may have died before announcing it (same id: announced once); before
     // the job, as `Gateway::resume` does, so that it precedes what the resumed run announces.
+    // So may the worker that asked it, before announcing the question (`requested`).
+    if gw.maybe_unannounced(&ix).await {
+        gw.queue
+            .publish_request(&ix.request, ix.traceparent.as_deref())
+            .await?;
+    }
     if let Some(resolved) = gw.resolved_of(run_id, &ix) {
         gw.queue
             .publish_resolved(&record.agent, &resolved, tp)

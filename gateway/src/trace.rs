@@ -347,6 +347,7 @@ mod tests {
             response: None,
             answered_at: None,
             resume_seq: None,
+            asked_by_job: None,
             traceparent: None,
             claim: None,
             votes: vec![],

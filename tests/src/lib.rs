@@ -199,9 +199,36 @@ pub async fn redis_dump(url: &str, pattern: &str) -> String {
             let value: redis::Value = read.query_async(&mut c).await.expect("read key");
             out.push_str(&k);
             out.push_str(&format!(" {value:?}\n"));
+            if kind == "stream" {
+                unpacked_entries(&value, &mut out);
+            }
         }
     }
     out
+}
+
+/// The events of a journal stream's packed entries (field `z`, docs/protocol.md), in clear: a
+/// search of the dump must see what they hold.
+fn unpacked_entries(stream: &redis::Value, out: &mut String) {
+    use redis::Value;
+    let Value::Array(entries) = stream else {
+        return;
+    };
+    for entry in entries {
+        let Value::Array(parts) = entry else { continue };
+        let Some(Value::Array(fields)) = parts.get(1) else {
+            continue;
+        };
+        for pair in fields.chunks(2) {
+            if let [Value::BulkString(name), Value::BulkString(z)] = pair
+                && name == b"z"
+            {
+                let lines = delta_store::redis::unpack_entry(z).expect("a packed entry");
+                out.push_str(&lines);
+                out.push('\n');
+            }
+        }
+    }
 }
 
 /// A connection for a test's own commands to the Redis at `url`: one server, or with several

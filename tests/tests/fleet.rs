@@ -447,6 +447,8 @@ async fn the_deployer_in_the_fleet_plan_secret_choice_and_edited_approval() {
         }
     }
     assert!(!aof.is_empty(), "the AOF was found");
+    // The journal's events are packed there (docs/protocol.md): what they hold in clear is the
+    // journal read back, searched above.
     assert!(
         !String::from_utf8_lossy(&aof).contains(CANARY),
         "the key is not in the AOF"

@@ -1395,3 +1395,62 @@ async fn typed_answers_are_checked_against_the_schema_over_http_and_nats() {
         .expect("the ask_human result is the object");
     assert_eq!(observed, data);
 }
+
+/// A worker that stored its run's question and died before announcing it (the announcement
+/// comes after the write, before the job is acked) leaves a question that a person may find in a
+/// listing and answer before the job is delivered again. The gateway that takes the answer sees
+/// the asking job still in the stream, and announces the question before its answer: the events
+/// stream still has `requested` before `answered`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_its_worker_died_before_announcing_is_announced_before_its_answer() {
+    let fleet = Fleet::start("gwq", 1, 0).await;
+    let run = fleet.submit("hello", "unannounced").await;
+    // The start job, as a worker would have taken it: its stream sequence, noted by the gateway.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let job = loop {
+        let seq = fleet
+            .store
+            .queue_run(run)
+            .await
+            .expect("read")
+            .expect("run")
+            .job_seq;
+        if seq > 0 {
+            break seq;
+        }
+        assert!(Instant::now() < deadline, "the job's sequence is noted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // The worker's pause, written under that job's fence; then it dies: no announcement, no ack.
+    let worker = fleet.store.fenced(delta_protocol::Fence::new(job, 1));
+    worker.load_latest(run, None).await.expect("load");
+    let q = delta_protocol::InteractionRequest::new(
+        run,
+        "hello",
+        delta_protocol::InteractionType::UserInput,
+        "Whom shall I greet?",
+    );
+    worker
+        .append(
+            run,
+            vec![Event::HumanInputRequest(Box::new(q.clone()))],
+            Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
+        )
+        .await
+        .expect("pause");
+    // Found in the listing, and answered.
+    let listed = pending(&fleet.client, run).await;
+    assert_eq!(listed, q.request_id.to_string());
+    let (status, body) = fleet.answer(&listed, json!({"input": "Grace"})).await;
+    assert_eq!(status, 200, "{body}");
+    let mut tally = delta_e2e::chaos::Tally::default();
+    delta_e2e::chaos::check_events(
+        &fleet.nats.url(),
+        "gwq",
+        &[run],
+        &["interaction.requested", "interaction.answered"],
+        &mut tally,
+    )
+    .await;
+    assert!(tally.problems.is_empty(), "{:?}", tally.problems);
+}

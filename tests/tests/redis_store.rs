@@ -704,11 +704,12 @@ async fn a_write_is_one_entry_and_every_reader_splits_it_back() {
 }
 
 /// A deployment older than the entry-per-write format keeps writing one entry per event (what
-/// its older programs read) until `delta migrate-redis --journal-entries` allows it; a new
-/// deployment writes one entry per write from the start. Either way every reader gives the same
-/// journal.
+/// its older programs read), and one of 2026-11-24 one plain entry per write, until
+/// `delta migrate-redis --journal-entries` allows packed entries; a new deployment packs from
+/// the start. Every reader gives the same journal from each, and a format newer than this build
+/// is refused at start rather than misread.
 #[tokio::test]
-async fn an_older_deployment_writes_one_entry_per_event_until_it_is_allowed_more() {
+async fn an_older_deployment_keeps_its_journal_format_until_it_is_allowed_the_newest() {
     let redis = delta_e2e::Redis::start().expect("redis-server");
     let mut raw = delta_e2e::redis_raw(&redis.url()).await;
     // What a fleet of before the format left: its bucket count, no journal format.
@@ -718,7 +719,21 @@ async fn an_older_deployment_writes_one_entry_per_event_until_it_is_allowed_more
         .query_async(&mut raw)
         .await
         .expect("set");
-    let entries = async |store: &RedisRunStore| -> (u64, Vec<String>) {
+    // A fleet of 2026-11-24: one plain entry per write.
+    let () = redis::pipe()
+        .cmd("SET")
+        .arg("plain:buckets")
+        .arg(16)
+        .ignore()
+        .cmd("SET")
+        .arg("plain:journal-format")
+        .arg("entry-per-write")
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .expect("set");
+    // Entries, the fields of the last one, and the journal as read back.
+    let entries = async |store: &RedisRunStore| -> (u64, Vec<String>, Vec<String>) {
         let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
         let id = rec.run_id;
         store.create(rec).await.expect("create");
@@ -727,11 +742,24 @@ async fn an_older_deployment_writes_one_entry_per_event_until_it_is_allowed_more
             .await
             .expect("append");
         let mut raw = delta_e2e::redis_raw(&redis.url()).await;
+        let key = format!("{}:journal", store.run_key(id));
         let len: u64 = redis::cmd("XLEN")
-            .arg(format!("{}:journal", store.run_key(id)))
+            .arg(&key)
             .query_async(&mut raw)
             .await
             .expect("xlen");
+        let last: Vec<(String, std::collections::HashMap<String, Vec<u8>>)> =
+            redis::cmd("XREVRANGE")
+                .arg(&key)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut raw)
+                .await
+                .expect("xrevrange");
+        let mut fields: Vec<String> = last[0].1.keys().cloned().collect();
+        fields.sort();
         let texts = store
             .load(id)
             .await
@@ -743,33 +771,65 @@ async fn an_older_deployment_writes_one_entry_per_event_until_it_is_allowed_more
                 other => panic!("{other:?}"),
             })
             .collect();
-        (len, texts)
+        (len, fields, texts)
     };
     let want: Vec<String> = ["1 1", "2 2", "3 3"].map(String::from).to_vec();
+    let fields = |f: &[&str]| f.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let old = RedisRunStore::connect(&redis.url(), "old")
         .await
         .expect("connect");
     assert!(old.writes_single_entries());
-    assert_eq!(entries(&old).await, (3, want.clone()), "an entry per event");
-    assert!(!old.allow_entry_per_write().await.expect("allow"));
-    assert!(
-        old.allow_entry_per_write().await.expect("allow"),
-        "set already"
-    );
-    let upgraded = RedisRunStore::connect(&redis.url(), "old")
-        .await
-        .expect("connect");
-    assert!(!upgraded.writes_single_entries());
     assert_eq!(
-        entries(&upgraded).await,
-        (1, want.clone()),
-        "an entry per write"
+        entries(&old).await,
+        (3, fields(&["e"]), want.clone()),
+        "an entry per event"
     );
-    let new = RedisRunStore::connect(&redis.url(), "new")
+    let plain = RedisRunStore::connect(&redis.url(), "plain")
         .await
         .expect("connect");
-    assert!(!new.writes_single_entries(), "a new deployment");
-    assert_eq!(entries(&new).await, (1, want));
+    assert!(!plain.writes_single_entries() && !plain.writes_packed_entries());
+    assert_eq!(
+        entries(&plain).await,
+        (1, fields(&["b", "t"]), want.clone()),
+        "a plain entry per write"
+    );
+    for store in [&old, &plain] {
+        assert!(!store.allow_entry_per_write().await.expect("allow"));
+        assert!(
+            store.allow_entry_per_write().await.expect("allow"),
+            "set already"
+        );
+    }
+    for prefix in ["old", "plain", "new"] {
+        let upgraded = RedisRunStore::connect(&redis.url(), prefix)
+            .await
+            .expect("connect");
+        assert!(upgraded.writes_packed_entries(), "{prefix}");
+        assert_eq!(
+            entries(&upgraded).await,
+            (1, fields(&["t", "z"]), want.clone()),
+            "a packed entry per write ({prefix})"
+        );
+    }
+    // A fleet already on a format of a newer build.
+    let () = redis::pipe()
+        .cmd("SET")
+        .arg("newer:buckets")
+        .arg(16)
+        .ignore()
+        .cmd("SET")
+        .arg("newer:journal-format")
+        .arg("packed-9")
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .expect("set");
+    let refused = RedisRunStore::connect(&redis.url(), "newer").await;
+    let err = refused.err().expect("refused").to_string();
+    assert!(
+        err.contains("packed-9") && err.contains("cannot read"),
+        "{err}"
+    );
 }
 
 /// A run's score in every status index is when it was created. A delivery's writes take it from

@@ -400,6 +400,11 @@ async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) 
         !may_publish(&worker, "delta.jobs.hello").await,
         "a worker may publish a job"
     );
+    // A gateway announces a question whose worker died before announcing it, as it is answered.
+    assert!(
+        may_publish(&gateway, requested).await,
+        "a gateway announces a question"
+    );
     // A worker cannot change what a stream keeps: one that added `respond.*` to a stream could
     // read bots' answers, tokens and all, back from it.
     let (wc, werrors) = watched_client(&worker).await;

@@ -5,7 +5,8 @@
 //!
 //! - The **gateway** serves the respond and claim subjects (the only role that may subscribe to
 //!   them, so a bot's bearer token in a header reaches no one else), publishes jobs, `resolved`,
-//!   `updated` (claims, votes) and `escalated` announcements and cancellations, and reads the
+//!   `updated` (claims, votes) and `escalated` announcements and cancellations, a `requested`
+//!   announcement its worker died before making (when the question is answered), and reads the
 //!   streams for its views.
 //!   It also delivers webhooks (docs/webhooks.md): it creates, reads, pulls from, acknowledges
 //!   and deletes the durable consumers `<p>-webhook-<id>` on the events stream, which its rights
@@ -187,6 +188,8 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("$JS.API.STREAM.MSG.GET.{dlq}"),
                 format!("$JS.API.STREAM.MSG.DELETE.{dlq}"),
                 format!("{p}.jobs.>"),
+                // A question its worker died before announcing, announced as it is answered.
+                format!("{p}.interactions.requested.>"),
                 format!("{p}.interactions.resolved.>"),
                 format!("{p}.interactions.updated.>"),
                 format!("{p}.interactions.escalated.>"),

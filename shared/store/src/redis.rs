@@ -64,6 +64,7 @@ mod grants;
 mod human;
 mod index;
 mod migrate;
+mod packed;
 mod retention;
 mod tickets;
 mod webhooks;
@@ -160,6 +161,11 @@ script_args!(
         snap_seq,
         // '1': each event an entry of its own (the format older builds read).
         single,
+        // '<n>': the one argument after these is the write's n events, packed (`z`).
+        packed,
+        // The ids of the questions a packed write asks, space-separated (its entry's `q`, which
+        // retention reads to find them).
+        asked,
     }
 );
 
@@ -204,7 +210,8 @@ end
 if owner ~= '' then put('owner', owner) end
 -- The seq after the events (they are written last, with the record's `seq`).
 local first_seq = seq + 1
-if #ARGV >= first_extra then seq = seq + #ARGV - first_extra + 1 end
+if packed ~= '' then seq = seq + tonumber(packed)
+elseif #ARGV >= first_extra then seq = seq + #ARGV - first_extra + 1 end
 put('seq', seq)
 put('updated_at', now)
 if status ~= '' then
@@ -234,12 +241,13 @@ if status ~= '' then
   if pending ~= '' then
     put('pending_request_id', pending)
     if redis.call('HSETNX', KEYS[3], 'state', 'PENDING') == 1 then
-      -- The question's run is in its key, and in `interactions:runs`.
-      if traceparent ~= '' then
-        redis.call('HSET', KEYS[3], 'request', request, 'traceparent', traceparent)
-      else
-        redis.call('HSET', KEYS[3], 'request', request)
-      end
+      -- The question's run is in its key, and in `interactions:runs`; `job`, the stream
+      -- sequence of the job that asks it, tells whoever settles it whether that job was acked
+      -- (and so the question announced).
+      local q = {'request', request}
+      if traceparent ~= '' then q[#q + 1] = 'traceparent'; q[#q + 1] = traceparent end
+      if fence_seq ~= '' then q[#q + 1] = 'job'; q[#q + 1] = fence_seq end
+      redis.call('HSET', KEYS[3], unpack(q))
       redis.call('ZADD', p .. ':interactions:all', asked_us, pending)
       redis.call('ZADD', p .. ':interactions:pending', asked_us, pending)
       if expires_us ~= '' then redis.call('ZADD', p .. ':interactions:deadlines', expires_us, pending) end
@@ -257,7 +265,8 @@ if status ~= '' then
     redis.call('DEL', KEYS[4])
   end
 end
--- The events as one entry, `<last seq>-0`: their time once, then one JSON line each; then the
+-- The events as one entry, `<last seq>-0`: their time once, then one JSON line each (packed by
+-- the writer, or in plain text); then the
 -- record, so that the journal and the record's `seq` are written together, after anything
 -- above that could fail.
 if seq >= first_seq and single == '1' then
@@ -266,6 +275,10 @@ if seq >= first_seq and single == '1' then
     redis.call('XADD', KEYS[2], n .. '-0', 'e',
       '{"seq":' .. n .. ',"timestamp":"' .. now .. '",' .. string.sub(ARGV[i], 2))
   end
+elseif seq >= first_seq and packed ~= '' and asked ~= '' then
+  redis.call('XADD', KEYS[2], seq .. '-0', 't', now, 'z', ARGV[first_extra], 'q', asked)
+elseif seq >= first_seq and packed ~= '' then
+  redis.call('XADD', KEYS[2], seq .. '-0', 't', now, 'z', ARGV[first_extra])
 elseif seq >= first_seq then
   redis.call('XADD', KEYS[2], seq .. '-0', 't', now, 'b',
     table.concat(ARGV, '\n', first_extra, #ARGV))
@@ -304,10 +317,42 @@ return {h, snap, redis.call('XRANGE', KEYS[2], from, '+'), rid, ix}
 "#;
 
 /// What `<p>:journal-format` holds once every program of a fleet reads a write's events as one
-/// journal entry: programs then write them so. Set by the first program of a new deployment,
-/// or by `delta migrate-redis --journal-entries` once an older fleet is upgraded; without it
-/// each event is an entry of its own, as older builds read them (docs/operations.md).
+/// journal entry (builds of 2026-11-24 on): programs then write them so, in plain text (`b`).
+/// Without the key each event is an entry of its own, as older builds read them
+/// (docs/operations.md#upgrades).
 pub const JOURNAL_FORMAT: &str = "entry-per-write";
+
+/// What `<p>:journal-format` holds once every program of a fleet reads packed entries (builds of
+/// 2026-11-25 on): a write's events are then one entry, deflated with a preset dictionary (`z`,
+/// `redis/packed.rs`). Set by the first program of a new deployment, or by
+/// `delta migrate-redis --journal-entries` once an older fleet is upgraded.
+pub const JOURNAL_FORMAT_PACKED: &str = "packed-1";
+
+/// How a handle writes a write's events in the journal, from `<p>:journal-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JournalMode {
+    /// Each event an entry of its own (`e`): no key.
+    Single,
+    /// One entry per write, its events in plain text (`b`): [`JOURNAL_FORMAT`].
+    Plain,
+    /// One entry per write, packed (`z`): [`JOURNAL_FORMAT_PACKED`].
+    Packed,
+}
+
+impl JournalMode {
+    /// The mode `<p>:journal-format` (its value, if any) asks for; an error for a format this build
+    /// does not know (a newer build's): it could not read what the fleet writes.
+    fn of(format: Option<&str>, key: &str) -> Result<Self, Error> {
+        match format {
+            None => Ok(Self::Single),
+            Some(JOURNAL_FORMAT) => Ok(Self::Plain),
+            Some(JOURNAL_FORMAT_PACKED) => Ok(Self::Packed),
+            Some(other) => Err(Error::Buckets(format!(
+                "`{key}` says this fleet writes its journals as `{other}`, which this build cannot read: run a build at least as new as the fleet's (docs/operations.md#upgrades)"
+            ))),
+        }
+    }
+}
 
 /// What a fenced handle last saw of the run it writes (see [`RedisRunStore::fenced`]).
 #[derive(Clone, Copy, Debug)]
@@ -525,10 +570,10 @@ pub struct RedisRunStore {
     /// The question read with the run by [`RunStore::load_latest`] (the one a resume asks
     /// about next), for [`AnswerStore::settled`] to take instead of reading it again.
     prefetched: Arc<std::sync::Mutex<Option<(RunId, RequestId, Fields)>>>,
-    /// Writes each event as a journal entry of its own, as builds before 2026-11-24 read them,
-    /// until `<p>:journal-format` says every reader takes a write as one entry (see
-    /// [`JOURNAL_FORMAT`]).
-    single_entries: bool,
+    /// How a write's events go in the journal: each an entry of its own, as builds before
+    /// 2026-11-24 read them, until `<p>:journal-format` says every reader takes a write as one
+    /// entry ([`JOURNAL_FORMAT`]) or a packed one ([`JOURNAL_FORMAT_PACKED`]).
+    journal: JournalMode,
     /// How a write that precedes an irreversible step is made durable ([`Durability`]).
     durability: Durability,
 }
@@ -611,6 +656,9 @@ pub struct StoredInteraction {
     pub answered_at: Option<Timestamp>,
     /// The stream sequence of the resume job published for it, once published.
     pub resume_seq: Option<u64>,
+    /// The stream sequence of the job that asked it (builds of 2026-11-25 on): while that job is
+    /// in the stream its worker has not acked it, so may have died before announcing it.
+    pub asked_by_job: Option<u64>,
     /// The `traceparent` of the run's span that asked it.
     pub traceparent: Option<String>,
     /// A person's live claim on it (none once it lapsed).
@@ -685,24 +733,30 @@ impl RedisRunStore {
         Ok(store)
     }
 
-    /// Lets the fleet write each write's events as one journal entry (`<p>:journal-format`),
-    /// once every gateway and worker runs a build that reads them; programs started after it
-    /// write so. Returns whether it was set already.
+    /// Lets the fleet write the newest journal format, each write's events packed in one entry
+    /// (`<p>:journal-format` = [`JOURNAL_FORMAT_PACKED`]), once every gateway and worker runs a
+    /// build that reads it (2026-11-25 or later); programs started after it write so. Returns
+    /// whether it was set already.
     pub async fn allow_entry_per_write(&self) -> Result<bool, Error> {
         let mut conn = self.connection();
         let old: Option<String> = redis::cmd("SET")
             .arg(self.index("journal-format"))
-            .arg(JOURNAL_FORMAT)
+            .arg(JOURNAL_FORMAT_PACKED)
             .arg("GET")
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
-        Ok(old.as_deref() == Some(JOURNAL_FORMAT))
+        Ok(old.as_deref() == Some(JOURNAL_FORMAT_PACKED))
     }
 
     /// Whether this handle writes each event as a journal entry of its own.
     pub fn writes_single_entries(&self) -> bool {
-        self.single_entries
+        self.journal == JournalMode::Single
+    }
+
+    /// Whether this handle packs each write's events in one journal entry.
+    pub fn writes_packed_entries(&self) -> bool {
+        self.journal == JournalMode::Packed
     }
 
     /// Connects without checking the layout or the bucket count (for the migration).
@@ -738,7 +792,7 @@ impl RedisRunStore {
             secrets: None,
             seen: Arc::default(),
             prefetched: Arc::default(),
-            single_entries: true,
+            journal: JournalMode::Single,
             durability: Durability::FsyncAlways,
         })
     }
@@ -761,12 +815,12 @@ impl RedisRunStore {
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
-        // A new deployment has no reader of the older format: a write is one entry there.
+        // A new deployment has no reader of an older format: a write is one packed entry there.
         let mut pipe = redis::pipe();
         if fresh.is_some() && new_format {
             pipe.cmd("SET")
                 .arg(&format_key)
-                .arg(JOURNAL_FORMAT)
+                .arg(JOURNAL_FORMAT_PACKED)
                 .arg("NX")
                 .ignore();
         }
@@ -775,7 +829,7 @@ impl RedisRunStore {
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
-        self.single_entries = format.as_deref() != Some(JOURNAL_FORMAT);
+        self.journal = JournalMode::of(format.as_deref(), &format_key)?;
         match stored.as_deref().map(str::parse::<u32>) {
             Some(Ok(n)) if n == self.buckets => Ok(()),
             Some(Ok(n)) if !strict && (1..=MAX_BUCKETS).contains(&n) => {
@@ -1313,6 +1367,7 @@ fn parse_interaction(
         response,
         answered_at: h.get("answered_at").and_then(|t| t.parse().ok()),
         resume_seq: h.get("resume_seq").and_then(|t| t.parse().ok()),
+        asked_by_job: h.get("job").and_then(|t| t.parse().ok()),
         traceparent: h.get("traceparent").cloned(),
         claim,
         votes,
@@ -1327,45 +1382,70 @@ fn parse_interaction(
 /// A Redis hash, or a stream entry's fields.
 type Fields = HashMap<String, String>;
 
+/// A journal entry's fields: bytes, as a packed entry's `z` is not text.
+type EntryFields = HashMap<String, Vec<u8>>;
+
 /// Journal entries as read from the stream, from seq `first` on, checked to be numbered from
 /// there without a gap.
-fn parse_entries(entries: &[(String, Fields)], first: u64) -> Result<Vec<JournalEvent>, Error> {
+fn parse_entries(
+    entries: &[(String, EntryFields)],
+    first: u64,
+) -> Result<Vec<JournalEvent>, Error> {
     let mut text = String::new();
     for (id, fields) in entries {
-        entry_lines(id, |f| fields.get(f).map(String::as_str), first, &mut text);
+        entry_lines(id, |f| fields.get(f).map(Vec::as_slice), first, &mut text);
     }
     Ok(journal::parse_jsonl_from(&text, first)?.events)
 }
 
 /// Appends to `text` the journal lines of stream entry `id` (its fields read by `field`) whose
 /// seq is `first` or more. An entry is one write: id `<last seq>-0`, `t` the time of the write,
-/// `b` its events' JSON, one per line, without seq and time. An older entry (and a note a
-/// script appends alone) is one event whole in `e`, id `<seq>-0`.
+/// and its events' JSON, one per line, without seq and time: in `b` as text, or packed in `z`
+/// (`redis/packed.rs`). An older entry (and a note a script appends alone) is one event whole in
+/// `e`, id `<seq>-0`.
 pub(crate) fn entry_lines<'a>(
     id: &str,
-    field: impl Fn(&str) -> Option<&'a str>,
+    field: impl Fn(&str) -> Option<&'a [u8]>,
     first: u64,
     text: &mut String,
 ) {
+    // Not an entry this store writes, or one that does not read: a line that does not parse,
+    // so that the reader says so.
+    let unreadable = |text: &mut String, why: &str| {
+        tracing::warn!(entry = id, why, "a journal entry cannot be read");
+        text.push_str("{}\n");
+    };
+    let utf8 = |f: &str| field(f).map(std::str::from_utf8);
     let last = id
         .split_once('-')
         .map_or(id, |(seq, _)| seq)
         .parse::<u64>()
         .unwrap_or(0);
-    if let Some(e) = field("e") {
-        if last >= first {
-            text.push_str(e);
-            text.push('\n');
+    match utf8("e") {
+        Some(Ok(e)) => {
+            if last >= first {
+                text.push_str(e);
+                text.push('\n');
+            }
+            return;
         }
-        return;
+        Some(Err(_)) => return unreadable(text, "its event is not UTF-8"),
+        None => {}
     }
-    let (Some(t), Some(b)) = (field("t"), field("b")) else {
-        // Not an entry this store writes: a line that does not parse, so the reader says so.
-        text.push_str("{}\n");
-        return;
+    let Some(Ok(t)) = utf8("t") else {
+        return unreadable(text, "no time");
     };
-    let n = b.split('\n').count() as u64;
-    for (seq, line) in (last.saturating_add(1).saturating_sub(n)..).zip(b.split('\n')) {
+    let body = match (utf8("b"), field("z")) {
+        (Some(Ok(b)), _) => std::borrow::Cow::Borrowed(b),
+        (Some(Err(_)), _) => return unreadable(text, "its events are not UTF-8"),
+        (None, Some(z)) => match packed::unpack(z) {
+            Ok(lines) => std::borrow::Cow::Owned(lines),
+            Err(why) => return unreadable(text, &format!("its packed events: {why}")),
+        },
+        _ => return unreadable(text, "no events"),
+    };
+    let n = body.split('\n').count() as u64;
+    for (seq, line) in (last.saturating_add(1).saturating_sub(n)..).zip(body.split('\n')) {
         if seq < first {
             continue;
         }
@@ -1374,6 +1454,20 @@ pub(crate) fn entry_lines<'a>(
         text.push('\n');
     }
 }
+
+/// The events' lines of a packed journal entry's `z` (for tests that read Redis directly, as
+/// a search for what must not be stored in clear, and for fuzzing).
+pub fn unpack_entry(z: &[u8]) -> Result<String, String> {
+    packed::unpack(z)
+}
+
+/// `lines` as a packed journal entry's `z` (for tests and fuzzing).
+pub fn pack_entry(lines: &str) -> Option<Vec<u8>> {
+    packed::pack(lines)
+}
+
+/// The most a packed journal entry may unpack to.
+pub const MAX_UNPACKED_ENTRY: usize = packed::MAX_UNPACKED;
 
 fn backend(e: redis::RedisError) -> Error {
     Error::Backend(Box::new(e))
@@ -1555,7 +1649,7 @@ impl RunStore for RedisRunStore {
     async fn load(&self, run_id: RunId) -> Result<StoredRun, Error> {
         let mut conn = self.connection();
         // One round trip: the record and the whole journal.
-        let (hash, entries): (Fields, Vec<(String, Fields)>) = redis::pipe()
+        let (hash, entries): (Fields, Vec<(String, EntryFields)>) = redis::pipe()
             .hgetall(self.run_key(run_id))
             .xrange_all(self.journal_key(run_id))
             .query_async(&mut conn)
@@ -1583,7 +1677,7 @@ impl RunStore for RedisRunStore {
         type Reply = (
             Fields,
             Option<String>,
-            Vec<(String, Fields)>,
+            Vec<(String, EntryFields)>,
             Option<String>,
             Fields,
         );
@@ -1690,7 +1784,12 @@ impl RunStore for RedisRunStore {
                 .and_then(|s| s.created_us)
                 .map(|us| us.to_string())
                 .unwrap_or_default(),
-            single: if self.single_entries { "1" } else { "" }.to_owned(),
+            single: if self.journal == JournalMode::Single {
+                "1"
+            } else {
+                ""
+            }
+            .to_owned(),
             ..AppendArgs::default()
         };
         if let Some(f) = self.fence {
@@ -1742,12 +1841,39 @@ impl RunStore for RedisRunStore {
         inv.key(self.journal_key(run_id))
             .key(ix_key)
             .key(self.snapshot_key(run_id));
+        // `{"type":…,"payload":…}` each: the entry holds their seq and timestamp once.
+        let lines = events
+            .iter()
+            .map(|e| serde_json::to_string(e).unwrap_or_default());
+        let packed = match self.journal {
+            JournalMode::Packed if !events.is_empty() => {
+                packed::pack(&lines.clone().collect::<Vec<_>>().join("\n"))
+            }
+            _ => None,
+        };
+        if packed.is_some() {
+            args.packed = events.len().to_string();
+            args.asked = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::HumanInputRequest(q) => Some(q.request_id.to_string()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+        }
         for a in args.into_argv() {
             inv.arg(a);
         }
-        for e in &events {
-            // `{"type":…,"payload":…}`: the entry holds their seq and timestamp once.
-            inv.arg(serde_json::to_string(e).unwrap_or_default());
+        match packed {
+            Some(blob) => {
+                inv.arg(blob);
+            }
+            None => {
+                for line in lines {
+                    inv.arg(line);
+                }
+            }
         }
         let (last, replicated) = self.invoke_replicated::<u64>(run_id, &inv).await;
         let last = last.map_err(|e| script_error(e, run_id))?;

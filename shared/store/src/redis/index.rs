@@ -176,19 +176,17 @@ impl JournalTail {
         let mut text = String::new();
         for key in reply.map(|r| r.keys).unwrap_or_default() {
             for id in key.ids {
-                let fields: HashMap<&str, String> = id
+                let fields: HashMap<&str, &[u8]> = id
                     .map
                     .iter()
                     .filter_map(|(k, v)| match v {
-                        redis::Value::BulkString(b) => {
-                            Some((k.as_str(), String::from_utf8_lossy(b).into_owned()))
-                        }
+                        redis::Value::BulkString(b) => Some((k.as_str(), b.as_slice())),
                         _ => None,
                     })
                     .collect();
                 super::entry_lines(
                     &id.id,
-                    |f| fields.get(f).map(String::as_str),
+                    |f| fields.get(f).copied(),
                     after_seq.saturating_add(1),
                     &mut text,
                 );
@@ -719,7 +717,7 @@ impl RedisRunStore {
         max: usize,
     ) -> Result<Vec<JournalEvent>, Error> {
         let mut conn = self.connection();
-        let entries: Vec<(String, Fields)> = redis::cmd("XRANGE")
+        let entries: Vec<(String, super::EntryFields)> = redis::cmd("XRANGE")
             .arg(self.journal_key(run_id))
             .arg(format!("{}-0", from_seq.max(1)))
             .arg("+")

@@ -27,8 +27,9 @@ use delta_protocol::{RunId, RunStatus, Timestamp};
 /// or `LIVE` (not finished: reopened; its stale finished entry is removed).
 ///
 /// The run's questions are found by the ids its journal names (every question a run asks is
-/// journaled as `HUMAN_INPUT_REQUEST` before or with its pause) and its pending request: only
-/// structural `"request_id":"…"` pairs match, since quotes inside a JSON string are escaped.
+/// journaled as `HUMAN_INPUT_REQUEST` before or with its pause) and its pending request: in a
+/// plain entry's text only structural `"request_id":"…"` pairs match, since quotes inside a JSON
+/// string are escaped; a packed entry names the questions it asks in its field `q`.
 const PURGE: &str = r#"
 local p, run, cutoff = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local st = redis.call('HGET', KEYS[1], 'status')
@@ -46,7 +47,12 @@ if pending then rids[pending] = true end
 for _, entry in ipairs(redis.call('XRANGE', KEYS[2], '-', '+')) do
   local fields = entry[2]
   for i = 2, #fields, 2 do
-    for rid in string.gmatch(fields[i], '"request_id":"([%w%-]+)"') do rids[rid] = true end
+    if fields[i - 1] == 'q' then
+      -- A packed entry's questions, by id (its events, in `z`, are not text).
+      for rid in string.gmatch(fields[i], '[%w%-]+') do rids[rid] = true end
+    elseif fields[i - 1] ~= 'z' then
+      for rid in string.gmatch(fields[i], '"request_id":"([%w%-]+)"') do rids[rid] = true end
+    end
   end
 end
 for rid in pairs(rids) do
