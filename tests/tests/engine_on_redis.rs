@@ -203,16 +203,32 @@ async fn resume_long(
     // The pause stored a snapshot of the whole journal.
     let key = format!("{}:snap", store.run_key(id));
     let mut conn = delta_e2e::redis_raw(url).await;
-    let stored: String = redis::cmd("GET")
+    let raw: Vec<u8> = redis::cmd("GET")
         .arg(&key)
         .query_async(&mut conn)
         .await
         .expect("a snapshot at the pause");
+    // `<seq>:z<packed JSON>` on a fleet whose journal is packed (this one, a new deployment),
+    // as `<seq>:<json>` here; the stores read either.
+    let colon = raw.iter().position(|b| *b == b':').expect("<seq>:");
+    let (head, body) = raw.split_at(colon + 1);
+    assert_eq!(
+        body.first() == Some(&b'z'),
+        store.writes_packed_entries(),
+        "packed along with the journal"
+    );
+    let json = match body.split_first() {
+        Some((b'z', z)) => delta_store::redis::unpack_entry(z).expect("unpacks"),
+        _ => String::from_utf8(body.to_vec()).expect("text"),
+    };
+    let stored = format!("{}{json}", String::from_utf8_lossy(head));
     let whole = store.load(id).await.expect("load").journal;
     let (seq, json) = stored.split_once(':').expect("<seq>:<json>");
     assert_eq!(seq.parse::<u64>().ok(), whole.last().map(|e| e.seq));
     assert!(json.len() < 4_000, "a snapshot holds no journal: {json}");
     match prepare(&stored, &whole) {
+        // Unchanged: left as stored (packed or not).
+        Some(v) if v == stored => {}
         Some(v) => {
             let () = redis::cmd("SET")
                 .arg(&key)
@@ -309,8 +325,16 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
     assert!(used, "the intact snapshot is used");
     let shape = delta_e2e::journal_shape(&reference);
     // (what is done to the snapshot, whether the resume still uses it)
-    let cases: [(&str, &Prepare, bool); 7] = [
+    let cases: [(&str, &Prepare, bool); 8] = [
         ("missing", &|_, _| None, false),
+        (
+            "packed, and unreadable",
+            &|s, _| {
+                let (seq, _) = s.split_once(':').expect("seq");
+                Some(format!("{seq}:znot deflate data"))
+            },
+            false,
+        ),
         (
             "unreadable",
             &|s, _| {

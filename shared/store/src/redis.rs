@@ -155,7 +155,8 @@ script_args!(
         // The journal length the writer saw ('' when unknown): a takeover is refused when the
         // journal has grown since.
         seen_len,
-        // A snapshot (`<seq>:<json>`) to keep when the journal ends at `snap_seq` after this
+        // A snapshot (`<seq>:<json>`, or `<seq>:z<packed json>` when the journal is packed) to
+        // keep when the journal ends at `snap_seq` after this
         // write ('' for none).
         snap,
         snap_seq,
@@ -1455,6 +1456,25 @@ pub(crate) fn entry_lines<'a>(
     }
 }
 
+/// A stored snapshot's seq and JSON: `<seq>:<json>`, or `<seq>:z<packed json>` (a fleet whose
+/// journal is packed); or why it cannot be read.
+fn snapshot_text(stored: &[u8]) -> Result<(u64, String), String> {
+    let colon = stored
+        .iter()
+        .position(|b| *b == b':')
+        .ok_or_else(|| "no `<seq>:` in front".to_owned())?;
+    let seq = std::str::from_utf8(&stored[..colon])
+        .map_err(|_| "its seq is not text".to_owned())?
+        .parse::<u64>()
+        .map_err(|e| format!("its seq: {e}"))?;
+    let body = &stored[colon + 1..];
+    let json = match body.split_first() {
+        Some((b'z', z)) => packed::unpack(z).map_err(|e| format!("packed: {e}"))?,
+        _ => String::from_utf8(body.to_vec()).map_err(|_| "not UTF-8".to_owned())?,
+    };
+    Ok((seq, json))
+}
+
 /// The events' lines of a packed journal entry's `z` (for tests that read Redis directly, as
 /// a search for what must not be stored in clear, and for fuzzing).
 pub fn unpack_entry(z: &[u8]) -> Result<String, String> {
@@ -1676,7 +1696,7 @@ impl RunStore for RedisRunStore {
         let mut conn = self.connection();
         type Reply = (
             Fields,
-            Option<String>,
+            Option<Vec<u8>>,
             Vec<(String, EntryFields)>,
             Option<String>,
             Fields,
@@ -1714,13 +1734,8 @@ impl RunStore for RedisRunStore {
             return Ok(StoredRun::whole(record, events));
         };
         let stored_seq = hash.get("seq").and_then(|s| s.parse::<u64>().ok());
-        let usable = snap
-            .split_once(':')
-            .ok_or_else(|| "no `<seq>:` in front".to_owned())
-            .and_then(|(seq, json)| {
-                let seq = seq.parse::<u64>().map_err(|e| format!("its seq: {e}"))?;
-                Snapshot::decode(json, seq, question.as_ref())
-            })
+        let usable = snapshot_text(&snap)
+            .and_then(|(seq, json)| Snapshot::decode(&json, seq, question.as_ref()))
             .and_then(|snapshot| {
                 let events = parse_entries(&entries, snapshot.seq + 1)
                     .map_err(|e| format!("the events after it: {e}"))?;
@@ -1797,7 +1812,6 @@ impl RunStore for RedisRunStore {
             args.fence_n = f.delivery.to_string();
         }
         if let Some(snap) = snapshot {
-            args.snap = format!("{}:{}", snap.seq, snap.encode());
             args.snap_seq = snap.seq.to_string();
         }
         if let Some(c) = &change {
@@ -1862,8 +1876,24 @@ impl RunStore for RedisRunStore {
                 .collect::<Vec<_>>()
                 .join(" ");
         }
-        for a in args.into_argv() {
-            inv.arg(a);
+        // The snapshot, packed along with the journal (its JSON is mostly the events' own words).
+        let snap = snapshot.map(|snap| {
+            let json = snap.encode();
+            let mut value = format!("{}:", snap.seq).into_bytes();
+            match packed::pack(&json).filter(|_| self.journal == JournalMode::Packed) {
+                Some(z) => {
+                    value.push(b'z');
+                    value.extend(z);
+                }
+                None => value.extend(json.into_bytes()),
+            }
+            value
+        });
+        for (name, a) in AppendArgs::NAMES.iter().zip(args.into_argv()) {
+            match (*name, &snap) {
+                ("snap", Some(value)) => inv.arg(value.as_slice()),
+                _ => inv.arg(a),
+            };
         }
         match packed {
             Some(blob) => {
