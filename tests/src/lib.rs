@@ -199,8 +199,10 @@ pub async fn redis_dump(url: &str, pattern: &str) -> String {
             let value: redis::Value = read.query_async(&mut c).await.expect("read key");
             out.push_str(&k);
             out.push_str(&format!(" {value:?}\n"));
-            if kind == "stream" {
-                unpacked_entries(&value, &mut out);
+            match kind.as_str() {
+                "stream" => unpacked_entries(&value, &mut out),
+                "hash" => unpacked_request(&value, &mut out),
+                _ => {}
             }
         }
     }
@@ -227,6 +229,36 @@ fn unpacked_entries(stream: &redis::Value, out: &mut String) {
                 out.push_str(&lines);
                 out.push('\n');
             }
+        }
+    }
+}
+
+/// A question's packed `request` (`z:…`, docs/protocol.md), in clear.
+fn unpacked_request(hash: &redis::Value, out: &mut String) {
+    use redis::Value;
+    let pairs: Vec<(&[u8], &[u8])> = match hash {
+        Value::Map(m) => m
+            .iter()
+            .filter_map(|(k, v)| match (k, v) {
+                (Value::BulkString(k), Value::BulkString(v)) => Some((k.as_slice(), v.as_slice())),
+                _ => None,
+            })
+            .collect(),
+        Value::Array(a) => a
+            .chunks(2)
+            .filter_map(|p| match p {
+                [Value::BulkString(k), Value::BulkString(v)] => Some((k.as_slice(), v.as_slice())),
+                _ => None,
+            })
+            .collect(),
+        _ => return,
+    };
+    for (k, v) in pairs {
+        if k == b"request" && v.starts_with(b"z:") {
+            let json = delta_store::redis::request_json(&String::from_utf8_lossy(v))
+                .expect("a packed request");
+            out.push_str(&json);
+            out.push('\n');
         }
     }
 }

@@ -1058,6 +1058,8 @@ async fn an_answer_the_engine_refuses_reopens_the_question_everywhere_and_a_corr
         .query_async(&mut redis)
         .await
         .expect("hget");
+    // Packed where the journal is (docs/protocol.md): its JSON either way.
+    let stored = delta_store::redis::request_json(&stored).expect("a request");
     let mut request: Value = serde_json::from_str(&stored).expect("request JSON");
     request["context"]
         .as_object_mut()

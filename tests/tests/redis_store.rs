@@ -931,3 +931,50 @@ async fn a_run_is_scored_by_its_creation_in_every_status_index() {
     assert_eq!(score(RunStatus::WaitingForInput).await, None);
     assert_eq!(zscores().await, before + 1);
 }
+
+/// A question's request is stored packed where the journal is (`z:` and base64), in plain JSON
+/// where it is not, and read back the same either way.
+#[tokio::test]
+async fn a_questions_request_is_packed_with_the_journal_and_read_back_the_same() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let mut raw = delta_e2e::redis_raw(&redis.url()).await;
+    let () = redis::pipe()
+        .cmd("SET")
+        .arg("qplain:buckets")
+        .arg(16)
+        .ignore()
+        .cmd("SET")
+        .arg("qplain:journal-format")
+        .arg("entry-per-write")
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .expect("set");
+    for (prefix, packed) in [("qpacked", true), ("qplain", false)] {
+        let store = RedisRunStore::connect(&redis.url(), prefix)
+            .await
+            .expect("connect");
+        assert_eq!(store.writes_packed_entries(), packed);
+        let (id, q) = paused_run(&store, RunStatus::Running, "Which region?", false).await;
+        let stored: String = redis::cmd("HGET")
+            .arg(format!("{}:ix:{}", store.run_key(id), q.request_id))
+            .arg("request")
+            .query_async(&mut raw)
+            .await
+            .expect("hget");
+        assert_eq!(stored.starts_with("z:"), packed, "{prefix}: {stored}");
+        assert_eq!(stored.contains("Which region?"), !packed, "{prefix}");
+        let ix = store
+            .interaction(id, q.request_id)
+            .await
+            .expect("read")
+            .expect("exists");
+        assert_eq!(ix.request, q, "{prefix}");
+        let (run, found) = store
+            .find_interaction(q.request_id)
+            .await
+            .expect("find")
+            .expect("found");
+        assert_eq!((run, found.request), (id, q), "{prefix}");
+    }
+}

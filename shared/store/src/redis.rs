@@ -1348,9 +1348,11 @@ fn parse_interaction(
     let bad = |what: &str, e: String| {
         Error::Corrupt(format!("interaction {request_id}: bad {what} ({e})"))
     };
-    let request: InteractionRequest =
-        serde_json::from_str(h.get("request").map(String::as_str).unwrap_or(""))
-            .map_err(|e| bad("request", e.to_string()))?;
+    let request: InteractionRequest = serde_json::from_str(
+        &request_text(h.get("request").map(String::as_str).unwrap_or(""))
+            .map_err(|e| bad("request", e))?,
+    )
+    .map_err(|e| bad("request", e.to_string()))?;
     let state = h
         .get("state")
         .map(String::as_str)
@@ -1454,6 +1456,29 @@ pub(crate) fn entry_lines<'a>(
         text.push_str(line.strip_prefix('{').unwrap_or(line));
         text.push('\n');
     }
+}
+
+/// A question's `request` as stored: its JSON, or `z:` and its JSON packed as a journal entry
+/// is, in base64 (a fleet whose journal is packed: the hash's fields are text); the JSON, or why
+/// it cannot be read.
+fn request_text(stored: &str) -> Result<std::borrow::Cow<'_, str>, String> {
+    use base64::Engine as _;
+    match stored.strip_prefix("z:") {
+        Some(b64) => {
+            let z = base64::engine::general_purpose::STANDARD_NO_PAD
+                .decode(b64)
+                .map_err(|e| format!("not base64: {e}"))?;
+            packed::unpack(&z)
+                .map(std::borrow::Cow::Owned)
+                .map_err(|e| format!("packed: {e}"))
+        }
+        None => Ok(std::borrow::Cow::Borrowed(stored)),
+    }
+}
+
+/// The JSON of a question's stored `request` (for tests that read Redis directly).
+pub fn request_json(stored: &str) -> Result<String, String> {
+    request_text(stored).map(std::borrow::Cow::into_owned)
 }
 
 /// A stored snapshot's seq and JSON: `<seq>:<json>`, or `<seq>:z<packed json>` (a fleet whose
@@ -1717,7 +1742,8 @@ impl RunStore for RedisRunStore {
         let question = ix
             .get("request")
             .filter(|_| snap.is_some())
-            .and_then(|r| serde_json::from_str::<InteractionRequest>(r).ok());
+            .and_then(|r| request_text(r).ok())
+            .and_then(|r| serde_json::from_str::<InteractionRequest>(&r).ok());
         *self
             .prefetched
             .lock()
@@ -1820,6 +1846,15 @@ impl RunStore for RedisRunStore {
                 StatusChange::Waiting(q) => {
                     args.pending = q.request_id.to_string();
                     args.request = serde_json::to_string(q).unwrap_or_default();
+                    if self.journal == JournalMode::Packed
+                        && let Some(z) = packed::pack(&args.request)
+                    {
+                        use base64::Engine as _;
+                        args.request = format!(
+                            "z:{}",
+                            base64::engine::general_purpose::STANDARD_NO_PAD.encode(z)
+                        );
+                    }
                     args.asked_us = q.timestamp.micros().to_string();
                     args.expires_us = q
                         .expires_at
