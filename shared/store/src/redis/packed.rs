@@ -61,26 +61,33 @@ pub fn unpack(blob: &[u8]) -> Result<String, String> {
         i.reset(false);
         i.set_dictionary(DICTIONARY_1)
             .map_err(|e| format!("its dictionary: {e}"))?;
-        let mut out: Vec<u8> = Vec::with_capacity(blob.len() * 4 + 64);
-        // Out in chunks, so that the cap is checked as the output grows.
-        let mut chunk = vec![0u8; 64 << 10];
+        // Room for what a write's lines usually pack to, grown by steps so that the output
+        // never passes the cap by more than a step's worth.
+        let mut out: Vec<u8> = Vec::new();
         let mut input = blob;
         loop {
+            let room = (blob.len() * 4 + 256).clamp(256, 1 << 20);
+            let left = (MAX_UNPACKED + 1).saturating_sub(out.len());
+            if left == 0 {
+                return Err(format!("it unpacks to more than {MAX_UNPACKED} bytes"));
+            }
+            out.reserve_exact(room.min(left));
             let (before_in, before_out) = (i.total_in(), i.total_out());
             let status = i
-                .decompress(input, &mut chunk, FlushDecompress::Finish)
+                .decompress_vec(input, &mut out, FlushDecompress::Finish)
                 .map_err(|e| format!("not deflate data: {e}"))?;
             let used = usize::try_from(i.total_in() - before_in).unwrap_or(input.len());
-            let made = usize::try_from(i.total_out() - before_out).unwrap_or(chunk.len());
+            let made = i.total_out() - before_out;
             input = &input[used.min(input.len())..];
-            out.extend_from_slice(&chunk[..made.min(chunk.len())]);
             if out.len() > MAX_UNPACKED {
                 return Err(format!("it unpacks to more than {MAX_UNPACKED} bytes"));
             }
             match status {
                 Status::StreamEnd => break,
                 // Nothing more came of the whole input: it ends before its last block.
-                _ if used == 0 && made == 0 => return Err("it ends before its last block".into()),
+                _ if used == 0 && made == 0 && out.len() < out.capacity() => {
+                    return Err("it ends before its last block".into());
+                }
                 _ => {}
             }
         }
