@@ -933,18 +933,15 @@ impl Gateway {
             request_id: Some(q.request_id),
         };
         let tp = traceparent;
-        if unannounced {
-            if let Err(e) = self
-                .queue
-                .publish_request(q, ix.traceparent.as_deref())
+        let announced = if unannounced {
+            // Both to the events stream in one go: the question, then its settling.
+            self.queue
+                .publish_request_and_resolved(q, ix.traceparent.as_deref(), &resolved, tp)
                 .await
-            {
-                tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "a question its worker may not have announced is not announced either; the reconciler will");
-                return;
-            }
-            tracing::info!(request = %q.request_id, "announced a question whose job was not acked (its worker may have died before announcing it)");
-        }
-        if let Err(e) = self.queue.publish_resolved(&q.agent, &resolved, tp).await {
+        } else {
+            self.queue.publish_resolved(&q.agent, &resolved, tp).await
+        };
+        if let Err(e) = announced {
             // No job without its announcement: the reconciler does both, in this order.
             tracing::warn!(error = %delta_host::Chain(&e), request = %q.request_id, "`resolved` not announced, nor the resume published; the reconciler will");
             return;

@@ -857,14 +857,67 @@ impl Queue {
         subject: String,
         event: &events::CloudEvent<T>,
     ) -> Result<(), Error> {
-        let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", event.id.as_str());
-        if let Some(tp) = &event.traceparent {
-            headers.insert("traceparent", tp.as_str());
-        }
+        let headers = event_headers(&event.id, event.traceparent.as_deref());
         self.publish(subject, headers, events::encode(event))
             .await
             .map(drop)
+    }
+
+    /// Announces question `q` (as [`Queue::publish_request`] does, the same id) and then that it
+    /// was settled (as [`Queue::publish_resolved`]), the second sent without waiting for the
+    /// first's ack: both go to the events stream over this one connection, which keeps their
+    /// order, and the two acks are waited for together (one round trip, not two).
+    pub async fn publish_request_and_resolved(
+        &self,
+        q: &InteractionRequest,
+        asked_traceparent: Option<&str>,
+        resolved: &Resolved,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
+        let request = events::requested(
+            &self.names.prefix,
+            q,
+            None,
+            asked_traceparent.filter(|tp| is_traceparent(tp)),
+        );
+        let settled = events::resolved(
+            &self.names.prefix,
+            &q.agent,
+            resolved,
+            traceparent.filter(|tp| is_traceparent(tp)),
+        );
+        let run = q.run_id.to_string();
+        let sends = [
+            (
+                self.names.requested_subject(&q.agent, &run),
+                event_headers(&request.id, request.traceparent.as_deref()),
+                events::encode(&request),
+            ),
+            (
+                self.names.resolved_subject(&q.agent, &run),
+                event_headers(&settled.id, settled.traceparent.as_deref()),
+                events::encode(&settled),
+            ),
+        ];
+        let mut acks = Vec::with_capacity(2);
+        for (subject, headers, payload) in sends {
+            let ack = self
+                .js
+                .publish_with_headers(subject.clone(), headers, payload.into())
+                .await
+                .map_err(|e| Error::Publish {
+                    subject: subject.clone(),
+                    source: e.into(),
+                })?;
+            acks.push((subject, ack));
+        }
+        for (subject, ack) in acks {
+            ack.await.map_err(|e| Error::Publish {
+                subject,
+                source: e.into(),
+            })?;
+        }
+        Ok(())
     }
 
     /// Announces that a question was settled, on `…interactions.resolved.<agent>.<run_id>`
@@ -1383,6 +1436,17 @@ impl Delivery {
             .await
             .map_err(Error::Ack)
     }
+}
+
+/// An event's headers: its id as `Nats-Msg-Id` (a second copy inside the duplicate window is
+/// dropped), and its trace context.
+fn event_headers(id: &str, traceparent: Option<&str>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Msg-Id", id);
+    if let Some(tp) = traceparent {
+        headers.insert("traceparent", tp);
+    }
+    headers
 }
 
 #[cfg(test)]
