@@ -1915,7 +1915,11 @@ impl RunStore for RedisRunStore {
         let snap = snapshot.map(|snap| {
             let json = snap.encode();
             let mut value = format!("{}:", snap.seq).into_bytes();
-            match packed::pack(&json).filter(|_| self.journal == JournalMode::Packed) {
+            let z = match self.journal {
+                JournalMode::Packed => packed::pack(&json),
+                _ => None,
+            };
+            match z {
                 Some(z) => {
                     value.push(b'z');
                     value.extend(z);
