@@ -703,6 +703,27 @@ async fn a_write_is_one_entry_and_every_reader_splits_it_back() {
     assert_eq!(texts(&two), all[1..3], "at most `max`");
 }
 
+/// What an existing fleet of prefix `prefix` left in Redis: its bucket count (16), and its
+/// journal format if it has one.
+async fn existing_fleet(
+    raw: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    format: Option<&str>,
+) {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(format!("{prefix}:buckets"))
+        .arg(16)
+        .ignore();
+    if let Some(f) = format {
+        pipe.cmd("SET")
+            .arg(format!("{prefix}:journal-format"))
+            .arg(f)
+            .ignore();
+    }
+    let () = pipe.query_async(raw).await.expect("set");
+}
+
 /// A deployment older than the entry-per-write format keeps writing one entry per event (what
 /// its older programs read), and one of 2026-11-24 one plain entry per write, until
 /// `delta migrate-redis --journal-entries` allows packed entries; a new deployment packs from
@@ -713,25 +734,9 @@ async fn an_older_deployment_keeps_its_journal_format_until_it_is_allowed_the_ne
     let redis = delta_e2e::Redis::start().expect("redis-server");
     let mut raw = delta_e2e::redis_raw(&redis.url()).await;
     // What a fleet of before the format left: its bucket count, no journal format.
-    let () = redis::cmd("SET")
-        .arg("old:buckets")
-        .arg(16)
-        .query_async(&mut raw)
-        .await
-        .expect("set");
+    existing_fleet(&mut raw, "old", None).await;
     // A fleet of 2026-11-24: one plain entry per write.
-    let () = redis::pipe()
-        .cmd("SET")
-        .arg("plain:buckets")
-        .arg(16)
-        .ignore()
-        .cmd("SET")
-        .arg("plain:journal-format")
-        .arg("entry-per-write")
-        .ignore()
-        .query_async(&mut raw)
-        .await
-        .expect("set");
+    existing_fleet(&mut raw, "plain", Some("entry-per-write")).await;
     // Entries, the fields of the last one, and the journal as read back.
     let entries = async |store: &RedisRunStore| -> (u64, Vec<String>, Vec<String>) {
         let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
@@ -812,18 +817,7 @@ async fn an_older_deployment_keeps_its_journal_format_until_it_is_allowed_the_ne
         );
     }
     // A fleet already on a format of a newer build.
-    let () = redis::pipe()
-        .cmd("SET")
-        .arg("newer:buckets")
-        .arg(16)
-        .ignore()
-        .cmd("SET")
-        .arg("newer:journal-format")
-        .arg("packed-9")
-        .ignore()
-        .query_async(&mut raw)
-        .await
-        .expect("set");
+    existing_fleet(&mut raw, "newer", Some("packed-9")).await;
     let refused = RedisRunStore::connect(&redis.url(), "newer").await;
     let err = refused.err().expect("refused").to_string();
     assert!(
@@ -938,18 +932,7 @@ async fn a_run_is_scored_by_its_creation_in_every_status_index() {
 async fn a_questions_request_is_packed_with_the_journal_and_read_back_the_same() {
     let redis = delta_e2e::Redis::start().expect("redis-server");
     let mut raw = delta_e2e::redis_raw(&redis.url()).await;
-    let () = redis::pipe()
-        .cmd("SET")
-        .arg("qplain:buckets")
-        .arg(16)
-        .ignore()
-        .cmd("SET")
-        .arg("qplain:journal-format")
-        .arg("entry-per-write")
-        .ignore()
-        .query_async(&mut raw)
-        .await
-        .expect("set");
+    existing_fleet(&mut raw, "qplain", Some("entry-per-write")).await;
     for (prefix, packed) in [("qpacked", true), ("qplain", false)] {
         let store = RedisRunStore::connect(&redis.url(), prefix)
             .await

@@ -842,12 +842,23 @@ impl Queue {
         again_at: Option<Timestamp>,
         traceparent: Option<&str>,
     ) -> Result<(), Error> {
+        let (subject, event) = self.request_event(q, again_at, traceparent);
+        self.publish_event(subject, &event).await
+    }
+
+    /// The `requested` announcement of `q` (again at `again_at`, if so) and its subject.
+    fn request_event<'a>(
+        &self,
+        q: &'a InteractionRequest,
+        again_at: Option<Timestamp>,
+        traceparent: Option<&str>,
+    ) -> (String, events::CloudEvent<&'a InteractionRequest>) {
         let tp = traceparent.filter(|tp| is_traceparent(tp));
         let event = events::requested(&self.names.prefix, q, again_at, tp);
         let subject = self
             .names
             .requested_subject(&q.agent, &q.run_id.to_string());
-        self.publish_event(subject, &event).await
+        (subject, event)
     }
 
     /// Publishes an event (a CloudEvent, docs/protocol.md §4 "Events") on `subject`, idempotent
@@ -874,12 +885,7 @@ impl Queue {
         resolved: &Resolved,
         traceparent: Option<&str>,
     ) -> Result<(), Error> {
-        let request = events::requested(
-            &self.names.prefix,
-            q,
-            None,
-            asked_traceparent.filter(|tp| is_traceparent(tp)),
-        );
+        let (request_subject, request) = self.request_event(q, None, asked_traceparent);
         let settled = events::resolved(
             &self.names.prefix,
             &q.agent,
@@ -889,7 +895,7 @@ impl Queue {
         let run = q.run_id.to_string();
         let sends = [
             (
-                self.names.requested_subject(&q.agent, &run),
+                request_subject,
                 event_headers(&request.id, request.traceparent.as_deref()),
                 events::encode(&request),
             ),
