@@ -732,6 +732,11 @@ async fn metrics(State(gw): Shared) -> Response {
         m.pending_interactions
             .set(i64::try_from(pending).unwrap_or(i64::MAX));
     }
+    let (heard, heard_bytes) = gw.heard.len_and_bytes();
+    m.questions_heard
+        .set(i64::try_from(heard).unwrap_or(i64::MAX));
+    m.questions_heard_bytes
+        .set(i64::try_from(heard_bytes).unwrap_or(i64::MAX));
     if let Ok(s) = gw.queue.stats().await {
         let g = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         m.jobs_pending.set(g(s.pending));

@@ -44,6 +44,7 @@ pub const SETTINGS: &[Setting] = &[
     ),
     ("DELTA_MAX_TASK_BYTES", "max-task-bytes", "65536"),
     ("DELTA_SUBMIT_PER_MINUTE", "submit-per-minute", "600"),
+    ("DELTA_QUESTION_CACHE_MIB", "question-cache-mib", "16"),
     ("DELTA_RETENTION", "retention", "7d"),
     ("DELTA_GATEWAY_TLS_CERT", "tls-cert", ""),
     ("DELTA_GATEWAY_TLS_KEY", "tls-key", ""),
@@ -122,6 +123,9 @@ pub struct Config {
     pub max_task_bytes: usize,
     /// Runs one identity may submit per minute (a burst of as many, then that rate).
     pub submit_per_minute: u32,
+    /// Bytes of the questions heard announced that are kept, so that answering one reads
+    /// nothing from Redis first (`DELTA_QUESTION_CACHE_MIB`, src/heard.rs); `0`: none kept.
+    pub question_cache_bytes: usize,
     /// How long a finished run is kept before the reconcilers delete it; `None`: forever.
     pub retention: Option<Duration>,
     /// Serve HTTPS with this (`DELTA_GATEWAY_TLS_CERT` and `DELTA_GATEWAY_TLS_KEY`); `None`:
@@ -167,6 +171,7 @@ impl Config {
             max_streams_per_identity: 32,
             max_task_bytes: 64 * 1024,
             submit_per_minute: 600,
+            question_cache_bytes: 16 << 20,
             retention: Some(DEFAULT_RETENTION),
             tls: None,
             stream_ticket_ttl: Duration::from_secs(30),
@@ -244,6 +249,12 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let per_identity = s.number("DELTA_MAX_STREAMS_PER_IDENTITY", 1);
     let max_task = s.number("DELTA_MAX_TASK_BYTES", 1);
     let submit_rate = s.number("DELTA_SUBMIT_PER_MINUTE", 1);
+    let question_cache = s.number_at_most(
+        "DELTA_QUESTION_CACHE_MIB",
+        0,
+        65_536,
+        "MiB is more than a gateway needs: each question kept is about a kilobyte; keep it at most 65536",
+    );
     let retention = s.period("DELTA_RETENTION");
     let tls = tls_settings(&mut s, addr, has_tokens);
     let ticket_ttl = s.number("DELTA_STREAM_TICKET_TTL_S", 1);
@@ -288,6 +299,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         max_streams_per_identity: usize::try_from(per_identity).unwrap_or(usize::MAX),
         max_task_bytes: usize::try_from(max_task).unwrap_or(usize::MAX),
         submit_per_minute: u32::try_from(submit_rate).unwrap_or(u32::MAX),
+        question_cache_bytes: usize::try_from(question_cache << 20).unwrap_or(usize::MAX),
         retention,
         tls,
         stream_ticket_ttl: Duration::from_secs(ticket_ttl),

@@ -34,6 +34,7 @@ pub mod dlq;
 pub mod error;
 pub mod escalation;
 pub mod grants;
+pub mod heard;
 pub mod inbox;
 pub mod links;
 pub mod mcp;
@@ -70,6 +71,8 @@ pub struct Gateway {
     pub bot_answers: Arc<tokio::sync::Semaphore>,
     /// Writes what the gateway notes of the jobs it published, together.
     pub notes: notes::Notes,
+    /// The questions heard announced, for answers that need not read them (src/heard.rs).
+    pub heard: heard::Heard,
 }
 
 /// Live streams one gateway serves at once.
@@ -126,6 +129,7 @@ impl Gateway {
         .await?;
         let submissions = SubmitRate::new(config.submit_per_minute);
         Ok(Self {
+            heard: heard::Heard::new(config.question_cache_bytes),
             config,
             queue,
             metrics: metrics::Metrics::new(),
@@ -158,6 +162,20 @@ pub async fn run(
         let gw = gw.clone();
         tokio::spawn(async move { bots::serve(gw).await })
     };
+    let heard = gw.heard.is_on().then(|| {
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            let subject = gw
+                .queue
+                .names()
+                .event_filter(delta_protocol::events::EventType::InteractionRequested, "*");
+            let client = gw.queue.client().clone();
+            if let Err(e) = gw.heard.listen(&client, subject, gw.shutdown.clone()).await {
+                // Answers then read their questions from Redis, as with the cache off.
+                tracing::warn!(error = %delta_host::Chain(&e), "not hearing questions announced");
+            }
+        })
+    });
     let reconcilers = tokio::spawn(reconcile::run(gw.clone(), shutdown.clone()));
     let webhooks = tokio::spawn(webhooks::deliver::run(gw.clone()));
     // A2A push notifications (src/a2a/push.rs), delivered like webhooks.
@@ -183,6 +201,9 @@ pub async fn run(
         Ok(Ok(())) => {}
     }
     let _ = reconcilers.await;
+    if let Some(h) = heard {
+        let _ = h.await;
+    }
     let _ = webhooks.await;
     let _ = a2a_push.await;
     gw.notes.finish().await;

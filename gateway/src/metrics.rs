@@ -35,6 +35,11 @@ pub struct Metrics {
     pub runs_submitted: Counter,
     pub answers_accepted: Family<ViaLabel, Counter>,
     pub answers_refused: Family<ViaLabel, Counter>,
+    /// Answers to questions this gateway heard announced: no read of the question from Redis.
+    pub answers_heard: Counter,
+    /// Questions heard announced and kept (`DELTA_QUESTION_CACHE_MIB`), and their bytes.
+    pub questions_heard: Gauge,
+    pub questions_heard_bytes: Gauge,
     pub timeouts_applied: Counter,
     pub resumes_republished: Counter,
     pub jobs_requeued: Counter,
@@ -74,6 +79,9 @@ impl Metrics {
             runs_submitted: Counter::default(),
             answers_accepted: Family::default(),
             answers_refused: Family::default(),
+            answers_heard: Counter::default(),
+            questions_heard: Gauge::default(),
+            questions_heard_bytes: Gauge::default(),
             timeouts_applied: Counter::default(),
             resumes_republished: Counter::default(),
             jobs_requeued: Counter::default(),
@@ -136,6 +144,21 @@ impl Metrics {
             "answers_refused",
             "Answers refused here, by channel",
             m.answers_refused.clone(),
+        );
+        r.register(
+            "answers_heard",
+            "Answers accepted here to questions this gateway heard announced (the question not read from Redis)",
+            m.answers_heard.clone(),
+        );
+        r.register(
+            "questions_heard",
+            "Questions heard announced and kept in memory (DELTA_QUESTION_CACHE_MIB)",
+            m.questions_heard.clone(),
+        );
+        r.register(
+            "questions_heard_bytes",
+            "What the questions kept in memory are counted as, in bytes",
+            m.questions_heard_bytes.clone(),
         );
         r.register(
             "timeouts_applied",

@@ -357,7 +357,7 @@ impl Gateway {
                 "the body's request_id is not {request_id}, the request being answered"
             )));
         }
-        let mut response = InteractionResponse {
+        let response = InteractionResponse {
             request_id,
             option_id: body.option_id,
             input: body.input,
@@ -366,7 +366,59 @@ impl Gateway {
             responder,
             request_hash: body.request_hash,
         };
+        // A question this gateway heard announced is answered with what was announced, read
+        // from memory (src/heard.rs); Redis's settling script still has the last word. Anything
+        // refused on this path is decided again the usual way, with the question read from
+        // Redis, so that this path never refuses, nor accepts, what the usual one would not.
+        if let Some(ix) = self.heard_question(request_id) {
+            let run_id = ix.request.run_id;
+            if let Ok(answered) = self
+                .answer_ix(run_id, ix, response.clone(), groups, trace)
+                .await
+            {
+                self.heard.forget(request_id);
+                self.metrics.answers_heard.inc();
+                return Ok(answered);
+            }
+        }
         let (run_id, ix) = self.find(request_id).await?;
+        self.answer_ix(run_id, ix, response, groups, trace).await
+    }
+
+    /// Question `request_id` as a pending stored interaction, from what this gateway heard
+    /// announced: only for a question whose answer depends on nothing it may have gained since
+    /// it was asked (no votes, no escalation adding responders).
+    fn heard_question(&self, request_id: RequestId) -> Option<StoredInteraction> {
+        let heard = self.heard.get(request_id)?;
+        let q = &heard.request;
+        if q.approvals.is_some() || !q.escalation.is_empty() {
+            return None;
+        }
+        Some(StoredInteraction {
+            request: heard.request,
+            state: InteractionState::Pending,
+            response: None,
+            answered_at: None,
+            resume_seq: None,
+            asked_by_job: None,
+            traceparent: heard.traceparent,
+            claim: None,
+            votes: vec![],
+            escalated: 0,
+            added_responders: vec![],
+        })
+    }
+
+    /// Answers `ix` (question `response.request_id` of run `run_id`) with `response`.
+    async fn answer_ix(
+        &self,
+        run_id: RunId,
+        ix: StoredInteraction,
+        mut response: InteractionResponse,
+        groups: &[String],
+        trace: &mut crate::trace::AnswerTrace,
+    ) -> Result<Answered, ApiError> {
+        let request_id = response.request_id;
         trace.run_id = Some(run_id);
         trace.asked = ix.traceparent.clone();
         // A secret never passes through a relay (the Slack bridge, or whoever holds its token):
@@ -559,6 +611,9 @@ impl Gateway {
     /// that names its job (asked by a build of 2026-11-25 or later); `true` when NATS cannot
     /// say (announcing it again is harmless: the same `id`).
     pub async fn maybe_unannounced(&self, ix: &StoredInteraction) -> bool {
+        if self.heard.contains(ix.request.request_id) {
+            return false;
+        }
         match ix.asked_by_job {
             Some(seq) => self.queue.job_exists(seq).await.unwrap_or(true),
             None => false,

@@ -1456,3 +1456,125 @@ async fn a_question_its_worker_died_before_announcing_is_announced_before_its_an
     .await;
     assert!(tally.problems.is_empty(), "{:?}", tally.problems);
 }
+
+/// A question the gateway heard announced is answered without reading it from Redis (the
+/// answer path's first round trip, docs/architecture.md "Answers to questions the gateway
+/// heard"); one it did not hear is read as before. Both are accepted and resume their runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis() {
+    let fleet = Fleet::start("gwh", 1, 0).await;
+    let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwh", &fleet.nats.queue_settings())
+        .await
+        .expect("queue");
+    let redis = redis::Client::open(fleet.redis.url()).expect("redis");
+    let mut raw = redis
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let mut hgetalls = async || -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut raw)
+            .await
+            .expect("info");
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_hgetall:calls="))
+            .and_then(|l| l.split(',').next())
+            .map_or(0, |n| n.parse::<u64>().expect("calls"))
+    };
+    let metric = async |name: &str| -> u64 {
+        let (_, m) = fleet.client.get("/metrics").await.expect("metrics");
+        let text = m.as_str().expect("text").to_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .map_or(0, |n| n.trim().parse().expect("a count"))
+    };
+    // Two runs paused the way a worker pauses them; only the first one's question announced.
+    let mut asked = vec![];
+    for task in ["heard", "unheard"] {
+        let run = fleet.submit("hello", task).await;
+        let job = loop {
+            let seq = fleet
+                .store
+                .queue_run(run)
+                .await
+                .expect("read")
+                .expect("run")
+                .job_seq;
+            if seq > 0 {
+                break seq;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let worker = fleet.store.fenced(delta_protocol::Fence::new(job, 1));
+        worker.load_latest(run, None).await.expect("load");
+        let q = delta_protocol::InteractionRequest::new(
+            run,
+            "hello",
+            delta_protocol::InteractionType::UserInput,
+            format!("Whom shall I greet ({task})?"),
+        );
+        worker
+            .append(
+                run,
+                vec![Event::HumanInputRequest(Box::new(q.clone()))],
+                Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
+            )
+            .await
+            .expect("pause");
+        asked.push(q);
+    }
+    queue
+        .publish_request(&asked[0], None)
+        .await
+        .expect("announce");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric("delta_questions_heard").await < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway hears the announcement"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let before = hgetalls().await;
+    let (status, body) = fleet
+        .answer(&asked[0].request_id.to_string(), json!({"input": "Grace"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(hgetalls().await, before, "the heard question was not read");
+    assert_eq!(metric("delta_answers_heard_total").await, 1);
+    assert_eq!(
+        metric("delta_questions_heard").await,
+        0,
+        "dropped once answered"
+    );
+
+    let before = hgetalls().await;
+    let (status, body) = fleet
+        .answer(&asked[1].request_id.to_string(), json!({"input": "Ada"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(hgetalls().await > before, "the unheard question was read");
+    assert_eq!(metric("delta_answers_heard_total").await, 1);
+
+    // Both settled in Redis with their answers, and a second answer to the heard one refused
+    // as for any settled question.
+    for (q, text) in asked.iter().zip(["Grace", "Ada"]) {
+        let ix = fleet
+            .store
+            .interaction(q.run_id, q.request_id)
+            .await
+            .expect("read")
+            .expect("stored");
+        assert_eq!(ix.state, delta_protocol::InteractionState::Answered);
+        assert_eq!(ix.response.and_then(|r| r.input).as_deref(), Some(text));
+    }
+    let (status, body) = fleet
+        .answer(
+            &asked[0].request_id.to_string(),
+            json!({"input": "Someone else"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+}

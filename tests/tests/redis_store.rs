@@ -961,3 +961,100 @@ async fn a_questions_request_is_packed_with_the_journal_and_read_back_the_same()
         assert_eq!((run, found.request), (id, q), "{prefix}");
     }
 }
+
+/// An answer takes its question out of the indexes it is in, and only those: a question with a
+/// deadline and an escalation leaves `pending`, `deadlines` and `escalations`; one with neither
+/// costs a single `ZREM` (its `pending` entry).
+#[tokio::test]
+async fn an_answer_leaves_exactly_the_indexes_its_question_is_in() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "idx")
+        .await
+        .expect("connect");
+    let raw = delta_e2e::redis_raw(&redis.url()).await;
+    let zrems = || {
+        let mut raw = raw.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut raw)
+                .await
+                .expect("info");
+            info.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_zrem:calls="))
+                .and_then(|l| l.split(',').next())
+                .map_or(0, |n| n.parse::<u64>().expect("calls"))
+        }
+    };
+    let member = |key: String, id: String| {
+        let mut raw = raw.clone();
+        async move {
+            let s: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+                .arg(&key)
+                .arg(id)
+                .query_async(&mut raw)
+                .await
+                .expect("zmscore");
+            s[0].is_some()
+        }
+    };
+    let mut zrems_by_kind = vec![];
+    for full in [true, false] {
+        let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
+        let id = rec.run_id;
+        store.create(rec).await.expect("create");
+        let mut q = delta_protocol::InteractionRequest::new(
+            id,
+            "a",
+            delta_protocol::InteractionType::UserInput,
+            "Go?",
+        );
+        if full {
+            q.expires_at = Some(
+                delta_protocol::Timestamp::from_micros(q.timestamp.micros() + 3_600_000_000)
+                    .expect("a time"),
+            );
+            q.escalation = vec![delta_protocol::human::EscalationStep {
+                after: std::time::Duration::from_secs(600),
+                remind: true,
+                add_responders: vec![],
+                apply_default: false,
+            }];
+        }
+        store
+            .append(
+                id,
+                vec![Event::HumanInputRequest(Box::new(q.clone()))],
+                Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
+            )
+            .await
+            .expect("pause");
+        let tag = store
+            .run_key(id)
+            .strip_suffix(&format!(":run:{id}"))
+            .expect("tag")
+            .to_owned();
+        let rid = q.request_id.to_string();
+        let indexes = ["pending", "deadlines", "escalations"];
+        let mut before = vec![];
+        for i in indexes {
+            before.push(member(format!("{tag}:interactions:{i}"), rid.clone()).await);
+        }
+        assert_eq!(before, [true, full, full], "full: {full}");
+        let z0 = zrems().await;
+        let mut answer = delta_protocol::InteractionResponse::new(
+            q.request_id,
+            delta_protocol::Responder::new("ann", delta_protocol::Via::Http),
+        );
+        answer.input = Some("yes".into());
+        assert!(store.answer(&q, &answer).await.expect("answer"));
+        zrems_by_kind.push(zrems().await - z0);
+        for i in indexes {
+            assert!(
+                !member(format!("{tag}:interactions:{i}"), rid.clone()).await,
+                "{i} after the answer (full: {full})"
+            );
+        }
+    }
+    assert_eq!(zrems_by_kind, [3, 1]);
+}

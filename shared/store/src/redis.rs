@@ -486,7 +486,10 @@ return {'CREATED', ''}
 /// Settles a pending interaction: `ANSWERED` with its response, or `EXPIRED` by the clock, and
 /// queues its run's resume for the reconciler to check. Returns `WON`, or the state it was in.
 /// KEYS: the interaction. ARGV: new state, response JSON (or ''), now, bucket tag, request id,
-/// resume member, when to check the resume (µs), the responder (`''` for the clock), now (µs).
+/// resume member, when to check the resume (µs), the responder (`''` for the clock), now (µs),
+/// the indexes besides `pending` it is in: `d` (deadlines) and `e` (escalations), `-` for
+/// neither (a question is in them only when it has a deadline, an escalation: docs/protocol.md
+/// "Redis layout"); missing (an older caller): both.
 /// `CLAIMED|<until µs>|<holder>` when someone else holds a live claim on it.
 const RESOLVE: &str = r#"
 local cur = redis.call('HMGET', KEYS[1], 'state', 'claim_by', 'claim_until')
@@ -503,11 +506,26 @@ else
   redis.call('HSET', KEYS[1], 'state', ARGV[1], 'answered_at', ARGV[3])
 end
 redis.call('ZREM', ARGV[4] .. ':interactions:pending', ARGV[5])
-redis.call('ZREM', ARGV[4] .. ':interactions:deadlines', ARGV[5])
-redis.call('ZREM', ARGV[4] .. ':interactions:escalations', ARGV[5])
+local idx = ARGV[10]
+if not idx or string.find(idx, 'd', 1, true) then
+  redis.call('ZREM', ARGV[4] .. ':interactions:deadlines', ARGV[5])
+end
+if not idx or string.find(idx, 'e', 1, true) then
+  redis.call('ZREM', ARGV[4] .. ':interactions:escalations', ARGV[5])
+end
 redis.call('ZADD', ARGV[4] .. ':resumes', ARGV[7], ARGV[6])
 return 'WON'
 "#;
+
+/// `RESOLVE`'s last argument: the indexes besides `pending` that question `q` is in.
+fn resolve_indexes(q: &InteractionRequest) -> &'static str {
+    match (q.expires_at.is_some(), !q.escalation.is_empty()) {
+        (true, true) => "de",
+        (true, false) => "d",
+        (false, true) => "e",
+        (false, false) => "-",
+    }
+}
 
 /// Opens an answered interaction again (its answer was refused by the engine): `PENDING`,
 /// answer (and any votes) removed, back in the pending and deadline indexes (and the escalation index, for the
@@ -1183,7 +1201,8 @@ impl RedisRunStore {
             .arg(format!("{run_id}/{rid}"))
             .arg(check_at)
             .arg(by)
-            .arg(Timestamp::now().micros());
+            .arg(Timestamp::now().micros())
+            .arg(resolve_indexes(request));
         // Replicated, as every write to a run: an answer the gateway accepts must not be lost
         // at a failover (the caller's `sync` alone would not tell, see `invoke_replicated`).
         let (reply, replicated) = self.invoke_replicated::<String>(run_id, &inv).await;

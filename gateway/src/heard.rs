@@ -1,0 +1,283 @@
+//! The questions this gateway heard announced (`requested`), kept in memory up to
+//! `DELTA_QUESTION_CACHE_MIB` so that an answer to one of them needs no read of the question
+//! from Redis, and no check that it was announced (docs/architecture.md "Answers to questions
+//! the gateway heard").
+//!
+//! What is kept is what the question's worker stored before it announced it: a question is
+//! never changed once asked (a reopened one is the same question), and only the roles that
+//! write questions to Redis, workers and gateways, may publish on `requested` (docs/security.md).
+//! What a question gains after it is asked (a claim, votes, responders added by an escalation,
+//! its settling) is not here: the answer path uses this copy only for questions that take no
+//! votes and have no escalation, the settling script in Redis still refuses an answer to a
+//! question that is settled or claimed by someone else, and any refusal on this path is decided
+//! again the usual way, with the question read from Redis.
+//!
+//! Oldest first out past the cap; an entry is dropped once its question is answered here.
+//! Answers to questions answered through another gateway, or expired, leave their entries until
+//! they are pushed out: a stale entry costs only the usual path.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use delta_protocol::{InteractionRequest, RequestId};
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+/// What an entry is counted as besides its announcement's bytes (the parsed question's maps
+/// and strings, the index entries).
+const OVERHEAD: usize = 512;
+
+/// A question heard, and the trace context of the run's span that asked it.
+#[derive(Clone, Debug)]
+pub struct HeardQuestion {
+    pub request: InteractionRequest,
+    pub traceparent: Option<String>,
+}
+
+/// The questions heard, bounded by their size.
+pub struct Heard {
+    cap: usize,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_id: HashMap<RequestId, Entry>,
+    /// Insertion order, with each entry's generation: a pair whose entry was replaced or
+    /// dropped since is skipped (and compacted away once they pile up).
+    order: VecDeque<(RequestId, u64)>,
+    bytes: usize,
+    next: u64,
+}
+
+struct Entry {
+    question: HeardQuestion,
+    size: usize,
+    generation: u64,
+}
+
+impl Heard {
+    /// Keeps at most about `cap` bytes of questions; `0` keeps none.
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether it keeps anything at all.
+    pub fn is_on(&self) -> bool {
+        self.cap > 0
+    }
+
+    /// Keeps the question an announcement carries (the payload of a `requested` message).
+    /// Anything else is ignored: false.
+    pub fn hear(&self, payload: &[u8]) -> bool {
+        let Ok(event) = delta_protocol::events::decode::<InteractionRequest>(payload) else {
+            return false;
+        };
+        self.insert(
+            HeardQuestion {
+                request: event.data,
+                traceparent: event.traceparent,
+            },
+            payload.len() + OVERHEAD,
+        );
+        true
+    }
+
+    /// Keeps `question`, counted as `size` bytes, pushing the oldest out past the cap.
+    pub fn insert(&self, question: HeardQuestion, size: usize) {
+        if size > self.cap {
+            return;
+        }
+        let id = question.request.request_id;
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let generation = inner.next;
+        inner.next += 1;
+        if let Some(old) = inner.by_id.insert(
+            id,
+            Entry {
+                question,
+                size,
+                generation,
+            },
+        ) {
+            inner.bytes -= old.size;
+        }
+        inner.bytes += size;
+        inner.order.push_back((id, generation));
+        while inner.bytes > self.cap {
+            let Some((old, generation)) = inner.order.pop_front() else {
+                break;
+            };
+            if inner
+                .by_id
+                .get(&old)
+                .is_some_and(|e| e.generation == generation)
+                && let Some(e) = inner.by_id.remove(&old)
+            {
+                inner.bytes -= e.size;
+            }
+        }
+        // Pairs of entries dropped by `forget` are skipped above; never more of them than of
+        // entries kept (plus some slack), so the order stays as small as what it orders.
+        if inner.order.len() > 2 * inner.by_id.len() + 1024 {
+            let by_id = &inner.by_id;
+            inner
+                .order
+                .retain(|(id, g)| by_id.get(id).is_some_and(|e| e.generation == *g));
+        }
+    }
+
+    /// The question `id`, if heard and still kept.
+    pub fn get(&self, id: RequestId) -> Option<HeardQuestion> {
+        self.lock().by_id.get(&id).map(|e| e.question.clone())
+    }
+
+    /// Whether question `id` was heard announced (and is still kept).
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.lock().by_id.contains_key(&id)
+    }
+
+    /// Drops question `id` (answered here).
+    pub fn forget(&self, id: RequestId) {
+        let mut g = self.lock();
+        if let Some(e) = g.by_id.remove(&id) {
+            g.bytes -= e.size;
+        }
+    }
+
+    /// The questions kept, and their bytes as counted.
+    pub fn len_and_bytes(&self) -> (usize, usize) {
+        let g = self.lock();
+        (g.by_id.len(), g.bytes)
+    }
+
+    /// Hears every `requested` announcement of the fleet (`subject`) until `shutdown`. Fails
+    /// only if it cannot subscribe.
+    pub async fn listen(
+        &self,
+        client: &async_nats::Client,
+        subject: String,
+        shutdown: CancellationToken,
+    ) -> Result<(), async_nats::SubscribeError> {
+        let mut sub = client.subscribe(subject).await?;
+        loop {
+            tokio::select! {
+                msg = sub.next() => match msg {
+                    Some(m) => {
+                        if !self.hear(&m.payload) {
+                            tracing::debug!(subject = %m.subject, "ignoring an announcement that is not a question");
+                        }
+                    }
+                    None => return Ok(()),
+                },
+                () = shutdown.cancelled() => return Ok(()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use delta_protocol::{InteractionType, RunId};
+
+    fn question(prompt: &str) -> HeardQuestion {
+        HeardQuestion {
+            request: InteractionRequest::new(
+                RunId::new(),
+                "agent",
+                InteractionType::UserInput,
+                prompt,
+            ),
+            traceparent: None,
+        }
+    }
+
+    #[test]
+    fn the_oldest_questions_go_first_past_the_cap() {
+        let heard = Heard::new(300);
+        let qs: Vec<_> = (0..4).map(|i| question(&format!("q{i}"))).collect();
+        for q in &qs {
+            heard.insert(q.clone(), 100);
+        }
+        let kept: Vec<bool> = qs
+            .iter()
+            .map(|q| heard.contains(q.request.request_id))
+            .collect();
+        assert_eq!(kept, [false, true, true, true]);
+        assert_eq!(heard.len_and_bytes(), (3, 300));
+        let got = heard.get(qs[3].request.request_id).expect("kept");
+        assert_eq!(got.request.prompt, "q3");
+    }
+
+    #[test]
+    fn a_question_heard_again_is_counted_once_and_kept_as_new() {
+        let heard = Heard::new(250);
+        let (a, b, c) = (question("a"), question("b"), question("c"));
+        heard.insert(a.clone(), 100);
+        heard.insert(b.clone(), 100);
+        // `a` again (a redelivered job announces its question again): now the newest.
+        heard.insert(a.clone(), 100);
+        assert_eq!(heard.len_and_bytes(), (2, 200));
+        heard.insert(c.clone(), 100);
+        assert!(heard.contains(a.request.request_id));
+        assert!(!heard.contains(b.request.request_id));
+        assert!(heard.contains(c.request.request_id));
+        assert_eq!(heard.len_and_bytes(), (2, 200));
+    }
+
+    #[test]
+    fn forgotten_questions_free_their_bytes_and_leave_no_trail() {
+        let heard = Heard::new(1 << 20);
+        for i in 0..10_000 {
+            let q = question(&format!("q{i}"));
+            let id = q.request.request_id;
+            heard.insert(q, 100);
+            heard.forget(id);
+        }
+        assert_eq!(heard.len_and_bytes(), (0, 0));
+        assert!(heard.lock().order.len() <= 1024 + 1);
+    }
+
+    #[test]
+    fn a_question_larger_than_the_cap_is_not_kept_and_a_zero_cap_keeps_none() {
+        let heard = Heard::new(50);
+        let q = question("big");
+        heard.insert(q.clone(), 51);
+        assert!(!heard.contains(q.request.request_id));
+        let off = Heard::new(0);
+        assert!(!off.is_on());
+        off.insert(q.clone(), 1);
+        assert!(!off.contains(q.request.request_id));
+    }
+
+    #[test]
+    fn an_announcement_is_heard_with_its_trace_context() {
+        let heard = Heard::new(1 << 20);
+        let q = question("deploy?").request;
+        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let event = delta_protocol::events::requested("delta", &q, None, Some(tp));
+        assert!(heard.hear(&delta_protocol::events::encode(&event)));
+        let got = heard.get(q.request_id).expect("heard");
+        assert_eq!(got.request, q);
+        assert_eq!(got.traceparent.as_deref(), Some(tp));
+    }
+
+    #[test]
+    fn only_a_question_announcement_is_heard() {
+        let heard = Heard::new(1 << 20);
+        assert!(!heard.hear(b"not json"));
+        assert!(!heard.hear(br#"{"specversion":"1.0","data":{"run_id":"x"}}"#));
+        assert_eq!(heard.len_and_bytes(), (0, 0));
+    }
+}
