@@ -216,6 +216,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let _ = heart.await;
     let _ = sweeper.await;
     cancels.abort();
+    // The last acks and naks, sent without waiting for their confirmation, reach the server
+    // before the worker exits.
+    if let Err(e) = shared.queue.flush().await {
+        tracing::warn!(error = %delta_host::Chain(&e), "acks not flushed at exit; their jobs are redelivered");
+    }
     // Under a target of its own, so that benchmarks can keep it while silencing the rest.
     tracing::info!(
         target: "delta_stats",

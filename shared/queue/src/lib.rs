@@ -1407,6 +1407,14 @@ impl Queue {
         x.advisory.double_ack().await.map_err(Error::Ack)
     }
 
+    /// Sends what the client still buffers (acks, naks) and waits until the server has it.
+    pub async fn flush(&self) -> Result<(), Error> {
+        self.client
+            .flush()
+            .await
+            .map_err(|e| Error::Ack(Box::new(e)))
+    }
+
     /// The core NATS client, for subscribers.
     pub fn client(&self) -> &async_nats::Client {
         &self.client
@@ -1414,9 +1422,12 @@ impl Queue {
 }
 
 impl Delivery {
-    /// Done: the server confirms before this returns (a lost ack would redeliver a finished job).
+    /// Done. Sent without waiting for the server to confirm it, as naks are: an ack lost on the
+    /// way (the connection dropped) redelivers a finished job after `ack_wait`, which the next
+    /// delivery finds finished (fenced, or its run past the job) and acks again. [`Queue::flush`]
+    /// before exiting sends what is still buffered.
     pub async fn ack(&self) -> Result<(), Error> {
-        self.msg.double_ack().await.map_err(Error::Ack)
+        self.msg.ack().await.map_err(Error::Ack)
     }
 
     /// Not now: redeliver after `delay`.
