@@ -1,4 +1,5 @@
-//! The questions this gateway heard announced (`requested`), kept in memory up to
+//! The questions this gateway heard announced (`requested`, as the events stream stores them),
+//! kept in memory up to
 //! `DELTA_QUESTION_CACHE_MIB` so that an answer to one of them needs no read of the question
 //! from Redis, and no check that it was announced (docs/architecture.md "Answers to questions
 //! the gateway heard").
@@ -6,6 +7,8 @@
 //! What is kept is what the question's worker stored before it announced it: a question is
 //! never changed once asked (a reopened one is the same question), and only the roles that
 //! write questions to Redis, workers and gateways, may publish on `requested` (docs/security.md).
+//! They are read from the events stream (an ordered consumer), not heard as they are sent: a
+//! question kept is one the stream holds, so it was announced.
 //! What a question gains after it is asked (a claim, votes, responders added by an escalation,
 //! its settling) is not here: the answer path uses this copy only for questions that take no
 //! votes and have no escalation, the settling script in Redis still refuses an answer to a
@@ -161,26 +164,35 @@ impl Heard {
         (g.by_id.len(), g.bytes)
     }
 
-    /// Hears every `requested` announcement of the fleet (`subject`) until `shutdown`. Fails
-    /// only if it cannot subscribe.
-    pub async fn listen(
-        &self,
-        client: &async_nats::Client,
-        subject: String,
-        shutdown: CancellationToken,
-    ) -> Result<(), async_nats::SubscribeError> {
-        let mut sub = client.subscribe(subject).await?;
+    /// Hears every `requested` announcement the events stream stores from now on, until
+    /// `shutdown`; its consumer is made again should it end (NATS restarted, say).
+    pub async fn listen(&self, queue: &delta_queue::Queue, shutdown: CancellationToken) {
         loop {
-            tokio::select! {
-                msg = sub.next() => match msg {
-                    Some(m) => {
-                        if !self.hear(&m.payload) {
-                            tracing::debug!(subject = %m.subject, "ignoring an announcement that is not a question");
+            match queue.stored_questions().await {
+                Ok(questions) => {
+                    let mut questions = std::pin::pin!(questions);
+                    loop {
+                        tokio::select! {
+                            q = questions.next() => match q {
+                                Some(payload) => {
+                                    if !self.hear(&payload) {
+                                        tracing::debug!("ignoring an announcement that is not a question");
+                                    }
+                                }
+                                None => break,
+                            },
+                            () = shutdown.cancelled() => return,
                         }
                     }
-                    None => return Ok(()),
-                },
-                () = shutdown.cancelled() => return Ok(()),
+                }
+                Err(e) => {
+                    // Answers read their questions from Redis meanwhile, as with the cache off.
+                    tracing::warn!(error = %delta_host::Chain(&e), "not hearing questions announced; trying again in 5 s");
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
+                () = shutdown.cancelled() => return,
             }
         }
     }

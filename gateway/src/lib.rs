@@ -164,17 +164,7 @@ pub async fn run(
     };
     let heard = gw.heard.is_on().then(|| {
         let gw = gw.clone();
-        tokio::spawn(async move {
-            let subject = gw
-                .queue
-                .names()
-                .event_filter(delta_protocol::events::EventType::InteractionRequested, "*");
-            let client = gw.queue.client().clone();
-            if let Err(e) = gw.heard.listen(&client, subject, gw.shutdown.clone()).await {
-                // Answers then read their questions from Redis, as with the cache off.
-                tracing::warn!(error = %delta_host::Chain(&e), "not hearing questions announced");
-            }
-        })
+        tokio::spawn(async move { gw.heard.listen(&gw.queue, gw.shutdown.clone()).await })
     });
     let reconcilers = tokio::spawn(reconcile::run(gw.clone(), shutdown.clone()));
     let webhooks = tokio::spawn(webhooks::deliver::run(gw.clone()));

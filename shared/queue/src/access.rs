@@ -7,8 +7,8 @@
 //!   them, so a bot's bearer token in a header reaches no one else), publishes jobs, `resolved`,
 //!   `updated` (claims, votes) and `escalated` announcements and cancellations, a `requested`
 //!   announcement its worker died before making (when the question is answered), and reads the
-//!   streams for its views. It hears `requested` announcements (to answer a question without
-//!   reading it from Redis first).
+//!   streams for its views (and the questions it keeps to answer them without reading them,
+//!   through a consumer of its own).
 //!   It also delivers webhooks (docs/webhooks.md): it creates, reads, pulls from, acknowledges
 //!   and deletes the durable consumers `<p>-webhook-<id>` on the events stream, which its rights
 //!   to read that stream through consumers of its own already cover (a consumer's name is one
@@ -201,8 +201,6 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("{p}.interactions.respond.*"),
                 format!("{p}.interactions.claim.*"),
                 format!("{p}.events.resumed"),
-                // Questions announced, kept to answer them without reading them (heard.rs).
-                format!("{p}.interactions.requested.>"),
                 inbox(NatsRole::Gateway),
             ];
             (publish, subscribe, true)

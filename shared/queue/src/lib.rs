@@ -1231,6 +1231,29 @@ impl Queue {
         }))
     }
 
+    /// The `requested` announcements stored from now on, as their messages' payloads, on an
+    /// ordered consumer of their own: a question comes only once the events stream holds it
+    /// (a core subscription would hear one the stream then refused).
+    pub async fn stored_questions(
+        &self,
+    ) -> Result<impl futures_util::Stream<Item = Vec<u8>> + use<>, Error> {
+        let name = self.names.interactions_stream();
+        let err = |e: Cause| setup(&name)(e);
+        let stream = self.js.get_stream(&name).await.map_err(|e| err(e.into()))?;
+        let messages = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::New,
+                filter_subject: format!("{}.interactions.requested.>", self.names.prefix),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| err(e.into()))?
+            .messages()
+            .await
+            .map_err(|e| err(e.into()))?;
+        Ok(messages.filter_map(|m| std::future::ready(m.ok().map(|m| m.payload.to_vec()))))
+    }
+
     /// Copies a delivery to the dead-letter stream with the reason in a header.
     pub async fn dead_letter(&self, d: &Delivery, reason: &str) -> Result<(), Error> {
         let payload = d.msg.payload.to_vec();
