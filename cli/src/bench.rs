@@ -261,6 +261,7 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
         .map(|i| logged_round_trips(&logs.join(format!("worker-{i}.log"))))
         .sum();
     let gateway = logged_round_trips(&logs.join("gateway.log"));
+    let heard = logged_count(&logs.join("gateway.log"), "answers_heard");
     let runs = (a.runs + a.paused_probe) as f64;
     let per_run = |n: Option<u64>, who: &str| match n {
         Some(n) => json!(round(n as f64 / runs, 2)),
@@ -280,6 +281,11 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
             "redis_round_trips_per_run_gateway".into(),
             per_run(gateway, "gateway"),
         );
+        // Answers to questions the gateway kept, which it did not read from Redis.
+        obj.insert(
+            "answers_from_memory_share".into(),
+            heard.map_or(Value::Null, |n| json!(round(n as f64 / runs, 3))),
+        );
     }
     println!("{line}");
     if a.keep {
@@ -290,12 +296,18 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
 
 /// The `redis_round_trips=N` a process logged as it stopped (`None` if it did not).
 fn logged_round_trips(log: &Path) -> Option<u64> {
+    logged_count(log, "redis_round_trips")
+}
+
+/// The `<name>=N` a process logged last (`None` if it did not).
+fn logged_count(log: &Path, name: &str) -> Option<u64> {
     // Without the terminal colour codes, whose digits would mislead.
     let text =
         delta_launcher::process::strip_ansi(&std::fs::read_to_string(log).unwrap_or_default());
-    text.rsplit("redis_round_trips=")
+    let key = format!("{name}=");
+    text.rsplit(&key)
         .next()
-        .filter(|_| text.contains("redis_round_trips="))
+        .filter(|_| text.contains(&key))
         .map(|rest| {
             rest.chars()
                 .take_while(char::is_ascii_digit)

@@ -70,6 +70,12 @@ async fn the_bench_prints_the_workload_line_with_every_run_checked() {
                 .unwrap_or_else(|| panic!("{field}: {line}"));
             assert!(v > 0.0, "{field} is measured: {line}");
         }
+        // A share (the gateway logged it as it stopped): how many depends on who wins the race
+        // between the bench's answer and the gateway's copy of the question.
+        let share = line["answers_from_memory_share"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("answers_from_memory_share: {line}"));
+        assert!((0.0..=1.0).contains(&share), "{line}");
         let p50 = line["resume_p50_ms"].as_f64().unwrap_or_default();
         let p99 = line["resume_p99_ms"].as_f64().unwrap_or_default();
         assert!(p50 <= p99, "percentiles in order: {line}");

@@ -201,6 +201,7 @@ pub async fn run(
     tracing::info!(
         target: "delta_stats",
         redis_round_trips = gw.store.round_trips(),
+        answers_heard = gw.metrics.answers_heard.get(),
         "gateway stopped"
     );
     Ok(())
