@@ -155,6 +155,21 @@ pub async fn redis_raw(url: &str) -> redis::aio::MultiplexedConnection {
         .expect("redis")
 }
 
+/// How many times Redis ran `command` (lowercase, as `INFO commandstats` names it: `zrem`,
+/// `hgetall`), scripts' inner calls included, since it started.
+pub async fn command_calls(conn: &redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn.clone())
+        .await
+        .expect("info");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|l| l.split(',').next())
+        .map_or(0, |n| n.parse::<u64>().expect("calls"))
+}
+
 /// Every key matching `pattern` in Redis with its value, as text: hashes, streams, sorted sets,
 /// sets, lists and strings read in clear (a `DUMP` is compressed, so a search could miss). With
 /// several URLs (a Redis Cluster's nodes, comma-separated), the keys of every master.

@@ -1407,39 +1407,8 @@ async fn typed_answers_are_checked_against_the_schema_over_http_and_nats() {
 async fn a_question_its_worker_died_before_announcing_is_announced_before_its_answer() {
     let fleet = Fleet::start("gwq", 1, 0).await;
     let run = fleet.submit("hello", "unannounced").await;
-    // The start job, as a worker would have taken it: its stream sequence, noted by the gateway.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let job = loop {
-        let seq = fleet
-            .store
-            .queue_run(run)
-            .await
-            .expect("read")
-            .expect("run")
-            .job_seq;
-        if seq > 0 {
-            break seq;
-        }
-        assert!(Instant::now() < deadline, "the job's sequence is noted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    // The worker's pause, written under that job's fence; then it dies: no announcement, no ack.
-    let worker = fleet.store.fenced(delta_protocol::Fence::new(job, 1));
-    worker.load_latest(run, None).await.expect("load");
-    let q = delta_protocol::InteractionRequest::new(
-        run,
-        "hello",
-        delta_protocol::InteractionType::UserInput,
-        "Whom shall I greet?",
-    );
-    worker
-        .append(
-            run,
-            vec![Event::HumanInputRequest(Box::new(q.clone()))],
-            Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
-        )
-        .await
-        .expect("pause");
+    // The worker's pause; then it dies: no announcement, no ack.
+    let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
     // Found in the listing, and answered.
     let listed = pending(&fleet.client, run).await;
     assert_eq!(listed, q.request_id.to_string());
@@ -1466,22 +1435,8 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
     let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwh", &fleet.nats.queue_settings())
         .await
         .expect("queue");
-    let redis = redis::Client::open(fleet.redis.url()).expect("redis");
-    let mut raw = redis
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let mut hgetalls = async || -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut raw)
-            .await
-            .expect("info");
-        info.lines()
-            .find_map(|l| l.strip_prefix("cmdstat_hgetall:calls="))
-            .and_then(|l| l.split(',').next())
-            .map_or(0, |n| n.parse::<u64>().expect("calls"))
-    };
+    let raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
+    let hgetalls = || delta_e2e::command_calls(&raw, "hgetall");
     let metric = async |name: &str| -> u64 {
         let (_, m) = fleet.client.get("/metrics").await.expect("metrics");
         let text = m.as_str().expect("text").to_owned();
@@ -1493,36 +1448,7 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
     let mut asked = vec![];
     for task in ["heard", "unheard"] {
         let run = fleet.submit("hello", task).await;
-        let job = loop {
-            let seq = fleet
-                .store
-                .queue_run(run)
-                .await
-                .expect("read")
-                .expect("run")
-                .job_seq;
-            if seq > 0 {
-                break seq;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let worker = fleet.store.fenced(delta_protocol::Fence::new(job, 1));
-        worker.load_latest(run, None).await.expect("load");
-        let q = delta_protocol::InteractionRequest::new(
-            run,
-            "hello",
-            delta_protocol::InteractionType::UserInput,
-            format!("Whom shall I greet ({task})?"),
-        );
-        worker
-            .append(
-                run,
-                vec![Event::HumanInputRequest(Box::new(q.clone()))],
-                Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
-            )
-            .await
-            .expect("pause");
-        asked.push(q);
+        asked.push(pause_as_a_worker(&fleet, run, &format!("Whom shall I greet ({task})?")).await);
     }
     queue
         .publish_request(&asked[0], None)
@@ -1577,4 +1503,45 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
         )
         .await;
     assert_eq!(status, 409, "{body}");
+}
+
+/// Pauses `run` (of agent `hello`) on a question the way a worker does: under the fence of its
+/// start job (its stream sequence, once the gateway noted it), with nothing announced.
+async fn pause_as_a_worker(
+    fleet: &Fleet,
+    run: RunId,
+    prompt: &str,
+) -> delta_protocol::InteractionRequest {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let job = loop {
+        let seq = fleet
+            .store
+            .queue_run(run)
+            .await
+            .expect("read")
+            .expect("run")
+            .job_seq;
+        if seq > 0 {
+            break seq;
+        }
+        assert!(Instant::now() < deadline, "the job's sequence is noted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let worker = fleet.store.fenced(delta_protocol::Fence::new(job, 1));
+    worker.load_latest(run, None).await.expect("load");
+    let q = delta_protocol::InteractionRequest::new(
+        run,
+        "hello",
+        delta_protocol::InteractionType::UserInput,
+        prompt,
+    );
+    worker
+        .append(
+            run,
+            vec![Event::HumanInputRequest(Box::new(q.clone()))],
+            Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
+        )
+        .await
+        .expect("pause");
+    q
 }

@@ -860,20 +860,7 @@ async fn a_run_is_scored_by_its_creation_in_every_status_index() {
             s[0].map(|s| s as i64)
         }
     };
-    let zscores = || {
-        let mut raw = raw.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut raw)
-                .await
-                .expect("info");
-            info.lines()
-                .find_map(|l| l.strip_prefix("cmdstat_zscore:calls="))
-                .and_then(|l| l.split(',').next())
-                .map_or(0, |n| n.parse::<u64>().expect("calls"))
-        }
-    };
+    let zscores = || delta_e2e::command_calls(&raw, "zscore");
     assert_eq!(score(RunStatus::Queued).await, Some(created));
 
     // A delivery loads the run, starts it and pauses it.
@@ -972,20 +959,7 @@ async fn an_answer_leaves_exactly_the_indexes_its_question_is_in() {
         .await
         .expect("connect");
     let raw = delta_e2e::redis_raw(&redis.url()).await;
-    let zrems = || {
-        let mut raw = raw.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut raw)
-                .await
-                .expect("info");
-            info.lines()
-                .find_map(|l| l.strip_prefix("cmdstat_zrem:calls="))
-                .and_then(|l| l.split(',').next())
-                .map_or(0, |n| n.parse::<u64>().expect("calls"))
-        }
-    };
+    let zrems = || delta_e2e::command_calls(&raw, "zrem");
     let member = |key: String, id: String| {
         let mut raw = raw.clone();
         async move {

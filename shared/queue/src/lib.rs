@@ -1172,29 +1172,21 @@ impl Queue {
         &self,
         from: Option<u64>,
     ) -> Result<impl futures_util::Stream<Item = InteractionEvent> + use<>, Error> {
-        let name = self.names.interactions_stream();
-        let err = |e: Cause| setup(&name)(e);
-        let stream = self.js.get_stream(&name).await.map_err(|e| err(e.into()))?;
         let deliver_policy = match from {
             Some(start_sequence) => consumer::DeliverPolicy::ByStartSequence { start_sequence },
             None => consumer::DeliverPolicy::New,
         };
-        let p = &self.names.prefix;
+        let p = self.names.prefix.clone();
         let kinds = ["requested", "resolved", "updated", "escalated"];
-        let messages = stream
-            .create_consumer(consumer::pull::OrderedConfig {
+        let messages = self
+            .ordered_interactions(
                 deliver_policy,
-                filter_subjects: kinds
+                kinds
                     .iter()
                     .map(|k| format!("{p}.interactions.{k}.>"))
                     .collect(),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| err(e.into()))?
-            .messages()
-            .await
-            .map_err(|e| err(e.into()))?;
+            )
+            .await?;
         let prefix = format!("{p}.interactions.");
         Ok(messages.filter_map(move |m| {
             let event = m.ok().and_then(|m| {
@@ -1237,21 +1229,34 @@ impl Queue {
     pub async fn stored_questions(
         &self,
     ) -> Result<impl futures_util::Stream<Item = Vec<u8>> + use<>, Error> {
+        let filter = format!("{}.interactions.requested.>", self.names.prefix);
+        let messages = self
+            .ordered_interactions(consumer::DeliverPolicy::New, vec![filter])
+            .await?;
+        Ok(messages.filter_map(|m| std::future::ready(m.ok().map(|m| m.payload.to_vec()))))
+    }
+
+    /// The events stream's messages on `filter_subjects` from `deliver_policy` on, through an
+    /// ordered consumer of this connection's own.
+    async fn ordered_interactions(
+        &self,
+        deliver_policy: consumer::DeliverPolicy,
+        filter_subjects: Vec<String>,
+    ) -> Result<consumer::pull::Ordered, Error> {
         let name = self.names.interactions_stream();
         let err = |e: Cause| setup(&name)(e);
         let stream = self.js.get_stream(&name).await.map_err(|e| err(e.into()))?;
-        let messages = stream
+        stream
             .create_consumer(consumer::pull::OrderedConfig {
-                deliver_policy: consumer::DeliverPolicy::New,
-                filter_subject: format!("{}.interactions.requested.>", self.names.prefix),
+                deliver_policy,
+                filter_subjects,
                 ..Default::default()
             })
             .await
             .map_err(|e| err(e.into()))?
             .messages()
             .await
-            .map_err(|e| err(e.into()))?;
-        Ok(messages.filter_map(|m| std::future::ready(m.ok().map(|m| m.payload.to_vec()))))
+            .map_err(|e| err(e.into()))
     }
 
     /// Copies a delivery to the dead-letter stream with the reason in a header.
