@@ -440,6 +440,26 @@ mod tests {
     }
 
     #[test]
+    fn the_question_cache_is_sixteen_mib_zero_keeps_none_and_too_much_is_refused() {
+        let off = ("DELTA_GATEWAY_AUTH", "off");
+        let default = parse(&[], &env(&[off])).expect("valid");
+        assert_eq!(default.question_cache_bytes, 16 << 20);
+        let none = parse(&[], &env(&[off, ("DELTA_QUESTION_CACHE_MIB", "0")])).expect("valid");
+        assert_eq!(none.question_cache_bytes, 0);
+        let flag: Vec<String> = vec!["--question-cache-mib".into(), "2".into()];
+        let two = parse(&flag, &env(&[off])).expect("valid");
+        assert_eq!(two.question_cache_bytes, 2 << 20);
+        for bad in ["65537", "lots", "-1"] {
+            let errs =
+                parse(&[], &env(&[off, ("DELTA_QUESTION_CACHE_MIB", bad)])).expect_err("refused");
+            assert!(
+                errs.len() == 1 && errs[0].contains("DELTA_QUESTION_CACHE_MIB"),
+                "{bad}: {errs:#?}"
+            );
+        }
+    }
+
+    #[test]
     fn tokens_cross_plain_http_only_on_loopback_unless_told() {
         let token = ("DELTA_GATEWAY_TOKEN", "operator-token-0123456789");
         let errs = parse(&[], &env(&[token, ("DELTA_GATEWAY_ADDR", "0.0.0.0:8080")]))
