@@ -155,6 +155,26 @@ pub async fn redis_raw(url: &str) -> redis::aio::MultiplexedConnection {
         .expect("redis")
 }
 
+/// Pauses `run` on question `q` as the engine does: the question journaled, the run waiting on
+/// it (through `store`, fenced or not).
+pub async fn pause_on(
+    store: &delta_store::redis::RedisRunStore,
+    run: delta_protocol::RunId,
+    q: &delta_protocol::InteractionRequest,
+) {
+    use delta_store::RunStore;
+    store
+        .append(
+            run,
+            vec![delta_protocol::Event::HumanInputRequest(Box::new(
+                q.clone(),
+            ))],
+            Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
+        )
+        .await
+        .expect("pause");
+}
+
 /// How many times Redis ran `command` (lowercase, as `INFO commandstats` names it: `zrem`,
 /// `hgetall`), scripts' inner calls included, since it started.
 pub async fn command_calls(conn: &redis::aio::MultiplexedConnection, command: &str) -> u64 {

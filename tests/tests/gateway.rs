@@ -1535,13 +1535,6 @@ async fn pause_as_a_worker(
         delta_protocol::InteractionType::UserInput,
         prompt,
     );
-    worker
-        .append(
-            run,
-            vec![Event::HumanInputRequest(Box::new(q.clone()))],
-            Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
-        )
-        .await
-        .expect("pause");
+    delta_e2e::pause_on(&worker, run, &q).await;
     q
 }

@@ -29,14 +29,7 @@ async fn paused_run(
         prompt,
     );
     q.sensitive = sensitive;
-    store
-        .append(
-            id,
-            vec![Event::HumanInputRequest(Box::new(q.clone()))],
-            Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
-        )
-        .await
-        .expect("pause");
+    delta_e2e::pause_on(store, id, &q).await;
     (id, q)
 }
 
@@ -417,14 +410,7 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
         "name?",
     );
     q.expires_at = Some(q.timestamp.plus_seconds(3600));
-    store
-        .append(
-            old,
-            vec![Event::HumanInputRequest(Box::new(q.clone()))],
-            Some(StatusChange::Waiting(Box::new(q.clone()))),
-        )
-        .await
-        .expect("pause");
+    delta_e2e::pause_on(&store, old, &q).await;
     let mut a = InteractionResponse::new(
         q.request_id,
         Responder {
@@ -443,14 +429,7 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
         delta_protocol::InteractionType::UserInput,
         "again?",
     );
-    store
-        .append(
-            old,
-            vec![Event::HumanInputRequest(Box::new(q2.clone()))],
-            Some(StatusChange::Waiting(Box::new(q2.clone()))),
-        )
-        .await
-        .expect("pause again");
+    delta_e2e::pause_on(&store, old, &q2).await;
     finish(&store, old).await;
 
     // Paused, created as long ago; failed and retried; both must stay.
@@ -884,14 +863,7 @@ async fn a_run_is_scored_by_its_creation_in_every_status_index() {
         "go on?",
     );
     q.sensitive = false;
-    start
-        .append(
-            id,
-            vec![Event::HumanInputRequest(Box::new(q.clone()))],
-            Some(delta_store::StatusChange::Waiting(Box::new(q))),
-        )
-        .await
-        .expect("pause");
+    delta_e2e::pause_on(&start, id, &q).await;
     assert_eq!(score(RunStatus::WaitingForInput).await, Some(created));
     assert_eq!(
         zscores().await,
@@ -995,14 +967,7 @@ async fn an_answer_leaves_exactly_the_indexes_its_question_is_in() {
                 apply_default: false,
             }];
         }
-        store
-            .append(
-                id,
-                vec![Event::HumanInputRequest(Box::new(q.clone()))],
-                Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
-            )
-            .await
-            .expect("pause");
+        delta_e2e::pause_on(&store, id, &q).await;
         let tag = store
             .run_key(id)
             .strip_suffix(&format!(":run:{id}"))
