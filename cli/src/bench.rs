@@ -9,9 +9,11 @@
 //!
 //! What is timed comes from the journals, not from polling: resume latency is step 5's
 //! `ACTION_REQUEST` timestamp minus the instant the answer was sent; the wall time runs from the
-//! first submission to the last `ENGINE_END`. Completions are noticed by polling the statuses
-//! of the runs being resumed (one pipelined read), which only paces the load, not the figures.
-//! Every journal is checked at the end: a lost, failed or duplicated step fails the bench.
+//! first submission to the last `ENGINE_END`. Completions are heard as a client of the fleet
+//! would hear them: the runs' end announcements (a core NATS subscription to
+//! `delta.runs.*.<agent>.>`), which only pace the load, not the figures; nothing the bench does
+//! reads Redis while it is timed, so Redis's CPU and commands are the fleet's alone. Every journal
+//! is checked at the end: a lost, failed or duplicated step fails the bench.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -141,40 +143,48 @@ fn write_agent(dir: &Path, extra: u64, echo: Echo) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Questions seen on NATS, by run: the waiter registers first, or the question arrives first.
-#[derive(Default)]
-struct Questions {
-    slots: Mutex<HashMap<RunId, Slot>>,
+/// What NATS announced of each run, met with whoever waits for it: the waiter registers first,
+/// or the announcement arrives first. The first announcement of a run is kept (a question asked
+/// again, an end announced twice, are the same).
+struct Heard<T> {
+    slots: Mutex<HashMap<RunId, Slot<T>>>,
 }
 
-enum Slot {
-    Waiting(oneshot::Sender<InteractionRequest>),
-    Arrived(Box<InteractionRequest>),
+enum Slot<T> {
+    Waiting(oneshot::Sender<T>),
+    Arrived(T),
 }
 
-impl Questions {
-    fn arrived(&self, q: InteractionRequest) {
+impl<T> Default for Heard<T> {
+    fn default() -> Self {
+        Heard {
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<T> Heard<T> {
+    fn arrived(&self, run: RunId, what: T) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        match slots.remove(&q.run_id) {
+        match slots.remove(&run) {
             Some(Slot::Waiting(tx)) => {
-                let _ = tx.send(q);
+                let _ = tx.send(what);
             }
-            Some(Slot::Arrived(first)) => {
-                // A repeat announcement (the question asked again): keep the first.
-                slots.insert(first.run_id, Slot::Arrived(first));
+            Some(first @ Slot::Arrived(_)) => {
+                slots.insert(run, first);
             }
             None => {
-                slots.insert(q.run_id, Slot::Arrived(Box::new(q)));
+                slots.insert(run, Slot::Arrived(what));
             }
         }
     }
 
-    fn wait(&self, run: RunId) -> oneshot::Receiver<InteractionRequest> {
+    fn wait(&self, run: RunId) -> oneshot::Receiver<T> {
         let (tx, rx) = oneshot::channel();
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         match slots.remove(&run) {
-            Some(Slot::Arrived(q)) => {
-                let _ = tx.send(*q);
+            Some(Slot::Arrived(what)) => {
+                let _ = tx.send(what);
             }
             _ => {
                 slots.insert(run, Slot::Waiting(tx));
@@ -184,13 +194,11 @@ impl Questions {
     }
 }
 
-/// Runs being resumed, whose completion the poller watches.
-#[derive(Default)]
-struct Resuming {
-    runs: Mutex<HashMap<RunId, oneshot::Sender<RunStatus>>>,
-    /// `HGET`s the bench sent (its status reads), to leave out of the fleet's command count.
-    hgets: std::sync::atomic::AtomicU64,
-}
+/// Questions announced, by run.
+type Questions = Heard<Box<InteractionRequest>>;
+
+/// Runs' ends announced, by run.
+type Ends = Heard<RunStatus>;
 
 /// One timed run's client-side instants.
 struct Timing {
@@ -329,34 +337,32 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         .context("connecting to NATS")?;
     let http = Client::new(&fleet.gateway_url, None, None).map_err(anyhow::Error::msg)?;
     let questions = Arc::new(Questions::default());
-    let mut sub = nats
+    let sub = nats
         .subscribe(format!("delta.interactions.requested.{AGENT}.>"))
         .await
         .context("subscribing to the questions")?;
-    let listener = {
-        let questions = questions.clone();
-        tokio::spawn(async move {
-            while let Some(m) = sub.next().await {
-                if let Ok(q) =
-                    delta_protocol::events::decode::<InteractionRequest>(&m.payload).map(|e| e.data)
-                {
-                    questions.arrived(q);
-                }
-            }
-        })
-    };
-    let resuming = Arc::new(Resuming::default());
-    let poller = AbortOnDrop(tokio::spawn(poll_completions(
-        store.clone(),
-        resuming.clone(),
-    )));
-    let listener = AbortOnDrop(listener);
+    let listener = AbortOnDrop(tokio::spawn(hear(sub, questions.clone(), |m| {
+        let q = delta_protocol::events::decode::<InteractionRequest>(&m.payload).ok()?;
+        Some((q.data.run_id, Box::new(q.data)))
+    })));
+    let ends = Arc::new(Ends::default());
+    let sub = nats
+        .subscribe(format!("delta.runs.*.{AGENT}.>"))
+        .await
+        .context("subscribing to the runs' ends")?;
+    let end_listener = AbortOnDrop(tokio::spawn(hear(sub, ends.clone(), |m| {
+        let e = delta_protocol::events::decode::<delta_protocol::events::RunFinished>(&m.payload)
+            .ok()?;
+        Some((e.data.run_id, e.data.status))
+    })));
+    // Both subscriptions are in place on the server before the first run is submitted.
+    nats.flush().await.context("subscribing")?;
     let ctx = Ctx {
         http,
         nats,
         via: a.answer_via,
         questions,
-        resuming,
+        ends,
     };
     let rss = Arc::new(RssSampler::new(fleet, usize::from(a.workers)));
     let sampler = AbortOnDrop({
@@ -420,7 +426,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let cpu = CpuTimes::read(fleet, usize::from(a.workers)).since(&cpu_before);
     let nodes_after = redis_node_ticks(fleet);
     let after_mem = used_memory(&store).await?;
-    drop((sampler, listener, poller));
+    drop((sampler, listener, end_listener));
 
     // The checker: every journal read back, its shape checked, the instants taken.
     let mut resume_ms = Vec::new();
@@ -451,22 +457,8 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     }
     let lost = a.runs - timings.len() as u64;
     let wall_s = (last_end - first) as f64 / 1e6;
-    let commands = commands_between(&before, &after);
-    // The bench's own reads (status polls, one HGET per run polled) are not the fleet's.
-    let own = ctx
-        .resuming
-        .hgets
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let commands: Vec<(String, u64)> = commands
+    let commands: Vec<(String, u64)> = commands_between(&before, &after)
         .into_iter()
-        .map(|(k, v)| {
-            let v = if k == "hget" {
-                v.saturating_sub(own)
-            } else {
-                v
-            };
-            (k, v)
-        })
         .filter(|(_, v)| *v > 0)
         .collect();
     let fleet_commands: u64 = commands.iter().map(|(_, v)| v).sum();
@@ -557,7 +549,7 @@ struct Ctx {
     nats: async_nats::Client,
     via: AnswerVia,
     questions: Arc<Questions>,
-    resuming: Arc<Resuming>,
+    ends: Arc<Ends>,
 }
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(120);
@@ -582,18 +574,13 @@ async fn one_run(ctx: &Ctx, i: u64) -> anyhow::Result<Timing> {
         .await
         .with_context(|| format!("run {run} never asked its question"))?
         .context("the question listener stopped")?;
-    let (tx, done) = oneshot::channel();
-    ctx.resuming
-        .runs
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(run, tx);
+    let done = ctx.ends.wait(run);
     let answered = Timestamp::now();
     answer(ctx, &q).await?;
     let status = tokio::time::timeout(STEP_TIMEOUT, done)
         .await
         .with_context(|| format!("run {run} did not end after its answer"))?
-        .context("the completion poller stopped")?;
+        .context("the end listener stopped")?;
     if status != RunStatus::Completed {
         bail!("run {run} ended {status}");
     }
@@ -635,34 +622,15 @@ async fn answer(ctx: &Ctx, q: &InteractionRequest) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every 2 ms, the statuses of the runs being resumed, in one pipelined read; those that ended
-/// are told so.
-async fn poll_completions(store: RedisRunStore, resuming: Arc<Resuming>) {
-    loop {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        let ids: Vec<RunId> = resuming
-            .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .copied()
-            .collect();
-        if ids.is_empty() {
-            continue;
-        }
-        resuming
-            .hgets
-            .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let Ok(statuses) = store.statuses(&ids).await else {
-            continue;
-        };
-        let mut runs = resuming.runs.lock().unwrap_or_else(|p| p.into_inner());
-        for (id, status) in ids.into_iter().zip(statuses) {
-            if let Some(s) = status.filter(|s| s.is_terminal())
-                && let Some(tx) = runs.remove(&id)
-            {
-                let _ = tx.send(s);
-            }
+/// Meets each message of `sub` that `read` makes sense of with whoever waits for its run.
+async fn hear<T>(
+    mut sub: async_nats::Subscriber,
+    heard: Arc<Heard<T>>,
+    read: impl Fn(&async_nats::Message) -> Option<(RunId, T)>,
+) {
+    while let Some(m) = sub.next().await {
+        if let Some((run, what)) = read(&m) {
+            heard.arrived(run, what);
         }
     }
 }
