@@ -5,7 +5,7 @@
 
 use delta_api::{DeadLetterView, ErrorCode};
 use delta_protocol::journal::Replay;
-use delta_protocol::{Job, JobKind, RunId, RunStatus};
+use delta_protocol::{Job, RunId, RunStatus};
 use delta_queue::DeadLetter;
 use delta_store::RunStore;
 use delta_store::redis::Requeue;
@@ -115,11 +115,7 @@ impl Gateway {
         };
         // A start job whatever the letter held: the worker resumes a run from its journal and
         // applies an answered question it finds there.
-        let start = Job {
-            run_id,
-            kind: JobKind::Start,
-            request_id: None,
-        };
+        let start = Job::start(run_id);
         let job_seq = self
             .queue
             .publish_job_as(

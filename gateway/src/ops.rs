@@ -12,8 +12,8 @@ use delta_api::{
 use delta_engine::engine::{AnswerSchema, check_answer};
 use delta_protocol::{
     AcceptedAnswer, Approvals, Ballot, Change, Event, InteractionResponse, InteractionState,
-    InteractionUpdate, Job, JobKind, MessageLevel, OptionAction, REDACTED, RequestId, Resolved,
-    Responder, ResponseError, RunId, RunStatus, SystemMessage, Tally, Timestamp, Via, Vote,
+    InteractionUpdate, Job, MessageLevel, OptionAction, REDACTED, RequestId, Resolved, Responder,
+    ResponseError, RunId, RunStatus, SystemMessage, Tally, Timestamp, Via, Vote,
 };
 use delta_store::redis::{
     ClaimMode, Claimed, Counted, Note, Resolution, StoredInteraction, Submitted,
@@ -22,6 +22,10 @@ use delta_store::{RunRecord, RunStore, StatusChange, Terminal};
 
 use crate::Gateway;
 use crate::error::ApiError;
+
+/// The most bytes of task and input a start job carries (beyond that the worker reads the run
+/// from Redis): a job stays a small message however large the runs the fleet takes.
+const CARRIED_RUN_MAX_BYTES: usize = 8 * 1024;
 
 /// Letters, digits, `-` and `_` (an agent's name is part of NATS subjects).
 pub fn valid_agent_name(name: &str) -> bool {
@@ -162,11 +166,13 @@ impl Gateway {
             return Ok(RunAccepted { run_id, status });
         }
         self.metrics.runs_submitted.inc();
-        let job = Job {
-            run_id: record.run_id,
-            kind: JobKind::Start,
-            request_id: None,
-        };
+        let mut job = Job::start(record.run_id);
+        // The run as created, for the job's first delivery to start it without reading it back
+        // (docs/protocol.md "Job messages"); a large task or input is read from Redis instead.
+        let size = record.task.len() + record.input.as_ref().map_or(0, |i| i.to_string().len());
+        if size <= CARRIED_RUN_MAX_BYTES {
+            job.run = Some(record.fresh());
+        }
         // Should this fail, the run stays QUEUED with no job: the lost-job reconciler sends it.
         match self.queue.publish_job(&s.agent, &job, None).await {
             Ok(seq) => {
@@ -982,11 +988,7 @@ impl Gateway {
         unannounced: bool,
     ) {
         let q = &ix.request;
-        let job = Job {
-            run_id: q.run_id,
-            kind: JobKind::Resume,
-            request_id: Some(q.request_id),
-        };
+        let job = Job::resume(q.run_id, Some(q.request_id));
         let tp = traceparent;
         let announced = if unannounced {
             // Both to the events stream in one go: the question, then its settling.

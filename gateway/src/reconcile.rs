@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
-use delta_protocol::{InteractionState, Job, JobKind, RequestId, RunId, RunStatus, Timestamp};
+use delta_protocol::{InteractionState, Job, RequestId, RunId, RunStatus, Timestamp};
 
 use crate::Gateway;
 use crate::error::ApiError;
@@ -177,11 +177,7 @@ async fn resume_one(
         gw.store.drop_resume(run_id, request_id).await?;
         return Ok(false);
     };
-    let job = Job {
-        run_id,
-        kind: JobKind::Resume,
-        request_id: Some(request_id),
-    };
+    let job = Job::resume(run_id, Some(request_id));
     let tp = ix.traceparent.as_deref();
     let msg_id = match ix.resume_seq {
         // Never published (or not noted): the same id, so a publish that did happen dedupes.
@@ -269,11 +265,7 @@ async fn requeue_if_lost(
     if !unchanged {
         return Ok(false);
     }
-    let job = Job {
-        run_id: run.run_id,
-        kind: JobKind::Start,
-        request_id: None,
-    };
+    let job = Job::start(run.run_id);
     // Never published: `start:<run>` dedupes with a publish that did happen. Lost: a new id
     // per lost job, the same for every gateway that notices.
     let msg_id = if seq == 0 {

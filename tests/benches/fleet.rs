@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use delta_e2e::workers::Spec;
 use delta_protocol::{
-    Event, InteractionRequest, InteractionResponse, Job, JobKind, MessageLevel, Responder, RunId,
-    RunStatus, SystemMessage, Via,
+    Event, InteractionRequest, InteractionResponse, Job, MessageLevel, Responder, RunId, RunStatus,
+    SystemMessage, Via,
 };
 use delta_queue::{self as queue, Queue};
 use delta_store::redis::RedisRunStore;
@@ -245,11 +245,7 @@ async fn runs(
                     );
                     a.input = Some("Bench".into());
                     store.answer(&req, &a).await.expect("answer");
-                    let job = Job {
-                        run_id: req.run_id,
-                        kind: JobKind::Resume,
-                        request_id: Some(req.request_id),
-                    };
+                    let job = Job::resume(req.run_id, Some(req.request_id));
                     q.publish_job("hello", &job, None).await.expect("resume");
                 });
             }
@@ -267,11 +263,7 @@ async fn runs(
                     .create(RunRecord::new(id, "hello", "bench", RunStatus::Queued))
                     .await
                     .expect("create");
-                let job = Job {
-                    run_id: id,
-                    kind: JobKind::Start,
-                    request_id: None,
-                };
+                let job = Job::start(id);
                 q.publish_job("hello", &job, None).await.expect("submit");
             }
         })

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use delta_protocol::{Job, JobKind, RunId, RunStatus};
+use delta_protocol::{Job, RunId, RunStatus};
 use delta_queue::Queue;
 use delta_store::{RunRecord, RunStore};
 
@@ -48,17 +48,9 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
         let rec = RunRecord::new(RunId::new(), "steps", "t", RunStatus::Queued);
         ids.push(rec.run_id);
         store.create(rec.clone()).await.expect("create");
-        q.publish_job(
-            "steps",
-            &Job {
-                run_id: rec.run_id,
-                kind: JobKind::Start,
-                request_id: None,
-            },
-            None,
-        )
-        .await
-        .expect("publish");
+        q.publish_job("steps", &Job::start(rec.run_id), None)
+            .await
+            .expect("publish");
     }
     let mut workers = vec![fleet.spawn_worker("w0"), fleet.spawn_worker("w1")];
     // Kill a worker each time the batch crosses another quarter of its 600 steps, and start a

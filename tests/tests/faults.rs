@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use delta_e2e::Signal;
 use delta_e2e::fleet::FleetLogs;
 use delta_e2e::workers::WorkerProcess;
-use delta_protocol::{Event, Job, JobKind, RunId, RunStatus};
+use delta_protocol::{Event, Job, RunId, RunStatus};
 use delta_queue::Queue;
 use delta_store::{RunRecord, RunStore, StoredRun};
 
@@ -96,11 +96,7 @@ impl Fleet {
             let rec = RunRecord::new(RunId::new(), agent, "t", RunStatus::Queued);
             ids.push(rec.run_id);
             self.store.create(rec.clone()).await.expect("create");
-            let job = Job {
-                run_id: rec.run_id,
-                kind: JobKind::Start,
-                request_id: None,
-            };
+            let job = Job::start(rec.run_id);
             self.queue
                 .publish_job(agent, &job, None)
                 .await

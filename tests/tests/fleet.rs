@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use delta_e2e::servers::{NatsServers, RedisServers};
 use delta_protocol::{
-    Event, InteractionRequest, InteractionResponse, Job, JobKind, Responder, RunId, RunStatus, Via,
+    Event, InteractionRequest, InteractionResponse, Job, Responder, RunId, RunStatus, Via,
 };
 use delta_queue::{self as queue, Queue};
 use delta_store::redis::RedisRunStore;
@@ -63,17 +63,9 @@ async fn submit(store: &RedisRunStore, q: &Queue, agent: &str, task: &str) -> Ru
     let rec = RunRecord::new(RunId::new(), agent, task, RunStatus::Queued);
     let id = rec.run_id;
     store.create(rec).await.expect("create");
-    q.publish_job(
-        agent,
-        &Job {
-            run_id: id,
-            kind: JobKind::Start,
-            request_id: None,
-        },
-        None,
-    )
-    .await
-    .expect("publish");
+    q.publish_job(agent, &Job::start(id), None)
+        .await
+        .expect("publish");
     id
 }
 
@@ -124,11 +116,7 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
         !store.answer(&req, &answer).await.expect("second answer"),
         "first answer wins"
     );
-    let resume = Job {
-        run_id: id,
-        kind: JobKind::Resume,
-        request_id: Some(req.request_id),
-    };
+    let resume = Job::resume(id, Some(req.request_id));
     q.publish_job("hello", &resume, None).await.expect("resume");
     q.publish_job("hello", &resume, None)
         .await
@@ -200,6 +188,65 @@ async fn a_run_paused_on_one_worker_is_resumed_by_another() {
     );
 }
 
+/// A start job that carries its run (as a gateway's does) starts it without reading it. A
+/// second such job for a run that has started meanwhile (published again under another id)
+/// changes nothing: its first write is refused, and its next delivery reads the run as it is and
+/// leaves it waiting on its question. The run then ends as any other.
+#[tokio::test]
+async fn a_start_job_carrying_its_run_starts_it_and_a_stale_one_changes_nothing() {
+    let (nats, redis) = (NatsServers::start(), RedisServers::start());
+    let work = tempfile::tempdir().expect("tmp");
+    let store = redis.store("fc", None).await;
+    let q = Queue::connect(&nats.url(), "fc", &nats.queue_settings())
+        .await
+        .expect("nats");
+    let client = delta_e2e::nats_client(&nats.url()).await;
+    let mut requested = client
+        .subscribe("fc.interactions.requested.>")
+        .await
+        .expect("subscribe");
+    let w = start(config(&nats, &redis, "fc", "worker-c", work.path()));
+
+    let rec = RunRecord::new(RunId::new(), "hello", "say hi", RunStatus::Queued);
+    let id = rec.run_id;
+    store.create(rec.clone()).await.expect("create");
+    let carrying = Job {
+        run: Some(rec.fresh()),
+        ..Job::start(id)
+    };
+    q.publish_job("hello", &carrying, None)
+        .await
+        .expect("publish");
+    let req = next_question(&mut requested).await;
+    delta_e2e::wait_for_status(&store, id, RunStatus::WaitingForInput).await;
+    let paused = store.load(id).await.expect("load");
+
+    let seq = q
+        .publish_job_as("hello", &carrying, "start-again", None)
+        .await
+        .expect("publish again");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while q.job_exists(seq).await.expect("ask the stream") {
+        assert!(Instant::now() < deadline, "the stale job was never settled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = store.load(id).await.expect("load");
+    assert_eq!(after.record.status, RunStatus::WaitingForInput);
+    assert_eq!(after.journal, paused.journal, "the stale job wrote nothing");
+
+    answer(&store, &q, &req, None, Some("Ada"), None).await;
+    delta_e2e::wait_for_status(&store, id, RunStatus::Completed).await;
+    w.stop().await;
+    let run = store.load(id).await.expect("load");
+    assert_eq!(run.record.result.as_deref(), Some("Greeted Ada."));
+    let starts = run
+        .journal
+        .iter()
+        .filter(|e| matches!(e.event, Event::EngineStart(_)))
+        .count();
+    assert_eq!(starts, 2, "one start for the first job, one for the resume");
+}
+
 #[tokio::test]
 async fn poison_jobs_are_dead_lettered_and_their_runs_failed() {
     let (nats, redis) = (NatsServers::start(), RedisServers::start());
@@ -211,17 +258,9 @@ async fn poison_jobs_are_dead_lettered_and_their_runs_failed() {
     let w = start(config(&nats, &redis, "fb", "worker-p", work.path()));
 
     let broken = submit(&store, &q, "no-such-agent", "t").await;
-    q.publish_job(
-        "hello",
-        &Job {
-            run_id: RunId::new(),
-            kind: JobKind::Start,
-            request_id: None,
-        },
-        None,
-    )
-    .await
-    .expect("unknown run");
+    q.publish_job("hello", &Job::start(RunId::new()), None)
+        .await
+        .expect("unknown run");
     let client = delta_e2e::nats_client(&nats.url()).await;
     let js = async_nats::jetstream::new(client);
     js.publish("fb.jobs.hello", "{not json".into())
@@ -297,11 +336,7 @@ async fn answer(
     a.input = input.map(str::to_owned);
     a.data = data;
     assert!(store.answer(req, &a).await.expect("answer"), "answer won");
-    let job = Job {
-        run_id: req.run_id,
-        kind: JobKind::Resume,
-        request_id: Some(req.request_id),
-    };
+    let job = Job::resume(req.run_id, Some(req.request_id));
     q.publish_job(&req.agent, &job, None).await.expect("resume");
 }
 

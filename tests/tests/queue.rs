@@ -31,11 +31,7 @@ async fn setup_is_idempotent_and_duplicate_jobs_are_dropped() {
     let q2 = Queue::connect(&nats.url(), "qa", &settings())
         .await
         .expect("second setup");
-    let job = Job {
-        run_id: RunId::new(),
-        kind: JobKind::Start,
-        request_id: None,
-    };
+    let job = Job::start(RunId::new());
     q.publish_job(
         "hello",
         &job,
@@ -79,11 +75,7 @@ async fn a_nak_redelivers_with_a_higher_fence_and_poison_goes_to_the_dlq() {
     let q = Queue::connect(&nats.url(), "qb", &settings())
         .await
         .expect("setup");
-    let job = Job {
-        run_id: RunId::new(),
-        kind: JobKind::Resume,
-        request_id: Some(RequestId::new()),
-    };
+    let job = Job::resume(RunId::new(), Some(RequestId::new()));
     q.publish_job("chooser", &job, None).await.expect("publish");
     let first = q
         .fetch(Lane::Resumes, 1, Duration::from_millis(500))
@@ -131,19 +123,11 @@ async fn a_nak_redelivers_with_a_higher_fence_and_poison_goes_to_the_dlq() {
 }
 
 fn start_job() -> Job {
-    Job {
-        run_id: RunId::new(),
-        kind: JobKind::Start,
-        request_id: None,
-    }
+    Job::start(RunId::new())
 }
 
 fn resume_job() -> Job {
-    Job {
-        run_id: RunId::new(),
-        kind: JobKind::Resume,
-        request_id: Some(RequestId::new()),
-    }
+    Job::resume(RunId::new(), Some(RequestId::new()))
 }
 
 /// The subject message `seq` of `stream` was published on.

@@ -805,6 +805,95 @@ async fn an_older_deployment_keeps_its_journal_format_until_it_is_allowed_the_ne
     );
 }
 
+/// A start job that carries its run (a gateway's, docs/protocol.md "Job messages") starts it
+/// without a read: its first write expects the journal empty and scores the run from the carried
+/// creation time. Should the run have started meanwhile (another job of it wrote first), that
+/// write is refused as any stale writer's, and changes nothing.
+#[tokio::test]
+async fn a_start_from_a_carried_run_reads_nothing_and_is_refused_once_the_run_started() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "fresh")
+        .await
+        .expect("connect");
+    let raw = delta_e2e::redis_raw(&redis.url()).await;
+    let mut rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    rec.created_at =
+        delta_protocol::Timestamp::from_micros(rec.created_at.micros() - 3_600_000_000)
+            .expect("a time");
+    rec.updated_at = rec.created_at;
+    rec.input = Some(serde_json::json!({"n": 1}));
+    rec.submitted_by = Some("ada".into());
+    let id = rec.run_id;
+    let carried = rec.fresh();
+    store.create(rec.clone()).await.expect("create");
+    let reads = || async {
+        let mut n = 0;
+        for c in ["hgetall", "xrange", "get", "zscore", "evalsha"] {
+            n += delta_e2e::command_calls(&raw, c).await;
+        }
+        n
+    };
+
+    // The carried run is the record as created.
+    let first = store.fenced(delta_protocol::Fence::new(3, 1));
+    let before = reads().await;
+    let run = first.start_fresh(RunRecord::of_fresh(id, carried.clone()));
+    assert_eq!(run.record, rec);
+    assert!(run.journal.is_empty() && run.snapshot.is_none());
+    assert_eq!(reads().await, before, "nothing read");
+    let scores_before = delta_e2e::command_calls(&raw, "zscore").await;
+    first
+        .append(
+            id,
+            vec![msg("started")],
+            Some(delta_store::StatusChange::Running),
+        )
+        .await
+        .expect("the first write of a fresh start");
+    assert_eq!(
+        delta_e2e::command_calls(&raw, "zscore").await,
+        scores_before,
+        "scored from the carried creation time"
+    );
+    let tag = store
+        .run_key(id)
+        .strip_suffix(&format!(":run:{id}"))
+        .expect("tag")
+        .to_owned();
+    let mut conn = raw.clone();
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(format!("{tag}:runs:RUNNING"))
+        .arg(id.to_string())
+        .query_async(&mut conn)
+        .await
+        .expect("zscore");
+    assert_eq!(score.map(|s| s as i64), Some(rec.created_at.micros()));
+
+    // A second start job of the same run (a newer message) that carries it too: its first write
+    // finds the journal started, is refused, and leaves the run as it was.
+    let stale = store.fenced(delta_protocol::Fence::new(9, 1));
+    stale.start_fresh(RunRecord::of_fresh(id, carried));
+    let before = store.load(id).await.expect("load");
+    let err = stale
+        .append(
+            id,
+            vec![msg("started again")],
+            Some(delta_store::StatusChange::Running),
+        )
+        .await
+        .expect_err("the run started since the job was published");
+    assert!(matches!(err, Error::Fenced(r) if r == id), "{err}");
+    assert_eq!(
+        store.load(id).await.expect("load"),
+        before,
+        "nothing changed"
+    );
+    first
+        .append(id, vec![msg("still mine")], None)
+        .await
+        .expect("the run stays its first job's");
+}
+
 /// A run's score in every status index is when it was created. A delivery's writes take it from
 /// the record they loaded, without reading the `runs:all` index; a writer that loaded nothing
 /// reads it there.

@@ -434,11 +434,7 @@ async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) 
         .expect("info")
         .state
         .messages;
-    let job = delta_protocol::Job {
-        run_id: delta_protocol::RunId::new(),
-        kind: delta_protocol::JobKind::Start,
-        request_id: None,
-    };
+    let job = delta_protocol::Job::start(delta_protocol::RunId::new());
     as_gateway
         .publish_job("hello", &job, None)
         .await

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use delta_protocol::{
-    InteractionRequest, InteractionResponse, Job, JobKind, Responder, RunId, RunStatus, Via,
+    InteractionRequest, InteractionResponse, Job, Responder, RunId, RunStatus, Via,
 };
 use delta_queue::Queue;
 use delta_store::{RunRecord, RunStore};
@@ -86,11 +86,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
     let id = rec.run_id;
     store.create(rec).await.expect("create");
     let caller = format!("00-{TRACE}-{CALLER_SPAN}-01");
-    let start = Job {
-        run_id: id,
-        kind: JobKind::Start,
-        request_id: None,
-    };
+    let start = Job::start(id);
     q.publish_job("hello", &start, Some(&caller))
         .await
         .expect("publish");
@@ -126,11 +122,7 @@ async fn a_trace_follows_a_run_through_its_pause_and_resume() {
     );
     answer.input = Some("Ada".into());
     assert!(store.answer(&req, &answer).await.expect("answer"));
-    let resume = Job {
-        run_id: id,
-        kind: JobKind::Resume,
-        request_id: Some(req.request_id),
-    };
+    let resume = Job::resume(id, Some(req.request_id));
     q.publish_job("hello", &resume, Some(&announced))
         .await
         .expect("resume");

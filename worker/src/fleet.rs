@@ -34,7 +34,7 @@ use delta_engine::brain::AnyBrain;
 use delta_engine::engine::{self, Engine, Outcome, PauseMode};
 use delta_engine::resume::{self, Answers, Resumed};
 use delta_protocol::secret::SecretsKey;
-use delta_protocol::{Event, Fence, MessageLevel, RunId, RunStatus, SystemMessage};
+use delta_protocol::{Event, Fence, JobKind, MessageLevel, RunId, RunStatus, SystemMessage};
 use delta_queue::{self as queue, Delivery, Exhausted, Queue};
 use delta_store::redis::RedisRunStore;
 use delta_store::{self as store, RunStore, StatusChange, Terminal};
@@ -808,11 +808,21 @@ async fn handle(shared: &Shared, d: Delivery) {
     // The agent the job's subject names, to read the run from its snapshot if its brain can.
     let named = shared.agents.get(&d.agent).ok();
     let agent = named.as_ref().map(|p| &p.0);
-    let loaded = match resume::load_run(&store, job.run_id, agent, job.request_id).await {
-        // A job under another agent's name than the run's: the snapshot was checked against
-        // the wrong agent, so the run is read whole.
-        Ok(r) if r.snapshot.is_some() && r.record.agent != d.agent => store.load(job.run_id).await,
-        other => other,
+    let loaded = match &job.run {
+        // A start job's first delivery carries its run as the gateway created it: nothing to
+        // read (the first write checks that the run is still as fresh). A later delivery may
+        // find the run started, and reads it.
+        Some(fresh) if job.kind == JobKind::Start && d.fence.delivery == 1 => {
+            Ok(store.start_fresh(store::RunRecord::of_fresh(job.run_id, fresh.clone())))
+        }
+        _ => match resume::load_run(&store, job.run_id, agent, job.request_id).await {
+            // A job under another agent's name than the run's: the snapshot was checked against
+            // the wrong agent, so the run is read whole.
+            Ok(r) if r.snapshot.is_some() && r.record.agent != d.agent => {
+                store.load(job.run_id).await
+            }
+            other => other,
+        },
     };
     let run = match loaded {
         Ok(r) => r,

@@ -560,7 +560,7 @@ pub enum JobKind {
     Resume,
 }
 
-/// A message on `delta.jobs.<agent>`: `{"run_id", "kind", "request_id"?}`.
+/// A message on `delta.jobs.<agent>`: `{"run_id", "kind", "request_id"?, "run"?}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Job {
@@ -568,6 +568,25 @@ pub struct Job {
     pub kind: JobKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<RequestId>,
+    /// A start job's run as the gateway created it, so that the job's first delivery starts it
+    /// without reading it from the store (docs/protocol.md "Job messages"). Only a hint: the
+    /// worker's first write still checks that the run is as fresh as this says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<FreshRun>,
+}
+
+/// What a start job carries of a run that has not started: the fields of its record the
+/// submission set. The rest of a fresh record follows from them (`QUEUED`, nothing journaled).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FreshRun {
+    pub agent: String,
+    pub task: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<serde_json::Value>,
+    pub created_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_by: Option<String>,
 }
 
 /// A payload on `delta.jobs.<agent>` that is not a job message: why, and the start of what came.
@@ -581,6 +600,26 @@ pub struct JobError {
 }
 
 impl Job {
+    /// A start job for `run_id`, carrying nothing of the run.
+    pub fn start(run_id: RunId) -> Job {
+        Job {
+            run_id,
+            kind: JobKind::Start,
+            request_id: None,
+            run: None,
+        }
+    }
+
+    /// A resume job for `run_id`, about question `request_id` (if it names one).
+    pub fn resume(run_id: RunId, request_id: Option<RequestId>) -> Job {
+        Job {
+            run_id,
+            kind: JobKind::Resume,
+            request_id,
+            run: None,
+        }
+    }
+
     /// Decodes a job message's payload: strict JSON (no unknown fields, no trailing data). Every
     /// host decodes jobs here, so the fuzzers test what the workers run.
     pub fn decode(payload: &[u8]) -> Result<Job, JobError> {

@@ -9,10 +9,11 @@
 
 use delta_protocol::journal::{self, parse_jsonl, parse_jsonl_from, to_line};
 use delta_protocol::{
-    ActionRequest, ActionResult, ActionStatus, EngineEnd, EngineStart, Event, HumanInputReceived,
-    InputType, InteractionOption, InteractionRequest, InteractionResponse, InteractionType, Job,
-    JobKind, JournalEvent, MessageLevel, OptionAction, Plan, PlanTask, REDACTED, RequestId,
-    Responder, RiskLevel, RunId, RunStatus, SystemMessage, Thought, Timestamp, ToolCall, Via,
+    ActionRequest, ActionResult, ActionStatus, EngineEnd, EngineStart, Event, FreshRun,
+    HumanInputReceived, InputType, InteractionOption, InteractionRequest, InteractionResponse,
+    InteractionType, Job, JobKind, JournalEvent, MessageLevel, OptionAction, Plan, PlanTask,
+    REDACTED, RequestId, Responder, RiskLevel, RunId, RunStatus, SystemMessage, Thought, Timestamp,
+    ToolCall, Via,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -373,8 +374,21 @@ proptest! {
     }
 
     #[test]
-    fn jobs_round_trip(run in run_id(), resume in any::<bool>(), request in prop::option::of(request_id())) {
-        let job = Job { run_id: run, kind: if resume { JobKind::Resume } else { JobKind::Start }, request_id: request };
+    fn jobs_round_trip(
+        run in run_id(),
+        resume in any::<bool>(),
+        request in prop::option::of(request_id()),
+        fresh in prop::option::of((text(), prop::option::of(json_value()), "[a-z_]{1,8}", timestamp(), prop::option::of(text()))),
+    ) {
+        // A start job's run, as a gateway carries it.
+        let fresh = fresh.map(|(task, input, agent, created_at, submitted_by)| FreshRun {
+            agent,
+            task,
+            input: input.filter(|i| !i.is_null()),
+            created_at,
+            submitted_by,
+        });
+        let job = Job { run_id: run, kind: if resume { JobKind::Resume } else { JobKind::Start }, request_id: request, run: fresh };
         let bytes = serde_json::to_vec(&job).expect("serialises");
         prop_assert_eq!(Job::decode(&bytes), Ok(job.clone()));
         let named = match (job.kind, request) {

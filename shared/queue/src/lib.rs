@@ -1501,11 +1501,7 @@ mod tests {
     #[test]
     fn a_job_goes_on_its_kinds_subject_and_either_subject_names_its_agent() {
         let names = Names::new("delta");
-        let start = Job {
-            run_id: RunId::new(),
-            kind: JobKind::Start,
-            request_id: None,
-        };
+        let start = Job::start(RunId::new());
         let resume = Job {
             kind: JobKind::Resume,
             request_id: Some(RequestId::new()),

@@ -89,6 +89,35 @@ impl RunRecord {
             submitted_by: None,
         }
     }
+
+    /// What a start job carries of this record (`QUEUED`, as the gateway created it).
+    pub fn fresh(&self) -> delta_protocol::FreshRun {
+        delta_protocol::FreshRun {
+            agent: self.agent.clone(),
+            task: self.task.clone(),
+            input: self.input.clone(),
+            created_at: self.created_at,
+            submitted_by: self.submitted_by.clone(),
+        }
+    }
+
+    /// The record of run `run_id` that a start job carried (see [`RunRecord::fresh`]).
+    pub fn of_fresh(run_id: RunId, fresh: delta_protocol::FreshRun) -> Self {
+        Self {
+            run_id,
+            agent: fresh.agent,
+            task: fresh.task,
+            status: RunStatus::Queued,
+            created_at: fresh.created_at,
+            updated_at: fresh.created_at,
+            pending_request_id: None,
+            input: fresh.input,
+            result: None,
+            error: None,
+            agent_dir: None,
+            submitted_by: fresh.submitted_by,
+        }
+    }
 }
 
 /// A status change committed in the same atomic step as the events it accompanies.

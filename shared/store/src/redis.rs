@@ -1036,6 +1036,15 @@ impl RedisRunStore {
         });
     }
 
+    /// The run a start job carried (see [`delta_protocol::FreshRun`]), taken as read (on a fenced
+    /// handle): the first write then expects the journal empty, as a read would have found it,
+    /// and is refused like any write whose writer did not see the journal as it is (`Fenced`),
+    /// should the run have started meanwhile.
+    pub fn start_fresh(&self, record: RunRecord) -> StoredRun {
+        self.saw(record.run_id, 0, Some(record.created_at));
+        StoredRun::whole(record, vec![])
+    }
+
     /// What this handle last saw of `run_id`.
     fn seen(&self, run_id: RunId) -> Option<Seen> {
         (*self.seen.lock().unwrap_or_else(|p| p.into_inner())).filter(|s| s.run_id == run_id)
