@@ -15,20 +15,22 @@
 //! question that is settled or claimed by someone else, and any refusal on this path is decided
 //! again the usual way, with the question read from Redis.
 //!
-//! Oldest first out past the cap; an entry is dropped once its question is answered here.
+//! Each is kept as its announcement's bytes, and counted as those bytes and a fixed overhead;
+//! it is decoded again when it is answered. Oldest first out past the cap; an entry is dropped
+//! once its question is answered here.
 //! Answers to questions answered through another gateway, or expired, leave their entries until
 //! they are pushed out: a stale entry costs only the usual path.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use delta_protocol::{InteractionRequest, RequestId};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-/// What an entry is counted as besides its announcement's bytes (the parsed question's maps
-/// and strings, the index entries).
-const OVERHEAD: usize = 512;
+/// What an entry is counted as besides its announcement's bytes (its slot in the map, its place
+/// in the order, the allocation's header).
+const OVERHEAD: usize = 256;
 
 /// A question heard, and the trace context of the run's span that asked it.
 #[derive(Clone, Debug)]
@@ -53,8 +55,11 @@ struct Inner {
     next: u64,
 }
 
+/// A question kept as the announcement's bytes, decoded again when it is answered: what is
+/// kept is then what is counted (a decoded question can take many times its text, a long
+/// array of tool arguments say), and decoding costs microseconds beside the read it saves.
 struct Entry {
-    question: HeardQuestion,
+    announcement: Arc<[u8]>,
     size: usize,
     generation: u64,
 }
@@ -86,21 +91,19 @@ impl Heard {
             return false;
         };
         self.insert(
-            HeardQuestion {
-                request: event.data,
-                traceparent: event.traceparent,
-            },
+            event.data.request_id,
+            Arc::from(payload),
             payload.len() + OVERHEAD,
         );
         true
     }
 
-    /// Keeps `question`, counted as `size` bytes, pushing the oldest out past the cap.
-    pub fn insert(&self, question: HeardQuestion, size: usize) {
+    /// Keeps the announcement of question `id`, counted as `size` bytes, pushing the oldest
+    /// out past the cap.
+    fn insert(&self, id: RequestId, announcement: Arc<[u8]>, size: usize) {
         if size > self.cap {
             return;
         }
-        let id = question.request.request_id;
         let mut g = self.lock();
         let inner = &mut *g;
         let generation = inner.next;
@@ -108,7 +111,7 @@ impl Heard {
         if let Some(old) = inner.by_id.insert(
             id,
             Entry {
-                question,
+                announcement,
                 size,
                 generation,
             },
@@ -140,9 +143,14 @@ impl Heard {
         }
     }
 
-    /// The question `id`, if heard and still kept.
+    /// The question `id`, if heard and still kept (decoded outside the lock).
     pub fn get(&self, id: RequestId) -> Option<HeardQuestion> {
-        self.lock().by_id.get(&id).map(|e| e.question.clone())
+        let announcement = self.lock().by_id.get(&id).map(|e| e.announcement.clone())?;
+        let event = delta_protocol::events::decode::<InteractionRequest>(&announcement).ok()?;
+        (event.data.request_id == id).then_some(HeardQuestion {
+            request: event.data,
+            traceparent: event.traceparent,
+        })
     }
 
     /// Whether question `id` was heard announced (and is still kept).
@@ -203,16 +211,18 @@ mod tests {
     use super::*;
     use delta_protocol::{InteractionType, RunId};
 
-    fn question(prompt: &str) -> HeardQuestion {
-        HeardQuestion {
-            request: InteractionRequest::new(
-                RunId::new(),
-                "agent",
-                InteractionType::UserInput,
-                prompt,
-            ),
-            traceparent: None,
-        }
+    /// A question and its announcement.
+    fn question(prompt: &str) -> (InteractionRequest, Arc<[u8]>) {
+        let q = InteractionRequest::new(RunId::new(), "agent", InteractionType::UserInput, prompt);
+        let announcement = delta_protocol::events::encode(&delta_protocol::events::requested(
+            "delta", &q, None, None,
+        ));
+        (q, Arc::from(announcement.as_slice()))
+    }
+
+    /// Keeps `q`'s announcement, counted as `size` bytes.
+    fn keep(heard: &Heard, q: &(InteractionRequest, Arc<[u8]>), size: usize) {
+        heard.insert(q.0.request_id, q.1.clone(), size);
     }
 
     #[test]
@@ -220,31 +230,28 @@ mod tests {
         let heard = Heard::new(300);
         let qs: Vec<_> = (0..4).map(|i| question(&format!("q{i}"))).collect();
         for q in &qs {
-            heard.insert(q.clone(), 100);
+            keep(&heard, q, 100);
         }
-        let kept: Vec<bool> = qs
-            .iter()
-            .map(|q| heard.contains(q.request.request_id))
-            .collect();
+        let kept: Vec<bool> = qs.iter().map(|q| heard.contains(q.0.request_id)).collect();
         assert_eq!(kept, [false, true, true, true]);
         assert_eq!(heard.len_and_bytes(), (3, 300));
-        let got = heard.get(qs[3].request.request_id).expect("kept");
-        assert_eq!(got.request.prompt, "q3");
+        let got = heard.get(qs[3].0.request_id).expect("kept");
+        assert_eq!(got.request, qs[3].0);
     }
 
     #[test]
     fn a_question_heard_again_is_counted_once_and_kept_as_new() {
         let heard = Heard::new(250);
         let (a, b, c) = (question("a"), question("b"), question("c"));
-        heard.insert(a.clone(), 100);
-        heard.insert(b.clone(), 100);
+        keep(&heard, &a, 100);
+        keep(&heard, &b, 100);
         // `a` again (a redelivered job announces its question again): now the newest.
-        heard.insert(a.clone(), 100);
+        keep(&heard, &a, 100);
         assert_eq!(heard.len_and_bytes(), (2, 200));
-        heard.insert(c.clone(), 100);
-        assert!(heard.contains(a.request.request_id));
-        assert!(!heard.contains(b.request.request_id));
-        assert!(heard.contains(c.request.request_id));
+        keep(&heard, &c, 100);
+        assert!(heard.contains(a.0.request_id));
+        assert!(!heard.contains(b.0.request_id));
+        assert!(heard.contains(c.0.request_id));
         assert_eq!(heard.len_and_bytes(), (2, 200));
     }
 
@@ -253,36 +260,51 @@ mod tests {
         let heard = Heard::new(1 << 20);
         for i in 0..10_000 {
             let q = question(&format!("q{i}"));
-            let id = q.request.request_id;
-            heard.insert(q, 100);
-            heard.forget(id);
+            keep(&heard, &q, 100);
+            heard.forget(q.0.request_id);
         }
         assert_eq!(heard.len_and_bytes(), (0, 0));
-        assert!(heard.lock().order.len() <= 1024 + 1);
+        // Compacted once it passes twice the entries kept (one, as each is inserted) plus 1,024.
+        assert!(heard.lock().order.len() <= 2 + 1024);
     }
 
     #[test]
     fn a_question_larger_than_the_cap_is_not_kept_and_a_zero_cap_keeps_none() {
         let heard = Heard::new(50);
         let q = question("big");
-        heard.insert(q.clone(), 51);
-        assert!(!heard.contains(q.request.request_id));
+        keep(&heard, &q, 51);
+        assert!(!heard.contains(q.0.request_id));
         let off = Heard::new(0);
         assert!(!off.is_on());
-        off.insert(q.clone(), 1);
-        assert!(!off.contains(q.request.request_id));
+        keep(&off, &q, 1);
+        assert!(!off.contains(q.0.request_id));
     }
 
     #[test]
     fn an_announcement_is_heard_with_its_trace_context() {
         let heard = Heard::new(1 << 20);
-        let q = question("deploy?").request;
+        let q = question("deploy?").0;
         let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
         let event = delta_protocol::events::requested("delta", &q, None, Some(tp));
         assert!(heard.hear(&delta_protocol::events::encode(&event)));
         let got = heard.get(q.request_id).expect("heard");
         assert_eq!(got.request, q);
         assert_eq!(got.traceparent.as_deref(), Some(tp));
+    }
+
+    #[test]
+    fn a_question_is_counted_as_the_bytes_kept_however_large_it_decodes() {
+        // Tool arguments of 20,000 numbers: about 40 KB of text, many times that decoded.
+        let mut q = question("approve?").0;
+        q.context
+            .insert("args".into(), serde_json::json!(vec![0; 20_000]));
+        let payload = delta_protocol::events::encode(&delta_protocol::events::requested(
+            "delta", &q, None, None,
+        ));
+        let heard = Heard::new(1 << 20);
+        assert!(heard.hear(&payload));
+        assert_eq!(heard.len_and_bytes(), (1, payload.len() + OVERHEAD));
+        assert_eq!(heard.get(q.request_id).expect("kept").request, q);
     }
 
     #[test]

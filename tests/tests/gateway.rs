@@ -1505,6 +1505,62 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
     assert_eq!(status, 409, "{body}");
 }
 
+/// A question the gateway kept but that was settled elsewhere (through another gateway, say)
+/// is refused on the kept path by Redis's settling script, and decided again the usual way: the
+/// same refusal as for any settled question, the first answer kept, nothing counted as answered
+/// from memory.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kept_question_settled_elsewhere_is_refused_as_the_usual_path_refuses_it() {
+    let fleet = Fleet::start("gwk", 1, 0).await;
+    let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwk", &fleet.nats.queue_settings())
+        .await
+        .expect("queue");
+    let metric = async |name: &str| -> u64 {
+        let (_, m) = fleet.client.get("/metrics").await.expect("metrics");
+        let text = m.as_str().expect("text").to_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .map_or(0, |n| n.trim().parse().expect("a count"))
+    };
+    let run = fleet.submit("hello", "settled elsewhere").await;
+    let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
+    queue.publish_request(&q, None).await.expect("announce");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric("delta_questions_heard").await < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway hears the announcement"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Settled in Redis by someone else, as another gateway settles it.
+    let mut first = delta_protocol::InteractionResponse::new(
+        q.request_id,
+        delta_protocol::Responder {
+            id: "elsewhere".into(),
+            via: delta_protocol::Via::Http,
+            on_behalf_of: None,
+            relayed_by: None,
+        },
+    );
+    first.input = Some("Ada".into());
+    assert!(fleet.store.answer(&q, &first).await.expect("answer"));
+
+    let (status, body) = fleet
+        .answer(&q.request_id.to_string(), json!({"input": "Grace"}))
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "already_resolved", "{body}");
+    assert_eq!(metric("delta_answers_heard_total").await, 0);
+    let ix = fleet
+        .store
+        .interaction(run, q.request_id)
+        .await
+        .expect("read")
+        .expect("stored");
+    assert_eq!(ix.response.and_then(|r| r.input).as_deref(), Some("Ada"));
+}
+
 /// Pauses `run` (of agent `hello`) on a question the way a worker does: under the fence of its
 /// start job (its stream sequence, once the gateway noted it), with nothing announced.
 async fn pause_as_a_worker(

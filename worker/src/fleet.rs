@@ -140,6 +140,9 @@ struct Shared {
     work_dirs: WorkDirs,
 }
 
+/// The longest a stopping worker waits for its last acks to reach NATS.
+const FLUSH_AT_EXIT: Duration = Duration::from_secs(5);
+
 /// Jobs taken in one pull at most (bounded by the free slots).
 const FETCH_BATCH: usize = 16;
 
@@ -217,9 +220,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let _ = sweeper.await;
     cancels.abort();
     // The last acks and naks, sent without waiting for their confirmation, reach the server
-    // before the worker exits.
-    if let Err(e) = shared.queue.flush().await {
-        tracing::warn!(error = %delta_host::Chain(&e), "acks not flushed at exit; their jobs are redelivered");
+    // before the worker exits; not waited for past a few seconds (NATS unreachable): their
+    // jobs are then redelivered, which finds them done.
+    match tokio::time::timeout(FLUSH_AT_EXIT, shared.queue.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %delta_host::Chain(&e), "acks not flushed at exit; their jobs are redelivered");
+        }
+        Err(_) => {
+            tracing::warn!(
+                "NATS did not take the last acks within {FLUSH_AT_EXIT:?}; their jobs are redelivered"
+            );
+        }
     }
     // Under a target of its own, so that benchmarks can keep it while silencing the rest.
     tracing::info!(

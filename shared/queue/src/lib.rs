@@ -1238,15 +1238,42 @@ impl Queue {
 
     /// The events stream's messages on `filter_subjects` from `deliver_policy` on, through an
     /// ordered consumer of this connection's own.
+    ///
+    /// The stream ends (its reader makes a new one) should the client make the consumer again
+    /// before it delivered anything (NATS restarted, say): the client then starts it from the
+    /// stream's first message, which would replay up to 7 days of events. Only new messages
+    /// are asked for as "after the stream's last sequence now", so that such a replay is seen
+    /// at its first message.
     async fn ordered_interactions(
         &self,
         deliver_policy: consumer::DeliverPolicy,
         filter_subjects: Vec<String>,
-    ) -> Result<consumer::pull::Ordered, Error> {
+    ) -> Result<
+        impl futures_util::Stream<Item = Result<async_nats::jetstream::Message, Cause>> + use<>,
+        Error,
+    > {
         let name = self.names.interactions_stream();
         let err = |e: Cause| setup(&name)(e);
-        let stream = self.js.get_stream(&name).await.map_err(|e| err(e.into()))?;
-        stream
+        let mut stream = self.js.get_stream(&name).await.map_err(|e| err(e.into()))?;
+        let deliver_policy = match deliver_policy {
+            consumer::DeliverPolicy::New => {
+                let last = stream
+                    .info()
+                    .await
+                    .map_err(|e| err(e.into()))?
+                    .state
+                    .last_sequence;
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: last + 1,
+                }
+            }
+            other => other,
+        };
+        let first = match deliver_policy {
+            consumer::DeliverPolicy::ByStartSequence { start_sequence } => start_sequence,
+            _ => 0,
+        };
+        let messages = stream
             .create_consumer(consumer::pull::OrderedConfig {
                 deliver_policy,
                 filter_subjects,
@@ -1256,7 +1283,23 @@ impl Queue {
             .map_err(|e| err(e.into()))?
             .messages()
             .await
-            .map_err(|e| err(e.into()))
+            .map_err(|e| err(e.into()))?;
+        Ok(messages
+            .map(|m| m.map_err(Cause::from))
+            .take_while(move |m| {
+                let replayed = m
+                    .as_ref()
+                    .ok()
+                    .and_then(|m| m.info().ok())
+                    .is_some_and(|i| i.stream_sequence < first);
+                if replayed {
+                    tracing::debug!(
+                        first,
+                        "the events' consumer was made again from the stream's start; ending it"
+                    );
+                }
+                std::future::ready(!replayed)
+            }))
     }
 
     /// Copies a delivery to the dead-letter stream with the reason in a header.
@@ -1435,7 +1478,8 @@ impl Queue {
         x.advisory.double_ack().await.map_err(Error::Ack)
     }
 
-    /// Sends what the client still buffers (acks, naks) and waits until the server has it.
+    /// Writes what the client still buffers (acks, naks) to the server's connection. It waits
+    /// for as long as the client is not connected: bound it with a timeout.
     pub async fn flush(&self) -> Result<(), Error> {
         self.client
             .flush()
