@@ -1561,6 +1561,89 @@ async fn a_kept_question_settled_elsewhere_is_refused_as_the_usual_path_refuses_
     assert_eq!(ix.response.and_then(|r| r.input).as_deref(), Some("Ada"));
 }
 
+/// A gateway that has heard no question yet when its consumer of the events stream is lost does
+/// not hear the stream again from its start (the client makes such a consumer again from the
+/// first message): a question asked before it started stays unheard, and it hears those asked
+/// after.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_that_heard_nothing_replays_nothing_when_its_consumer_is_lost() {
+    let mut fleet = Fleet::start("gwn", 1, 0).await;
+    let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwn", &fleet.nats.queue_settings())
+        .await
+        .expect("queue");
+    let metric = async |client: &delta_e2e::gateways::Client, name: &str| -> u64 {
+        let (_, m) = client.get("/metrics").await.expect("metrics");
+        let text = m.as_str().expect("text").to_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .map_or(0, |n| n.trim().parse().expect("a count"))
+    };
+    // A question in the stream before the second gateway starts (the first one hears it).
+    let run = fleet.submit("hello", "before").await;
+    let old = pause_as_a_worker(&fleet, run, "Asked before").await;
+    queue.publish_request(&old, None).await.expect("announce");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&fleet.client, "delta_questions_heard").await < 1 {
+        assert!(Instant::now() < deadline, "the first gateway hears it");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let late = fleet.add_gateway(None).await;
+    assert_eq!(metric(&late, "delta_questions_heard").await, 0);
+
+    // Its consumer deleted under it (an operator, a stream that lost its leader): the client
+    // makes it again, from the stream's first message since it delivered nothing yet.
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let mut events = js.get_stream("GWN_INTERACTIONS").await.expect("stream");
+    // Both gateways' consumers (the late one makes its own once it is up).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let names = loop {
+        let names: Vec<String> = events
+            .consumer_names()
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .map(|n| n.expect("a consumer's name"))
+            .collect();
+        if names.len() >= 2 {
+            break names;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gateways' consumers: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for name in names {
+        events.delete_consumer(&name).await.expect("delete");
+    }
+    let _ = events.info().await;
+    // Questions asked after that, one every 2 s, until the late gateway hears one: its
+    // consumer was made again by then, by the client or by the gateway.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut n = 0;
+    while metric(&late, "delta_questions_heard").await < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the late gateway hears questions asked after its consumer was lost"
+        );
+        n += 1;
+        let run = fleet.submit("hello", &format!("after {n}")).await;
+        let q = pause_as_a_worker(&fleet, run, "Asked after").await;
+        queue.publish_request(&q, None).await.expect("announce");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // The question asked before is not among those it keeps: its answer reads it from Redis.
+    let (status, body) = late
+        .post(
+            &format!("/v1/interactions/{}/response", old.request_id),
+            &json!({"input": "Grace"}),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(metric(&late, "delta_answers_heard_total").await, 0);
+}
+
 /// Pauses `run` (of agent `hello`) on a question the way a worker does: under the fence of its
 /// start job (its stream sequence, once the gateway noted it), with nothing announced.
 async fn pause_as_a_worker(

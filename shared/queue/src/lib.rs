@@ -1240,10 +1240,11 @@ impl Queue {
     /// ordered consumer of this connection's own.
     ///
     /// The stream ends (its reader makes a new one) should the client make the consumer again
-    /// before it delivered anything (NATS restarted, say): the client then starts it from the
-    /// stream's first message, which would replay up to 7 days of events. Only new messages
-    /// are asked for as "after the stream's last sequence now", so that such a replay is seen
-    /// at its first message.
+    /// from the stream's first message, as async-nats does for one that delivered nothing yet
+    /// when it misses its heartbeats: that would replay up to 7 days of events. Only new
+    /// messages are asked for as "after the stream's last sequence now", so that such a replay
+    /// is seen at its first message. (A consumer deleted under it, or a NATS restart, ends the
+    /// client's stream instead: tests/tests/gateway.rs.)
     async fn ordered_interactions(
         &self,
         deliver_policy: consumer::DeliverPolicy,
