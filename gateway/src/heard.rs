@@ -84,14 +84,24 @@ impl Heard {
         self.cap > 0
     }
 
-    /// Keeps the question an announcement carries (the payload of a `requested` message).
-    /// Anything else is ignored: false.
+    /// Keeps the question an announcement carries (the payload of a `requested` message),
+    /// read only as far as its id: it is decoded whole if it is answered. Anything without a
+    /// question's id is ignored: false (and a kept one that does not decode is never used).
     pub fn hear(&self, payload: &[u8]) -> bool {
-        let Ok(event) = delta_protocol::events::decode::<InteractionRequest>(payload) else {
+        /// The one field of an announcement that keeping it needs.
+        #[derive(serde::Deserialize)]
+        struct Announcement {
+            data: Asked,
+        }
+        #[derive(serde::Deserialize)]
+        struct Asked {
+            request_id: RequestId,
+        }
+        let Ok(a) = serde_json::from_slice::<Announcement>(payload) else {
             return false;
         };
         self.insert(
-            event.data.request_id,
+            a.data.request_id,
             Arc::from(payload),
             payload.len() + OVERHEAD,
         );
@@ -305,6 +315,19 @@ mod tests {
         assert!(heard.hear(&payload));
         assert_eq!(heard.len_and_bytes(), (1, payload.len() + OVERHEAD));
         assert_eq!(heard.get(q.request_id).expect("kept").request, q);
+    }
+
+    #[test]
+    fn a_kept_announcement_that_does_not_decode_is_never_used() {
+        let heard = Heard::new(1 << 20);
+        let id = RequestId::new();
+        let payload = format!(r#"{{"specversion":"1.0","data":{{"request_id":"{id}"}}}}"#);
+        assert!(heard.hear(payload.as_bytes()));
+        assert!(heard.contains(id));
+        assert!(
+            heard.get(id).is_none(),
+            "not a question: answered the usual way"
+        );
     }
 
     #[test]
