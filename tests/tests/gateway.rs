@@ -1437,13 +1437,6 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
         .expect("queue");
     let raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
     let hgetalls = || delta_e2e::command_calls(&raw, "hgetall");
-    let metric = async |name: &str| -> u64 {
-        let (_, m) = fleet.client.get("/metrics").await.expect("metrics");
-        let text = m.as_str().expect("text").to_owned();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .map_or(0, |n| n.trim().parse().expect("a count"))
-    };
     // Two runs paused the way a worker pauses them; only the first one's question announced.
     let mut asked = vec![];
     for task in ["heard", "unheard"] {
@@ -1454,14 +1447,7 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
         .publish_request(&asked[0], None)
         .await
         .expect("announce");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric("delta_questions_heard").await < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the gateway hears the announcement"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    hears_questions(&fleet.client, 1).await;
 
     let before = hgetalls().await;
     let (status, body) = fleet
@@ -1469,9 +1455,9 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(hgetalls().await, before, "the heard question was not read");
-    assert_eq!(metric("delta_answers_heard_total").await, 1);
+    assert_eq!(metric(&fleet.client, "delta_answers_heard_total").await, 1);
     assert_eq!(
-        metric("delta_questions_heard").await,
+        metric(&fleet.client, "delta_questions_heard").await,
         0,
         "dropped once answered"
     );
@@ -1482,7 +1468,7 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
         .await;
     assert_eq!(status, 200, "{body}");
     assert!(hgetalls().await > before, "the unheard question was read");
-    assert_eq!(metric("delta_answers_heard_total").await, 1);
+    assert_eq!(metric(&fleet.client, "delta_answers_heard_total").await, 1);
 
     // Both settled in Redis with their answers, and a second answer to the heard one refused
     // as for any settled question.
@@ -1515,24 +1501,10 @@ async fn a_kept_question_settled_elsewhere_is_refused_as_the_usual_path_refuses_
     let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwk", &fleet.nats.queue_settings())
         .await
         .expect("queue");
-    let metric = async |name: &str| -> u64 {
-        let (_, m) = fleet.client.get("/metrics").await.expect("metrics");
-        let text = m.as_str().expect("text").to_owned();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .map_or(0, |n| n.trim().parse().expect("a count"))
-    };
     let run = fleet.submit("hello", "settled elsewhere").await;
     let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
     queue.publish_request(&q, None).await.expect("announce");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric("delta_questions_heard").await < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the gateway hears the announcement"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    hears_questions(&fleet.client, 1).await;
     // Settled in Redis by someone else, as another gateway settles it.
     let mut first = delta_protocol::InteractionResponse::new(
         q.request_id,
@@ -1551,7 +1523,7 @@ async fn a_kept_question_settled_elsewhere_is_refused_as_the_usual_path_refuses_
         .await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"]["code"], "already_resolved", "{body}");
-    assert_eq!(metric("delta_answers_heard_total").await, 0);
+    assert_eq!(metric(&fleet.client, "delta_answers_heard_total").await, 0);
     let ix = fleet
         .store
         .interaction(run, q.request_id)
@@ -1571,22 +1543,11 @@ async fn a_gateway_that_heard_nothing_replays_nothing_when_its_consumer_is_lost(
     let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwn", &fleet.nats.queue_settings())
         .await
         .expect("queue");
-    let metric = async |client: &delta_e2e::gateways::Client, name: &str| -> u64 {
-        let (_, m) = client.get("/metrics").await.expect("metrics");
-        let text = m.as_str().expect("text").to_owned();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .map_or(0, |n| n.trim().parse().expect("a count"))
-    };
     // A question in the stream before the second gateway starts (the first one hears it).
     let run = fleet.submit("hello", "before").await;
     let old = pause_as_a_worker(&fleet, run, "Asked before").await;
     queue.publish_request(&old, None).await.expect("announce");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&fleet.client, "delta_questions_heard").await < 1 {
-        assert!(Instant::now() < deadline, "the first gateway hears it");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    hears_questions(&fleet.client, 1).await;
     let late = fleet.add_gateway(None).await;
     assert_eq!(metric(&late, "delta_questions_heard").await, 0);
 
@@ -1642,6 +1603,27 @@ async fn a_gateway_that_heard_nothing_replays_nothing_when_its_consumer_is_lost(
         .expect("answer");
     assert_eq!(status, 200, "{body}");
     assert_eq!(metric(&late, "delta_answers_heard_total").await, 0);
+}
+
+/// The value of the gateway's metric `name` (a counter or a gauge without labels), 0 if absent.
+async fn metric(client: &delta_e2e::gateways::Client, name: &str) -> u64 {
+    let (_, m) = client.get("/metrics").await.expect("metrics");
+    let text = m.as_str().expect("text").to_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+/// Waits (10 s at most) until the gateway keeps at least `n` questions it heard announced.
+async fn hears_questions(client: &delta_e2e::gateways::Client, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(client, "delta_questions_heard").await < n {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway hears {n} announcement(s)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Pauses `run` (of agent `hello`) on a question the way a worker does: under the fence of its

@@ -805,6 +805,17 @@ async fn an_older_deployment_keeps_its_journal_format_until_it_is_allowed_the_ne
     );
 }
 
+/// A queued run's record made an hour ago, so that no write's own time could pass for its
+/// creation time.
+fn an_hour_old_record() -> RunRecord {
+    let mut rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+    rec.created_at =
+        delta_protocol::Timestamp::from_micros(rec.created_at.micros() - 3_600_000_000)
+            .expect("a time");
+    rec.updated_at = rec.created_at;
+    rec
+}
+
 /// A start job that carries its run (a gateway's, docs/protocol.md "Job messages") starts it
 /// without a read: its first write expects the journal empty and scores the run from the carried
 /// creation time. Should the run have started meanwhile (another job of it wrote first), that
@@ -816,11 +827,7 @@ async fn a_start_from_a_carried_run_reads_nothing_and_is_refused_once_the_run_st
         .await
         .expect("connect");
     let raw = delta_e2e::redis_raw(&redis.url()).await;
-    let mut rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
-    rec.created_at =
-        delta_protocol::Timestamp::from_micros(rec.created_at.micros() - 3_600_000_000)
-            .expect("a time");
-    rec.updated_at = rec.created_at;
+    let mut rec = an_hour_old_record();
     rec.input = Some(serde_json::json!({"n": 1}));
     rec.submitted_by = Some("ada".into());
     let id = rec.run_id;
@@ -904,11 +911,7 @@ async fn a_run_is_scored_by_its_creation_in_every_status_index() {
         .await
         .expect("connect");
     let raw = delta_e2e::redis_raw(&redis.url()).await;
-    let mut rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
-    // An hour ago, so that no write's own time could pass for it.
-    rec.created_at =
-        delta_protocol::Timestamp::from_micros(rec.created_at.micros() - 3_600_000_000)
-            .expect("a time");
+    let rec = an_hour_old_record();
     let id = rec.run_id;
     let created = rec.created_at.micros();
     store.create(rec).await.expect("create");
