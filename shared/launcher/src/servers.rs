@@ -343,8 +343,9 @@ impl Kind {
             _ => ("--port", port),
         };
         let mut args: Vec<&str> = match self {
-            // AOF on, no RDB snapshots, never evict (STACK.md), and stream nodes of 1 KB: Redis
-            // reserves less for each run's journal (docs/operations.md#durability).
+            // AOF on, no RDB snapshots, never evict (STACK.md), stream nodes of 1 KB (Redis
+            // reserves less for each run's journal) and hashes kept compact with values up to
+            // 1 KB (a question's packed request): docs/operations.md#durability.
             Kind::Redis => vec![
                 port_flag,
                 &port,
@@ -357,6 +358,8 @@ impl Kind {
                 "--maxmemory-policy",
                 "noeviction",
                 "--stream-node-max-bytes",
+                "1024",
+                "--hash-max-listpack-value",
                 "1024",
             ],
             // Always a store dir of its own, or servers share /tmp/nats/jetstream.
