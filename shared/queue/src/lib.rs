@@ -1255,19 +1255,12 @@ impl Queue {
     > {
         let name = self.names.interactions_stream();
         let err = |e: Cause| setup(&name)(e);
-        let mut stream = self.js.get_stream(&name).await.map_err(|e| err(e.into()))?;
+        let stream = self.js.get_stream(&name).await.map_err(|e| err(e.into()))?;
         let deliver_policy = match deliver_policy {
-            consumer::DeliverPolicy::New => {
-                let last = stream
-                    .info()
-                    .await
-                    .map_err(|e| err(e.into()))?
-                    .state
-                    .last_sequence;
-                consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: last + 1,
-                }
-            }
+            // The stream's state as `get_stream` just read it: no second request.
+            consumer::DeliverPolicy::New => consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: stream.cached_info().state.last_sequence + 1,
+            },
             other => other,
         };
         let first = match deliver_policy {
