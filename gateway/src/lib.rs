@@ -128,17 +128,24 @@ impl Gateway {
         )
         .await?;
         let submissions = SubmitRate::new(config.submit_per_minute);
+        let metrics = metrics::Metrics::new();
+        let notes = notes::Notes::spawn(
+            store.clone(),
+            queue.clone(),
+            metrics.notes.clone(),
+            shutdown.clone(),
+        );
         Ok(Self {
             heard: heard::Heard::new(config.question_cache_bytes),
             config,
             queue,
-            metrics: metrics::Metrics::new(),
+            metrics,
             tasks: TaskTracker::new(),
             streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
             streams_by_identity: Arc::default(),
             submissions,
             bot_answers: Arc::new(tokio::sync::Semaphore::new(MAX_BOT_ANSWERS)),
-            notes: notes::Notes::spawn(store.clone(), shutdown.clone()),
+            notes,
             store,
             shutdown,
         })

@@ -42,6 +42,8 @@ pub struct Metrics {
     pub questions_heard_bytes: Gauge,
     pub timeouts_applied: Counter,
     pub resumes_republished: Counter,
+    /// What the note writer wrote, and dropped because the job was taken first (`notes.rs`).
+    pub notes: crate::notes::Counters,
     pub jobs_requeued: Counter,
     /// Finished runs deleted by this gateway's retention reconciler.
     pub runs_purged: Counter,
@@ -84,6 +86,7 @@ impl Metrics {
             questions_heard_bytes: Gauge::default(),
             timeouts_applied: Counter::default(),
             resumes_republished: Counter::default(),
+            notes: crate::notes::Counters::default(),
             jobs_requeued: Counter::default(),
             runs_purged: Counter::default(),
             connections_refused: Counter::default(),
@@ -169,6 +172,16 @@ impl Metrics {
             "resumes_republished",
             "Resume jobs published by the reconciler",
             m.resumes_republished.clone(),
+        );
+        r.register(
+            "job_notes_written",
+            "Notes of a published job's stream sequence written to Redis (its job was not taken within a second)",
+            m.notes.written.clone(),
+        );
+        r.register(
+            "job_notes_unneeded",
+            "Notes of a published job's stream sequence not written: a worker took the job within a second",
+            m.notes.unneeded.clone(),
         );
         r.register(
             "jobs_requeued",

@@ -1,52 +1,94 @@
 //! The notes the gateway writes after it publishes a job (its stream sequence, and for a resume
-//! when to check it again), written together: whatever notes wait when a write goes out share
-//! its one Redis round trip.
+//! when to check it again), written late and only where one is needed.
 //!
 //! A note is on nobody's path. The run is stored before its job is published, and the job runs
 //! whether or not its note is written; a note only lets the reconcilers tell a job still in the
-//! stream from a lost one (`reconcile.rs`). So a submission or an answer is acknowledged once its
-//! job is published, without waiting for its note. A note that is never written (the gateway
-//! was killed, Redis refused it) leaves the reconcilers where they are without one: the job is
-//! published again under the message id of the first publish, which JetStream drops as a
-//! duplicate within its duplicate window; past it, the fencing of docs/protocol.md lets only one
-//! of the two jobs write to the run at a time.
+//! stream from a lost one (`reconcile.rs`). And once a worker has taken the job, the worker's
+//! own writes say so (the run's fence names the job's sequence; a resume's first write drops its
+//! recheck), so the note has nothing left to tell. So the writer keeps each note [`DELAY`], then
+//! asks the job stream once how far each lane's jobs are acknowledged (`Queue::acked_through`)
+//! and writes only the notes of jobs not taken by then (a backlog, no worker up): together, in
+//! one Redis round trip. In a fleet that keeps up, no note is written at all, and a run costs
+//! three Redis commands and a round trip fewer.
+//!
+//! A note never written (the gateway was killed within [`DELAY`], Redis refused it) leaves the
+//! reconcilers where they are without one: the job is published again under the message id of
+//! the first publish, which JetStream drops as a duplicate within its duplicate window (two
+//! minutes, well past [`DELAY`] and the resume's first recheck), and answers with the first
+//! publish's sequence, which the reconciler then notes; past the window, the fencing of
+//! docs/protocol.md lets only one of the two jobs write to the run at a time.
 
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use delta_queue::{Lane, Queue};
 use delta_store::redis::{Note, RedisRunStore};
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Notes waiting to be written at most; past that, [`Notes::note`] writes its own at once.
+/// Notes waiting to be handed to the writer at most; past that, [`Notes::note`] writes its own
+/// at once.
 const QUEUED: usize = 4096;
 /// Notes in one write at most.
 const BATCH: usize = 256;
+/// How long a note waits before the writer decides whether to write it: a job taken by then
+/// needs none. Well under the first recheck of a resume (`resumes` is first due 5 s after the
+/// answer) and the lost-job reconciler's `lost_job_after`.
+pub const DELAY: Duration = Duration::from_secs(1);
+/// How often the writer looks at the notes that waited [`DELAY`]: each look asks the job stream
+/// twice (one request per lane), whatever the number of notes.
+const TICK: Duration = Duration::from_millis(250);
+
+/// What the writer counts, for the gateway's metrics.
+#[derive(Clone, Default)]
+pub struct Counters {
+    /// Notes written to Redis.
+    pub written: Counter,
+    /// Notes dropped unwritten: their job was taken before they were due.
+    pub unneeded: Counter,
+}
 
 /// The gateway's note writer: [`Notes::note`] hands a note over, one task writes them.
 pub struct Notes {
     tx: mpsc::Sender<Note>,
     store: RedisRunStore,
+    counters: Counters,
     writer: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Notes {
     /// Starts the writer. It stops on `shutdown`, once it wrote what was handed to it.
-    pub fn spawn(store: RedisRunStore, shutdown: CancellationToken) -> Self {
+    pub fn spawn(
+        store: RedisRunStore,
+        queue: Queue,
+        counters: Counters,
+        shutdown: CancellationToken,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUED);
-        let writer = tokio::spawn(write(store.clone(), rx, shutdown));
+        let writer = Writer {
+            store: store.clone(),
+            queue,
+            counters: counters.clone(),
+        };
+        let writer = tokio::spawn(writer.run(rx, shutdown));
         Self {
             tx,
             store,
+            counters,
             writer: std::sync::Mutex::new(Some(writer)),
         }
     }
 
-    /// Has `note` written with the next write. With the writer's queue full, or the writer
-    /// stopped, it is written now, by this call.
+    /// Has `note` written after [`DELAY`] if its job is not taken by then. With the writer's
+    /// queue full, or the writer stopped, it is written now, by this call.
     pub async fn note(&self, note: Note) {
         let note = match self.tx.try_send(note) {
             Ok(()) => return,
             Err(mpsc::error::TrySendError::Full(n) | mpsc::error::TrySendError::Closed(n)) => n,
         };
-        failed(&self.store.write_notes(&[note]).await, 1);
+        write(&self.store, &self.counters, &[note]).await;
     }
 
     /// Waits (after shutdown) until the writer wrote what it was handed.
@@ -62,49 +104,129 @@ impl Notes {
     }
 }
 
-/// Writes what arrives, whatever waits in one go, until shutdown; then what is left.
-async fn write(store: RedisRunStore, mut rx: mpsc::Receiver<Note>, shutdown: CancellationToken) {
-    let mut batch = Vec::with_capacity(BATCH);
-    loop {
-        let first = tokio::select! {
-            n = rx.recv() => n,
-            () = shutdown.cancelled() => None,
-        };
-        let Some(first) = first else { break };
-        batch.push(first);
-        while batch.len() < BATCH {
-            match rx.try_recv() {
-                Ok(n) => batch.push(n),
-                Err(_) => break,
-            }
-        }
-        failed(&store.write_notes(&batch).await, batch.len());
-        batch.clear();
-    }
-    // Shutdown: nothing new comes in (a late note is written by its caller); the rest goes out.
-    rx.close();
-    while let Some(n) = rx.recv().await {
-        batch.push(n);
-        if batch.len() == BATCH {
-            failed(&store.write_notes(&batch).await, batch.len());
-            batch.clear();
-        }
-    }
-    failed(&store.write_notes(&batch).await, batch.len());
+struct Writer {
+    store: RedisRunStore,
+    queue: Queue,
+    counters: Counters,
 }
 
-/// Logs a write of `n` notes that failed: the reconcilers make do without them (module doc).
-fn failed(result: &Result<(), delta_store::Error>, n: usize) {
-    if let Err(e) = result {
-        tracing::warn!(error = %delta_host::Chain(e), notes = n, "jobs published but not noted; the reconcilers will check them");
+impl Writer {
+    /// Keeps what arrives, and every [`TICK`] decides on the notes that waited [`DELAY`], until
+    /// shutdown; then writes what is left, every one (no time to wait for workers).
+    async fn run(self, mut rx: mpsc::Receiver<Note>, shutdown: CancellationToken) {
+        let mut waiting: VecDeque<(Instant, Note)> = VecDeque::new();
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                n = rx.recv() => match n {
+                    Some(n) => waiting.push_back((Instant::now(), n)),
+                    None => break,
+                },
+                _ = tick.tick() => self.due(&mut waiting).await,
+                () = shutdown.cancelled() => break,
+            }
+        }
+        // Shutdown: nothing new comes in (a late note is written by its caller); the rest goes out.
+        rx.close();
+        while let Some(n) = rx.recv().await {
+            waiting.push_back((Instant::now(), n));
+        }
+        let rest: Vec<Note> = waiting.into_iter().map(|(_, n)| n).collect();
+        for chunk in rest.chunks(BATCH) {
+            write(&self.store, &self.counters, chunk).await;
+        }
+    }
+
+    /// Writes the notes that waited [`DELAY`] whose job is still not taken; drops the others.
+    async fn due(&self, waiting: &mut VecDeque<(Instant, Note)>) {
+        let Some(cutoff) = Instant::now().checked_sub(DELAY) else {
+            return;
+        };
+        let n = waiting.iter().take_while(|(at, _)| *at <= cutoff).count();
+        if n == 0 {
+            return;
+        }
+        let due: Vec<Note> = waiting.drain(..n).map(|(_, n)| n).collect();
+        // A lane the stream cannot tell about (NATS away): its notes are all written.
+        let mut floors = [0u64; 2];
+        for (i, lane) in Lane::ALL.into_iter().enumerate() {
+            match self.queue.acked_through(lane).await {
+                Ok(f) => floors[i] = f,
+                Err(e) => {
+                    tracing::debug!(error = %delta_host::Chain(&e), "job stream's ack floor not read; writing its notes")
+                }
+            }
+        }
+        let (starts, resumes) = (floors[0], floors[1]);
+        let needed: Vec<Note> = due
+            .into_iter()
+            .filter(|n| match *n {
+                Note::JobSeq { seq, .. } => seq > starts,
+                Note::ResumePublished { seq, .. } => seq > resumes,
+            })
+            .collect();
+        let dropped = n - needed.len();
+        self.counters.unneeded.inc_by(dropped as u64);
+        for chunk in needed.chunks(BATCH) {
+            write(&self.store, &self.counters, chunk).await;
+        }
+    }
+}
+
+/// Writes `notes` in one round trip; a failure is logged: the reconcilers make do without them
+/// (module doc).
+async fn write(store: &RedisRunStore, counters: &Counters, notes: &[Note]) {
+    if notes.is_empty() {
+        return;
+    }
+    match store.write_notes(notes).await {
+        Ok(()) => {
+            counters.written.inc_by(notes.len() as u64);
+        }
+        Err(e) => {
+            tracing::warn!(error = %delta_host::Chain(&e), notes = notes.len(), "jobs published but not noted; the reconcilers will check them");
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use delta_protocol::{RunId, RunStatus};
+    use delta_protocol::{Job, RequestId, RunId, RunStatus};
     use delta_store::{RunRecord, RunStore};
+
+    struct Fixture {
+        _redis: delta_launcher::Redis,
+        _nats: delta_launcher::Nats,
+        store: RedisRunStore,
+        /// Reads on a handle of its own, which counts its round trips apart.
+        reader: RedisRunStore,
+        queue: Queue,
+        url: String,
+    }
+
+    async fn fixture(ns: &str) -> Fixture {
+        let redis = delta_launcher::Redis::start().expect("redis-server");
+        let nats = delta_launcher::Nats::start().expect("nats-server");
+        let store = RedisRunStore::connect(&redis.url(), ns)
+            .await
+            .expect("connect");
+        let reader = RedisRunStore::connect(&redis.url(), ns)
+            .await
+            .expect("connect");
+        let queue = Queue::connect(&nats.url(), ns, &delta_queue::Settings::default())
+            .await
+            .expect("queue");
+        Fixture {
+            url: redis.url(),
+            _redis: redis,
+            _nats: nats,
+            store,
+            reader,
+            queue,
+        }
+    }
 
     async fn runs(store: &RedisRunStore, n: usize) -> Vec<RunId> {
         let mut ids = vec![];
@@ -125,57 +247,168 @@ mod tests {
         seqs
     }
 
-    /// The notes handed over while the writer waits go out in one round trip, every one of them.
+    /// Publishes a start job per run; returns their stream sequences.
+    async fn publish(queue: &Queue, ids: &[RunId]) -> Vec<u64> {
+        let mut seqs = vec![];
+        for id in ids {
+            seqs.push(
+                queue
+                    .publish_job("a", &Job::start(*id), None)
+                    .await
+                    .expect("publish"),
+            );
+        }
+        seqs
+    }
+
+    /// Waits (10 s at most) until `done` holds.
+    async fn until(mut done: impl AsyncFnMut() -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if done().await {
+                return true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The notes of jobs nobody took are written once they waited, not before, and together:
+    /// one Redis round trip for all of them.
     #[tokio::test]
-    async fn notes_handed_over_together_are_written_in_one_round_trip() {
-        let redis = delta_launcher::Redis::start().expect("redis-server");
-        let store = RedisRunStore::connect(&redis.url(), "notes1")
-            .await
-            .expect("connect");
-        // Reads on a handle of their own, which counts its round trips apart.
-        let reader = RedisRunStore::connect(&redis.url(), "notes1")
-            .await
-            .expect("connect");
-        let ids = runs(&store, 50).await;
+    async fn notes_of_jobs_not_taken_are_written_together_once_they_waited() {
+        let f = fixture("notes1").await;
+        let ids = runs(&f.store, 50).await;
+        let seqs = publish(&f.queue, &ids).await;
         let shutdown = CancellationToken::new();
-        let notes = Notes::spawn(store.clone(), shutdown.clone());
-        let before = store.round_trips();
-        // On this test's one thread the writer runs only once the test waits: all 50 are queued.
-        for (i, id) in ids.iter().enumerate() {
+        let counters = Counters::default();
+        let notes = Notes::spawn(
+            f.store.clone(),
+            f.queue.clone(),
+            counters.clone(),
+            shutdown.clone(),
+        );
+        let before = f.store.round_trips();
+        for (id, seq) in ids.iter().zip(&seqs) {
             notes
                 .note(Note::JobSeq {
                     run_id: *id,
-                    seq: i as u64 + 1,
+                    seq: *seq,
                 })
                 .await;
         }
-        let want: Vec<u64> = (1..=50).collect();
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        let written = loop {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            let during = store.round_trips() - before;
-            let seqs = job_seqs(&reader, &ids).await;
-            if seqs == want || tokio::time::Instant::now() > deadline {
-                break (during, seqs);
-            }
-        };
-        assert_eq!(written.1, want, "every note written, to its own run");
-        assert_eq!(written.0, 1, "in one round trip");
+        tokio::time::sleep(DELAY / 4).await;
+        assert_eq!(
+            job_seqs(&f.reader, &ids).await,
+            vec![0; 50],
+            "nothing written before the notes waited"
+        );
+        assert!(
+            until(async || job_seqs(&f.reader, &ids).await == seqs).await,
+            "every note written, to its own run: {:?}",
+            job_seqs(&f.reader, &ids).await
+        );
+        assert_eq!(f.store.round_trips() - before, 1, "in one round trip");
+        assert_eq!(counters.written.get(), 50);
+        assert_eq!(counters.unneeded.get(), 0);
         shutdown.cancel();
         notes.finish().await;
     }
 
-    /// At shutdown the writer writes what it was handed before it stops; a note made after that
-    /// is written by its caller.
+    /// A note whose job a worker took (and let go of) before it was due is never written; the
+    /// note of a job still in the stream, handed over with it, is.
     #[tokio::test]
-    async fn nothing_handed_over_is_lost_at_shutdown() {
-        let redis = delta_launcher::Redis::start().expect("redis-server");
-        let store = RedisRunStore::connect(&redis.url(), "notes2")
+    async fn notes_of_jobs_taken_are_never_written() {
+        let f = fixture("notes2").await;
+        let ids = runs(&f.store, 6).await;
+        let seqs = publish(&f.queue, &ids[..5]).await;
+        // A worker takes the five jobs and acknowledges them; the sixth job comes after.
+        let mut taken = 0;
+        while taken < 5 {
+            let got = f
+                .queue
+                .fetch(Lane::Starts, 5, Duration::from_secs(2))
+                .await
+                .expect("fetch");
+            assert!(!got.is_empty(), "the jobs were published");
+            for d in got {
+                d.ack().await.expect("ack");
+                taken += 1;
+            }
+        }
+        let last = publish(&f.queue, &ids[5..]).await[0];
+        let shutdown = CancellationToken::new();
+        let counters = Counters::default();
+        let notes = Notes::spawn(
+            f.store.clone(),
+            f.queue.clone(),
+            counters.clone(),
+            shutdown.clone(),
+        );
+        for (id, seq) in ids.iter().zip(seqs.iter().chain([&last])) {
+            notes
+                .note(Note::JobSeq {
+                    run_id: *id,
+                    seq: *seq,
+                })
+                .await;
+        }
+        // A resume of one of the taken runs, published and never taken: its note is written.
+        let request_id = RequestId::new();
+        let resume = f
+            .queue
+            .publish_job("a", &Job::resume(ids[0], Some(request_id)), None)
+            .await
+            .expect("publish");
+        notes
+            .note(Note::ResumePublished {
+                run_id: ids[0],
+                request_id,
+                seq: resume,
+                recheck_us: 1,
+            })
+            .await;
+        assert!(
+            until(async || counters.written.get() + counters.unneeded.get() == 7).await,
+            "every note decided on: {} written, {} dropped",
+            counters.written.get(),
+            counters.unneeded.get()
+        );
+        let mut want = vec![0; 5];
+        want.push(last);
+        assert_eq!(job_seqs(&f.reader, &ids).await, want);
+        assert_eq!(counters.unneeded.get(), 5);
+        let mut conn = redis::Client::open(f.url.as_str())
+            .expect("client")
+            .get_multiplexed_async_connection()
             .await
             .expect("connect");
-        let ids = runs(&store, 11).await;
+        let noted: Option<u64> = redis::cmd("HGET")
+            .arg(f.store.interaction_key(ids[0], &request_id.to_string()))
+            .arg("resume_seq")
+            .query_async(&mut conn)
+            .await
+            .expect("read");
+        assert_eq!(noted, Some(resume));
+        shutdown.cancel();
+        notes.finish().await;
+    }
+
+    /// At shutdown the writer writes what it was handed before it stops, without waiting; a
+    /// note made after that is written by its caller.
+    #[tokio::test]
+    async fn nothing_handed_over_is_lost_at_shutdown() {
+        let f = fixture("notes3").await;
+        let ids = runs(&f.store, 11).await;
         let shutdown = CancellationToken::new();
-        let notes = Notes::spawn(store.clone(), shutdown.clone());
+        let notes = Notes::spawn(
+            f.store.clone(),
+            f.queue.clone(),
+            Counters::default(),
+            shutdown.clone(),
+        );
         for (i, id) in ids[..10].iter().enumerate() {
             notes
                 .note(Note::JobSeq {
@@ -187,10 +420,10 @@ mod tests {
         shutdown.cancel();
         notes.finish().await;
         assert_eq!(
-            job_seqs(&store, &ids[..10]).await,
+            job_seqs(&f.store, &ids[..10]).await,
             (1..=10).collect::<Vec<u64>>()
         );
-        let before = store.round_trips();
+        let before = f.store.round_trips();
         notes
             .note(Note::JobSeq {
                 run_id: ids[10],
@@ -198,10 +431,10 @@ mod tests {
             })
             .await;
         assert_eq!(
-            store.round_trips() - before,
+            f.store.round_trips() - before,
             1,
             "written by the call itself"
         );
-        assert_eq!(job_seqs(&store, &ids[10..]).await, [99]);
+        assert_eq!(job_seqs(&f.store, &ids[10..]).await, [99]);
     }
 }

@@ -8,7 +8,9 @@
 //!   ([`crate::escalation`]);
 //! - **resumes**: a question answered whose resume job was not published (gateway died between
 //!   `ANSWERED` and the publish) is published again with the same `Nats-Msg-Id`; one published
-//!   whose job vanished from the stream while the run still waits is enqueued again;
+//!   whose job vanished from the stream while the run still waits is enqueued again (a job whose
+//!   sequence was never noted, `notes.rs`, is known by JetStream's answer to that same publish:
+//!   a duplicate, with the first copy's sequence);
 //! - **lost jobs**: a `QUEUED`, `RUNNING` or `INTERRUPTED` run with no progress for
 //!   `lost_job_after` whose job is no longer in the stream (NATS lost it, or the gateway died
 //!   before publishing it) is enqueued again. A job still in the stream is JetStream's to
@@ -201,11 +203,33 @@ async fn resume_one(
             .publish_resolved(&record.agent, &resolved, tp)
             .await?;
     }
-    let seq = gw
+    let sent = gw
         .queue
-        .publish_job_as(&record.agent, &job, &msg_id, tp)
+        .publish_job_acked(&record.agent, &job, &msg_id, tp)
         .await?;
+    let mut seq = sent.seq;
     let later = Timestamp::now().micros() + micros(gw.config.lost_job_after);
+    if sent.duplicate && ix.resume_seq.is_none() {
+        // Published, and not noted: its note is written only for a job not taken within a
+        // second (`notes.rs`), and this one's was not (the gateway died first, or the job was
+        // taken off the stream without the run moving on, as by a purge). JetStream told its
+        // sequence: still there, it is a backlog; gone, lost.
+        if gw.queue.job_exists(seq).await? {
+            gw.store
+                .resume_published(run_id, request_id, seq, later)
+                .await?;
+            return Ok(false);
+        }
+        seq = gw
+            .queue
+            .publish_job_as(
+                &record.agent,
+                &job,
+                &format!("requeue:{request_id}:{seq}"),
+                tp,
+            )
+            .await?;
+    }
     gw.store
         .resume_published(run_id, request_id, seq, later)
         .await?;
@@ -273,10 +297,30 @@ async fn requeue_if_lost(
     } else {
         format!("requeue:{}:{seq}", run.run_id)
     };
-    let new_seq = gw
+    let sent = gw
         .queue
-        .publish_job_as(&run.agent, &job, &msg_id, None)
+        .publish_job_acked(&run.agent, &job, &msg_id, None)
         .await?;
+    let mut new_seq = sent.seq;
+    if sent.duplicate && seq == 0 {
+        // Published, and not noted: its note is written only for a job not taken within a
+        // second (`notes.rs`), and this one's was not (the gateway died first, or the job was
+        // taken off the stream without the run moving on, as by a purge). JetStream told its
+        // sequence: still there, it is a backlog; gone, lost.
+        gw.store.set_job_seq(run.run_id, new_seq).await?;
+        if gw.queue.job_exists(new_seq).await? {
+            return Ok(false);
+        }
+        new_seq = gw
+            .queue
+            .publish_job_as(
+                &run.agent,
+                &job,
+                &format!("requeue:{}:{new_seq}", run.run_id),
+                None,
+            )
+            .await?;
+    }
     gw.store.set_job_seq(run.run_id, new_seq).await?;
     gw.metrics.jobs_requeued.inc();
     tracing::warn!(run = %run.run_id, status = %run.status, lost_seq = seq, "job lost; enqueued again");

@@ -1176,6 +1176,52 @@ async fn a_run_whose_job_was_lost_is_enqueued_again() {
     );
 }
 
+/// A resume job taken off the stream before any worker took it (NATS lost it; here a purge) is
+/// enqueued again by a reconciler, once, whether or not the gateway had noted its sequence: the
+/// note is written only for a job still not taken after a second (docs/architecture.md "Notes
+/// after a publish"), and without it the reconciler learns the job's sequence from JetStream's
+/// answer to the same publish again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_job_lost_from_the_stream_is_enqueued_again_once() {
+    let fleet = Fleet::start("gwr", 1, 0).await;
+    let run = fleet.submit("hello", "resume lost").await;
+    let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
+    let (status, body) = fleet
+        .answer(&q.request_id.to_string(), json!({"input": "Grace"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let mut stream = js.get_stream("GWR_JOBS").await.expect("stream");
+    stream.purge().await.expect("purge");
+    // Past its first check (5 s), a reconciler finds the run still waiting and its job gone.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&fleet.client, "delta_resumes_republished_total").await < 1 {
+        assert!(Instant::now() < deadline, "the resume is enqueued again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let state = stream.info().await.expect("info").state.clone();
+    assert_eq!(state.messages, 1, "one resume job, enqueued once");
+    let job = stream
+        .get_raw_message(state.last_sequence)
+        .await
+        .expect("the job");
+    assert_eq!(job.subject.as_str(), "gwr.jobs.hello.resume");
+    let ix = fleet
+        .store
+        .interaction(run, q.request_id)
+        .await
+        .expect("read")
+        .expect("the question");
+    assert_eq!(ix.resume_seq, Some(state.last_sequence), "noted");
+    // Its next check (`lost_job_s` later, 3 s here) finds it in the stream: not enqueued again.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert_eq!(
+        metric(&fleet.client, "delta_resumes_republished_total").await,
+        1
+    );
+    assert_eq!(stream.info().await.expect("info").state.messages, 1);
+}
+
 /// Every reply of the API reads as the typed contract of `delta-api` (as the CLI reads it),
 /// refusals carry their `ErrorCode` with the status the contract gives it, the live stream's
 /// events are typed too, and the served document is the generated one.

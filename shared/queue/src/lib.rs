@@ -363,6 +363,16 @@ impl DeadLetter {
     }
 }
 
+/// What JetStream said of a publish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// The message's stream sequence; for a duplicate, that of the first copy.
+    pub seq: u64,
+    /// Dropped as a duplicate of a publish under the same `Nats-Msg-Id` within the stream's
+    /// duplicate window: nothing was added.
+    pub duplicate: bool,
+}
+
 /// A connection to the fleet's streams.
 #[derive(Clone)]
 pub struct Queue {
@@ -763,7 +773,7 @@ impl Queue {
         subject: String,
         headers: HeaderMap,
         payload: Vec<u8>,
-    ) -> Result<u64, Error> {
+    ) -> Result<Published, Error> {
         let err = |source: Cause| Error::Publish {
             subject: subject.clone(),
             source,
@@ -774,7 +784,10 @@ impl Queue {
             .await
             .map_err(|e| err(e.into()))?;
         let ack = ack.await.map_err(|e| err(e.into()))?;
-        Ok(ack.sequence)
+        Ok(Published {
+            seq: ack.sequence,
+            duplicate: ack.duplicate,
+        })
     }
 
     /// Publishes a job for `agent` on its kind's subject (`…jobs.<agent>` or
@@ -791,6 +804,7 @@ impl Queue {
     }
 
     /// Publishes a job under its own `Nats-Msg-Id` (a reconciler's re-enqueue of a lost job).
+    /// Returns its stream sequence (that of the first copy, for a duplicate).
     pub async fn publish_job_as(
         &self,
         agent: &str,
@@ -798,6 +812,21 @@ impl Queue {
         msg_id: &str,
         traceparent: Option<&str>,
     ) -> Result<u64, Error> {
+        Ok(self
+            .publish_job_acked(agent, job, msg_id, traceparent)
+            .await?
+            .seq)
+    }
+
+    /// [`Queue::publish_job_as`], saying whether JetStream dropped it as a duplicate of a
+    /// publish under the same id within its duplicate window (and so added nothing).
+    pub async fn publish_job_acked(
+        &self,
+        agent: &str,
+        job: &Job,
+        msg_id: &str,
+        traceparent: Option<&str>,
+    ) -> Result<Published, Error> {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", msg_id);
         if let Some(tp) = traceparent.filter(|tp| is_traceparent(tp)) {
@@ -1029,6 +1058,21 @@ impl Queue {
             Err(e) if is_no_message(e.kind()) => Ok(false),
             Err(e) => Err(Error::Fetch {
                 consumer: format!("{} (job {seq})", self.names.jobs_stream()),
+                source: e.into(),
+            }),
+        }
+    }
+
+    /// The stream sequence up to which every job of `lane` is acknowledged (its consumer's ack
+    /// floor): a job at or below it was taken and let go of, and is no longer in the stream. 0
+    /// for a lane whose consumer does not exist yet (an upgrade under way, see `Queue::resumes`).
+    pub async fn acked_through(&self, lane: Lane) -> Result<u64, Error> {
+        let name = self.names.lane_consumer(lane);
+        match self.jobs.consumer_info(&name).await {
+            Ok(info) => Ok(info.ack_floor.stream_sequence),
+            Err(e) if e.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound => Ok(0),
+            Err(e) => Err(Error::Fetch {
+                consumer: name,
                 source: e.into(),
             }),
         }
