@@ -190,59 +190,87 @@ fn red(q: &delta_protocol::InteractionRequest) -> InteractionResponse {
 type Prepare = dyn Fn(&str, &[JournalEvent]) -> Option<String>;
 
 /// Runs a long run to its pause, then resumes it with `red` from what `prepare` leaves of its
-/// snapshot; returns the journal and whether the resume read a snapshot.
+/// snapshot; returns the journal and whether the resume read a snapshot. `legacy`: the snapshot
+/// is moved out of the record into the key builds before 2026-11-27 kept it in (packed as they
+/// packed it), as a run paused by such a build and resumed by this one has it.
 async fn resume_long(
     url: &str,
     store: &RedisRunStore,
     agent: &Agent,
     work: &std::path::Path,
     prepare: &Prepare,
+    legacy: bool,
 ) -> (Vec<JournalEvent>, bool) {
+    use base64::Engine as _;
     let brain = AnyBrain::for_agent(agent).expect("brain");
     let (id, q, settings) = to_first_pause(store, agent, &brain, "t", work).await;
-    // The pause stored a snapshot of the whole journal.
-    let key = format!("{}:snap", store.run_key(id));
+    // The pause stored a snapshot of the whole journal, in the record.
+    let run_key = store.run_key(id);
+    let key = format!("{run_key}:snap");
     let mut conn = delta_e2e::redis_raw(url).await;
-    let raw: Vec<u8> = redis::cmd("GET")
-        .arg(&key)
+    let raw: String = redis::cmd("HGET")
+        .arg(&run_key)
+        .arg("snap")
         .query_async(&mut conn)
         .await
         .expect("a snapshot at the pause");
-    // `<seq>:z<packed JSON>` on a fleet whose journal is packed (this one, a new deployment),
-    // as `<seq>:<json>` here; the stores read either.
-    let colon = raw.iter().position(|b| *b == b':').expect("<seq>:");
-    let (head, body) = raw.split_at(colon + 1);
+    // `<seq>:b<packed JSON in base64>` on a fleet whose journal is packed (this one, a new
+    // deployment), as `<seq>:<json>` here; the stores read either.
+    let (head, body) = raw.split_once(':').expect("<seq>:");
     assert_eq!(
-        body.first() == Some(&b'z'),
+        body.starts_with('b'),
         store.writes_packed_entries(),
         "packed along with the journal"
     );
-    let json = match body.split_first() {
-        Some((b'z', z)) => delta_store::redis::unpack_entry(z).expect("unpacks"),
-        _ => String::from_utf8(body.to_vec()).expect("text"),
+    let json = match body.strip_prefix('b') {
+        Some(b64) => delta_store::redis::unpack_entry(
+            &base64::engine::general_purpose::STANDARD_NO_PAD
+                .decode(b64)
+                .expect("base64"),
+        )
+        .expect("unpacks"),
+        None => body.to_owned(),
     };
-    let stored = format!("{}{json}", String::from_utf8_lossy(head));
+    let stored = format!("{head}:{json}");
     let whole = store.load(id).await.expect("load").journal;
     let (seq, json) = stored.split_once(':').expect("<seq>:<json>");
     assert_eq!(seq.parse::<u64>().ok(), whole.last().map(|e| e.seq));
     assert!(json.len() < 4_000, "a snapshot holds no journal: {json}");
-    match prepare(&stored, &whole) {
+    let value = match prepare(&stored, &whole) {
         // Unchanged: left as stored (packed or not).
-        Some(v) if v == stored => {}
-        Some(v) => {
-            let () = redis::cmd("SET")
-                .arg(&key)
-                .arg(v)
-                .query_async(&mut conn)
-                .await
-                .expect("set");
-        }
-        None => {
-            let () = redis::cmd("DEL")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .expect("del");
+        Some(v) if v == stored && !legacy => None,
+        other => Some(other),
+    };
+    if let Some(v) = value {
+        let _: i64 = redis::cmd("HDEL")
+            .arg(&run_key)
+            .arg("snap")
+            .query_async(&mut conn)
+            .await
+            .expect("hdel");
+        match (v, legacy) {
+            (Some(v), true) => {
+                // `<seq>:z<packed JSON>`, as those builds stored it.
+                let (seq, json) = v.split_once(':').expect("<seq>:<json>");
+                let mut old = format!("{seq}:z").into_bytes();
+                old.extend(delta_store::redis::pack_entry(json).expect("packs"));
+                let () = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(old)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("set");
+            }
+            (Some(v), false) => {
+                let _: i64 = redis::cmd("HSET")
+                    .arg(&run_key)
+                    .arg("snap")
+                    .arg(v)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("hset");
+            }
+            (None, _) => {}
         }
     }
     let run = delta_engine::resume::load_run(store, id, Some(agent), None)
@@ -274,7 +302,16 @@ async fn resume_long(
         .query_async(&mut conn)
         .await
         .expect("exists");
-    assert!(!exists, "a finished run keeps no snapshot");
+    let field: Option<String> = redis::cmd("HGET")
+        .arg(&run_key)
+        .arg("snap")
+        .query_async(&mut conn)
+        .await
+        .expect("hget");
+    assert!(
+        !exists && field.as_deref().is_none_or(str::is_empty),
+        "a finished run keeps no snapshot: key {exists}, field {field:?}"
+    );
     (store.load(id).await.expect("load").journal, from_snapshot)
 }
 
@@ -318,11 +355,31 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
     let store = RedisRunStore::connect(&redis.url(), "snap")
         .await
         .expect("connect");
-    let (reference, used) = resume_long(&redis.url(), &store, &agent, dir.path(), &|s, _| {
-        Some(s.to_owned())
-    })
+    let (reference, used) = resume_long(
+        &redis.url(),
+        &store,
+        &agent,
+        dir.path(),
+        &|s, _| Some(s.to_owned()),
+        false,
+    )
     .await;
     assert!(used, "the intact snapshot is used");
+    // Where builds before 2026-11-27 kept it: read there, and deleted when the run finishes.
+    let (journal, used) = resume_long(
+        &redis.url(),
+        &store,
+        &agent,
+        dir.path(),
+        &|s, _| Some(s.to_owned()),
+        true,
+    )
+    .await;
+    assert!(used, "a snapshot in its own key is used");
+    assert_eq!(
+        delta_e2e::journal_shape(&journal),
+        delta_e2e::journal_shape(&reference)
+    );
     let shape = delta_e2e::journal_shape(&reference);
     // (what is done to the snapshot, whether the resume still uses it)
     let cases: [(&str, &Prepare, bool); 8] = [
@@ -331,7 +388,7 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
             "packed, and unreadable",
             &|s, _| {
                 let (seq, _) = s.split_once(':').expect("seq");
-                Some(format!("{seq}:znot deflate data"))
+                Some(format!("{seq}:bbm90IGRlZmxhdGUgZGF0YQ"))
             },
             false,
         ),
@@ -389,7 +446,8 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
         ),
     ];
     for (what, prepare, usable) in cases {
-        let (journal, used) = resume_long(&redis.url(), &store, &agent, dir.path(), prepare).await;
+        let (journal, used) =
+            resume_long(&redis.url(), &store, &agent, dir.path(), prepare, false).await;
         assert_eq!(used, usable, "{what}: used");
         assert_eq!(delta_e2e::journal_shape(&journal), shape, "{what}");
     }

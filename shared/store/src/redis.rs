@@ -7,7 +7,8 @@
 //! ```text
 //! <p>:buckets                       string  B, set by the first program to start
 //! <t>:run:<run_id>                  hash    the run record, plus `seq` (last journal seq), the fence, `owner`,
-//!                                           `job_seq`, `idempotency_key` (the key its submission set, if any)
+//!                                           `job_seq`, `idempotency_key` (the key its submission set, if any),
+//!                                           `snap` (its latest snapshot; emptied when it finishes)
 //! <t>:run:<run_id>:journal          stream  one entry per event, entry id `<seq>-0`, field `e` = the event JSON
 //! <t>:run:<run_id>:ix:<request_id>  hash    request JSON, state (PENDING/ANSWERED/EXPIRED/CANCELLED), response,
 //!                                           answered_at, resume_seq, traceparent
@@ -155,8 +156,8 @@ script_args!(
         // The journal length the writer saw ('' when unknown): a takeover is refused when the
         // journal has grown since.
         seen_len,
-        // A snapshot (`<seq>:<json>`, or `<seq>:z<packed json>` when the journal is packed) to
-        // keep when the journal ends at `snap_seq` after this
+        // A snapshot (`<seq>:<json>`, or `<seq>:b<packed json in base64>` when the journal is
+        // packed) to keep in the record's `snap` when the journal ends at `snap_seq` after this
         // write ('' for none).
         snap,
         snap_seq,
@@ -171,14 +172,23 @@ script_args!(
 );
 
 /// Appends events and applies a status change, fenced, keeping the indexes, and keeps the run's
-/// snapshot (dropped when the run finishes). KEYS: run, journal, the interaction paused on (or a
-/// dummy), the snapshot. ARGV: [`AppendArgs`], then one event each.
+/// snapshot in the record's `snap` (emptied when the run finishes). KEYS: run, journal, the
+/// interaction paused on (or a dummy), the snapshot's key of builds before 2026-11-27 (deleted
+/// when the run finishes without a `snap` field). ARGV: [`AppendArgs`], then one event each.
 /// Errors: `NOTFOUND`, `TERMINAL <status>`, `FENCED` (an older token), `FENCED moved` (a takeover
 /// after the journal moved), `REWOUND` (the journal lost writes this writer made, or holds this
 /// write already): see [`ScriptError`].
 const APPEND: &str = r#"
-local cur = redis.call('HMGET', KEYS[1], 'status', 'seq', 'fence_seq', 'fence_n', 'run_id',
-  'pending_request_id')
+-- Finishing, also the snapshot field: without one, the snapshot may be in its own key (a build
+-- before 2026-11-27 stored it there), which goes.
+local cur
+if finished == '1' then
+  cur = redis.call('HMGET', KEYS[1], 'status', 'seq', 'fence_seq', 'fence_n', 'run_id',
+    'pending_request_id', 'snap')
+else
+  cur = redis.call('HMGET', KEYS[1], 'status', 'seq', 'fence_seq', 'fence_n', 'run_id',
+    'pending_request_id')
+end
 local st = cur[1]
 if not st then return redis.error_reply('NOTFOUND') end
 if st == 'COMPLETED' or st == 'FAILED' or st == 'CANCELLED' then
@@ -263,7 +273,8 @@ if status ~= '' then
     if err_text ~= '' then put('error', err_text) end
     -- Retention finds finished runs by when they finished (redis/retention.rs).
     redis.call('ZADD', p .. ':runs:finished', created_us, run)
-    redis.call('DEL', KEYS[4])
+    -- A finished run keeps no snapshot: emptied in the record's HSET below.
+    if cur[7] then put('snap', '') else redis.call('DEL', KEYS[4]) end
   end
 end
 -- The events as one entry, `<last seq>-0`: their time once, then one JSON line each (packed by
@@ -284,37 +295,45 @@ elseif seq >= first_seq then
   redis.call('XADD', KEYS[2], seq .. '-0', 't', now, 'b',
     table.concat(ARGV, '\n', first_extra, #ARGV))
 end
-if seq >= first_seq then
-  if snap ~= '' and tostring(seq) == snap_seq then redis.call('SET', KEYS[4], snap) end
-end
+if snap ~= '' and seq >= first_seq and tostring(seq) == snap_seq then put('snap', snap) end
 redis.call('HSET', KEYS[1], unpack(set))
 return seq
 "#;
 
 /// A run's record, its snapshot and the journal after it, and the question a resume asks about,
-/// in one round trip. KEYS: run, journal, snapshot. ARGV: the question's request id ('': the one
-/// the run waits on, if any). Returns `{record fields, snapshot or nil, entries, request id or
-/// nil, its interaction's fields}`: without a snapshot (or with one whose seq cannot be read) the
-/// whole journal.
+/// in one round trip. KEYS: run, journal, the snapshot's key of builds before 2026-11-27 (read
+/// only when the record has no `snap`). ARGV: the question's request id ('': the one the run
+/// waits on, if any). Returns `{record fields (with `snap`), the snapshot if it came from its
+/// key (else nil), entries, request id or nil, its interaction's fields}`: without a snapshot (or
+/// with one whose seq cannot be read) the whole journal; with one that ends where the record's
+/// `seq` does (a run paused and not moved since), no entries, and the journal is not read.
 const LOAD_LATEST: &str = r#"
 local h = redis.call('HGETALL', KEYS[1])
 if #h == 0 then return {h, false, {}, false, {}} end
 local rid = ARGV[1]
-if rid == '' then
-  rid = false
-  for i = 1, #h - 1, 2 do
-    if h[i] == 'pending_request_id' then rid = h[i + 1] break end
-  end
+local find = rid == ''
+if find then rid = false end
+local at, snap = false, false
+for i = 1, #h - 1, 2 do
+  local f = h[i]
+  if find and f == 'pending_request_id' then rid = h[i + 1]
+  elseif f == 'seq' then at = h[i + 1]
+  elseif f == 'snap' and h[i + 1] ~= '' then snap = h[i + 1] end
 end
 local ix = {}
 if rid then ix = redis.call('HGETALL', KEYS[1] .. ':ix:' .. rid) end
-local snap = redis.call('GET', KEYS[3])
+local keyed = false
+if not snap then
+  keyed = redis.call('GET', KEYS[3])
+  snap = keyed
+end
 local from = '-'
 if snap then
-  local s = tonumber(string.match(snap, '^(%d+):'))
-  if s then from = (s + 1) .. '-0' else snap = false end
+  local s = string.match(snap, '^(%d+):')
+  if s and s == at then return {h, keyed, {}, rid, ix} end
+  if s then from = (tonumber(s) + 1) .. '-0' end
 end
-return {h, snap, redis.call('XRANGE', KEYS[2], from, '+'), rid, ix}
+return {h, keyed, redis.call('XRANGE', KEYS[2], from, '+'), rid, ix}
 "#;
 
 /// What `<p>:journal-format` holds once every program of a fleet reads a write's events as one
@@ -1130,7 +1149,9 @@ impl RedisRunStore {
         format!("{}:journal", self.run_key(run_id))
     }
 
-    /// The run's latest snapshot: `<seq>:<snapshot JSON>` (a string).
+    /// Where builds before 2026-11-27 kept the run's latest snapshot (a string,
+    /// `<seq>:<snapshot JSON>`); now in the record's `snap`. Read when a record has none,
+    /// deleted when such a run finishes, and by retention.
     fn snapshot_key(&self, run_id: RunId) -> String {
         format!("{}:snap", self.run_key(run_id))
     }
@@ -1509,8 +1530,9 @@ pub fn request_json(stored: &str) -> Result<String, String> {
     request_text(stored).map(std::borrow::Cow::into_owned)
 }
 
-/// A stored snapshot's seq and JSON: `<seq>:<json>`, or `<seq>:z<packed json>` (a fleet whose
-/// journal is packed); or why it cannot be read.
+/// A stored snapshot's seq and JSON: `<seq>:<json>`, or on a fleet whose journal is packed
+/// `<seq>:b<packed json in base64>` (in the record's `snap`) or `<seq>:z<packed json>` (in its
+/// own key, as builds before 2026-11-27 stored it); or why it cannot be read.
 fn snapshot_text(stored: &[u8]) -> Result<(u64, String), String> {
     let colon = stored
         .iter()
@@ -1523,6 +1545,13 @@ fn snapshot_text(stored: &[u8]) -> Result<(u64, String), String> {
     let body = &stored[colon + 1..];
     let json = match body.split_first() {
         Some((b'z', z)) => packed::unpack(z).map_err(|e| format!("packed: {e}"))?,
+        Some((b'b', b64)) => {
+            use base64::Engine as _;
+            let z = base64::engine::general_purpose::STANDARD_NO_PAD
+                .decode(b64)
+                .map_err(|e| format!("not base64: {e}"))?;
+            packed::unpack(&z).map_err(|e| format!("packed: {e}"))?
+        }
         _ => String::from_utf8(body.to_vec()).map_err(|_| "not UTF-8".to_owned())?,
     };
     Ok((seq, json))
@@ -1754,7 +1783,7 @@ impl RunStore for RedisRunStore {
             Option<String>,
             Fields,
         );
-        let (hash, snap, entries, rid, ix): Reply = self
+        let (mut hash, keyed, entries, rid, ix): Reply = self
             .load_latest
             .key(self.run_key(run_id))
             .key(self.journal_key(run_id))
@@ -1766,6 +1795,11 @@ impl RunStore for RedisRunStore {
         if hash.is_empty() {
             return Err(Error::NotFound(run_id));
         }
+        let snap = hash
+            .remove("snap")
+            .filter(|s| !s.is_empty())
+            .map(String::into_bytes)
+            .or(keyed);
         // The question the run waits on, read with the snapshot (which names it by its id).
         let question = ix
             .get("request")
@@ -1939,28 +1973,28 @@ impl RunStore for RedisRunStore {
                 .collect::<Vec<_>>()
                 .join(" ");
         }
-        // The snapshot, packed along with the journal (its JSON is mostly the events' own words).
-        let snap = snapshot.map(|snap| {
+        // The snapshot, packed along with the journal (its JSON is mostly the events' own words),
+        // in base64: the record's fields are text.
+        if let Some(snap) = snapshot {
             let json = snap.encode();
-            let mut value = format!("{}:", snap.seq).into_bytes();
             let z = match self.journal {
                 JournalMode::Packed => packed::pack(&json),
                 _ => None,
             };
-            match z {
+            args.snap = match z {
                 Some(z) => {
-                    value.push(b'z');
-                    value.extend(z);
+                    use base64::Engine as _;
+                    format!(
+                        "{}:b{}",
+                        snap.seq,
+                        base64::engine::general_purpose::STANDARD_NO_PAD.encode(z)
+                    )
                 }
-                None => value.extend(json.into_bytes()),
-            }
-            value
-        });
-        for (name, a) in AppendArgs::NAMES.iter().zip(args.into_argv()) {
-            match (*name, &snap) {
-                ("snap", Some(value)) => inv.arg(value.as_slice()),
-                _ => inv.arg(a),
+                None => format!("{}:{json}", snap.seq),
             };
+        }
+        for a in args.into_argv() {
+            inv.arg(a);
         }
         match packed {
             Some(blob) => {

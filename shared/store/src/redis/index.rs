@@ -1001,7 +1001,7 @@ impl RedisRunStore {
     }
 
     /// What Redis says each of a run's keys takes (`MEMORY USAGE`, in bytes, every element
-    /// sampled): its record, journal, snapshot and the question it waits on, by those names;
+    /// sampled): its record (with its snapshot), journal and the question it waits on, by those names;
     /// a key that does not exist counts 0. For the bench's breakdown of a paused run.
     pub async fn memory_of_run(&self, run_id: RunId) -> Result<Vec<(&'static str, u64)>, Error> {
         let mut conn = self.connection();
@@ -1014,7 +1014,6 @@ impl RedisRunStore {
         let keys = [
             ("record", Some(self.run_key(run_id))),
             ("journal", Some(self.journal_key(run_id))),
-            ("snapshot", Some(self.snapshot_key(run_id))),
             (
                 "question",
                 pending.map(|rid| self.interaction_key(run_id, &rid)),
