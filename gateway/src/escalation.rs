@@ -118,7 +118,7 @@ impl Gateway {
                     );
                     let tp = span.traceparent(ix.traceparent.as_deref());
                     let unannounced = self.maybe_unannounced(&ix).await;
-                    self.resume(&ix, resolved, None, tp.as_deref(), unannounced)
+                    self.resume(&ix, resolved, None, tp.as_deref(), unannounced, None)
                         .await;
                     span.end();
                     return Ok(done + 1);

@@ -12,8 +12,8 @@ use delta_api::{
 use delta_engine::engine::{AnswerSchema, check_answer};
 use delta_protocol::{
     AcceptedAnswer, Approvals, Ballot, Change, Event, InteractionResponse, InteractionState,
-    InteractionUpdate, Job, MessageLevel, OptionAction, REDACTED, RequestId, Resolved, Responder,
-    ResponseError, RunId, RunStatus, SystemMessage, Tally, Timestamp, Via, Vote,
+    InteractionUpdate, Job, MessageLevel, OptionAction, PausedRun, REDACTED, RequestId, Resolved,
+    Responder, ResponseError, RunId, RunStatus, SystemMessage, Tally, Timestamp, Via, Vote,
 };
 use delta_store::redis::{
     ClaimMode, Claimed, Counted, Note, Resolution, StoredInteraction, Submitted,
@@ -23,8 +23,9 @@ use delta_store::{RunRecord, RunStore, StatusChange, Terminal};
 use crate::Gateway;
 use crate::error::ApiError;
 
-/// The most bytes of task and input a start job carries (beyond that the worker reads the run
-/// from Redis): a job stays a small message however large the runs the fleet takes.
+/// The most bytes of task and input a start job carries, and of its record and question a resume
+/// job carries (beyond that the worker reads the run from Redis): a job stays a small message
+/// however large the runs the fleet takes.
 const CARRIED_RUN_MAX_BYTES: usize = 8 * 1024;
 
 /// Letters, digits, `-` and `_` (an agent's name is part of NATS subjects).
@@ -527,14 +528,15 @@ impl Gateway {
         }
         // Whether the question may be unannounced is asked of NATS while Redis settles it.
         let (won, unannounced) = tokio::join!(
-            self.store.resolve(
+            self.store.resolve_carrying(
                 &ix.request,
                 Resolution::Answer(&response, now),
                 self.config.resume_check,
             ),
             self.maybe_unannounced(&ix),
         );
-        if won?.is_some() {
+        let (lost, paused) = won?;
+        if lost.is_some() {
             // Someone else settled it between our read and our write.
             let (_, now) = self.find(request_id).await?;
             let run = self.settled(run_id, &now, &response)?;
@@ -549,6 +551,7 @@ impl Gateway {
             now,
             None,
             Some(unannounced),
+            paused,
             trace,
         )
         .await?;
@@ -558,7 +561,7 @@ impl Gateway {
     /// After this gateway settled `ix` with `response` (the last of `votes`, on a question with
     /// `approvals`): once it is on disk, the `interaction` span, the resume job and the
     /// `resolved` announcement. `unannounced`: what [`Gateway::maybe_unannounced`] said, if it
-    /// was asked already.
+    /// was asked already; `paused`: the run for the resume job to carry, if the settling read it.
     #[allow(clippy::too_many_arguments)]
     async fn decided(
         &self,
@@ -569,6 +572,7 @@ impl Gateway {
         now: Timestamp,
         votes: Option<&[Vote]>,
         unannounced: Option<bool>,
+        paused: Option<PausedRun>,
         trace: &mut crate::trace::AnswerTrace,
     ) -> Result<(), ApiError> {
         let request_id = ix.request.request_id;
@@ -604,7 +608,7 @@ impl Gateway {
             Some(u) => u,
             None => self.maybe_unannounced(ix).await,
         };
-        self.resume(ix, resolved, Some(now), tp.as_deref(), unannounced)
+        self.resume(ix, resolved, Some(now), tp.as_deref(), unannounced, paused)
             .await;
         Ok(())
     }
@@ -742,6 +746,7 @@ impl Gateway {
                 action,
                 now,
                 Some(&votes),
+                None,
                 None,
                 trace,
             )
@@ -986,9 +991,18 @@ impl Gateway {
         answered_at: Option<Timestamp>,
         traceparent: Option<&str>,
         unannounced: bool,
+        paused: Option<PausedRun>,
     ) {
         let q = &ix.request;
-        let job = Job::resume(q.run_id, Some(q.request_id));
+        let mut job = Job::resume(q.run_id, Some(q.request_id));
+        // The run as the settling read it, for the job's first delivery to resume it without
+        // reading it back (docs/protocol.md "Job messages"); a large run is read from Redis.
+        job.paused = paused.filter(|p| {
+            let size = |m: &std::collections::BTreeMap<String, String>| {
+                m.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            };
+            size(&p.record) + size(&p.question) <= CARRIED_RUN_MAX_BYTES
+        });
         let tp = traceparent;
         let announced = if unannounced {
             // Both to the events stream in one go: the question, then its settling.
@@ -1113,7 +1127,7 @@ impl Gateway {
         );
         let tp = span.traceparent(ix.traceparent.as_deref());
         let unannounced = self.maybe_unannounced(&ix).await;
-        self.resume(&ix, resolved, None, tp.as_deref(), unannounced)
+        self.resume(&ix, resolved, None, tp.as_deref(), unannounced, None)
             .await;
         span.end();
         Ok(true)

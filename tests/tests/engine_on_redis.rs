@@ -505,3 +505,174 @@ async fn stopping_on_a_waiting_run_keeps_its_question_open() {
     let out = resume(Some(red(&q)), &CancellationToken::new()).await;
     assert!(matches!(out, Outcome::Completed { .. }), "{out:?}");
 }
+
+/// What a resume job carries of a paused run (the record and question the gateway's settling
+/// script read, `PausedRun`) is what a read gives: adopted, it is the record and snapshot
+/// `load_latest` reads, with nothing after it, and the run resumed from it ends as one resumed
+/// from a read. What does not fit (no snapshot, one for another seq, another question) is not
+/// adopted, and the worker reads the run instead. And it is only a hint: when the journal grew
+/// after the settling read it, the first write from it is refused.
+#[tokio::test]
+async fn a_carried_paused_run_is_what_a_read_gives_and_only_a_hint() {
+    use delta_protocol::{Fence, RequestId, Timestamp};
+    use delta_store::redis::Resolution;
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent_dir = dir.path().join("long");
+    std::fs::create_dir_all(&agent_dir).expect("mkdir");
+    let agent = long_agent(&agent_dir, 3);
+    let brain = AnyBrain::for_agent(&agent).expect("brain");
+    let store = RedisRunStore::connect(&redis.url(), "carry")
+        .await
+        .expect("connect");
+    let settle = async |q: &delta_protocol::InteractionRequest| {
+        let (lost, paused) = store
+            .resolve_carrying(
+                q,
+                Resolution::Answer(&red(q), Timestamp::now()),
+                std::time::Duration::from_secs(5),
+            )
+            .await
+            .expect("resolve");
+        assert_eq!(lost, None, "this answer won");
+        paused.expect("the run and its question, carried")
+    };
+    let resume =
+        async |store: &RedisRunStore, run, q: &delta_protocol::InteractionRequest, settings| {
+            Engine::new(
+                &agent,
+                &brain,
+                store,
+                run,
+                settings,
+                CancellationToken::new(),
+            )
+            .advance(Some(red(q)))
+            .await
+        };
+
+    // A reference: paused, answered, read and resumed.
+    let (id, q, settings) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
+    settle(&q).await;
+    let read = store
+        .load_latest(id, Some(q.request_id))
+        .await
+        .expect("read");
+    assert!(read.snapshot.is_some() && read.journal.is_empty());
+    let out = resume(&store, read, &q, settings).await.expect("advance");
+    assert!(matches!(out, Outcome::Completed { .. }), "{out:?}");
+    let reference = delta_e2e::journal_shape(&store.load(id).await.expect("load").journal);
+
+    // Carried: the same record and snapshot as a read, and the same end.
+    let (id, q, settings) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
+    let paused = settle(&q).await;
+    assert_eq!(
+        paused.record.get("status").map(String::as_str),
+        Some("WAITING_FOR_INPUT")
+    );
+    assert_eq!(
+        paused.question.get("state").map(String::as_str),
+        Some("ANSWERED")
+    );
+    let worker = store.fenced(Fence::new(100, 1));
+    let adopted = worker
+        .adopt_paused(id, q.request_id, &paused)
+        .expect("adopted");
+    let read = store
+        .load_latest(id, Some(q.request_id))
+        .await
+        .expect("read");
+    assert_eq!(adopted, read, "what a read gives");
+    for (what, bad, rid) in [
+        (
+            "no snapshot",
+            {
+                let mut p = paused.clone();
+                p.record.remove("snap");
+                p
+            },
+            q.request_id,
+        ),
+        (
+            "a snapshot for another seq",
+            {
+                let mut p = paused.clone();
+                p.record.insert("seq".into(), "1".into());
+                p
+            },
+            q.request_id,
+        ),
+        ("another question", paused.clone(), RequestId::new()),
+    ] {
+        assert!(
+            worker.adopt_paused(id, rid, &bad).is_none(),
+            "{what}: not adopted"
+        );
+    }
+    let before = worker.round_trips();
+    let adopted = worker
+        .adopt_paused(id, q.request_id, &paused)
+        .expect("adopted");
+    let out = resume(&worker, adopted, &q, settings.clone())
+        .await
+        .expect("advance");
+    assert!(matches!(out, Outcome::Completed { .. }), "{out:?}");
+    assert_eq!(
+        delta_e2e::journal_shape(&store.load(id).await.expect("load").journal),
+        reference,
+        "ends as when read"
+    );
+    assert!(worker.round_trips() > before, "it wrote");
+
+    // Stale: the journal grew after the settling read the run.
+    let (id, q, settings) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
+    let paused = settle(&q).await;
+    let worker = store.fenced(Fence::new(200, 1));
+    let adopted = worker
+        .adopt_paused(id, q.request_id, &paused)
+        .expect("adopted");
+    let before = store.load(id).await.expect("load").journal;
+    store
+        .append(
+            id,
+            vec![Event::SystemMessage(delta_protocol::SystemMessage {
+                level: delta_protocol::MessageLevel::Info,
+                content: "written after the settling".into(),
+            })],
+            None,
+        )
+        .await
+        .expect("append");
+    let refused = resume(&worker, adopted, &q, settings).await;
+    assert!(
+        matches!(
+            refused,
+            Err(delta_engine::engine::Error::Store(
+                delta_store::Error::Fenced(_)
+            ))
+        ),
+        "{refused:?}"
+    );
+    let after = store.load(id).await.expect("load").journal;
+    assert_eq!(
+        after.len(),
+        before.len() + 1,
+        "nothing written from the stale run"
+    );
+
+    // A sensitive question's run is not carried: its sealed answer stays in Redis.
+    let (_, q, _) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
+    let key = delta_protocol::secret::SecretsKey::from_hex(&"5a".repeat(32)).expect("key");
+    let sealing = store.clone().with_secrets_key(std::sync::Arc::new(key));
+    let mut secret = q.clone();
+    secret.sensitive = true;
+    let (lost, paused) = sealing
+        .resolve_carrying(
+            &secret,
+            Resolution::Answer(&red(&q), Timestamp::now()),
+            std::time::Duration::from_secs(5),
+        )
+        .await
+        .expect("resolve");
+    assert_eq!((lost, paused), (None, None), "settled, nothing carried");
+}

@@ -247,6 +247,79 @@ async fn a_start_job_carrying_its_run_starts_it_and_a_stale_one_changes_nothing(
     assert_eq!(starts, 2, "one start for the first job, one for the resume");
 }
 
+/// A resume job that carries its paused run (as a gateway's does: the record and question its
+/// settling script read) resumes it without reading it: from the answer to the end, Redis runs
+/// no read of the run's record, question or journal. (One Redis, to count what it runs.)
+#[tokio::test]
+async fn a_resume_job_carrying_its_paused_run_resumes_it_without_reading_it() {
+    let (nats, redis) = (NatsServers::start(), RedisServers::one());
+    let work = tempfile::tempdir().expect("tmp");
+    let store = redis.store("fr", None).await;
+    let q = Queue::connect(&nats.url(), "fr", &nats.queue_settings())
+        .await
+        .expect("nats");
+    let client = delta_e2e::nats_client(&nats.url()).await;
+    let mut requested = client
+        .subscribe("fr.interactions.requested.>")
+        .await
+        .expect("subscribe");
+    let mut ended = client
+        .subscribe("fr.runs.completed.>")
+        .await
+        .expect("subscribe");
+    let w = start(config(&nats, &redis, "fr", "worker-r", work.path()));
+    let id = submit(&store, &q, "hello", "say hi").await;
+    let req = next_question(&mut requested).await;
+    assert_eq!(req.run_id, id);
+    delta_e2e::wait_for_status(&store, id, RunStatus::WaitingForInput).await;
+
+    let mut a = InteractionResponse::new(
+        req.request_id,
+        Responder {
+            id: "ops".into(),
+            via: Via::Http,
+            on_behalf_of: None,
+            relayed_by: None,
+        },
+    );
+    a.input = Some("Ada".into());
+    let (lost, paused) = store
+        .resolve_carrying(
+            &req,
+            delta_store::redis::Resolution::Answer(&a, delta_protocol::Timestamp::now()),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(lost, None, "answer won");
+    // A read of the run: its record and question whole (`HGETALL`), the journal (`XRANGE`), a
+    // value (`GET`). The writes' own checks inside their scripts (`HMGET`, `HGET`) are not.
+    let raw = delta_e2e::redis_raw(&redis.url()).await;
+    let reads = async || {
+        let mut n = 0;
+        for c in ["hgetall", "get", "xrange"] {
+            n += delta_e2e::command_calls(&raw, c).await;
+        }
+        n
+    };
+    let before = reads().await;
+    let job = Job {
+        paused: Some(paused.expect("a paused run with its snapshot is carried")),
+        ..Job::resume(id, Some(req.request_id))
+    };
+    q.publish_job("hello", &job, None).await.expect("resume");
+    tokio::time::timeout(Duration::from_secs(20), ended.next())
+        .await
+        .expect("the run ends")
+        .expect("message");
+    let read = reads().await - before;
+    w.stop().await;
+    assert_eq!(read, 0, "nothing of the run read");
+    let run = store.load(id).await.expect("load");
+    assert_eq!(run.record.status, RunStatus::Completed);
+    assert_eq!(run.record.result.as_deref(), Some("Greeted Ada."));
+}
+
 #[tokio::test]
 async fn poison_jobs_are_dead_lettered_and_their_runs_failed() {
     let (nats, redis) = (NatsServers::start(), RedisServers::start());

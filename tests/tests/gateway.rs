@@ -1176,6 +1176,51 @@ async fn a_run_whose_job_was_lost_is_enqueued_again() {
     );
 }
 
+/// The resume job of an answer accepted over HTTP carries the paused run as the settling script
+/// read it (docs/protocol.md "Job messages": the record with its snapshot, the question with its
+/// answer), and the run resumes and ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_resume_job_of_an_answer_carries_the_paused_run() {
+    let fleet = Fleet::start("gwp", 1, 1).await;
+    let nats = fleet.nats_admin().await;
+    let mut jobs = nats
+        .subscribe("gwp.jobs.hello.resume")
+        .await
+        .expect("subscribe");
+    let run = fleet.submit("hello", "carried").await;
+    let rid = fleet.pending(run).await;
+    let (status, body) = fleet.answer(&rid, json!({"input": "Ada"})).await;
+    assert_eq!(status, 200, "{body}");
+    let msg = tokio::time::timeout(Duration::from_secs(10), jobs.next())
+        .await
+        .expect("a resume job")
+        .expect("message");
+    let job = delta_protocol::Job::decode(&msg.payload).expect("a job");
+    assert_eq!(
+        (job.run_id, job.request_id.map(|r| r.to_string())),
+        (run, Some(rid))
+    );
+    let paused = job.paused.expect("the paused run, carried");
+    let field = |m: &std::collections::BTreeMap<String, String>, f: &str| m.get(f).cloned();
+    assert_eq!(
+        field(&paused.record, "status").as_deref(),
+        Some("WAITING_FOR_INPUT")
+    );
+    assert!(
+        field(&paused.record, "snap").is_some_and(|s| !s.is_empty()),
+        "with its snapshot"
+    );
+    assert_eq!(
+        field(&paused.question, "state").as_deref(),
+        Some("ANSWERED")
+    );
+    assert!(
+        field(&paused.question, "response").is_some_and(|r| r.contains("Ada")),
+        "with its answer"
+    );
+    fleet.wait_status(run, RunStatus::Completed).await;
+}
+
 /// A resume job taken off the stream before any worker took it (NATS lost it; here a purge) is
 /// enqueued again by a reconciler, once, whether or not the gateway had noted its sequence: the
 /// note is written only for a job still not taken after a second (docs/architecture.md "Notes
@@ -1481,8 +1526,11 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
     let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwh", &fleet.nats.queue_settings())
         .await
         .expect("queue");
+    // Reading an unheard question starts with its run's id, from the bucket's
+    // `interactions:runs` (an `HGET`): nothing else on an answer's path runs one (the settling
+    // script reads the run and the question whole, `HGETALL`, for the resume job to carry).
     let raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
-    let hgetalls = || delta_e2e::command_calls(&raw, "hgetall");
+    let lookups = || delta_e2e::command_calls(&raw, "hget");
     // Two runs paused the way a worker pauses them; only the first one's question announced.
     let mut asked = vec![];
     for task in ["heard", "unheard"] {
@@ -1495,12 +1543,12 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
         .expect("announce");
     hears_questions(&fleet.client, 1).await;
 
-    let before = hgetalls().await;
+    let before = lookups().await;
     let (status, body) = fleet
         .answer(&asked[0].request_id.to_string(), json!({"input": "Grace"}))
         .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(hgetalls().await, before, "the heard question was not read");
+    assert_eq!(lookups().await, before, "the heard question was not read");
     assert_eq!(metric(&fleet.client, "delta_answers_heard_total").await, 1);
     assert_eq!(
         metric(&fleet.client, "delta_questions_heard").await,
@@ -1508,12 +1556,12 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
         "dropped once answered"
     );
 
-    let before = hgetalls().await;
+    let before = lookups().await;
     let (status, body) = fleet
         .answer(&asked[1].request_id.to_string(), json!({"input": "Ada"}))
         .await;
     assert_eq!(status, 200, "{body}");
-    assert!(hgetalls().await > before, "the unheard question was read");
+    assert!(lookups().await > before, "the unheard question was read");
     assert_eq!(metric(&fleet.client, "delta_answers_heard_total").await, 1);
 
     // Both settled in Redis with their answers, and a second answer to the heard one refused

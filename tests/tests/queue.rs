@@ -383,3 +383,50 @@ async fn a_resume_job_that_used_up_its_deliveries_is_dead_lettered() {
     assert_eq!(letters[0].job.as_ref().expect("a job"), &resume);
     assert_eq!(stream_messages(&q, &nats.url(), "QX_JOBS").await, 0);
 }
+
+/// A dead-lettered resume job's copy leaves out the paused run it carried (its record and its
+/// question with the answer): the dead-letter stream keeps letters for weeks, answers stay out of
+/// it. The rest of the job is copied as it was.
+#[tokio::test]
+async fn a_dead_letter_of_a_resume_job_leaves_its_carried_run_out() {
+    let nats = delta_e2e::Nats::start().expect("nats-server");
+    let q = Queue::connect(&nats.url(), "qp", &settings())
+        .await
+        .expect("setup");
+    let mut job = resume_job();
+    let mut paused = delta_protocol::PausedRun::default();
+    paused
+        .record
+        .insert("status".into(), "WAITING_FOR_INPUT".into());
+    paused
+        .question
+        .insert("response".into(), r#"{"input":"the answer-c4f1"}"#.into());
+    job.paused = Some(paused);
+    q.publish_job("hello", &job, None).await.expect("publish");
+    let d = q
+        .fetch(Lane::Resumes, 1, Duration::from_secs(2))
+        .await
+        .expect("fetch")
+        .pop()
+        .expect("delivery");
+    assert_eq!(
+        d.job.as_ref().expect("a job"),
+        &job,
+        "delivered as published"
+    );
+    q.dead_letter(&d, "poison for the test").await.expect("dlq");
+    d.term().await.expect("term");
+    let (letters, _) = q.dead_letters(None, 1, 10).await.expect("dead letters");
+    assert_eq!(letters.len(), 1);
+    let kept = letters[0].job.as_ref().expect("a job");
+    assert_eq!(kept.paused, None, "the carried run left out");
+    assert_eq!(
+        (kept.run_id, kept.kind, kept.request_id),
+        (job.run_id, job.kind, job.request_id)
+    );
+    assert!(
+        !letters[0].payload.contains("c4f1"),
+        "{}",
+        letters[0].payload
+    );
+}

@@ -820,13 +820,23 @@ async fn handle(shared: &Shared, d: Delivery) {
     // The agent the job's subject names, to read the run from its snapshot if its brain can.
     let named = shared.agents.get(&d.agent).ok();
     let agent = named.as_ref().map(|p| &p.0);
-    let loaded = match &job.run {
+    // A resume job's first delivery may carry its run as the gateway's settling script read it,
+    // paused: nothing to read either, when the store and the agent can take it as it is (its
+    // first write checks that the journal has not grown since).
+    let carried = match (&job.paused, job.request_id) {
+        (Some(paused), Some(rid)) if job.kind == JobKind::Resume && d.fence.delivery == 1 => store
+            .adopt_paused(job.run_id, rid, paused)
+            .filter(|r| r.record.agent == d.agent && resume::resumable_as_carried(agent, r)),
+        _ => None,
+    };
+    let loaded = match (&job.run, carried) {
         // A start job's first delivery carries its run as the gateway created it: nothing to
         // read (the first write checks that the run is still as fresh). A later delivery may
         // find the run started, and reads it.
-        Some(fresh) if job.kind == JobKind::Start && d.fence.delivery == 1 => {
+        (Some(fresh), _) if job.kind == JobKind::Start && d.fence.delivery == 1 => {
             Ok(store.start_fresh(store::RunRecord::of_fresh(job.run_id, fresh.clone())))
         }
+        (_, Some(run)) => Ok(run),
         _ => match resume::load_run(&store, job.run_id, agent, job.request_id).await {
             // A job under another agent's name than the run's: the snapshot was checked against
             // the wrong agent, so the run is read whole.

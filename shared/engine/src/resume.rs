@@ -42,6 +42,16 @@ pub async fn load_run<S: RunStore>(
     }
 }
 
+/// Whether `run`, read without the store (a run a job carries), can be resumed as it is with
+/// `agent`: its brain goes on from a snapshot (the scripted brain) and the snapshot was made
+/// with the agent's script. Otherwise the host reads the run with [`load_run`].
+pub fn resumable_as_carried(agent: Option<&Agent>, run: &StoredRun) -> bool {
+    match (agent, &run.snapshot) {
+        (Some(a), Some(s)) => a.brain == BrainKind::Scripted && Memo::fits(a, s),
+        _ => false,
+    }
+}
+
 /// What resuming a run needs from the store, read by [`Answers::load`].
 #[derive(Clone, Debug, Default)]
 pub struct Answers {

@@ -560,7 +560,7 @@ pub enum JobKind {
     Resume,
 }
 
-/// A message on `delta.jobs.<agent>`: `{"run_id", "kind", "request_id"?, "run"?}`.
+/// A message on `delta.jobs.<agent>`: `{"run_id", "kind", "request_id"?, "run"?, "paused"?}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Job {
@@ -573,6 +573,21 @@ pub struct Job {
     /// worker's first write still checks that the run is as fresh as this says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<FreshRun>,
+    /// A resume job's run as the gateway's settling script read it, paused, so that the job's
+    /// first delivery resumes it without reading it from the store (docs/protocol.md "Job
+    /// messages"). Only a hint, like `run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<PausedRun>,
+}
+
+/// What a resume job carries of a paused run: its record and the question it resumes on, each
+/// the fields of its hash in the store, as text (the record with its snapshot in `snap`). Opaque
+/// to everyone but the store that wrote them, which checks them as it checks what it reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PausedRun {
+    pub record: std::collections::BTreeMap<String, String>,
+    pub question: std::collections::BTreeMap<String, String>,
 }
 
 /// What a start job carries of a run that has not started: the fields of its record the
@@ -607,6 +622,7 @@ impl Job {
             kind: JobKind::Start,
             request_id: None,
             run: None,
+            paused: None,
         }
     }
 
@@ -617,6 +633,7 @@ impl Job {
             kind: JobKind::Resume,
             request_id,
             run: None,
+            paused: None,
         }
     }
 

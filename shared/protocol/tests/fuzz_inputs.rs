@@ -388,7 +388,7 @@ proptest! {
             created_at,
             submitted_by,
         });
-        let job = Job { run_id: run, kind: if resume { JobKind::Resume } else { JobKind::Start }, request_id: request, run: fresh };
+        let job = Job { run_id: run, kind: if resume { JobKind::Resume } else { JobKind::Start }, request_id: request, run: fresh, paused: None };
         let bytes = serde_json::to_vec(&job).expect("serialises");
         prop_assert_eq!(Job::decode(&bytes), Ok(job.clone()));
         let named = match (job.kind, request) {

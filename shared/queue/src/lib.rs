@@ -1354,7 +1354,9 @@ impl Queue {
     }
 
     /// Publishes a job's payload on `…dlq.<agent>` with `Delta-Dlq-Reason`, `Delta-Stream-Seq` and
-    /// its `traceparent`.
+    /// its `traceparent`. A resume job's copy leaves out the paused run it carried (its record and
+    /// question, the answer with them): the dead-letter stream keeps a letter for 30 days, and
+    /// answers stay out of it (docs/security.md); a retry reads the run from Redis.
     async fn copy_to_dlq(
         &self,
         agent: &str,
@@ -1363,6 +1365,13 @@ impl Queue {
         reason: &str,
         payload: Vec<u8>,
     ) -> Result<(), Error> {
+        let payload = match Job::decode(&payload) {
+            Ok(mut job) if job.paused.is_some() => {
+                job.paused = None;
+                serde_json::to_vec(&job).unwrap_or(payload)
+            }
+            _ => payload,
+        };
         let mut headers = HeaderMap::new();
         headers.insert(
             "Delta-Dlq-Reason",

@@ -85,7 +85,7 @@ use delta_protocol::journal::{self, Snapshot};
 use delta_protocol::secret::{self, SecretsKey};
 use delta_protocol::{
     Event, Fence, InteractionRequest, InteractionResponse, InteractionState, JournalEvent,
-    RequestId, RunId, RunStatus, Timestamp,
+    PausedRun, RequestId, RunId, RunStatus, Timestamp,
 };
 
 /// Declares the named arguments of a Lua script: a struct with one `String` per name, and the
@@ -504,11 +504,13 @@ return {'CREATED', ''}
 
 /// Settles a pending interaction: `ANSWERED` with its response, or `EXPIRED` by the clock, and
 /// queues its run's resume for the reconciler to check. Returns `WON`, or the state it was in.
-/// KEYS: the interaction. ARGV: new state, response JSON (or ''), now, bucket tag, request id,
-/// resume member, when to check the resume (µs), the responder (`''` for the clock), now (µs),
-/// the indexes besides `pending` it is in: `d` (deadlines) and `e` (escalations), `-` for
-/// neither (a question is in them only when it has a deadline, an escalation: docs/protocol.md
-/// "Redis layout"); missing (an older caller): both.
+/// KEYS: the interaction, the run. ARGV: new state, response JSON (or ''), now, bucket tag,
+/// request id, resume member, when to check the resume (µs), the responder (`''` for the clock),
+/// now (µs), the indexes besides `pending` it is in: `d` (deadlines) and `e` (escalations), `-`
+/// for neither (a question is in them only when it has a deadline, an escalation:
+/// docs/protocol.md "Redis layout"); missing (an older caller): both; `1` to carry: then a win
+/// over a run with a snapshot returns `{'WON', the run's fields, the question's fields}`, for
+/// the resume job.
 /// `CLAIMED|<until µs>|<holder>` when someone else holds a live claim on it.
 const RESOLVE: &str = r#"
 local cur = redis.call('HMGET', KEYS[1], 'state', 'claim_by', 'claim_until')
@@ -533,10 +535,26 @@ if not idx or string.find(idx, 'e', 1, true) then
   redis.call('ZREM', ARGV[4] .. ':interactions:escalations', ARGV[5])
 end
 redis.call('ZADD', ARGV[4] .. ':resumes', ARGV[7], ARGV[6])
+if ARGV[11] == '1' then
+  -- Only a run with a snapshot is worth carrying: without one, its worker reads the journal.
+  local run = redis.call('HGETALL', KEYS[2])
+  for i = 1, #run - 1, 2 do
+    if run[i] == 'snap' and run[i + 1] ~= '' then
+      return {'WON', run, redis.call('HGETALL', KEYS[1])}
+    end
+  end
+end
 return 'WON'
 "#;
 
-/// `RESOLVE`'s last argument: the indexes besides `pending` that question `q` is in.
+/// What `RESOLVE` answered: this call won (with the run and question if asked to carry them), or
+/// the question's state (or claim) that stopped it.
+enum Settling {
+    Won(Option<PausedRun>),
+    Other(String),
+}
+
+/// `RESOLVE`'s tenth argument: the indexes besides `pending` that question `q` is in.
 fn resolve_indexes(q: &InteractionRequest) -> &'static str {
     match (q.expires_at.is_some(), !q.escalation.is_empty()) {
         (true, true) => "de",
@@ -1205,6 +1223,32 @@ impl RedisRunStore {
         how: Resolution<'_>,
         check_after: Duration,
     ) -> Result<Option<InteractionState>, Error> {
+        self.resolve_as(request, how, check_after, false)
+            .await
+            .map(|(state, _)| state)
+    }
+
+    /// [`RedisRunStore::resolve`], and when this call won, the run and the question as the same
+    /// script left them: what a resume job may carry ([`PausedRun`]) for its worker not to read
+    /// them again. Only for a run with a snapshot (its worker reads nothing else), and never for
+    /// a sensitive question: its sealed answer stays in Redis.
+    pub async fn resolve_carrying(
+        &self,
+        request: &InteractionRequest,
+        how: Resolution<'_>,
+        check_after: Duration,
+    ) -> Result<(Option<InteractionState>, Option<PausedRun>), Error> {
+        self.resolve_as(request, how, check_after, !request.sensitive)
+            .await
+    }
+
+    async fn resolve_as(
+        &self,
+        request: &InteractionRequest,
+        how: Resolution<'_>,
+        check_after: Duration,
+        carry: bool,
+    ) -> Result<(Option<InteractionState>, Option<PausedRun>), Error> {
         let run_id = request.run_id;
         let (state, json, now, by) = match how {
             Resolution::Answer(response, at) => {
@@ -1223,7 +1267,8 @@ impl RedisRunStore {
         let rid = request.request_id.to_string();
         let check_at = now.micros() + i64::try_from(check_after.as_micros()).unwrap_or(0);
         let mut inv = self.resolve.key(self.interaction_key(run_id, &rid));
-        inv.arg(state.as_str())
+        inv.key(self.run_key(run_id))
+            .arg(state.as_str())
             .arg(json)
             .arg(now.to_string())
             .arg(self.run_tag(run_id))
@@ -1232,13 +1277,33 @@ impl RedisRunStore {
             .arg(check_at)
             .arg(by)
             .arg(Timestamp::now().micros())
-            .arg(resolve_indexes(request));
+            .arg(resolve_indexes(request))
+            .arg(if carry { "1" } else { "" });
         // Replicated, as every write to a run: an answer the gateway accepts must not be lost
         // at a failover (the caller's `sync` alone would not tell, see `invoke_replicated`).
-        let (reply, replicated) = self.invoke_replicated::<String>(run_id, &inv).await;
+        let (reply, replicated) = self.invoke_replicated::<redis::Value>(run_id, &inv).await;
+        let reply = reply.and_then(|v| match v {
+            redis::Value::Array(_) => {
+                type Pairs = Vec<(String, String)>;
+                let (_, record, question): (String, Pairs, Pairs) =
+                    redis::FromRedisValue::from_redis_value(v)?;
+                Ok(Settling::Won(Some(PausedRun {
+                    record: record.into_iter().collect(),
+                    question: question.into_iter().collect(),
+                })))
+            }
+            other => {
+                let s: String = redis::FromRedisValue::from_redis_value(other)?;
+                Ok(if s == "WON" {
+                    Settling::Won(None)
+                } else {
+                    Settling::Other(s)
+                })
+            }
+        });
         match reply {
-            Ok(s) if s == "WON" => replicated.map(|()| None),
-            Ok(s) if s.starts_with("CLAIMED|") => {
+            Ok(Settling::Won(paused)) => replicated.map(|()| (None, paused)),
+            Ok(Settling::Other(s)) if s.starts_with("CLAIMED|") => {
                 let mut parts = s.splitn(3, '|').skip(1);
                 let until = parts.next().unwrap_or_default();
                 let by = parts.next().unwrap_or_default().to_owned();
@@ -1246,9 +1311,57 @@ impl RedisRunStore {
                     .map(|c| Err(Error::Claimed(c)))
                     .unwrap_or_else(|| Err(Error::Corrupt(format!("request {rid}: bad claim"))))
             }
-            Ok(s) => Ok(Some(s.parse().map_err(Error::Corrupt)?)),
+            Ok(Settling::Other(s)) => Ok((Some(s.parse().map_err(Error::Corrupt)?), None)),
             Err(e) => Err(script_error(e, run_id)),
         }
+    }
+
+    /// The run a resume job carries ([`PausedRun`], read by the gateway's settling script), as
+    /// [`RunStore::load_latest`] would read it, without a round trip: its record, its snapshot
+    /// and no events after it, and the question's fields kept for the resume to read its answer.
+    /// `None` (read the run from Redis instead) unless the record reads, its snapshot reads and
+    /// ends at its `seq`, and the question is `request_id`'s. Only a hint: this handle's first
+    /// write checks that the journal has not grown since, as after any read.
+    pub fn adopt_paused(
+        &self,
+        run_id: RunId,
+        request_id: RequestId,
+        paused: &PausedRun,
+    ) -> Option<StoredRun> {
+        let mut hash: Fields = paused
+            .record
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let snap = hash.remove("snap").filter(|s| !s.is_empty())?;
+        let record = parse_record(run_id, &hash).ok()?;
+        let seq: u64 = hash.get("seq")?.parse().ok()?;
+        let ix: Fields = paused
+            .question
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let question = request_text(ix.get("request")?)
+            .ok()
+            .and_then(|r| serde_json::from_str::<InteractionRequest>(&r).ok())?;
+        if question.request_id != request_id || question.run_id != run_id {
+            return None;
+        }
+        let (at, json) = snapshot_text(snap.as_bytes()).ok()?;
+        if at != seq {
+            return None;
+        }
+        let snapshot = Snapshot::decode(&json, seq, Some(&question)).ok()?;
+        *self
+            .prefetched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((run_id, request_id, ix));
+        self.saw(run_id, seq, Some(record.created_at));
+        Some(StoredRun {
+            record,
+            journal: vec![],
+            snapshot: Some(snapshot),
+        })
     }
 
     /// The answer as it is stored: everything a person typed into a sensitive request sealed.
