@@ -292,12 +292,14 @@ async fn a_resume_job_carrying_its_paused_run_resumes_it_without_reading_it() {
         .await
         .expect("answer");
     assert_eq!(lost, None, "answer won");
-    // A read of the run: its record and question whole (`HGETALL`), the journal (`XRANGE`), a
-    // value (`GET`). The writes' own checks inside their scripts (`HMGET`, `HGET`) are not.
+    // A read of the run: its record and question whole (`HGETALL`), a field (`HGET`: the
+    // resume's first write does not check that the question it leaves is still pending, since
+    // the worker read it answered), the journal (`XRANGE`), a value (`GET`). The fence each
+    // write checks inside its script (`HMGET`) is not.
     let raw = delta_e2e::redis_raw(&redis.url()).await;
     let reads = async || {
         let mut n = 0;
-        for c in ["hgetall", "get", "xrange"] {
+        for c in ["hgetall", "hget", "get", "xrange"] {
             n += delta_e2e::command_calls(&raw, c).await;
         }
         n

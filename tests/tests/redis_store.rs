@@ -1089,3 +1089,56 @@ async fn an_answer_leaves_exactly_the_indexes_its_question_is_in() {
     }
     assert_eq!(zrems_by_kind, [3, 1]);
 }
+
+/// A write that moves a run off the question it waited on closes that question if it is still
+/// pending. A handle that read the question settled skips that check (a resume's first write:
+/// one command fewer), so it must not skip it once it reopened the question: here the run then
+/// moves on, and the reopened question is closed, not left pending on a run that no longer waits.
+#[tokio::test]
+async fn a_question_reopened_by_the_handle_that_read_it_settled_is_still_closed_when_left() {
+    use delta_store::AnswerStore;
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "t9")
+        .await
+        .expect("connect");
+    let (id, q) = paused_run(&store, RunStatus::Running, "Name?", false).await;
+    let mut a = delta_protocol::InteractionResponse::new(
+        q.request_id,
+        delta_protocol::Responder {
+            id: "ops".into(),
+            via: delta_protocol::Via::Http,
+            on_behalf_of: None,
+            relayed_by: None,
+        },
+    );
+    a.input = Some("Ada".into());
+    assert!(store.answer(&q, &a).await.expect("answer"));
+    let worker = store.fenced(delta_protocol::Fence::new(10, 1));
+    worker.load_latest(id, None).await.expect("load");
+    let settled = worker.settled(id, q.request_id).await.expect("read");
+    assert!(
+        settled.is_some_and(|s| s.response.is_some()),
+        "read answered"
+    );
+    assert!(worker.reopen(id, q.request_id).await.expect("reopen"));
+    worker
+        .append(
+            id,
+            vec![msg("moved on")],
+            Some(delta_store::StatusChange::Running),
+        )
+        .await
+        .expect("append");
+    let ix = store
+        .interaction(id, q.request_id)
+        .await
+        .expect("read")
+        .expect("the question");
+    assert_eq!(
+        ix.state,
+        delta_protocol::InteractionState::Expired,
+        "closed"
+    );
+    let run = store.record(id).await.expect("record");
+    assert_eq!(run.pending_request_id, None);
+}

@@ -168,6 +168,9 @@ script_args!(
         // The ids of the questions a packed write asks, space-separated (its entry's `q`, which
         // retention reads to find them).
         asked,
+        // The ids of the run's questions this writer read settled, space-separated: a write
+        // that moves the run off one of them does not check that it is still pending.
+        settled,
     }
 );
 
@@ -237,9 +240,11 @@ if status ~= '' then
     redis.call('ZADD', p .. ':runs:' .. status, score, run)
   end
   if old and old ~= pending then
-    -- The run no longer waits on `old`: a question still pending there is closed.
+    -- The run no longer waits on `old`: a question still pending there is closed (unless the
+    -- writer read it settled: it cannot be pending again but by a reopen, which it would know).
     local okey = KEYS[1] .. ':ix:' .. old
-    if redis.call('HGET', okey, 'state') == 'PENDING' then
+    if not string.find(' ' .. settled .. ' ', ' ' .. old .. ' ', 1, true)
+      and redis.call('HGET', okey, 'state') == 'PENDING' then
       local closed = 'EXPIRED'
       if status == 'CANCELLED' then closed = 'CANCELLED' end
       redis.call('HSET', okey, 'state', closed, 'answered_at', now)
@@ -626,6 +631,10 @@ pub struct RedisRunStore {
     /// The question read with the run by [`RunStore::load_latest`] (the one a resume asks
     /// about next), for [`AnswerStore::settled`] to take instead of reading it again.
     prefetched: Arc<std::sync::Mutex<Option<(RunId, RequestId, Fields)>>>,
+    /// The questions this handle read settled ([`AnswerStore::settled`]; answered, expired or
+    /// cancelled) and has not reopened since: a settled question never becomes pending again but
+    /// by a reopen, so the write that moves the run off one need not check it.
+    settled: Arc<std::sync::Mutex<Vec<(RunId, RequestId)>>>,
     /// How a write's events go in the journal: each an entry of its own, as builds before
     /// 2026-11-24 read them, until `<p>:journal-format` says every reader takes a write as one
     /// entry ([`JOURNAL_FORMAT`]) or a packed one ([`JOURNAL_FORMAT_PACKED`]).
@@ -848,6 +857,7 @@ impl RedisRunStore {
             secrets: None,
             seen: Arc::default(),
             prefetched: Arc::default(),
+            settled: Arc::default(),
             journal: JournalMode::Single,
             durability: Durability::FsyncAlways,
         })
@@ -1052,6 +1062,7 @@ impl RedisRunStore {
         s.fence = Some(fence);
         s.seen = Arc::default();
         s.prefetched = Arc::default();
+        s.settled = Arc::default();
         s
     }
 
@@ -1429,6 +1440,10 @@ impl RedisRunStore {
     /// Opens an answered question again: its answer could not be applied. `false` when it was
     /// not answered (nothing changed).
     pub async fn reopen(&self, run_id: RunId, request_id: RequestId) -> Result<bool, Error> {
+        self.settled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|s| *s != (run_id, request_id));
         let Some(ix) = self.interaction(run_id, request_id).await? else {
             return Ok(false);
         };
@@ -1793,6 +1808,15 @@ impl AnswerStore for RedisRunStore {
         let Some(ix) = ix else {
             return Ok(None);
         };
+        if ix.state != InteractionState::Pending {
+            let mut settled = self
+                .settled
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !settled.contains(&(run_id, request_id)) {
+                settled.push((run_id, request_id));
+            }
+        }
         Ok(Some(Settled {
             response: ix.response.map(|r| self.open(&ix.request, r)).transpose()?,
             answered_at: ix.answered_at,
@@ -2015,6 +2039,15 @@ impl RunStore for RedisRunStore {
         if let Some(snap) = snapshot {
             args.snap_seq = snap.seq.to_string();
         }
+        args.settled = self
+            .settled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(run, _)| *run == run_id)
+            .map(|(_, rid)| rid.to_string())
+            .collect::<Vec<_>>()
+            .join(" ");
         if let Some(c) = &change {
             args.status = c.status().as_str().to_owned();
             match c {
