@@ -42,7 +42,7 @@ pub struct Metrics {
     pub questions_heard_bytes: Gauge,
     pub timeouts_applied: Counter,
     pub resumes_republished: Counter,
-    /// What the note writer wrote, and dropped because the job was taken first (`notes.rs`).
+    /// What the note writer wrote, and dropped because the job was acknowledged first (`notes.rs`).
     pub notes: crate::notes::Counters,
     pub jobs_requeued: Counter,
     /// Finished runs deleted by this gateway's retention reconciler.
@@ -175,12 +175,12 @@ impl Metrics {
         );
         r.register(
             "job_notes_written",
-            "Notes of a published job's stream sequence written to Redis (its job was not taken within a second)",
+            "Notes of a published job's stream sequence written to Redis (its job was not acknowledged within a second)",
             m.notes.written.clone(),
         );
         r.register(
             "job_notes_unneeded",
-            "Notes of a published job's stream sequence not written: a worker took the job within a second",
+            "Notes of a published job's stream sequence not written: its job was acknowledged within a second",
             m.notes.unneeded.clone(),
         );
         r.register(

@@ -6,10 +6,11 @@
 //! stream from a lost one (`reconcile.rs`). And once a worker has taken the job, the worker's
 //! own writes say so (the run's fence names the job's sequence; a resume's first write drops its
 //! recheck), so the note has nothing left to tell. So the writer keeps each note [`DELAY`], then
-//! asks the job stream once how far each lane's jobs are acknowledged (`Queue::acked_through`)
-//! and writes only the notes of jobs not taken by then (a backlog, no worker up): together, in
-//! one Redis round trip. In a fleet that keeps up, no note is written at all, and a run costs
-//! three Redis commands and a round trip fewer.
+//! asks the job stream once how far each lane's jobs are acknowledged (`Queue::acked_through`:
+//! a job is acknowledged once its run paused or ended) and writes only the notes of jobs not
+//! acknowledged by then (a backlog, no worker up, a step still running): together, in one Redis
+//! round trip. Where jobs are done within a second (the scripted steps of the benchmark), no
+//! note is written at all, and a run costs three Redis commands and a round trip fewer.
 //!
 //! A note never written (the gateway was killed within [`DELAY`], Redis refused it) leaves the
 //! reconcilers where they are without one: the job is published again under the message id of
@@ -33,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 const QUEUED: usize = 4096;
 /// Notes in one write at most.
 const BATCH: usize = 256;
-/// How long a note waits before the writer decides whether to write it: a job taken by then
+/// How long a note waits before the writer decides whether to write it: a job acknowledged by then
 /// needs none. Well under the first recheck of a resume (`resumes` is first due 5 s after the
 /// answer) and the lost-job reconciler's `lost_job_after`.
 pub const DELAY: Duration = Duration::from_secs(1);
@@ -46,7 +47,7 @@ const TICK: Duration = Duration::from_millis(250);
 pub struct Counters {
     /// Notes written to Redis.
     pub written: Counter,
-    /// Notes dropped unwritten: their job was taken before they were due.
+    /// Notes dropped unwritten: their job was acknowledged before they were due.
     pub unneeded: Counter,
 }
 
@@ -81,7 +82,7 @@ impl Notes {
         }
     }
 
-    /// Has `note` written after [`DELAY`] if its job is not taken by then. With the writer's
+    /// Has `note` written after [`DELAY`] if its job is not acknowledged by then. With the writer's
     /// queue full, or the writer stopped, it is written now, by this call.
     pub async fn note(&self, note: Note) {
         let note = match self.tx.try_send(note) {
@@ -138,7 +139,7 @@ impl Writer {
         }
     }
 
-    /// Writes the notes that waited [`DELAY`] whose job is still not taken; drops the others.
+    /// Writes the notes that waited [`DELAY`] whose job is still not acknowledged; drops the others.
     async fn due(&self, waiting: &mut VecDeque<(Instant, Note)>) {
         let Some(cutoff) = Instant::now().checked_sub(DELAY) else {
             return;
@@ -151,6 +152,9 @@ impl Writer {
         // A lane the stream cannot tell about (NATS away): its notes are all written.
         let mut floors = [0u64; 2];
         for (i, lane) in Lane::ALL.into_iter().enumerate() {
+            if lane == Lane::Resumes && !self.queue.resumes_have_their_lane() {
+                continue;
+            }
             match self.queue.acked_through(lane).await {
                 Ok(f) => floors[i] = f,
                 Err(e) => {
@@ -158,7 +162,14 @@ impl Writer {
                 }
             }
         }
-        let (starts, resumes) = (floors[0], floors[1]);
+        // Resume jobs published where start jobs go (no consumer of resumes when this gateway
+        // connected: an upgrade under way) are acknowledged through the start jobs' consumer.
+        let starts = floors[0];
+        let resumes = if self.queue.resumes_have_their_lane() {
+            floors[1]
+        } else {
+            starts
+        };
         let needed: Vec<Note> = due
             .into_iter()
             .filter(|n| match *n {

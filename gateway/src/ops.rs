@@ -23,9 +23,9 @@ use delta_store::{RunRecord, RunStore, StatusChange, Terminal};
 use crate::Gateway;
 use crate::error::ApiError;
 
-/// The most bytes of task and input a start job carries, and of its record and question a resume
-/// job carries (beyond that the worker reads the run from Redis): a job stays a small message
-/// however large the runs the fleet takes.
+/// The most bytes of task and input a start job carries (beyond that the worker reads the run
+/// from Redis): a job stays a small message however large the runs the fleet takes. A resume
+/// job's is the store's `CARRIED_MAX_BYTES`.
 const CARRIED_RUN_MAX_BYTES: usize = 8 * 1024;
 
 /// Letters, digits, `-` and `_` (an agent's name is part of NATS subjects).
@@ -995,14 +995,9 @@ impl Gateway {
     ) {
         let q = &ix.request;
         let mut job = Job::resume(q.run_id, Some(q.request_id));
-        // The run as the settling read it, for the job's first delivery to resume it without
-        // reading it back (docs/protocol.md "Job messages"); a large run is read from Redis.
-        job.paused = paused.filter(|p| {
-            let size = |m: &std::collections::BTreeMap<String, String>| {
-                m.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
-            };
-            size(&p.record) + size(&p.question) <= CARRIED_RUN_MAX_BYTES
-        });
+        // The run as the settling read it (at most 8 KiB of it), for the job's first delivery to
+        // resume it without reading it back (docs/protocol.md "Job messages").
+        job.paused = paused;
         let tp = traceparent;
         let announced = if unannounced {
             // Both to the events stream in one go: the question, then its settling.

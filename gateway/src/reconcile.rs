@@ -207,31 +207,20 @@ async fn resume_one(
         .queue
         .publish_job_acked(&record.agent, &job, &msg_id, tp)
         .await?;
-    let mut seq = sent.seq;
-    let later = Timestamp::now().micros() + micros(gw.config.lost_job_after);
     if sent.duplicate && ix.resume_seq.is_none() {
-        // Published, and not noted: its note is written only for a job not taken within a
-        // second (`notes.rs`), and this one's was not (the gateway died first, or the job was
-        // taken off the stream without the run moving on, as by a purge). JetStream told its
-        // sequence: still there, it is a backlog; gone, lost.
-        if gw.queue.job_exists(seq).await? {
-            gw.store
-                .resume_published(run_id, request_id, seq, later)
-                .await?;
-            return Ok(false);
-        }
-        seq = gw
-            .queue
-            .publish_job_as(
-                &record.agent,
-                &job,
-                &format!("requeue:{request_id}:{seq}"),
-                tp,
-            )
+        // Published, and not noted: its note is written only for a job not acknowledged within
+        // a second (`notes.rs`), and this one's was not (the gateway died first, or the job left
+        // the stream without the run moving on, as by a purge). JetStream told its sequence:
+        // noted, and looked at again in the next round as any noted job is (the stream first,
+        // then the run): still there, a backlog; gone while the run still waits, lost.
+        gw.store
+            .resume_published(run_id, request_id, sent.seq, Timestamp::now().micros())
             .await?;
+        return Ok(false);
     }
+    let later = Timestamp::now().micros() + micros(gw.config.lost_job_after);
     gw.store
-        .resume_published(run_id, request_id, seq, later)
+        .resume_published(run_id, request_id, sent.seq, later)
         .await?;
     gw.metrics.resumes_republished.inc();
     tracing::info!(run = %run_id, request = %request_id, msg_id, "resume job published by the reconciler");
@@ -301,27 +290,15 @@ async fn requeue_if_lost(
         .queue
         .publish_job_acked(&run.agent, &job, &msg_id, None)
         .await?;
-    let mut new_seq = sent.seq;
+    gw.store.set_job_seq(run.run_id, sent.seq).await?;
     if sent.duplicate && seq == 0 {
-        // Published, and not noted: its note is written only for a job not taken within a
-        // second (`notes.rs`), and this one's was not (the gateway died first, or the job was
-        // taken off the stream without the run moving on, as by a purge). JetStream told its
-        // sequence: still there, it is a backlog; gone, lost.
-        gw.store.set_job_seq(run.run_id, new_seq).await?;
-        if gw.queue.job_exists(new_seq).await? {
-            return Ok(false);
-        }
-        new_seq = gw
-            .queue
-            .publish_job_as(
-                &run.agent,
-                &job,
-                &format!("requeue:{}:{new_seq}", run.run_id),
-                None,
-            )
-            .await?;
+        // Published, and not noted: its note is written only for a job not acknowledged within
+        // a second (`notes.rs`), and this one's was not (the gateway died first, or the job left
+        // the stream without the run moving on, as by a purge). JetStream told its sequence:
+        // noted, and looked at again by the next walk as any noted job is (the stream first,
+        // then the run): still there, JetStream's to deliver; gone, lost.
+        return Ok(false);
     }
-    gw.store.set_job_seq(run.run_id, new_seq).await?;
     gw.metrics.jobs_requeued.inc();
     tracing::warn!(run = %run.run_id, status = %run.status, lost_seq = seq, "job lost; enqueued again");
     Ok(true)

@@ -660,15 +660,46 @@ async fn a_carried_paused_run_is_what_a_read_gives_and_only_a_hint() {
         "nothing written from the stale run"
     );
 
-    // A sensitive question's run is not carried: its sealed answer stays in Redis.
-    let (_, q, _) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
+    // A sensitive question's run is not carried, nor a password's: their sealed answers stay
+    // in Redis.
     let key = delta_protocol::secret::SecretsKey::from_hex(&"5a".repeat(32)).expect("key");
     let sealing = store.clone().with_secrets_key(std::sync::Arc::new(key));
-    let mut secret = q.clone();
-    secret.sensitive = true;
-    let (lost, paused) = sealing
+    for password in [false, true] {
+        let (_, q, _) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
+        let mut secret = q.clone();
+        if password {
+            secret.input_type = delta_protocol::InputType::Password;
+        } else {
+            secret.sensitive = true;
+        }
+        let (lost, paused) = sealing
+            .resolve_carrying(
+                &secret,
+                Resolution::Answer(&red(&q), Timestamp::now()),
+                std::time::Duration::from_secs(5),
+            )
+            .await
+            .expect("resolve");
+        assert_eq!(
+            (lost, paused),
+            (None, None),
+            "settled, nothing carried (password: {password})"
+        );
+    }
+
+    // A run whose record and question pass 8 KiB together is not carried either.
+    let (id, q, _) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
+    let mut conn = delta_e2e::redis_raw(&redis.url()).await;
+    let _: i64 = redis::cmd("HSET")
+        .arg(store.run_key(id))
+        .arg("input")
+        .arg(format!("\"{}\"", "x".repeat(9 * 1024)))
+        .query_async(&mut conn)
+        .await
+        .expect("hset");
+    let (lost, paused) = store
         .resolve_carrying(
-            &secret,
+            &q,
             Resolution::Answer(&red(&q), Timestamp::now()),
             std::time::Duration::from_secs(5),
         )

@@ -1063,6 +1063,13 @@ impl Queue {
         }
     }
 
+    /// Whether this connection publishes resume jobs on their own subject (`…jobs.<agent>.resume`,
+    /// served by `<p>-resumes`), or, with no consumer of resumes found when it connected (an
+    /// upgrade under way), on the start jobs' subject, which the start jobs' consumer serves.
+    pub fn resumes_have_their_lane(&self) -> bool {
+        self.resumes.is_some()
+    }
+
     /// The stream sequence up to which every job of `lane` is acknowledged (its consumer's ack
     /// floor): a job at or below it was taken and let go of, and is no longer in the stream. 0
     /// for a lane whose consumer does not exist yet (an upgrade under way, see `Queue::resumes`).

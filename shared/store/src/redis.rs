@@ -300,7 +300,10 @@ elseif seq >= first_seq then
   redis.call('XADD', KEYS[2], seq .. '-0', 't', now, 'b',
     table.concat(ARGV, '\n', first_extra, #ARGV))
 end
-if snap ~= '' and seq >= first_seq and tostring(seq) == snap_seq then put('snap', snap) end
+-- A finishing write keeps none (emptied above), whatever snapshot fell due with it.
+if snap ~= '' and finished ~= '1' and seq >= first_seq and tostring(seq) == snap_seq then
+  put('snap', snap)
+end
 redis.call('HSET', KEYS[1], unpack(set))
 return seq
 "#;
@@ -513,9 +516,10 @@ return {'CREATED', ''}
 /// request id, resume member, when to check the resume (µs), the responder (`''` for the clock),
 /// now (µs), the indexes besides `pending` it is in: `d` (deadlines) and `e` (escalations), `-`
 /// for neither (a question is in them only when it has a deadline, an escalation:
-/// docs/protocol.md "Redis layout"); missing (an older caller): both; `1` to carry: then a win
-/// over a run with a snapshot returns `{'WON', the run's fields, the question's fields}`, for
-/// the resume job.
+/// docs/protocol.md "Redis layout"); missing (an older caller): both; the most bytes of fields
+/// to carry ('' for none): then a win over a run with a snapshot whose record and question
+/// together hold no more returns `{'WON', the run's fields, the question's fields}`, for the
+/// resume job.
 /// `CLAIMED|<until µs>|<holder>` when someone else holds a live claim on it.
 const RESOLVE: &str = r#"
 local cur = redis.call('HMGET', KEYS[1], 'state', 'claim_by', 'claim_until')
@@ -540,17 +544,28 @@ if not idx or string.find(idx, 'e', 1, true) then
   redis.call('ZREM', ARGV[4] .. ':interactions:escalations', ARGV[5])
 end
 redis.call('ZADD', ARGV[4] .. ':resumes', ARGV[7], ARGV[6])
-if ARGV[11] == '1' then
-  -- Only a run with a snapshot is worth carrying: without one, its worker reads the journal.
+local cap = tonumber(ARGV[11] or '')
+if cap then
+  -- Only a run with a snapshot is worth carrying (without one, its worker reads the journal),
+  -- and only up to `cap` bytes of fields.
   local run = redis.call('HGETALL', KEYS[2])
+  local size, snap = 0, false
   for i = 1, #run - 1, 2 do
-    if run[i] == 'snap' and run[i + 1] ~= '' then
-      return {'WON', run, redis.call('HGETALL', KEYS[1])}
-    end
+    size = size + #run[i] + #run[i + 1]
+    if run[i] == 'snap' and run[i + 1] ~= '' then snap = true end
+  end
+  if snap and size <= cap then
+    local ix = redis.call('HGETALL', KEYS[1])
+    for i = 1, #ix do size = size + #ix[i] end
+    if size <= cap then return {'WON', run, ix} end
   end
 end
 return 'WON'
 "#;
+
+/// The most bytes of record and question fields a resume job carries ([`PausedRun`]): beyond
+/// that its worker reads the run, and a job stays a small message however large the runs.
+pub const CARRIED_MAX_BYTES: usize = 8 * 1024;
 
 /// What `RESOLVE` answered: this call won (with the run and question if asked to carry them), or
 /// the question's state (or claim) that stopped it.
@@ -1234,23 +1249,24 @@ impl RedisRunStore {
         how: Resolution<'_>,
         check_after: Duration,
     ) -> Result<Option<InteractionState>, Error> {
-        self.resolve_as(request, how, check_after, false)
+        self.resolve_as(request, how, check_after, None)
             .await
             .map(|(state, _)| state)
     }
 
     /// [`RedisRunStore::resolve`], and when this call won, the run and the question as the same
     /// script left them: what a resume job may carry ([`PausedRun`]) for its worker not to read
-    /// them again. Only for a run with a snapshot (its worker reads nothing else), and never for
-    /// a sensitive question: its sealed answer stays in Redis.
+    /// them again. Only for a run with a snapshot (its worker reads nothing else), at most
+    /// [`CARRIED_MAX_BYTES`] of their fields, and never for a sensitive question (a password's
+    /// included): its sealed answer stays in Redis.
     pub async fn resolve_carrying(
         &self,
         request: &InteractionRequest,
         how: Resolution<'_>,
         check_after: Duration,
     ) -> Result<(Option<InteractionState>, Option<PausedRun>), Error> {
-        self.resolve_as(request, how, check_after, !request.sensitive)
-            .await
+        let carry = (!request.is_sensitive()).then_some(CARRIED_MAX_BYTES);
+        self.resolve_as(request, how, check_after, carry).await
     }
 
     async fn resolve_as(
@@ -1258,7 +1274,7 @@ impl RedisRunStore {
         request: &InteractionRequest,
         how: Resolution<'_>,
         check_after: Duration,
-        carry: bool,
+        carry: Option<usize>,
     ) -> Result<(Option<InteractionState>, Option<PausedRun>), Error> {
         let run_id = request.run_id;
         let (state, json, now, by) = match how {
@@ -1289,18 +1305,21 @@ impl RedisRunStore {
             .arg(by)
             .arg(Timestamp::now().micros())
             .arg(resolve_indexes(request))
-            .arg(if carry { "1" } else { "" });
+            .arg(carry.map(|n| n.to_string()).unwrap_or_default());
         // Replicated, as every write to a run: an answer the gateway accepts must not be lost
         // at a failover (the caller's `sync` alone would not tell, see `invoke_replicated`).
         let (reply, replicated) = self.invoke_replicated::<redis::Value>(run_id, &inv).await;
         let reply = reply.and_then(|v| match v {
+            // Won: what to carry is only a hint, and the answer is stored whatever it says.
             redis::Value::Array(_) => {
                 type Pairs = Vec<(String, String)>;
-                let (_, record, question): (String, Pairs, Pairs) =
-                    redis::FromRedisValue::from_redis_value(v)?;
-                Ok(Settling::Won(Some(PausedRun {
-                    record: record.into_iter().collect(),
-                    question: question.into_iter().collect(),
+                let carried: Option<(String, Pairs, Pairs)> =
+                    redis::FromRedisValue::from_redis_value(v).ok();
+                Ok(Settling::Won(carried.map(|(_, record, question)| {
+                    PausedRun {
+                        record: record.into_iter().collect(),
+                        question: question.into_iter().collect(),
+                    }
                 })))
             }
             other => {
