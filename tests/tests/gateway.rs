@@ -1176,6 +1176,91 @@ async fn a_run_whose_job_was_lost_is_enqueued_again() {
     );
 }
 
+/// Jobs published and never noted (their publisher died before its note was due), then lost
+/// from the stream, are enqueued again once each: the reconciler publishes each again under its
+/// first id, learns the first copy's sequence from JetStream's "duplicate" answer, notes it, and
+/// in its next round finds the job gone while the run has not moved on. Here nothing was noted by
+/// any gateway (the test publishes the jobs itself), so only that path can find them.
+#[tokio::test(flavor = "multi_thread")]
+async fn jobs_never_noted_and_lost_are_enqueued_again_once_each() {
+    use delta_protocol::{InteractionResponse, Job, Responder, Timestamp, Via};
+    use delta_store::redis::Resolution;
+    let fleet = Fleet::start("gwd", 1, 0).await;
+    let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwd", &fleet.nats.queue_settings())
+        .await
+        .expect("queue");
+    // A run created with its start job published, as a gateway that died at once leaves it.
+    let queued = delta_store::RunRecord::new(RunId::new(), "hello", "t", RunStatus::Queued);
+    fleet.store.create(queued.clone()).await.expect("create");
+    let start = Job::start(queued.run_id);
+    queue
+        .publish_job("hello", &start, None)
+        .await
+        .expect("publish");
+    // A run paused and answered with its resume job published, likewise.
+    let run = fleet.submit("hello", "answered").await;
+    let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
+    let mut a = InteractionResponse::new(
+        q.request_id,
+        Responder {
+            id: "ops".into(),
+            via: Via::Http,
+            on_behalf_of: None,
+            relayed_by: None,
+        },
+    );
+    a.input = Some("Grace".into());
+    let at = Timestamp::now();
+    let lost = fleet
+        .store
+        .resolve(&q, Resolution::Answer(&a, at), Duration::from_secs(1))
+        .await
+        .expect("answer");
+    assert_eq!(lost, None);
+    let resume = Job::resume(run, Some(q.request_id));
+    queue
+        .publish_job_as("hello", &resume, &resume.resume_msg_id(Some(at)), None)
+        .await
+        .expect("publish");
+    // NATS loses both.
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let mut stream = js.get_stream("GWD_JOBS").await.expect("stream");
+    stream.purge().await.expect("purge");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(&fleet.client, "delta_resumes_republished_total").await < 1
+        || metric(&fleet.client, "delta_jobs_requeued_total").await < 1
+    {
+        assert!(Instant::now() < deadline, "both enqueued again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let state = stream.info().await.expect("info").state.clone();
+    assert_eq!(state.messages, 2, "one job each");
+    let mut subjects = vec![];
+    for seq in state.first_sequence..=state.last_sequence {
+        if let Ok(m) = stream.get_raw_message(seq).await {
+            subjects.push(m.subject.to_string());
+        }
+    }
+    subjects.sort();
+    assert_eq!(subjects, ["gwd.jobs.hello", "gwd.jobs.hello.resume"]);
+    let noted = fleet
+        .store
+        .queue_run(queued.run_id)
+        .await
+        .expect("read")
+        .expect("run")
+        .job_seq;
+    assert!(
+        (state.first_sequence..=state.last_sequence).contains(&noted),
+        "the start job in the stream is the one noted, not the lost one: {noted}"
+    );
+    assert_eq!(
+        metric(&fleet.client, "delta_job_notes_written_total").await,
+        1,
+        "the gateway noted only the start job of the run it submitted itself"
+    );
+}
+
 /// The resume job of an answer accepted over HTTP carries the paused run as the settling script
 /// read it (docs/protocol.md "Job messages": the record with its snapshot, the question with its
 /// answer), and the run resumes and ends.
