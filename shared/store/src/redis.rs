@@ -1658,18 +1658,26 @@ pub(crate) fn entry_lines<'a>(
 /// is, in base64 (a fleet whose journal is packed: the hash's fields are text); the JSON, or why
 /// it cannot be read.
 fn request_text(stored: &str) -> Result<std::borrow::Cow<'_, str>, String> {
-    use base64::Engine as _;
     match stored.strip_prefix("z:") {
-        Some(b64) => {
-            let z = base64::engine::general_purpose::STANDARD_NO_PAD
-                .decode(b64)
-                .map_err(|e| format!("not base64: {e}"))?;
-            packed::unpack(&z)
-                .map(std::borrow::Cow::Owned)
-                .map_err(|e| format!("packed: {e}"))
-        }
+        Some(b64) => unpack_base64(b64.as_bytes()).map(std::borrow::Cow::Owned),
         None => Ok(std::borrow::Cow::Borrowed(stored)),
     }
+}
+
+/// `text` packed as a journal entry is, in base64 without padding (a hash's fields are text): a
+/// question's request, a snapshot in the record. `None` if it does not pack.
+fn pack_base64(text: &str) -> Option<String> {
+    use base64::Engine as _;
+    packed::pack(text).map(|z| base64::engine::general_purpose::STANDARD_NO_PAD.encode(z))
+}
+
+/// What [`pack_base64`] made, unpacked.
+fn unpack_base64(b64: &[u8]) -> Result<String, String> {
+    use base64::Engine as _;
+    let z = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(b64)
+        .map_err(|e| format!("not base64: {e}"))?;
+    packed::unpack(&z).map_err(|e| format!("packed: {e}"))
 }
 
 /// The JSON of a question's stored `request` (for tests that read Redis directly).
@@ -1692,13 +1700,7 @@ fn snapshot_text(stored: &[u8]) -> Result<(u64, String), String> {
     let body = &stored[colon + 1..];
     let json = match body.split_first() {
         Some((b'z', z)) => packed::unpack(z).map_err(|e| format!("packed: {e}"))?,
-        Some((b'b', b64)) => {
-            use base64::Engine as _;
-            let z = base64::engine::general_purpose::STANDARD_NO_PAD
-                .decode(b64)
-                .map_err(|e| format!("not base64: {e}"))?;
-            packed::unpack(&z).map_err(|e| format!("packed: {e}"))?
-        }
+        Some((b'b', b64)) => unpack_base64(b64)?,
         _ => String::from_utf8(body.to_vec()).map_err(|_| "not UTF-8".to_owned())?,
     };
     Ok((seq, json))
@@ -2074,13 +2076,9 @@ impl RunStore for RedisRunStore {
                     args.pending = q.request_id.to_string();
                     args.request = serde_json::to_string(q).unwrap_or_default();
                     if self.journal == JournalMode::Packed
-                        && let Some(z) = packed::pack(&args.request)
+                        && let Some(b64) = pack_base64(&args.request)
                     {
-                        use base64::Engine as _;
-                        args.request = format!(
-                            "z:{}",
-                            base64::engine::general_purpose::STANDARD_NO_PAD.encode(z)
-                        );
+                        args.request = format!("z:{b64}");
                     }
                     args.asked_us = q.timestamp.micros().to_string();
                     args.expires_us = q
@@ -2142,19 +2140,12 @@ impl RunStore for RedisRunStore {
         // in base64: the record's fields are text.
         if let Some(snap) = snapshot {
             let json = snap.encode();
-            let z = match self.journal {
-                JournalMode::Packed => packed::pack(&json),
+            let b64 = match self.journal {
+                JournalMode::Packed => pack_base64(&json),
                 _ => None,
             };
-            args.snap = match z {
-                Some(z) => {
-                    use base64::Engine as _;
-                    format!(
-                        "{}:b{}",
-                        snap.seq,
-                        base64::engine::general_purpose::STANDARD_NO_PAD.encode(z)
-                    )
-                }
+            args.snap = match b64 {
+                Some(b64) => format!("{}:b{b64}", snap.seq),
                 None => format!("{}:{json}", snap.seq),
             };
         }
