@@ -239,6 +239,27 @@ mod tests {
         }
     }
 
+    impl Fixture {
+        /// A writer over this fixture's store and stream, stopped by the token returned.
+        fn writer(&self, counters: &Counters) -> (Notes, CancellationToken) {
+            let shutdown = CancellationToken::new();
+            let notes = Notes::spawn(
+                self.store.clone(),
+                self.queue.clone(),
+                counters.clone(),
+                shutdown.clone(),
+            );
+            (notes, shutdown)
+        }
+    }
+
+    /// Hands the writer the start jobs' notes: run `ids[i]`'s job went out as `seqs[i]`.
+    async fn hand_over(notes: &Notes, ids: &[RunId], seqs: impl IntoIterator<Item = u64>) {
+        for (id, seq) in ids.iter().zip(seqs) {
+            notes.note(Note::JobSeq { run_id: *id, seq }).await;
+        }
+    }
+
     async fn runs(store: &RedisRunStore, n: usize) -> Vec<RunId> {
         let mut ids = vec![];
         for _ in 0..n {
@@ -293,23 +314,10 @@ mod tests {
         let f = fixture("notes1").await;
         let ids = runs(&f.store, 50).await;
         let seqs = publish(&f.queue, &ids).await;
-        let shutdown = CancellationToken::new();
         let counters = Counters::default();
-        let notes = Notes::spawn(
-            f.store.clone(),
-            f.queue.clone(),
-            counters.clone(),
-            shutdown.clone(),
-        );
+        let (notes, shutdown) = f.writer(&counters);
         let before = f.store.round_trips();
-        for (id, seq) in ids.iter().zip(&seqs) {
-            notes
-                .note(Note::JobSeq {
-                    run_id: *id,
-                    seq: *seq,
-                })
-                .await;
-        }
+        hand_over(&notes, &ids, seqs.iter().copied()).await;
         tokio::time::sleep(DELAY / 4).await;
         assert_eq!(
             job_seqs(&f.reader, &ids).await,
@@ -350,22 +358,9 @@ mod tests {
             }
         }
         let last = publish(&f.queue, &ids[5..]).await[0];
-        let shutdown = CancellationToken::new();
         let counters = Counters::default();
-        let notes = Notes::spawn(
-            f.store.clone(),
-            f.queue.clone(),
-            counters.clone(),
-            shutdown.clone(),
-        );
-        for (id, seq) in ids.iter().zip(seqs.iter().chain([&last])) {
-            notes
-                .note(Note::JobSeq {
-                    run_id: *id,
-                    seq: *seq,
-                })
-                .await;
-        }
+        let (notes, shutdown) = f.writer(&counters);
+        hand_over(&notes, &ids, seqs.iter().copied().chain([last])).await;
         // A resume of one of the taken runs, published and never taken: its note is written.
         let request_id = RequestId::new();
         let resume = f
@@ -413,21 +408,8 @@ mod tests {
     async fn nothing_handed_over_is_lost_at_shutdown() {
         let f = fixture("notes3").await;
         let ids = runs(&f.store, 11).await;
-        let shutdown = CancellationToken::new();
-        let notes = Notes::spawn(
-            f.store.clone(),
-            f.queue.clone(),
-            Counters::default(),
-            shutdown.clone(),
-        );
-        for (i, id) in ids[..10].iter().enumerate() {
-            notes
-                .note(Note::JobSeq {
-                    run_id: *id,
-                    seq: i as u64 + 1,
-                })
-                .await;
-        }
+        let (notes, shutdown) = f.writer(&Counters::default());
+        hand_over(&notes, &ids[..10], 1..=10).await;
         shutdown.cancel();
         notes.finish().await;
         assert_eq!(

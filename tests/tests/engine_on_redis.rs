@@ -171,6 +171,35 @@ fn long_agent(dir: &std::path::Path, thoughts: usize) -> Agent {
     Agent::load(dir).expect("agent")
 }
 
+/// A Redis, a work directory, the long agent of `thoughts` thoughts (scripted) and its brain, and
+/// a store on namespace `ns`: what the tests of a long run on Redis start from.
+struct Long {
+    redis: delta_e2e::Redis,
+    dir: tempfile::TempDir,
+    agent: Agent,
+    brain: AnyBrain,
+    store: RedisRunStore,
+}
+
+async fn long_run_on_redis(ns: &str, thoughts: usize) -> Long {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent_dir = dir.path().join("long");
+    std::fs::create_dir_all(&agent_dir).expect("mkdir");
+    let agent = long_agent(&agent_dir, thoughts);
+    let brain = AnyBrain::for_agent(&agent).expect("brain");
+    let store = RedisRunStore::connect(&redis.url(), ns)
+        .await
+        .expect("connect");
+    Long {
+        redis,
+        dir,
+        agent,
+        brain,
+        store,
+    }
+}
+
 fn red(q: &delta_protocol::InteractionRequest) -> InteractionResponse {
     let mut a = InteractionResponse::new(
         q.request_id,
@@ -347,14 +376,13 @@ fn format_1(s: &str, whole: &[JournalEvent]) -> Option<String> {
 /// also stores snapshots on its way, every 256 events.
 #[tokio::test]
 async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
-    let redis = delta_e2e::Redis::start().expect("redis-server");
-    let dir = tempfile::tempdir().expect("tmp");
-    let agent_dir = dir.path().join("long");
-    std::fs::create_dir_all(&agent_dir).expect("mkdir");
-    let agent = long_agent(&agent_dir, 300);
-    let store = RedisRunStore::connect(&redis.url(), "snap")
-        .await
-        .expect("connect");
+    let Long {
+        redis,
+        dir,
+        agent,
+        store,
+        ..
+    } = long_run_on_redis("snap", 300).await;
     let (reference, used) = resume_long(
         &redis.url(),
         &store,
@@ -459,15 +487,14 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
 /// expired, and the next delivery applied its default or failed the run.)
 #[tokio::test]
 async fn stopping_on_a_waiting_run_keeps_its_question_open() {
-    let redis = delta_e2e::Redis::start().expect("redis-server");
-    let dir = tempfile::tempdir().expect("tmp");
-    let agent_dir = dir.path().join("long");
-    std::fs::create_dir_all(&agent_dir).expect("mkdir");
-    let agent = long_agent(&agent_dir, 3);
-    let brain = AnyBrain::for_agent(&agent).expect("brain");
-    let store = RedisRunStore::connect(&redis.url(), "stop")
-        .await
-        .expect("connect");
+    // The server stops when its handle drops: kept to the end.
+    let Long {
+        redis: _redis,
+        dir,
+        agent,
+        brain,
+        store,
+    } = long_run_on_redis("stop", 3).await;
     let (id, q, settings) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
     let before = store.load(id).await.expect("load");
     let stopped = CancellationToken::new();
@@ -516,15 +543,13 @@ async fn stopping_on_a_waiting_run_keeps_its_question_open() {
 async fn a_carried_paused_run_is_what_a_read_gives_and_only_a_hint() {
     use delta_protocol::{Fence, RequestId, Timestamp};
     use delta_store::redis::Resolution;
-    let redis = delta_e2e::Redis::start().expect("redis-server");
-    let dir = tempfile::tempdir().expect("tmp");
-    let agent_dir = dir.path().join("long");
-    std::fs::create_dir_all(&agent_dir).expect("mkdir");
-    let agent = long_agent(&agent_dir, 3);
-    let brain = AnyBrain::for_agent(&agent).expect("brain");
-    let store = RedisRunStore::connect(&redis.url(), "carry")
-        .await
-        .expect("connect");
+    let Long {
+        redis,
+        dir,
+        agent,
+        brain,
+        store,
+    } = long_run_on_redis("carry", 3).await;
     let settle = async |q: &delta_protocol::InteractionRequest| {
         let (lost, paused) = store
             .resolve_carrying(
