@@ -155,6 +155,25 @@ pub async fn redis_raw(url: &str) -> redis::aio::MultiplexedConnection {
         .expect("redis")
 }
 
+/// A typed answer `input` to question `request_id`, from `ops` over HTTP (as a person in the
+/// inbox gives it).
+pub fn typed_answer(
+    request_id: delta_protocol::RequestId,
+    input: &str,
+) -> delta_protocol::InteractionResponse {
+    let mut a = delta_protocol::InteractionResponse::new(
+        request_id,
+        delta_protocol::Responder {
+            id: "ops".into(),
+            via: delta_protocol::Via::Http,
+            on_behalf_of: None,
+            relayed_by: None,
+        },
+    );
+    a.input = Some(input.into());
+    a
+}
+
 /// Pauses `run` on question `q` as the engine does: the question journaled, the run waiting on
 /// it (through `store`, fenced or not).
 pub async fn pause_on(

@@ -273,16 +273,7 @@ async fn a_resume_job_carrying_its_paused_run_resumes_it_without_reading_it() {
     assert_eq!(req.run_id, id);
     delta_e2e::wait_for_status(&store, id, RunStatus::WaitingForInput).await;
 
-    let mut a = InteractionResponse::new(
-        req.request_id,
-        Responder {
-            id: "ops".into(),
-            via: Via::Http,
-            on_behalf_of: None,
-            relayed_by: None,
-        },
-    );
-    a.input = Some("Ada".into());
+    let a = delta_e2e::typed_answer(req.request_id, "Ada");
     let (lost, paused) = store
         .resolve_carrying(
             &req,

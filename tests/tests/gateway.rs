@@ -1183,7 +1183,7 @@ async fn a_run_whose_job_was_lost_is_enqueued_again() {
 /// any gateway (the test publishes the jobs itself), so only that path can find them.
 #[tokio::test(flavor = "multi_thread")]
 async fn jobs_never_noted_and_lost_are_enqueued_again_once_each() {
-    use delta_protocol::{InteractionResponse, Job, Responder, Timestamp, Via};
+    use delta_protocol::{Job, Timestamp};
     use delta_store::redis::Resolution;
     let fleet = Fleet::start("gwd", 1, 0).await;
     let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwd", &fleet.nats.queue_settings())
@@ -1200,16 +1200,7 @@ async fn jobs_never_noted_and_lost_are_enqueued_again_once_each() {
     // A run paused and answered with its resume job published, likewise.
     let run = fleet.submit("hello", "answered").await;
     let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
-    let mut a = InteractionResponse::new(
-        q.request_id,
-        Responder {
-            id: "ops".into(),
-            via: Via::Http,
-            on_behalf_of: None,
-            relayed_by: None,
-        },
-    );
-    a.input = Some("Grace".into());
+    let a = delta_e2e::typed_answer(q.request_id, "Grace");
     let at = Timestamp::now();
     let lost = fleet
         .store

@@ -1102,16 +1102,7 @@ async fn a_question_reopened_by_the_handle_that_read_it_settled_is_still_closed_
         .await
         .expect("connect");
     let (id, q) = paused_run(&store, RunStatus::Running, "Name?", false).await;
-    let mut a = delta_protocol::InteractionResponse::new(
-        q.request_id,
-        delta_protocol::Responder {
-            id: "ops".into(),
-            via: delta_protocol::Via::Http,
-            on_behalf_of: None,
-            relayed_by: None,
-        },
-    );
-    a.input = Some("Ada".into());
+    let a = delta_e2e::typed_answer(q.request_id, "Ada");
     assert!(store.answer(&q, &a).await.expect("answer"));
     let worker = store.fenced(delta_protocol::Fence::new(10, 1));
     worker.load_latest(id, None).await.expect("load");
