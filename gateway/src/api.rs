@@ -737,6 +737,8 @@ async fn metrics(State(gw): Shared) -> Response {
         .set(i64::try_from(heard).unwrap_or(i64::MAX));
     m.questions_heard_bytes
         .set(i64::try_from(heard_bytes).unwrap_or(i64::MAX));
+    m.answers_waiting
+        .set(i64::try_from(gw.heard.waiting()).unwrap_or(i64::MAX));
     if let Ok(s) = gw.queue.stats().await {
         let g = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         m.jobs_pending.set(g(s.pending));

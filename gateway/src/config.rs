@@ -45,6 +45,7 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_MAX_TASK_BYTES", "max-task-bytes", "65536"),
     ("DELTA_SUBMIT_PER_MINUTE", "submit-per-minute", "600"),
     ("DELTA_QUESTION_CACHE_MIB", "question-cache-mib", "16"),
+    ("DELTA_QUESTION_WAIT_MS", "question-wait-ms", "50"),
     ("DELTA_RETENTION", "retention", "7d"),
     ("DELTA_GATEWAY_TLS_CERT", "tls-cert", ""),
     ("DELTA_GATEWAY_TLS_KEY", "tls-key", ""),
@@ -126,6 +127,9 @@ pub struct Config {
     /// Bytes of the questions heard announced that are kept, so that answering one reads
     /// nothing from Redis first (`DELTA_QUESTION_CACHE_MIB`, src/heard.rs); `0`: none kept.
     pub question_cache_bytes: usize,
+    /// How long an answer to a question asked in the last seconds and not heard yet waits for its
+    /// hearing before it reads the question from Redis (`DELTA_QUESTION_WAIT_MS`); `0`: none waits.
+    pub question_wait: Duration,
     /// How long a finished run is kept before the reconcilers delete it; `None`: forever.
     pub retention: Option<Duration>,
     /// Serve HTTPS with this (`DELTA_GATEWAY_TLS_CERT` and `DELTA_GATEWAY_TLS_KEY`); `None`:
@@ -172,6 +176,7 @@ impl Config {
             max_task_bytes: 64 * 1024,
             submit_per_minute: 600,
             question_cache_bytes: 16 << 20,
+            question_wait: Duration::from_millis(50),
             retention: Some(DEFAULT_RETENTION),
             tls: None,
             stream_ticket_ttl: Duration::from_secs(30),
@@ -255,6 +260,12 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         65_536,
         "MiB is more than a gateway needs: each question kept is about a kilobyte; keep it at most 65536",
     );
+    let question_wait = s.number_at_most(
+        "DELTA_QUESTION_WAIT_MS",
+        0,
+        10_000,
+        "ms is longer than an answer should wait for its question to be heard; keep it at most 10000 (the default, 50, is plenty)",
+    );
     let retention = s.period("DELTA_RETENTION");
     let tls = tls_settings(&mut s, addr, has_tokens);
     let ticket_ttl = s.number("DELTA_STREAM_TICKET_TTL_S", 1);
@@ -300,6 +311,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         max_task_bytes: usize::try_from(max_task).unwrap_or(usize::MAX),
         submit_per_minute: u32::try_from(submit_rate).unwrap_or(u32::MAX),
         question_cache_bytes: usize::try_from(question_cache << 20).unwrap_or(usize::MAX),
+        question_wait: Duration::from_millis(question_wait),
         retention,
         tls,
         stream_ticket_ttl: Duration::from_secs(ticket_ttl),
@@ -437,6 +449,28 @@ mod tests {
             .collect();
         env.entry("DELTA_AGENTS_DIR".to_owned()).or_insert(agents);
         env
+    }
+
+    #[test]
+    fn an_answer_waits_fifty_ms_for_its_question_zero_waits_none_and_too_long_is_refused() {
+        let off = ("DELTA_GATEWAY_AUTH", "off");
+        let default = parse(&[], &env(&[off])).expect("valid");
+        assert_eq!(default.question_wait, Duration::from_millis(50));
+        let none = parse(&[], &env(&[off, ("DELTA_QUESTION_WAIT_MS", "0")])).expect("valid");
+        assert_eq!(none.question_wait, Duration::ZERO);
+        let flag: Vec<String> = vec!["--question-wait-ms".into(), "200".into()];
+        assert_eq!(
+            parse(&flag, &env(&[off])).expect("valid").question_wait,
+            Duration::from_millis(200)
+        );
+        for bad in ["10001", "soon", "-5"] {
+            let errs =
+                parse(&[], &env(&[off, ("DELTA_QUESTION_WAIT_MS", bad)])).expect_err("refused");
+            assert!(
+                errs.len() == 1 && errs[0].contains("DELTA_QUESTION_WAIT_MS"),
+                "{bad}: {errs:#?}"
+            );
+        }
     }
 
     #[test]

@@ -20,9 +20,17 @@
 //! once its question is answered here.
 //! Answers to questions answered through another gateway, or expired, leave their entries until
 //! they are pushed out: a stale entry costs only the usual path.
+//!
+//! An answer can reach the gateway before the question does (a bot answering the instant it hears
+//! the question on NATS, where the gateway hears it only once the events stream has stored it and
+//! its consumer delivered it). Such an answer waits for the hearing, up to
+//! `DELTA_QUESTION_WAIT_MS`, if its question may yet be heard: one asked (by the time in its
+//! id) in the last few seconds, and since this gateway's consumer was made. Any other goes the
+//! usual way at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use delta_protocol::{InteractionRequest, RequestId};
 use futures_util::StreamExt;
@@ -31,6 +39,11 @@ use tokio_util::sync::CancellationToken;
 /// What an entry is counted as besides its announcement's bytes (its slot in the map, its place
 /// in the order, the allocation's header).
 const OVERHEAD: usize = 256;
+
+/// How old a question may be (by the time in its id) for an answer to wait for its hearing: one
+/// asked longer ago than this and not heard will not be (its announcement was lost, or it was
+/// asked before this gateway listened), or came from a clock far from this one's.
+const RECENT: Duration = Duration::from_secs(5);
 
 /// A question heard, and the trace context of the run's span that asked it.
 #[derive(Clone, Debug)]
@@ -42,7 +55,11 @@ pub struct HeardQuestion {
 /// The questions heard, bounded by their size.
 pub struct Heard {
     cap: usize,
+    /// How long an answer to a question not heard yet waits for its hearing.
+    wait: Duration,
     inner: Mutex<Inner>,
+    /// Since when the events stream's consumer has been delivering, or `None` while there is none.
+    listening_since: Mutex<Option<SystemTime>>,
 }
 
 #[derive(Default)]
@@ -53,6 +70,26 @@ struct Inner {
     order: VecDeque<(RequestId, u64)>,
     bytes: usize,
     next: u64,
+    /// Answers waiting for their question to be heard, woken when it is (kept or not).
+    waiting: HashMap<RequestId, Vec<tokio::sync::oneshot::Sender<()>>>,
+}
+
+/// Takes a waiting answer's sender out of [`Inner::waiting`] when its wait ends.
+struct Leave<'a> {
+    heard: &'a Heard,
+    id: RequestId,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        let mut g = self.heard.lock();
+        if let Some(w) = g.waiting.get_mut(&self.id) {
+            w.retain(|tx| !tx.is_closed());
+            if w.is_empty() {
+                g.waiting.remove(&self.id);
+            }
+        }
+    }
 }
 
 /// A question kept as the announcement's bytes, decoded again when it is answered: what is
@@ -65,11 +102,14 @@ struct Entry {
 }
 
 impl Heard {
-    /// Keeps at most about `cap` bytes of questions; `0` keeps none.
-    pub fn new(cap: usize) -> Self {
+    /// Keeps at most about `cap` bytes of questions (`0` keeps none); an answer to a question
+    /// not heard yet waits up to `wait` for it (`0`: none waits).
+    pub fn new(cap: usize, wait: Duration) -> Self {
         Self {
             cap,
+            wait,
             inner: Mutex::new(Inner::default()),
+            listening_since: Mutex::new(None),
         }
     }
 
@@ -100,12 +140,76 @@ impl Heard {
         let Ok(a) = serde_json::from_slice::<Announcement>(payload) else {
             return false;
         };
-        self.insert(
-            a.data.request_id,
-            Arc::from(payload),
-            payload.len() + OVERHEAD,
-        );
+        let id = a.data.request_id;
+        self.insert(id, Arc::from(payload), payload.len() + OVERHEAD);
+        self.wake(id);
         true
+    }
+
+    /// Wakes the answers waiting for question `id`: it was heard (and kept, unless larger than
+    /// the cap).
+    fn wake(&self, id: RequestId) {
+        let waiting = self.lock().waiting.remove(&id);
+        for w in waiting.into_iter().flatten() {
+            let _ = w.send(());
+        }
+    }
+
+    /// Waits, for an answer to question `id`, until the question is heard or this gateway's
+    /// wait is over, if it may yet be heard (see the module's notes): `None` if the answer did
+    /// not wait (heard already, or not to be heard), else whether the question was heard.
+    pub async fn heard_soon(&self, id: RequestId) -> Option<bool> {
+        if self.wait.is_zero() || !self.may_yet_hear(id, SystemTime::now()) {
+            return None;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut g = self.lock();
+            if g.by_id.contains_key(&id) {
+                return None;
+            }
+            g.waiting.entry(id).or_default().push(tx);
+        }
+        // Whatever ends the wait (the hearing, the time, the answer's request dropped), the
+        // waiter leaves no sender behind.
+        let _leave = Leave { heard: self, id };
+        let heard = matches!(tokio::time::timeout(self.wait, rx).await, Ok(Ok(())));
+        Some(heard)
+    }
+
+    /// Whether question `id` may yet be heard at `now`: asked, by the time in its id, within
+    /// [`RECENT`] of `now`, and no sooner than this gateway's consumer began delivering (it
+    /// delivers only what the stream stores from then on).
+    fn may_yet_hear(&self, id: RequestId, now: SystemTime) -> bool {
+        let Some(since) = *self
+            .listening_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        else {
+            return false;
+        };
+        let Some((secs, nanos)) = id.as_uuid().get_timestamp().map(|t| t.to_unix()) else {
+            return false;
+        };
+        let asked = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+        let recent = match now.duration_since(asked) {
+            Ok(age) => age <= RECENT,
+            // Asked "later" than now: another machine's clock, a little ahead.
+            Err(e) => e.duration() <= RECENT,
+        };
+        recent && asked >= since
+    }
+
+    /// The number of answers waiting for their question to be heard.
+    pub fn waiting(&self) -> usize {
+        self.lock().waiting.values().map(Vec::len).sum()
+    }
+
+    fn set_listening(&self, since: Option<SystemTime>) {
+        *self
+            .listening_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = since;
     }
 
     /// Keeps the announcement of question `id`, counted as `size` bytes, pushing the oldest
@@ -186,8 +290,12 @@ impl Heard {
     /// `shutdown`; its consumer is made again should it end (NATS restarted, say).
     pub async fn listen(&self, queue: &delta_queue::Queue, shutdown: CancellationToken) {
         loop {
+            // From before the consumer is made: a question asked in between and stored before
+            // it began may make one answer wait in vain, once.
+            let since = SystemTime::now();
             match queue.stored_questions().await {
                 Ok(questions) => {
+                    self.set_listening(Some(since));
                     let mut questions = std::pin::pin!(questions);
                     loop {
                         tokio::select! {
@@ -202,6 +310,7 @@ impl Heard {
                             () = shutdown.cancelled() => return,
                         }
                     }
+                    self.set_listening(None);
                 }
                 Err(e) => {
                     // Answers read their questions from Redis meanwhile, as with the cache off.
@@ -237,7 +346,7 @@ mod tests {
 
     #[test]
     fn the_oldest_questions_go_first_past_the_cap() {
-        let heard = Heard::new(300);
+        let heard = Heard::new(300, Duration::ZERO);
         let qs: Vec<_> = (0..4).map(|i| question(&format!("q{i}"))).collect();
         for q in &qs {
             keep(&heard, q, 100);
@@ -251,7 +360,7 @@ mod tests {
 
     #[test]
     fn a_question_heard_again_is_counted_once_and_kept_as_new() {
-        let heard = Heard::new(250);
+        let heard = Heard::new(250, Duration::ZERO);
         let (a, b, c) = (question("a"), question("b"), question("c"));
         keep(&heard, &a, 100);
         keep(&heard, &b, 100);
@@ -267,7 +376,7 @@ mod tests {
 
     #[test]
     fn forgotten_questions_free_their_bytes_and_leave_no_trail() {
-        let heard = Heard::new(1 << 20);
+        let heard = Heard::new(1 << 20, Duration::ZERO);
         for i in 0..10_000 {
             let q = question(&format!("q{i}"));
             keep(&heard, &q, 100);
@@ -280,11 +389,11 @@ mod tests {
 
     #[test]
     fn a_question_larger_than_the_cap_is_not_kept_and_a_zero_cap_keeps_none() {
-        let heard = Heard::new(50);
+        let heard = Heard::new(50, Duration::ZERO);
         let q = question("big");
         keep(&heard, &q, 51);
         assert!(!heard.contains(q.0.request_id));
-        let off = Heard::new(0);
+        let off = Heard::new(0, Duration::ZERO);
         assert!(!off.is_on());
         keep(&off, &q, 1);
         assert!(!off.contains(q.0.request_id));
@@ -292,7 +401,7 @@ mod tests {
 
     #[test]
     fn an_announcement_is_heard_with_its_trace_context() {
-        let heard = Heard::new(1 << 20);
+        let heard = Heard::new(1 << 20, Duration::ZERO);
         let q = question("deploy?").0;
         let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
         let event = delta_protocol::events::requested("delta", &q, None, Some(tp));
@@ -311,7 +420,7 @@ mod tests {
         let payload = delta_protocol::events::encode(&delta_protocol::events::requested(
             "delta", &q, None, None,
         ));
-        let heard = Heard::new(1 << 20);
+        let heard = Heard::new(1 << 20, Duration::ZERO);
         assert!(heard.hear(&payload));
         assert_eq!(heard.len_and_bytes(), (1, payload.len() + OVERHEAD));
         assert_eq!(heard.get(q.request_id).expect("kept").request, q);
@@ -319,7 +428,7 @@ mod tests {
 
     #[test]
     fn a_kept_announcement_that_does_not_decode_is_never_used() {
-        let heard = Heard::new(1 << 20);
+        let heard = Heard::new(1 << 20, Duration::ZERO);
         let id = RequestId::new();
         let payload = format!(r#"{{"specversion":"1.0","data":{{"request_id":"{id}"}}}}"#);
         assert!(heard.hear(payload.as_bytes()));
@@ -332,9 +441,103 @@ mod tests {
 
     #[test]
     fn only_a_question_announcement_is_heard() {
-        let heard = Heard::new(1 << 20);
+        let heard = Heard::new(1 << 20, Duration::ZERO);
         assert!(!heard.hear(b"not json"));
         assert!(!heard.hear(br#"{"specversion":"1.0","data":{"run_id":"x"}}"#));
         assert_eq!(heard.len_and_bytes(), (0, 0));
+    }
+
+    /// A gateway that waits `wait` for questions, listening since a second ago.
+    fn listening(cap: usize, wait: Duration) -> Heard {
+        let heard = Heard::new(cap, wait);
+        heard.set_listening(Some(SystemTime::now() - Duration::from_secs(1)));
+        heard
+    }
+
+    #[tokio::test]
+    async fn an_answer_before_its_question_waits_and_is_woken_by_the_hearing() {
+        // A minute's wait: were the hearing not to wake it, the test would take that long and
+        // fail on `Some(false)`.
+        let heard = listening(1 << 20, Duration::from_secs(60));
+        let q = question("deploy?");
+        let hearing = async {
+            while heard.waiting() == 0 {
+                tokio::task::yield_now().await;
+            }
+            assert!(heard.hear(&q.1));
+        };
+        let (waited, ()) = tokio::join!(heard.heard_soon(q.0.request_id), hearing);
+        assert_eq!(waited, Some(true));
+        assert_eq!(heard.get(q.0.request_id).expect("kept").request, q.0);
+        assert_eq!(heard.waiting(), 0);
+        // Heard already: the next answer does not wait.
+        assert_eq!(heard.heard_soon(q.0.request_id).await, None);
+    }
+
+    #[tokio::test]
+    async fn an_answer_waits_no_longer_than_the_gateways_wait_and_leaves_nothing_behind() {
+        let heard = listening(1 << 20, Duration::from_millis(1));
+        let q = question("never announced");
+        assert_eq!(heard.heard_soon(q.0.request_id).await, Some(false));
+        assert_eq!(heard.waiting(), 0);
+        assert!(heard.lock().waiting.is_empty());
+        // An answer whose request is dropped while it waits leaves nothing either.
+        let heard = listening(1 << 20, Duration::from_secs(60));
+        let dropped =
+            tokio::time::timeout(Duration::from_millis(1), heard.heard_soon(q.0.request_id)).await;
+        assert!(dropped.is_err(), "still waiting when dropped");
+        assert!(heard.lock().waiting.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_answer_does_not_wait_for_a_question_this_gateway_cannot_hear() {
+        let q = question("asked");
+        let id = q.0.request_id;
+        // No consumer, or none waits.
+        assert_eq!(
+            Heard::new(1 << 20, Duration::from_secs(60))
+                .heard_soon(id)
+                .await,
+            None
+        );
+        assert_eq!(
+            listening(1 << 20, Duration::ZERO).heard_soon(id).await,
+            None
+        );
+        let heard = listening(1 << 20, Duration::from_secs(60));
+        // Asked before the consumer was made: the consumer delivers only what comes after.
+        heard.set_listening(Some(SystemTime::now() + Duration::from_secs(1)));
+        assert_eq!(heard.heard_soon(id).await, None);
+        heard.set_listening(Some(SystemTime::now() - Duration::from_secs(60)));
+        // Asked more than five seconds ago, by the time in its id, or that far "ahead".
+        let now = SystemTime::now();
+        assert!(heard.may_yet_hear(id, now));
+        assert!(!heard.may_yet_hear(id, now + RECENT + Duration::from_secs(1)));
+        assert!(!heard.may_yet_hear(id, now - RECENT - Duration::from_secs(1)));
+        // An id with no time in it (not made by a fleet).
+        let v4: RequestId = uuid::Uuid::new_v4()
+            .to_string()
+            .parse()
+            .expect("a request id");
+        assert!(!heard.may_yet_hear(v4, now));
+        // Kept already.
+        assert!(heard.hear(&q.1));
+        assert_eq!(heard.heard_soon(id).await, None);
+        assert_eq!(heard.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_question_too_large_to_keep_still_wakes_its_answer() {
+        let heard = listening(50, Duration::from_secs(60));
+        let q = question("a question larger than fifty bytes, as any announcement is");
+        let hearing = async {
+            while heard.waiting() == 0 {
+                tokio::task::yield_now().await;
+            }
+            assert!(heard.hear(&q.1));
+        };
+        let (waited, ()) = tokio::join!(heard.heard_soon(q.0.request_id), hearing);
+        assert_eq!(waited, Some(true), "woken, to go the usual way at once");
+        assert!(!heard.contains(q.0.request_id));
     }
 }

@@ -136,7 +136,7 @@ impl Gateway {
             shutdown.clone(),
         );
         Ok(Self {
-            heard: heard::Heard::new(config.question_cache_bytes),
+            heard: heard::Heard::new(config.question_cache_bytes, config.question_wait),
             config,
             queue,
             metrics,

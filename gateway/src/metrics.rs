@@ -23,6 +23,12 @@ pub struct ViaLabel {
     pub via: String,
 }
 
+/// Label set of answers that waited for their question to be heard: whether it was.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct HeardLabel {
+    pub heard: &'static str,
+}
+
 /// This gateway's metrics.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -37,6 +43,11 @@ pub struct Metrics {
     pub answers_refused: Family<ViaLabel, Counter>,
     /// Answers to questions this gateway heard announced: no read of the question from Redis.
     pub answers_heard: Counter,
+    /// Answers that reached this gateway before their question was heard, and waited for it
+    /// (`DELTA_QUESTION_WAIT_MS`), by whether it was heard in time.
+    pub answers_waited: Family<HeardLabel, Counter>,
+    /// Answers waiting for their question to be heard now.
+    pub answers_waiting: Gauge,
     /// Questions heard announced and kept (`DELTA_QUESTION_CACHE_MIB`), and their bytes.
     pub questions_heard: Gauge,
     pub questions_heard_bytes: Gauge,
@@ -82,6 +93,8 @@ impl Metrics {
             answers_accepted: Family::default(),
             answers_refused: Family::default(),
             answers_heard: Counter::default(),
+            answers_waited: Family::default(),
+            answers_waiting: Gauge::default(),
             questions_heard: Gauge::default(),
             questions_heard_bytes: Gauge::default(),
             timeouts_applied: Counter::default(),
@@ -152,6 +165,16 @@ impl Metrics {
             "answers_heard",
             "Answers accepted here to questions this gateway heard announced (the question not read from Redis)",
             m.answers_heard.clone(),
+        );
+        r.register(
+            "answers_waited",
+            "Answers that reached this gateway before their question was heard and waited for it (DELTA_QUESTION_WAIT_MS), by whether it was heard in time",
+            m.answers_waited.clone(),
+        );
+        r.register(
+            "answers_waiting",
+            "Answers waiting now for their question to be heard",
+            m.answers_waiting.clone(),
         );
         r.register(
             "questions_heard",

@@ -377,6 +377,14 @@ impl Gateway {
         // from memory (src/heard.rs); Redis's settling script still has the last word. Anything
         // refused on this path is decided again the usual way, with the question read from
         // Redis, so that this path never refuses, nor accepts, what the usual one would not.
+        // An answer to a question just asked and not heard yet waits for it, briefly.
+        if let Some(heard) = self.heard.heard_soon(request_id).await {
+            let heard = if heard { "true" } else { "false" };
+            self.metrics
+                .answers_waited
+                .get_or_create(&crate::metrics::HeardLabel { heard })
+                .inc();
+        }
         if let Some(ix) = self.heard_question(request_id) {
             let run_id = ix.request.run_id;
             if let Ok(answered) = self

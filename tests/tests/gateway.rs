@@ -1661,6 +1661,67 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
     assert_eq!(status, 409, "{body}");
 }
 
+/// An answer that reaches the gateway before its question was heard (a bot answering the instant
+/// it hears the question on NATS, before the events stream's consumer delivers it to the
+/// gateway) waits for the hearing, and is then answered from memory: no read of the question
+/// from Redis (docs/architecture.md "Answers to questions the gateway heard").
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_that_comes_before_its_question_is_heard_waits_for_the_hearing() {
+    // A long wait, so that the test's own steps (seeing the answer wait, then announcing) fit
+    // in it on a loaded machine; the default is 50 ms.
+    let fleet = Fleet::start_with("gww", 1, 0, |s| {
+        s.extra.push(("DELTA_QUESTION_WAIT_MS", "10000".into()));
+    })
+    .await;
+    let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gww", &fleet.nats.queue_settings())
+        .await
+        .expect("queue");
+    let raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
+    let lookups = || delta_e2e::command_calls(&raw, "hget");
+    let run = fleet.submit("hello", "answered early").await;
+    // Stored as a worker stores it, not announced yet.
+    let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
+    let before = lookups().await;
+    let client = fleet.client.clone();
+    let rid = q.request_id.to_string();
+    let answer = tokio::spawn(async move {
+        client
+            .post(
+                &format!("/v1/interactions/{rid}/response"),
+                &json!({"input": "Grace"}),
+            )
+            .await
+            .expect("answer")
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&fleet.client, "delta_answers_waiting").await < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the answer waits for its question"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(metric(&fleet.client, "delta_answers_heard_total").await, 0);
+    queue.publish_request(&q, None).await.expect("announce");
+    let (status, body) = answer.await.expect("the answer's task");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(lookups().await, before, "the question was not read");
+    assert_eq!(metric(&fleet.client, "delta_answers_heard_total").await, 1);
+    assert_eq!(
+        metric(&fleet.client, r#"delta_answers_waited_total{heard="true"}"#).await,
+        1
+    );
+    assert_eq!(metric(&fleet.client, "delta_answers_waiting").await, 0);
+    let ix = fleet
+        .store
+        .interaction(run, q.request_id)
+        .await
+        .expect("read")
+        .expect("stored");
+    assert_eq!(ix.state, delta_protocol::InteractionState::Answered);
+    assert_eq!(ix.response.and_then(|r| r.input).as_deref(), Some("Grace"));
+}
+
 /// A question the gateway kept but that was settled elsewhere (through another gateway, say)
 /// is refused on the kept path by Redis's settling script, and decided again the usual way: the
 /// same refusal as for any settled question, the first answer kept, nothing counted as answered
