@@ -38,17 +38,24 @@ pub struct Cursors {
     backfill: std::sync::Mutex<Vec<(RunStatus, usize)>>,
 }
 
-impl Default for Cursors {
-    fn default() -> Self {
+impl Cursors {
+    /// At the start of every walk; with `finished_indexed` (`<p>:finished-index` says every
+    /// finished run is in the finished index), no backfill to do.
+    fn new(finished_indexed: bool) -> Self {
+        let backfill = if finished_indexed {
+            vec![]
+        } else {
+            vec![
+                (RunStatus::Completed, 0),
+                (RunStatus::Failed, 0),
+                (RunStatus::Cancelled, 0),
+            ]
+        };
         Self {
             queued: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             interrupted: AtomicUsize::new(0),
-            backfill: std::sync::Mutex::new(vec![
-                (RunStatus::Completed, 0),
-                (RunStatus::Failed, 0),
-                (RunStatus::Cancelled, 0),
-            ]),
+            backfill: std::sync::Mutex::new(backfill),
         }
     }
 }
@@ -59,42 +66,52 @@ const PURGE_BATCHES: usize = 10;
 
 /// Runs the reconcilers every `reconcile_every` until `shutdown`.
 pub async fn run(gw: std::sync::Arc<Gateway>, shutdown: CancellationToken) {
-    let cursors = Cursors::default();
+    let cursors = Cursors::new(gw.store.finished_indexed());
     let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             () = tokio::time::sleep(gw.config.reconcile_every) => {}
             () = shutdown.cancelled() => return,
         }
-        if let Err(e) = deadlines(&gw).await {
-            tracing::warn!(error = %e, "deadline reconciler");
-        }
-        if let Err(e) = escalations(&gw).await {
-            tracing::warn!(error = %e, "escalation reconciler");
-        }
-        if let Err(e) = resumes(&gw).await {
-            tracing::warn!(error = %e, "resume reconciler");
-        }
-        // The lost-job walk reads every queued/running run: less often.
-        if ticks % 10 == 0
-            && let Err(e) = lost_jobs(&gw, &cursors).await
-        {
-            tracing::warn!(error = %e, "lost-job reconciler");
-        }
-        if let Err(e) = retention(&gw, &cursors).await {
-            tracing::warn!(error = %e, "retention reconciler");
-        }
+        round(&gw, &cursors, ticks).await;
         ticks += 1;
     }
 }
 
-/// Closes the questions whose deadline passed. Returns how many it closed. One entry's failure
-/// is logged and does not hold up the others.
-pub async fn deadlines(gw: &Gateway) -> Result<usize, ApiError> {
-    let due = gw
-        .store
-        .due_deadlines(Timestamp::now().micros(), 200)
-        .await?;
+/// One round of the reconcilers. What is due (deadlines, escalation steps, resumes, and runs
+/// past retention) is read in one round trip; an idle fleet costs that one a round.
+async fn round(gw: &Gateway, cursors: &Cursors, ticks: u64) {
+    let now = Timestamp::now().micros();
+    let cutoff = gw
+        .config
+        .retention
+        .map(|keep| now.saturating_sub(micros(keep)));
+    let due = match gw.store.due(now, cutoff, PURGE_BATCH).await {
+        Ok(due) => due,
+        Err(e) => {
+            tracing::warn!(error = %e, "reconcilers: what is due not read; will retry");
+            delta_store::redis::Due::default()
+        }
+    };
+    deadlines(gw, due.deadlines).await;
+    escalations(gw, due.escalations).await;
+    resumes(gw, due.resumes, now).await;
+    // The lost-job walk reads every queued/running run: less often.
+    if ticks % 10 == 0
+        && let Err(e) = lost_jobs(gw, cursors).await
+    {
+        tracing::warn!(error = %e, "lost-job reconciler");
+    }
+    if let Some(cutoff) = cutoff
+        && let Err(e) = retention(gw, cursors, due.purge, cutoff).await
+    {
+        tracing::warn!(error = %e, "retention reconciler");
+    }
+}
+
+/// Closes the questions `due` whose deadline passed. Returns how many it closed. One entry's
+/// failure is logged and does not hold up the others.
+async fn deadlines(gw: &Gateway, due: Vec<(RunId, RequestId)>) -> usize {
     let mut closed = 0;
     for (run_id, request_id) in due {
         match gw.expire(run_id, request_id).await {
@@ -105,15 +122,11 @@ pub async fn deadlines(gw: &Gateway) -> Result<usize, ApiError> {
             }
         }
     }
-    Ok(closed)
+    closed
 }
 
-/// Carries out the escalation steps that are due. Returns how many it carried out.
-pub async fn escalations(gw: &Gateway) -> Result<usize, ApiError> {
-    let due = gw
-        .store
-        .due_escalations(Timestamp::now().micros(), 200)
-        .await?;
+/// Carries out the escalation steps `due`. Returns how many it carried out.
+async fn escalations(gw: &Gateway, due: Vec<(RunId, RequestId)>) -> usize {
     let mut done = 0;
     for (run_id, request_id) in due {
         match gw.escalate(run_id, request_id).await {
@@ -123,14 +136,12 @@ pub async fn escalations(gw: &Gateway) -> Result<usize, ApiError> {
             }
         }
     }
-    Ok(done)
+    done
 }
 
-/// Looks after answered questions whose run has not resumed yet. Returns how many resume jobs
-/// it published.
-pub async fn resumes(gw: &Gateway) -> Result<usize, ApiError> {
-    let now = Timestamp::now().micros();
-    let due = gw.store.due_resumes(now, 200).await?;
+/// Looks after the answered questions `due` whose run has not resumed yet (read at `now`).
+/// Returns how many resume jobs it published.
+async fn resumes(gw: &Gateway, due: Vec<(RunId, RequestId)>, now: i64) -> usize {
     let mut published = 0;
     for (run_id, request_id) in due {
         match resume_one(gw, run_id, request_id, now).await {
@@ -141,7 +152,7 @@ pub async fn resumes(gw: &Gateway) -> Result<usize, ApiError> {
             }
         }
     }
-    Ok(published)
+    published
 }
 
 async fn resume_one(
@@ -304,19 +315,25 @@ async fn requeue_if_lost(
     Ok(true)
 }
 
-/// Deletes the runs that finished more than `DELTA_RETENTION` ago, up to [`PURGE_BATCHES`]
-/// batches of [`PURGE_BATCH`]; first, until it is done, a batch of the backfill. Returns how many
-/// runs it deleted. Logs counts only, never what the runs held.
-pub async fn retention(gw: &Gateway, cursors: &Cursors) -> Result<usize, ApiError> {
-    let Some(keep) = gw.config.retention else {
-        return Ok(0);
-    };
+/// Deletes the runs that finished more than `DELTA_RETENTION` ago (at or before `cutoff`), up
+/// to [`PURGE_BATCHES`] batches of [`PURGE_BATCH`], the first of them `first` (read with the
+/// round's other due entries); first, until it is done, a batch of the backfill. Returns how
+/// many runs it deleted. Logs counts only, never what the runs held.
+async fn retention(
+    gw: &Gateway,
+    cursors: &Cursors,
+    first: Vec<RunId>,
+    cutoff: i64,
+) -> Result<usize, ApiError> {
     backfill(gw, cursors).await?;
-    let cutoff = Timestamp::now().micros().saturating_sub(micros(keep));
     let mut purged = 0;
     let mut skipped = 0;
+    let mut first = Some(first);
     for _ in 0..PURGE_BATCHES {
-        let pass = gw.store.purge_finished(cutoff, PURGE_BATCH).await?;
+        let pass = match first.take() {
+            Some(due) => gw.store.purge_due(due, cutoff, PURGE_BATCH).await?,
+            None => gw.store.purge_finished(cutoff, PURGE_BATCH).await?,
+        };
         purged += pass.purged;
         skipped += pass.skipped;
         gw.metrics.runs_purged.inc_by(pass.purged as u64);
@@ -329,7 +346,7 @@ pub async fn retention(gw: &Gateway, cursors: &Cursors) -> Result<usize, ApiErro
         tracing::info!(
             purged,
             skipped,
-            retention_s = keep.as_secs(),
+            retention_s = gw.config.retention.map_or(0, |keep| keep.as_secs()),
             "finished runs past retention deleted"
         );
     }
@@ -354,13 +371,24 @@ async fn backfill(gw: &Gateway, cursors: &Cursors) -> Result<(), ApiError> {
     if added > 0 {
         tracing::info!(added, %status, "finished runs added to the retention index");
     }
-    let mut left = cursors.backfill.lock().unwrap_or_else(|p| p.into_inner());
-    match (next, left.first_mut()) {
-        (0, Some(_)) => {
-            left.remove(0);
+    let done = {
+        let mut left = cursors.backfill.lock().unwrap_or_else(|p| p.into_inner());
+        match (next, left.first_mut()) {
+            (0, Some(_)) => {
+                left.remove(0);
+                left.is_empty()
+            }
+            (n, Some(first)) => {
+                first.1 = n;
+                false
+            }
+            (_, None) => false,
         }
-        (n, Some(first)) => first.1 = n,
-        (_, None) => {}
+    };
+    if done {
+        // Every terminal status index walked: gateways started from now on walk nothing.
+        gw.store.mark_finished_indexed().await?;
+        tracing::info!("every finished run is in the retention index");
     }
     Ok(())
 }

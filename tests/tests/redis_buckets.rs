@@ -194,7 +194,12 @@ async fn a_runs_keys_and_the_indexes_that_name_it_share_one_slot() {
     };
     store.heartbeat("w1").await.expect("heartbeat");
     let contents = keys_and_contents(&redis.url(), "sl").await;
-    let singletons = ["sl:buckets", "sl:workers", "sl:journal-format"];
+    let singletons = [
+        "sl:buckets",
+        "sl:workers",
+        "sl:journal-format",
+        "sl:finished-index",
+    ];
     let mut buckets_seen = BTreeSet::new();
     for (key, text) in &contents {
         if singletons.contains(&key.as_str()) {
@@ -334,6 +339,13 @@ async fn lookups_and_reconcilers_cover_every_bucket() {
     let store = RedisRunStore::connect_buckets(&redis.url(), "rc", None, 5)
         .await
         .expect("connect");
+    // A round of the reconcilers with nothing due is one round trip, over every bucket and
+    // index.
+    let trips = store.round_trips();
+    let now = Timestamp::now().micros();
+    let due = store.due(now, Some(now), 100).await.expect("due");
+    assert_eq!(store.round_trips() - trips, 1);
+    assert_eq!(due, delta_store::redis::Due::default());
     lookups_and_reconcilers(&store).await;
 }
 
@@ -375,6 +387,12 @@ async fn lookups_and_reconcilers(store: &RedisRunStore) {
     let want: BTreeSet<_> = asked.iter().map(|q| (q.run_id, q.request_id)).collect();
     assert_eq!(due, want);
     assert_eq!(store.due_deadlines(now, 5).await.expect("due").len(), 5);
+    // A round's read finds the same, in one round trip and one for the questions' runs.
+    let trips = store.round_trips();
+    let round = store.due(now, Some(now), 100).await.expect("due");
+    assert_eq!(store.round_trips() - trips, 2);
+    assert_eq!(round.deadlines.into_iter().collect::<BTreeSet<_>>(), want);
+    assert!(round.escalations.is_empty() && round.resumes.is_empty() && round.purge.is_empty());
     let mut a = InteractionResponse::new(
         asked[0].request_id,
         Responder {
@@ -397,6 +415,9 @@ async fn lookups_and_reconcilers(store: &RedisRunStore) {
         .into_iter()
         .collect();
     assert_eq!(resumes, want);
+    let round = store.due(later, None, 100).await.expect("due");
+    assert_eq!(round.resumes.into_iter().collect::<BTreeSet<_>>(), want);
+    assert!(round.deadlines.is_empty(), "answered: no deadline left");
     // The lost-job walk sees every waiting run once over its steps.
     let mut seen = BTreeSet::new();
     let mut offset = 0;
@@ -566,7 +587,9 @@ async fn migration_moves_the_layout_of_before_the_buckets() {
     let c = keys_and_contents(&url, "mg").await;
     assert!(
         c.keys()
-            .all(|k| k == "mg:buckets" || k == "mg:journal-format" || k.starts_with("mg:{b")),
+            .all(|k| ["mg:buckets", "mg:journal-format", "mg:finished-index"]
+                .contains(&k.as_str())
+                || k.starts_with("mg:{b")),
         "{c:?}"
     );
     assert_eq!(

@@ -572,6 +572,14 @@ async fn runs_finished_before_the_index_are_backfilled() {
         store.purge_finished(now, 10).await.expect("purge").purged,
         0
     );
+    assert!(
+        store
+            .due(now, Some(now), 10)
+            .await
+            .expect("due")
+            .purge
+            .is_empty()
+    );
     let (added, next) = store
         .backfill_finished(RunStatus::Completed, 0, 10)
         .await
@@ -581,6 +589,19 @@ async fn runs_finished_before_the_index_are_backfilled() {
     assert_eq!(
         store.finished_at(&[id]).await.expect("read"),
         vec![Some(updated)]
+    );
+    // A round of the reconcilers finds it due, if asked to (retention on).
+    assert_eq!(
+        store.due(now, Some(now), 10).await.expect("due").purge,
+        vec![id]
+    );
+    assert!(
+        store
+            .due(now, None, 10)
+            .await
+            .expect("due")
+            .purge
+            .is_empty()
     );
     // Walking again adds nothing.
     assert_eq!(
@@ -595,6 +616,44 @@ async fn runs_finished_before_the_index_are_backfilled() {
         1
     );
     assert!(matches!(store.load(id).await, Err(Error::NotFound(_))));
+}
+
+/// A new deployment says from its start that every finished run is in the finished index (no
+/// gateway walks the status indexes for retention); one that does not say so (made before the
+/// note existed) is walked, and says so once a walk got through.
+#[tokio::test]
+async fn a_new_deployment_needs_no_backfill_and_an_older_one_is_marked_once_walked() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "fi")
+        .await
+        .expect("connect");
+    assert!(store.finished_indexed());
+    let raw = delta_e2e::redis_raw(&redis.url()).await;
+    let marker = || async {
+        let v: Option<String> = redis::cmd("GET")
+            .arg("fi:finished-index")
+            .query_async(&mut raw.clone())
+            .await
+            .expect("get");
+        v
+    };
+    assert_eq!(marker().await.as_deref(), Some("complete"));
+    // As a deployment made before the note: a program connecting does not add it.
+    let _: () = redis::cmd("DEL")
+        .arg("fi:finished-index")
+        .query_async(&mut raw.clone())
+        .await
+        .expect("del");
+    let older = RedisRunStore::connect(&redis.url(), "fi")
+        .await
+        .expect("connect");
+    assert!(!older.finished_indexed());
+    assert_eq!(marker().await, None);
+    older.mark_finished_indexed().await.expect("mark");
+    let after = RedisRunStore::connect(&redis.url(), "fi")
+        .await
+        .expect("connect");
+    assert!(after.finished_indexed());
 }
 
 /// A write's events are one stream entry (their time once, one line each); a note a script

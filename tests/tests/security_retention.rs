@@ -317,3 +317,61 @@ async fn an_agent_of_builtin_tools_gets_no_work_directory() {
     fleet.pending(files).await;
     assert_eq!(names(&root), [files.to_string()]);
 }
+
+/// A deployment made before `<p>:finished-index` (a run finished before the finished index
+/// existed, not in it): the gateway walks the status indexes, adds the run, deletes it past
+/// retention, and notes that every finished run is indexed, so that gateways started later walk
+/// nothing (docs/protocol.md "Retention").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_backfills_an_older_deployment_once_and_notes_it() {
+    use delta_store::{StatusChange, Terminal};
+    let mut fleet = Fleet::start_with("ret5", 0, 0, |s| {
+        s.extra = vec![("DELTA_RETENTION", "1s".into())];
+    })
+    .await;
+    let store = fleet.store.clone();
+    let rec = delta_store::RunRecord::new(RunId::new(), "hello", "t", RunStatus::Queued);
+    let id = rec.run_id;
+    store.create(rec).await.expect("create");
+    store
+        .append(
+            id,
+            vec![],
+            Some(StatusChange::Finished {
+                status: Terminal::Completed,
+                result: Some("ok".into()),
+                error: None,
+            }),
+        )
+        .await
+        .expect("finish");
+    // As a build before the finished index left it, in a deployment before the note.
+    let mut raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
+    let _: () = redis::pipe()
+        .cmd("ZREM")
+        .arg(store.run_index(id, "runs:finished"))
+        .arg(id.to_string())
+        .ignore()
+        .cmd("DEL")
+        .arg("ret5:finished-index")
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .expect("as before");
+    assert_eq!(store.finished_at(&[id]).await.expect("read"), vec![None]);
+
+    fleet.add_gateway(None).await;
+    eventually("the run deleted past retention", 30, async || {
+        matches!(store.load(id).await, Err(delta_store::Error::NotFound(_)))
+    })
+    .await;
+    eventually("every finished run noted as indexed", 30, async || {
+        let v: Option<String> = redis::cmd("GET")
+            .arg("ret5:finished-index")
+            .query_async(&mut raw.clone())
+            .await
+            .expect("get");
+        v.as_deref() == Some("complete")
+    })
+    .await;
+}

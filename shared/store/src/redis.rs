@@ -76,7 +76,7 @@ pub use a2a::{A2aPushConfig, DeletePush, PushLimits, PutPush};
 pub use webhooks::{Webhook, WebhookSecrets, WebhookState};
 
 use conn::{Client, Conn};
-pub use index::{JournalTail, Note, Page, QueueRun, Requeue, Submitted};
+pub use index::{Due, JournalTail, Note, Page, QueueRun, Requeue, Submitted};
 pub use migrate::Migrated;
 pub use retention::{Purge, Purged};
 
@@ -656,7 +656,13 @@ pub struct RedisRunStore {
     journal: JournalMode,
     /// How a write that precedes an irreversible step is made durable ([`Durability`]).
     durability: Durability,
+    /// Whether `<p>:finished-index` says every finished run is in its bucket's `runs:finished`
+    /// (read as this handle connected): retention then needs no backfill walk.
+    finished_indexed: bool,
 }
+
+/// What `<p>:finished-index` holds once every finished run is in its bucket's `runs:finished`.
+const FINISHED_INDEX_COMPLETE: &str = "complete";
 
 /// How the fleet knows that a write is durable before it does something that cannot be undone
 /// (`DELTA_REDIS_DURABILITY`; docs/operations.md#durability): an accepted answer before the
@@ -829,6 +835,27 @@ impl RedisRunStore {
         Ok(old.as_deref() == Some(JOURNAL_FORMAT_PACKED))
     }
 
+    /// Whether every finished run was in its bucket's `runs:finished` as this handle connected
+    /// (`<p>:finished-index`): set in a new deployment, and by the first retention backfill
+    /// that walked every terminal status index ([`Self::mark_finished_indexed`]).
+    pub fn finished_indexed(&self) -> bool {
+        self.finished_indexed
+    }
+
+    /// Notes in `<p>:finished-index` that every finished run is in `runs:finished`: for the
+    /// gateway whose backfill walked every terminal status index. Every build that writes the
+    /// bucketed layout indexes each run it finishes, so no run finished later can be missing;
+    /// gateways started after this walk nothing.
+    pub async fn mark_finished_indexed(&self) -> Result<(), Error> {
+        let mut conn = self.connection();
+        redis::cmd("SET")
+            .arg(self.index("finished-index"))
+            .arg(FINISHED_INDEX_COMPLETE)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(backend)
+    }
+
     /// Whether this handle writes each event as a journal entry of its own.
     pub fn writes_single_entries(&self) -> bool {
         self.journal == JournalMode::Single
@@ -875,6 +902,7 @@ impl RedisRunStore {
             settled: Arc::default(),
             journal: JournalMode::Single,
             durability: Durability::FsyncAlways,
+            finished_indexed: false,
         })
     }
 
@@ -897,6 +925,8 @@ impl RedisRunStore {
             .await
             .map_err(backend)?;
         // A new deployment has no reader of an older format: a write is one packed entry there.
+        // Nor a run finished before the finished index: retention has nothing to walk for.
+        let finished_key = self.index("finished-index");
         let mut pipe = redis::pipe();
         if fresh.is_some() && new_format {
             pipe.cmd("SET")
@@ -904,13 +934,20 @@ impl RedisRunStore {
                 .arg(JOURNAL_FORMAT_PACKED)
                 .arg("NX")
                 .ignore();
+            pipe.cmd("SET")
+                .arg(&finished_key)
+                .arg(FINISHED_INDEX_COMPLETE)
+                .arg("NX")
+                .ignore();
         }
-        let (format,): (Option<String>,) = pipe
+        let (format, finished): (Option<String>, Option<String>) = pipe
             .get(&format_key)
+            .get(&finished_key)
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
         self.journal = JournalMode::of(format.as_deref(), &format_key)?;
+        self.finished_indexed = finished.as_deref() == Some(FINISHED_INDEX_COMPLETE);
         match stored.as_deref().map(str::parse::<u32>) {
             Some(Ok(n)) if n == self.buckets => Ok(()),
             Some(Ok(n)) if !strict && (1..=MAX_BUCKETS).contains(&n) => {

@@ -499,6 +499,49 @@ impl RedisRunStore {
     ) -> Result<Vec<(RunId, RequestId)>, Error> {
         // Each bucket's earliest `max`, then the earliest `max` of them all.
         let due = self.due_per_bucket(name, now_us, max).await?;
+        self.interactions_due(name, due).await
+    }
+
+    /// Everything a round of the reconcilers looks at, in one round trip: the questions whose
+    /// deadline or escalation step is due at `now_us`, the resumes due for a look, and (with
+    /// `purge_before_us`) the finished runs past retention; at most `max` of each, earliest
+    /// first. Only what is found costs more: the runs of due questions, read together.
+    pub async fn due(
+        &self,
+        now_us: i64,
+        purge_before_us: Option<i64>,
+        max: usize,
+    ) -> Result<Due, Error> {
+        let mut wanted = vec![
+            ("interactions:deadlines", now_us),
+            ("interactions:escalations", now_us),
+            ("resumes", now_us),
+        ];
+        if let Some(before) = purge_before_us {
+            wanted.push(("runs:finished", before));
+        }
+        let mut lists = self.due_per_bucket_of(&wanted, max).await?.into_iter();
+        let mut next = || lists.next().unwrap_or_default();
+        let (deadlines, escalations, resumes, purge) = (next(), next(), next(), next());
+        Ok(Due {
+            deadlines: self
+                .interactions_due("interactions:deadlines", deadlines)
+                .await?,
+            escalations: self
+                .interactions_due("interactions:escalations", escalations)
+                .await?,
+            resumes: resumes_of(&resumes),
+            purge: self.runs_due(purge).await?,
+        })
+    }
+
+    /// The questions `due` of the index `name` (each with its bucket), with their runs; members
+    /// that belong to no run are dropped from the index.
+    async fn interactions_due(
+        &self,
+        name: &str,
+        due: Vec<(u32, String)>,
+    ) -> Result<Vec<(RunId, RequestId)>, Error> {
         if due.is_empty() {
             return Ok(vec![]);
         }
@@ -554,26 +597,45 @@ impl RedisRunStore {
         until: i64,
         max: usize,
     ) -> Result<Vec<(u32, String)>, Error> {
+        let mut lists = self.due_per_bucket_of(&[(name, until)], max).await?;
+        Ok(lists.pop().unwrap_or_default())
+    }
+
+    /// As [`Self::due_per_bucket`] for each `(name, until)` of `wanted`, all in one round trip:
+    /// one list per entry of `wanted`, in its order.
+    async fn due_per_bucket_of(
+        &self,
+        wanted: &[(&str, i64)],
+        max: usize,
+    ) -> Result<Vec<Vec<(u32, String)>>, Error> {
+        // Bucket by bucket, each index of `wanted` in turn.
         let lists: Vec<Vec<(String, f64)>> = self
             .per_bucket(|pipe, k| {
-                pipe.cmd("ZRANGEBYSCORE")
-                    .arg(self.bucket_index(k, name))
-                    .arg("-inf")
-                    .arg(until)
-                    .arg("WITHSCORES")
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(max);
+                for (name, until) in wanted {
+                    pipe.cmd("ZRANGEBYSCORE")
+                        .arg(self.bucket_index(k, name))
+                        .arg("-inf")
+                        .arg(*until)
+                        .arg("WITHSCORES")
+                        .arg("LIMIT")
+                        .arg(0)
+                        .arg(max);
+                }
             })
             .await?;
-        let mut all: Vec<(f64, u32, String)> = lists
+        let mut all: Vec<Vec<(f64, u32, String)>> = vec![vec![]; wanted.len()];
+        for (n, list) in lists.into_iter().enumerate() {
+            let (k, i) = (n / wanted.len(), n % wanted.len());
+            all[i].extend(list.into_iter().map(|(m, s)| (s, k as u32, m)));
+        }
+        Ok(all
             .into_iter()
-            .enumerate()
-            .flat_map(|(k, l)| l.into_iter().map(move |(m, s)| (s, k as u32, m)))
-            .collect();
-        all.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.cmp(&b.2)));
-        all.truncate(max);
-        Ok(all.into_iter().map(|(_, k, m)| (k, m)).collect())
+            .map(|mut l| {
+                l.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.cmp(&b.2)));
+                l.truncate(max);
+                l.into_iter().map(|(_, k, m)| (k, m)).collect()
+            })
+            .collect())
     }
 
     /// Drops a deadline that needs no action (its interaction is no longer pending).
@@ -589,13 +651,7 @@ impl RedisRunStore {
         max: usize,
     ) -> Result<Vec<(RunId, RequestId)>, Error> {
         let members = self.due_per_bucket("resumes", now_us, max).await?;
-        Ok(members
-            .iter()
-            .filter_map(|(_, m)| {
-                let (run, rid) = m.split_once('/')?;
-                Some((run.parse().ok()?, rid.parse().ok()?))
-            })
-            .collect())
+        Ok(resumes_of(&members))
     }
 
     /// Looks at a resume again at `at_us` (only while it is still awaited).
@@ -1097,4 +1153,29 @@ fn sum_info_values(a: &str, b: &str) -> String {
             .join(",");
     }
     a.to_owned()
+}
+
+/// The resumes that members of a bucket's `resumes` index name (`<run>/<request>`); any other
+/// member is passed over.
+fn resumes_of(members: &[(u32, String)]) -> Vec<(RunId, RequestId)> {
+    members
+        .iter()
+        .filter_map(|(_, m)| {
+            let (run, rid) = m.split_once('/')?;
+            Some((run.parse().ok()?, rid.parse().ok()?))
+        })
+        .collect()
+}
+
+/// What a round of the reconcilers finds due ([`RedisRunStore::due`]), earliest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Due {
+    /// Pending questions whose deadline passed: `(run, request)`.
+    pub deadlines: Vec<(RunId, RequestId)>,
+    /// Pending questions whose next escalation step is due.
+    pub escalations: Vec<(RunId, RequestId)>,
+    /// Answered questions whose run has not resumed, due for a look.
+    pub resumes: Vec<(RunId, RequestId)>,
+    /// Finished runs past retention (none unless asked for).
+    pub purge: Vec<RunId>,
 }

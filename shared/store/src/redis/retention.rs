@@ -111,6 +111,12 @@ impl RedisRunStore {
     /// Entries that are not run ids are removed from the index.
     pub async fn due_for_purge(&self, before_us: i64, max: usize) -> Result<Vec<RunId>, Error> {
         let ids = self.due_per_bucket("runs:finished", before_us, max).await?;
+        self.runs_due(ids).await
+    }
+
+    /// The runs that entries `ids` of the buckets' `runs:finished` name (each with its bucket);
+    /// entries that are not run ids are removed from the index.
+    pub(super) async fn runs_due(&self, ids: Vec<(u32, String)>) -> Result<Vec<RunId>, Error> {
         let (mut due, mut junk) = (vec![], redis::pipe());
         let mut any_junk = false;
         for (k, raw) in ids {
@@ -165,6 +171,17 @@ impl RedisRunStore {
     /// one script, and a second deletion finds nothing to do.
     pub async fn purge_finished(&self, before_us: i64, max: usize) -> Result<Purged, Error> {
         let due = self.due_for_purge(before_us, max).await?;
+        self.purge_due(due, before_us, max).await
+    }
+
+    /// Deletes each of `due`, the runs a read of at most `max` found finished at or before
+    /// `before_us` ([`Self::due_for_purge`], [`Self::due`]), as [`Self::purge_finished`] does.
+    pub async fn purge_due(
+        &self,
+        due: Vec<RunId>,
+        before_us: i64,
+        max: usize,
+    ) -> Result<Purged, Error> {
         let mut done = Purged {
             more: due.len() >= max,
             ..Purged::default()
