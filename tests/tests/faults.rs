@@ -448,3 +448,88 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
         .messages;
     assert_eq!(jobs, 0, "the exhausted job left the work queue");
 }
+
+/// A run that paused on a question (stored in Redis) whose announcement NATS refuses (the events
+/// stream gone for a while: here deleted, as a stream without a leader refuses) is not failed for
+/// it, whatever `max_deliver`: its worker holds the job and tries the announcement again, and
+/// the question is announced once the stream is back. Before, each delivery's refusal used one
+/// up, and the last one dead-lettered the run (seen in chaos_cluster's `s7` on a loaded machine).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_failed() {
+    let _serial = SERIAL.lock().await;
+    // Two deliveries at most: the old way failed the run within a second of its pause.
+    let mut fleet = Fleet::start("xa", 3000, 2000, 2).await;
+    agent(&fleet.worker_spec.agents_dir, 1, "0", true);
+    fleet.add_worker("w0");
+    // A first run through, so that the worker is up (it waits for the streams as it starts).
+    let first = fleet.submit(1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fleet.completed(&first).await < 1 {
+        assert!(Instant::now() < deadline, "the first run completes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let nats = delta_e2e::nats_client(&fleet.nats.url()).await;
+    let js = async_nats::jetstream::new(nats.clone());
+    js.delete_stream("XA_INTERACTIONS").await.expect("delete");
+    let ids = fleet.submit_to("hello", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fleet.load(ids[0]).await.record.status != RunStatus::WaitingForInput {
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(fleet.log("w0")).unwrap_or_default();
+            panic!("the run pauses on its question: {log}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Long enough for both deliveries to have been used up the old way (a refusal, a 0.4 s
+    // back-off, a second refusal).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        fleet.load(ids[0]).await.record.status,
+        RunStatus::WaitingForInput,
+        "a run that only waits is not failed because its question could not be announced"
+    );
+    // The stream back (a gateway makes what is missing as it connects).
+    Queue::connect(&fleet.nats.url(), "xa", &Default::default())
+        .await
+        .expect("the streams made again");
+    // Stored in the stream (a subscriber would have heard the refused attempts too).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let announced = loop {
+        if let Ok(mut stream) = js.get_stream("XA_INTERACTIONS").await
+            && let Ok(info) = stream.info().await
+            && info.state.messages > 0
+        {
+            let first = info.state.first_sequence;
+            break stream
+                .get_raw_message(first)
+                .await
+                .expect("the first message");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the question is announced once the stream is back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        announced.subject.starts_with("xa.interactions.requested."),
+        "{}",
+        announced.subject
+    );
+    let q: serde_json::Value = serde_json::from_slice(&announced.payload).expect("json");
+    assert_eq!(q["data"]["run_id"], ids[0].to_string());
+    assert_eq!(
+        fleet.load(ids[0]).await.record.status,
+        RunStatus::WaitingForInput
+    );
+    let dlq = js
+        .get_stream("XA_DLQ")
+        .await
+        .expect("dlq")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    assert_eq!(dlq, 0, "nothing dead-lettered");
+}

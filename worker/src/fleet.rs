@@ -748,10 +748,74 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
     }
 }
 
-/// A failure that may pass: nak with backoff, or dead-letter on the last delivery.
 /// The longest a job is held while Redis cannot take its writes, before it is given back and
 /// counted as a failed delivery.
 const HOLD_WHILE_STORE_DOWN: Duration = Duration::from_secs(600);
+
+/// The longest a paused run's job is held while its question cannot be announced, before it is
+/// given back (never dead-lettered for it: [`announce_held`]).
+const HOLD_WHILE_UNANNOUNCED: Duration = Duration::from_secs(120);
+
+/// Announces question `q` that a run just paused on; `reopened`: it was announced and resolved
+/// before, and is open again (a new announcement, so that every channel, SSE, the inbox and
+/// bots, shows it open again).
+async fn announce_question(
+    shared: &Shared,
+    q: &delta_protocol::InteractionRequest,
+    traceparent: Option<&str>,
+    reopened: bool,
+) -> Result<(), queue::Error> {
+    if reopened {
+        shared.queue.publish_request_again(q, traceparent).await
+    } else {
+        shared.queue.publish_request(q, traceparent).await
+    }
+}
+
+/// A run paused on a question (durable in Redis) whose announcement NATS refused: the events
+/// stream without a leader for a moment (a NATS node killed), or NATS unreachable. The run is
+/// fine, so its job is never dead-lettered for this, which would fail a run that only waits.
+/// The job is held (its ack deadline pushed back) while `announce` is tried again, backing off,
+/// up to [`HOLD_WHILE_UNANNOUNCED`]; acked once it got through, else given back with a delay.
+/// Should its deliveries run out meanwhile, the exhausted job's handler announces the question
+/// of a paused run again and drops the job ([`settle_exhausted`]).
+async fn announce_held<F, Fut>(shared: &Shared, d: &Delivery, reason: &str, announce: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), queue::Error>>,
+{
+    tracing::warn!(
+        reason,
+        "a paused run's question not announced; holding the job and trying again"
+    );
+    let started = Instant::now();
+    let longest = (shared.config.queue.ack_wait / 3)
+        .clamp(Duration::from_millis(100), Duration::from_secs(2));
+    let mut wait = Duration::from_millis(250).min(longest);
+    loop {
+        let _ = d.progress().await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shared.stop.cancelled() => {
+                let _ = d.nak(None).await;
+                return;
+            }
+        }
+        match announce().await {
+            Ok(()) => {
+                tracing::info!("the paused run's question announced after all");
+                let _ = d.ack().await;
+                return;
+            }
+            Err(e) if started.elapsed() > HOLD_WHILE_UNANNOUNCED => {
+                tracing::warn!(error = %delta_host::Chain(&e), "a paused run's question still not announced; giving the job back");
+                let _ = d.nak(Some(longest)).await;
+                return;
+            }
+            Err(_) => wait = (wait * 2).min(longest),
+        }
+    }
+}
 
 /// Redis could not take this job's writes (down, failing over, or a master without the replica
 /// its durability needs). Not the job's fault: it is held (its ack deadline pushed back) until
@@ -788,6 +852,7 @@ async fn store_down(shared: &Shared, d: &Delivery, reason: &str) {
     }
 }
 
+/// A failure that may pass: nak with backoff, or dead-letter on the last delivery.
 async fn retry_or_poison(shared: &Shared, d: &Delivery, reason: &str) {
     if i64::try_from(d.fence.delivery).unwrap_or(i64::MAX) >= shared.config.queue.max_deliver {
         poison(
@@ -966,18 +1031,19 @@ async fn handle(shared: &Shared, d: Delivery) {
         return;
     }
     match outcome {
-        Ok(Outcome::Paused(q)) => match if reopened {
-            // The question was announced (and then resolved) before: a new announcement, so
-            // that every channel (SSE, the inbox, bots) shows it open again.
-            shared.queue.publish_request_again(&q, tp.as_deref()).await
-        } else {
-            shared.queue.publish_request(&q, tp.as_deref()).await
-        } {
-            Ok(()) => {
-                let _ = d.ack().await;
+        Ok(Outcome::Paused(q)) => {
+            match announce_question(shared, &q, tp.as_deref(), reopened).await {
+                Ok(()) => {
+                    let _ = d.ack().await;
+                }
+                Err(e) => {
+                    announce_held(shared, &d, &why(&e), || {
+                        announce_question(shared, &q, tp.as_deref(), reopened)
+                    })
+                    .await;
+                }
             }
-            Err(e) => retry_or_poison(shared, &d, &why(&e)).await,
-        },
+        }
         Ok(Outcome::Interrupted) => {
             let _ = d.nak(None).await;
         }
