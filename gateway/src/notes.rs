@@ -113,7 +113,8 @@ struct Writer {
 
 impl Writer {
     /// Keeps what arrives, and every [`TICK`] decides on the notes that waited [`DELAY`], until
-    /// shutdown; then writes what is left, every one (no time to wait for workers).
+    /// shutdown; then decides on what is left at once (no time to wait for workers): the notes
+    /// of jobs acknowledged already are dropped, the others written.
     async fn run(self, mut rx: mpsc::Receiver<Note>, shutdown: CancellationToken) {
         let mut waiting: VecDeque<(Instant, Note)> = VecDeque::new();
         let mut tick = tokio::time::interval(TICK);
@@ -134,9 +135,7 @@ impl Writer {
             waiting.push_back((Instant::now(), n));
         }
         let rest: Vec<Note> = waiting.into_iter().map(|(_, n)| n).collect();
-        for chunk in rest.chunks(BATCH) {
-            write(&self.store, &self.counters, chunk).await;
-        }
+        self.decide(rest, Duration::from_secs(1)).await;
     }
 
     /// Writes the notes that waited [`DELAY`] whose job is still not acknowledged; drops the others.
@@ -149,19 +148,24 @@ impl Writer {
             return;
         }
         let due: Vec<Note> = waiting.drain(..n).map(|(_, n)| n).collect();
-        // A lane the stream cannot tell about (NATS away): its notes are all written.
-        let mut floors = [0u64; 2];
-        for (i, lane) in Lane::ALL.into_iter().enumerate() {
-            if lane == Lane::Resumes && !self.queue.resumes_have_their_lane() {
-                continue;
-            }
-            match self.queue.acked_through(lane).await {
-                Ok(f) => floors[i] = f,
-                Err(e) => {
-                    tracing::debug!(error = %delta_host::Chain(&e), "job stream's ack floor not read; writing its notes")
-                }
-            }
+        self.decide(due, Duration::MAX).await;
+    }
+
+    /// Writes the notes of `due` whose job is not acknowledged yet; drops the others. The ack
+    /// floors are asked for within `within` (at shutdown, not for long): past it, every note is
+    /// written.
+    async fn decide(&self, due: Vec<Note>, within: Duration) {
+        if due.is_empty() {
+            return;
         }
+        let n = due.len();
+        let floors = match tokio::time::timeout(within, self.floors()).await {
+            Ok(floors) => floors,
+            Err(_) => {
+                tracing::debug!("job stream's ack floors not read in time; writing the notes");
+                [0, 0]
+            }
+        };
         // Resume jobs published where start jobs go (no consumer of resumes when this gateway
         // connected: an upgrade under way) are acknowledged through the start jobs' consumer.
         let starts = floors[0];
@@ -182,6 +186,24 @@ impl Writer {
         for chunk in needed.chunks(BATCH) {
             write(&self.store, &self.counters, chunk).await;
         }
+    }
+
+    /// How far each lane's jobs are acknowledged; `0` for a lane the stream cannot tell about
+    /// (NATS away): its notes are all written.
+    async fn floors(&self) -> [u64; 2] {
+        let mut floors = [0u64; 2];
+        for (i, lane) in Lane::ALL.into_iter().enumerate() {
+            if lane == Lane::Resumes && !self.queue.resumes_have_their_lane() {
+                continue;
+            }
+            match self.queue.acked_through(lane).await {
+                Ok(f) => floors[i] = f,
+                Err(e) => {
+                    tracing::debug!(error = %delta_host::Chain(&e), "job stream's ack floor not read; writing its notes")
+                }
+            }
+        }
+        floors
     }
 }
 
@@ -400,6 +422,40 @@ mod tests {
         assert_eq!(noted, Some(resume));
         shutdown.cancel();
         notes.finish().await;
+    }
+
+    /// At shutdown the writer decides at once on the notes it holds: those of jobs acknowledged
+    /// already are dropped (no Redis write for them), the others written.
+    #[tokio::test]
+    async fn at_shutdown_notes_of_acknowledged_jobs_are_dropped_and_the_rest_written() {
+        let f = fixture("notes4").await;
+        let ids = runs(&f.store, 3).await;
+        let seqs = publish(&f.queue, &ids).await;
+        // The first two taken and acknowledged, as far as the stream knows.
+        let mut taken = 0;
+        while taken < 2 {
+            for d in f
+                .queue
+                .fetch(Lane::Starts, 2 - taken, Duration::from_secs(2))
+                .await
+                .expect("fetch")
+            {
+                d.ack().await.expect("ack");
+                taken += 1;
+            }
+        }
+        assert!(
+            until(async || f.queue.acked_through(Lane::Starts).await.expect("floor") >= seqs[1])
+                .await,
+            "the stream counts the two acknowledged"
+        );
+        let counters = Counters::default();
+        let (notes, shutdown) = f.writer(&counters);
+        hand_over(&notes, &ids, seqs.iter().copied()).await;
+        shutdown.cancel();
+        notes.finish().await;
+        assert_eq!(job_seqs(&f.reader, &ids).await, [0, 0, seqs[2]]);
+        assert_eq!((counters.written.get(), counters.unneeded.get()), (1, 2));
     }
 
     /// At shutdown the writer writes what it was handed before it stops, without waiting; a
