@@ -533,3 +533,89 @@ async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_fa
         .messages;
     assert_eq!(dlq, 0, "nothing dead-lettered");
 }
+
+/// A held job whose question is answered meanwhile (through the inbox, which lists it from
+/// Redis) is acknowledged without the stale announcement, while NATS still will not take it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_question_answered_meanwhile_is_not_announced_and_its_job_is_let_go() {
+    use futures_util::StreamExt;
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start("xb", 3000, 2000, 2).await;
+    agent(&fleet.worker_spec.agents_dir, 1, "0", true);
+    fleet.add_worker("w0");
+    let first = fleet.submit(1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fleet.completed(&first).await < 1 {
+        assert!(Instant::now() < deadline, "the first run completes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    js.delete_stream("XB_INTERACTIONS").await.expect("delete");
+    let ids = fleet.submit_to("hello", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let run = loop {
+        let run = fleet.load(ids[0]).await;
+        if run.record.status == RunStatus::WaitingForInput {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "the run pauses on its question");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Jobs delivered and not acknowledged, over the jobs stream's consumers.
+    let held = async || {
+        let jobs = js.get_stream("XB_JOBS").await.expect("jobs");
+        let names: Vec<String> = jobs
+            .consumer_names()
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .map(|n| n.expect("a consumer's name"))
+            .collect();
+        let mut n = 0;
+        for name in names {
+            let mut c: async_nats::jetstream::consumer::PullConsumer =
+                jobs.get_consumer(&name).await.expect("consumer");
+            n += c.info().await.expect("info").num_ack_pending;
+        }
+        n
+    };
+    assert_eq!(
+        held().await,
+        1,
+        "the job is held while the question is not announced"
+    );
+    let q = delta_protocol::journal::Replay::new(&run.journal)
+        .pending()
+        .cloned()
+        .expect("a pending question");
+    let mut a = delta_protocol::InteractionResponse::new(
+        q.request_id,
+        delta_protocol::Responder {
+            id: "inbox".into(),
+            via: delta_protocol::Via::Http,
+            on_behalf_of: None,
+            relayed_by: None,
+        },
+    );
+    a.input = Some("Ada".into());
+    assert!(fleet.store.answer(&q, &a).await.expect("answer"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while held().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the job let go once its question is answered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dlq = js
+        .get_stream("XB_DLQ")
+        .await
+        .expect("dlq")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    assert_eq!(dlq, 0, "nothing dead-lettered");
+    assert_ne!(fleet.load(ids[0]).await.record.status, RunStatus::Failed);
+}

@@ -318,10 +318,12 @@ async fn an_agent_of_builtin_tools_gets_no_work_directory() {
     assert_eq!(names(&root), [files.to_string()]);
 }
 
-/// A deployment made before `<p>:finished-index` (a run finished before the finished index
-/// existed, not in it): the gateway walks the status indexes, adds the run, deletes it past
-/// retention, and notes that every finished run is indexed, so that gateways started later walk
-/// nothing (docs/protocol.md "Retention").
+/// A deployment made before `<p>:finished-index`, with more runs finished before the finished
+/// index existed (not in it) than two rounds of the walk take (200 a round): the gateway walks the
+/// status indexes, adds them, deletes every one past retention, and notes that every finished
+/// run is indexed, so that gateways started later walk nothing (docs/protocol.md "Retention").
+/// Had it deleted the first batch (in the second round) before its walk was through, the walk
+/// would have passed over as many of the rest in the third, and they would stay forever.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gateway_backfills_an_older_deployment_once_and_notes_it() {
     use delta_store::{StatusChange, Terminal};
@@ -330,39 +332,56 @@ async fn a_gateway_backfills_an_older_deployment_once_and_notes_it() {
     })
     .await;
     let store = fleet.store.clone();
-    let rec = delta_store::RunRecord::new(RunId::new(), "hello", "t", RunStatus::Queued);
-    let id = rec.run_id;
-    store.create(rec).await.expect("create");
-    store
-        .append(
-            id,
-            vec![],
-            Some(StatusChange::Finished {
-                status: Terminal::Completed,
-                result: Some("ok".into()),
-                error: None,
-            }),
-        )
-        .await
-        .expect("finish");
-    // As a build before the finished index left it, in a deployment before the note.
+    let mut ids = vec![];
+    let mut as_before = redis::pipe();
+    for _ in 0..450 {
+        let rec = delta_store::RunRecord::new(RunId::new(), "hello", "t", RunStatus::Queued);
+        let id = rec.run_id;
+        store.create(rec).await.expect("create");
+        store
+            .append(
+                id,
+                vec![],
+                Some(StatusChange::Finished {
+                    status: Terminal::Completed,
+                    result: Some("ok".into()),
+                    error: None,
+                }),
+            )
+            .await
+            .expect("finish");
+        // As a build before the finished index left it.
+        as_before
+            .cmd("ZREM")
+            .arg(store.run_index(id, "runs:finished"))
+            .arg(id.to_string())
+            .ignore();
+        ids.push(id);
+    }
+    // In a deployment before the note.
+    as_before.cmd("DEL").arg("ret5:finished-index").ignore();
     let mut raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
-    let _: () = redis::pipe()
-        .cmd("ZREM")
-        .arg(store.run_index(id, "runs:finished"))
-        .arg(id.to_string())
-        .ignore()
-        .cmd("DEL")
-        .arg("ret5:finished-index")
-        .ignore()
-        .query_async(&mut raw)
-        .await
-        .expect("as before");
-    assert_eq!(store.finished_at(&[id]).await.expect("read"), vec![None]);
+    let _: () = as_before.query_async(&mut raw).await.expect("as before");
+    assert!(
+        store
+            .finished_at(&ids)
+            .await
+            .expect("read")
+            .iter()
+            .all(Option::is_none)
+    );
+    // Every one past retention before the walk begins, so that a gateway that deleted as it
+    // walked would delete the first batches before the walk got through.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
 
     fleet.add_gateway(None).await;
-    eventually("the run deleted past retention", 30, async || {
-        matches!(store.load(id).await, Err(delta_store::Error::NotFound(_)))
+    eventually("every run deleted past retention", 30, async || {
+        for id in &ids {
+            if store.load(*id).await.is_ok() {
+                return false;
+            }
+        }
+        true
     })
     .await;
     eventually("every finished run noted as indexed", 30, async || {

@@ -772,15 +772,23 @@ async fn announce_question(
     }
 }
 
-/// A run paused on a question (durable in Redis) whose announcement NATS refused: the events
-/// stream without a leader for a moment (a NATS node killed), or NATS unreachable. The run is
-/// fine, so its job is never dead-lettered for this, which would fail a run that only waits.
-/// The job is held (its ack deadline pushed back) while `announce` is tried again, backing off,
-/// up to [`HOLD_WHILE_UNANNOUNCED`]; acked once it got through, else given back with a delay.
-/// Should its deliveries run out meanwhile, the exhausted job's handler announces the question
-/// of a paused run again and drops the job ([`settle_exhausted`]).
-async fn announce_held<F, Fut>(shared: &Shared, d: &Delivery, reason: &str, announce: F)
-where
+/// A run paused on question `q` (durable in Redis) whose announcement NATS could not take for
+/// now ([`queue::Error::is_transient_publish`]): the events stream without a leader for a moment
+/// (a NATS node killed), or NATS unreachable. The run is fine, so its job is never
+/// dead-lettered for this, which would fail a run that only waits. The job is held (its ack
+/// deadline pushed back) while `announce` is tried again, backing off, up to
+/// [`HOLD_WHILE_UNANNOUNCED`]; acked once it got through, or once the question is no longer
+/// pending (answered meanwhile through the inbox, which lists it from Redis, or expired: its
+/// announcement would be stale), else given back with a delay. Should its deliveries run out
+/// meanwhile, the exhausted job's handler announces the question of a paused run again and
+/// drops the job ([`settle_exhausted`]).
+async fn announce_held<F, Fut>(
+    shared: &Shared,
+    d: &Delivery,
+    q: &delta_protocol::InteractionRequest,
+    reason: &str,
+    announce: F,
+) where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<(), queue::Error>>,
 {
@@ -801,18 +809,27 @@ where
                 return;
             }
         }
-        match announce().await {
-            Ok(()) => {
+        // A read error leaves the question as it was: pending, as far as this job knows.
+        if let Ok(ix) = shared.store.interaction(q.run_id, q.request_id).await
+            && ix.is_none_or(|ix| ix.state != delta_protocol::InteractionState::Pending)
+        {
+            tracing::info!("the paused run's question is no longer pending; not announcing it");
+            let _ = d.ack().await;
+            return;
+        }
+        // Bounded, so that no one attempt holds the job past its ack deadline.
+        match tokio::time::timeout(longest, announce()).await {
+            Ok(Ok(())) => {
                 tracing::info!("the paused run's question announced after all");
                 let _ = d.ack().await;
                 return;
             }
-            Err(e) if started.elapsed() > HOLD_WHILE_UNANNOUNCED => {
-                tracing::warn!(error = %delta_host::Chain(&e), "a paused run's question still not announced; giving the job back");
+            _ if started.elapsed() > HOLD_WHILE_UNANNOUNCED => {
+                tracing::warn!("a paused run's question still not announced; giving the job back");
                 let _ = d.nak(Some(longest)).await;
                 return;
             }
-            Err(_) => wait = (wait * 2).min(longest),
+            _ => wait = (wait * 2).min(longest),
         }
     }
 }
@@ -1036,12 +1053,13 @@ async fn handle(shared: &Shared, d: Delivery) {
                 Ok(()) => {
                     let _ = d.ack().await;
                 }
-                Err(e) => {
-                    announce_held(shared, &d, &why(&e), || {
+                Err(e) if e.is_transient_publish() => {
+                    announce_held(shared, &d, &q, &why(&e), || {
                         announce_question(shared, &q, tp.as_deref(), reopened)
                     })
                     .await;
                 }
+                Err(e) => retry_or_poison(shared, &d, &why(&e)).await,
             }
         }
         Ok(Outcome::Interrupted) => {

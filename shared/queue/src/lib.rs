@@ -60,6 +60,28 @@ pub enum Error {
     Ack(#[source] Cause),
 }
 
+impl Error {
+    /// Whether this is a publish that NATS could not take for now, and may take later: no
+    /// stream answered for the subject (a stream without a leader for a moment, after a NATS
+    /// node died), its ack did not come in time, the connection broke, or the stream's ack
+    /// backlog is full. Not a message too large, nor any other refusal.
+    pub fn is_transient_publish(&self) -> bool {
+        use jetstream::context::{PublishError, PublishErrorKind};
+        let Error::Publish { source, .. } = self else {
+            return false;
+        };
+        source.downcast_ref::<PublishError>().is_some_and(|e| {
+            matches!(
+                e.kind(),
+                PublishErrorKind::StreamNotFound
+                    | PublishErrorKind::TimedOut
+                    | PublishErrorKind::BrokenPipe
+                    | PublishErrorKind::MaxAckPending
+            )
+        })
+    }
+}
+
 /// Stream, subject and consumer names under one prefix (`DELTA_KEY_PREFIX`, default `delta`).
 #[derive(Clone, Debug)]
 pub struct Names {
@@ -1595,6 +1617,35 @@ fn event_headers(id: &str, traceparent: Option<&str>) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_publish_nats_may_take_later_is_transient() {
+        use jetstream::context::{PublishError, PublishErrorKind as K};
+        let publish = |kind: K| Error::Publish {
+            subject: "delta.interactions.requested.a.b".into(),
+            source: Box::new(PublishError::new(kind)),
+        };
+        for kind in [
+            K::StreamNotFound,
+            K::TimedOut,
+            K::BrokenPipe,
+            K::MaxAckPending,
+        ] {
+            assert!(publish(kind).is_transient_publish(), "{kind:?}");
+        }
+        for kind in [K::MaxPayloadExceeded, K::Other, K::WrongLastSequence] {
+            assert!(!publish(kind).is_transient_publish(), "{kind:?}");
+        }
+        let other: Cause = "something else".into();
+        assert!(
+            !Error::Publish {
+                subject: "s".into(),
+                source: other
+            }
+            .is_transient_publish()
+        );
+        assert!(!Error::Ack("x".into()).is_transient_publish());
+    }
 
     #[test]
     fn a_job_goes_on_its_kinds_subject_and_either_subject_names_its_agent() {
