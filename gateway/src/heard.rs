@@ -72,6 +72,32 @@ struct Inner {
     next: u64,
     /// Answers waiting for their question to be heard, woken when it is (kept or not).
     waiting: HashMap<RequestId, Vec<tokio::sync::oneshot::Sender<()>>>,
+    /// Questions heard and no longer kept (answered here, or pushed out) in the last [`RECENT`],
+    /// oldest first, with when: an answer to one of them (a repeat, a client's retry) must not
+    /// wait for a hearing that came already.
+    let_go: VecDeque<(std::time::Instant, RequestId)>,
+    let_go_ids: std::collections::HashSet<RequestId>,
+}
+
+/// The most questions [`Inner::let_go`] remembers (about 13,000 answers a second for
+/// [`RECENT`]); past it, the oldest are forgotten first.
+const LET_GO_MAX: usize = 65_536;
+
+impl Inner {
+    /// Remembers that question `id`, heard, is no longer kept.
+    fn let_go(&mut self, id: RequestId) {
+        let now = std::time::Instant::now();
+        while let Some(&(at, old)) = self.let_go.front() {
+            if now.duration_since(at) <= RECENT && self.let_go.len() < LET_GO_MAX {
+                break;
+            }
+            self.let_go.pop_front();
+            self.let_go_ids.remove(&old);
+        }
+        if self.let_go_ids.insert(id) {
+            self.let_go.push_back((now, id));
+        }
+    }
 }
 
 /// Takes a waiting answer's sender out of [`Inner::waiting`] when its wait ends.
@@ -165,7 +191,7 @@ impl Heard {
         let (tx, rx) = tokio::sync::oneshot::channel();
         {
             let mut g = self.lock();
-            if g.by_id.contains_key(&id) {
+            if g.by_id.contains_key(&id) || g.let_go_ids.contains(&id) {
                 return None;
             }
             g.waiting.entry(id).or_default().push(tx);
@@ -245,6 +271,7 @@ impl Heard {
                 && let Some(e) = inner.by_id.remove(&old)
             {
                 inner.bytes -= e.size;
+                inner.let_go(old);
             }
         }
         // Pairs of entries dropped by `forget` are skipped above; never more of them than of
@@ -277,6 +304,7 @@ impl Heard {
         let mut g = self.lock();
         if let Some(e) = g.by_id.remove(&id) {
             g.bytes -= e.size;
+            g.let_go(id);
         }
     }
 
@@ -539,5 +567,24 @@ mod tests {
         let (waited, ()) = tokio::join!(heard.heard_soon(q.0.request_id), hearing);
         assert_eq!(waited, Some(true), "woken, to go the usual way at once");
         assert!(!heard.contains(q.0.request_id));
+    }
+
+    #[tokio::test]
+    async fn an_answer_to_a_question_answered_or_pushed_out_here_does_not_wait() {
+        // A minute's wait: an answer that waited would make the test take that long.
+        let heard = listening(1 << 20, Duration::from_secs(60));
+        let q = question("answered twice");
+        assert!(heard.hear(&q.1));
+        heard.forget(q.0.request_id);
+        assert_eq!(heard.heard_soon(q.0.request_id).await, None);
+        // Pushed out by newer ones past the cap.
+        let small = listening(300, Duration::from_secs(60));
+        let qs: Vec<_> = (0..4).map(|i| question(&format!("q{i}"))).collect();
+        for q in &qs {
+            keep(&small, q, 100);
+        }
+        assert!(!small.contains(qs[0].0.request_id));
+        assert_eq!(small.heard_soon(qs[0].0.request_id).await, None);
+        assert!(small.lock().let_go.len() <= LET_GO_MAX);
     }
 }
