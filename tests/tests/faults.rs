@@ -449,16 +449,13 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     assert_eq!(jobs, 0, "the exhausted job left the work queue");
 }
 
-/// A run that paused on a question (stored in Redis) whose announcement NATS refuses (the events
-/// stream gone for a while: here deleted, as a stream without a leader refuses) is not failed for
-/// it, whatever `max_deliver`: its worker holds the job and tries the announcement again, and
-/// the question is announced once the stream is back. Before, each delivery's refusal used one
-/// up, and the last one dead-lettered the run (seen in chaos_cluster's `s7` on a loaded machine).
-#[tokio::test(flavor = "multi_thread")]
-async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_failed() {
-    let _serial = SERIAL.lock().await;
-    // Two deliveries at most: the old way failed the run within a second of its pause.
-    let mut fleet = Fleet::start("xa", 3000, 2000, 2).await;
+/// A fleet (prefix `prefix`, `max_deliver` 2) whose one worker has paused a `hello` run on its
+/// question after the events stream was deleted (so its announcement is refused); the stream
+/// client, and the paused run.
+async fn paused_with_events_stream_gone(
+    prefix: &str,
+) -> (Fleet, async_nats::jetstream::Context, StoredRun) {
+    let mut fleet = Fleet::start(prefix, 3000, 2000, 2).await;
     agent(&fleet.worker_spec.agents_dir, 1, "0", true);
     fleet.add_worker("w0");
     // A first run through, so that the worker is up (it waits for the streams as it starts).
@@ -468,18 +465,37 @@ async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_fa
         assert!(Instant::now() < deadline, "the first run completes");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let nats = delta_e2e::nats_client(&fleet.nats.url()).await;
-    let js = async_nats::jetstream::new(nats.clone());
-    js.delete_stream("XA_INTERACTIONS").await.expect("delete");
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    js.delete_stream(format!("{}_INTERACTIONS", prefix.to_uppercase()))
+        .await
+        .expect("delete");
     let ids = fleet.submit_to("hello", 1).await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while fleet.load(ids[0]).await.record.status != RunStatus::WaitingForInput {
-        if Instant::now() > deadline {
-            let log = std::fs::read_to_string(fleet.log("w0")).unwrap_or_default();
-            panic!("the run pauses on its question: {log}");
+    loop {
+        let run = fleet.load(ids[0]).await;
+        if run.record.status == RunStatus::WaitingForInput {
+            return (fleet, js, run);
         }
+        assert!(
+            Instant::now() < deadline,
+            "the run pauses on its question: {}",
+            std::fs::read_to_string(fleet.log("w0")).unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A run that paused on a question (stored in Redis) whose announcement NATS refuses (the events
+/// stream gone for a while: here deleted, as a stream without a leader refuses) is not failed for
+/// it, whatever `max_deliver`: its worker holds the job and tries the announcement again, and
+/// the question is announced once the stream is back. Before, each delivery's refusal used one
+/// up, and the last one dead-lettered the run (seen in chaos_cluster's `s7` on a loaded machine).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_failed() {
+    let _serial = SERIAL.lock().await;
+    // Two deliveries at most: the old way failed the run within a second of its pause.
+    let (fleet, js, run) = paused_with_events_stream_gone("xa").await;
+    let ids = [run.record.run_id];
     // Long enough for both deliveries to have been used up the old way (a refusal, a 0.4 s
     // back-off, a second refusal).
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -540,27 +556,8 @@ async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_fa
 async fn a_held_question_answered_meanwhile_is_not_announced_and_its_job_is_let_go() {
     use futures_util::StreamExt;
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::start("xb", 3000, 2000, 2).await;
-    agent(&fleet.worker_spec.agents_dir, 1, "0", true);
-    fleet.add_worker("w0");
-    let first = fleet.submit(1).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while fleet.completed(&first).await < 1 {
-        assert!(Instant::now() < deadline, "the first run completes");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
-    js.delete_stream("XB_INTERACTIONS").await.expect("delete");
-    let ids = fleet.submit_to("hello", 1).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let run = loop {
-        let run = fleet.load(ids[0]).await;
-        if run.record.status == RunStatus::WaitingForInput {
-            break run;
-        }
-        assert!(Instant::now() < deadline, "the run pauses on its question");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (fleet, js, run) = paused_with_events_stream_gone("xb").await;
+    let ids = [run.record.run_id];
     // Jobs delivered and not acknowledged, over the jobs stream's consumers.
     let held = async || {
         let jobs = js.get_stream("XB_JOBS").await.expect("jobs");

@@ -772,16 +772,57 @@ async fn announce_question(
     }
 }
 
+/// How a job held by [`hold`] came out.
+enum Held {
+    /// A probe said it was done (and acked or gave back the job itself).
+    Done,
+    /// The hold's limit passed first.
+    TimedOut,
+    /// The worker is stopping: the job was given back.
+    Stopped,
+}
+
+/// Holds job `d` (its ack deadline pushed back), calling `probe` after growing waits (250 ms,
+/// doubling, at most a third of `ack_wait` and 2 s, so that the job stays this worker's) until
+/// it says it is done, `limit` has passed, or the worker stops. `probe` is given the longest
+/// wait, to bound what it does by.
+async fn hold<F, Fut>(shared: &Shared, d: &Delivery, limit: Duration, mut probe: F) -> Held
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    let longest = (shared.config.queue.ack_wait / 3)
+        .clamp(Duration::from_millis(100), Duration::from_secs(2));
+    let mut wait = Duration::from_millis(250).min(longest);
+    loop {
+        let _ = d.progress().await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shared.stop.cancelled() => {
+                let _ = d.nak(None).await;
+                return Held::Stopped;
+            }
+        }
+        if probe(longest).await {
+            return Held::Done;
+        }
+        if started.elapsed() > limit {
+            return Held::TimedOut;
+        }
+        wait = (wait * 2).min(longest);
+    }
+}
+
 /// A run paused on question `q` (durable in Redis) whose announcement NATS could not take for
 /// now ([`queue::Error::is_transient_publish`]): the events stream without a leader for a moment
 /// (a NATS node killed), or NATS unreachable. The run is fine, so its job is never
-/// dead-lettered for this, which would fail a run that only waits. The job is held (its ack
-/// deadline pushed back) while `announce` is tried again, backing off, up to
-/// [`HOLD_WHILE_UNANNOUNCED`]; acked once it got through, or once the question is no longer
-/// pending (answered meanwhile through the inbox, which lists it from Redis, or expired: its
-/// announcement would be stale), else given back with a delay. Should its deliveries run out
-/// meanwhile, the exhausted job's handler announces the question of a paused run again and
-/// drops the job ([`settle_exhausted`]).
+/// dead-lettered for this, which would fail a run that only waits. The job is held while
+/// `announce` is tried again, up to [`HOLD_WHILE_UNANNOUNCED`]; acked once it got through, or
+/// once the question is no longer pending (answered meanwhile through the inbox, which lists it
+/// from Redis, or expired: its announcement would be stale), else given back with a delay.
+/// Should its deliveries run out meanwhile, the exhausted job's handler announces the question
+/// of a paused run again and drops the job ([`settle_exhausted`]).
 async fn announce_held<F, Fut>(
     shared: &Shared,
     d: &Delivery,
@@ -796,76 +837,50 @@ async fn announce_held<F, Fut>(
         reason,
         "a paused run's question not announced; holding the job and trying again"
     );
-    let started = Instant::now();
-    let longest = (shared.config.queue.ack_wait / 3)
-        .clamp(Duration::from_millis(100), Duration::from_secs(2));
-    let mut wait = Duration::from_millis(250).min(longest);
-    loop {
-        let _ = d.progress().await;
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = shared.stop.cancelled() => {
-                let _ = d.nak(None).await;
-                return;
-            }
-        }
+    let held = hold(shared, d, HOLD_WHILE_UNANNOUNCED, async |longest| {
         // A read error leaves the question as it was: pending, as far as this job knows.
         if let Ok(ix) = shared.store.interaction(q.run_id, q.request_id).await
             && ix.is_none_or(|ix| ix.state != delta_protocol::InteractionState::Pending)
         {
             tracing::info!("the paused run's question is no longer pending; not announcing it");
             let _ = d.ack().await;
-            return;
+            return true;
         }
         // Bounded, so that no one attempt holds the job past its ack deadline.
-        match tokio::time::timeout(longest, announce()).await {
-            Ok(Ok(())) => {
-                tracing::info!("the paused run's question announced after all");
-                let _ = d.ack().await;
-                return;
-            }
-            _ if started.elapsed() > HOLD_WHILE_UNANNOUNCED => {
-                tracing::warn!("a paused run's question still not announced; giving the job back");
-                let _ = d.nak(Some(longest)).await;
-                return;
-            }
-            _ => wait = (wait * 2).min(longest),
+        if let Ok(Ok(())) = tokio::time::timeout(longest, announce()).await {
+            tracing::info!("the paused run's question announced after all");
+            let _ = d.ack().await;
+            return true;
         }
+        false
+    })
+    .await;
+    if let Held::TimedOut = held {
+        tracing::warn!("a paused run's question still not announced; giving the job back");
+        let _ = d.nak(Some(Duration::from_secs(2))).await;
     }
 }
 
 /// Redis could not take this job's writes (down, failing over, or a master without the replica
-/// its durability needs). Not the job's fault: it is held (its ack deadline pushed back) until
-/// the store can take writes again, then given back at once to be redone from its journal. So
-/// an outage costs a job one delivery, however long it lasts (up to
-/// [`HOLD_WHILE_STORE_DOWN`]), instead of using up its deliveries and dead-lettering its run.
+/// its durability needs). Not the job's fault: it is held until the store can take writes
+/// again, then given back at once to be redone from its journal. So an outage costs a job one
+/// delivery, however long it lasts (up to [`HOLD_WHILE_STORE_DOWN`]), instead of using up its
+/// deliveries and dead-lettering its run.
 async fn store_down(shared: &Shared, d: &Delivery, reason: &str) {
     tracing::warn!(
         reason,
         "the run store cannot take writes; holding the job until it can"
     );
-    let started = Instant::now();
-    // Probes at most a third of `ack_wait` apart, so that the job stays this worker's.
-    let longest = (shared.config.queue.ack_wait / 3)
-        .clamp(Duration::from_millis(100), Duration::from_secs(2));
-    let mut wait = Duration::from_millis(250).min(longest);
-    loop {
-        let _ = d.progress().await;
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = shared.stop.cancelled() => {
-                let _ = d.nak(None).await;
-                return;
-            }
-        }
+    let held = hold(shared, d, HOLD_WHILE_STORE_DOWN, async |_| {
         if shared.store.writable().await.is_ok() {
             let _ = d.nak(None).await;
-            return;
+            return true;
         }
-        if started.elapsed() > HOLD_WHILE_STORE_DOWN {
-            return retry_or_poison(shared, d, reason).await;
-        }
-        wait = (wait * 2).min(longest);
+        false
+    })
+    .await;
+    if let Held::TimedOut = held {
+        retry_or_poison(shared, d, reason).await;
     }
 }
 
