@@ -449,6 +449,12 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     assert_eq!(jobs, 0, "the exhausted job left the work queue");
 }
 
+/// How many messages stream `name` holds.
+async fn messages_in(js: &async_nats::jetstream::Context, name: &str) -> u64 {
+    let mut stream = js.get_stream(name).await.expect("stream");
+    stream.info().await.expect("info").state.messages
+}
+
 /// A fleet (prefix `prefix`, `max_deliver` 2) whose one worker has paused a `hello` run on its
 /// question after the events stream was deleted (so its announcement is refused); the stream
 /// client, and the paused run.
@@ -538,16 +544,7 @@ async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_fa
         fleet.load(ids[0]).await.record.status,
         RunStatus::WaitingForInput
     );
-    let dlq = js
-        .get_stream("XA_DLQ")
-        .await
-        .expect("dlq")
-        .info()
-        .await
-        .expect("info")
-        .state
-        .messages;
-    assert_eq!(dlq, 0, "nothing dead-lettered");
+    assert_eq!(messages_in(&js, "XA_DLQ").await, 0, "nothing dead-lettered");
 }
 
 /// A held job whose question is answered meanwhile (through the inbox, which lists it from
@@ -585,16 +582,7 @@ async fn a_held_question_answered_meanwhile_is_not_announced_and_its_job_is_let_
         .pending()
         .cloned()
         .expect("a pending question");
-    let mut a = delta_protocol::InteractionResponse::new(
-        q.request_id,
-        delta_protocol::Responder {
-            id: "inbox".into(),
-            via: delta_protocol::Via::Http,
-            on_behalf_of: None,
-            relayed_by: None,
-        },
-    );
-    a.input = Some("Ada".into());
+    let a = delta_e2e::typed_answer(q.request_id, "Ada");
     assert!(fleet.store.answer(&q, &a).await.expect("answer"));
     let deadline = Instant::now() + Duration::from_secs(20);
     while held().await > 0 {
@@ -604,15 +592,6 @@ async fn a_held_question_answered_meanwhile_is_not_announced_and_its_job_is_let_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let dlq = js
-        .get_stream("XB_DLQ")
-        .await
-        .expect("dlq")
-        .info()
-        .await
-        .expect("info")
-        .state
-        .messages;
-    assert_eq!(dlq, 0, "nothing dead-lettered");
+    assert_eq!(messages_in(&js, "XB_DLQ").await, 0, "nothing dead-lettered");
     assert_ne!(fleet.load(ids[0]).await.record.status, RunStatus::Failed);
 }
