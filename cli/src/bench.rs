@@ -64,6 +64,10 @@ pub struct BenchArgs {
     /// Workers to start.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=32))]
     pub workers: u16,
+    /// Jobs each worker advances at once (its `DELTA_WORKER_CONCURRENCY`; a quarter of them kept
+    /// for resume jobs). Fewer keep runs waiting in the jobs stream rather than for the CPU.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_concurrency: u16,
     /// How the human answers: the gateway's HTTP API, or a bot over NATS.
     #[arg(long, value_enum, default_value_t = AnswerVia::Http)]
     pub answer_via: AnswerVia,
@@ -243,7 +247,7 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
         dir: data.path().join("fleet"),
         agents_dir: agents,
         workers: usize::from(a.workers),
-        worker_concurrency: 64,
+        worker_concurrency: usize::from(a.worker_concurrency),
         gateway_port: None,
         secrets_key_hex: Some("ab".repeat(32)),
         operator_token: None,
@@ -498,6 +502,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         "failed": failed,
         "lost": lost,
         "workers": a.workers,
+        "worker_concurrency": a.worker_concurrency,
         "answer_via": match a.answer_via { AnswerVia::Http => "http", AnswerVia::Nats => "nats" },
         "human_sees": "nats-subscription",
         "journal_len": a.journal_len,

@@ -391,13 +391,18 @@ pub fn request_hash(request: &InteractionRequest) -> String {
         o.remove("allowed_responders");
     }
     let digest = ring::digest::digest(&ring::digest::SHA256, canonical(&v).as_bytes());
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    let mut hex = String::with_capacity(64);
+    for b in digest.as_ref() {
+        use std::fmt::Write;
+        let _ = write!(hex, "{b:02x}");
+    }
+    hex
 }
 
 /// JSON with object keys sorted at every level and no spaces (numbers and strings as serde_json
 /// writes them), whatever order the map kept them in.
 pub fn canonical(v: &Value) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(512);
     write_canonical(v, &mut out);
     out
 }
@@ -405,16 +410,17 @@ pub fn canonical(v: &Value) -> String {
 fn write_canonical(v: &Value, out: &mut String) {
     match v {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
             out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
+            for (i, (k, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&Value::String(k.clone()).to_string());
+                // A key is escaped as serde_json escapes any string.
+                out.push_str(&serde_json::to_string(k.as_str()).unwrap_or_default());
                 out.push(':');
-                write_canonical(&map[k], out);
+                write_canonical(item, out);
             }
             out.push('}');
         }
@@ -428,7 +434,10 @@ fn write_canonical(v: &Value, out: &mut String) {
             }
             out.push(']');
         }
-        other => out.push_str(&other.to_string()),
+        other => {
+            use std::fmt::Write;
+            let _ = write!(out, "{other}");
+        }
     }
 }
 
@@ -488,6 +497,16 @@ mod tests {
         assert_eq!(
             canonical(&a),
             r#"{"a":1.5,"b":{"x":[2,{"p":null,"q":"é"}],"y":1}}"#
+        );
+        // Keys and strings escaped as JSON writes them, every kind of value: what stored hashes
+        // were made with, so it must never change.
+        let b: Value = serde_json::from_str(
+            r#"{"k\"\n\u0001": "t\"\\", "Z": [true, false, -3, 1e3, "", {}, []]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            canonical(&b),
+            r#"{"Z":[true,false,-3,1000.0,"",{},[]],"k\"\n\u0001":"t\"\\"}"#
         );
     }
 

@@ -51,13 +51,15 @@ pub mod time {
     #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
     pub struct Timestamp(DateTime<Utc>);
 
-    const FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
+    /// The written form, as a chrono format (the `Display` below writes it by hand).
+    #[cfg(test)]
+    pub(crate) const FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
 
     /// `0000-01-01T00:00:00.000000Z` and `9999-12-31T23:59:59.999999Z` in microseconds since the
     /// Unix epoch: what RFC 3339's four-digit years can write. Every timestamp is kept inside, so
     /// that what is written always parses back (a later time is "never" anyway).
-    const MIN_MICROS: i64 = -62_167_219_200_000_000;
-    const MAX_MICROS: i64 = 253_402_300_799_999_999;
+    pub(crate) const MIN_MICROS: i64 = -62_167_219_200_000_000;
+    pub(crate) const MAX_MICROS: i64 = 253_402_300_799_999_999;
 
     impl Timestamp {
         /// The current time, truncated to microseconds so that it survives a round trip.
@@ -104,8 +106,28 @@ pub mod time {
     }
 
     impl fmt::Display for Timestamp {
+        /// `%Y-%m-%dT%H:%M:%S%.6fZ`, digit by digit: a timestamp is written with every event,
+        /// record and announcement, and parsing the format string each time cost more than the
+        /// rest (the years are 0000–9999, so each field has a fixed width).
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(f, "{}", self.0.format(FORMAT))
+            use chrono::{Datelike, Timelike};
+            let (d, t) = (self.0.date_naive(), self.0.time());
+            let mut out = *b"0000-00-00T00:00:00.000000Z";
+            let mut put = |at: usize, width: usize, mut n: u32| {
+                for i in (at..at + width).rev() {
+                    out[i] = b'0' + (n % 10) as u8;
+                    n /= 10;
+                }
+            };
+            put(0, 4, u32::try_from(d.year()).unwrap_or(0));
+            put(5, 2, d.month());
+            put(8, 2, d.day());
+            put(11, 2, t.hour());
+            put(14, 2, t.minute());
+            put(17, 2, t.second());
+            // No leap second: a timestamp is made from whole microseconds since the epoch.
+            put(20, 6, t.nanosecond() % 1_000_000_000 / 1_000);
+            f.write_str(std::str::from_utf8(&out).unwrap_or("0000-01-01T00:00:00.000000Z"))
         }
     }
 
@@ -1299,6 +1321,26 @@ mod tests {
                 .starts_with("`yesterday` is not an RFC 3339 time ("),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_timestamp_is_written_as_chrono_writes_its_format() {
+        // The ends of the years kept, the epoch, leap days, and a spread of instants between.
+        let mut micros = vec![
+            super::time::MIN_MICROS,
+            super::time::MAX_MICROS,
+            0,
+            -1,
+            951_782_400_000_001,
+            1_795_953_600_123_456,
+        ];
+        let step = (super::time::MAX_MICROS - super::time::MIN_MICROS) / 9_973;
+        micros.extend((0..9_973).map(|i| super::time::MIN_MICROS + i * step + i % 1_000_000));
+        for us in micros {
+            let t = Timestamp::from_micros(us).expect("in range");
+            let chrono = t.as_datetime().format(super::time::FORMAT).to_string();
+            assert_eq!(t.to_string(), chrono, "{us} µs");
+        }
     }
 
     #[test]
