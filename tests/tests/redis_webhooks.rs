@@ -192,3 +192,54 @@ async fn subscriptions_keep_their_secrets_sealed_and_their_figures_straight() {
     let dump = delta_e2e::redis_dump(&redis.url(), "wh:webhook*").await;
     assert!(!dump.contains("w1"), "{dump}");
 }
+
+/// Each gateway lists the subscriptions every second: two round trips however many there are
+/// (the set, then every hash in one pipeline), oldest first, and an id whose hash is gone (a
+/// deletion half done) is dropped from the set on the way.
+#[tokio::test]
+async fn the_subscriptions_are_listed_in_two_round_trips() {
+    let redis = RedisServers::start();
+    let options = Options {
+        cluster: redis.is_cluster(),
+        ..Options::default()
+    };
+    let store = RedisRunStore::connect_options(&redis.url_as(RedisRole::Gateway), "whl", &options)
+        .await
+        .expect("connect as the gateway")
+        .with_secrets_key(Arc::new(SecretsKey::from_hex(KEY).expect("key")));
+    let mut made = vec![];
+    for i in 0..12 {
+        let mut w = sample(&format!("wl{i:02}"));
+        // Created in an order other than their ids', with distinct times: listed by time.
+        w.created_at = Timestamp::from_micros(1_800_000_000_000_000 - i * 1_000).expect("time");
+        store.create_webhook(&w, SECRET).await.expect("create");
+        made.push(w);
+    }
+    made.reverse();
+
+    let before = store.round_trips();
+    assert_eq!(store.webhooks().await.expect("list"), made);
+    assert_eq!(
+        store.round_trips() - before,
+        2,
+        "the set, then the hashes at once"
+    );
+
+    // A deletion that removed the hash and not the id: the listing leaves it out and drops it.
+    let mut admin = delta_e2e::redis_connection(&redis.url()).await;
+    let _: () = redis::cmd("DEL")
+        .arg("whl:webhook:wl05")
+        .query_async(&mut admin)
+        .await
+        .expect("del");
+    let listed = store.webhooks().await.expect("list");
+    assert_eq!(listed.len(), 11);
+    assert!(listed.iter().all(|w| w.id != "wl05"), "{listed:?}");
+    let members: Vec<String> = redis::cmd("SMEMBERS")
+        .arg("whl:webhooks")
+        .query_async(&mut admin)
+        .await
+        .expect("smembers");
+    assert_eq!(members.len(), 11);
+    assert!(!members.contains(&"wl05".to_owned()), "{members:?}");
+}

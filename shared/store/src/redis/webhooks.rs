@@ -123,6 +123,9 @@ fn seal_context(id: &str) -> String {
     format!("webhook:{id}")
 }
 
+/// Subscriptions read in one round trip when they are listed.
+const LIST_BATCH: usize = 500;
+
 impl RedisRunStore {
     fn webhooks_key(&self) -> String {
         self.index("webhooks")
@@ -193,7 +196,9 @@ impl RedisRunStore {
     }
 
     /// Every subscription, oldest first (an id in the set without its hash, a deletion half
-    /// done, is removed on the way).
+    /// done, is removed on the way). Two round trips however many there are (the set, then
+    /// every hash in one pipeline of up to [`LIST_BATCH`] a trip): each gateway lists them
+    /// every second.
     pub async fn webhooks(&self) -> Result<Vec<Webhook>, Error> {
         let mut conn = self.connection();
         let ids: Vec<String> = redis::cmd("SMEMBERS")
@@ -201,21 +206,36 @@ impl RedisRunStore {
             .query_async(&mut conn)
             .await
             .map_err(backend)?;
-        let mut out = vec![];
-        for id in ids {
-            match self.webhook(&id).await {
-                Ok(Some(w)) => out.push(w),
-                Ok(None) => {
-                    let mut conn = self.connection();
-                    let _: Result<(), _> = redis::cmd("SREM")
-                        .arg(self.webhooks_key())
-                        .arg(&id)
-                        .query_async(&mut conn)
-                        .await;
-                }
-                Err(Error::Corrupt(e)) => tracing::warn!(error = %e, "skipping a webhook"),
-                Err(e) => return Err(e),
+        let (mut out, mut gone) = (vec![], vec![]);
+        for batch in ids.chunks(LIST_BATCH) {
+            let mut pipe = redis::pipe();
+            for id in batch {
+                pipe.cmd("HGETALL").arg(self.webhook_key(id));
             }
+            let hashes: Vec<HashMap<String, String>> = pipe
+                .query_async(&mut self.connection())
+                .await
+                .map_err(backend)?;
+            for (id, h) in batch.iter().zip(hashes) {
+                if h.is_empty() {
+                    gone.push(id.as_str());
+                    continue;
+                }
+                match parse(id, &h) {
+                    Some(w) => out.push(w),
+                    None => tracing::warn!(
+                        error = %format!("webhook {id}: not a subscription record"),
+                        "skipping a webhook"
+                    ),
+                }
+            }
+        }
+        if !gone.is_empty() {
+            let _: Result<(), _> = redis::cmd("SREM")
+                .arg(self.webhooks_key())
+                .arg(&gone)
+                .query_async(&mut self.connection())
+                .await;
         }
         out.sort_by(|a, b| (a.created_at.micros(), &a.id).cmp(&(b.created_at.micros(), &b.id)));
         Ok(out)
