@@ -721,11 +721,18 @@ async fn a_cancelled_tool_approval_is_in_the_runs_trace() {
     assert_eq!(status, 200, "{body}");
     let run_s = run.to_string();
     let spans = rx
-        .wait_for("the cancelled question's interaction", |spans| {
-            spans.iter().any(|s| {
-                s.name == "interaction" && s.attr("delta.interaction.request_id") == json!(rid)
-            })
-        })
+        // The worker's job span and the gateway's interaction span come from two processes,
+        // each exporting on its own schedule: both are waited for.
+        .wait_for(
+            "the cancelled question's interaction and its job",
+            |spans| {
+                spans.iter().any(|s| {
+                    s.name == "interaction" && s.attr("delta.interaction.request_id") == json!(rid)
+                }) && spans
+                    .iter()
+                    .any(|s| s.name == "job" && s.attr("run_id") == json!(run_s))
+            },
+        )
         .await;
     let i = spans
         .iter()
