@@ -430,3 +430,42 @@ async fn a_dead_letter_of_a_resume_job_leaves_its_carried_run_out() {
         letters[0].payload
     );
 }
+
+/// A reopened question's announcement is named by the instant the refused answer was accepted:
+/// a retry of it (its first attempt got through, its ack was lost) is dropped as a duplicate, and
+/// the next reopen (another answer, another instant) is announced anew. The first announcement
+/// keeps its own id.
+#[tokio::test]
+async fn a_reopened_questions_announcement_is_the_same_on_every_try() {
+    let nats = delta_e2e::Nats::start().expect("nats-server");
+    let q = Queue::connect(&nats.url(), "qr", &settings())
+        .await
+        .expect("setup");
+    let ask = delta_protocol::InteractionRequest::new(
+        RunId::new(),
+        "hello",
+        delta_protocol::InteractionType::UserInput,
+        "Your name?",
+    );
+    q.publish_request(&ask, None).await.expect("asked");
+    let refused = delta_protocol::Timestamp::now();
+    for _ in 0..3 {
+        q.publish_request_again(&ask, refused, None)
+            .await
+            .expect("asked again");
+    }
+    assert_eq!(
+        stream_messages(&q, &nats.url(), "QR_INTERACTIONS").await,
+        2,
+        "the question, and its reopen once however often it was tried"
+    );
+    let later = delta_protocol::Timestamp::from_micros(refused.micros() + 1).expect("time");
+    q.publish_request_again(&ask, later, None)
+        .await
+        .expect("asked again");
+    assert_eq!(
+        stream_messages(&q, &nats.url(), "QR_INTERACTIONS").await,
+        3,
+        "a second reopen"
+    );
+}

@@ -757,18 +757,23 @@ const HOLD_WHILE_STORE_DOWN: Duration = Duration::from_secs(600);
 const HOLD_WHILE_UNANNOUNCED: Duration = Duration::from_secs(120);
 
 /// Announces question `q` that a run just paused on; `reopened`: it was announced and resolved
-/// before, and is open again (a new announcement, so that every channel, SSE, the inbox and
-/// bots, shows it open again).
+/// before, and is open again since the engine refused the answer accepted at that instant (a
+/// new announcement, so that every channel, SSE, the inbox and bots, shows it open again; the
+/// same one on every try).
 async fn announce_question(
     shared: &Shared,
     q: &delta_protocol::InteractionRequest,
     traceparent: Option<&str>,
-    reopened: bool,
+    reopened: Option<delta_protocol::Timestamp>,
 ) -> Result<(), queue::Error> {
-    if reopened {
-        shared.queue.publish_request_again(q, traceparent).await
-    } else {
-        shared.queue.publish_request(q, traceparent).await
+    match reopened {
+        Some(refused_at) => {
+            shared
+                .queue
+                .publish_request_again(q, refused_at, traceparent)
+                .await
+        }
+        None => shared.queue.publish_request(q, traceparent).await,
     }
 }
 
@@ -974,6 +979,8 @@ async fn handle(shared: &Shared, d: Delivery) {
         Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
     };
     let status_at_load = run.record.status;
+    // When the answer this job applies was accepted: a reopen's announcement is named by it.
+    let applying_at = answers.applying().map(|(_, at)| at);
     if let (Some((rid, at)), RunStatus::WaitingForInput) = (answers.applying(), status_at_load) {
         shared.queue.announce_resumed(rid, at).await;
     }
@@ -1014,7 +1021,7 @@ async fn handle(shared: &Shared, d: Delivery) {
             }
         }
     };
-    let mut reopened = false;
+    let mut reopened = None;
     let mut stale = false;
     let advance = async {
         let mut engine = Engine::resumed(
@@ -1031,7 +1038,7 @@ async fn handle(shared: &Shared, d: Delivery) {
                 outcome,
                 reopened: r,
             }) => {
-                reopened = r;
+                reopened = r.then(|| applying_at.unwrap_or_else(delta_protocol::Timestamp::now));
                 Ok(outcome)
             }
             // Applied already. Go on only if this job owns the run (an earlier delivery of it

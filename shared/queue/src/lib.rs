@@ -876,14 +876,18 @@ impl Queue {
         self.announce_request(q, None, traceparent).await
     }
 
-    /// Announces a question again after it was reopened (a new `Nats-Msg-Id` and event id, so
-    /// it is not dropped as a duplicate of the first announcement).
+    /// Announces a question again after it was reopened: a new `Nats-Msg-Id` and event id, so
+    /// that it is not dropped as a duplicate of the first announcement, made from `refused_at`
+    /// (when the answer the engine refused was accepted): the same on every try of this
+    /// announcement, so a retry whose first attempt got through is dropped, and another for the
+    /// next reopen (another answer).
     pub async fn publish_request_again(
         &self,
         q: &InteractionRequest,
+        refused_at: Timestamp,
         traceparent: Option<&str>,
     ) -> Result<(), Error> {
-        self.announce_request(q, Some(Timestamp::now()), traceparent)
+        self.announce_request(q, Some(refused_at), traceparent)
             .await
     }
 
