@@ -26,6 +26,27 @@ pub async fn nats_client(url: &str) -> async_nats::Client {
         .unwrap_or_else(|e| panic!("connecting to NATS: {e}"))
 }
 
+/// A run's end as `COMPLETED` with result `ok`, as a test finishes a run through the store.
+pub fn completed_ok() -> delta_store::StatusChange {
+    delta_store::StatusChange::Finished {
+        status: delta_store::Terminal::Completed,
+        result: Some("ok".into()),
+        error: None,
+    }
+}
+
+/// The names of `stream`'s consumers.
+pub async fn consumer_names(stream: &async_nats::jetstream::stream::Stream) -> Vec<String> {
+    use futures_util::StreamExt;
+    stream
+        .consumer_names()
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(|n| n.expect("a consumer's name"))
+        .collect()
+}
+
 /// A NATS client logged in as the URL says, trusting `ca` for TLS; the error with its causes.
 pub async fn try_nats_client(
     url: &str,

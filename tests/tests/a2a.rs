@@ -13,7 +13,6 @@
 use std::process::Command;
 
 use delta_e2e::fleet::Fleet;
-use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 const KEY: &str = "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e";
@@ -335,12 +334,8 @@ async fn push_consumers(fleet: &Fleet, prefix: &str) -> Vec<String> {
         .get_stream(delta_queue::Names::new(prefix).interactions_stream())
         .await
         .expect("events stream");
-    let names: Vec<String> = stream
-        .consumer_names()
-        .filter_map(|n| async move { n.ok() })
-        .collect()
-        .await;
-    names
+    delta_e2e::consumer_names(&stream)
+        .await
         .into_iter()
         .filter(|n| n.contains("-a2apush-"))
         .collect()

@@ -551,22 +551,14 @@ async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_fa
 /// Redis) is acknowledged without the stale announcement, while NATS still will not take it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_held_question_answered_meanwhile_is_not_announced_and_its_job_is_let_go() {
-    use futures_util::StreamExt;
     let _serial = SERIAL.lock().await;
     let (fleet, js, run) = paused_with_events_stream_gone("xb").await;
     let ids = [run.record.run_id];
     // Jobs delivered and not acknowledged, over the jobs stream's consumers.
     let held = async || {
         let jobs = js.get_stream("XB_JOBS").await.expect("jobs");
-        let names: Vec<String> = jobs
-            .consumer_names()
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .map(|n| n.expect("a consumer's name"))
-            .collect();
         let mut n = 0;
-        for name in names {
+        for name in delta_e2e::consumer_names(&jobs).await {
             let mut c: async_nats::jetstream::consumer::PullConsumer =
                 jobs.get_consumer(&name).await.expect("consumer");
             n += c.info().await.expect("info").num_ack_pending;

@@ -247,12 +247,7 @@ async fn a_gateway_killed_between_answered_and_publish_is_mended_by_a_reconciler
         fleet.gateways[0].wait_exit(Duration::from_secs(10)),
         Some(86)
     );
-    let ix = fleet
-        .store
-        .interaction(run, rid.parse().expect("rid"))
-        .await
-        .expect("read")
-        .expect("exists");
+    let ix = stored_question(&fleet, run, rid.parse().expect("rid")).await;
     assert_eq!(ix.state, delta_protocol::InteractionState::Answered);
     assert_eq!(ix.resume_seq, None, "no resume was published");
     assert_eq!(
@@ -1327,12 +1322,7 @@ async fn a_resume_job_lost_from_the_stream_is_enqueued_again_once() {
         .await
         .expect("the job");
     assert_eq!(job.subject.as_str(), "gwr.jobs.hello.resume");
-    let ix = fleet
-        .store
-        .interaction(run, q.request_id)
-        .await
-        .expect("read")
-        .expect("the question");
+    let ix = stored_question(&fleet, run, q.request_id).await;
     assert_eq!(ix.resume_seq, Some(state.last_sequence), "noted");
     // Its next check (`lost_job_s` later, 3 s here) finds it in the stream: not enqueued again.
     tokio::time::sleep(Duration::from_millis(3_500)).await;
@@ -1712,12 +1702,7 @@ async fn an_answer_that_comes_before_its_question_is_heard_waits_for_the_hearing
         1
     );
     assert_eq!(metric(&fleet.client, "delta_answers_waiting").await, 0);
-    let ix = fleet
-        .store
-        .interaction(run, q.request_id)
-        .await
-        .expect("read")
-        .expect("stored");
+    let ix = stored_question(&fleet, run, q.request_id).await;
     assert_eq!(ix.state, delta_protocol::InteractionState::Answered);
     assert_eq!(ix.response.and_then(|r| r.input).as_deref(), Some("Grace"));
 }
@@ -1755,12 +1740,7 @@ async fn a_kept_question_settled_elsewhere_is_refused_as_the_usual_path_refuses_
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"]["code"], "already_resolved", "{body}");
     assert_eq!(metric(&fleet.client, "delta_answers_heard_total").await, 0);
-    let ix = fleet
-        .store
-        .interaction(run, q.request_id)
-        .await
-        .expect("read")
-        .expect("stored");
+    let ix = stored_question(&fleet, run, q.request_id).await;
     assert_eq!(ix.response.and_then(|r| r.input).as_deref(), Some("Ada"));
 }
 
@@ -1789,13 +1769,7 @@ async fn a_gateway_that_heard_nothing_replays_nothing_when_its_consumer_is_lost(
     // Both gateways' consumers (the late one makes its own once it is up).
     let deadline = Instant::now() + Duration::from_secs(10);
     let names = loop {
-        let names: Vec<String> = events
-            .consumer_names()
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .map(|n| n.expect("a consumer's name"))
-            .collect();
+        let names = delta_e2e::consumer_names(&events).await;
         if names.len() >= 2 {
             break names;
         }
@@ -1889,4 +1863,18 @@ async fn pause_as_a_worker(
     );
     delta_e2e::pause_on(&worker, run, &q).await;
     q
+}
+
+/// Question `rid` of `run` as the store holds it.
+async fn stored_question(
+    fleet: &Fleet,
+    run: RunId,
+    rid: delta_protocol::RequestId,
+) -> delta_store::redis::StoredInteraction {
+    fleet
+        .store
+        .interaction(run, rid)
+        .await
+        .expect("read")
+        .expect("stored")
 }

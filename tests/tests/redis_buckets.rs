@@ -98,15 +98,7 @@ async fn lifecycle(store: &RedisRunStore, key: &str) -> (RunId, Vec<InteractionR
         .await
         .expect("requeue");
     store
-        .append(
-            id,
-            vec![msg("done")],
-            Some(StatusChange::Finished {
-                status: Terminal::Completed,
-                result: Some("ok".into()),
-                error: None,
-            }),
-        )
+        .append(id, vec![msg("done")], Some(delta_e2e::completed_ok()))
         .await
         .expect("finish");
     (id, vec![q1, q2])

@@ -365,17 +365,8 @@ async fn an_answer_that_only_looks_sealed_is_kept_as_the_text_it_is() {
 
 /// Finishes `id` `COMPLETED`.
 async fn finish(store: &RedisRunStore, id: RunId) {
-    use delta_store::{StatusChange, Terminal};
     store
-        .append(
-            id,
-            vec![msg("done")],
-            Some(StatusChange::Finished {
-                status: Terminal::Completed,
-                result: Some("ok".into()),
-                error: None,
-            }),
-        )
+        .append(id, vec![msg("done")], Some(delta_e2e::completed_ok()))
         .await
         .expect("finish");
 }

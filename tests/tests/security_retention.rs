@@ -326,7 +326,6 @@ async fn an_agent_of_builtin_tools_gets_no_work_directory() {
 /// would have passed over as many of the rest in the third, and they would stay forever.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gateway_backfills_an_older_deployment_once_and_notes_it() {
-    use delta_store::{StatusChange, Terminal};
     let mut fleet = Fleet::start_with("ret5", 0, 0, |s| {
         s.extra = vec![("DELTA_RETENTION", "1s".into())];
     })
@@ -339,15 +338,7 @@ async fn a_gateway_backfills_an_older_deployment_once_and_notes_it() {
         let id = rec.run_id;
         store.create(rec).await.expect("create");
         store
-            .append(
-                id,
-                vec![],
-                Some(StatusChange::Finished {
-                    status: Terminal::Completed,
-                    result: Some("ok".into()),
-                    error: None,
-                }),
-            )
+            .append(id, vec![], Some(delta_e2e::completed_ok()))
             .await
             .expect("finish");
         // As a build before the finished index left it.

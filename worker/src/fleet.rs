@@ -979,9 +979,10 @@ async fn handle(shared: &Shared, d: Delivery) {
         Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
     };
     let status_at_load = run.record.status;
+    let applying = answers.applying();
     // When the answer this job applies was accepted: a reopen's announcement is named by it.
-    let applying_at = answers.applying().map(|(_, at)| at);
-    if let (Some((rid, at)), RunStatus::WaitingForInput) = (answers.applying(), status_at_load) {
+    let applying_at = applying.map(|(_, at)| at);
+    if let (Some((rid, at)), RunStatus::WaitingForInput) = (applying, status_at_load) {
         shared.queue.announce_resumed(rid, at).await;
     }
     // The run's own directory, made before any of its tools runs here; none for an agent that
