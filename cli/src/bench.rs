@@ -68,6 +68,11 @@ pub struct BenchArgs {
     /// for resume jobs). Fewer keep runs waiting in the jobs stream rather than for the CPU.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub worker_concurrency: u16,
+    /// Of each worker's slots, those start jobs may not take (its `DELTA_RESUME_SLOTS`; a
+    /// quarter when not given). More keep fewer runs starting at once, so that resumes wait
+    /// less for the CPU.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(0..=1023))]
+    pub resume_slots: Option<u16>,
     /// How the human answers: the gateway's HTTP API, or a bot over NATS.
     #[arg(long, value_enum, default_value_t = AnswerVia::Http)]
     pub answer_via: AnswerVia,
@@ -104,6 +109,15 @@ pub struct BenchArgs {
 
 pub async fn run(cmd: BenchCommand, cancel: tokio_util::sync::CancellationToken) -> i32 {
     let BenchCommand::HitlBasic(a) = cmd;
+    // A usage error, as clap's are: before anything starts.
+    if a.resume_slots.is_some_and(|r| r >= a.worker_concurrency) {
+        eprintln!(
+            "error: --resume-slots {} leaves start jobs no slot of --worker-concurrency {}: give fewer resume slots than slots",
+            resume_slots(&a),
+            a.worker_concurrency
+        );
+        return 2;
+    }
     let work = hitl_basic(a);
     tokio::select! {
         r = work => match r {
@@ -232,6 +246,15 @@ struct Timing {
     answered: Timestamp,
 }
 
+/// Each worker's slots kept for resume jobs: as given, else the worker's default (a quarter of
+/// its slots, at least one, none of a single slot).
+fn resume_slots(a: &BenchArgs) -> u16 {
+    a.resume_slots.unwrap_or(match a.worker_concurrency {
+        0 | 1 => 0,
+        c => (c / 4).max(1),
+    })
+}
+
 async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
     let root = repo_root();
     let (servers, programs) = find_programs(root.as_deref(), a.install).await?;
@@ -248,6 +271,7 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
         agents_dir: agents,
         workers: usize::from(a.workers),
         worker_concurrency: usize::from(a.worker_concurrency),
+        worker_resume_slots: a.resume_slots.map(usize::from),
         gateway_port: None,
         secrets_key_hex: Some("ab".repeat(32)),
         operator_token: None,
@@ -503,6 +527,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         "lost": lost,
         "workers": a.workers,
         "worker_concurrency": a.worker_concurrency,
+        "resume_slots": resume_slots(a),
         "answer_via": match a.answer_via { AnswerVia::Http => "http", AnswerVia::Nats => "nats" },
         "human_sees": "nats-subscription",
         "journal_len": a.journal_len,

@@ -104,6 +104,7 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
         agents_dir: agents.clone(),
         workers: usize::from(a.workers),
         worker_concurrency: 16,
+        worker_resume_slots: None,
         gateway_port: a.port,
         secrets_key_hex: Some(key),
         operator_token: Some(token.clone()),

@@ -26,8 +26,17 @@ async fn bench(args: &[&str]) -> (i32, Value, String) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_bench_prints_the_workload_line_with_every_run_checked() {
-    for via in ["http", "nats"] {
-        let (code, line, stderr) = bench(&[
+    // Each worker's slots and those kept for resumes: given on one pass, the defaults on the
+    // other (a quarter of 64).
+    for (via, slots, expected) in [
+        (
+            "http",
+            &["--worker-concurrency", "8", "--resume-slots", "6"][..],
+            (8, 6),
+        ),
+        ("nats", &[][..], (64, 16)),
+    ] {
+        let mut args = vec![
             "--runs",
             "24",
             "--concurrency",
@@ -40,9 +49,12 @@ async fn the_bench_prints_the_workload_line_with_every_run_checked() {
             "3",
             "--paused-probe",
             "5",
-        ])
-        .await;
+        ];
+        args.extend_from_slice(slots);
+        let (code, line, stderr) = bench(&args).await;
         assert_eq!(code, 0, "{stderr}");
+        assert_eq!(line["worker_concurrency"], expected.0, "{line}");
+        assert_eq!(line["resume_slots"], expected.1, "{line}");
         assert_eq!(line["workload"], "hitl-basic");
         assert_eq!(line["runs"], 24);
         assert_eq!(line["concurrency"], 4);
@@ -103,5 +115,31 @@ async fn bad_bench_flags_are_usage_errors() {
         .expect("delta bench");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--runs"));
+    assert!(out.stdout.is_empty());
+}
+
+/// Resume slots that leave start jobs none are refused before anything starts, with what to
+/// give instead.
+#[tokio::test(flavor = "multi_thread")]
+async fn resume_slots_must_leave_start_jobs_a_slot() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_delta"))
+        .args([
+            "bench",
+            "hitl-basic",
+            "--worker-concurrency",
+            "4",
+            "--resume-slots",
+            "4",
+        ])
+        .output()
+        .await
+        .expect("delta bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--resume-slots 4") && stderr.contains("fewer resume slots"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("starting"), "nothing started: {stderr}");
     assert!(out.stdout.is_empty());
 }

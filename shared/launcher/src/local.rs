@@ -28,6 +28,9 @@ pub struct Options {
     pub workers: usize,
     /// Task slots of each worker.
     pub worker_concurrency: usize,
+    /// Of those, the slots start jobs may not take (`DELTA_RESUME_SLOTS`); the worker's default
+    /// (a quarter) when `None`.
+    pub worker_resume_slots: Option<usize>,
     /// The gateway's port (a free one when `None`).
     pub gateway_port: Option<u16>,
     /// `DELTA_SECRETS_KEY` of the gateway and workers.
@@ -241,6 +244,9 @@ impl LocalFleet {
         worker
             .extra
             .push(("DELTA_REDIS_DURABILITY", durability.to_owned()));
+        if let Some(n) = o.worker_resume_slots {
+            worker.extra.push(("DELTA_RESUME_SLOTS", n.to_string()));
+        }
         // The gateway's and the workers' streams must agree on their replicas, and both must
         // know a Redis Cluster for one.
         worker.extra.extend(
