@@ -414,6 +414,9 @@ impl Gateway {
             state: InteractionState::Pending,
             response: None,
             answered_at: None,
+            // Heard, so announced: never announced again from this copy, which is all a reopen's
+            // instant is for.
+            reopened_at: None,
             resume_seq: None,
             asked_by_job: None,
             traceparent: heard.traceparent,
@@ -1010,7 +1013,13 @@ impl Gateway {
         let announced = if unannounced {
             // Both to the events stream in one go: the question, then its settling.
             self.queue
-                .publish_request_and_resolved(q, ix.traceparent.as_deref(), &resolved, tp)
+                .publish_request_and_resolved(
+                    q,
+                    ix.reopened_at,
+                    ix.traceparent.as_deref(),
+                    &resolved,
+                    tp,
+                )
                 .await
         } else {
             self.queue.publish_resolved(&q.agent, &resolved, tp).await

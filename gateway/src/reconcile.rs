@@ -206,7 +206,7 @@ async fn resume_one(
     // So may the worker that asked it, before announcing the question (`requested`).
     if gw.maybe_unannounced(&ix).await {
         gw.queue
-            .publish_request(&ix.request, ix.traceparent.as_deref())
+            .publish_pending(&ix.request, ix.reopened_at, ix.traceparent.as_deref())
             .await?;
     }
     if let Some(resolved) = gw.resolved_of(run_id, &ix) {

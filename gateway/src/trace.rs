@@ -346,6 +346,7 @@ mod tests {
             state: InteractionState::Pending,
             response: None,
             answered_at: None,
+            reopened_at: None,
             resume_seq: None,
             asked_by_job: None,
             traceparent: None,

@@ -410,7 +410,7 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
     );
     let shape = delta_e2e::journal_shape(&reference);
     // (what is done to the snapshot, whether the resume still uses it)
-    let cases: [(&str, &Prepare, bool); 8] = [
+    let cases: [(&str, &Prepare, bool); 10] = [
         ("missing", &|_, _| None, false),
         (
             "packed, and unreadable",
@@ -453,6 +453,22 @@ async fn a_resume_goes_on_from_the_snapshot_or_else_from_the_whole_journal() {
                     n - 1,
                     json.replacen(&format!("\"seq\":{n}"), &format!("\"seq\":{}", n - 1), 1)
                 ))
+            },
+            false,
+        ),
+        (
+            "a seq past Lua's whole numbers",
+            &|s, _| {
+                let (_, json) = s.split_once(':').expect("seq");
+                Some(format!("{}:{json}", "9".repeat(15)))
+            },
+            false,
+        ),
+        (
+            "a seq past a stream ID's",
+            &|s, _| {
+                let (_, json) = s.split_once(':').expect("seq");
+                Some(format!("{}:{json}", "9".repeat(24)))
             },
             false,
         ),

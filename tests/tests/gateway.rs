@@ -1124,6 +1124,108 @@ async fn an_answer_the_engine_refuses_reopens_the_question_everywhere_and_a_corr
     assert_eq!(v["option_id"], "approve", "{v}");
 }
 
+/// A question the engine reopened, whose reopening delivery died before announcing it, is
+/// announced by the job's next delivery under the reopen's id: under its first announcement's it
+/// would be dropped as a duplicate, and bots, webhooks and live streams would never learn it is
+/// open again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reopened_question_is_announced_anew_by_the_jobs_next_delivery() {
+    use delta_protocol::{Fence, Job};
+    let fleet = Fleet::start("gwo", 1, 1).await;
+    let run = fleet.submit("gated", "shout").await;
+    let rid = fleet.pending(run).await;
+    let request_id: delta_protocol::RequestId = rid.parse().expect("request id");
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let mut events = js.get_stream("GWO_INTERACTIONS").await.expect("stream");
+    // The requested announcements of the question, by their ids, as stored.
+    let announced = async |events: &mut async_nats::jetstream::stream::Stream| {
+        let state = events.info().await.expect("info").state.clone();
+        let mut ids = vec![];
+        for seq in state.first_sequence..=state.last_sequence {
+            if let Ok(m) = events.get_raw_message(seq).await
+                && m.subject.contains(".interactions.requested.")
+            {
+                let id = m
+                    .headers
+                    .get("Nats-Msg-Id")
+                    .map(|v| v.to_string())
+                    .unwrap_or_default();
+                ids.push(id);
+            }
+        }
+        ids
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while announced(&mut events).await.is_empty() {
+        assert!(Instant::now() < deadline, "first announced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(announced(&mut events).await, [format!("requested:{rid}")]);
+    // An answer accepted (as a gateway settles it, but nobody publishes its resume job), then
+    // refused and the question reopened by a delivery of job 9999 that died before it announced
+    // the question again.
+    let q = fleet
+        .store
+        .interaction(run, request_id)
+        .await
+        .expect("read")
+        .expect("the question")
+        .request;
+    let a = delta_e2e::typed_answer(request_id, "too loud");
+    assert!(fleet.store.answer(&q, &a).await.expect("answer"));
+    let refused_at = fleet
+        .store
+        .interaction(run, request_id)
+        .await
+        .expect("read")
+        .expect("the question")
+        .answered_at
+        .expect("answered");
+    let dead = fleet.store.fenced(Fence::new(9_999, 1));
+    assert!(dead.reopen(run, request_id).await.expect("reopen"));
+    let ix = fleet
+        .store
+        .interaction(run, request_id)
+        .await
+        .expect("read")
+        .expect("the question");
+    assert_eq!(ix.state, delta_protocol::InteractionState::Pending);
+    assert_eq!(
+        ix.reopened_at,
+        Some(refused_at),
+        "the refused answer's instant"
+    );
+    assert_eq!(
+        ix.asked_by_job,
+        Some(9_999),
+        "the job that reopened it announces it"
+    );
+    // The job's next delivery finds the question pending, parks on it again and announces it.
+    let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwo", &fleet.nats.queue_settings())
+        .await
+        .expect("queue");
+    queue
+        .publish_job("gated", &Job::resume(run, Some(request_id)), None)
+        .await
+        .expect("publish");
+    let again = format!("requested:{rid}:{}", refused_at.micros());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ids = announced(&mut events).await;
+        if ids.len() == 2 {
+            assert_eq!(ids, [format!("requested:{rid}"), again.clone()]);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "announced again under the reopen's id: {ids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stored = fleet.store.load(run).await.expect("load");
+    assert_eq!(stored.record.status, RunStatus::WaitingForInput);
+}
+
 /// Approves the `gated` agent's question with valid edited arguments: accepted, and the run
 /// completes with them (within `wait_status`'s 20 s, well before a reconciler would step in).
 async fn approve_with_good_args_completes(fleet: &Fleet, run: RunId, rid: &str) {

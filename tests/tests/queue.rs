@@ -459,6 +459,19 @@ async fn a_reopened_questions_announcement_is_the_same_on_every_try() {
         2,
         "the question, and its reopen once however often it was tried"
     );
+    // Announced again while pending (its asker may have died first): under the id of its
+    // last reopen, or of its first announcement if it was never reopened; duplicates both.
+    q.publish_pending(&ask, Some(refused), None)
+        .await
+        .expect("pending, reopened");
+    q.publish_pending(&ask, None, None)
+        .await
+        .expect("pending, never reopened");
+    assert_eq!(
+        stream_messages(&q, &nats.url(), "QR_INTERACTIONS").await,
+        2,
+        "the same ids"
+    );
     let later = delta_protocol::Timestamp::from_micros(refused.micros() + 1).expect("time");
     q.publish_request_again(&ask, later, None)
         .await

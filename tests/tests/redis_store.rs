@@ -1183,3 +1183,46 @@ async fn a_question_reopened_by_the_handle_that_read_it_settled_is_still_closed_
     let run = store.record(id).await.expect("record");
     assert_eq!(run.pending_request_id, None);
 }
+
+/// A reopen keeps when the refused answer was accepted (`reopened_at`: its announcement's id is
+/// made of it) and which job reopened it (`job`: that job announces it), and the settled read
+/// tells a resume; the next reopen (another answer, another job) replaces both.
+#[tokio::test]
+async fn a_reopen_keeps_the_refused_answers_instant_and_the_reopening_job() {
+    use delta_store::AnswerStore;
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "t10")
+        .await
+        .expect("connect");
+    let (id, q) = paused_run(&store, RunStatus::Running, "Name?", false).await;
+    let read = async || {
+        store
+            .interaction(id, q.request_id)
+            .await
+            .expect("read")
+            .expect("the question")
+    };
+    assert_eq!(read().await.reopened_at, None, "never reopened");
+    let mut instants = vec![];
+    for (seq, name) in [(10, "Ada"), (11, "Grace")] {
+        let a = delta_e2e::typed_answer(q.request_id, name);
+        assert!(store.answer(&q, &a).await.expect("answer"));
+        let answered_at = read().await.answered_at.expect("answered");
+        let worker = store.fenced(delta_protocol::Fence::new(seq, 1));
+        assert!(worker.reopen(id, q.request_id).await.expect("reopen"));
+        let ix = read().await;
+        assert_eq!(ix.state, delta_protocol::InteractionState::Pending);
+        assert_eq!(ix.answered_at, None);
+        assert_eq!(ix.reopened_at, Some(answered_at), "{name}");
+        assert_eq!(ix.asked_by_job, Some(seq), "{name}");
+        let settled = store
+            .settled(id, q.request_id)
+            .await
+            .expect("read")
+            .expect("the question");
+        assert_eq!(settled.response, None);
+        assert_eq!(settled.reopened_at, Some(answered_at));
+        instants.push(answered_at);
+    }
+    assert_ne!(instants[0], instants[1], "each reopen its own instant");
+}

@@ -698,14 +698,24 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
             let pending = delta_protocol::journal::Replay::new(&run.journal)
                 .pending()
                 .cloned();
-            if let Some(q) = pending
-                && let Err(e) = shared
+            if let Some(q) = pending {
+                // Under its reopen's id if the engine reopened it: its first announcement's
+                // would be dropped as a duplicate, or taken for that one.
+                let reopened_at = match shared.store.interaction(q.run_id, q.request_id).await {
+                    Ok(ix) => ix.and_then(|ix| ix.reopened_at),
+                    Err(e) => {
+                        tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
+                        return;
+                    }
+                };
+                if let Err(e) = shared
                     .queue
-                    .publish_request(&q, x.traceparent.as_deref())
+                    .publish_pending(&q, reopened_at, x.traceparent.as_deref())
                     .await
-            {
-                tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
-                return;
+                {
+                    tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
+                    return;
+                }
             }
             shared.queue.drop_exhausted(x).await
         }
@@ -979,6 +989,9 @@ async fn handle(shared: &Shared, d: Delivery) {
         Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
     };
     let status_at_load = run.record.status;
+    // A question an earlier delivery reopened: announced again under that reopen's id, should
+    // this job pause on it (that delivery may have died before announcing it).
+    let reopened_before = answers.reopened();
     let applying = answers.applying();
     // When the answer this job applies was accepted: a reopen's announcement is named by it.
     let applying_at = applying.map(|(_, at)| at);
@@ -1072,6 +1085,11 @@ async fn handle(shared: &Shared, d: Delivery) {
     }
     match outcome {
         Ok(Outcome::Paused(q)) => {
+            let reopened = reopened.or_else(|| {
+                reopened_before
+                    .filter(|(rid, _)| *rid == q.request_id)
+                    .map(|(_, at)| at)
+            });
             match announce_question(shared, &q, tp.as_deref(), reopened).await {
                 Ok(()) => {
                     let _ = d.ack().await;

@@ -63,6 +63,8 @@ pub struct Answers {
     answered_at: Option<Timestamp>,
     /// The clock closed the question: the default option applies, or the run fails.
     expired: bool,
+    /// When the answer the engine last refused for it was accepted, if it ever reopened it.
+    reopened_at: Option<Timestamp>,
     /// Answers to earlier sensitive questions (opened): tools later in the run may use them.
     earlier: Vec<InteractionResponse>,
 }
@@ -99,6 +101,7 @@ impl Answers {
         {
             answers.answered_at = settled.answered_at;
             answers.expired = settled.expired;
+            answers.reopened_at = settled.reopened_at;
             answers.answer = settled.response;
         }
         for (q, _) in &replay.interactions {
@@ -117,6 +120,13 @@ impl Answers {
             }
         }
         Ok(answers)
+    }
+
+    /// The question this resume is for and when the answer last refused for it was accepted,
+    /// if the engine ever reopened it: announced again while it is pending, it goes under that
+    /// reopen's id.
+    pub fn reopened(&self) -> Option<(RequestId, Timestamp)> {
+        Some((self.asked?, self.reopened_at?))
     }
 
     /// The answer this resume applies and when it was accepted, if there is one.

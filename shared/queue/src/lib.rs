@@ -891,6 +891,20 @@ impl Queue {
             .await
     }
 
+    /// Announces pending question `q` once more (its asker may have died before it did):
+    /// under its first announcement's id, or, once the engine reopened it (`reopened_at`, as
+    /// stored with it), under its last reopen's (as [`Queue::publish_request_again`]). Either
+    /// way one that did go out is dropped as a duplicate, and a reopened question is not
+    /// taken for its first announcement.
+    pub async fn publish_pending(
+        &self,
+        q: &InteractionRequest,
+        reopened_at: Option<Timestamp>,
+        traceparent: Option<&str>,
+    ) -> Result<(), Error> {
+        self.announce_request(q, reopened_at, traceparent).await
+    }
+
     async fn announce_request(
         &self,
         q: &InteractionRequest,
@@ -929,18 +943,19 @@ impl Queue {
             .map(drop)
     }
 
-    /// Announces question `q` (as [`Queue::publish_request`] does, the same id) and then that it
-    /// was settled (as [`Queue::publish_resolved`]), the second sent without waiting for the
+    /// Announces question `q` (as [`Queue::publish_pending`] does, the same id) and then that
+    /// it was settled (as [`Queue::publish_resolved`]), the second sent without waiting for the
     /// first's ack: both go to the events stream over this one connection, which keeps their
     /// order, and the two acks are waited for together (one round trip, not two).
     pub async fn publish_request_and_resolved(
         &self,
         q: &InteractionRequest,
+        reopened_at: Option<Timestamp>,
         asked_traceparent: Option<&str>,
         resolved: &Resolved,
         traceparent: Option<&str>,
     ) -> Result<(), Error> {
-        let (request_subject, request) = self.request_event(q, None, asked_traceparent);
+        let (request_subject, request) = self.request_event(q, reopened_at, asked_traceparent);
         let settled = events::resolved(
             &self.names.prefix,
             &q.agent,

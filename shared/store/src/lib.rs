@@ -373,6 +373,9 @@ pub struct Settled {
     pub answered_at: Option<Timestamp>,
     /// The clock closed it: the engine applies the default option, or fails the run.
     pub expired: bool,
+    /// When the answer last refused was accepted, if the engine ever reopened it: a pending
+    /// question is then announced under its reopen's id.
+    pub reopened_at: Option<Timestamp>,
 }
 
 /// Where the answers to a run's questions are kept between the pause and the resume: the fleet's

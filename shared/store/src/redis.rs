@@ -339,7 +339,11 @@ local from = '-'
 if snap then
   local s = string.match(snap, '^(%d+):')
   if s and s == at then return {h, keyed, {}, rid, ix} end
-  if s then from = (tonumber(s) + 1) .. '-0' end
+  -- After the snapshot's own entry, exclusive, not its seq plus one: Lua's numbers lose whole
+  -- numbers of more than 14 digits. A seq of 20 digits or more, never a real one (it may
+  -- overflow a stream ID), is read from the start: the snapshot is then found unusable and the
+  -- whole journal replayed.
+  if s and #s < 20 then from = '(' .. s .. '-0' end
 end
 return {h, keyed, redis.call('XRANGE', KEYS[2], from, '+'), rid, ix}
 "#;
@@ -586,11 +590,17 @@ fn resolve_indexes(q: &InteractionRequest) -> &'static str {
 
 /// Opens an answered interaction again (its answer was refused by the engine): `PENDING`,
 /// answer (and any votes) removed, back in the pending and deadline indexes (and the escalation index, for the
-/// reconciler to find its next step). KEYS: the interaction. ARGV: bucket tag, request id,
-/// request time (µs), deadline (µs or ''), resume member, `1` when it has an escalation.
+/// reconciler to find its next step). It keeps when the refused answer was accepted
+/// (`reopened_at`: the reopen's announcement is named by it) and which job reopened it (`job`:
+/// that job announces it again). KEYS: the interaction. ARGV: bucket tag, request id, request
+/// time (µs), deadline (µs or ''), resume member, `1` when it has an escalation, the reopening
+/// job's stream sequence ('' for none).
 const REOPEN: &str = r#"
 if redis.call('HGET', KEYS[1], 'state') ~= 'ANSWERED' then return 0 end
+local refused = redis.call('HGET', KEYS[1], 'answered_at')
 redis.call('HSET', KEYS[1], 'state', 'PENDING')
+if refused then redis.call('HSET', KEYS[1], 'reopened_at', refused) end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'job', ARGV[7]) end
 redis.call('HDEL', KEYS[1], 'response', 'answered_at', 'resume_seq', 'approvals', 'rejections')
 -- A question decided by votes is voted on afresh: the decision was refused.
 for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
@@ -740,6 +750,9 @@ pub struct StoredInteraction {
     pub response: Option<InteractionResponse>,
     /// When it was answered or closed.
     pub answered_at: Option<Timestamp>,
+    /// When the answer last refused (the question reopened) was accepted: a pending question
+    /// with one is announced under its reopen's id (the queue's `publish_pending`).
+    pub reopened_at: Option<Timestamp>,
     /// The stream sequence of the resume job published for it, once published.
     pub resume_seq: Option<u64>,
     /// The stream sequence of the job that asked it (builds of 2026-11-25 on): while that job is
@@ -1515,7 +1528,12 @@ impl RedisRunStore {
                     .unwrap_or_default(),
             )
             .arg(format!("{run_id}/{request_id}"))
-            .arg(if q.escalation.is_empty() { "" } else { "1" });
+            .arg(if q.escalation.is_empty() { "" } else { "1" })
+            .arg(
+                self.fence
+                    .map(|f| f.stream_seq.to_string())
+                    .unwrap_or_default(),
+            );
         let (n, replicated) = self.invoke_replicated::<i64>(run_id, &inv).await;
         let n = n.map_err(backend)?;
         replicated?;
@@ -1602,6 +1620,7 @@ fn parse_interaction(
         state,
         response,
         answered_at: h.get("answered_at").and_then(|t| t.parse().ok()),
+        reopened_at: h.get("reopened_at").and_then(|t| t.parse().ok()),
         resume_seq: h.get("resume_seq").and_then(|t| t.parse().ok()),
         asked_by_job: h.get("job").and_then(|t| t.parse().ok()),
         traceparent: h.get("traceparent").cloned(),
@@ -1879,6 +1898,7 @@ impl AnswerStore for RedisRunStore {
             response: ix.response.map(|r| self.open(&ix.request, r)).transpose()?,
             answered_at: ix.answered_at,
             expired: ix.state == InteractionState::Expired,
+            reopened_at: ix.reopened_at,
         }))
     }
 
