@@ -247,6 +247,110 @@ async fn a_start_job_carrying_its_run_starts_it_and_a_stale_one_changes_nothing(
     assert_eq!(starts, 2, "one start for the first job, one for the resume");
 }
 
+/// A job that carries its run takes it as read, so the run's first side effect outside its own
+/// writes (a hook's process here; a grant used or made) waits for a check that the run may still
+/// be written. A run cancelled between its submission and its job's delivery runs no hook (its
+/// tools never ran anyway: a call is stored before its tool starts), while a run beside it runs
+/// both of its hooks.
+#[tokio::test]
+async fn a_carried_run_cancelled_before_its_job_runs_no_hook() {
+    use delta_protocol::{EngineEnd, MessageLevel, SystemMessage};
+    let (nats, redis) = (NatsServers::start(), RedisServers::start());
+    let work = tempfile::tempdir().expect("tmp");
+    let agents = tempfile::tempdir().expect("tmp");
+    let log = agents.path().join("hooks.log");
+    let dir = agents.path().join("hooked");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(
+        dir.join("config.yaml"),
+        "name: hooked\nbrain: scripted\ntools:\n  - name: echo\n    exec: \"echo ${text}\"\n    idempotent: true\n",
+    )
+    .expect("config");
+    std::fs::write(
+        dir.join("script.yaml"),
+        "steps:\n  - tool: echo\n    args: {text: hi}\n  - finish: done\n",
+    )
+    .expect("script");
+    let hooks: String = ["pre_tool_exec", "on_run_end"]
+        .iter()
+        .map(|h| {
+            format!(
+                "{h}:\n  command: [sh, -c, 'echo {h} >> {}']\n",
+                log.display()
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("hooks.yaml"), hooks).expect("hooks");
+    let store = redis.store("fk", None).await;
+    let q = Queue::connect(&nats.url(), "fk", &nats.queue_settings())
+        .await
+        .expect("nats");
+    // Both submitted as a gateway does (the start job carries the run), before any worker.
+    let mut seqs = vec![];
+    let mut ids = vec![];
+    for task in ["cancelled", "kept"] {
+        let rec = RunRecord::new(RunId::new(), "hooked", task, RunStatus::Queued);
+        store.create(rec.clone()).await.expect("create");
+        let job = Job {
+            run: Some(rec.fresh()),
+            ..Job::start(rec.run_id)
+        };
+        let seq = q
+            .publish_job_as("hooked", &job, &format!("start:{}", rec.run_id), None)
+            .await
+            .expect("publish");
+        seqs.push(seq);
+        ids.push(rec.run_id);
+    }
+    // The first cancelled as a gateway cancels it: its job stays in the stream.
+    let why = "cancelled by test".to_owned();
+    store
+        .append(
+            ids[0],
+            vec![
+                Event::SystemMessage(SystemMessage {
+                    level: MessageLevel::Warn,
+                    content: why.clone(),
+                }),
+                Event::EngineEnd(EngineEnd {
+                    status: RunStatus::Cancelled,
+                    result: None,
+                    error: Some(why.clone()),
+                }),
+            ],
+            Some(delta_store::StatusChange::Finished {
+                status: delta_store::Terminal::Cancelled,
+                result: None,
+                error: Some(why),
+            }),
+        )
+        .await
+        .expect("cancel");
+    let cancelled = store.load(ids[0]).await.expect("load");
+    let w = start(Config {
+        agents_dir: agents.path().to_path_buf(),
+        ..config(&nats, &redis, "fk", "worker-k", work.path())
+    });
+    delta_e2e::wait_for_status(&store, ids[1], RunStatus::Completed).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for seq in seqs {
+        while q.job_exists(seq).await.expect("ask the stream") {
+            assert!(Instant::now() < deadline, "job {seq} never settled");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    w.stop().await;
+    let ran = std::fs::read_to_string(&log).expect("the kept run's hooks ran");
+    assert_eq!(
+        ran.lines().collect::<Vec<_>>(),
+        ["pre_tool_exec", "on_run_end"],
+        "the kept run's hooks only"
+    );
+    let after = store.load(ids[0]).await.expect("load");
+    assert_eq!(after.record.status, RunStatus::Cancelled);
+    assert_eq!(after.journal, cancelled.journal, "nothing written");
+}
+
 /// A resume job that carries its paused run (as a gateway's does: the record and question its
 /// settling script read) resumes it without reading it: from the answer to the end, Redis runs
 /// no read of the run's record, question or journal. (One Redis, to count what it runs.)

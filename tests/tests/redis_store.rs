@@ -1226,3 +1226,88 @@ async fn a_reopen_keeps_the_refused_answers_instant_and_the_reopening_job() {
     }
     assert_ne!(instants[0], instants[1], "each reopen its own instant");
 }
+
+/// A handle that took its run as carried confirms it before a side effect its writes do not
+/// fence (`RunStore::confirm`): a write of nothing, refused as its first write would be (here
+/// the run was cancelled since, or another job started it). Confirmed once, or read, nothing more
+/// is sent.
+#[tokio::test]
+async fn a_carried_run_is_confirmed_with_one_write_of_nothing() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "confirm")
+        .await
+        .expect("connect");
+    let raw = delta_e2e::redis_raw(&redis.url()).await;
+    let scripts = async || delta_e2e::command_calls(&raw, "evalsha").await;
+    let fresh = async || {
+        let rec = RunRecord::new(RunId::new(), "hello", "t", RunStatus::Queued);
+        store.create(rec.clone()).await.expect("create");
+        (rec.run_id, rec.fresh())
+    };
+
+    // Cancelled between its submission and its job's delivery.
+    let (id, carried) = fresh().await;
+    store
+        .append(
+            id,
+            vec![msg("cancelled")],
+            Some(delta_store::StatusChange::Finished {
+                status: delta_store::Terminal::Cancelled,
+                result: None,
+                error: Some("cancelled".into()),
+            }),
+        )
+        .await
+        .expect("cancel");
+    let handle = store.fenced(delta_protocol::Fence::new(3, 1));
+    handle.start_fresh(RunRecord::of_fresh(id, carried));
+    let err = handle.confirm(id).await.expect_err("refused");
+    assert!(
+        matches!(err, delta_store::Error::Terminal { .. }),
+        "{err:?}"
+    );
+
+    // Started by another job meanwhile.
+    let (id, carried) = fresh().await;
+    let other = store.fenced(delta_protocol::Fence::new(5, 1));
+    other.load(id).await.expect("load");
+    other
+        .append(
+            id,
+            vec![msg("started")],
+            Some(delta_store::StatusChange::Running),
+        )
+        .await
+        .expect("start");
+    let handle = store.fenced(delta_protocol::Fence::new(4, 1));
+    handle.start_fresh(RunRecord::of_fresh(id, carried));
+    let err = handle.confirm(id).await.expect_err("refused");
+    assert!(matches!(err, delta_store::Error::Fenced(_)), "{err:?}");
+
+    // Still as carried: confirmed once, with nothing written to its journal; then no more.
+    let (id, carried) = fresh().await;
+    let handle = store.fenced(delta_protocol::Fence::new(6, 1));
+    handle.start_fresh(RunRecord::of_fresh(id, carried));
+    let before = scripts().await;
+    handle.confirm(id).await.expect("confirmed");
+    assert_eq!(scripts().await, before + 1, "one write");
+    handle.confirm(id).await.expect("confirmed");
+    assert_eq!(scripts().await, before + 1, "once");
+    let run = store.load(id).await.expect("load");
+    assert!(run.journal.is_empty());
+    assert_eq!(run.record.status, RunStatus::Queued);
+    handle
+        .append(
+            id,
+            vec![msg("started")],
+            Some(delta_store::StatusChange::Running),
+        )
+        .await
+        .expect("its writes go on");
+    // A handle that read the run has nothing to confirm.
+    let reader = store.fenced(delta_protocol::Fence::new(7, 1));
+    reader.load(id).await.expect("load");
+    let before = scripts().await;
+    reader.confirm(id).await.expect("nothing to do");
+    assert_eq!(scripts().await, before, "nothing sent");
+}

@@ -584,6 +584,14 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         self.journal.push(e);
     }
 
+    /// Before a side effect that the run's writes do not fence (a hook, a grant used or made):
+    /// that this engine's store handle may still write the run ([`RunStore::confirm`]: a run
+    /// its job carried, ended or taken by another delivery since, is refused here, as at its
+    /// first write).
+    async fn confirm(&self) -> Result<(), Error> {
+        Ok(self.store.confirm(self.record.run_id).await?)
+    }
+
     /// Makes the buffered events durable, with `change` (or `RUNNING` if the run was not).
     async fn commit(&mut self, change: Option<StatusChange>) -> Result<(), Error> {
         let events: Vec<Event> = self.journal[self.committed..]
@@ -763,16 +771,20 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             // An LLM call is slow and not free: keep what happened so far before making it.
             self.commit(None).await?;
         }
-        let decided =
-            if self.agent.hooks.pre_llm_req.is_some() || self.agent.hooks.post_llm_resp.is_some() {
-                self.decide_hooked().await
-            } else {
-                let view = self.view();
-                tokio::select! {
-                    d = self.brain.decide(view) => Some(d),
-                    () = self.cancel.cancelled() => None,
-                }
-            };
+        let hooked =
+            self.agent.hooks.pre_llm_req.is_some() || self.agent.hooks.post_llm_resp.is_some();
+        if hooked {
+            self.confirm().await?;
+        }
+        let decided = if hooked {
+            self.decide_hooked().await
+        } else {
+            let view = self.view();
+            tokio::select! {
+                d = self.brain.decide(view) => Some(d),
+                () = self.cancel.cancelled() => None,
+            }
+        };
         let Some(decided) = decided else {
             return self.interrupt().await.map(Some);
         };
@@ -888,6 +900,9 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         result: Option<String>,
         error: Option<String>,
     ) -> Result<Outcome, Error> {
+        if self.agent.hooks.on_run_end.is_some() || self.agent.hooks.on_error.is_some() {
+            self.confirm().await?;
+        }
         self.end_hooks(status.into(), result.as_deref(), error.as_deref())
             .await;
         self.push(Event::EngineEnd(EngineEnd {
@@ -1369,6 +1384,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             .iter()
             .filter(|g| g.live_at(run_id, now) && grants::matches(g, &req.tool, &req.args))
         {
+            self.confirm().await?;
             let taken = self
                 .store
                 .use_grant(&g.agent, g.grant_id, run_id, &req.action_id, now)
@@ -1414,6 +1430,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let content = match made {
             Ok(None) => return Ok(()),
             Ok(Some(g)) => {
+                self.confirm().await?;
                 self.store.put_grant(&g).await?;
                 format!(
                     "grant {} created by {} via {}: scope {}, tool `{}`, {}{}{}",
@@ -1489,6 +1506,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             }
         };
         if self.agent.hooks.pre_tool_exec.is_some() {
+            self.confirm().await?;
             let payload = json!({
                 "tool_name": req.tool,
                 "tool_args": req.args,

@@ -356,6 +356,17 @@ pub trait RunStore: GrantStore + Send + Sync {
         std::future::ready(Ok(()))
     }
 
+    /// Makes sure this handle may still write `run_id` as it holds it, before a side effect that
+    /// the run's own writes do not fence (a hook's process, a grant used or made). A store that
+    /// took the run from its job without reading it (the Redis store: a start or resume job
+    /// that carried its run) checks it then with a write of nothing, refused as the handle's
+    /// first write would be (the run ended, or another delivery owns it or moved it on).
+    /// Nothing to do once the run was read or written (the default: every read is).
+    fn confirm(&self, run_id: RunId) -> impl Future<Output = Result<(), Error>> + Send {
+        let _ = run_id;
+        std::future::ready(Ok(()))
+    }
+
     /// A new request id for a question `run_id` asks. Any fresh id will do; a store may pick
     /// one that its lookups find faster (the Redis store: one in the run's bucket).
     fn new_request_id(&self, run_id: RunId) -> RequestId {

@@ -394,6 +394,9 @@ struct Seen {
     len: u64,
     /// When the run was created (µs), if its record was read.
     created_us: Option<i64>,
+    /// Taken from its job as carried, neither read nor written since: the first side effect
+    /// outside the run's writes waits for [`RunStore::confirm`].
+    carried: bool,
 }
 
 /// Buckets when `DELTA_REDIS_BUCKETS` is not set, on one Redis.
@@ -1146,7 +1149,17 @@ impl RedisRunStore {
             run_id,
             len,
             created_us,
+            carried: false,
         });
+    }
+
+    /// [`RedisRunStore::saw`] of a run taken from its job, unread.
+    fn saw_carried(&self, run_id: RunId, len: u64, created: Timestamp) {
+        self.saw(run_id, len, Some(created));
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = seen.as_mut().filter(|s| s.run_id == run_id) {
+            s.carried = true;
+        }
     }
 
     /// The run a start job carried (see [`delta_protocol::FreshRun`]), taken as read (on a fenced
@@ -1154,7 +1167,7 @@ impl RedisRunStore {
     /// and is refused like any write whose writer did not see the journal as it is (`Fenced`),
     /// should the run have started meanwhile.
     pub fn start_fresh(&self, record: RunRecord) -> StoredRun {
-        self.saw(record.run_id, 0, Some(record.created_at));
+        self.saw_carried(record.run_id, 0, record.created_at);
         StoredRun::whole(record, vec![])
     }
 
@@ -1436,7 +1449,7 @@ impl RedisRunStore {
             .prefetched
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((run_id, request_id, ix));
-        self.saw(run_id, seq, Some(record.created_at));
+        self.saw_carried(run_id, seq, record.created_at);
         Some(StoredRun {
             record,
             journal: vec![],
@@ -2080,6 +2093,15 @@ impl RunStore for RedisRunStore {
 
     fn keeps_snapshots(&self) -> bool {
         true
+    }
+
+    async fn confirm(&self, run_id: RunId) -> Result<(), Error> {
+        if self.seen(run_id).is_some_and(|s| s.carried) {
+            // Fenced like any write, and no event: the record's owner and fence are this
+            // handle's from now on, as after its first write.
+            self.append(run_id, vec![], None).await?;
+        }
+        Ok(())
     }
 
     async fn append_with_snapshot(
