@@ -1164,31 +1164,16 @@ async fn a_reopened_question_is_announced_anew_by_the_jobs_next_delivery() {
     // An answer accepted (as a gateway settles it, but nobody publishes its resume job), then
     // refused and the question reopened by a delivery of job 9999 that died before it announced
     // the question again.
-    let q = fleet
-        .store
-        .interaction(run, request_id)
-        .await
-        .expect("read")
-        .expect("the question")
-        .request;
+    let q = stored_question(&fleet, run, request_id).await.request;
     let a = delta_e2e::typed_answer(request_id, "too loud");
     assert!(fleet.store.answer(&q, &a).await.expect("answer"));
-    let refused_at = fleet
-        .store
-        .interaction(run, request_id)
+    let refused_at = stored_question(&fleet, run, request_id)
         .await
-        .expect("read")
-        .expect("the question")
         .answered_at
         .expect("answered");
     let dead = fleet.store.fenced(Fence::new(9_999, 1));
     assert!(dead.reopen(run, request_id).await.expect("reopen"));
-    let ix = fleet
-        .store
-        .interaction(run, request_id)
-        .await
-        .expect("read")
-        .expect("the question");
+    let ix = stored_question(&fleet, run, request_id).await;
     assert_eq!(ix.state, delta_protocol::InteractionState::Pending);
     assert_eq!(
         ix.reopened_at,
