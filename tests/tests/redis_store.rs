@@ -363,6 +363,18 @@ async fn an_answer_that_only_looks_sealed_is_kept_as_the_text_it_is() {
     }
 }
 
+/// Writes `id`'s first step with `handle`: one event, `RUNNING` (`what`: the write, if it fails).
+async fn write_start(handle: &RedisRunStore, id: RunId, what: &str) {
+    handle
+        .append(
+            id,
+            vec![msg("started")],
+            Some(delta_store::StatusChange::Running),
+        )
+        .await
+        .expect(what);
+}
+
 /// Finishes `id` `COMPLETED`.
 async fn finish(store: &RedisRunStore, id: RunId) {
     store
@@ -899,14 +911,7 @@ async fn a_start_from_a_carried_run_reads_nothing_and_is_refused_once_the_run_st
     assert!(run.journal.is_empty() && run.snapshot.is_none());
     assert_eq!(reads().await, before, "nothing read");
     let scores_before = delta_e2e::command_calls(&raw, "zscore").await;
-    first
-        .append(
-            id,
-            vec![msg("started")],
-            Some(delta_store::StatusChange::Running),
-        )
-        .await
-        .expect("the first write of a fresh start");
+    write_start(&first, id, "the first write of a fresh start").await;
     assert_eq!(
         delta_e2e::command_calls(&raw, "zscore").await,
         scores_before,
@@ -988,14 +993,7 @@ async fn a_run_is_scored_by_its_creation_in_every_status_index() {
     let start = store.fenced(delta_protocol::Fence::new(1, 1));
     start.load_latest(id, None).await.expect("load");
     let before = zscores().await;
-    start
-        .append(
-            id,
-            vec![msg("started")],
-            Some(delta_store::StatusChange::Running),
-        )
-        .await
-        .expect("start");
+    write_start(&start, id, "start").await;
     assert_eq!(score(RunStatus::Running).await, Some(created));
     assert_eq!(score(RunStatus::Queued).await, None);
     let mut q = delta_protocol::InteractionRequest::new(
@@ -1271,14 +1269,7 @@ async fn a_carried_run_is_confirmed_with_one_write_of_nothing() {
     let (id, carried) = fresh().await;
     let other = store.fenced(delta_protocol::Fence::new(5, 1));
     other.load(id).await.expect("load");
-    other
-        .append(
-            id,
-            vec![msg("started")],
-            Some(delta_store::StatusChange::Running),
-        )
-        .await
-        .expect("start");
+    write_start(&other, id, "start").await;
     let handle = store.fenced(delta_protocol::Fence::new(4, 1));
     handle.start_fresh(RunRecord::of_fresh(id, carried));
     let err = handle.confirm(id).await.expect_err("refused");
@@ -1296,14 +1287,7 @@ async fn a_carried_run_is_confirmed_with_one_write_of_nothing() {
     let run = store.load(id).await.expect("load");
     assert!(run.journal.is_empty());
     assert_eq!(run.record.status, RunStatus::Queued);
-    handle
-        .append(
-            id,
-            vec![msg("started")],
-            Some(delta_store::StatusChange::Running),
-        )
-        .await
-        .expect("its writes go on");
+    write_start(&handle, id, "its writes go on").await;
     // A handle that read the run has nothing to confirm.
     let reader = store.fenced(delta_protocol::Fence::new(7, 1));
     reader.load(id).await.expect("load");

@@ -776,15 +776,7 @@ async fn announce_question(
     traceparent: Option<&str>,
     reopened: Option<delta_protocol::Timestamp>,
 ) -> Result<(), queue::Error> {
-    match reopened {
-        Some(refused_at) => {
-            shared
-                .queue
-                .publish_request_again(q, refused_at, traceparent)
-                .await
-        }
-        None => shared.queue.publish_request(q, traceparent).await,
-    }
+    shared.queue.publish_pending(q, reopened, traceparent).await
 }
 
 /// How a job held by [`hold`] came out.
