@@ -414,8 +414,8 @@ impl Gateway {
             state: InteractionState::Pending,
             response: None,
             answered_at: None,
-            // Heard, so announced: never announced again from this copy, which is all a reopen's
-            // instant is for.
+            // Heard, so announced as heard; a reopen since (which the announcement heard may
+            // predate) is learnt from the settling, which reads it (`answer_ix`).
             reopened_at: None,
             resume_seq: None,
             asked_by_job: None,
@@ -546,14 +546,26 @@ impl Gateway {
             ),
             self.maybe_unannounced(&ix),
         );
-        let (lost, paused) = won?;
-        if lost.is_some() {
+        let won = won?;
+        if won.lost.is_some() {
             // Someone else settled it between our read and our write.
             let (_, now) = self.find(request_id).await?;
             let run = self.settled(run_id, &now, &response)?;
             self.store.sync(run_id).await?;
             return Ok(Answered::decided(run));
         }
+        // A copy heard announced before the engine reopened the question knows nothing of the
+        // reopen, which may never have been announced (its delivery died): asked again, of the
+        // reopening job, and announced under the reopen's id before its answer.
+        let mut ix = ix;
+        let unannounced = match won.reopened {
+            Some(r) if ix.reopened_at != Some(r.at) => {
+                ix.reopened_at = Some(r.at);
+                ix.asked_by_job = r.job;
+                self.maybe_unannounced(&ix).await
+            }
+            _ => unannounced,
+        };
         self.decided(
             run_id,
             &ix,
@@ -562,7 +574,7 @@ impl Gateway {
             now,
             None,
             Some(unannounced),
-            paused,
+            won.paused,
             trace,
         )
         .await?;
@@ -630,9 +642,11 @@ impl Gateway {
     /// (its job is redelivered, which announces it again, but only after `ack_wait`, and a
     /// person who found it in a listing may answer first). Asked of NATS only for a question
     /// that names its job (asked by a build of 2026-11-25 or later); `true` when NATS cannot
-    /// say (announcing it again is harmless: the same `id`).
+    /// say (announcing it again is harmless: the same `id`). A question the engine reopened is
+    /// asked of the job that reopened it, even if this gateway heard it: what it heard may be
+    /// the announcement before the reopen.
     pub async fn maybe_unannounced(&self, ix: &StoredInteraction) -> bool {
-        if self.heard.contains(ix.request.request_id) {
+        if ix.reopened_at.is_none() && self.heard.contains(ix.request.request_id) {
             return false;
         }
         match ix.asked_by_job {

@@ -567,7 +567,7 @@ async fn a_carried_paused_run_is_what_a_read_gives_and_only_a_hint() {
         store,
     } = long_run_on_redis("carry", 3).await;
     let settle = async |q: &delta_protocol::InteractionRequest| {
-        let (lost, paused) = store
+        let delta_store::redis::Settlement { lost, paused, .. } = store
             .resolve_carrying(
                 q,
                 Resolution::Answer(&red(q), Timestamp::now()),
@@ -713,7 +713,7 @@ async fn a_carried_paused_run_is_what_a_read_gives_and_only_a_hint() {
         } else {
             secret.sensitive = true;
         }
-        let (lost, paused) = sealing
+        let delta_store::redis::Settlement { lost, paused, .. } = sealing
             .resolve_carrying(
                 &secret,
                 Resolution::Answer(&red(&q), Timestamp::now()),
@@ -738,7 +738,7 @@ async fn a_carried_paused_run_is_what_a_read_gives_and_only_a_hint() {
         .query_async(&mut conn)
         .await
         .expect("hset");
-    let (lost, paused) = store
+    let delta_store::redis::Settlement { lost, paused, .. } = store
         .resolve_carrying(
             &q,
             Resolution::Answer(&red(&q), Timestamp::now()),

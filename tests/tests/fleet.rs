@@ -378,7 +378,7 @@ async fn a_resume_job_carrying_its_paused_run_resumes_it_without_reading_it() {
     delta_e2e::wait_for_status(&store, id, RunStatus::WaitingForInput).await;
 
     let a = delta_e2e::typed_answer(req.request_id, "Ada");
-    let (lost, paused) = store
+    let delta_store::redis::Settlement { lost, paused, .. } = store
         .resolve_carrying(
             &req,
             delta_store::redis::Resolution::Answer(&a, delta_protocol::Timestamp::now()),

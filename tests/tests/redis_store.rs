@@ -1225,6 +1225,74 @@ async fn a_reopen_keeps_the_refused_answers_instant_and_the_reopening_job() {
     assert_ne!(instants[0], instants[1], "each reopen its own instant");
 }
 
+/// A settling that wins over a question the engine reopened says so, with the reopen's instant
+/// and job, whether it carries the run for its resume job or not: a gateway answering from a
+/// copy of the question heard before the reopen learns of it there (and announces it, if its
+/// reopening delivery may have died first).
+#[tokio::test]
+async fn a_settling_reports_the_reopen_it_won_over() {
+    use delta_store::redis::{Reopened, Resolution};
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "t11")
+        .await
+        .expect("connect");
+    let raw = delta_e2e::redis_raw(&redis.url()).await;
+    for carried in [false, true] {
+        let (id, q) = paused_run(&store, RunStatus::Running, "Name?", false).await;
+        if carried {
+            // A run with a snapshot is carried: the settling returns its fields, and the
+            // question's.
+            let _: i64 = redis::cmd("HSET")
+                .arg(store.run_key(id))
+                .arg("snap")
+                .arg("a snapshot")
+                .query_async(&mut raw.clone())
+                .await
+                .expect("hset");
+        }
+        let settle = async |name: &str| {
+            store
+                .resolve_carrying(
+                    &q,
+                    Resolution::Answer(
+                        &delta_e2e::typed_answer(q.request_id, name),
+                        delta_protocol::Timestamp::now(),
+                    ),
+                    std::time::Duration::from_secs(5),
+                )
+                .await
+                .expect("settle")
+        };
+        let first = settle("Ada").await;
+        assert_eq!(first.lost, None, "won");
+        assert_eq!(first.paused.is_some(), carried);
+        assert_eq!(first.reopened, None, "never reopened (carried: {carried})");
+        let refused_at = store
+            .interaction(id, q.request_id)
+            .await
+            .expect("read")
+            .expect("the question")
+            .answered_at
+            .expect("answered");
+        let worker = store.fenced(delta_protocol::Fence::new(42, 1));
+        assert!(worker.reopen(id, q.request_id).await.expect("reopen"));
+        let second = settle("Grace").await;
+        assert_eq!(second.lost, None, "won");
+        assert_eq!(second.paused.is_some(), carried);
+        assert_eq!(
+            second.reopened,
+            Some(Reopened {
+                at: refused_at,
+                job: Some(42)
+            }),
+            "carried: {carried}"
+        );
+        let third = settle("Edsger").await;
+        assert_eq!(third.lost, Some(delta_protocol::InteractionState::Answered));
+        assert_eq!(third.reopened, None, "lost: nothing to report");
+    }
+}
+
 /// A handle that took its run as carried confirms it before a side effect its writes do not
 /// fence (`RunStore::confirm`): a write of nothing, refused as its first write would be (here
 /// the run was cancelled since, or another job started it). Confirmed once, or read, nothing more

@@ -526,10 +526,11 @@ return {'CREATED', ''}
 /// docs/protocol.md "Redis layout"); missing (an older caller): both; the most bytes of fields
 /// to carry ('' for none): then a win over a run with a snapshot whose record and question
 /// together hold no more returns `{'WON', the run's fields, the question's fields}`, for the
-/// resume job.
+/// resume job. A win over a question the engine reopened says so: `WON|<reopened_at>|<job>`
+/// (the carried question's fields hold both).
 /// `CLAIMED|<until µs>|<holder>` when someone else holds a live claim on it.
 const RESOLVE: &str = r#"
-local cur = redis.call('HMGET', KEYS[1], 'state', 'claim_by', 'claim_until')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'claim_by', 'claim_until', 'reopened_at', 'job')
 local st, by, till = cur[1], cur[2], cur[3]
 if not st then return redis.error_reply('NOTFOUND') end
 if st ~= 'PENDING' then return st end
@@ -567,6 +568,7 @@ if cap then
     if size <= cap then return {'WON', run, ix} end
   end
 end
+if cur[4] then return 'WON|' .. cur[4] .. '|' .. (cur[5] or '') end
 return 'WON'
 "#;
 
@@ -574,11 +576,44 @@ return 'WON'
 /// that its worker reads the run, and a job stays a small message however large the runs.
 pub const CARRIED_MAX_BYTES: usize = 8 * 1024;
 
-/// What `RESOLVE` answered: this call won (with the run and question if asked to carry them), or
-/// the question's state (or claim) that stopped it.
+/// What `RESOLVE` answered: this call won (with the run and question if asked to carry them, and
+/// the engine's reopen of the question if there was one), or the question's state (or claim)
+/// that stopped it.
 enum Settling {
-    Won(Option<PausedRun>),
+    Won(Option<PausedRun>, Option<Reopened>),
     Other(String),
+}
+
+/// The engine's last reopen of a question (it refused an answer), as a settling found it: what a
+/// copy of the question taken before the reopen (a gateway's question heard announced) does not
+/// know, and what announcing the question again needs (`Queue::publish_pending`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reopened {
+    /// When the refused answer was accepted: the reopen's announcement is named by it.
+    pub at: Timestamp,
+    /// The stream sequence of the job that reopened it (it announces the question again).
+    pub job: Option<u64>,
+}
+
+impl Reopened {
+    /// From a question's `reopened_at` and `job` fields; `None` if it was never reopened.
+    fn of(at: Option<&str>, job: Option<&str>) -> Option<Reopened> {
+        Some(Reopened {
+            at: at?.parse().ok()?,
+            job: job.and_then(|j| j.parse().ok()),
+        })
+    }
+}
+
+/// What [`RedisRunStore::resolve_carrying`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Settlement {
+    /// `None` when this call won; otherwise the state the question was already in.
+    pub lost: Option<InteractionState>,
+    /// The run and its question, for the resume job to carry, if this call won and may carry it.
+    pub paused: Option<PausedRun>,
+    /// The engine's last reopen of the question, if this call won over a reopened question.
+    pub reopened: Option<Reopened>,
 }
 
 /// `RESOLVE`'s tenth argument: the indexes besides `pending` that question `q` is in.
@@ -1314,20 +1349,21 @@ impl RedisRunStore {
     ) -> Result<Option<InteractionState>, Error> {
         self.resolve_as(request, how, check_after, None)
             .await
-            .map(|(state, _)| state)
+            .map(|settled| settled.lost)
     }
 
     /// [`RedisRunStore::resolve`], and when this call won, the run and the question as the same
     /// script left them: what a resume job may carry ([`PausedRun`]) for its worker not to read
     /// them again. Only for a run with a snapshot (its worker reads nothing else), at most
     /// [`CARRIED_MAX_BYTES`] of their fields, and never for a sensitive question (a password's
-    /// included): its sealed answer stays in Redis.
+    /// included): its sealed answer stays in Redis. A win also says whether the engine had
+    /// reopened the question, which a caller's copy of it may predate.
     pub async fn resolve_carrying(
         &self,
         request: &InteractionRequest,
         how: Resolution<'_>,
         check_after: Duration,
-    ) -> Result<(Option<InteractionState>, Option<PausedRun>), Error> {
+    ) -> Result<Settlement, Error> {
         let carry = (!request.is_sensitive()).then_some(CARRIED_MAX_BYTES);
         self.resolve_as(request, how, check_after, carry).await
     }
@@ -1338,7 +1374,7 @@ impl RedisRunStore {
         how: Resolution<'_>,
         check_after: Duration,
         carry: Option<usize>,
-    ) -> Result<(Option<InteractionState>, Option<PausedRun>), Error> {
+    ) -> Result<Settlement, Error> {
         let run_id = request.run_id;
         let (state, json, now, by) = match how {
             Resolution::Answer(response, at) => {
@@ -1378,24 +1414,34 @@ impl RedisRunStore {
                 type Pairs = Vec<(String, String)>;
                 let carried: Option<(String, Pairs, Pairs)> =
                     redis::FromRedisValue::from_redis_value(v).ok();
-                Ok(Settling::Won(carried.map(|(_, record, question)| {
-                    PausedRun {
-                        record: record.into_iter().collect(),
-                        question: question.into_iter().collect(),
-                    }
-                })))
+                let paused = carried.map(|(_, record, question)| PausedRun {
+                    record: record.into_iter().collect(),
+                    question: question.into_iter().collect(),
+                });
+                let reopened = paused.as_ref().and_then(|p| {
+                    let field = |name: &str| p.question.get(name).map(String::as_str);
+                    Reopened::of(field("reopened_at"), field("job"))
+                });
+                Ok(Settling::Won(paused, reopened))
             }
             other => {
                 let s: String = redis::FromRedisValue::from_redis_value(other)?;
-                Ok(if s == "WON" {
-                    Settling::Won(None)
-                } else {
-                    Settling::Other(s)
+                Ok(match s.strip_prefix("WON") {
+                    Some("") => Settling::Won(None, None),
+                    Some(reopen) if reopen.starts_with('|') => {
+                        let mut parts = reopen[1..].splitn(2, '|');
+                        Settling::Won(None, Reopened::of(parts.next(), parts.next()))
+                    }
+                    _ => Settling::Other(s),
                 })
             }
         });
         match reply {
-            Ok(Settling::Won(paused)) => replicated.map(|()| (None, paused)),
+            Ok(Settling::Won(paused, reopened)) => replicated.map(|()| Settlement {
+                lost: None,
+                paused,
+                reopened,
+            }),
             Ok(Settling::Other(s)) if s.starts_with("CLAIMED|") => {
                 let mut parts = s.splitn(3, '|').skip(1);
                 let until = parts.next().unwrap_or_default();
@@ -1404,7 +1450,10 @@ impl RedisRunStore {
                     .map(|c| Err(Error::Claimed(c)))
                     .unwrap_or_else(|| Err(Error::Corrupt(format!("request {rid}: bad claim"))))
             }
-            Ok(Settling::Other(s)) => Ok((Some(s.parse().map_err(Error::Corrupt)?), None)),
+            Ok(Settling::Other(s)) => Ok(Settlement {
+                lost: Some(s.parse().map_err(Error::Corrupt)?),
+                ..Settlement::default()
+            }),
             Err(e) => Err(script_error(e, run_id)),
         }
     }
