@@ -1897,52 +1897,75 @@ async fn a_gateway_that_heard_nothing_replays_nothing_when_its_consumer_is_lost(
     assert_eq!(metric(&late, "delta_answers_heard_total").await, 0);
 }
 
-/// A gateway that heard a question announced, answering it after the engine reopened it (another
-/// gateway took the refused answer) and before the reopening job announced it again (its
-/// delivery died): the settling reports the reopen, and the gateway announces the question under
-/// the reopen's id before its answer. From its heard copy alone it would publish the answer
-/// only, and bots, webhooks and live streams would see a question settled twice and never
-/// reopened.
+/// A gateway that heard a question announced, settling an answer to it after the engine
+/// reopened it (another gateway took the refused answer) and before the reopening job announced
+/// it again (its delivery died), announces the question under the reopen's id before its answer:
+/// whether it answers from the copy it heard (the settling reports the reopen) or its reconciler
+/// publishes the resume of an answer whose gateway died (the question read from Redis). Trusting
+/// what it heard, it would publish the answer only, and bots, webhooks and live streams would
+/// see a question settled twice and never reopened.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_heard_question_reopened_since_is_announced_anew_before_its_answer() {
+    use delta_store::redis::Resolution;
     let fleet = Fleet::start("gwr", 1, 0).await;
     let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwr", &fleet.nats.queue_settings())
         .await
         .expect("queue");
-    let run = fleet.submit("hello", "reopened").await;
-    let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
-    let rid = q.request_id;
-    queue.publish_request(&q, None).await.expect("announce");
-    hears_questions(&fleet.client, 1).await;
-
-    // Another gateway's answer, refused by the engine: the question reopened by a delivery of
-    // the run's job (no worker runs here, so the job stays in the stream, as a dead worker's
-    // unacked job does until its redelivery).
-    let job = fleet
-        .store
-        .queue_run(run)
-        .await
-        .expect("read")
-        .expect("run")
-        .job_seq;
-    assert!(
-        queue.job_exists(job).await.expect("ask"),
-        "the job is pending"
-    );
-    assert!(
-        fleet
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let mut events = js.get_stream("GWR_INTERACTIONS").await.expect("stream");
+    // Question `rid`'s `requested` and `resolved` announcements, in the stream's order, by id.
+    let announced = async |events: &mut async_nats::jetstream::stream::Stream, rid: &str| {
+        let state = events.info().await.expect("info").state.clone();
+        let mut ids = vec![];
+        for seq in state.first_sequence..=state.last_sequence {
+            let Ok(m) = events.get_raw_message(seq).await else {
+                continue;
+            };
+            let id = m.headers.get("Nats-Msg-Id").map(|v| v.to_string());
+            let id = id.unwrap_or_default();
+            if ["requested", "resolved"]
+                .iter()
+                .any(|k| id.starts_with(&format!("{k}:{rid}")))
+            {
+                ids.push(id);
+            }
+        }
+        ids
+    };
+    // A question asked and announced; the gateway hears it. Another gateway's answer to it,
+    // refused by the engine: the question reopened by a delivery of the run's job (no worker
+    // runs here, so the job stays in the stream, as a dead worker's unacked job does until its
+    // redelivery).
+    let reopened = async |task: &str| {
+        let run = fleet.submit("hello", task).await;
+        let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
+        queue.publish_request(&q, None).await.expect("announce");
+        hears_questions(&fleet.client, 1).await;
+        let job = fleet
             .store
-            .answer(&q, &delta_e2e::typed_answer(rid, "Ada"))
+            .queue_run(run)
             .await
-            .expect("answer")
-    );
-    let refused_at = stored_question(&fleet, run, rid)
-        .await
-        .answered_at
-        .expect("answered");
-    let dead = fleet.store.fenced(delta_protocol::Fence::new(job, 1));
-    assert!(dead.reopen(run, rid).await.expect("reopen"));
+            .expect("read")
+            .expect("run")
+            .job_seq;
+        assert!(
+            queue.job_exists(job).await.expect("ask"),
+            "the job is pending"
+        );
+        let refused = delta_e2e::typed_answer(q.request_id, "Ada");
+        assert!(fleet.store.answer(&q, &refused).await.expect("answer"));
+        let refused_at = stored_question(&fleet, run, q.request_id)
+            .await
+            .answered_at
+            .expect("answered");
+        let dead = fleet.store.fenced(delta_protocol::Fence::new(job, 1));
+        assert!(dead.reopen(run, q.request_id).await.expect("reopen"));
+        (run, q, refused_at)
+    };
 
+    // Answered through this gateway, from the copy it heard.
+    let (run, q, refused_at) = reopened("heard").await;
+    let rid = q.request_id;
     let (status, body) = fleet
         .answer(&rid.to_string(), json!({"input": "Grace"}))
         .await;
@@ -1955,32 +1978,45 @@ async fn a_heard_question_reopened_since_is_announced_anew_before_its_answer() {
     let ix = stored_question(&fleet, run, rid).await;
     assert_eq!(ix.state, delta_protocol::InteractionState::Answered);
     assert_eq!(ix.response.and_then(|r| r.input).as_deref(), Some("Grace"));
-
-    // The events stream, in order: the first announcement, the reopen's, then the answer.
-    let js = async_nats::jetstream::new(fleet.nats_admin().await);
-    let mut events = js.get_stream("GWR_INTERACTIONS").await.expect("stream");
-    let state = events.info().await.expect("info").state.clone();
-    let mut seen = vec![];
-    for seq in state.first_sequence..=state.last_sequence {
-        let Ok(m) = events.get_raw_message(seq).await else {
-            continue;
-        };
-        let kind = ["requested", "resolved"]
-            .into_iter()
-            .find(|k| m.subject.contains(&format!(".interactions.{k}.")));
-        if let Some(kind) = kind {
-            let id = m.headers.get("Nats-Msg-Id").map(|v| v.to_string());
-            seen.push((kind, id.unwrap_or_default()));
-        }
-    }
-    let kinds: Vec<&str> = seen.iter().map(|(k, _)| *k).collect();
-    assert_eq!(kinds, ["requested", "requested", "resolved"], "{seen:?}");
-    assert_eq!(seen[0].1, format!("requested:{rid}"));
+    let ids = announced(&mut events, &rid.to_string()).await;
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(ids[0], format!("requested:{rid}"));
     assert_eq!(
-        seen[1].1,
+        ids[1],
         format!("requested:{rid}:{}", refused_at.micros()),
-        "under the reopen's id"
+        "the reopen's, before the answer"
     );
+    assert!(ids[2].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
+
+    // Answered through a gateway that died before publishing anything: this gateway's
+    // reconciler publishes the resume, reading the question from Redis.
+    let (_, q, refused_at) = reopened("reconciled").await;
+    let rid = q.request_id;
+    let answer = delta_e2e::typed_answer(rid, "Grace");
+    let lost = fleet
+        .store
+        .resolve(
+            &q,
+            Resolution::Answer(&answer, delta_protocol::Timestamp::now()),
+            Duration::from_secs(1),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(lost, None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(&fleet.client, "delta_resumes_republished_total").await < 1 {
+        assert!(Instant::now() < deadline, "the resume published");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ids = announced(&mut events, &rid.to_string()).await;
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(ids[0], format!("requested:{rid}"));
+    assert_eq!(
+        ids[1],
+        format!("requested:{rid}:{}", refused_at.micros()),
+        "the reopen's, before the answer"
+    );
+    assert!(ids[2].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
 }
 
 /// The value of the gateway's metric `name` (a counter or a gauge without labels), 0 if absent.
