@@ -548,12 +548,17 @@ async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_fa
 }
 
 /// A held job whose question is answered meanwhile (through the inbox, which lists it from
-/// Redis) is acknowledged without the stale announcement, while NATS still will not take it.
+/// Redis), while NATS still will not take the announcement, stays held as long as its run waits
+/// on the question: a gateway settling a question announces it first only while the job that
+/// asked it is in the stream, and the worker's own later announcement is a duplicate, dropped.
+/// It is let go once the run moves on (here cancelled; usually resumed by the job the gateway
+/// publishes after its announcements). Before, it was let go at once, and the question, never
+/// announced, could reach bots and webhooks only as its answer.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_held_question_answered_meanwhile_is_not_announced_and_its_job_is_let_go() {
+async fn a_held_question_answered_meanwhile_keeps_its_job_until_the_run_moves_on() {
     let _serial = SERIAL.lock().await;
     let (fleet, js, run) = paused_with_events_stream_gone("xb").await;
-    let ids = [run.record.run_id];
+    let id = run.record.run_id;
     // Jobs delivered and not acknowledged, over the jobs stream's consumers.
     let held = async || {
         let jobs = js.get_stream("XB_JOBS").await.expect("jobs");
@@ -576,14 +581,42 @@ async fn a_held_question_answered_meanwhile_is_not_announced_and_its_job_is_let_
         .expect("a pending question");
     let a = delta_e2e::typed_answer(q.request_id, "Ada");
     assert!(fleet.store.answer(&q, &a).await.expect("answer"));
+    // The worker looks at the run every second at most here (a third of `ack_wait`): three
+    // looks, each finding the run still waiting on the question.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(held().await, 1, "still held: the run waits on its question");
+    assert_eq!(
+        fleet.load(id).await.record.status,
+        RunStatus::WaitingForInput
+    );
+
+    // The run moves on: cancelled, as a gateway cancels it.
+    let why = "cancelled by ops".to_owned();
+    fleet
+        .store
+        .append(
+            id,
+            vec![Event::EngineEnd(delta_protocol::EngineEnd {
+                status: RunStatus::Cancelled,
+                result: None,
+                error: Some(why.clone()),
+            })],
+            Some(delta_store::StatusChange::Finished {
+                status: delta_store::Terminal::Cancelled,
+                result: None,
+                error: Some(why),
+            }),
+        )
+        .await
+        .expect("cancel");
     let deadline = Instant::now() + Duration::from_secs(20);
     while held().await > 0 {
         assert!(
             Instant::now() < deadline,
-            "the job let go once its question is answered"
+            "the job let go once its run moved on"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(messages_in(&js, "XB_DLQ").await, 0, "nothing dead-lettered");
-    assert_ne!(fleet.load(ids[0]).await.record.status, RunStatus::Failed);
+    assert_eq!(fleet.load(id).await.record.status, RunStatus::Cancelled);
 }

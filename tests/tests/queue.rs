@@ -254,14 +254,41 @@ async fn an_older_deployments_consumer_is_narrowed_and_its_resume_jobs_still_ser
         "no consumer may overlap an unfiltered one on a work queue"
     );
     // Its resume jobs go where the old consumer takes them (not on `.resume`, which the
-    // resumes' consumer would deliver a second time once a worker creates it).
-    let from_gateway = resume_job();
+    // resumes' consumer would deliver a second time once a worker creates it), and its jobs
+    // without the run they would carry, which an old worker would refuse as malformed.
+    let mut from_gateway = resume_job();
+    from_gateway.paused = Some(delta_protocol::PausedRun {
+        record: [("status".to_owned(), "WAITING_FOR_INPUT".to_owned())].into(),
+        question: [("state".to_owned(), "ANSWERED".to_owned())].into(),
+    });
     let seq = gateway
         .publish_job("hello", &from_gateway, None)
         .await
         .expect("publish");
     assert_eq!(subject_of(&js, "QU_JOBS", seq).await, "qu.jobs.hello");
-    assert_eq!(gateway.stats().await.expect("stats").pending, 2);
+    let mut start = start_job();
+    start.run = Some(delta_protocol::FreshRun {
+        agent: "hello".into(),
+        task: "t".into(),
+        input: None,
+        created_at: delta_protocol::Timestamp::now(),
+        submitted_by: None,
+    });
+    let start_seq = gateway
+        .publish_job("hello", &start, None)
+        .await
+        .expect("publish");
+    for seq in [seq, start_seq] {
+        let raw = jobs.get_raw_message(seq).await.expect("message");
+        let sent: serde_json::Value = serde_json::from_slice(&raw.payload).expect("json");
+        assert!(
+            sent.get("paused").is_none() && sent.get("run").is_none(),
+            "nothing carried: {sent}"
+        );
+    }
+    from_gateway.paused = None;
+    start.run = None;
+    assert_eq!(gateway.stats().await.expect("stats").pending, 3);
     let exhausted = js.get_stream("QU_EXHAUSTED").await.expect("stream");
     let subjects = exhausted.cached_info().config.subjects.clone();
     assert_eq!(
@@ -285,13 +312,13 @@ async fn an_older_deployments_consumer_is_narrowed_and_its_resume_jobs_still_ser
         .fetch(Lane::Starts, 10, Duration::from_millis(500))
         .await
         .expect("fetch");
-    assert_eq!(got.len(), 2);
-    for (d, want) in got.iter().zip([&resume, &from_gateway]) {
+    assert_eq!(got.len(), 3);
+    for (d, want) in got.iter().zip([&resume, &from_gateway, &start]) {
         assert_eq!(d.job.as_ref().expect("a job"), want);
-        assert_eq!(d.job.as_ref().expect("a job").kind, JobKind::Resume);
         assert_eq!(d.agent, "hello");
         d.ack().await.expect("ack");
     }
+    assert_eq!(got[1].job.as_ref().expect("a job").kind, JobKind::Resume);
 
     // An old worker restarting now widens it again: nats-server 2.12 lets an update make
     // consumers of a work queue overlap (it refuses only a new consumer that would). The next

@@ -826,8 +826,12 @@ where
 /// (a NATS node killed), or NATS unreachable. The run is fine, so its job is never
 /// dead-lettered for this, which would fail a run that only waits. The job is held while
 /// `announce` is tried again, up to [`HOLD_WHILE_UNANNOUNCED`]; acked once it got through, or
-/// once the question is no longer pending (answered meanwhile through the inbox, which lists it
-/// from Redis, or expired: its announcement would be stale), else given back with a delay.
+/// once the run no longer waits on the question, else given back with a delay. A question
+/// answered meanwhile (through the inbox, which lists it from Redis) or expired is still
+/// announced, or left to whoever settled it: the job is held until then, because a gateway
+/// settling a question announces it first only while the job that asked it is in the stream
+/// (`maybe_unannounced`); its run moves on only after that gateway's announcements, so the
+/// run moved on says they were made.
 /// Should its deliveries run out meanwhile, the exhausted job's handler announces the question
 /// of a paused run again and drops the job ([`settle_exhausted`]).
 async fn announce_held<F, Fut>(
@@ -845,11 +849,17 @@ async fn announce_held<F, Fut>(
         "a paused run's question not announced; holding the job and trying again"
     );
     let held = hold(shared, d, HOLD_WHILE_UNANNOUNCED, async |longest| {
-        // A read error leaves the question as it was: pending, as far as this job knows.
-        if let Ok(ix) = shared.store.interaction(q.run_id, q.request_id).await
-            && ix.is_none_or(|ix| ix.state != delta_protocol::InteractionState::Pending)
-        {
-            tracing::info!("the paused run's question is no longer pending; not announcing it");
+        // A read error leaves the run as it was: waiting on the question, as far as this job
+        // knows.
+        let moved_on = match shared.store.record(q.run_id).await {
+            Ok(r) => {
+                r.status != RunStatus::WaitingForInput || r.pending_request_id != Some(q.request_id)
+            }
+            Err(store::Error::NotFound(_)) => true,
+            Err(_) => false,
+        };
+        if moved_on {
+            tracing::info!("the run no longer waits on the question; not announcing it");
             let _ = d.ack().await;
             return true;
         }

@@ -854,7 +854,19 @@ impl Queue {
         if let Some(tp) = traceparent.filter(|tp| is_traceparent(tp)) {
             headers.insert("traceparent", tp);
         }
-        let payload = serde_json::to_vec(job).unwrap_or_default();
+        // Without a consumer of resume jobs, workers of a build before resumes first (2026-11-24)
+        // may still take every job, and they refuse a job that carries its run (`run`,
+        // `paused`: 2026-11-27) as malformed. Such a job goes without it: its worker reads the
+        // run, as before.
+        let payload = match (&self.resumes, job.run.is_some() || job.paused.is_some()) {
+            (None, true) => serde_json::to_vec(&Job {
+                run: None,
+                paused: None,
+                ..job.clone()
+            }),
+            _ => serde_json::to_vec(job),
+        }
+        .unwrap_or_default();
         let subject = match (job.kind, &self.resumes) {
             // No consumer of resume jobs yet (an upgrade that reached this gateway before any
             // worker): the old subject, which the old consumer serves. A resume on the new one
