@@ -38,7 +38,15 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let mut s = Settings::parse(SETTINGS, args, env);
     let concurrency = s.number("DELTA_WORKER_CONCURRENCY", 1);
     let resume_slots = resume_slots(&mut s, concurrency);
-    let ack_wait = s.seconds("DELTA_ACK_WAIT_S", 1.0);
+    // A job redelivered after a lost ack announces its question again, which the events stream
+    // drops as a duplicate only within its 2-minute window; a worker extends a long step's
+    // deadline itself, so a longer `ack_wait` buys nothing.
+    let ack_wait = s.seconds_at_most(
+        "DELTA_ACK_WAIT_S",
+        1.0,
+        120.0,
+        "is more than 120 seconds: a job redelivered after a lost ack must announce its question again within the events stream's 2-minute duplicate window, or subscribers get it twice; keep it at most 120 (a worker extends a long step's deadline itself)",
+    );
     let max_deliver = s.number("DELTA_MAX_DELIVER", 1);
     let grace = s.seconds("DELTA_GRACE_S", 0.0);
     let servers = s.servers();
@@ -192,6 +200,34 @@ mod tests {
             assert_eq!(errs.len(), 1, "{errs:#?}");
             assert!(errs[0].starts_with("DELTA_RESUME_SLOTS: "), "{errs:#?}");
         }
+    }
+
+    #[test]
+    fn ack_wait_is_at_most_the_duplicate_window() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path().display().to_string();
+        let with = |v: &str| {
+            let env: HashMap<String, String> =
+                [("DELTA_AGENTS_DIR", d.as_str()), ("DELTA_ACK_WAIT_S", v)]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect();
+            parse(&[], &env)
+        };
+        let c = with("120").expect("at the window");
+        assert_eq!(c.queue.ack_wait, Duration::from_secs(120));
+        for bad in ["120.5", "600"] {
+            let errs = with(bad).expect_err(bad);
+            assert_eq!(errs.len(), 1, "{errs:#?}");
+            assert!(
+                errs[0].starts_with(&format!(
+                    "DELTA_ACK_WAIT_S: `{bad}` is more than 120 seconds"
+                )),
+                "{errs:#?}"
+            );
+        }
+        let errs = with("0.5").expect_err("below the least");
+        assert!(errs[0].starts_with("DELTA_ACK_WAIT_S: "), "{errs:#?}");
     }
 
     #[test]

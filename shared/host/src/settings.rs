@@ -139,6 +139,23 @@ impl<'a> Settings<'a> {
         }
     }
 
+    /// A number of seconds ≥ `min` and ≤ `max`; a larger one is reported as "`<v>` `past_max`".
+    pub fn seconds_at_most(
+        &mut self,
+        env_name: &str,
+        min: f64,
+        max: f64,
+        past_max: &str,
+    ) -> std::time::Duration {
+        let d = self.seconds(env_name, min);
+        if d.as_secs_f64() > max {
+            let (v, from) = self.get(env_name);
+            self.errors.push(format!("{from}: `{v}` {past_max}"));
+            return std::time::Duration::from_secs_f64(max);
+        }
+        d
+    }
+
     /// A URL with one of `schemes` (e.g. `["nats", "tls"]`), or several separated by commas
     /// (the servers of a cluster), each with one of them.
     pub fn url(&mut self, env_name: &str, schemes: &[&str]) -> String {
