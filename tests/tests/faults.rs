@@ -449,6 +449,42 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     assert_eq!(jobs, 0, "the exhausted job left the work queue");
 }
 
+/// A worker that stops while it holds such a job, its question settled meanwhile, lets the job
+/// go instead of giving it back (as it does after holding it two minutes): given back, its next
+/// delivery would resume the run from the stored answer, and the answer would never be
+/// announced, since the gateway's reconciler looks only at runs that still wait. The run waits
+/// for the resume job that reconciler publishes after announcing the answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_question_settled_meanwhile_is_let_go_when_its_worker_stops() {
+    let _serial = SERIAL.lock().await;
+    let (mut fleet, js, run) = paused_with_events_stream_gone("xc").await;
+    let id = run.record.run_id;
+    let q = delta_protocol::journal::Replay::new(&run.journal)
+        .pending()
+        .cloned()
+        .expect("a pending question");
+    assert!(
+        fleet
+            .store
+            .answer(&q, &delta_e2e::typed_answer(q.request_id, "Ada"))
+            .await
+            .expect("answer")
+    );
+    let mut w = fleet.workers.pop().expect("the worker");
+    delta_e2e::signal(w.id(), Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while w.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "the worker stops");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Acknowledged (gone from the work queue), not given back to be delivered again.
+    assert_eq!(messages_in(&js, "XC_JOBS").await, 0, "the job was let go");
+    assert_eq!(messages_in(&js, "XC_DLQ").await, 0, "nothing dead-lettered");
+    let after = fleet.load(id).await;
+    assert_eq!(after.record.status, RunStatus::WaitingForInput);
+    assert_eq!(after.record.pending_request_id, Some(q.request_id));
+}
+
 /// How many messages stream `name` holds.
 async fn messages_in(js: &async_nats::jetstream::Context, name: &str) -> u64 {
     let mut stream = js.get_stream(name).await.expect("stream");

@@ -785,7 +785,7 @@ enum Held {
     Done,
     /// The hold's limit passed first.
     TimedOut,
-    /// The worker is stopping: the job was given back.
+    /// The worker is stopping: the job is still held, for the caller to give back or settle.
     Stopped,
 }
 
@@ -806,10 +806,7 @@ where
         let _ = d.progress().await;
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
-            () = shared.stop.cancelled() => {
-                let _ = d.nak(None).await;
-                return Held::Stopped;
-            }
+            () = shared.stop.cancelled() => return Held::Stopped,
         }
         if probe(longest).await {
             return Held::Done;
@@ -825,8 +822,10 @@ where
 /// now ([`queue::Error::is_transient_publish`]): the events stream without a leader for a moment
 /// (a NATS node killed), or NATS unreachable. The run is fine, so its job is never
 /// dead-lettered for this, which would fail a run that only waits. The job is held while
-/// `announce` is tried again, up to [`HOLD_WHILE_UNANNOUNCED`]; acked once it got through, or
-/// once the run no longer waits on the question, else given back with a delay. A question
+/// `announce` is tried again, up to [`HOLD_WHILE_UNANNOUNCED`] or until the worker stops; acked
+/// once it got through, or once the run no longer waits on the question, else given back (or,
+/// for a question settled meanwhile, let go: given back, it would resume the run unannounced,
+/// while let go, the gateway's reconciler announces the answer, then resumes it). A question
 /// answered meanwhile (through the inbox, which lists it from Redis) or expired is still
 /// announced, or left to whoever settled it: the job is held until then, because a gateway
 /// settling a question announces it first only while the job that asked it is in the stream
@@ -872,9 +871,31 @@ async fn announce_held<F, Fut>(
         false
     })
     .await;
-    if let Held::TimedOut = held {
-        tracing::warn!("a paused run's question still not announced; giving the job back");
-        let _ = d.nak(Some(Duration::from_secs(2))).await;
+    if let Held::Done = held {
+        return;
+    }
+    // Given back, the job's next delivery would resume a run whose question was settled
+    // meanwhile, and its answer would never be announced (the gateway's reconciler looks only at
+    // runs that still wait). Let go, the run waits for the resume job that the reconciler
+    // publishes after announcing the answer, once NATS takes it.
+    let settled = matches!(
+        shared.store.interaction(q.run_id, q.request_id).await,
+        Ok(Some(ix)) if ix.state != delta_protocol::InteractionState::Pending
+    );
+    match (held, settled) {
+        (_, true) => {
+            tracing::warn!(
+                "a paused run's question still not announced, and settled meanwhile; letting the job go for the gateway's reconciler to resume the run"
+            );
+            let _ = d.ack().await;
+        }
+        (Held::Stopped, false) => {
+            let _ = d.nak(None).await;
+        }
+        _ => {
+            tracing::warn!("a paused run's question still not announced; giving the job back");
+            let _ = d.nak(Some(Duration::from_secs(2))).await;
+        }
     }
 }
 
@@ -896,8 +917,12 @@ async fn store_down(shared: &Shared, d: &Delivery, reason: &str) {
         false
     })
     .await;
-    if let Held::TimedOut = held {
-        retry_or_poison(shared, d, reason).await;
+    match held {
+        Held::Done => {}
+        Held::TimedOut => retry_or_poison(shared, d, reason).await,
+        Held::Stopped => {
+            let _ = d.nak(None).await;
+        }
     }
 }
 
