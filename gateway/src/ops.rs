@@ -419,6 +419,7 @@ impl Gateway {
             reopened_at: None,
             resume_seq: None,
             asked_by_job: None,
+            unannounced: false,
             traceparent: heard.traceparent,
             claim: None,
             votes: vec![],
@@ -644,10 +645,14 @@ impl Gateway {
     /// that names its job (asked by a build of 2026-11-25 or later); `true` when NATS cannot
     /// say (announcing it again is harmless: the same `id`). A question the engine reopened is
     /// asked of the job that reopened it, even if this gateway heard it: what it heard may be
-    /// the announcement before the reopen.
+    /// the announcement before the reopen. One whose job was let go unannounced (its worker
+    /// marked it: NATS would not take the announcement, and it was settled meanwhile) may be.
     pub async fn maybe_unannounced(&self, ix: &StoredInteraction) -> bool {
         if ix.reopened_at.is_none() && self.heard.contains(ix.request.request_id) {
             return false;
+        }
+        if ix.unannounced {
+            return true;
         }
         match ix.asked_by_job {
             Some(seq) => self.queue.job_exists(seq).await.unwrap_or(true),

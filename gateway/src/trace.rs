@@ -349,6 +349,7 @@ mod tests {
             reopened_at: None,
             resume_seq: None,
             asked_by_job: None,
+            unannounced: false,
             traceparent: None,
             claim: None,
             votes: vec![],

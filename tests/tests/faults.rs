@@ -453,7 +453,8 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
 /// go instead of giving it back (as it does after holding it two minutes): given back, its next
 /// delivery would resume the run from the stored answer, and the answer would never be
 /// announced, since the gateway's reconciler looks only at runs that still wait. The run waits
-/// for the resume job that reconciler publishes after announcing the answer.
+/// for the resume job that reconciler publishes after announcing the question (marked
+/// `unannounced`, since its job no longer says so) and its answer.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_held_question_settled_meanwhile_is_let_go_when_its_worker_stops() {
     let _serial = SERIAL.lock().await;
@@ -483,6 +484,14 @@ async fn a_held_question_settled_meanwhile_is_let_go_when_its_worker_stops() {
     let after = fleet.load(id).await;
     assert_eq!(after.record.status, RunStatus::WaitingForInput);
     assert_eq!(after.record.pending_request_id, Some(q.request_id));
+    // Marked, for a gateway to announce it before its answer (tests/tests/gateway.rs).
+    let ix = fleet
+        .store
+        .interaction(id, q.request_id)
+        .await
+        .expect("read")
+        .expect("the question");
+    assert!(ix.unannounced, "the question says it may be unannounced");
 }
 
 /// How many messages stream `name` holds.

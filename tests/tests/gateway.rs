@@ -2019,6 +2019,67 @@ async fn a_heard_question_reopened_since_is_announced_anew_before_its_answer() {
     assert!(ids[2].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
 }
 
+/// A question whose asking job was let go unannounced (its worker could not announce it, and it
+/// was settled meanwhile: the worker marks it `unannounced`) is announced by the gateway that
+/// announces its settling, first: here the reconciler, for an answer whose gateway died before
+/// publishing anything. The job is gone from the stream, so only the mark says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_marked_unannounced_is_announced_before_its_answer() {
+    use delta_store::redis::Resolution;
+    let fleet = Fleet::start("gwu", 1, 0).await;
+    let run = fleet.submit("hello", "unannounced").await;
+    let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
+    let rid = q.request_id;
+    let answer = delta_e2e::typed_answer(rid, "Grace");
+    let lost = fleet
+        .store
+        .resolve(
+            &q,
+            Resolution::Answer(&answer, delta_protocol::Timestamp::now()),
+            Duration::from_secs(1),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(lost, None);
+    // The worker marks it and lets its job go (acked: gone from the work queue).
+    assert!(fleet.store.mark_unannounced(run, rid).await.expect("mark"));
+    let job = fleet
+        .store
+        .queue_run(run)
+        .await
+        .expect("read")
+        .expect("run")
+        .job_seq;
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let jobs = js.get_stream("GWU_JOBS").await.expect("jobs");
+    assert!(
+        jobs.delete_message(job).await.expect("delete"),
+        "the job let go"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(&fleet.client, "delta_resumes_republished_total").await < 1 {
+        assert!(Instant::now() < deadline, "the resume published");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut events = js.get_stream("GWU_INTERACTIONS").await.expect("stream");
+    let state = events.info().await.expect("info").state.clone();
+    let mut ids = vec![];
+    for seq in state.first_sequence..=state.last_sequence {
+        if let Ok(m) = events.get_raw_message(seq).await {
+            ids.push(
+                m.headers
+                    .get("Nats-Msg-Id")
+                    .map(|v| v.to_string())
+                    .unwrap_or_default(),
+            );
+        }
+    }
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_eq!(ids[0], format!("requested:{rid}"), "the question first");
+    assert!(ids[1].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
+}
+
 /// The value of the gateway's metric `name` (a counter or a gauge without labels), 0 if absent.
 async fn metric(client: &delta_e2e::gateways::Client, name: &str) -> u64 {
     let (_, m) = client.get("/metrics").await.expect("metrics");

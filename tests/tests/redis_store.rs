@@ -1206,10 +1206,19 @@ async fn a_reopen_keeps_the_refused_answers_instant_and_the_reopening_job() {
         let a = delta_e2e::typed_answer(q.request_id, name);
         assert!(store.answer(&q, &a).await.expect("answer"));
         let answered_at = read().await.answered_at.expect("answered");
+        // Its asking job let go unannounced (a worker NATS would not let announce it).
+        assert!(
+            store
+                .mark_unannounced(id, q.request_id)
+                .await
+                .expect("mark")
+        );
+        assert!(read().await.unannounced, "{name}: marked");
         let worker = store.fenced(delta_protocol::Fence::new(seq, 1));
         assert!(worker.reopen(id, q.request_id).await.expect("reopen"));
         let ix = read().await;
         assert_eq!(ix.state, delta_protocol::InteractionState::Pending);
+        assert!(!ix.unannounced, "{name}: the reopening job announces it");
         assert_eq!(ix.answered_at, None);
         assert_eq!(ix.reopened_at, Some(answered_at), "{name}");
         assert_eq!(ix.asked_by_job, Some(seq), "{name}");
@@ -1223,6 +1232,10 @@ async fn a_reopen_keeps_the_refused_answers_instant_and_the_reopening_job() {
         instants.push(answered_at);
     }
     assert_ne!(instants[0], instants[1], "each reopen its own instant");
+    // A question that is gone is not made again by the mark.
+    let gone = delta_protocol::RequestId::new();
+    assert!(!store.mark_unannounced(id, gone).await.expect("mark"));
+    assert!(store.interaction(id, gone).await.expect("read").is_none());
 }
 
 /// A settling that wins over a question the engine reopened says so, with the reopen's instant

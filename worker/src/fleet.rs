@@ -824,8 +824,9 @@ where
 /// dead-lettered for this, which would fail a run that only waits. The job is held while
 /// `announce` is tried again, up to [`HOLD_WHILE_UNANNOUNCED`] or until the worker stops; acked
 /// once it got through, or once the run no longer waits on the question, else given back (or,
-/// for a question settled meanwhile, let go: given back, it would resume the run unannounced,
-/// while let go, the gateway's reconciler announces the answer, then resumes it). A question
+/// for a question settled meanwhile, marked unannounced and let go: given back, it would resume
+/// the run unannounced, while let go, the gateway's reconciler announces the question and its
+/// answer, then resumes it). A question
 /// answered meanwhile (through the inbox, which lists it from Redis) or expired is still
 /// announced, or left to whoever settled it: the job is held until then, because a gateway
 /// settling a question announces it first only while the job that asked it is in the stream
@@ -875,17 +876,25 @@ async fn announce_held<F, Fut>(
         return;
     }
     // Given back, the job's next delivery would resume a run whose question was settled
-    // meanwhile, and its answer would never be announced (the gateway's reconciler looks only at
-    // runs that still wait). Let go, the run waits for the resume job that the reconciler
-    // publishes after announcing the answer, once NATS takes it.
+    // meanwhile, and neither would ever be announced (the gateway's reconciler looks only at
+    // runs that still wait). Marked and let go, the run waits for the resume job that the
+    // reconciler publishes after announcing the question and its answer, once NATS takes them.
     let settled = matches!(
         shared.store.interaction(q.run_id, q.request_id).await,
         Ok(Some(ix)) if ix.state != delta_protocol::InteractionState::Pending
     );
-    match (held, settled) {
+    // Let go, the job no longer tells a gateway that the question may be unannounced: the
+    // question says so itself. Unmarked (Redis did not take it), the job is given back.
+    let marked = settled
+        && shared
+            .store
+            .mark_unannounced(q.run_id, q.request_id)
+            .await
+            .is_ok();
+    match (held, marked) {
         (_, true) => {
             tracing::warn!(
-                "a paused run's question still not announced, and settled meanwhile; letting the job go for the gateway's reconciler to resume the run"
+                "a paused run's question still not announced, and settled meanwhile; letting the job go for the gateway's reconciler to announce it and resume the run"
             );
             let _ = d.ack().await;
         }

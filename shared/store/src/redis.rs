@@ -639,7 +639,8 @@ local refused = redis.call('HGET', KEYS[1], 'answered_at')
 redis.call('HSET', KEYS[1], 'state', 'PENDING')
 if refused then redis.call('HSET', KEYS[1], 'reopened_at', refused) end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'job', ARGV[7]) end
-redis.call('HDEL', KEYS[1], 'response', 'answered_at', 'resume_seq', 'approvals', 'rejections')
+redis.call('HDEL', KEYS[1], 'response', 'answered_at', 'resume_seq', 'approvals', 'rejections',
+  'unannounced')
 -- A question decided by votes is voted on afresh: the decision was refused.
 for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
   local kind = string.match(f, '^(%a+):')
@@ -796,6 +797,9 @@ pub struct StoredInteraction {
     /// The stream sequence of the job that asked it (builds of 2026-11-25 on): while that job is
     /// in the stream its worker has not acked it, so may have died before announcing it.
     pub asked_by_job: Option<u64>,
+    /// Its asking job was let go without announcing it (NATS would not take it, and it was
+    /// settled meanwhile): whoever announces its settling announces it first.
+    pub unannounced: bool,
     /// The `traceparent` of the run's span that asked it.
     pub traceparent: Option<String>,
     /// A person's live claim on it (none once it lapsed).
@@ -1685,6 +1689,7 @@ fn parse_interaction(
         reopened_at: h.get("reopened_at").and_then(|t| t.parse().ok()),
         resume_seq: h.get("resume_seq").and_then(|t| t.parse().ok()),
         asked_by_job: h.get("job").and_then(|t| t.parse().ok()),
+        unannounced: h.contains_key("unannounced"),
         traceparent: h.get("traceparent").cloned(),
         claim,
         votes,

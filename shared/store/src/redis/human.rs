@@ -148,7 +148,16 @@ redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
 return 1
 "#;
 
+/// Marks a question that its asking job let go without announcing it (`unannounced`), if it
+/// is still there. KEYS: the question.
+const UNANNOUNCED: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'unannounced', '1')
+return 1
+"#;
+
 /// The scripts, hashed once.
+static UNANNOUNCED_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(UNANNOUNCED));
 static VOTE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(VOTE));
 static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM));
 static ESCALATE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ESCALATE));
@@ -367,6 +376,23 @@ impl RedisRunStore {
         inv.invoke_async::<i64>(&mut conn)
             .await
             .map(drop)
+            .map_err(super::backend)
+    }
+
+    /// Notes that question `request_id` of `run_id` may never have been announced: the job that
+    /// asked it is let go without announcing it (NATS would not take it, and it was settled
+    /// meanwhile), so whoever announces its settling announces the question first
+    /// (docs/protocol.md "Events"). `false` when the question is gone.
+    pub async fn mark_unannounced(
+        &self,
+        run_id: RunId,
+        request_id: delta_protocol::RequestId,
+    ) -> Result<bool, Error> {
+        let inv = UNANNOUNCED_SCRIPT.key(self.interaction_key(run_id, &request_id.to_string()));
+        let mut conn = self.connection();
+        inv.invoke_async::<i64>(&mut conn)
+            .await
+            .map(|n| n == 1)
             .map_err(super::backend)
     }
 
