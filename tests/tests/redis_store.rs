@@ -1238,6 +1238,63 @@ async fn a_reopen_keeps_the_refused_answers_instant_and_the_reopening_job() {
     assert!(store.interaction(id, gone).await.expect("read").is_none());
 }
 
+/// A resume entry is dropped only when no resume is owed: a run still waiting on its settled
+/// question keeps it, however the caller came to ask (a reconciler that read the question
+/// pending just before a new answer settled it, which queues the same entry), and a run that
+/// went on loses it.
+#[tokio::test]
+async fn a_resume_still_owed_is_not_dropped() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "t12")
+        .await
+        .expect("connect");
+    let (id, q) = paused_run(&store, RunStatus::Running, "Name?", false).await;
+    let entries = async || store.due_resumes(i64::MAX, 100).await.expect("due");
+    assert!(
+        store
+            .answer(&q, &delta_e2e::typed_answer(q.request_id, "Ada"))
+            .await
+            .expect("answer")
+    );
+    assert_eq!(entries().await, [(id, q.request_id)]);
+    assert!(
+        !store.drop_resume(id, q.request_id).await.expect("drop"),
+        "still owed: the run waits on its answered question"
+    );
+    assert_eq!(entries().await, [(id, q.request_id)]);
+
+    // The run went on (here cancelled, which takes its own entry out); an entry left over for it
+    // is dropped.
+    let why = "cancelled by ops".to_owned();
+    store
+        .append(
+            id,
+            vec![Event::EngineEnd(delta_protocol::EngineEnd {
+                status: RunStatus::Cancelled,
+                result: None,
+                error: Some(why.clone()),
+            })],
+            Some(delta_store::StatusChange::Finished {
+                status: delta_store::Terminal::Cancelled,
+                result: None,
+                error: Some(why),
+            }),
+        )
+        .await
+        .expect("cancel");
+    let mut raw = delta_e2e::redis_raw(&redis.url()).await;
+    let _: i64 = redis::cmd("ZADD")
+        .arg(store.run_index(id, "resumes"))
+        .arg(1)
+        .arg(format!("{id}/{}", q.request_id))
+        .query_async(&mut raw)
+        .await
+        .expect("zadd");
+    assert_eq!(entries().await, [(id, q.request_id)]);
+    assert!(store.drop_resume(id, q.request_id).await.expect("drop"));
+    assert!(entries().await.is_empty());
+}
+
 /// A settling that wins over a question the engine reopened says so, with the reopen's instant
 /// and job, whether it carries the run for its resume job or not: a gateway answering from a
 /// copy of the question heard before the reopen learns of it there (and announces it, if its

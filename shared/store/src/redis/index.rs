@@ -196,6 +196,22 @@ impl JournalTail {
     }
 }
 
+/// Drops a run's resume entry unless the run still waits on the question and the question is
+/// settled (the resume is then still owed). KEYS: the bucket's `resumes`, the run, the question.
+/// ARGV: the entry, the request id. 1 if dropped.
+const DROP_RESUME: &str = r#"
+local run = redis.call('HMGET', KEYS[2], 'status', 'pending_request_id')
+if run[1] == 'WAITING_FOR_INPUT' and run[2] == ARGV[2] then
+  local st = redis.call('HGET', KEYS[3], 'state')
+  if st and st ~= 'PENDING' then return 0 end
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+return 1
+"#;
+
+static DROP_RESUME_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(DROP_RESUME));
+
 impl RedisRunStore {
     /// Stores a new run (indexed by creation time and status). With `idempotency` (the key's
     /// hash, the body's fingerprint), a key seen in the last 24 h returns the run it made.
@@ -672,15 +688,22 @@ impl RedisRunStore {
             .map_err(backend)
     }
 
-    /// Forgets a resume that needs no more looking after.
-    pub async fn drop_resume(&self, run_id: RunId, request_id: RequestId) -> Result<(), Error> {
+    /// Forgets a resume that needs no more looking after: its run is gone, went on, or waits on
+    /// the question pending again. Checked again as it is dropped, so that an answer settled
+    /// since the caller looked (a reopened question answered anew, which queues the same entry)
+    /// keeps its entry; `false` then.
+    pub async fn drop_resume(&self, run_id: RunId, request_id: RequestId) -> Result<bool, Error> {
+        let rid = request_id.to_string();
+        let mut inv = DROP_RESUME_SCRIPT.key(self.run_index(run_id, "resumes"));
+        inv.key(self.run_key(run_id))
+            .key(self.interaction_key(run_id, &rid))
+            .arg(format!("{run_id}/{rid}"))
+            .arg(&rid);
         let mut conn = self.connection();
-        conn.zrem::<_, _, ()>(
-            self.run_index(run_id, "resumes"),
-            format!("{run_id}/{request_id}"),
-        )
-        .await
-        .map_err(backend)
+        inv.invoke_async::<i64>(&mut conn)
+            .await
+            .map(|n| n == 1)
+            .map_err(backend)
     }
 
     /// Up to `max` entries of the index `name` (`runs:all`, `runs:QUEUED`, `interactions:pending`,
