@@ -35,6 +35,38 @@ pub fn completed_ok() -> delta_store::StatusChange {
     }
 }
 
+/// Cancels run `id` through `store` as a gateway does: `why` journaled, the run `CANCELLED`.
+pub async fn cancel_run(
+    store: &delta_store::redis::RedisRunStore,
+    id: delta_protocol::RunId,
+    why: &str,
+) {
+    use delta_protocol::{EngineEnd, Event, MessageLevel, RunStatus, SystemMessage};
+    use delta_store::RunStore;
+    store
+        .append(
+            id,
+            vec![
+                Event::SystemMessage(SystemMessage {
+                    level: MessageLevel::Warn,
+                    content: why.to_owned(),
+                }),
+                Event::EngineEnd(EngineEnd {
+                    status: RunStatus::Cancelled,
+                    result: None,
+                    error: Some(why.to_owned()),
+                }),
+            ],
+            Some(delta_store::StatusChange::Finished {
+                status: delta_store::Terminal::Cancelled,
+                result: None,
+                error: Some(why.to_owned()),
+            }),
+        )
+        .await
+        .expect("cancel");
+}
+
 /// The names of `stream`'s consumers.
 pub async fn consumer_names(stream: &async_nats::jetstream::stream::Stream) -> Vec<String> {
     use futures_util::StreamExt;

@@ -636,24 +636,7 @@ async fn a_held_question_answered_meanwhile_keeps_its_job_until_the_run_moves_on
     );
 
     // The run moves on: cancelled, as a gateway cancels it.
-    let why = "cancelled by ops".to_owned();
-    fleet
-        .store
-        .append(
-            id,
-            vec![Event::EngineEnd(delta_protocol::EngineEnd {
-                status: RunStatus::Cancelled,
-                result: None,
-                error: Some(why.clone()),
-            })],
-            Some(delta_store::StatusChange::Finished {
-                status: delta_store::Terminal::Cancelled,
-                result: None,
-                error: Some(why),
-            }),
-        )
-        .await
-        .expect("cancel");
+    delta_e2e::cancel_run(&fleet.store, id, "cancelled by ops").await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while held().await > 0 {
         assert!(

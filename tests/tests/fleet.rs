@@ -254,7 +254,6 @@ async fn a_start_job_carrying_its_run_starts_it_and_a_stale_one_changes_nothing(
 /// both of its hooks.
 #[tokio::test]
 async fn a_carried_run_cancelled_before_its_job_runs_no_hook() {
-    use delta_protocol::{EngineEnd, MessageLevel, SystemMessage};
     let (nats, redis) = (NatsServers::start(), RedisServers::start());
     let work = tempfile::tempdir().expect("tmp");
     let agents = tempfile::tempdir().expect("tmp");
@@ -303,29 +302,7 @@ async fn a_carried_run_cancelled_before_its_job_runs_no_hook() {
         ids.push(rec.run_id);
     }
     // The first cancelled as a gateway cancels it: its job stays in the stream.
-    let why = "cancelled by test".to_owned();
-    store
-        .append(
-            ids[0],
-            vec![
-                Event::SystemMessage(SystemMessage {
-                    level: MessageLevel::Warn,
-                    content: why.clone(),
-                }),
-                Event::EngineEnd(EngineEnd {
-                    status: RunStatus::Cancelled,
-                    result: None,
-                    error: Some(why.clone()),
-                }),
-            ],
-            Some(delta_store::StatusChange::Finished {
-                status: delta_store::Terminal::Cancelled,
-                result: None,
-                error: Some(why),
-            }),
-        )
-        .await
-        .expect("cancel");
+    delta_e2e::cancel_run(&store, ids[0], "cancelled by test").await;
     let cancelled = store.load(ids[0]).await.expect("load");
     let w = start(Config {
         agents_dir: agents.path().to_path_buf(),

@@ -1978,15 +1978,11 @@ async fn a_heard_question_reopened_since_is_announced_anew_before_its_answer() {
     let ix = stored_question(&fleet, run, rid).await;
     assert_eq!(ix.state, delta_protocol::InteractionState::Answered);
     assert_eq!(ix.response.and_then(|r| r.input).as_deref(), Some("Grace"));
-    let ids = announced(&mut events, &rid.to_string()).await;
-    assert_eq!(ids.len(), 3, "{ids:?}");
-    assert_eq!(ids[0], format!("requested:{rid}"));
-    assert_eq!(
-        ids[1],
-        format!("requested:{rid}:{}", refused_at.micros()),
-        "the reopen's, before the answer"
+    reopen_first(
+        announced(&mut events, &rid.to_string()).await,
+        rid,
+        refused_at,
     );
-    assert!(ids[2].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
 
     // Answered through a gateway that died before publishing anything: this gateway's
     // reconciler publishes the resume, reading the question from Redis.
@@ -2008,15 +2004,11 @@ async fn a_heard_question_reopened_since_is_announced_anew_before_its_answer() {
         assert!(Instant::now() < deadline, "the resume published");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let ids = announced(&mut events, &rid.to_string()).await;
-    assert_eq!(ids.len(), 3, "{ids:?}");
-    assert_eq!(ids[0], format!("requested:{rid}"));
-    assert_eq!(
-        ids[1],
-        format!("requested:{rid}:{}", refused_at.micros()),
-        "the reopen's, before the answer"
+    reopen_first(
+        announced(&mut events, &rid.to_string()).await,
+        rid,
+        refused_at,
     );
-    assert!(ids[2].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
 }
 
 /// A question whose asking job was let go unannounced (its worker could not announce it, and it
@@ -2078,6 +2070,23 @@ async fn a_question_marked_unannounced_is_announced_before_its_answer() {
     assert_eq!(ids.len(), 2, "{ids:?}");
     assert_eq!(ids[0], format!("requested:{rid}"), "the question first");
     assert!(ids[1].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
+}
+
+/// Question `rid`'s announcements (`ids`, in the stream's order) are its first, its reopen's
+/// (the answer refused at `refused_at`), then its answer.
+fn reopen_first(
+    ids: Vec<String>,
+    rid: delta_protocol::RequestId,
+    refused_at: delta_protocol::Timestamp,
+) {
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(ids[0], format!("requested:{rid}"));
+    assert_eq!(
+        ids[1],
+        format!("requested:{rid}:{}", refused_at.micros()),
+        "the reopen's, before the answer"
+    );
+    assert!(ids[2].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
 }
 
 /// The value of the gateway's metric `name` (a counter or a gauge without labels), 0 if absent.

@@ -1265,23 +1265,7 @@ async fn a_resume_still_owed_is_not_dropped() {
 
     // The run went on (here cancelled, which takes its own entry out); an entry left over for it
     // is dropped.
-    let why = "cancelled by ops".to_owned();
-    store
-        .append(
-            id,
-            vec![Event::EngineEnd(delta_protocol::EngineEnd {
-                status: RunStatus::Cancelled,
-                result: None,
-                error: Some(why.clone()),
-            })],
-            Some(delta_store::StatusChange::Finished {
-                status: delta_store::Terminal::Cancelled,
-                result: None,
-                error: Some(why),
-            }),
-        )
-        .await
-        .expect("cancel");
+    delta_e2e::cancel_run(&store, id, "cancelled by ops").await;
     let mut raw = delta_e2e::redis_raw(&redis.url()).await;
     let _: i64 = redis::cmd("ZADD")
         .arg(store.run_index(id, "resumes"))
