@@ -1906,32 +1906,12 @@ async fn a_gateway_that_heard_nothing_replays_nothing_when_its_consumer_is_lost(
 /// see a question settled twice and never reopened.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_heard_question_reopened_since_is_announced_anew_before_its_answer() {
-    use delta_store::redis::Resolution;
     let fleet = Fleet::start("gwr", 1, 0).await;
     let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gwr", &fleet.nats.queue_settings())
         .await
         .expect("queue");
     let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let mut events = js.get_stream("GWR_INTERACTIONS").await.expect("stream");
-    // Question `rid`'s `requested` and `resolved` announcements, in the stream's order, by id.
-    let announced = async |events: &mut async_nats::jetstream::stream::Stream, rid: &str| {
-        let state = events.info().await.expect("info").state.clone();
-        let mut ids = vec![];
-        for seq in state.first_sequence..=state.last_sequence {
-            let Ok(m) = events.get_raw_message(seq).await else {
-                continue;
-            };
-            let id = m.headers.get("Nats-Msg-Id").map(|v| v.to_string());
-            let id = id.unwrap_or_default();
-            if ["requested", "resolved"]
-                .iter()
-                .any(|k| id.starts_with(&format!("{k}:{rid}")))
-            {
-                ids.push(id);
-            }
-        }
-        ids
-    };
     // A question asked and announced; the gateway hears it. Another gateway's answer to it,
     // refused by the engine: the question reopened by a delivery of the run's job (no worker
     // runs here, so the job stays in the stream, as a dead worker's unacked job does until its
@@ -1978,37 +1958,15 @@ async fn a_heard_question_reopened_since_is_announced_anew_before_its_answer() {
     let ix = stored_question(&fleet, run, rid).await;
     assert_eq!(ix.state, delta_protocol::InteractionState::Answered);
     assert_eq!(ix.response.and_then(|r| r.input).as_deref(), Some("Grace"));
-    reopen_first(
-        announced(&mut events, &rid.to_string()).await,
-        rid,
-        refused_at,
-    );
+    reopen_first(announcements(&mut events, rid).await, rid, refused_at);
 
     // Answered through a gateway that died before publishing anything: this gateway's
     // reconciler publishes the resume, reading the question from Redis.
     let (_, q, refused_at) = reopened("reconciled").await;
     let rid = q.request_id;
-    let answer = delta_e2e::typed_answer(rid, "Grace");
-    let lost = fleet
-        .store
-        .resolve(
-            &q,
-            Resolution::Answer(&answer, delta_protocol::Timestamp::now()),
-            Duration::from_secs(1),
-        )
-        .await
-        .expect("answer");
-    assert_eq!(lost, None);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while metric(&fleet.client, "delta_resumes_republished_total").await < 1 {
-        assert!(Instant::now() < deadline, "the resume published");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    reopen_first(
-        announced(&mut events, &rid.to_string()).await,
-        rid,
-        refused_at,
-    );
+    settle_as_a_dead_gateway(&fleet, &q, "Grace").await;
+    resume_republished(&fleet).await;
+    reopen_first(announcements(&mut events, rid).await, rid, refused_at);
 }
 
 /// A question whose asking job was let go unannounced (its worker could not announce it, and it
@@ -2017,22 +1975,11 @@ async fn a_heard_question_reopened_since_is_announced_anew_before_its_answer() {
 /// publishing anything. The job is gone from the stream, so only the mark says so.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_question_marked_unannounced_is_announced_before_its_answer() {
-    use delta_store::redis::Resolution;
     let fleet = Fleet::start("gwu", 1, 0).await;
     let run = fleet.submit("hello", "unannounced").await;
     let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
     let rid = q.request_id;
-    let answer = delta_e2e::typed_answer(rid, "Grace");
-    let lost = fleet
-        .store
-        .resolve(
-            &q,
-            Resolution::Answer(&answer, delta_protocol::Timestamp::now()),
-            Duration::from_secs(1),
-        )
-        .await
-        .expect("answer");
-    assert_eq!(lost, None);
+    settle_as_a_dead_gateway(&fleet, &q, "Grace").await;
     // The worker marks it and lets its job go (acked: gone from the work queue).
     assert!(fleet.store.mark_unannounced(run, rid).await.expect("mark"));
     let job = fleet
@@ -2049,27 +1996,65 @@ async fn a_question_marked_unannounced_is_announced_before_its_answer() {
         "the job let go"
     );
 
+    resume_republished(&fleet).await;
+    let mut events = js.get_stream("GWU_INTERACTIONS").await.expect("stream");
+    let ids = announcements(&mut events, rid).await;
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_eq!(ids[0], format!("requested:{rid}"), "the question first");
+    assert!(ids[1].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
+}
+
+/// Question `rid`'s `requested` and `resolved` announcements in `events`, in the stream's order,
+/// by id.
+async fn announcements(
+    events: &mut async_nats::jetstream::stream::Stream,
+    rid: delta_protocol::RequestId,
+) -> Vec<String> {
+    let state = events.info().await.expect("info").state.clone();
+    let mut ids = vec![];
+    for seq in state.first_sequence..=state.last_sequence {
+        let Ok(m) = events.get_raw_message(seq).await else {
+            continue;
+        };
+        let id = m.headers.get("Nats-Msg-Id").map(|v| v.to_string());
+        let id = id.unwrap_or_default();
+        if ["requested", "resolved"]
+            .iter()
+            .any(|k| id.starts_with(&format!("{k}:{rid}")))
+        {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// Settles question `q` with the answer `text` as a gateway that died before publishing
+/// anything would have: stored, its resume left to a reconciler (checked after 1 s).
+async fn settle_as_a_dead_gateway(
+    fleet: &Fleet,
+    q: &delta_protocol::InteractionRequest,
+    text: &str,
+) {
+    let answer = delta_e2e::typed_answer(q.request_id, text);
+    let lost = fleet
+        .store
+        .resolve(
+            q,
+            delta_store::redis::Resolution::Answer(&answer, delta_protocol::Timestamp::now()),
+            Duration::from_secs(1),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(lost, None, "settled");
+}
+
+/// Waits (30 s at most) until the gateway's reconciler has published a resume job.
+async fn resume_republished(fleet: &Fleet) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while metric(&fleet.client, "delta_resumes_republished_total").await < 1 {
         assert!(Instant::now() < deadline, "the resume published");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut events = js.get_stream("GWU_INTERACTIONS").await.expect("stream");
-    let state = events.info().await.expect("info").state.clone();
-    let mut ids = vec![];
-    for seq in state.first_sequence..=state.last_sequence {
-        if let Ok(m) = events.get_raw_message(seq).await {
-            ids.push(
-                m.headers
-                    .get("Nats-Msg-Id")
-                    .map(|v| v.to_string())
-                    .unwrap_or_default(),
-            );
-        }
-    }
-    assert_eq!(ids.len(), 2, "{ids:?}");
-    assert_eq!(ids[0], format!("requested:{rid}"), "the question first");
-    assert!(ids[1].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
 }
 
 /// Question `rid`'s announcements (`ids`, in the stream's order) are its first, its reopen's
