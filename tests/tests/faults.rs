@@ -494,6 +494,67 @@ async fn a_held_question_settled_meanwhile_is_let_go_when_its_worker_stops() {
     assert!(ix.unannounced, "the question says it may be unannounced");
 }
 
+/// A worker that dies (not stops) while it holds such a job, its question settled meanwhile:
+/// the job's next delivery, once its ack deadline passes, leaves the run to its resume job
+/// instead of resuming it from the stored answer, and marks the question `unannounced` (the job
+/// that said so is gone), so that a gateway announces the question and its answer before the
+/// run moves on. Resumed by that delivery, the run moved on with neither ever announced: the
+/// gateway's reconciler looks only at runs that still wait.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_question_settled_meanwhile_is_not_resumed_by_its_job_after_its_worker_died() {
+    let _serial = SERIAL.lock().await;
+    let (mut fleet, js, run) = paused_with_events_stream_gone("xe").await;
+    let id = run.record.run_id;
+    let q = delta_protocol::journal::Replay::new(&run.journal)
+        .pending()
+        .cloned()
+        .expect("a pending question");
+    assert!(
+        fleet
+            .store
+            .answer(&q, &delta_e2e::typed_answer(q.request_id, "Ada"))
+            .await
+            .expect("answer")
+    );
+    let mut w = fleet.workers.pop().expect("the worker");
+    w.signal(Signal::SIGKILL);
+    w.wait_exit(Duration::from_secs(10))
+        .expect("the worker dies");
+    // The stream back, and another worker, which gets the job once its deadline (3 s) passes.
+    Queue::connect(&fleet.nats.url(), "xe", &Default::default())
+        .await
+        .expect("the streams made again");
+    fleet.add_worker("w1");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while messages_in(&js, "XE_JOBS").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the job delivered again and let go: {}",
+            std::fs::read_to_string(fleet.log("w1")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(messages_in(&js, "XE_DLQ").await, 0, "nothing dead-lettered");
+    let after = fleet.load(id).await;
+    assert_eq!(
+        after.record.status,
+        RunStatus::WaitingForInput,
+        "the run waits for its resume job"
+    );
+    assert_eq!(after.record.pending_request_id, Some(q.request_id));
+    assert_eq!(after.journal.len(), run.journal.len(), "nothing journaled");
+    let ix = fleet
+        .store
+        .interaction(id, q.request_id)
+        .await
+        .expect("read")
+        .expect("the question");
+    assert!(ix.unannounced, "the question says it may be unannounced");
+    // Nothing announced by the worker: the question and its answer are the gateway's to
+    // announce, in that order.
+    assert_eq!(messages_in(&js, "XE_INTERACTIONS").await, 0);
+}
+
 /// How many messages stream `name` holds.
 async fn messages_in(js: &async_nats::jetstream::Context, name: &str) -> u64 {
     let mut stream = js.get_stream(name).await.expect("stream");

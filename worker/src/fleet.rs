@@ -1031,6 +1031,29 @@ async fn handle(shared: &Shared, d: Delivery) {
     let applying = answers.applying();
     // When the answer this job applies was accepted: a reopen's announcement is named by it.
     let applying_at = applying.map(|(_, at)| at);
+    // The job that asked the question the run waits on, delivered again (its worker died before
+    // acking it), or a duplicate, finding that question settled: the run is left to its resume
+    // job, which the settling gateway publishes after announcing the question and its answer
+    // (or that gateway's reconciler, which resumes any run still waiting on a settled question).
+    // Resumed here, the run would move on with neither announced should that gateway's
+    // announcements have failed (NATS refusing them then), as the reconciler looks only at runs
+    // that still wait. The question is marked `unannounced` first, as the job that told a
+    // gateway it might be goes.
+    if let (None, RunStatus::WaitingForInput, Some(rid)) =
+        (job.request_id, status_at_load, answers.settled())
+    {
+        match shared.store.mark_unannounced(job.run_id, rid).await {
+            Ok(_) => {
+                tracing::info!(
+                    "the run waits on a question settled meanwhile; leaving it to its resume job"
+                );
+                let _ = d.ack().await;
+            }
+            Err(e @ store::Error::Backend(_)) => store_down(shared, &d, &why(&e)).await,
+            Err(e) => retry_or_poison(shared, &d, &why(&e)).await,
+        }
+        return;
+    }
     if let (Some((rid, at)), RunStatus::WaitingForInput) = (applying, status_at_load) {
         shared.queue.announce_resumed(rid, at).await;
     }

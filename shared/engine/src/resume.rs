@@ -135,6 +135,11 @@ impl Answers {
         self.answer.as_ref()?;
         Some((rid, self.answered_at?))
     }
+
+    /// The question this resume is for, if it is settled: answered, or closed by the clock.
+    pub fn settled(&self) -> Option<RequestId> {
+        self.asked.filter(|_| self.answer.is_some() || self.expired)
+    }
 }
 
 /// What [`Engine::advance_resumed`] did.
