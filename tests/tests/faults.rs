@@ -458,7 +458,7 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_held_question_settled_meanwhile_is_let_go_when_its_worker_stops() {
     let _serial = SERIAL.lock().await;
-    let (mut fleet, js, run) = paused_with_events_stream_gone("xc").await;
+    let (mut fleet, js, run) = paused_with_events_stream_gone("xc", 2).await;
     let id = run.record.run_id;
     let q = delta_protocol::journal::Replay::new(&run.journal)
         .pending()
@@ -503,7 +503,7 @@ async fn a_held_question_settled_meanwhile_is_let_go_when_its_worker_stops() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_held_question_settled_meanwhile_is_not_resumed_by_its_job_after_its_worker_died() {
     let _serial = SERIAL.lock().await;
-    let (mut fleet, js, run) = paused_with_events_stream_gone("xe").await;
+    let (mut fleet, js, run) = paused_with_events_stream_gone("xe", 2).await;
     let id = run.record.run_id;
     let q = delta_protocol::journal::Replay::new(&run.journal)
         .pending()
@@ -555,19 +555,77 @@ async fn a_held_question_settled_meanwhile_is_not_resumed_by_its_job_after_its_w
     assert_eq!(messages_in(&js, "XE_INTERACTIONS").await, 0);
 }
 
+/// A paused run's job whose deliveries run out while it is held (its last worker died), its
+/// question settled meanwhile: the exhausted job's handler marks the question `unannounced` and
+/// drops the job, rather than announcing the question, which could then follow its answer in
+/// the events stream. The run waits for the gateway that resumes it to announce both, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exhausted_job_whose_question_was_settled_marks_it_rather_than_announcing_it() {
+    let _serial = SERIAL.lock().await;
+    // One delivery: the one that paused the run is its last.
+    let (mut fleet, js, run) = paused_with_events_stream_gone("xf", 1).await;
+    let id = run.record.run_id;
+    let q = delta_protocol::journal::Replay::new(&run.journal)
+        .pending()
+        .cloned()
+        .expect("a pending question");
+    assert!(
+        fleet
+            .store
+            .answer(&q, &delta_e2e::typed_answer(q.request_id, "Ada"))
+            .await
+            .expect("answer")
+    );
+    let mut w = fleet.workers.pop().expect("the worker");
+    w.signal(Signal::SIGKILL);
+    w.wait_exit(Duration::from_secs(10))
+        .expect("the worker dies");
+    Queue::connect(&fleet.nats.url(), "xf", &Default::default())
+        .await
+        .expect("the streams made again");
+    fleet.add_worker("w1");
+    // Its deadline (3 s) passes, JetStream's advisory says so, and the new worker settles it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while messages_in(&js, "XF_JOBS").await > 0 || messages_in(&js, "XF_EXHAUSTED").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the exhausted job settled: {}",
+            std::fs::read_to_string(fleet.log("w1")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(messages_in(&js, "XF_DLQ").await, 0, "nothing dead-lettered");
+    let after = fleet.load(id).await;
+    assert_eq!(after.record.status, RunStatus::WaitingForInput);
+    assert_eq!(after.record.pending_request_id, Some(q.request_id));
+    let ix = fleet
+        .store
+        .interaction(id, q.request_id)
+        .await
+        .expect("read")
+        .expect("the question");
+    assert!(ix.unannounced, "the question says it may be unannounced");
+    assert_eq!(
+        messages_in(&js, "XF_INTERACTIONS").await,
+        0,
+        "the settled question not announced by the worker"
+    );
+}
+
 /// How many messages stream `name` holds.
 async fn messages_in(js: &async_nats::jetstream::Context, name: &str) -> u64 {
     let mut stream = js.get_stream(name).await.expect("stream");
     stream.info().await.expect("info").state.messages
 }
 
-/// A fleet (prefix `prefix`, `max_deliver` 2) whose one worker has paused a `hello` run on its
-/// question after the events stream was deleted (so its announcement is refused); the stream
-/// client, and the paused run.
+/// A fleet (prefix `prefix`, `max_deliver` as given) whose one worker has paused a `hello` run
+/// on its question after the events stream was deleted (so its announcement is refused); the
+/// stream client, and the paused run.
 async fn paused_with_events_stream_gone(
     prefix: &str,
+    max_deliver: i64,
 ) -> (Fleet, async_nats::jetstream::Context, StoredRun) {
-    let mut fleet = Fleet::start(prefix, 3000, 2000, 2).await;
+    let mut fleet = Fleet::start(prefix, 3000, 2000, max_deliver).await;
     agent(&fleet.worker_spec.agents_dir, 1, "0", true);
     fleet.add_worker("w0");
     // A first run through, so that the worker is up (it waits for the streams as it starts).
@@ -606,7 +664,7 @@ async fn paused_with_events_stream_gone(
 async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_failed() {
     let _serial = SERIAL.lock().await;
     // Two deliveries at most: the old way failed the run within a second of its pause.
-    let (fleet, js, run) = paused_with_events_stream_gone("xa").await;
+    let (fleet, js, run) = paused_with_events_stream_gone("xa", 2).await;
     let ids = [run.record.run_id];
     // Long enough for both deliveries to have been used up the old way (a refusal, a 0.4 s
     // back-off, a second refusal).
@@ -663,7 +721,7 @@ async fn a_question_nats_will_not_take_yet_is_announced_later_and_its_run_not_fa
 #[tokio::test(flavor = "multi_thread")]
 async fn a_held_question_answered_meanwhile_keeps_its_job_until_the_run_moves_on() {
     let _serial = SERIAL.lock().await;
-    let (fleet, js, run) = paused_with_events_stream_gone("xb").await;
+    let (fleet, js, run) = paused_with_events_stream_gone("xb", 2).await;
     let id = run.record.run_id;
     // Jobs delivered and not acknowledged, over the jobs stream's consumers.
     let held = async || {

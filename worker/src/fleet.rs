@@ -680,7 +680,9 @@ async fn reap_exhausted(shared: Arc<Shared>, shutdown: CancellationToken) {
 }
 
 /// Ends an exhausted job by what its run says: a paused run only lost its announcement (asked
-/// again), a finished one needs nothing, any other is failed and the job dead-lettered.
+/// again, or, for a question settled meanwhile, marked `unannounced` for the gateway that resumes
+/// the run to announce before its answer), a finished one needs nothing, any other is failed and
+/// the job dead-lettered.
 async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
     let status = match &x.job {
         Some(job) => match shared.store.load(job.run_id).await {
@@ -699,21 +701,37 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
                 .pending()
                 .cloned();
             if let Some(q) = pending {
-                // Under its reopen's id if the engine reopened it: its first announcement's
-                // would be dropped as a duplicate, or taken for that one.
-                let reopened_at = match shared.store.interaction(q.run_id, q.request_id).await {
-                    Ok(ix) => ix.and_then(|ix| ix.reopened_at),
+                let ix = match shared.store.interaction(q.run_id, q.request_id).await {
+                    Ok(ix) => ix,
                     Err(e) => {
                         tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
                         return;
                     }
                 };
-                if let Err(e) = shared
-                    .queue
-                    .publish_pending(&q, reopened_at, x.traceparent.as_deref())
-                    .await
-                {
-                    tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
+                let announced = match ix {
+                    // Settled meanwhile: announced now, the question could follow its answer in
+                    // the events stream. Marked instead, the gateway's reconciler, which
+                    // resumes the run, announces it before its answer (as for a held job let go).
+                    Some(ix) if ix.state != delta_protocol::InteractionState::Pending => shared
+                        .store
+                        .mark_unannounced(q.run_id, q.request_id)
+                        .await
+                        .map(drop)
+                        .map_err(|e| why(&e)),
+                    // Under its reopen's id if the engine reopened it: its first announcement's
+                    // would be dropped as a duplicate, or taken for that one.
+                    ix => shared
+                        .queue
+                        .publish_pending(
+                            &q,
+                            ix.and_then(|ix| ix.reopened_at),
+                            x.traceparent.as_deref(),
+                        )
+                        .await
+                        .map_err(|e| why(&e)),
+                };
+                if let Err(e) = announced {
+                    tracing::warn!(error = %e, "exhausted job left for another try");
                     return;
                 }
             }
@@ -824,16 +842,15 @@ where
 /// dead-lettered for this, which would fail a run that only waits. The job is held while
 /// `announce` is tried again, up to [`HOLD_WHILE_UNANNOUNCED`] or until the worker stops; acked
 /// once it got through, or once the run no longer waits on the question, else given back (or,
-/// for a question settled meanwhile, marked unannounced and let go: given back, it would resume
-/// the run unannounced, while let go, the gateway's reconciler announces the question and its
-/// answer, then resumes it). A question
+/// for a question settled meanwhile, marked unannounced and let go, as its next delivery would
+/// do: the gateway's reconciler announces the question and its answer, then resumes the run). A question
 /// answered meanwhile (through the inbox, which lists it from Redis) or expired is still
 /// announced, or left to whoever settled it: the job is held until then, because a gateway
 /// settling a question announces it first only while the job that asked it is in the stream
 /// (`maybe_unannounced`); its run moves on only after that gateway's announcements, so the
 /// run moved on says they were made.
 /// Should its deliveries run out meanwhile, the exhausted job's handler announces the question
-/// of a paused run again and drops the job ([`settle_exhausted`]).
+/// of a paused run again (or marks it, if settled) and drops the job ([`settle_exhausted`]).
 async fn announce_held<F, Fut>(
     shared: &Shared,
     d: &Delivery,
@@ -875,10 +892,10 @@ async fn announce_held<F, Fut>(
     if let Held::Done = held {
         return;
     }
-    // Given back, the job's next delivery would resume a run whose question was settled
-    // meanwhile, and neither would ever be announced (the gateway's reconciler looks only at
-    // runs that still wait). Marked and let go, the run waits for the resume job that the
-    // reconciler publishes after announcing the question and its answer, once NATS takes them.
+    // A question settled meanwhile: the job's next delivery would only let it go (no job but a
+    // resume job resumes a run from a settled question: [`handle`]). Marked and let go now, the
+    // run waits for the resume job that the gateway's reconciler publishes after announcing the
+    // question and its answer, once NATS takes them.
     let settled = matches!(
         shared.store.interaction(q.run_id, q.request_id).await,
         Ok(Some(ix)) if ix.state != delta_protocol::InteractionState::Pending
