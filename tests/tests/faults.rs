@@ -612,6 +612,118 @@ async fn an_exhausted_job_whose_question_was_settled_marks_it_rather_than_announ
     );
 }
 
+/// The same for a question asked by a resume job (of the run's first question): delivered again
+/// after its worker died holding it, the second question settled meanwhile, the job leaves the
+/// run to that question's own resume job and marks it. Before, it paused the run on the
+/// question again and announced it, after its answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_job_that_asked_the_next_question_leaves_it_settled_to_its_own_resume() {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start("xg", 3000, 2000, 2).await;
+    let dir = fleet.worker_spec.agents_dir.join("twice");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(
+        dir.join("config.yaml"),
+        "name: twice\nbrain: scripted\ntools: []\n",
+    )
+    .expect("config");
+    std::fs::write(
+        dir.join("script.yaml"),
+        "steps:\n  - ask_human:\n      prompt: \"First?\"\n  - ask_human:\n      prompt: \"Second?\"\n  - finish: \"done\"\n",
+    )
+    .expect("script");
+    fleet.add_worker("w0");
+    let id = fleet.submit_to("twice", 1).await[0];
+    let waiting = async |fleet: &Fleet, not: Option<delta_protocol::RequestId>| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let run = fleet.load(id).await;
+            if run.record.status == RunStatus::WaitingForInput
+                && run.record.pending_request_id != not
+            {
+                let q = delta_protocol::journal::Replay::new(&run.journal)
+                    .pending()
+                    .cloned()
+                    .expect("a pending question");
+                return (run, q);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the run pauses: {}",
+                std::fs::read_to_string(fleet.log("w0")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (_, first) = waiting(&fleet, None).await;
+    // The events stream gone: the second question's announcement is refused, its job held.
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    js.delete_stream("XG_INTERACTIONS").await.expect("delete");
+    let answer =
+        |q: &delta_protocol::InteractionRequest| delta_e2e::typed_answer(q.request_id, "Ada");
+    assert!(
+        fleet
+            .store
+            .answer(&first, &answer(&first))
+            .await
+            .expect("answer")
+    );
+    fleet
+        .queue
+        .publish_job("twice", &Job::resume(id, Some(first.request_id)), None)
+        .await
+        .expect("the first question's resume");
+    let (paused, second) = waiting(&fleet, Some(first.request_id)).await;
+    assert!(
+        fleet
+            .store
+            .answer(&second, &answer(&second))
+            .await
+            .expect("answer")
+    );
+    let mut w = fleet.workers.pop().expect("the worker");
+    w.signal(Signal::SIGKILL);
+    w.wait_exit(Duration::from_secs(10))
+        .expect("the worker dies");
+    Queue::connect(&fleet.nats.url(), "xg", &Default::default())
+        .await
+        .expect("the streams made again");
+    fleet.add_worker("w1");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while messages_in(&js, "XG_JOBS").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the job delivered again and let go: {}",
+            std::fs::read_to_string(fleet.log("w1")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(messages_in(&js, "XG_DLQ").await, 0, "nothing dead-lettered");
+    let after = fleet.load(id).await;
+    assert_eq!(after.record.status, RunStatus::WaitingForInput);
+    assert_eq!(after.record.pending_request_id, Some(second.request_id));
+    assert_eq!(
+        after.journal.len(),
+        paused.journal.len(),
+        "nothing journaled"
+    );
+    let ix = fleet
+        .store
+        .interaction(id, second.request_id)
+        .await
+        .expect("read")
+        .expect("the question");
+    assert!(
+        ix.unannounced,
+        "the second question says it may be unannounced"
+    );
+    assert_eq!(
+        messages_in(&js, "XG_INTERACTIONS").await,
+        0,
+        "the settled question not announced after its answer"
+    );
+}
+
 /// How many messages stream `name` holds.
 async fn messages_in(js: &async_nats::jetstream::Context, name: &str) -> u64 {
     let mut stream = js.get_stream(name).await.expect("stream");

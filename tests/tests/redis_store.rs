@@ -1232,6 +1232,15 @@ async fn a_reopen_keeps_the_refused_answers_instant_and_the_reopening_job() {
         instants.push(answered_at);
     }
     assert_ne!(instants[0], instants[1], "each reopen its own instant");
+    // A pending question (reopened since the marker read it settled) is not marked: the job
+    // that reopened it announces it.
+    assert!(
+        !store
+            .mark_unannounced(id, q.request_id)
+            .await
+            .expect("mark")
+    );
+    assert!(!read().await.unannounced, "pending: not marked");
     // A question that is gone is not made again by the mark.
     let gone = delta_protocol::RequestId::new();
     assert!(!store.mark_unannounced(id, gone).await.expect("mark"));

@@ -37,7 +37,7 @@ use delta_protocol::secret::SecretsKey;
 use delta_protocol::{Event, Fence, JobKind, MessageLevel, RunId, RunStatus, SystemMessage};
 use delta_queue::{self as queue, Delivery, Exhausted, Queue};
 use delta_store::redis::RedisRunStore;
-use delta_store::{self as store, RunStore, StatusChange, Terminal};
+use delta_store::{self as store, AnswerStore, RunStore, StatusChange, Terminal};
 
 use crate::workdir::WorkDirs;
 
@@ -892,8 +892,8 @@ async fn announce_held<F, Fut>(
     if let Held::Done = held {
         return;
     }
-    // A question settled meanwhile: the job's next delivery would only let it go (no job but a
-    // resume job resumes a run from a settled question: [`handle`]). Marked and let go now, the
+    // A question settled meanwhile: the job's next delivery would only let it go (only the
+    // question's own resume job resumes a run waiting on a settled question: [`handle`]). Marked and let go now, the
     // run waits for the resume job that the gateway's reconciler publishes after announcing the
     // question and its answer, once NATS takes them.
     let settled = matches!(
@@ -1048,17 +1048,29 @@ async fn handle(shared: &Shared, d: Delivery) {
     let applying = answers.applying();
     // When the answer this job applies was accepted: a reopen's announcement is named by it.
     let applying_at = applying.map(|(_, at)| at);
-    // The job that asked the question the run waits on, delivered again (its worker died before
-    // acking it), or a duplicate, finding that question settled: the run is left to its resume
-    // job, which the settling gateway publishes after announcing the question and its answer
-    // (or that gateway's reconciler, which resumes any run still waiting on a settled question).
-    // Resumed here, the run would move on with neither announced should that gateway's
-    // announcements have failed (NATS refusing them then), as the reconciler looks only at runs
-    // that still wait. The question is marked `unannounced` first, as the job that told a
-    // gateway it might be goes.
-    if let (None, RunStatus::WaitingForInput, Some(rid)) =
-        (job.request_id, status_at_load, answers.settled())
-    {
+    // The job that asked the question the run waits on (a start job, or the resume of an
+    // earlier question), delivered again (its worker died before acking it), or a duplicate,
+    // finding that question settled: the run is left to its resume job, which the settling
+    // gateway publishes after announcing the question and its answer (or that gateway's
+    // reconciler, which resumes any run still waiting on a settled question). Resumed here, the
+    // run would move on with neither announced should that gateway's announcements have failed
+    // (NATS refusing them then), as the reconciler looks only at runs that still wait; and
+    // paused again on it, the question would be announced after its answer. The question is
+    // marked `unannounced` first, as the job that told a gateway it might be goes.
+    let waits_on = match (status_at_load, run.record.pending_request_id) {
+        (RunStatus::WaitingForInput, Some(p)) => Some(p),
+        _ => None,
+    };
+    let left_to_resume = match (waits_on, job.request_id) {
+        (Some(_), None) => answers.settled(),
+        (Some(p), Some(r)) if r != p => match store.settled(job.run_id, p).await {
+            Ok(s) => s.filter(|s| s.response.is_some() || s.expired).map(|_| p),
+            Err(e @ store::Error::Backend(_)) => return store_down(shared, &d, &why(&e)).await,
+            Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
+        },
+        _ => None,
+    };
+    if let Some(rid) = left_to_resume {
         match shared.store.mark_unannounced(job.run_id, rid).await {
             Ok(_) => {
                 tracing::info!(

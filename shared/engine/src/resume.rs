@@ -73,7 +73,9 @@ impl Answers {
     /// Reads what resuming `run` needs. The question is the one the job names (`job_request`),
     /// else the one the run waits on, else one its journal asked and did not apply (a job put back
     /// in the queue by an operator). Whatever brought the job, a run whose question was answered
-    /// resumes with that answer: the clock never overrides an accepted answer.
+    /// resumes with that answer: the clock never overrides an accepted answer. (The fleet's
+    /// worker hands a run waiting on a settled question only to that question's resume job:
+    /// docs/protocol.md "Events".)
     ///
     /// An earlier sensitive answer that cannot be opened (a wrong or missing secrets key) is left
     /// out with a warning: a tool that needs it says so, and the rest of the run goes on.

@@ -148,10 +148,13 @@ redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
 return 1
 "#;
 
-/// Marks a question that its asking job let go without announcing it (`unannounced`), if it
-/// is still there. KEYS: the question.
+/// Marks a settled question that its asking job let go while it may be unannounced
+/// (`unannounced`), if it is still there and still settled: a pending one (reopened since the
+/// caller read it) is announced by the job that reopened it, and a reopen clears the mark.
+/// KEYS: the question.
 const UNANNOUNCED: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st or st == 'PENDING' then return 0 end
 redis.call('HSET', KEYS[1], 'unannounced', '1')
 return 1
 "#;
@@ -379,21 +382,23 @@ impl RedisRunStore {
             .map_err(super::backend)
     }
 
-    /// Notes that question `request_id` of `run_id` may never have been announced: the job that
-    /// asked it is let go without announcing it (NATS would not take it, and it was settled
-    /// meanwhile), so whoever announces its settling announces the question first
-    /// (docs/protocol.md "Events"). `false` when the question is gone.
+    /// Notes that settled question `request_id` of `run_id` may never have been announced: the
+    /// job that asked it is let go while it may not have announced it (NATS would not take it,
+    /// or its worker died first), so whoever announces its settling announces the question first
+    /// (docs/protocol.md "Events"). `false` when the question is gone or pending (reopened).
+    /// Replicated, with replica durability: the job is let go once this returns.
     pub async fn mark_unannounced(
         &self,
         run_id: RunId,
         request_id: delta_protocol::RequestId,
     ) -> Result<bool, Error> {
         let inv = UNANNOUNCED_SCRIPT.key(self.interaction_key(run_id, &request_id.to_string()));
-        let mut conn = self.connection();
-        inv.invoke_async::<i64>(&mut conn)
-            .await
-            .map(|n| n == 1)
-            .map_err(super::backend)
+        let (n, replicated) = self.invoke_replicated::<i64>(run_id, &inv).await;
+        if n.map_err(super::backend)? == 0 {
+            return Ok(false);
+        }
+        replicated?;
+        Ok(true)
     }
 
     /// Takes, renews, releases or breaks `who`'s claim on question `request_id` of `run_id`.
