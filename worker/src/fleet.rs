@@ -843,8 +843,8 @@ where
 /// `announce` is tried again, up to [`HOLD_WHILE_UNANNOUNCED`] or until the worker stops; acked
 /// once it got through, or once the run no longer waits on the question, else given back (or,
 /// for a question settled meanwhile, marked unannounced and let go, as its next delivery would
-/// do: the gateway's reconciler announces the question and its answer, then resumes the run). A question
-/// answered meanwhile (through the inbox, which lists it from Redis) or expired is still
+/// do: the gateway's reconciler announces the question and its answer, then resumes the run).
+/// A question answered meanwhile (through the inbox, which lists it from Redis) or expired is still
 /// announced, or left to whoever settled it: the job is held until then, because a gateway
 /// settling a question announces it first only while the job that asked it is in the stream
 /// (`maybe_unannounced`); its run moves on only after that gateway's announcements, so the
@@ -893,9 +893,9 @@ async fn announce_held<F, Fut>(
         return;
     }
     // A question settled meanwhile: the job's next delivery would only let it go (only the
-    // question's own resume job resumes a run waiting on a settled question: [`handle`]). Marked and let go now, the
-    // run waits for the resume job that the gateway's reconciler publishes after announcing the
-    // question and its answer, once NATS takes them.
+    // question's own resume job resumes a run waiting on a settled question: [`handle`]).
+    // Marked and let go now, the run waits for the resume job that the gateway's reconciler
+    // publishes after announcing the question and its answer, once NATS takes them.
     let settled = matches!(
         shared.store.interaction(q.run_id, q.request_id).await,
         Ok(Some(ix)) if ix.state != delta_protocol::InteractionState::Pending
@@ -1064,7 +1064,7 @@ async fn handle(shared: &Shared, d: Delivery) {
     let left_to_resume = match (waits_on, job.request_id) {
         (Some(_), None) => answers.settled(),
         (Some(p), Some(r)) if r != p => match store.settled(job.run_id, p).await {
-            Ok(s) => s.filter(|s| s.response.is_some() || s.expired).map(|_| p),
+            Ok(s) => s.filter(store::Settled::is_settled).map(|_| p),
             Err(e @ store::Error::Backend(_)) => return store_down(shared, &d, &why(&e)).await,
             Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
         },
