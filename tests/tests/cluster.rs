@@ -631,3 +631,59 @@ async fn the_main_scenarios_hold_on_a_nats_cluster_and_a_redis_cluster() {
     .await;
     assert!(pending_now.is_empty(), "{pending_now:?}");
 }
+
+/// A fetch that a change of its consumer's leader cuts short (as each restart of a NATS node in
+/// a rolling upgrade does), after some jobs came, returns those jobs: they are the worker's
+/// until acked, and dropped they would come back only after `ack_wait`. JetStream ends such a
+/// fetch as it ends one whose wait is over, not with an error (`Queue::fetch` drops what it took
+/// on an error); this holds the client and the server to that.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fetch_cut_short_by_a_leader_change_returns_the_jobs_it_took() {
+    use delta_queue::{Lane, Queue, Settings};
+    let nats = NatsCluster::start(3, &ServerOptions::default()).expect("a 3-node cluster");
+    let settings = Settings {
+        replicas: 3,
+        ..Settings::default()
+    };
+    let q = Queue::connect(&nats.url(), "nf", &settings)
+        .await
+        .expect("setup");
+    let jobs = [
+        delta_protocol::Job::start(RunId::new()),
+        delta_protocol::Job::start(RunId::new()),
+    ];
+    for job in &jobs {
+        q.publish_job("hello", job, None).await.expect("publish");
+    }
+    // Ten wanted, two there: the fetch waits for more while the leader changes.
+    let fetch = tokio::spawn({
+        let q = q.clone();
+        async move { q.fetch(Lane::Starts, 10, Duration::from_secs(10)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stepped_down = Instant::now();
+    let admin = delta_e2e::nats_client(&nats.url()).await;
+    let reply = admin
+        .request(
+            "$JS.API.CONSUMER.LEADER.STEPDOWN.NF_JOBS.nf-workers",
+            "".into(),
+        )
+        .await
+        .expect("step down");
+    let reply: serde_json::Value = serde_json::from_slice(&reply.payload).expect("json");
+    assert_eq!(reply["success"], true, "the leader stepped down: {reply}");
+    let got = tokio::time::timeout(Duration::from_secs(20), fetch)
+        .await
+        .expect("the fetch ends")
+        .expect("the task")
+        .expect("the jobs taken, not an error");
+    assert!(
+        stepped_down.elapsed() < Duration::from_secs(9),
+        "the leader change ended the fetch, before its wait was over"
+    );
+    let taken: Vec<RunId> = got
+        .iter()
+        .map(|d| d.job.as_ref().expect("a job").run_id)
+        .collect();
+    assert_eq!(taken, jobs.iter().map(|j| j.run_id).collect::<Vec<_>>());
+}
