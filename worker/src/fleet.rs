@@ -37,7 +37,7 @@ use delta_protocol::secret::SecretsKey;
 use delta_protocol::{Event, Fence, JobKind, MessageLevel, RunId, RunStatus, SystemMessage};
 use delta_queue::{self as queue, Delivery, Exhausted, Queue};
 use delta_store::redis::RedisRunStore;
-use delta_store::{self as store, AnswerStore, RunStore, StatusChange, Terminal};
+use delta_store::{self as store, RunStore, StatusChange, Terminal};
 
 use crate::workdir::WorkDirs;
 
@@ -1063,8 +1063,11 @@ async fn handle(shared: &Shared, d: Delivery) {
     };
     let left_to_resume = match (waits_on, job.request_id) {
         (Some(_), None) => answers.settled(),
-        (Some(p), Some(r)) if r != p => match store.settled(job.run_id, p).await {
-            Ok(s) => s.filter(store::Settled::is_settled).map(|_| p),
+        // Its state only: its answer, sealed if sensitive, is not this job's to open.
+        (Some(p), Some(r)) if r != p => match shared.store.interaction(job.run_id, p).await {
+            Ok(ix) => ix
+                .filter(|ix| ix.state != delta_protocol::InteractionState::Pending)
+                .map(|_| p),
             Err(e @ store::Error::Backend(_)) => return store_down(shared, &d, &why(&e)).await,
             Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
         },

@@ -389,13 +389,6 @@ pub struct Settled {
     pub reopened_at: Option<Timestamp>,
 }
 
-impl Settled {
-    /// Whether the question is settled: answered, or closed by the clock (not pending).
-    pub fn is_settled(&self) -> bool {
-        self.response.is_some() || self.expired
-    }
-}
-
 /// Where the answers to a run's questions are kept between the pause and the resume: the fleet's
 /// Redis store (the local mailbox is read by `delta run` itself). The engine reads them through
 /// this port to resume a run, so no host assembles its state by hand.
