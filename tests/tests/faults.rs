@@ -504,55 +504,11 @@ async fn a_held_question_settled_meanwhile_is_let_go_when_its_worker_stops() {
 async fn a_held_question_settled_meanwhile_is_not_resumed_by_its_job_after_its_worker_died() {
     let _serial = SERIAL.lock().await;
     let (mut fleet, js, run) = paused_with_events_stream_gone("xe", 2).await;
-    let id = run.record.run_id;
-    let q = delta_protocol::journal::Replay::new(&run.journal)
-        .pending()
-        .cloned()
-        .expect("a pending question");
-    assert!(
-        fleet
-            .store
-            .answer(&q, &delta_e2e::typed_answer(q.request_id, "Ada"))
-            .await
-            .expect("answer")
-    );
-    let mut w = fleet.workers.pop().expect("the worker");
-    w.signal(Signal::SIGKILL);
-    w.wait_exit(Duration::from_secs(10))
-        .expect("the worker dies");
-    // The stream back, and another worker, which gets the job once its deadline (3 s) passes.
-    Queue::connect(&fleet.nats.url(), "xe", &Default::default())
-        .await
-        .expect("the streams made again");
-    fleet.add_worker("w1");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while messages_in(&js, "XE_JOBS").await > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the job delivered again and let go: {}",
-            std::fs::read_to_string(fleet.log("w1")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(messages_in(&js, "XE_DLQ").await, 0, "nothing dead-lettered");
-    let after = fleet.load(id).await;
-    assert_eq!(
-        after.record.status,
-        RunStatus::WaitingForInput,
-        "the run waits for its resume job"
-    );
-    assert_eq!(after.record.pending_request_id, Some(q.request_id));
-    assert_eq!(after.journal.len(), run.journal.len(), "nothing journaled");
-    let ix = fleet
-        .store
-        .interaction(id, q.request_id)
-        .await
-        .expect("read")
-        .expect("the question");
-    assert!(ix.unannounced, "the question says it may be unannounced");
-    // Nothing announced by the worker: the question and its answer are the gateway's to
-    // announce, in that order.
-    assert_eq!(messages_in(&js, "XE_INTERACTIONS").await, 0);
+    let q = answer_pending(&fleet, &run).await;
+    kill_the_worker_and_start_another(&mut fleet, "xe").await;
+    // Its deadline (3 s) passes, and the new worker gets it.
+    wait_until_gone(&fleet, &js, &["XE_JOBS"]).await;
+    assert_left_to_its_resume(&fleet, &js, "XE", &run, q.request_id).await;
 }
 
 /// A paused run's job whose deliveries run out while it is held (its last worker died), its
@@ -564,52 +520,11 @@ async fn an_exhausted_job_whose_question_was_settled_marks_it_rather_than_announ
     let _serial = SERIAL.lock().await;
     // One delivery: the one that paused the run is its last.
     let (mut fleet, js, run) = paused_with_events_stream_gone("xf", 1).await;
-    let id = run.record.run_id;
-    let q = delta_protocol::journal::Replay::new(&run.journal)
-        .pending()
-        .cloned()
-        .expect("a pending question");
-    assert!(
-        fleet
-            .store
-            .answer(&q, &delta_e2e::typed_answer(q.request_id, "Ada"))
-            .await
-            .expect("answer")
-    );
-    let mut w = fleet.workers.pop().expect("the worker");
-    w.signal(Signal::SIGKILL);
-    w.wait_exit(Duration::from_secs(10))
-        .expect("the worker dies");
-    Queue::connect(&fleet.nats.url(), "xf", &Default::default())
-        .await
-        .expect("the streams made again");
-    fleet.add_worker("w1");
+    let q = answer_pending(&fleet, &run).await;
+    kill_the_worker_and_start_another(&mut fleet, "xf").await;
     // Its deadline (3 s) passes, JetStream's advisory says so, and the new worker settles it.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while messages_in(&js, "XF_JOBS").await > 0 || messages_in(&js, "XF_EXHAUSTED").await > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the exhausted job settled: {}",
-            std::fs::read_to_string(fleet.log("w1")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(messages_in(&js, "XF_DLQ").await, 0, "nothing dead-lettered");
-    let after = fleet.load(id).await;
-    assert_eq!(after.record.status, RunStatus::WaitingForInput);
-    assert_eq!(after.record.pending_request_id, Some(q.request_id));
-    let ix = fleet
-        .store
-        .interaction(id, q.request_id)
-        .await
-        .expect("read")
-        .expect("the question");
-    assert!(ix.unannounced, "the question says it may be unannounced");
-    assert_eq!(
-        messages_in(&js, "XF_INTERACTIONS").await,
-        0,
-        "the settled question not announced by the worker"
-    );
+    wait_until_gone(&fleet, &js, &["XF_JOBS", "XF_EXHAUSTED"]).await;
+    assert_left_to_its_resume(&fleet, &js, "XF", &run, q.request_id).await;
 }
 
 /// The same for a question asked by a resume job (of the run's first question): delivered again
@@ -641,11 +556,7 @@ async fn a_resume_job_that_asked_the_next_question_leaves_it_settled_to_its_own_
             if run.record.status == RunStatus::WaitingForInput
                 && run.record.pending_request_id != not
             {
-                let q = delta_protocol::journal::Replay::new(&run.journal)
-                    .pending()
-                    .cloned()
-                    .expect("a pending question");
-                return (run, q);
+                return run;
             }
             assert!(
                 Instant::now() < deadline,
@@ -655,53 +566,86 @@ async fn a_resume_job_that_asked_the_next_question_leaves_it_settled_to_its_own_
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
-    let (_, first) = waiting(&fleet, None).await;
+    let first = answer_pending(&fleet, &waiting(&fleet, None).await).await;
     // The events stream gone: the second question's announcement is refused, its job held.
     let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
     js.delete_stream("XG_INTERACTIONS").await.expect("delete");
-    let answer =
-        |q: &delta_protocol::InteractionRequest| delta_e2e::typed_answer(q.request_id, "Ada");
-    assert!(
-        fleet
-            .store
-            .answer(&first, &answer(&first))
-            .await
-            .expect("answer")
-    );
     fleet
         .queue
         .publish_job("twice", &Job::resume(id, Some(first.request_id)), None)
         .await
         .expect("the first question's resume");
-    let (paused, second) = waiting(&fleet, Some(first.request_id)).await;
-    assert!(
-        fleet
-            .store
-            .answer(&second, &answer(&second))
-            .await
-            .expect("answer")
-    );
+    let paused = waiting(&fleet, Some(first.request_id)).await;
+    let second = answer_pending(&fleet, &paused).await;
+    kill_the_worker_and_start_another(&mut fleet, "xg").await;
+    wait_until_gone(&fleet, &js, &["XG_JOBS"]).await;
+    assert_left_to_its_resume(&fleet, &js, "XG", &paused, second.request_id).await;
+}
+
+/// Answers the question `run` waits on (as a gateway settles it, without announcing it); the
+/// question.
+async fn answer_pending(fleet: &Fleet, run: &StoredRun) -> delta_protocol::InteractionRequest {
+    let q = delta_protocol::journal::Replay::new(&run.journal)
+        .pending()
+        .cloned()
+        .expect("a pending question");
+    let a = delta_e2e::typed_answer(q.request_id, "Ada");
+    assert!(fleet.store.answer(&q, &a).await.expect("answer"));
+    q
+}
+
+/// Kills the fleet's one worker (SIGKILL, so it neither gives back nor lets go the job it
+/// holds), makes the streams again (as a gateway does as it connects) and starts worker `w1`.
+async fn kill_the_worker_and_start_another(fleet: &mut Fleet, prefix: &str) {
     let mut w = fleet.workers.pop().expect("the worker");
     w.signal(Signal::SIGKILL);
     w.wait_exit(Duration::from_secs(10))
         .expect("the worker dies");
-    Queue::connect(&fleet.nats.url(), "xg", &Default::default())
+    Queue::connect(&fleet.nats.url(), prefix, &Default::default())
         .await
         .expect("the streams made again");
     fleet.add_worker("w1");
+}
+
+/// Waits until the streams `names` hold no message (the job delivered again and let go).
+async fn wait_until_gone(fleet: &Fleet, js: &async_nats::jetstream::Context, names: &[&str]) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while messages_in(&js, "XG_JOBS").await > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the job delivered again and let go: {}",
-            std::fs::read_to_string(fleet.log("w1")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    for name in names {
+        while messages_in(js, name).await > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{name} emptied: {}",
+                std::fs::read_to_string(fleet.log("w1")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
-    assert_eq!(messages_in(&js, "XG_DLQ").await, 0, "nothing dead-lettered");
+}
+
+/// The run `paused` left waiting on its settled question `rid` for that question's resume job:
+/// nothing dead-lettered, the run still waiting on it with nothing journaled since, the question
+/// marked `unannounced`, and nothing announced (the question and its answer are the gateway's to
+/// announce, in that order). `stream`: the fleet's streams' prefix (`XE`).
+async fn assert_left_to_its_resume(
+    fleet: &Fleet,
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    paused: &StoredRun,
+    rid: delta_protocol::RequestId,
+) {
+    let id = paused.record.run_id;
+    assert_eq!(
+        messages_in(js, &format!("{stream}_DLQ")).await,
+        0,
+        "nothing dead-lettered"
+    );
     let after = fleet.load(id).await;
-    assert_eq!(after.record.status, RunStatus::WaitingForInput);
-    assert_eq!(after.record.pending_request_id, Some(second.request_id));
+    assert_eq!(
+        after.record.status,
+        RunStatus::WaitingForInput,
+        "the run waits for its resume job"
+    );
+    assert_eq!(after.record.pending_request_id, Some(rid));
     assert_eq!(
         after.journal.len(),
         paused.journal.len(),
@@ -709,18 +653,15 @@ async fn a_resume_job_that_asked_the_next_question_leaves_it_settled_to_its_own_
     );
     let ix = fleet
         .store
-        .interaction(id, second.request_id)
+        .interaction(id, rid)
         .await
         .expect("read")
         .expect("the question");
-    assert!(
-        ix.unannounced,
-        "the second question says it may be unannounced"
-    );
+    assert!(ix.unannounced, "the question says it may be unannounced");
     assert_eq!(
-        messages_in(&js, "XG_INTERACTIONS").await,
+        messages_in(js, &format!("{stream}_INTERACTIONS")).await,
         0,
-        "the settled question not announced after its answer"
+        "the settled question not announced by the worker"
     );
 }
 
