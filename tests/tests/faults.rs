@@ -14,18 +14,17 @@ use delta_protocol::{Event, Job, RunId, RunStatus};
 use delta_queue::Queue;
 use delta_store::{RunRecord, RunStore, StoredRun};
 
+/// Writes agent `name` (its `config.yaml` and `script.yaml`) into the agents directory `dir`.
+fn write_agent(dir: &Path, name: &str, config: &str, script: &str) {
+    let a = dir.join(name);
+    std::fs::create_dir_all(&a).expect("mkdir");
+    std::fs::write(a.join("config.yaml"), config).expect("write");
+    std::fs::write(a.join("script.yaml"), script).expect("write");
+}
+
 /// An agent `steps` running `count` steps of the `step` tool, each appending its label to
 /// `effects` in its run's work dir (so side effects can be counted), then sleeping `secs`.
 fn agent(dir: &Path, count: usize, secs: &str, idempotent: bool) {
-    let a = dir.join("steps");
-    std::fs::create_dir_all(&a).expect("mkdir");
-    std::fs::write(
-        a.join("config.yaml"),
-        format!(
-            "name: steps\nbrain: scripted\ntools:\n  - name: step\n    shell: 'echo ${{label}} >> effects; sleep {secs}; echo done ${{label}}'\n    idempotent: {idempotent}\n"
-        ),
-    )
-    .expect("write");
     let mut script = "steps:\n".to_owned();
     for i in 1..=count {
         script.push_str(&format!(
@@ -33,7 +32,14 @@ fn agent(dir: &Path, count: usize, secs: &str, idempotent: bool) {
         ));
     }
     script.push_str("  - finish: ok\n");
-    std::fs::write(a.join("script.yaml"), script).expect("write");
+    write_agent(
+        dir,
+        "steps",
+        &format!(
+            "name: steps\nbrain: scripted\ntools:\n  - name: step\n    shell: 'echo ${{label}} >> effects; sleep {secs}; echo done ${{label}}'\n    idempotent: {idempotent}\n"
+        ),
+        &script,
+    );
 }
 
 /// The end-to-end fleet's servers, store and worker settings, without a gateway (jobs are
@@ -163,18 +169,12 @@ async fn a_frozen_worker_whose_job_moved_on_has_its_writes_refused() {
     let _serial = SERIAL.lock().await;
     let fleet = Fleet::start("st", 2000, 5000, 20).await;
     // Step two outlives ack_wait once its worker is frozen and cannot send heartbeats.
-    let a = fleet.worker_spec.agents_dir.join("steps");
-    std::fs::create_dir_all(&a).expect("mkdir");
-    std::fs::write(
-        a.join("config.yaml"),
+    write_agent(
+        &fleet.worker_spec.agents_dir,
+        "steps",
         "name: steps\nbrain: scripted\ntools:\n  - name: step\n    shell: 'echo ${label} >> effects; sleep ${secs}; echo done ${label}'\n    idempotent: true\n",
-    )
-    .expect("write");
-    std::fs::write(
-        a.join("script.yaml"),
         "steps:\n  - tool: step\n    args: {label: one, secs: \"0\"}\n  - tool: step\n    args: {label: two, secs: \"3\"}\n  - finish: ok\n",
-    )
-    .expect("write");
+    );
     let twos = || fleet.effects().iter().filter(|e| *e == "two").count();
 
     let stale = fleet.worker("stale");
@@ -385,19 +385,13 @@ async fn past_its_grace_a_stopping_worker_checkpoints_and_another_resumes() {
 async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     let _serial = SERIAL.lock().await;
     let fleet = Fleet::start("xd", 1000, 2000, 2).await;
-    let a = fleet.worker_spec.agents_dir.join("crasher");
-    std::fs::create_dir_all(&a).expect("mkdir");
     // The tool kills the worker running it: every delivery of this job ends in a crash.
-    std::fs::write(
-        a.join("config.yaml"),
+    write_agent(
+        &fleet.worker_spec.agents_dir,
+        "crasher",
         "name: crasher\nbrain: scripted\ntools:\n  - name: boom\n    shell: 'kill -9 $PPID'\n    idempotent: true\n",
-    )
-    .expect("write");
-    std::fs::write(
-        a.join("script.yaml"),
         "steps:\n  - tool: boom\n  - finish: never\n",
-    )
-    .expect("write");
+    );
     let ids = fleet.submit_to("crasher", 1).await;
 
     // Keep one worker alive, replacing each one the job kills.
@@ -535,18 +529,12 @@ async fn an_exhausted_job_whose_question_was_settled_marks_it_rather_than_announ
 async fn a_resume_job_that_asked_the_next_question_leaves_it_settled_to_its_own_resume() {
     let _serial = SERIAL.lock().await;
     let mut fleet = Fleet::start("xg", 3000, 2000, 2).await;
-    let dir = fleet.worker_spec.agents_dir.join("twice");
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    std::fs::write(
-        dir.join("config.yaml"),
+    write_agent(
+        &fleet.worker_spec.agents_dir,
+        "twice",
         "name: twice\nbrain: scripted\ntools: []\n",
-    )
-    .expect("config");
-    std::fs::write(
-        dir.join("script.yaml"),
         "steps:\n  - ask_human:\n      prompt: \"First?\"\n  - ask_human:\n      prompt: \"Second?\"\n  - finish: \"done\"\n",
-    )
-    .expect("script");
+    );
     fleet.add_worker("w0");
     let id = fleet.submit_to("twice", 1).await[0];
     let waiting = async |fleet: &Fleet, not: Option<delta_protocol::RequestId>| {

@@ -1316,13 +1316,7 @@ async fn jobs_never_noted_and_lost_are_enqueued_again_once_each() {
     }
     subjects.sort();
     assert_eq!(subjects, ["gwd.jobs.hello", "gwd.jobs.hello.resume"]);
-    let noted = fleet
-        .store
-        .queue_run(queued.run_id)
-        .await
-        .expect("read")
-        .expect("run")
-        .job_seq;
+    let noted = job_seq_of(&fleet, queued.run_id).await;
     assert!(
         (state.first_sequence..=state.last_sequence).contains(&noted),
         "the start job in the stream is the one noted, not the lost one: {noted}"
@@ -1921,13 +1915,7 @@ async fn a_heard_question_reopened_since_is_announced_anew_before_its_answer() {
         let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
         queue.publish_request(&q, None).await.expect("announce");
         hears_questions(&fleet.client, 1).await;
-        let job = fleet
-            .store
-            .queue_run(run)
-            .await
-            .expect("read")
-            .expect("run")
-            .job_seq;
+        let job = job_seq_of(&fleet, run).await;
         assert!(
             queue.job_exists(job).await.expect("ask"),
             "the job is pending"
@@ -1982,13 +1970,7 @@ async fn a_question_marked_unannounced_is_announced_before_its_answer() {
     settle_as_a_dead_gateway(&fleet, &q, "Grace").await;
     // The worker marks it and lets its job go (acked: gone from the work queue).
     assert!(fleet.store.mark_unannounced(run, rid).await.expect("mark"));
-    let job = fleet
-        .store
-        .queue_run(run)
-        .await
-        .expect("read")
-        .expect("run")
-        .job_seq;
+    let job = job_seq_of(&fleet, run).await;
     let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let jobs = js.get_stream("GWU_JOBS").await.expect("jobs");
     assert!(
@@ -2026,6 +2008,17 @@ async fn announcements(
         }
     }
     ids
+}
+
+/// The stream sequence of the job last noted for `run` (0 before any).
+async fn job_seq_of(fleet: &Fleet, run: RunId) -> u64 {
+    fleet
+        .store
+        .queue_run(run)
+        .await
+        .expect("read")
+        .expect("run")
+        .job_seq
 }
 
 /// Settles question `q` with the answer `text` as a gateway that died before publishing
@@ -2104,13 +2097,7 @@ async fn pause_as_a_worker(
 ) -> delta_protocol::InteractionRequest {
     let deadline = Instant::now() + Duration::from_secs(10);
     let job = loop {
-        let seq = fleet
-            .store
-            .queue_run(run)
-            .await
-            .expect("read")
-            .expect("run")
-            .job_seq;
+        let seq = job_seq_of(fleet, run).await;
         if seq > 0 {
             break seq;
         }
