@@ -243,7 +243,9 @@ type Ends = Heard<RunStatus>;
 struct Timing {
     run: RunId,
     submitted: Timestamp,
+    /// When the question's announcement was heard and its answer sent.
     answered: Timestamp,
+    request_id: delta_protocol::RequestId,
 }
 
 /// Each worker's slots kept for resume jobs: as given, else the worker's default (a quarter of
@@ -479,6 +481,10 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     // The checker: every journal read back, its shape checked, the instants taken.
     let mut resume_ms = Vec::new();
     let mut pause_ms = Vec::new();
+    // Where a resume's time goes (docs/benchmarks.md): answer sent → the gateway settles it (its
+    // `answered_at`) → step 5 requested (the answer is journaled in the same write, with the
+    // same time); and a question's announcement: asked → heard (and answered).
+    let mut parts: [Vec<f64>; 3] = Default::default();
     let (mut completed, mut failed, mut bad) = (0u64, 0u64, Vec::new());
     let first = timings
         .iter()
@@ -491,8 +497,19 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         match check_journal(&run.journal, a.journal_len) {
             Ok(c) => {
                 completed += 1;
-                resume_ms.push((c.step5.micros() - t.answered.micros()) as f64 / 1000.0);
-                pause_ms.push((c.asked.micros() - t.submitted.micros()) as f64 / 1000.0);
+                let ms =
+                    |from: Timestamp, to: Timestamp| (to.micros() - from.micros()) as f64 / 1000.0;
+                resume_ms.push(ms(t.answered, c.step5));
+                pause_ms.push(ms(t.submitted, c.asked));
+                if let Some(settled) = store
+                    .interaction(t.run, t.request_id)
+                    .await?
+                    .and_then(|ix| ix.answered_at)
+                {
+                    parts[0].push(ms(c.asked, t.answered));
+                    parts[1].push(ms(t.answered, settled));
+                    parts[2].push(ms(settled, c.step5));
+                }
                 last_end = last_end.max(c.end.micros());
             }
             Err(why) => {
@@ -512,6 +529,10 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let fleet_commands: u64 = commands.iter().map(|(_, v)| v).sum();
     resume_ms.sort_by(f64::total_cmp);
     pause_ms.sort_by(f64::total_cmp);
+    for p in &mut parts {
+        p.sort_by(f64::total_cmp);
+    }
+    let [heard, settled, step5] = parts.each_ref().map(|p| round(pct(p, 0.50), 3));
     let line = json!({
         "workload": "hitl-basic",
         "runs": a.runs,
@@ -522,6 +543,11 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         "resume_p95_ms": round(pct(&resume_ms, 0.95), 3),
         "resume_p99_ms": round(pct(&resume_ms, 0.99), 3),
         "submit_to_pause_p50_ms": round(pct(&pause_ms, 0.50), 3),
+        "question_heard_p50_ms": heard,
+        "resume_parts_p50_ms": {
+            "answer_to_settled": settled,
+            "settled_to_step5": step5,
+        },
         "completed": completed,
         "failed": failed,
         "lost": lost,
@@ -638,6 +664,7 @@ async fn one_run(ctx: &Ctx, i: u64) -> anyhow::Result<Timing> {
         run,
         submitted,
         answered,
+        request_id: q.request_id,
     })
 }
 

@@ -71,6 +71,7 @@ async fn the_bench_prints_the_workload_line_with_every_run_checked() {
             "resume_p95_ms",
             "resume_p99_ms",
             "submit_to_pause_p50_ms",
+            "question_heard_p50_ms",
             "redis_commands_per_run",
             "redis_round_trips_per_run_workers",
             "redis_round_trips_per_run_gateway",
@@ -88,8 +89,15 @@ async fn the_bench_prints_the_workload_line_with_every_run_checked() {
             .as_f64()
             .unwrap_or_else(|| panic!("answers_from_memory_share: {line}"));
         assert!((0.0..=1.0).contains(&share), "{line}");
-        let p50 = line["resume_p50_ms"].as_f64().unwrap_or_default();
+        // A resume's two parts: each measured, and neither longer than the slowest resume.
         let p99 = line["resume_p99_ms"].as_f64().unwrap_or_default();
+        for part in ["answer_to_settled", "settled_to_step5"] {
+            let v = line["resume_parts_p50_ms"][part]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{part}: {line}"));
+            assert!(v > 0.0 && v <= p99, "{part}: {line}");
+        }
+        let p50 = line["resume_p50_ms"].as_f64().unwrap_or_default();
         assert!(p50 <= p99, "percentiles in order: {line}");
         assert!(
             line["redis_bytes_per_paused_run"].as_u64().is_some(),

@@ -264,8 +264,8 @@ pub fn program_main<C, E, Fut>(
     run: impl FnOnce(C, tokio_util::sync::CancellationToken) -> Fut,
 ) -> i32
 where
-    Fut: std::future::Future<Output = Result<(), E>>,
-    E: std::fmt::Display,
+    Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
 {
     if let Err(e) = protect_process() {
         eprintln!("error: {e}");
@@ -288,7 +288,21 @@ where
     let rt = runtime();
     let telemetry = init_logging("info", name, &rt);
     let code = rt.block_on(async {
-        match run(config, shutdown_on_signals()).await {
+        // On a worker thread of the runtime, not on this one: what `run` awaits (a worker's
+        // pulls, a gateway's listener) then wakes up on the thread that got its message and
+        // spawns its work there, rather than waking this thread first and then another for the
+        // work (docs/architecture.md#threads).
+        let outcome = match tokio::spawn(run(config, shutdown_on_signals())).await {
+            Ok(outcome) => outcome,
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return 1;
+                }
+            },
+        };
+        match outcome {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("error: {e}");

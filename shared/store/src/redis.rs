@@ -419,6 +419,14 @@ pub fn default_buckets(cluster: bool) -> u32 {
 /// The most buckets a deployment may have (a listing reads every one of them).
 pub const MAX_BUCKETS: u32 = 1024;
 
+/// The length of a run id's hyphenated text.
+const ID_LEN: usize = uuid::fmt::Hyphenated::LENGTH;
+
+/// `run_id`'s hyphenated lowercase text (its `Display`), written in `buf`: no allocation.
+fn id_text<'a>(run_id: &RunId, buf: &'a mut [u8; ID_LEN]) -> &'a str {
+    run_id.as_uuid().hyphenated().encode_lower(buf)
+}
+
 /// The bucket of `id` (a run id, or an idempotency key's digest) among `buckets`: the 32-bit
 /// FNV-1a hash of its text (a run id in its hyphenated lowercase form), modulo `buckets`.
 /// Where every key lives follows from it: it must never change.
@@ -1263,7 +1271,7 @@ impl RedisRunStore {
 
     /// The bucket of `run_id`.
     pub fn bucket(&self, run_id: RunId) -> u32 {
-        bucket_of(&run_id.to_string(), self.buckets)
+        bucket_of(id_text(&run_id, &mut [0; ID_LEN]), self.buckets)
     }
 
     /// The start of every key of bucket `k`: `<prefix>:{b<k>}`; the braces make it the hash tag,
@@ -1288,22 +1296,40 @@ impl RedisRunStore {
     }
 
     pub fn run_key(&self, run_id: RunId) -> String {
-        format!("{}:run:{run_id}", self.run_tag(run_id))
+        self.run_key_and(run_id, "")
+    }
+
+    /// `run_id`'s record key followed by `suffix`, built in one string: every write and read of
+    /// a run names a few of its keys, so they are not each formatted in steps.
+    fn run_key_and(&self, run_id: RunId, suffix: &str) -> String {
+        use std::fmt::Write as _;
+        let mut buf = [0; ID_LEN];
+        let id = id_text(&run_id, &mut buf);
+        let mut key = String::with_capacity(self.prefix.len() + 20 + ID_LEN + suffix.len());
+        let _ = write!(
+            key,
+            "{}:{{b{}}}:run:{id}{suffix}",
+            self.prefix,
+            bucket_of(id, self.buckets)
+        );
+        key
     }
 
     fn journal_key(&self, run_id: RunId) -> String {
-        format!("{}:journal", self.run_key(run_id))
+        self.run_key_and(run_id, ":journal")
     }
 
     /// Where builds before 2026-11-27 kept the run's latest snapshot (a string,
     /// `<seq>:<snapshot JSON>`); now in the record's `snap`. Read when a record has none,
     /// deleted when such a run finishes, and by retention.
     fn snapshot_key(&self, run_id: RunId) -> String {
-        format!("{}:snap", self.run_key(run_id))
+        self.run_key_and(run_id, ":snap")
     }
 
     pub fn interaction_key(&self, run_id: RunId, request_id: &str) -> String {
-        format!("{}:ix:{request_id}", self.run_key(run_id))
+        let mut key = self.run_key_and(run_id, ":ix:");
+        key.push_str(request_id);
+        key
     }
 
     /// One command per bucket (`add(pipe, k)` adds bucket `k`'s), all in one round trip: the
@@ -2306,7 +2332,28 @@ impl RunStore for RedisRunStore {
 
 #[cfg(test)]
 mod tests {
-    use super::bucket_of;
+    use super::{ID_LEN, bucket_of, id_text};
+    use delta_protocol::RunId;
+
+    /// Keys are built from a run id's text written on the stack: the same text as its
+    /// `Display`, so the same bucket and keys as every build before.
+    #[test]
+    fn a_run_ids_key_text_is_its_display() {
+        for _ in 0..100 {
+            let run = RunId::new();
+            let text = run.to_string();
+            assert_eq!(id_text(&run, &mut [0; ID_LEN]), text);
+            assert_eq!(
+                bucket_of(id_text(&run, &mut [0; ID_LEN]), 64),
+                bucket_of(&text, 64)
+            );
+        }
+        let run: RunId = "0192F1C4-8A3B-7C2D-9E4F-5A6B7C8D9E0F".parse().unwrap();
+        assert_eq!(
+            id_text(&run, &mut [0; ID_LEN]),
+            "0192f1c4-8a3b-7c2d-9e4f-5a6b7c8d9e0f"
+        );
+    }
 
     /// Where every key lives follows from the bucket hash: these values must never change
     /// (32-bit FNV-1a reference values, and a run id's bucket as stored).
