@@ -449,18 +449,28 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let bar = Arc::new(bar);
     let slots = Arc::new(Semaphore::new(usize::try_from(a.concurrency).unwrap_or(64)));
     let ctx = Arc::new(ctx);
-    let mut tasks = Vec::new();
-    for i in 0..a.runs {
-        let permit = slots.clone().acquire_owned().await?;
-        let ctx = ctx.clone();
-        let bar = bar.clone();
-        tasks.push(tokio::spawn(async move {
-            let r = one_run(&ctx, i).await;
-            bar.inc(1);
-            drop(permit);
-            r
-        }));
-    }
+    // Submitted from a task of the runtime, not from the main thread: a run's end then starts
+    // the next on the thread that heard it, not by waking the main thread first
+    // (docs/architecture.md#threads).
+    let submitting = {
+        let (ctx, bar, runs) = (ctx.clone(), bar.clone(), a.runs);
+        tokio::spawn(async move {
+            let mut tasks = Vec::new();
+            for i in 0..runs {
+                let permit = slots.clone().acquire_owned().await?;
+                let ctx = ctx.clone();
+                let bar = bar.clone();
+                tasks.push(tokio::spawn(async move {
+                    let r = one_run(&ctx, i).await;
+                    bar.inc(1);
+                    drop(permit);
+                    r
+                }));
+            }
+            anyhow::Ok(tasks)
+        })
+    };
+    let tasks = submitting.await??;
     let mut timings = Vec::new();
     let mut errors = Vec::new();
     for t in tasks {

@@ -243,6 +243,7 @@ async fn s2_sigstop_a_worker_past_ack_wait_then_sigcont() {
     let mut all = vec![];
     let mut refused = 0;
     let mut taken_over = 0;
+    let mut late_writes_timed_out = 0;
     for _ in 0..rounds {
         let ids = submit_many(&fleet.client, "slow", per_round).await;
         // Freeze the worker that starts step two of one of these runs first.
@@ -301,10 +302,25 @@ async fn s2_sigstop_a_worker_past_ack_wait_then_sigcont() {
                 taken.push(id);
             }
         }
+        // Each is refused, or its write sent before the freeze timed out: its reply, in the
+        // socket since then, is read after the timer that went off with the thaw, so the worker
+        // holds the job until Redis answers its probes and then gives it back, writing nothing
+        // more (the journals' check below holds either way). Seen twice in CI.
+        let timed_out = |id: &RunId| {
+            log_lines(
+                &log_of,
+                names[v],
+                "holding the job until it can",
+                &id.to_string(),
+            ) > 0
+        };
         let unrefused = || {
             taken
                 .iter()
-                .filter(|id| log_lines(&log_of, names[v], "write refused", &id.to_string()) == 0)
+                .filter(|id| {
+                    log_lines(&log_of, names[v], "write refused", &id.to_string()) == 0
+                        && !timed_out(id)
+                })
                 .collect::<Vec<_>>()
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -328,6 +344,7 @@ async fn s2_sigstop_a_worker_past_ack_wait_then_sigcont() {
         let done = chaos::wait_terminal(&fleet.store, &ids, Duration::from_secs(60)).await;
         assert_eq!(done, ids.len(), "the round's runs finished");
         taken_over += taken.len();
+        late_writes_timed_out += taken.iter().filter(|id| timed_out(id)).count();
         refused += ids
             .iter()
             .map(|id| log_lines(&log_of, names[v], "write refused", &id.to_string()))
@@ -379,7 +396,7 @@ async fn s2_sigstop_a_worker_past_ack_wait_then_sigcont() {
         checked.problem("no run was taken over from a frozen worker");
     }
     let notes = format!(
-        "{rounds} freezes of 2 s+ (ack_wait 2 s); {taken_over} runs taken over; {} steps re-run by the new owner",
+        "{rounds} freezes of 2 s+ (ack_wait 2 s); {taken_over} runs taken over ({late_writes_timed_out} with a write sent before the freeze timed out, its job given back); {} steps re-run by the new owner",
         checked.reruns
     );
     scenario.report(&checked, refused, &notes);
