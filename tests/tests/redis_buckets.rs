@@ -186,6 +186,18 @@ async fn a_runs_keys_and_the_indexes_that_name_it_share_one_slot() {
     };
     store.heartbeat("w1").await.expect("heartbeat");
     let contents = keys_and_contents(&redis.url(), "sl").await;
+    // The keys the store names are the ones its scripts wrote: `<tag>:run:<id>` and under it.
+    for (id, qs) in &runs {
+        let key = store.run_key(*id);
+        assert_eq!(key, format!("{}:run:{id}", store.tag(store.bucket(*id))));
+        assert!(contents.contains_key(&key), "{key}");
+        assert!(contents.contains_key(&format!("{key}:journal")), "{key}");
+        for q in qs {
+            let ix = store.interaction_key(*id, &q.request_id.to_string());
+            assert_eq!(ix, format!("{key}:ix:{}", q.request_id));
+            assert!(contents.contains_key(&ix), "{ix}");
+        }
+    }
     let singletons = [
         "sl:buckets",
         "sl:workers",

@@ -1277,7 +1277,15 @@ impl RedisRunStore {
     /// The start of every key of bucket `k`: `<prefix>:{b<k>}`; the braces make it the hash tag,
     /// so that all of them live in one Redis Cluster slot.
     pub fn tag(&self, k: u32) -> String {
-        format!("{}:{{b{k}}}", self.prefix)
+        let mut tag = String::new();
+        self.write_tag(&mut tag, k);
+        tag
+    }
+
+    /// Appends bucket `k`'s tag to `out`.
+    fn write_tag(&self, out: &mut String, k: u32) {
+        use std::fmt::Write as _;
+        let _ = write!(out, "{}:{{b{k}}}", self.prefix);
     }
 
     /// The tag of `run_id`'s bucket: what the scripts get as their prefix.
@@ -1302,16 +1310,13 @@ impl RedisRunStore {
     /// `run_id`'s record key followed by `suffix`, built in one string: every write and read of
     /// a run names a few of its keys, so they are not each formatted in steps.
     fn run_key_and(&self, run_id: RunId, suffix: &str) -> String {
-        use std::fmt::Write as _;
         let mut buf = [0; ID_LEN];
         let id = id_text(&run_id, &mut buf);
         let mut key = String::with_capacity(self.prefix.len() + 20 + ID_LEN + suffix.len());
-        let _ = write!(
-            key,
-            "{}:{{b{}}}:run:{id}{suffix}",
-            self.prefix,
-            bucket_of(id, self.buckets)
-        );
+        self.write_tag(&mut key, bucket_of(id, self.buckets));
+        for part in [":run:", id, suffix] {
+            key.push_str(part);
+        }
         key
     }
 
