@@ -542,7 +542,10 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     for p in &mut parts {
         p.sort_by(f64::total_cmp);
     }
-    let [heard, settled, step5] = parts.each_ref().map(|p| round(pct(p, 0.50), 3));
+    // `null`, not 0, when no question's `answered_at` could be read.
+    let [heard, settled, step5] = parts
+        .each_ref()
+        .map(|p| (!p.is_empty()).then(|| round(pct(p, 0.50), 3)));
     let line = json!({
         "workload": "hitl-basic",
         "runs": a.runs,
