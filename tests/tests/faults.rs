@@ -780,12 +780,7 @@ async fn a_held_question_answered_meanwhile_keeps_its_job_until_the_run_moves_on
         1,
         "the job is held while the question is not announced"
     );
-    let q = delta_protocol::journal::Replay::new(&run.journal)
-        .pending()
-        .cloned()
-        .expect("a pending question");
-    let a = delta_e2e::typed_answer(q.request_id, "Ada");
-    assert!(fleet.store.answer(&q, &a).await.expect("answer"));
+    answer_pending(&fleet, &run).await;
     // The worker looks at the run every second at most here (a third of `ack_wait`): three
     // looks, each finding the run still waiting on the question.
     tokio::time::sleep(Duration::from_secs(3)).await;
