@@ -491,9 +491,10 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     // The checker: every journal read back, its shape checked, the instants taken.
     let mut resume_ms = Vec::new();
     let mut pause_ms = Vec::new();
-    // Where a resume's time goes (docs/benchmarks.md): answer sent → the gateway settles it (its
-    // `answered_at`) → step 5 requested (the answer is journaled in the same write, with the
-    // same time); and a question's announcement: asked → heard (and answered).
+    // Where a resume's time goes (docs/benchmarks.md): answer sent → the gateway takes it up (its
+    // `answered_at`, before the answer's checks and the settling script) → step 5 requested (the
+    // answer is journaled in the same write, with the same time); and a question's announcement:
+    // asked → heard (and answered).
     let mut parts: [Vec<f64>; 3] = Default::default();
     let (mut completed, mut failed, mut bad) = (0u64, 0u64, Vec::new());
     let first = timings
