@@ -435,6 +435,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let before = store.info("commandstats").await?;
     let before_masters = store.info_by_master("commandstats").await?;
     let before_mem = used_memory(&store).await?;
+    let nats_before = nats_messages(fleet).await;
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         indicatif::ProgressBar::new(a.runs)
     } else {
@@ -486,6 +487,7 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
     let cpu = CpuTimes::read(fleet, usize::from(a.workers)).since(&cpu_before);
     let nodes_after = redis_node_ticks(fleet);
     let after_mem = used_memory(&store).await?;
+    let nats_after = nats_messages(fleet).await;
     drop((sampler, listener, end_listener));
 
     // The checker: every journal read back, its shape checked, the instants taken.
@@ -577,6 +579,15 @@ async fn measure(a: &BenchArgs, fleet: &LocalFleet) -> anyhow::Result<(Value, bo
         "redis_nodes": fleet.redis_pids().len(),
         "redis_commands_per_run": round(fleet_commands as f64 / a.runs as f64, 2),
         "redis_commands": commands.into_iter().collect::<HashMap<_, _>>(),
+        // Messages into and out of the NATS servers per run (`null` when a server's monitoring
+        // did not answer); on a cluster, the routes' copies between nodes count too.
+        "nats_messages_per_run": match (nats_before, nats_after) {
+            (Some((in0, out0)), Some((in1, out1))) => json!({
+                "in": round(in1.saturating_sub(in0) as f64 / a.runs as f64, 2),
+                "out": round(out1.saturating_sub(out0) as f64 / a.runs as f64, 2),
+            }),
+            _ => Value::Null,
+        },
         "redis_bytes_per_completed_run": (after_mem.saturating_sub(before_mem)) / a.runs.max(1),
         "worker_rss_max_mib": round(rss.max_worker() as f64 / 1024.0, 1),
         "cpu_ms_per_run": cpu
@@ -904,6 +915,31 @@ async fn used_memory(store: &RedisRunStore) -> anyhow::Result<u64> {
         .filter_map(|f| field(f))
         .sum();
     Ok(used.saturating_sub(transient))
+}
+
+/// The messages the fleet's NATS servers took in and sent out so far (`in_msgs`, `out_msgs` of
+/// each server's `/varz`, summed); `None` if one did not answer.
+async fn nats_messages(fleet: &LocalFleet) -> Option<(u64, u64)> {
+    // reqwest is built with rustls but no crypto provider: install ring (once per process).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .ok()?;
+    let (mut inbound, mut outbound) = (0, 0);
+    for port in fleet.nats_monitor_ports() {
+        let varz: Value = http
+            .get(format!("http://127.0.0.1:{port}/varz"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        inbound += varz["in_msgs"].as_u64()?;
+        outbound += varz["out_msgs"].as_u64()?;
+    }
+    Some((inbound, outbound))
 }
 
 /// CPU clock ticks used so far by each Redis server, by port.

@@ -97,6 +97,14 @@ async fn the_bench_prints_the_workload_line_with_every_run_checked() {
                 .unwrap_or_else(|| panic!("{part}: {line}"));
             assert!(v > 0.0 && v <= p99, "{part}: {line}");
         }
+        // NATS's messages per run: each run publishes at least five (its start job, its
+        // question, the answer, the resume job, its end), and each of those is acknowledged.
+        for way in ["in", "out"] {
+            let v = line["nats_messages_per_run"][way]
+                .as_f64()
+                .unwrap_or_else(|| panic!("nats_messages_per_run.{way}: {line}"));
+            assert!(v >= 5.0, "nats_messages_per_run.{way}: {line}");
+        }
         let p50 = line["resume_p50_ms"].as_f64().unwrap_or_default();
         assert!(p50 <= p99, "percentiles in order: {line}");
         assert!(

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 
 use delta_api::{AnswerBody, BotReply, ClaimBody, ClaimState, ErrorCode};
-use delta_protocol::{RequestId, Timestamp, Via};
+use delta_protocol::{RequestId, Via};
 
 use crate::Gateway;
 use crate::auth::{Identity, Role};
@@ -139,14 +139,47 @@ async fn handle_claim(gw: &Gateway, msg: &async_nats::Message) -> Result<ClaimSt
         .await
 }
 
+/// Feeds a `resumed` message's notes to the answer→resume histogram: a JSON array of notes, or
+/// one note alone (workers before 2026-11-28). Anything else is ignored.
 fn observe_resume(gw: &Gateway, payload: &[u8]) {
-    #[derive(serde::Deserialize)]
-    struct Resumed {
-        answered_at: Timestamp,
-        resumed_at: Timestamp,
-    }
-    if let Ok(r) = serde_json::from_slice::<Resumed>(payload) {
-        let us = r.resumed_at.micros() - r.answered_at.micros();
+    for note in resumed_notes(payload) {
+        let us = note.resumed_at.micros() - note.answered_at.micros();
         gw.metrics.answer_to_resume.observe(us.max(0) as f64 / 1e6);
+    }
+}
+
+/// The notes of a `resumed` message (none when it is not one).
+fn resumed_notes(payload: &[u8]) -> Vec<delta_queue::ResumedNote> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Notes {
+        Many(Vec<delta_queue::ResumedNote>),
+        One(delta_queue::ResumedNote),
+    }
+    match serde_json::from_slice::<Notes>(payload) {
+        Ok(Notes::Many(notes)) => notes,
+        Ok(Notes::One(note)) => vec![note],
+        Err(_) => vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resumed_notes;
+
+    #[test]
+    fn a_resumed_message_is_a_list_of_notes_or_one_note() {
+        let one = r#"{"request_id":"01a2217f-9c41-7642-9633-c24506defd8c","answered_at":"2026-11-28T09:32:20.931928Z","resumed_at":"2026-11-28T09:32:20.934928Z"}"#;
+        let notes = resumed_notes(one.as_bytes());
+        assert_eq!(notes.len(), 1);
+        assert_eq!(
+            notes[0].resumed_at.micros() - notes[0].answered_at.micros(),
+            3000
+        );
+        let many = format!("[{one},{one}]");
+        assert_eq!(resumed_notes(many.as_bytes()).len(), 2);
+        for junk in ["", "{}", "[1]", "null", r#"{"request_id":"x"}"#] {
+            assert!(resumed_notes(junk.as_bytes()).is_empty(), "{junk}");
+        }
     }
 }

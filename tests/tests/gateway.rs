@@ -64,6 +64,18 @@ async fn http_submit_pause_answer_resumes_on_another_worker() {
         .await
         .expect("list");
     assert_eq!(done["runs"][0]["run_id"], json!(run.to_string()));
+    // The worker's `resumed` note reached the gateway's answer→resume histogram (notes wait up
+    // to a tenth of a second to go together).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, m) = fleet.client.get("/metrics").await.expect("metrics");
+        let text = m.as_str().unwrap_or_default().to_owned();
+        if text.contains("delta_answer_to_resume_seconds_count 1\n") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no resume observed in\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1087,7 +1087,7 @@ async fn handle(shared: &Shared, d: Delivery) {
         return;
     }
     if let (Some((rid, at)), RunStatus::WaitingForInput) = (applying, status_at_load) {
-        shared.queue.announce_resumed(rid, at).await;
+        shared.queue.announce_resumed(rid, at);
     }
     // The run's own directory, made before any of its tools runs here; none for an agent that
     // never uses one (a scripted agent of `builtin:` tools without hooks).

@@ -315,6 +315,15 @@ impl LocalFleet {
         }
     }
 
+    /// The NATS servers' monitoring ports on 127.0.0.1 (`/varz`: one, or each node's).
+    pub fn nats_monitor_ports(&self) -> Vec<u16> {
+        match self.nats.as_ref() {
+            Some(NatsServers::One(n)) => n.monitor_port().into_iter().collect(),
+            Some(NatsServers::Cluster(c)) => c.monitor_ports(),
+            None => vec![],
+        }
+    }
+
     /// The process ids of the Redis servers (one, or each node of the cluster).
     pub fn redis_pids(&self) -> Vec<u32> {
         match self.redis.as_ref() {

@@ -415,7 +415,17 @@ pub struct Server {
     users: Users,
     /// As one node of a NATS cluster: its part of the configuration.
     node: Option<ClusterNode>,
+    /// A NATS server's monitoring port on 127.0.0.1 (its `/varz`, `/healthz`), the same
+    /// across restarts: a cluster node's is in its configuration, a lone server's is `-m`.
+    monitor_port: Option<u16>,
     dir: DataDir,
+}
+
+/// A server's ports on 127.0.0.1: its clients', and a NATS server's monitoring port.
+#[derive(Clone, Copy, Debug)]
+struct Ports {
+    client: u16,
+    monitor: Option<u16>,
 }
 
 /// One node of a NATS cluster: its name, its ports, and the configuration that joins it to the
@@ -474,10 +484,18 @@ impl Server {
                 tempfile::tempdir().map_err(Error::io("creating a temporary directory"))?,
             ),
         };
+        let monitor_port = match (kind, &node) {
+            (Kind::Nats, Some(n)) => Some(n.monitor_port),
+            (Kind::Nats, None) => Some(free_port()?),
+            (Kind::Redis, _) => None,
+        };
         let process = Self::spawn(
             kind,
             &program,
-            port,
+            Ports {
+                client: port,
+                monitor: monitor_port,
+            },
             dir.path(),
             options,
             &users,
@@ -491,6 +509,7 @@ impl Server {
             options: options.clone(),
             users,
             node,
+            monitor_port,
             dir,
         })
     }
@@ -498,15 +517,21 @@ impl Server {
     fn spawn(
         kind: Kind,
         program: &Path,
-        port: u16,
+        ports: Ports,
         dir: &Path,
         o: &ServerOptions,
         users: &Users,
         node: Option<&ClusterNode>,
     ) -> Result<Process, Error> {
+        let port = ports.client;
         let mut cmd = Command::new(program);
         cmd.args(kind.auth_args(dir, users, o, node)?);
         cmd.args(kind.args(port, dir, o));
+        // A cluster node's monitoring port is in its configuration; a lone server's here (on
+        // the address of `-a`, 127.0.0.1).
+        if let (Kind::Nats, None, Some(m)) = (kind, node, ports.monitor) {
+            cmd.args(["-m", &m.to_string()]);
+        }
         let mut process = Process::spawn(kind.name(), &mut cmd, &o.output)?;
         let tls = o.tls.is_some();
         // A cluster's node has JetStream only once the cluster elected a leader: here it is
@@ -528,7 +553,10 @@ impl Server {
             match Self::spawn(
                 self.kind,
                 &self.program,
-                self.port,
+                Ports {
+                    client: self.port,
+                    monitor: self.monitor_port,
+                },
                 self.dir.path(),
                 &self.options,
                 &self.users,
@@ -550,6 +578,11 @@ impl Server {
     /// the admin (every right: the tests' own checks, `delta bench`).
     pub fn url(&self) -> String {
         self.url_for("admin")
+    }
+
+    /// A NATS server's monitoring port on 127.0.0.1 (`None` for Redis).
+    pub fn monitor_port(&self) -> Option<u16> {
+        self.monitor_port
     }
 
     /// Its URL without credentials: whoever uses it is refused everything.
@@ -775,6 +808,11 @@ impl NatsCluster {
     }
 
     /// The nodes' process ids.
+    /// Each node's monitoring port on 127.0.0.1.
+    pub fn monitor_ports(&self) -> Vec<u16> {
+        self.nodes.iter().filter_map(Server::monitor_port).collect()
+    }
+
     pub fn pids(&self) -> Vec<u32> {
         self.nodes.iter().map(|n| n.pid()).collect()
     }

@@ -12,6 +12,7 @@
 //! `<P>_EXHAUSTED`, keeps those advisories (so none is lost while no worker listens), and workers
 //! take them from the durable consumer `<p>-exhausted` to dead-letter the job ([`Exhausted`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -410,7 +411,23 @@ pub struct Queue {
     resumes: Option<consumer::PullConsumer>,
     jobs: stream::Stream,
     exhausted: consumer::PullConsumer,
+    /// The `resumed` notes waiting to be sent together ([`Queue::announce_resumed`]); the task
+    /// that sends them is started with the first.
+    resumed_notes: Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<ResumedNote>>>,
 }
+
+/// A worker's note that it resumes a run on an answer: one element of a `resumed` message.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ResumedNote {
+    pub request_id: RequestId,
+    pub answered_at: Timestamp,
+    pub resumed_at: Timestamp,
+}
+
+/// How long a `resumed` note may wait for others to go in the same message, and how many go in
+/// one at most: one message per worker and tenth of a second under load, not one per resume.
+const RESUMED_EVERY: Duration = Duration::from_millis(100);
+const RESUMED_AT_MOST: usize = 256;
 
 /// A job that used up its deliveries without being acknowledged or terminated (its workers
 /// crashed or hung every time). Dead-letter it with [`Queue::dead_letter_exhausted`].
@@ -639,6 +656,28 @@ pub struct Delivery {
     pub traceparent: Option<String>,
 }
 
+/// Sends the `resumed` notes of `notes` to `subject`, each with those that came within
+/// [`RESUMED_EVERY`] after it (at most [`RESUMED_AT_MOST`] a message), until every sender is gone.
+async fn send_resumed_notes(
+    client: async_nats::Client,
+    subject: String,
+    mut notes: tokio::sync::mpsc::Receiver<ResumedNote>,
+) {
+    while let Some(first) = notes.recv().await {
+        let mut batch = vec![first];
+        let until = tokio::time::Instant::now() + RESUMED_EVERY;
+        while batch.len() < RESUMED_AT_MOST {
+            match tokio::time::timeout_at(until, notes.recv()).await {
+                Ok(Some(note)) => batch.push(note),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if let Ok(payload) = serde_json::to_vec(&batch) {
+            let _ = client.publish(subject.clone(), payload.into()).await;
+        }
+    }
+}
+
 fn setup(what: &str) -> impl FnOnce(Cause) -> Error + '_ {
     move |source| Error::Setup {
         what: what.to_owned(),
@@ -783,6 +822,7 @@ impl Queue {
             resumes,
             jobs: stream,
             exhausted,
+            resumed_notes: Arc::default(),
         })
     }
 
@@ -1067,18 +1107,26 @@ impl Queue {
     }
 
     /// Says (core NATS, best effort) that the answer to `request_id`, accepted at `answered_at`,
-    /// is being resumed now: the gateways' answer→resume latency.
-    pub async fn announce_resumed(&self, request_id: RequestId, answered_at: Timestamp) {
-        let event = serde_json::json!({
-            "request_id": request_id,
-            "answered_at": answered_at,
-            "resumed_at": Timestamp::now(),
+    /// is being resumed now: the gateways' answer→resume latency. Notes wait up to a tenth of a
+    /// second for others and go together, as one JSON array ([`ResumedNote`]s): a message per
+    /// worker and tenth of a second under load rather than one per resume
+    /// (docs/protocol.md#subjects). A note that finds 4,096 waiting is dropped.
+    pub fn announce_resumed(&self, request_id: RequestId, answered_at: Timestamp) {
+        let note = ResumedNote {
+            request_id,
+            answered_at,
+            resumed_at: Timestamp::now(),
+        };
+        let notes = self.resumed_notes.get_or_init(|| {
+            let (tx, rx) = tokio::sync::mpsc::channel(4096);
+            tokio::spawn(send_resumed_notes(
+                self.client.clone(),
+                self.names.resumed_subject(),
+                rx,
+            ));
+            tx
         });
-        let payload = serde_json::to_vec(&event).unwrap_or_default();
-        let _ = self
-            .client
-            .publish(self.names.resumed_subject(), payload.into())
-            .await;
+        let _ = notes.try_send(note);
     }
 
     /// Says (core NATS, best effort) that `run_id` was cancelled, so that a worker running one of
