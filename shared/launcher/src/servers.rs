@@ -807,12 +807,12 @@ impl NatsCluster {
             .collect()
     }
 
-    /// The nodes' process ids.
     /// Each node's monitoring port on 127.0.0.1.
     pub fn monitor_ports(&self) -> Vec<u16> {
         self.nodes.iter().filter_map(Server::monitor_port).collect()
     }
 
+    /// The nodes' process ids.
     pub fn pids(&self) -> Vec<u32> {
         self.nodes.iter().map(|n| n.pid()).collect()
     }

@@ -1110,7 +1110,8 @@ impl Queue {
     /// is being resumed now: the gateways' answer→resume latency. Notes wait up to a tenth of a
     /// second for others and go together, as one JSON array ([`ResumedNote`]s): a message per
     /// worker and tenth of a second under load rather than one per resume
-    /// (docs/protocol.md#subjects). A note that finds 4,096 waiting is dropped.
+    /// (docs/protocol.md#subjects). A note that finds 4,096 waiting is dropped. Called within a
+    /// Tokio runtime: the first note starts the task that sends them.
     pub fn announce_resumed(&self, request_id: RequestId, answered_at: Timestamp) {
         let note = ResumedNote {
             request_id,
