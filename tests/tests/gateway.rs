@@ -1099,16 +1099,23 @@ async fn an_answer_the_engine_refuses_reopens_the_question_everywhere_and_a_corr
         assert!(Instant::now() < deadline, "never reopened: {ix}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let stored = fleet.store.load(run).await.expect("load");
+    // The worker opens the question again, then journals why with the run's next write (which
+    // pauses it again): wait for that write.
+    let refused = |stored: &delta_store::StoredRun| {
+        stored.journal.iter().any(|e| {
+            matches!(&e.event, Event::SystemMessage(m)
+            if m.content.contains("refused (invalid_args)") && m.content.contains("volume"))
+        })
+    };
+    let stored = loop {
+        let stored = fleet.store.load(run).await.expect("load");
+        if refused(&stored) || Instant::now() > deadline {
+            break stored;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(refused(&stored), "the refusal is journaled");
     assert_eq!(stored.record.status, RunStatus::WaitingForInput);
-    assert!(
-        stored
-            .journal
-            .iter()
-            .any(|e| matches!(&e.event, Event::SystemMessage(m)
-            if m.content.contains("refused (invalid_args)") && m.content.contains("volume"))),
-        "the refusal is journaled"
-    );
     let (_, listed) = fleet.client.get("/v1/interactions").await.expect("list");
     assert_eq!(
         listed["interactions"][0]["request_id"],
