@@ -219,9 +219,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let _ = heart.await;
     let _ = sweeper.await;
     cancels.abort();
-    // The last acks and naks, sent without waiting for their confirmation, reach the server
-    // before the worker exits; not waited for past a few seconds (NATS unreachable): their
-    // jobs are then redelivered, which finds them done.
+    // The resume notes still waiting, then the last acks and naks (sent without waiting for
+    // their confirmation) reach the server before the worker exits; not waited for past a few
+    // seconds (NATS unreachable): their jobs are then redelivered, which finds them done.
+    let _ = tokio::time::timeout(FLUSH_AT_EXIT, shared.queue.send_resumed_notes_now()).await;
     match tokio::time::timeout(FLUSH_AT_EXIT, shared.queue.flush()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {

@@ -413,7 +413,7 @@ pub struct Queue {
     exhausted: consumer::PullConsumer,
     /// The `resumed` notes waiting to be sent together ([`Queue::announce_resumed`]); the task
     /// that sends them is started with the first.
-    resumed_notes: Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<ResumedNote>>>,
+    resumed_notes: Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<NotesMsg>>>,
 }
 
 /// A worker's note that it resumes a run on an answer: one element of a `resumed` message.
@@ -422,6 +422,13 @@ pub struct ResumedNote {
     pub request_id: RequestId,
     pub answered_at: Timestamp,
     pub resumed_at: Timestamp,
+}
+
+/// What the task that sends `resumed` notes is given: a note, or a request to send what it
+/// holds now (answered once it is handed to the client).
+enum NotesMsg {
+    Note(ResumedNote),
+    SendNow(tokio::sync::oneshot::Sender<()>),
 }
 
 /// How long a `resumed` note may wait for others to go in the same message, and how many go in
@@ -657,23 +664,47 @@ pub struct Delivery {
 }
 
 /// Sends the `resumed` notes of `notes` to `subject`, each with those that came within
-/// [`RESUMED_EVERY`] after it (at most [`RESUMED_AT_MOST`] a message), until every sender is gone.
+/// [`RESUMED_EVERY`] after it (at most [`RESUMED_AT_MOST`] a message), and what it holds when
+/// asked to, until every sender is gone.
 async fn send_resumed_notes(
     client: async_nats::Client,
     subject: String,
-    mut notes: tokio::sync::mpsc::Receiver<ResumedNote>,
+    mut notes: tokio::sync::mpsc::Receiver<NotesMsg>,
 ) {
+    let send = |batch: Vec<ResumedNote>| {
+        let (client, subject) = (client.clone(), subject.clone());
+        async move {
+            if !batch.is_empty()
+                && let Ok(payload) = serde_json::to_vec(&batch)
+            {
+                let _ = client.publish(subject, payload.into()).await;
+            }
+        }
+    };
     while let Some(first) = notes.recv().await {
+        let first = match first {
+            NotesMsg::Note(note) => note,
+            NotesMsg::SendNow(done) => {
+                let _ = done.send(());
+                continue;
+            }
+        };
         let mut batch = vec![first];
         let until = tokio::time::Instant::now() + RESUMED_EVERY;
+        let mut asked = None;
         while batch.len() < RESUMED_AT_MOST {
             match tokio::time::timeout_at(until, notes.recv()).await {
-                Ok(Some(note)) => batch.push(note),
+                Ok(Some(NotesMsg::Note(note))) => batch.push(note),
+                Ok(Some(NotesMsg::SendNow(done))) => {
+                    asked = Some(done);
+                    break;
+                }
                 Ok(None) | Err(_) => break,
             }
         }
-        if let Ok(payload) = serde_json::to_vec(&batch) {
-            let _ = client.publish(subject.clone(), payload.into()).await;
+        send(batch).await;
+        if let Some(done) = asked {
+            let _ = done.send(());
         }
     }
 }
@@ -1127,7 +1158,19 @@ impl Queue {
             ));
             tx
         });
-        let _ = notes.try_send(note);
+        let _ = notes.try_send(NotesMsg::Note(note));
+    }
+
+    /// Hands the `resumed` notes still waiting to the client now (a worker stopping; then
+    /// [`Queue::flush`] sends them). Returns at once when no note was ever sent.
+    pub async fn send_resumed_notes_now(&self) {
+        let Some(notes) = self.resumed_notes.get() else {
+            return;
+        };
+        let (done, sent) = tokio::sync::oneshot::channel();
+        if notes.send(NotesMsg::SendNow(done)).await.is_ok() {
+            let _ = sent.await;
+        }
     }
 
     /// Says (core NATS, best effort) that `run_id` was cancelled, so that a worker running one of
