@@ -671,16 +671,6 @@ async fn send_resumed_notes(
     subject: String,
     mut notes: tokio::sync::mpsc::Receiver<NotesMsg>,
 ) {
-    let send = |batch: Vec<ResumedNote>| {
-        let (client, subject) = (client.clone(), subject.clone());
-        async move {
-            if !batch.is_empty()
-                && let Ok(payload) = serde_json::to_vec(&batch)
-            {
-                let _ = client.publish(subject, payload.into()).await;
-            }
-        }
-    };
     while let Some(first) = notes.recv().await {
         let first = match first {
             NotesMsg::Note(note) => note,
@@ -702,7 +692,9 @@ async fn send_resumed_notes(
                 Ok(None) | Err(_) => break,
             }
         }
-        send(batch).await;
+        if let Ok(payload) = serde_json::to_vec(&batch) {
+            let _ = client.publish(subject.clone(), payload.into()).await;
+        }
         if let Some(done) = asked {
             let _ = done.send(());
         }
