@@ -1101,22 +1101,23 @@ async fn an_answer_the_engine_refuses_reopens_the_question_everywhere_and_a_corr
         assert!(Instant::now() < deadline, "never reopened: {ix}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The worker opens the question again, then journals why with the run's next write (which
-    // pauses it again): wait for that write.
+    // The worker journals why before it opens the question again, and pauses the run on it with
+    // its next write: the refusal is there already, the pause comes.
     let refused = |stored: &delta_store::StoredRun| {
         stored.journal.iter().any(|e| {
             matches!(&e.event, Event::SystemMessage(m)
             if m.content.contains("refused (invalid_args)") && m.content.contains("volume"))
         })
     };
+    let stored = fleet.store.load(run).await.expect("load");
+    assert!(refused(&stored), "the refusal is journaled");
     let stored = loop {
         let stored = fleet.store.load(run).await.expect("load");
-        if refused(&stored) || Instant::now() > deadline {
+        if stored.record.status == RunStatus::WaitingForInput || Instant::now() > deadline {
             break stored;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert!(refused(&stored), "the refusal is journaled");
     assert_eq!(stored.record.status, RunStatus::WaitingForInput);
     let (_, listed) = fleet.client.get("/v1/interactions").await.expect("list");
     assert_eq!(

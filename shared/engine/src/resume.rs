@@ -148,7 +148,7 @@ impl Answers {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Resumed {
     /// The run went on until `outcome`. `reopened`: the engine refused the stored answer (the
-    /// agent changed since the gateway checked it), opened its question again and journaled why;
+    /// agent changed since the gateway checked it), journaled why and opened its question again;
     /// the outcome is then that question, asked again.
     Advanced { outcome: Outcome, reopened: bool },
     /// An earlier delivery applied this answer already. Whether this job may go on
@@ -184,8 +184,8 @@ impl<'a, S: AnswerStore, B: Brain> Engine<'a, S, B> {
     }
 
     /// Applies the answer the engine was resumed with (if any) and advances. An answer the engine
-    /// refuses is not a dead end: its question is opened again in the store, the refusal
-    /// journaled, and the run waits for a better answer.
+    /// refuses is not a dead end: the refusal is journaled, its question opened again in the
+    /// store, and the run waits for a better answer.
     pub async fn advance_resumed(&mut self) -> Result<Resumed, Error> {
         let answer = self.take_resume_answer();
         match (self.advance(answer.clone()).await, answer) {
@@ -193,11 +193,12 @@ impl<'a, S: AnswerStore, B: Brain> Engine<'a, S, B> {
                 Ok(Resumed::AlreadyApplied)
             }
             (Err(Error::Answer(why)), Some(a)) => {
+                // Journaled first: see `journal_refusal`.
+                self.journal_refusal(&a, &why).await?;
                 let run_id = self.record().run_id;
                 if let Err(e) = self.store().reopen(run_id, a.request_id).await {
                     tracing::warn!(error = %e, "could not reopen a refused answer's question");
                 }
-                self.note_refusal(&a, &why);
                 let outcome = self.advance(None).await?;
                 Ok(Resumed::Advanced {
                     outcome,
