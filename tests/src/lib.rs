@@ -247,6 +247,29 @@ pub async fn pause_on(
         .expect("pause");
 }
 
+/// Opens question `q` again as the engine does when it refuses its answer: with the write,
+/// through `store` (a delivery's handle), that journals the refusal and pauses the run on it
+/// again.
+pub async fn reopen_refused(
+    store: &delta_store::redis::RedisRunStore,
+    q: &delta_protocol::InteractionRequest,
+) {
+    use delta_store::{AnswerStore, RunStore};
+    store.reopen(q.run_id, q);
+    let why = delta_protocol::Event::SystemMessage(delta_protocol::SystemMessage {
+        level: delta_protocol::MessageLevel::Warn,
+        content: format!("the answer to request {} was refused", q.request_id),
+    });
+    store
+        .append(
+            q.run_id,
+            vec![why],
+            Some(delta_store::StatusChange::Waiting(Box::new(q.clone()))),
+        )
+        .await
+        .expect("the refusal's write");
+}
+
 /// How many times Redis ran `command` (lowercase, as `INFO commandstats` names it: `zrem`,
 /// `hgetall`), scripts' inner calls included, since it started.
 pub async fn command_calls(conn: &redis::aio::MultiplexedConnection, command: &str) -> u64 {

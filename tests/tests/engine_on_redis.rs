@@ -749,218 +749,146 @@ async fn a_carried_paused_run_is_what_a_read_gives_and_only_a_hint() {
     assert_eq!((lost, paused), (None, None), "settled, nothing carried");
 }
 
-/// The Redis store, except that opening a question again never returns: the process dies there,
-/// after every write before it.
-struct DiesAtReopen(RedisRunStore);
-
-impl delta_store::GrantStore for DiesAtReopen {
-    async fn put_grant(
-        &self,
-        grant: &delta_protocol::grant::Grant,
-    ) -> Result<bool, delta_store::Error> {
-        self.0.put_grant(grant).await
-    }
-    async fn grant(
-        &self,
-        id: delta_protocol::RequestId,
-    ) -> Result<Option<delta_protocol::grant::Grant>, delta_store::Error> {
-        self.0.grant(id).await
-    }
-    async fn grants(
-        &self,
-        agent: Option<&str>,
-    ) -> Result<Vec<delta_protocol::grant::Grant>, delta_store::Error> {
-        self.0.grants(agent).await
-    }
-    async fn use_grant(
-        &self,
-        agent: &str,
-        id: delta_protocol::RequestId,
-        run_id: RunId,
-        action_id: &str,
-        now: delta_protocol::Timestamp,
-    ) -> Result<Result<delta_protocol::grant::Grant, delta_store::Unusable>, delta_store::Error>
-    {
-        self.0.use_grant(agent, id, run_id, action_id, now).await
-    }
-    async fn revoke_grant(
-        &self,
-        id: delta_protocol::RequestId,
-        by: &str,
-        now: delta_protocol::Timestamp,
-    ) -> Result<Option<delta_protocol::grant::Grant>, delta_store::Error> {
-        self.0.revoke_grant(id, by, now).await
-    }
-}
-
-impl RunStore for DiesAtReopen {
-    async fn create(&self, record: RunRecord) -> Result<(), delta_store::Error> {
-        self.0.create(record).await
-    }
-    async fn load(&self, run_id: RunId) -> Result<delta_store::StoredRun, delta_store::Error> {
-        self.0.load(run_id).await
-    }
-    async fn load_latest(
-        &self,
-        run_id: RunId,
-        asking: Option<delta_protocol::RequestId>,
-    ) -> Result<delta_store::StoredRun, delta_store::Error> {
-        self.0.load_latest(run_id, asking).await
-    }
-    async fn append(
-        &self,
-        run_id: RunId,
-        events: Vec<Event>,
-        change: Option<delta_store::StatusChange>,
-    ) -> Result<Vec<JournalEvent>, delta_store::Error> {
-        self.0.append(run_id, events, change).await
-    }
-    fn keeps_snapshots(&self) -> bool {
-        self.0.keeps_snapshots()
-    }
-    async fn append_with_snapshot(
-        &self,
-        run_id: RunId,
-        events: Vec<Event>,
-        change: Option<delta_store::StatusChange>,
-        snapshot: Option<&delta_protocol::journal::Snapshot>,
-    ) -> Result<Vec<JournalEvent>, delta_store::Error> {
-        self.0
-            .append_with_snapshot(run_id, events, change, snapshot)
-            .await
-    }
-    async fn sync(&self, run_id: RunId) -> Result<(), delta_store::Error> {
-        self.0.sync(run_id).await
-    }
-    async fn confirm(&self, run_id: RunId) -> Result<(), delta_store::Error> {
-        self.0.confirm(run_id).await
-    }
-    fn new_request_id(&self, run_id: RunId) -> delta_protocol::RequestId {
-        self.0.new_request_id(run_id)
-    }
-}
-
-impl delta_store::AnswerStore for DiesAtReopen {
-    async fn settled(
-        &self,
-        run_id: RunId,
-        request_id: delta_protocol::RequestId,
-    ) -> Result<Option<delta_store::Settled>, delta_store::Error> {
-        self.0.settled(run_id, request_id).await
-    }
-    async fn reopen(
-        &self,
-        _run_id: RunId,
-        _request_id: delta_protocol::RequestId,
-    ) -> Result<bool, delta_store::Error> {
-        std::future::pending().await
-    }
-}
-
-/// An answer the engine refuses is journaled as refused before its question is opened again: a
-/// worker that dies between the two leaves the refusal in the journal and the answer in place,
-/// and the job's next delivery refuses it again, opens the question and waits on it, its journal
-/// saying why. (Opened first, a death before the next write left the question pending with no
-/// word of why in the journal.)
+/// An answer the engine refuses (a gateway checked it against an older agent) is journaled as
+/// refused, its question opened again and the run paused on it again, all in the one write the
+/// resume makes: no crash can leave a part of it (a question pending with no word of why in the
+/// journal, a refusal journaled with its question left answered, or a run that no longer waits
+/// on its open question). And a write that is refused reopens nothing.
 #[tokio::test]
-async fn a_refused_answer_is_journaled_before_its_question_opens_again() {
+async fn a_refused_answer_is_journaled_and_its_question_reopened_in_one_write() {
     use delta_engine::resume::{Answers, Resumed};
-    use delta_protocol::InteractionState;
+    use delta_protocol::{Fence, InteractionState};
+    use delta_store::StatusChange;
     let Long {
-        redis: _redis,
+        redis,
         dir,
         agent,
         brain,
         store,
     } = long_run_on_redis("refuse", 2).await;
-    let (id, q, settings) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
-    // Accepted where only the protocol's rules are checked (a gateway older than the agent):
-    // the engine refuses an option the question does not offer.
-    let mut purple = red(&q);
-    purple.option_id = Some("purple".into());
-    assert!(store.answer(&q, &purple).await.expect("answer"), "accepted");
-    let refusals = |run: &delta_store::StoredRun| {
+    let mut conn = delta_e2e::redis_raw(&redis.url()).await;
+    let refusals = |run: &delta_store::StoredRun, rid: delta_protocol::RequestId| {
         run.journal
             .iter()
             .filter(|e| {
                 matches!(&e.event, Event::SystemMessage(m)
-                    if m.content.contains("was refused") && m.content.contains(&q.request_id.to_string()))
+                    if m.content.contains("was refused") && m.content.contains(&rid.to_string()))
             })
             .count()
     };
-    // The first delivery dies as it opens the question again.
-    let dying = DiesAtReopen(store.clone());
-    let run = delta_engine::resume::load_run(&dying, id, Some(&agent), Some(q.request_id))
+    for refused_write in [false, true] {
+        let (id, q, settings) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
+        // Accepted where only the protocol's rules are checked: the engine refuses an option
+        // the question does not offer.
+        let mut purple = red(&q);
+        purple.option_id = Some("purple".into());
+        assert!(store.answer(&q, &purple).await.expect("answer"), "accepted");
+        let before = store.load(id).await.expect("load");
+        // A delivery of the resume job, as a worker takes it.
+        let job = store.fenced(Fence::new(7, 1));
+        let run = delta_engine::resume::load_run(&job, id, Some(&agent), Some(q.request_id))
+            .await
+            .expect("load");
+        let answers = Answers::load(&job, &run, Some(q.request_id))
+            .await
+            .expect("answers");
+        if refused_write {
+            // Another delivery took the run meanwhile: this one's write is refused.
+            store
+                .fenced(Fence::new(8, 1))
+                .append(id, vec![], Some(StatusChange::Running))
+                .await
+                .expect("the other delivery's write");
+        }
+        let trips = job.round_trips();
+        let out = Engine::resumed(
+            &agent,
+            &brain,
+            &job,
+            run,
+            answers,
+            settings.clone(),
+            CancellationToken::new(),
+        )
+        .advance_resumed()
+        .await;
+        // (The handle counts its clones' trips too: read before the reads below.)
+        let trips = job.round_trips() - trips;
+        let now = store.load(id).await.expect("load");
+        let ix = store
+            .interaction(id, q.request_id)
+            .await
+            .expect("read")
+            .expect("the question");
+        let listed: Option<f64> = redis::cmd("ZSCORE")
+            .arg(store.run_index(id, "interactions:pending"))
+            .arg(q.request_id.to_string())
+            .query_async(&mut conn)
+            .await
+            .expect("zscore");
+        if refused_write {
+            assert!(out.is_err(), "refused: {out:?}");
+            assert_eq!(refusals(&now, q.request_id), 0, "nothing journaled");
+            assert_eq!(ix.state, InteractionState::Answered, "not reopened");
+            assert_eq!(listed, None, "not listed as pending");
+            continue;
+        }
+        let Ok(Resumed::Advanced {
+            outcome: Outcome::Paused(again),
+            reopened: true,
+        }) = out
+        else {
+            panic!("expected the question asked again, got {out:?}")
+        };
+        assert_eq!(again.request_id, q.request_id);
+        assert_eq!(trips, 1, "one write, nothing else");
+        assert_eq!(refusals(&now, q.request_id), 1, "{:?}", now.journal);
+        assert_eq!(
+            now.journal.len(),
+            before.journal.len() + 3,
+            "its attempt's start, the refusal, the pause's end: {:?}",
+            now.journal
+        );
+        assert_eq!(now.record.status, RunStatus::WaitingForInput);
+        assert_eq!(now.record.pending_request_id, Some(q.request_id));
+        assert_eq!(ix.state, InteractionState::Pending, "open again");
+        assert_eq!(ix.response, None);
+        assert!(ix.reopened_at.is_some(), "the refused answer's instant");
+        assert_eq!(ix.asked_by_job, Some(7), "the reopening job announces it");
+        assert_eq!(
+            listed,
+            Some(q.timestamp.micros() as f64),
+            "listed as pending, as when it was asked"
+        );
+        // A better answer is taken, and the run goes on with it.
+        assert!(store.answer(&q, &red(&q)).await.expect("answer"));
+        let run = delta_engine::resume::load_run(&store, id, Some(&agent), Some(q.request_id))
+            .await
+            .expect("load");
+        let answers = Answers::load(&store, &run, Some(q.request_id))
+            .await
+            .expect("answers");
+        let out = Engine::resumed(
+            &agent,
+            &brain,
+            &store,
+            run,
+            answers,
+            settings.clone(),
+            CancellationToken::new(),
+        )
+        .advance_resumed()
         .await
-        .expect("load");
-    let answers = Answers::load(&dying, &run, Some(q.request_id))
-        .await
-        .expect("answers");
-    let mut engine = Engine::resumed(
-        &agent,
-        &brain,
-        &dying,
-        run,
-        answers,
-        settings.clone(),
-        CancellationToken::new(),
-    );
-    let died =
-        tokio::time::timeout(std::time::Duration::from_secs(2), engine.advance_resumed()).await;
-    assert!(died.is_err(), "it got to the reopen: {died:?}");
-    drop(engine);
-    let run = store.load(id).await.expect("load");
-    assert_eq!(refusals(&run), 1, "journaled before: {:?}", run.journal);
-    let ix = store
-        .interaction(id, q.request_id)
-        .await
-        .expect("read")
-        .expect("the question");
-    assert_eq!(
-        ix.state,
-        InteractionState::Answered,
-        "the answer is in place"
-    );
-    // The job's next delivery, on a store that works, finishes what the first began.
-    let run = delta_engine::resume::load_run(&store, id, Some(&agent), Some(q.request_id))
-        .await
-        .expect("load");
-    let answers = Answers::load(&store, &run, Some(q.request_id))
-        .await
-        .expect("answers");
-    let out = Engine::resumed(
-        &agent,
-        &brain,
-        &store,
-        run,
-        answers,
-        settings.clone(),
-        CancellationToken::new(),
-    )
-    .advance_resumed()
-    .await
-    .expect("advance");
-    let Resumed::Advanced {
-        outcome: Outcome::Paused(again),
-        reopened: true,
-    } = out
-    else {
-        panic!("expected the question asked again, got {out:?}")
-    };
-    assert_eq!(again.request_id, q.request_id);
-    let run = store.load(id).await.expect("load");
-    assert_eq!(
-        refusals(&run),
-        2,
-        "refused by each delivery: {:?}",
-        run.journal
-    );
-    assert_eq!(run.record.status, RunStatus::WaitingForInput);
-    assert_eq!(run.record.pending_request_id, Some(q.request_id));
-    let ix = store
-        .interaction(id, q.request_id)
-        .await
-        .expect("read")
-        .expect("the question");
-    assert_eq!(ix.state, InteractionState::Pending, "open again");
+        .expect("advance");
+        assert!(
+            matches!(
+                &out,
+                Resumed::Advanced {
+                    outcome: Outcome::Completed { .. },
+                    reopened: false
+                }
+            ),
+            "{out:?}"
+        );
+    }
 }

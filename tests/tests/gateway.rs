@@ -1101,8 +1101,8 @@ async fn an_answer_the_engine_refuses_reopens_the_question_everywhere_and_a_corr
         assert!(Instant::now() < deadline, "never reopened: {ix}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The worker journals why before it opens the question again, and pauses the run on it with
-    // its next write: the refusal is there already, the pause comes.
+    // The worker journals why, opens the question again and pauses the run on it in one write:
+    // once it is pending, the refusal is journaled and the run waits on it.
     let refused = |stored: &delta_store::StoredRun| {
         stored.journal.iter().any(|e| {
             matches!(&e.event, Event::SystemMessage(m)
@@ -1111,13 +1111,10 @@ async fn an_answer_the_engine_refuses_reopens_the_question_everywhere_and_a_corr
     };
     let stored = fleet.store.load(run).await.expect("load");
     assert!(refused(&stored), "the refusal is journaled");
-    let stored = loop {
-        let stored = fleet.store.load(run).await.expect("load");
-        if stored.record.status == RunStatus::WaitingForInput || Instant::now() > deadline {
-            break stored;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    assert_eq!(
+        stored.record.pending_request_id,
+        Some(rid.parse().expect("id"))
+    );
     assert_eq!(stored.record.status, RunStatus::WaitingForInput);
     let (_, listed) = fleet.client.get("/v1/interactions").await.expect("list");
     assert_eq!(
@@ -1194,7 +1191,7 @@ async fn a_reopened_question_is_announced_anew_by_the_jobs_next_delivery() {
         .answered_at
         .expect("answered");
     let dead = fleet.store.fenced(Fence::new(9_999, 1));
-    assert!(dead.reopen(run, request_id).await.expect("reopen"));
+    delta_e2e::reopen_refused(&dead, &q).await;
     let ix = stored_question(&fleet, run, request_id).await;
     assert_eq!(ix.state, delta_protocol::InteractionState::Pending);
     assert_eq!(
@@ -1949,7 +1946,7 @@ async fn a_heard_question_reopened_since_is_announced_anew_before_its_answer() {
             .answered_at
             .expect("answered");
         let dead = fleet.store.fenced(delta_protocol::Fence::new(job, 1));
-        assert!(dead.reopen(run, q.request_id).await.expect("reopen"));
+        delta_e2e::reopen_refused(&dead, &q).await;
         (run, q, refused_at)
     };
 

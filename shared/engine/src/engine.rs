@@ -490,20 +490,6 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         self.store
     }
 
-    /// Journals that `answer`, accepted elsewhere, was refused here, and makes it durable before
-    /// its question is opened again: a process that dies between the two leaves the refusal
-    /// journaled and its answer in place, so the job's next delivery refuses it again and
-    /// reopens it (the journal then says so twice), rather than a pending question with no
-    /// word of why.
-    pub(crate) async fn journal_refusal(
-        &mut self,
-        answer: &InteractionResponse,
-        why: &ResponseError,
-    ) -> Result<(), Error> {
-        self.note_refusal(answer, why);
-        self.commit(None).await
-    }
-
     /// Journals (with the next commit) that `answer`, accepted elsewhere, was refused here.
     pub fn note_refusal(&mut self, answer: &InteractionResponse, why: &ResponseError) {
         self.push(Event::SystemMessage(SystemMessage {

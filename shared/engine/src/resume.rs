@@ -148,8 +148,8 @@ impl Answers {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Resumed {
     /// The run went on until `outcome`. `reopened`: the engine refused the stored answer (the
-    /// agent changed since the gateway checked it), journaled why and opened its question again;
-    /// the outcome is then that question, asked again.
+    /// agent changed since the gateway checked it), journaled why and opened its question again
+    /// (one write); the outcome is then that question, asked again.
     Advanced { outcome: Outcome, reopened: bool },
     /// An earlier delivery applied this answer already. Whether this job may go on
     /// ([`Engine::advance`] with no answer) is the host's call: only it knows who owns the job.
@@ -185,7 +185,7 @@ impl<'a, S: AnswerStore, B: Brain> Engine<'a, S, B> {
 
     /// Applies the answer the engine was resumed with (if any) and advances. An answer the engine
     /// refuses is not a dead end: the refusal is journaled, its question opened again in the
-    /// store, and the run waits for a better answer.
+    /// store and the run paused on it again, in one write, to wait for a better answer.
     pub async fn advance_resumed(&mut self) -> Result<Resumed, Error> {
         let answer = self.take_resume_answer();
         match (self.advance(answer.clone()).await, answer) {
@@ -193,12 +193,13 @@ impl<'a, S: AnswerStore, B: Brain> Engine<'a, S, B> {
                 Ok(Resumed::AlreadyApplied)
             }
             (Err(Error::Answer(why)), Some(a)) => {
-                // Journaled first: see `journal_refusal`.
-                self.journal_refusal(&a, &why).await?;
-                let run_id = self.record().run_id;
-                if let Err(e) = self.store().reopen(run_id, a.request_id).await {
-                    tracing::warn!(error = %e, "could not reopen a refused answer's question");
+                // The refusal journaled, the question opened again and the run paused on it
+                // again: one write (the next), so that no crash leaves a part of it.
+                let (store, run_id) = (self.store(), self.record().run_id);
+                if let Some(q) = self.pending().filter(|q| q.request_id == a.request_id) {
+                    store.reopen(run_id, q);
                 }
+                self.note_refusal(&a, &why);
                 let outcome = self.advance(None).await?;
                 Ok(Resumed::Advanced {
                     outcome,

@@ -401,11 +401,9 @@ pub trait AnswerStore: RunStore {
         request_id: RequestId,
     ) -> impl Future<Output = Result<Option<Settled>, Error>> + Send;
 
-    /// Opens an answered question again, because the engine refused its answer; `false` when it
-    /// was not in the answered state.
-    fn reopen(
-        &self,
-        run_id: RunId,
-        request_id: RequestId,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    /// Opens question `request` of `run_id` again, because the engine refused its answer, with
+    /// this handle's next write to the run: that write (which journals the refusal and pauses
+    /// the run on the question again) and the reopen are one atomic step, so no crash leaves one
+    /// without the other. The write changes nothing of the question unless it is answered then.
+    fn reopen(&self, run_id: RunId, request: &InteractionRequest);
 }

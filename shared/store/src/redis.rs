@@ -171,6 +171,12 @@ script_args!(
         // The ids of the run's questions this writer read settled, space-separated: a write
         // that moves the run off one of them does not check that it is still pending.
         settled,
+        // A question of the run to open again, if answered ([`AnswerStore::reopen`]; '' for
+        // none): µs when it was asked and of its deadline (''), and '1' if it escalates.
+        reopen,
+        reopen_asked_us,
+        reopen_expires_us,
+        reopen_escalates,
     }
 );
 
@@ -228,6 +234,34 @@ if packed ~= '' then seq = seq + tonumber(packed)
 elseif #ARGV >= first_extra then seq = seq + #ARGV - first_extra + 1 end
 put('seq', seq)
 put('updated_at', now)
+-- A question whose answer the engine refused, opened again by the write that journals why (and
+-- pauses the run on it again), before the status below: a write that moves the run off it
+-- closes it as any pending question.
+if reopen ~= '' then
+  local rkey = KEYS[1] .. ':ix:' .. reopen
+  if redis.call('HGET', rkey, 'state') == 'ANSWERED' then
+    local refused = redis.call('HGET', rkey, 'answered_at')
+    local f = {'state', 'PENDING'}
+    if refused then f[#f + 1] = 'reopened_at'; f[#f + 1] = refused end
+    if fence_seq ~= '' then f[#f + 1] = 'job'; f[#f + 1] = fence_seq end
+    redis.call('HSET', rkey, unpack(f))
+    redis.call('HDEL', rkey, 'response', 'answered_at', 'resume_seq', 'approvals', 'rejections',
+      'unannounced')
+    -- A question decided by votes is voted on afresh: the decision was refused.
+    for _, k in ipairs(redis.call('HKEYS', rkey)) do
+      local kind = string.match(k, '^(%a+):')
+      if kind == 'vote' or kind == 'votefp' or kind == 'auth' then redis.call('HDEL', rkey, k) end
+    end
+    redis.call('ZADD', prefix .. ':interactions:pending', reopen_asked_us, reopen)
+    if reopen_expires_us ~= '' then
+      redis.call('ZADD', prefix .. ':interactions:deadlines', reopen_expires_us, reopen)
+    end
+    if reopen_escalates == '1' then
+      redis.call('ZADD', prefix .. ':interactions:escalations', 0, reopen)
+    end
+    redis.call('ZREM', prefix .. ':resumes', cur[5] .. '/' .. reopen)
+  end
+end
 if status ~= '' then
   local p = prefix
   local run = cur[5]
@@ -384,6 +418,17 @@ impl JournalMode {
             ))),
         }
     }
+}
+
+/// A question a run's next write opens again ([`AnswerStore::reopen`]), with what its indexes
+/// need of it.
+#[derive(Clone, Debug, PartialEq)]
+struct Reopen {
+    run_id: RunId,
+    request_id: RequestId,
+    asked_us: i64,
+    expires_us: Option<i64>,
+    escalates: bool,
 }
 
 /// What a fenced handle last saw of the run it writes (see [`RedisRunStore::fenced`]).
@@ -634,33 +679,6 @@ fn resolve_indexes(q: &InteractionRequest) -> &'static str {
     }
 }
 
-/// Opens an answered interaction again (its answer was refused by the engine): `PENDING`,
-/// answer (and any votes) removed, back in the pending and deadline indexes (and the escalation index, for the
-/// reconciler to find its next step). It keeps when the refused answer was accepted
-/// (`reopened_at`: the reopen's announcement is named by it) and which job reopened it (`job`:
-/// that job announces it again). KEYS: the interaction. ARGV: bucket tag, request id, request
-/// time (µs), deadline (µs or ''), resume member, `1` when it has an escalation, the reopening
-/// job's stream sequence ('' for none).
-const REOPEN: &str = r#"
-if redis.call('HGET', KEYS[1], 'state') ~= 'ANSWERED' then return 0 end
-local refused = redis.call('HGET', KEYS[1], 'answered_at')
-redis.call('HSET', KEYS[1], 'state', 'PENDING')
-if refused then redis.call('HSET', KEYS[1], 'reopened_at', refused) end
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'job', ARGV[7]) end
-redis.call('HDEL', KEYS[1], 'response', 'answered_at', 'resume_seq', 'approvals', 'rejections',
-  'unannounced')
--- A question decided by votes is voted on afresh: the decision was refused.
-for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
-  local kind = string.match(f, '^(%a+):')
-  if kind == 'vote' or kind == 'votefp' or kind == 'auth' then redis.call('HDEL', KEYS[1], f) end
-end
-redis.call('ZADD', ARGV[1] .. ':interactions:pending', ARGV[3], ARGV[2])
-if ARGV[4] ~= '' then redis.call('ZADD', ARGV[1] .. ':interactions:deadlines', ARGV[4], ARGV[2]) end
-if ARGV[6] == '1' then redis.call('ZADD', ARGV[1] .. ':interactions:escalations', 0, ARGV[2]) end
-redis.call('ZREM', ARGV[1] .. ':resumes', ARGV[5])
-return 1
-"#;
-
 /// Marks a run as synced (`synced_at`), so that a `WAIT` behind it in the same pipeline answers
 /// for every write its master holds ([`RunStore::sync`] with replica durability). KEYS: run.
 /// ARGV: now. Errors: `NOTFOUND` (not on this master: lost at a failover, or never there).
@@ -707,6 +725,9 @@ pub struct RedisRunStore {
     /// cancelled) and has not reopened since: a settled question never becomes pending again but
     /// by a reopen, so the write that moves the run off one need not check it.
     settled: Arc<std::sync::Mutex<Vec<(RunId, RequestId)>>>,
+    /// The question each run's next write through this handle opens again
+    /// ([`AnswerStore::reopen`]).
+    reopening: Arc<std::sync::Mutex<Vec<Reopen>>>,
     /// How a write's events go in the journal: each an entry of its own, as builds before
     /// 2026-11-24 read them, until `<p>:journal-format` says every reader takes a write as one
     /// entry ([`JOURNAL_FORMAT`]) or a packed one ([`JOURNAL_FORMAT_PACKED`]).
@@ -963,6 +984,7 @@ impl RedisRunStore {
             seen: Arc::default(),
             prefetched: Arc::default(),
             settled: Arc::default(),
+            reopening: Arc::default(),
             journal: JournalMode::Single,
             durability: Durability::FsyncAlways,
             finished_indexed: false,
@@ -1178,6 +1200,7 @@ impl RedisRunStore {
         s.seen = Arc::default();
         s.prefetched = Arc::default();
         s.settled = Arc::default();
+        s.reopening = Arc::default();
         s
     }
 
@@ -1603,40 +1626,6 @@ impl RedisRunStore {
         Ok(response)
     }
 
-    /// Opens an answered question again: its answer could not be applied. `false` when it was
-    /// not answered (nothing changed).
-    pub async fn reopen(&self, run_id: RunId, request_id: RequestId) -> Result<bool, Error> {
-        self.settled
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|s| *s != (run_id, request_id));
-        let Some(ix) = self.interaction(run_id, request_id).await? else {
-            return Ok(false);
-        };
-        let q = &ix.request;
-        let script = Script::new(REOPEN);
-        let mut inv = script.key(self.interaction_key(run_id, &request_id.to_string()));
-        inv.arg(self.run_tag(run_id))
-            .arg(request_id.to_string())
-            .arg(q.timestamp.micros())
-            .arg(
-                q.expires_at
-                    .map(|t| t.micros().to_string())
-                    .unwrap_or_default(),
-            )
-            .arg(format!("{run_id}/{request_id}"))
-            .arg(if q.escalation.is_empty() { "" } else { "1" })
-            .arg(
-                self.fence
-                    .map(|f| f.stream_seq.to_string())
-                    .unwrap_or_default(),
-            );
-        let (n, replicated) = self.invoke_replicated::<i64>(run_id, &inv).await;
-        let n = n.map_err(backend)?;
-        replicated?;
-        Ok(n == 1)
-    }
-
     /// The fencing token of the delivery that last wrote to a run (zero before any).
     pub async fn owner_fence(&self, run_id: RunId) -> Result<Fence, Error> {
         let mut conn = self.connection();
@@ -2000,8 +1989,24 @@ impl AnswerStore for RedisRunStore {
         }))
     }
 
-    async fn reopen(&self, run_id: RunId, request_id: RequestId) -> Result<bool, Error> {
-        RedisRunStore::reopen(self, run_id, request_id).await
+    fn reopen(&self, run_id: RunId, q: &InteractionRequest) {
+        self.settled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|s| *s != (run_id, q.request_id));
+        let reopen = Reopen {
+            run_id,
+            request_id: q.request_id,
+            asked_us: q.timestamp.micros(),
+            expires_us: q.expires_at.map(|t| t.micros()),
+            escalates: !q.escalation.is_empty(),
+        };
+        let mut reopening = self
+            .reopening
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        reopening.retain(|r| r.run_id != run_id);
+        reopening.push(reopen);
     }
 }
 
@@ -2267,6 +2272,19 @@ impl RunStore for RedisRunStore {
                 _ => {}
             }
         }
+        let reopen = self
+            .reopening
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|r| r.run_id == run_id)
+            .cloned();
+        if let Some(r) = &reopen {
+            args.reopen = r.request_id.to_string();
+            args.reopen_asked_us = r.asked_us.to_string();
+            args.reopen_expires_us = r.expires_us.map(|us| us.to_string()).unwrap_or_default();
+            args.reopen_escalates = if r.escalates { "1" } else { "" }.to_owned();
+        }
         let ix_key = self.interaction_key(
             run_id,
             if args.pending.is_empty() {
@@ -2329,6 +2347,13 @@ impl RunStore for RedisRunStore {
         let (last, replicated) = self.invoke_replicated::<u64>(run_id, &inv).await;
         let last = last.map_err(|e| script_error(e, run_id))?;
         self.saw(run_id, last, None);
+        if let Some(r) = reopen {
+            // Done with this write, whether the question was still answered or not.
+            self.reopening
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|o| *o != r);
+        }
         replicated?;
         let first = last + 1 - events.len() as u64;
         Ok(numbered(events, first, now))
