@@ -607,7 +607,7 @@ impl Gateway {
         self.metrics
             .time_to_answer
             .observe(waited.max(0) as f64 / 1e6);
-        failpoint("answer:before-publish");
+        delta_host::failpoint("answer:before-publish");
         let resolved = Resolved {
             request_id,
             run_id,
@@ -1372,13 +1372,4 @@ fn vote_text(q: &delta_protocol::InteractionRequest, r: &InteractionResponse) ->
                 t.to_owned()
             }
         })
-}
-
-/// A test hook: `DELTA_FAILPOINT=<name>` makes the process exit hard at that point (as a crash
-/// would), so tests can prove a reconciler mends what was left half done.
-pub fn failpoint(name: &str) {
-    if std::env::var("DELTA_FAILPOINT").is_ok_and(|f| f == name) {
-        eprintln!("failpoint {name}: exiting");
-        std::process::exit(86);
-    }
 }

@@ -443,6 +443,87 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     assert_eq!(jobs, 0, "the exhausted job left the work queue");
 }
 
+/// A question's own resume job whose worker dies on every delivery before the job's first write
+/// (at the worker's `resume:before-write` failpoint, as a crash loading or replaying the run
+/// would) is dead-lettered and its run failed, as any job whose worker dies on every delivery.
+/// Before, the exhausted job's handler let it go as it does the job that asked the question
+/// (which leaves the run to its resume job), and the gateway's reconciler resumed the run again,
+/// to die again, for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start("xh", 1000, 2000, 2).await;
+    write_agent(
+        &fleet.worker_spec.agents_dir,
+        "asker",
+        "name: asker\nbrain: scripted\ntools: []\n",
+        "steps:\n  - ask_human:\n      prompt: \"Name?\"\n  - finish: \"done\"\n",
+    );
+    let id = fleet.submit_to("asker", 1).await[0];
+    let w = fleet.worker("w0");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let paused = loop {
+        let run = fleet.load(id).await;
+        if run.record.status == RunStatus::WaitingForInput {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "the run pauses");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    stop(w);
+    // Answered (as a gateway settles it), and its resume job published.
+    let q = answer_pending(&fleet, &paused).await;
+    fleet
+        .worker_spec
+        .extra
+        .push(("DELTA_FAILPOINT", "resume:before-write".into()));
+    fleet
+        .queue
+        .publish_job("asker", &Job::resume(id, Some(q.request_id)), None)
+        .await
+        .expect("the resume job");
+    // Keep one worker alive, replacing each one the job kills.
+    let mut deaths = 0;
+    let mut w = fleet.worker("w1");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let run = loop {
+        if w.try_wait().expect("wait").is_some() {
+            deaths += 1;
+            w = fleet.worker(&format!("w{}", deaths + 1));
+        }
+        let run = fleet.load(id).await;
+        if run.record.status == RunStatus::Failed {
+            break run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the resume job was never dead-lettered ({deaths} workers died; the run is {:?})",
+            run.record.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    stop(w);
+    assert_eq!(deaths, 2, "the job was delivered max_deliver = 2 times");
+    let error = run.record.error.unwrap_or_default();
+    assert!(error.contains("delivered 2 times (max_deliver)"), "{error}");
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    assert_eq!(messages_in(&js, "XH_DLQ").await, 1, "the job dead-lettered");
+    assert_eq!(
+        messages_in(&js, "XH_JOBS").await,
+        0,
+        "and gone from the work queue"
+    );
+    // No resume owed any more: the gateway's reconciler leaves the run alone.
+    let mut raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
+    let owed: Option<f64> = redis::cmd("ZSCORE")
+        .arg(fleet.store.run_index(id, "resumes"))
+        .arg(format!("{id}/{}", q.request_id))
+        .query_async(&mut raw)
+        .await
+        .expect("zscore");
+    assert_eq!(owed, None, "no resume owed");
+}
+
 /// A worker that stops while it holds such a job, its question settled meanwhile, lets the job
 /// go instead of giving it back (as it does after holding it two minutes): given back, its next
 /// delivery would resume the run from the stored answer, and the answer would never be

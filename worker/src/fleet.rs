@@ -683,7 +683,8 @@ async fn reap_exhausted(shared: Arc<Shared>, shutdown: CancellationToken) {
 /// Ends an exhausted job by what its run says: a paused run only lost its announcement (asked
 /// again, or, for a question settled meanwhile, marked `unannounced` for the gateway that resumes
 /// the run to announce before its answer), a finished one needs nothing, any other is failed and
-/// the job dead-lettered.
+/// the job dead-lettered: also a paused run whose exhausted job is the resume of its settled
+/// question (its workers died before its first write).
 async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
     let status = match &x.job {
         Some(job) => match shared.store.load(job.run_id).await {
@@ -709,6 +710,17 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
                         return;
                     }
                 };
+                // The question's own resume job, its workers dead on every delivery before
+                // its first write: a poison job like any other. Dropped (as a job that asked
+                // the question is, below), its run would be resumed again by the gateway's
+                // reconciler, and die again, for ever.
+                if ix
+                    .as_ref()
+                    .is_some_and(|ix| ix.state != delta_protocol::InteractionState::Pending)
+                    && x.job.as_ref().and_then(|j| j.request_id) == Some(q.request_id)
+                {
+                    return dead_letter_exhausted(shared, x).await;
+                }
                 let announced = match ix {
                     // Settled meanwhile: announced now, the question could follow its answer in
                     // the events stream. Marked instead, the gateway's reconciler, which
@@ -746,34 +758,33 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
             }
             shared.queue.drop_exhausted(x).await
         }
-        _ => {
-            let reason = format!(
-                "the job was delivered {} times (max_deliver) and never finished: its worker crashed or hung each time",
-                x.deliveries
-            );
-            tracing::warn!(
-                seq = x.fence.stream_seq,
-                reason,
-                "dead-lettering exhausted job"
-            );
-            match shared.queue.dead_letter_exhausted(x, &reason).await {
-                Ok(()) => {
-                    if let Some(job) = &x.job {
-                        fail_run(shared, job.run_id, x.fence, &reason).await;
-                        if let Err(e) =
-                            announce_end_of(shared, job.run_id, x.traceparent.as_deref()).await
-                        {
-                            tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced");
-                        }
-                    }
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            }
-        }
+        _ => return dead_letter_exhausted(shared, x).await,
     };
     if let Err(e) = settled {
         tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
+    }
+}
+
+/// Dead-letters an exhausted job and fails its run.
+async fn dead_letter_exhausted(shared: &Shared, x: &Exhausted) {
+    let reason = format!(
+        "the job was delivered {} times (max_deliver) and never finished: its worker crashed or hung each time",
+        x.deliveries
+    );
+    tracing::warn!(
+        seq = x.fence.stream_seq,
+        reason,
+        "dead-lettering exhausted job"
+    );
+    if let Err(e) = shared.queue.dead_letter_exhausted(x, &reason).await {
+        tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
+        return;
+    }
+    if let Some(job) = &x.job {
+        fail_run(shared, job.run_id, x.fence, &reason).await;
+        if let Err(e) = announce_end_of(shared, job.run_id, x.traceparent.as_deref()).await {
+            tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced");
+        }
     }
 }
 
@@ -1087,6 +1098,7 @@ async fn handle(shared: &Shared, d: Delivery) {
         }
         return;
     }
+    delta_host::failpoint("resume:before-write");
     if let (Some((rid, at)), RunStatus::WaitingForInput) = (applying, status_at_load) {
         shared.queue.announce_resumed(rid, at);
     }

@@ -314,6 +314,16 @@ where
     code
 }
 
+/// A test hook: `DELTA_FAILPOINT=<name>` makes the process exit hard at that point (as a crash
+/// would), so tests can prove that what was left half done is mended (the gateway's
+/// `answer:before-publish`, the worker's `resume:before-write`).
+pub fn failpoint(name: &str) {
+    if std::env::var("DELTA_FAILPOINT").is_ok_and(|f| f == name) {
+        eprintln!("failpoint {name}: exiting");
+        std::process::exit(86);
+    }
+}
+
 /// The multi-threaded runtime; on failure, says so and exits 1.
 pub fn runtime() -> tokio::runtime::Runtime {
     match tokio::runtime::Builder::new_multi_thread()
