@@ -1175,9 +1175,24 @@ impl Gateway {
     ) -> Result<RunStatus, ApiError> {
         let record = self.store.record(run_id).await?;
         if record.status.is_terminal() {
-            // Its end announced once more (idempotent): a cancel retried after the gateway that
-            // took it died between ending the run and announcing it.
+            // Its announcements made once more (idempotent: the same event ids): a cancel
+            // retried after the gateway that took it died between ending the run and announcing
+            // it. The question it closed first, as then (the cancel's write no longer names it:
+            // found in the journal).
             if record.status == RunStatus::Cancelled {
+                match self.store.load(run_id).await {
+                    Ok(run) => {
+                        let closed = delta_protocol::journal::Replay::new(&run.journal)
+                            .pending()
+                            .map(|q| q.request_id);
+                        if let Some(ix) = self.closed_by_cancel(run_id, closed).await {
+                            self.announce_cancelled(&record.agent, &ix, by).await;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %delta_host::Chain(&e), run = %run_id, "the cancelled run's question not announced again");
+                    }
+                }
                 self.announce_ended(&record).await;
             }
             return Err(ApiError::new(
@@ -1206,44 +1221,16 @@ impl Gateway {
             error: Some(why),
         };
         self.store.append(run_id, events, Some(change)).await?;
+        delta_host::failpoint("cancel:before-announce");
         // A worker running one of its steps stops it (best effort: its writes are refused anyway).
         self.queue.announce_cancelled(run_id).await;
-        // Announced only if the cancel is what closed the question (not one answered already).
-        let closed = match record.pending_request_id {
-            Some(rid) => self
-                .store
-                .interaction(run_id, rid)
-                .await
-                .ok()
-                .flatten()
-                .filter(|ix| ix.state == InteractionState::Cancelled),
-            None => None,
-        };
-        if let Some(ix) = closed {
-            let rid = ix.request.request_id;
+        if let Some(ix) = self
+            .closed_by_cancel(run_id, record.pending_request_id)
+            .await
+        {
             crate::trace::InteractionSpan::start(&ix, crate::trace::Settled::Cancelled { by })
                 .end();
-            let resolved = Resolved {
-                request_id: rid,
-                run_id,
-                option_id: None,
-                action: None,
-                responder: Responder {
-                    id: by.to_owned(),
-                    via: Via::Http,
-                    on_behalf_of: None,
-                    relayed_by: None,
-                },
-                resolved_at: ix.answered_at.unwrap_or_else(Timestamp::now),
-                state: InteractionState::Cancelled,
-            };
-            if let Err(e) = self
-                .queue
-                .publish_resolved(&record.agent, &resolved, None)
-                .await
-            {
-                tracing::warn!(error = %delta_host::Chain(&e), "`resolved` of a cancelled run's question not announced");
-            }
+            self.announce_cancelled(&record.agent, &ix, by).await;
         }
         match self.store.record(run_id).await {
             Ok(record) => self.announce_ended(&record).await,
@@ -1252,6 +1239,42 @@ impl Gateway {
             }
         }
         Ok(RunStatus::Cancelled)
+    }
+
+    /// Question `rid` of `run_id`, if a cancel closed it (not one answered already).
+    async fn closed_by_cancel(
+        &self,
+        run_id: RunId,
+        rid: Option<RequestId>,
+    ) -> Option<StoredInteraction> {
+        self.store
+            .interaction(run_id, rid?)
+            .await
+            .ok()
+            .flatten()
+            .filter(|ix| ix.state == InteractionState::Cancelled)
+    }
+
+    /// Announces that a cancel (by `by`) closed question `ix` of a run of `agent`; best effort.
+    /// Its event's id is that of its closing, the same however often it is announced.
+    async fn announce_cancelled(&self, agent: &str, ix: &StoredInteraction, by: &str) {
+        let resolved = Resolved {
+            request_id: ix.request.request_id,
+            run_id: ix.request.run_id,
+            option_id: None,
+            action: None,
+            responder: Responder {
+                id: by.to_owned(),
+                via: Via::Http,
+                on_behalf_of: None,
+                relayed_by: None,
+            },
+            resolved_at: ix.answered_at.unwrap_or_else(Timestamp::now),
+            state: InteractionState::Cancelled,
+        };
+        if let Err(e) = self.queue.publish_resolved(agent, &resolved, None).await {
+            tracing::warn!(error = %delta_host::Chain(&e), "`resolved` of a cancelled run's question not announced");
+        }
     }
 
     /// Announces that `record`'s run ended (`run.cancelled`…), if it did; best effort.

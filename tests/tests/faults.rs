@@ -443,6 +443,60 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     assert_eq!(jobs, 0, "the exhausted job left the work queue");
 }
 
+/// A worker that dies while it dead-letters an exhausted job (at its `exhausted:before-drop`
+/// failpoint: after the copy to the DLQ and the run failed, before the job is removed and the
+/// advisory acknowledged) leaves the run failed with its letter written, and the job and its
+/// advisory for another worker, whose copy is dropped as a duplicate (tests/tests/queue.rs).
+/// The job was removed before the run was failed: a death in between left a `RUNNING` run with
+/// no job, which the gateway's lost-job reconciler ran again, to die again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_job_is_removed_only_once_its_run_is_failed() {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start("xi", 1000, 2000, 2).await;
+    write_agent(
+        &fleet.worker_spec.agents_dir,
+        "crasher",
+        "name: crasher\nbrain: scripted\ntools:\n  - name: boom\n    shell: 'kill -9 $PPID'\n    idempotent: true\n",
+        "steps:\n  - tool: boom\n  - finish: never\n",
+    );
+    fleet
+        .worker_spec
+        .extra
+        .push(("DELTA_FAILPOINT", "exhausted:before-drop".into()));
+    let id = fleet.submit_to("crasher", 1).await[0];
+    // Two workers killed by the job, a third by the failpoint as it dead-letters it.
+    let mut deaths = 0;
+    let mut w = fleet.worker("w0");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while deaths < 3 {
+        if w.try_wait().expect("wait").is_some() {
+            deaths += 1;
+            w = fleet.worker(&format!("w{deaths}"));
+        }
+        assert!(Instant::now() < deadline, "{deaths} workers died");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop(w);
+    let run = fleet.load(id).await;
+    assert_eq!(
+        run.record.status,
+        RunStatus::Failed,
+        "failed before the drop"
+    );
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    assert_eq!(messages_in(&js, "XI_DLQ").await, 1, "its letter written");
+    assert_eq!(
+        messages_in(&js, "XI_JOBS").await,
+        1,
+        "the job left for the next worker to remove"
+    );
+    assert_eq!(
+        messages_in(&js, "XI_EXHAUSTED").await,
+        1,
+        "and its advisory, not acknowledged"
+    );
+}
+
 /// A question's own resume job whose worker dies on every delivery before the job's first write
 /// (at the worker's `resume:before-write` failpoint, as a crash loading or replaying the run
 /// would) is dead-lettered and its run failed, as any job whose worker dies on every delivery.

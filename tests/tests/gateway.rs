@@ -279,6 +279,81 @@ async fn a_gateway_killed_between_answered_and_publish_is_mended_by_a_reconciler
     );
 }
 
+/// A gateway killed between a cancel's write and its announcements: the cancel retried (on
+/// another gateway: `409 already_resolved`) announces then what the first did not, the closing
+/// of the question the run waited on (`interaction.cancelled`) and the run's end, under the ids
+/// they would have had. Before, the retry announced only the run's end: bots and channels kept
+/// the question open, its buttons answered `already_resolved`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_retried_after_its_gateway_died_announces_the_closed_question() {
+    let mut fleet = Fleet::start("gwk", 0, 1).await;
+    let doomed = fleet.add_gateway(Some("cancel:before-announce")).await;
+    let (status, body) = doomed
+        .post("/v1/runs", &json!({"agent": "hello", "task": "cancel me"}))
+        .await
+        .expect("submit");
+    assert_eq!(status, 202, "{body}");
+    let run: RunId = body["run_id"].as_str().expect("id").parse().expect("uuid");
+    let rid = pending(&doomed, run).await;
+    let reply = doomed
+        .post(&format!("/v1/runs/{run}/cancel"), &json!({}))
+        .await;
+    assert!(
+        reply.is_err(),
+        "the connection drops with the gateway: {reply:?}"
+    );
+    assert_eq!(
+        fleet.gateways[0].wait_exit(Duration::from_secs(10)),
+        Some(86)
+    );
+    let ix = stored_question(&fleet, run, rid.parse().expect("rid")).await;
+    assert_eq!(ix.state, delta_protocol::InteractionState::Cancelled);
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let mut events = js.get_stream("GWK_INTERACTIONS").await.expect("stream");
+    // The events stream's subjects and event types, in order.
+    let stored = async |events: &mut async_nats::jetstream::stream::Stream| {
+        let state = events.info().await.expect("info").state.clone();
+        let mut out = vec![];
+        for seq in state.first_sequence..=state.last_sequence {
+            if let Ok(m) = events.get_raw_message(seq).await {
+                let v: Value = serde_json::from_slice(&m.payload).expect("an event");
+                out.push(v["type"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+        out
+    };
+    let before = stored(&mut events).await;
+    assert!(
+        !before.iter().any(|t| t.contains("cancelled")),
+        "nothing of the cancel announced: {before:?}"
+    );
+    let healthy = fleet.add_gateway(None).await;
+    let (status, body) = healthy
+        .post(&format!("/v1/runs/{run}/cancel"), &json!({}))
+        .await
+        .expect("cancel again");
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "already_resolved", "{body}");
+    let after = stored(&mut events).await;
+    let new: Vec<&str> = after[before.len()..].iter().map(String::as_str).collect();
+    assert_eq!(
+        new,
+        ["dev.delta.interaction.cancelled", "dev.delta.run.cancelled"],
+        "{after:?}"
+    );
+    // A third try adds nothing: the same ids.
+    let (status, _) = healthy
+        .post(&format!("/v1/runs/{run}/cancel"), &json!({}))
+        .await
+        .expect("cancel again");
+    assert_eq!(status, 409);
+    assert_eq!(
+        stored(&mut events).await.len(),
+        after.len(),
+        "no duplicates"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sse_reconnect_with_last_event_id_yields_every_event_once() {
     let fleet = Fleet::start("gwf", 1, 1).await;

@@ -765,7 +765,9 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
     }
 }
 
-/// Dead-letters an exhausted job and fails its run.
+/// Dead-letters an exhausted job and fails its run: the copy, the run failed and its end
+/// announced, and only then the job removed and its advisory acknowledged, so that a worker that
+/// dies on the way leaves the advisory to another (which finds the run failed, or fails it).
 async fn dead_letter_exhausted(shared: &Shared, x: &Exhausted) {
     let reason = format!(
         "the job was delivered {} times (max_deliver) and never finished: its worker crashed or hung each time",
@@ -776,7 +778,7 @@ async fn dead_letter_exhausted(shared: &Shared, x: &Exhausted) {
         reason,
         "dead-lettering exhausted job"
     );
-    if let Err(e) = shared.queue.dead_letter_exhausted(x, &reason).await {
+    if let Err(e) = shared.queue.copy_exhausted_to_dlq(x, &reason).await {
         tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
         return;
     }
@@ -785,6 +787,10 @@ async fn dead_letter_exhausted(shared: &Shared, x: &Exhausted) {
         if let Err(e) = announce_end_of(shared, job.run_id, x.traceparent.as_deref()).await {
             tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced");
         }
+    }
+    delta_host::failpoint("exhausted:before-drop");
+    if let Err(e) = shared.queue.drop_exhausted(x).await {
+        tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
     }
 }
 

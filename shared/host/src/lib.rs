@@ -316,7 +316,8 @@ where
 
 /// A test hook: `DELTA_FAILPOINT=<name>` makes the process exit hard at that point (as a crash
 /// would), so tests can prove that what was left half done is mended (the gateway's
-/// `answer:before-publish`, the worker's `resume:before-write`).
+/// `answer:before-publish` and `cancel:before-announce`, the worker's `resume:before-write` and
+/// `exhausted:before-drop`).
 pub fn failpoint(name: &str) {
     if std::env::var("DELTA_FAILPOINT").is_ok_and(|f| f == name) {
         eprintln!("failpoint {name}: exiting");

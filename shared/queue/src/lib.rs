@@ -437,7 +437,8 @@ const RESUMED_EVERY: Duration = Duration::from_millis(100);
 const RESUMED_AT_MOST: usize = 256;
 
 /// A job that used up its deliveries without being acknowledged or terminated (its workers
-/// crashed or hung every time). Dead-letter it with [`Queue::dead_letter_exhausted`].
+/// crashed or hung every time). Dead-letter it with [`Queue::copy_exhausted_to_dlq`] and
+/// [`Queue::drop_exhausted`].
 pub struct Exhausted {
     advisory: jetstream::Message,
     /// The job's sequence with one delivery more than it had: outranks every delivery of it.
@@ -1498,7 +1499,8 @@ impl Queue {
     }
 
     /// Publishes a job's payload on `…dlq.<agent>` with `Delta-Dlq-Reason`, `Delta-Stream-Seq` and
-    /// its `traceparent`. A resume job's copy leaves out the paused run it carried (its record and
+    /// its `traceparent`, idempotently (`Nats-Msg-Id` `dlq:<stream sequence>`: a worker that died
+    /// after the copy, before it was done with the job, leaves one letter, not two). A resume job's copy leaves out the paused run it carried (its record and
     /// question, the answer with them): the dead-letter stream keeps a letter for 30 days, and
     /// answers stay out of it (docs/security.md); a retry reads the run from Redis.
     async fn copy_to_dlq(
@@ -1522,6 +1524,7 @@ impl Queue {
             reason.replace(['\r', '\n'], " ").as_str(),
         );
         headers.insert("Delta-Stream-Seq", seq.to_string().as_str());
+        headers.insert("Nats-Msg-Id", format!("dlq:{seq}").as_str());
         if let Some(tp) = traceparent.filter(|tp| is_traceparent(tp)) {
             headers.insert("traceparent", tp);
         }
@@ -1644,15 +1647,17 @@ impl Queue {
         Ok(out)
     }
 
-    /// Copies an exhausted job to the dead-letter stream, removes it from the job stream and
-    /// acknowledges its advisory. A job already gone (handled meanwhile) is only acknowledged.
-    pub async fn dead_letter_exhausted(&self, x: &Exhausted, reason: &str) -> Result<(), Error> {
+    /// Copies an exhausted job to the dead-letter stream (nothing for a job already gone,
+    /// handled meanwhile). [`Queue::drop_exhausted`] then removes it, once its run is failed: a
+    /// worker that dies in between leaves the advisory to another, whose copy is dropped as a
+    /// duplicate within two minutes.
+    pub async fn copy_exhausted_to_dlq(&self, x: &Exhausted, reason: &str) -> Result<(), Error> {
         if let Some(payload) = &x.payload {
             let tp = x.traceparent.as_deref();
             self.copy_to_dlq(&x.agent, x.fence.stream_seq, tp, reason, payload.clone())
                 .await?;
         }
-        self.drop_exhausted(x).await
+        Ok(())
     }
 
     /// Removes an exhausted job that needs no dead-lettering (its run went on) and acknowledges
