@@ -74,6 +74,19 @@ impl Gateway {
             ));
         };
         let run_id = job.run_id;
+        // Its job still in the work queue: a worker is dead-lettering it now (an exhausted job
+        // is removed last, once its run is failed, and should that worker die, another takes
+        // it up). Retried meanwhile, the run could be failed again by that worker.
+        if let Some(job_seq) = letter.job_seq
+            && self.queue.job_exists(job_seq).await?
+        {
+            return Err(ApiError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "dead letter {seq}'s job is still being dead-lettered by a worker; try again in a minute"
+                ),
+            ));
+        }
         let note = format!(
             "retried from the dead-letter queue by {by} (it was dead-lettered: {})",
             letter.reason

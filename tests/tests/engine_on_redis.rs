@@ -776,7 +776,9 @@ async fn a_refused_answer_is_journaled_and_its_question_reopened_in_one_write() 
             })
             .count()
     };
-    for refused_write in [false, true] {
+    // `stopping`: the worker is stopping as it resumes (its cancellation token fired), which
+    // must not write the run `INTERRUPTED` and close the question it opens again.
+    for (refused_write, stopping) in [(false, false), (true, false), (false, true)] {
         let (id, q, settings) = to_first_pause(&store, &agent, &brain, "t", dir.path()).await;
         // Accepted where only the protocol's rules are checked: the engine refuses an option
         // the question does not offer.
@@ -800,6 +802,10 @@ async fn a_refused_answer_is_journaled_and_its_question_reopened_in_one_write() 
                 .await
                 .expect("the other delivery's write");
         }
+        let stop = CancellationToken::new();
+        if stopping {
+            stop.cancel();
+        }
         let trips = job.round_trips();
         let out = Engine::resumed(
             &agent,
@@ -808,7 +814,7 @@ async fn a_refused_answer_is_journaled_and_its_question_reopened_in_one_write() 
             run,
             answers,
             settings.clone(),
-            CancellationToken::new(),
+            stop.clone(),
         )
         .advance_resumed()
         .await;

@@ -431,24 +431,18 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
         .unwrap_or_default();
     assert!(reason.contains("max_deliver"), "{reason}");
     assert_eq!(dlq.info().await.expect("info").state.messages, 1);
-    let jobs = js
-        .get_stream("XD_JOBS")
-        .await
-        .expect("jobs")
-        .info()
-        .await
-        .expect("info")
-        .state
-        .messages;
-    assert_eq!(jobs, 0, "the exhausted job left the work queue");
+    // Removed last, once the run is failed and its end announced.
+    wait_until_gone(&fleet, &js, &["XD_JOBS"]).await;
 }
 
 /// A worker that dies while it dead-letters an exhausted job (at its `exhausted:before-drop`
 /// failpoint: after the copy to the DLQ and the run failed, before the job is removed and the
 /// advisory acknowledged) leaves the run failed with its letter written, and the job and its
-/// advisory for another worker, whose copy is dropped as a duplicate (tests/tests/queue.rs).
+/// advisory for another worker (whose copy would be dropped as a duplicate: tests/tests/queue.rs).
 /// The job was removed before the run was failed: a death in between left a `RUNNING` run with
-/// no job, which the gateway's lost-job reconciler ran again, to die again.
+/// no job, which the gateway's lost-job reconciler ran again, to die again. And while the job
+/// is still there, the letter is not retried: the worker that takes the advisory up would fail
+/// the retried run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_job_is_removed_only_once_its_run_is_failed() {
     let _serial = SERIAL.lock().await;
@@ -495,6 +489,23 @@ async fn an_exhausted_job_is_removed_only_once_its_run_is_failed() {
         1,
         "and its advisory, not acknowledged"
     );
+    let client = fleet.add_gateway(None).await;
+    let (_, page) = client.get("/v1/dlq").await.expect("dlq");
+    let seq = page["dead_letters"][0]["seq"].as_u64().expect("a letter");
+    let (status, body) = client
+        .post(&format!("/v1/dlq/{seq}/retry"), &serde_json::json!({}))
+        .await
+        .expect("retry");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("still being dead-lettered")),
+        "{body}"
+    );
+    assert_eq!(fleet.load(id).await.record.status, RunStatus::Failed);
+    assert_eq!(messages_in(&js, "XI_DLQ").await, 1, "the letter kept");
 }
 
 /// A question's own resume job whose worker dies on every delivery before the job's first write
@@ -506,7 +517,59 @@ async fn an_exhausted_job_is_removed_only_once_its_run_is_failed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::start("xh", 1000, 2000, 2).await;
+    let (fleet, id, q) = exhaust_a_resume_job("xh", false).await;
+    let run = fleet.load(id).await;
+    assert_eq!(run.record.status, RunStatus::Failed);
+    let error = run.record.error.unwrap_or_default();
+    assert!(error.contains("delivered 2 times (max_deliver)"), "{error}");
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    assert_eq!(messages_in(&js, "XH_DLQ").await, 1, "the job dead-lettered");
+    // No resume owed any more: the gateway's reconciler leaves the run alone.
+    let mut raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
+    let owed: Option<f64> = redis::cmd("ZSCORE")
+        .arg(fleet.store.run_index(id, "resumes"))
+        .arg(format!("{id}/{}", q.request_id))
+        .query_async(&mut raw)
+        .await
+        .expect("zscore");
+    assert_eq!(owed, None, "no resume owed");
+}
+
+/// But a resume job that did write (it refused the answer and reopened the question), whose
+/// question was answered again before its deliveries ran out, is let go as before: the new
+/// answer has a resume job of its own, and the run is not failed for it. The question is marked
+/// `unannounced` for the gateway that resumes the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_job_that_reopened_its_question_is_let_go_when_it_runs_out() {
+    let _serial = SERIAL.lock().await;
+    let (fleet, id, q) = exhaust_a_resume_job("xj", true).await;
+    let run = fleet.load(id).await;
+    assert_eq!(run.record.status, RunStatus::WaitingForInput);
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    assert_eq!(messages_in(&js, "XJ_DLQ").await, 0, "nothing dead-lettered");
+    let ix = fleet
+        .store
+        .interaction(id, q.request_id)
+        .await
+        .expect("read")
+        .expect("the question");
+    assert_eq!(ix.state, delta_protocol::InteractionState::Answered);
+    assert!(
+        ix.unannounced,
+        "marked for the gateway that resumes the run"
+    );
+}
+
+/// A paused run's question answered (as a gateway settles it) and its resume job published,
+/// then run by workers that die at `resume:before-write` until its two deliveries are used up
+/// and a live worker settled the exhausted job (the job and its advisory gone). `reopened`:
+/// before the answer, a delivery of that job refused an earlier answer and reopened the
+/// question (as the engine does, in one write).
+async fn exhaust_a_resume_job(
+    prefix: &str,
+    reopened: bool,
+) -> (Fleet, RunId, delta_protocol::InteractionRequest) {
+    let mut fleet = Fleet::start(prefix, 1000, 2000, 2).await;
     write_agent(
         &fleet.worker_spec.agents_dir,
         "asker",
@@ -525,57 +588,51 @@ async fn a_resume_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     stop(w);
-    // Answered (as a gateway settles it), and its resume job published.
     let q = answer_pending(&fleet, &paused).await;
-    fleet
-        .worker_spec
-        .extra
-        .push(("DELTA_FAILPOINT", "resume:before-write".into()));
-    fleet
+    let job = fleet
         .queue
         .publish_job("asker", &Job::resume(id, Some(q.request_id)), None)
         .await
         .expect("the resume job");
+    if reopened {
+        let by_it = fleet.store.fenced(delta_protocol::Fence::new(job, 1));
+        delta_e2e::reopen_refused(&by_it, &q).await;
+        let again = delta_e2e::typed_answer(q.request_id, "Grace");
+        assert!(fleet.store.answer(&q, &again).await.expect("answer"));
+    }
+    fleet
+        .worker_spec
+        .extra
+        .push(("DELTA_FAILPOINT", "resume:before-write".into()));
     // Keep one worker alive, replacing each one the job kills.
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    let names = [
+        format!("{}_JOBS", prefix.to_uppercase()),
+        format!("{}_EXHAUSTED", prefix.to_uppercase()),
+    ];
     let mut deaths = 0;
     let mut w = fleet.worker("w1");
     let deadline = Instant::now() + Duration::from_secs(40);
-    let run = loop {
+    loop {
         if w.try_wait().expect("wait").is_some() {
             deaths += 1;
             w = fleet.worker(&format!("w{}", deaths + 1));
         }
-        let run = fleet.load(id).await;
-        if run.record.status == RunStatus::Failed {
-            break run;
+        let mut left = 0;
+        for name in &names {
+            left += messages_in(&js, name).await;
+        }
+        if deaths == 2 && left == 0 {
+            break;
         }
         assert!(
             Instant::now() < deadline,
-            "the resume job was never dead-lettered ({deaths} workers died; the run is {:?})",
-            run.record.status
+            "the exhausted resume job never settled ({deaths} workers died, {left} messages left)"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    }
     stop(w);
-    assert_eq!(deaths, 2, "the job was delivered max_deliver = 2 times");
-    let error = run.record.error.unwrap_or_default();
-    assert!(error.contains("delivered 2 times (max_deliver)"), "{error}");
-    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
-    assert_eq!(messages_in(&js, "XH_DLQ").await, 1, "the job dead-lettered");
-    assert_eq!(
-        messages_in(&js, "XH_JOBS").await,
-        0,
-        "and gone from the work queue"
-    );
-    // No resume owed any more: the gateway's reconciler leaves the run alone.
-    let mut raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
-    let owed: Option<f64> = redis::cmd("ZSCORE")
-        .arg(fleet.store.run_index(id, "resumes"))
-        .arg(format!("{id}/{}", q.request_id))
-        .query_async(&mut raw)
-        .await
-        .expect("zscore");
-    assert_eq!(owed, None, "no resume owed");
+    (fleet, id, q)
 }
 
 /// A worker that stops while it holds such a job, its question settled meanwhile, lets the job

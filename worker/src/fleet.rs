@@ -587,7 +587,14 @@ async fn sweep(shared: &Arc<Shared>) -> Result<usize, String> {
 }
 
 /// Fails a run with `reason` (fenced by the job's token, so a newer owner is not overridden).
-async fn fail_run(shared: &Shared, run_id: RunId, fence: Fence, reason: &str) {
+/// `Err` only when Redis could not take the write (a run that ended or went on meanwhile needs
+/// no failing).
+async fn fail_run(
+    shared: &Shared,
+    run_id: RunId,
+    fence: Fence,
+    reason: &str,
+) -> Result<(), store::Error> {
     let store = shared.store.fenced(fence);
     let events = vec![
         Event::SystemMessage(SystemMessage {
@@ -605,8 +612,13 @@ async fn fail_run(shared: &Shared, run_id: RunId, fence: Fence, reason: &str) {
         result: None,
         error: Some(reason.to_owned()),
     };
-    if let Err(e) = store.append(run_id, events, Some(change)).await {
-        tracing::debug!(error = %delta_host::Chain(&e), "could not mark the run failed");
+    match store.append(run_id, events, Some(change)).await {
+        Ok(_) => Ok(()),
+        Err(e @ store::Error::Backend(_)) => Err(e),
+        Err(e) => {
+            tracing::debug!(error = %delta_host::Chain(&e), "could not mark the run failed");
+            Ok(())
+        }
     }
 }
 
@@ -647,7 +659,9 @@ async fn poison(shared: &Shared, d: &Delivery, reason: &str) {
         return;
     }
     if let Ok(job) = &d.job {
-        fail_run(shared, job.run_id, d.fence, reason).await;
+        if let Err(e) = fail_run(shared, job.run_id, d.fence, reason).await {
+            tracing::warn!(error = %delta_host::Chain(&e), run = %job.run_id, "a dead-lettered run not marked failed");
+        }
         // Best effort: the job is gone after this, so nothing redelivers it to try again.
         if let Err(e) = announce_end_of(shared, job.run_id, d.traceparent.as_deref()).await {
             tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced");
@@ -714,10 +728,12 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
                 // its first write: a poison job like any other. Dropped (as a job that asked
                 // the question is, below), its run would be resumed again by the gateway's
                 // reconciler, and die again, for ever.
-                if ix
-                    .as_ref()
-                    .is_some_and(|ix| ix.state != delta_protocol::InteractionState::Pending)
-                    && x.job.as_ref().and_then(|j| j.request_id) == Some(q.request_id)
+                // (Its workers wrote nothing if it did not reopen the question: a job that did
+                // wrote, and the answer given since has its own resume job.)
+                if ix.as_ref().is_some_and(|ix| {
+                    ix.state != delta_protocol::InteractionState::Pending
+                        && ix.asked_by_job != Some(x.fence.stream_seq)
+                }) && x.job.as_ref().and_then(|j| j.request_id) == Some(q.request_id)
                 {
                     return dead_letter_exhausted(shared, x).await;
                 }
@@ -783,7 +799,11 @@ async fn dead_letter_exhausted(shared: &Shared, x: &Exhausted) {
         return;
     }
     if let Some(job) = &x.job {
-        fail_run(shared, job.run_id, x.fence, &reason).await;
+        // Redis down: the advisory is left for another try (its copy is dropped as a duplicate).
+        if let Err(e) = fail_run(shared, job.run_id, x.fence, &reason).await {
+            tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
+            return;
+        }
         if let Err(e) = announce_end_of(shared, job.run_id, x.traceparent.as_deref()).await {
             tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced");
         }

@@ -929,7 +929,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         })
     }
 
-    async fn pause(&mut self, mut q: InteractionRequest) -> Result<Option<Outcome>, Error> {
+    pub(crate) async fn pause(
+        &mut self,
+        mut q: InteractionRequest,
+    ) -> Result<Option<Outcome>, Error> {
         if q.request_hash.is_none() {
             q.seal_hash();
         }

@@ -193,14 +193,29 @@ impl<'a, S: AnswerStore, B: Brain> Engine<'a, S, B> {
                 Ok(Resumed::AlreadyApplied)
             }
             (Err(Error::Answer(why)), Some(a)) => {
-                // The refusal journaled, the question opened again and the run paused on it
-                // again: one write (the next), so that no crash leaves a part of it.
-                let (store, run_id) = (self.store(), self.record().run_id);
-                if let Some(q) = self.pending().filter(|q| q.request_id == a.request_id) {
-                    store.reopen(run_id, q);
-                }
                 self.note_refusal(&a, &why);
-                let outcome = self.advance(None).await?;
+                let asked = self
+                    .pending()
+                    .filter(|q| q.request_id == a.request_id)
+                    .cloned();
+                let Some(q) = asked else {
+                    // Not the question the run waits on: nothing to open again.
+                    let outcome = self.advance(None).await?;
+                    return Ok(Resumed::Advanced {
+                        outcome,
+                        reopened: false,
+                    });
+                };
+                // The refusal journaled, the question opened again and the run paused on it
+                // again: one write, so that no crash leaves a part of it. Paused here, not by
+                // `advance`, which would write a stopping worker's run `INTERRUPTED` (closing
+                // the question it opens) or, past its deadline, apply its default (the deadline
+                // reconciler closes it as soon, from the store).
+                self.store().reopen(self.record().run_id, &q);
+                let outcome = match self.pause(q.clone()).await? {
+                    Some(outcome) => outcome,
+                    None => Outcome::Paused(Box::new(q)),
+                };
                 Ok(Resumed::Advanced {
                     outcome,
                     reopened: true,

@@ -757,6 +757,8 @@ impl Queue {
                 discard: stream::DiscardPolicy::Old,
                 max_messages: settings.dlq_max_messages,
                 max_age: settings.dlq_max_age,
+                // An exhausted job's letter is copied once (`copy_exhausted_to_dlq`).
+                duplicate_window: Duration::from_secs(120),
                 ..Default::default()
             },
             role,
@@ -1494,13 +1496,14 @@ impl Queue {
             d.traceparent.as_deref(),
             reason,
             payload,
+            None,
         )
         .await
     }
 
     /// Publishes a job's payload on `…dlq.<agent>` with `Delta-Dlq-Reason`, `Delta-Stream-Seq` and
-    /// its `traceparent`, idempotently (`Nats-Msg-Id` `dlq:<stream sequence>`: a worker that died
-    /// after the copy, before it was done with the job, leaves one letter, not two). A resume job's copy leaves out the paused run it carried (its record and
+    /// its `traceparent`, and `Nats-Msg-Id` `msg_id` if given (a second copy under it within two
+    /// minutes is dropped). A resume job's copy leaves out the paused run it carried (its record and
     /// question, the answer with them): the dead-letter stream keeps a letter for 30 days, and
     /// answers stay out of it (docs/security.md); a retry reads the run from Redis.
     async fn copy_to_dlq(
@@ -1510,6 +1513,7 @@ impl Queue {
         traceparent: Option<&str>,
         reason: &str,
         payload: Vec<u8>,
+        msg_id: Option<&str>,
     ) -> Result<(), Error> {
         let payload = match Job::decode(&payload) {
             Ok(mut job) if job.paused.is_some() => {
@@ -1524,7 +1528,9 @@ impl Queue {
             reason.replace(['\r', '\n'], " ").as_str(),
         );
         headers.insert("Delta-Stream-Seq", seq.to_string().as_str());
-        headers.insert("Nats-Msg-Id", format!("dlq:{seq}").as_str());
+        if let Some(id) = msg_id {
+            headers.insert("Nats-Msg-Id", id);
+        }
         if let Some(tp) = traceparent.filter(|tp| is_traceparent(tp)) {
             headers.insert("traceparent", tp);
         }
@@ -1648,14 +1654,25 @@ impl Queue {
     }
 
     /// Copies an exhausted job to the dead-letter stream (nothing for a job already gone,
-    /// handled meanwhile). [`Queue::drop_exhausted`] then removes it, once its run is failed: a
-    /// worker that dies in between leaves the advisory to another, whose copy is dropped as a
-    /// duplicate within two minutes.
+    /// handled meanwhile), as `Nats-Msg-Id` `dlq:exhausted:<stream sequence>`.
+    /// [`Queue::drop_exhausted`] then removes it, once its run is failed: a worker that dies in
+    /// between leaves the advisory to another, whose copy is dropped as a duplicate within the
+    /// dead-letter stream's two minutes.
     pub async fn copy_exhausted_to_dlq(&self, x: &Exhausted, reason: &str) -> Result<(), Error> {
         if let Some(payload) = &x.payload {
             let tp = x.traceparent.as_deref();
-            self.copy_to_dlq(&x.agent, x.fence.stream_seq, tp, reason, payload.clone())
-                .await?;
+            // One letter per exhausted job, whichever worker copies it: the reason is the same
+            // for each (not for a poison delivery's copy of the same job, which keeps its own).
+            let id = format!("dlq:exhausted:{}", x.fence.stream_seq);
+            self.copy_to_dlq(
+                &x.agent,
+                x.fence.stream_seq,
+                tp,
+                reason,
+                payload.clone(),
+                Some(&id),
+            )
+            .await?;
         }
         Ok(())
     }
