@@ -869,9 +869,18 @@ async fn paused_with_events_stream_gone(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
-    js.delete_stream(format!("{}_INTERACTIONS", prefix.to_uppercase()))
-        .await
-        .expect("delete");
+    let events = format!("{}_INTERACTIONS", prefix.to_uppercase());
+    // And its end announced (after its COMPLETED write): deleted before that, the stream would
+    // refuse it, and the announcement would come again later, into the stream made again, where
+    // the tests count what is announced.
+    while messages_in(&js, &events).await < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the first run's end is announced"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    js.delete_stream(&events).await.expect("delete");
     let ids = fleet.submit_to("hello", 1).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

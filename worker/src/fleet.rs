@@ -725,11 +725,10 @@ async fn settle_exhausted(shared: &Shared, x: &Exhausted) {
                     }
                 };
                 // The question's own resume job, its workers dead on every delivery before
-                // its first write: a poison job like any other. Dropped (as a job that asked
-                // the question is, below), its run would be resumed again by the gateway's
-                // reconciler, and die again, for ever.
-                // (Its workers wrote nothing if it did not reopen the question: a job that did
-                // wrote, and the answer given since has its own resume job.)
+                // its first write (had it written, it would have reopened the question, and
+                // the answer given since would have a resume job of its own): a poison job like
+                // any other. Dropped (as a job that asked the question is, below), its run
+                // would be resumed again by the gateway's reconciler, and die again, for ever.
                 if ix.as_ref().is_some_and(|ix| {
                     ix.state != delta_protocol::InteractionState::Pending
                         && ix.asked_by_job != Some(x.fence.stream_seq)

@@ -319,7 +319,10 @@ where
 /// `answer:before-publish` and `cancel:before-announce`, the worker's `resume:before-write` and
 /// `exhausted:before-drop`).
 pub fn failpoint(name: &str) {
-    if std::env::var("DELTA_FAILPOINT").is_ok_and(|f| f == name) {
+    // Read once: some are on hot paths (each resume, each answer).
+    static SET: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let set = SET.get_or_init(|| std::env::var("DELTA_FAILPOINT").ok());
+    if set.as_deref() == Some(name) {
         eprintln!("failpoint {name}: exiting");
         std::process::exit(86);
     }
