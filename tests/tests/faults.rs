@@ -394,26 +394,11 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     );
     let ids = fleet.submit_to("crasher", 1).await;
 
-    // Keep one worker alive, replacing each one the job kills.
-    let mut deaths = 0;
-    let mut w = fleet.worker("w0");
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let run = loop {
-        if w.try_wait().expect("wait").is_some() {
-            deaths += 1;
-            w = fleet.worker(&format!("w{deaths}"));
-        }
-        let run = fleet.load(ids[0]).await;
-        if run.record.status == RunStatus::Failed {
-            break run;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the crashing job was never dead-lettered ({deaths} workers died)"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    stop(w);
+    let deaths = keep_a_worker_until(&fleet, 0, "the crashing job dead-lettered", async |_| {
+        fleet.load(ids[0]).await.record.status == RunStatus::Failed
+    })
+    .await;
+    let run = fleet.load(ids[0]).await;
     assert_eq!(deaths, 2, "the job was delivered max_deliver = 2 times");
     let error = run.record.error.unwrap_or_default();
     assert!(error.contains("delivered 2 times (max_deliver)"), "{error}");
@@ -459,18 +444,7 @@ async fn an_exhausted_job_is_removed_only_once_its_run_is_failed() {
         .push(("DELTA_FAILPOINT", "exhausted:before-drop".into()));
     let id = fleet.submit_to("crasher", 1).await[0];
     // Two workers killed by the job, a third by the failpoint as it dead-letters it.
-    let mut deaths = 0;
-    let mut w = fleet.worker("w0");
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while deaths < 3 {
-        if w.try_wait().expect("wait").is_some() {
-            deaths += 1;
-            w = fleet.worker(&format!("w{deaths}"));
-        }
-        assert!(Instant::now() < deadline, "{deaths} workers died");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    stop(w);
+    keep_a_worker_until(&fleet, 0, "three workers dead", async |deaths| deaths >= 3).await;
     let run = fleet.load(id).await;
     assert_eq!(
         run.record.status,
@@ -604,34 +578,19 @@ async fn exhaust_a_resume_job(
         .worker_spec
         .extra
         .push(("DELTA_FAILPOINT", "resume:before-write".into()));
-    // Keep one worker alive, replacing each one the job kills.
     let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
     let names = [
         format!("{}_JOBS", prefix.to_uppercase()),
         format!("{}_EXHAUSTED", prefix.to_uppercase()),
     ];
-    let mut deaths = 0;
-    let mut w = fleet.worker("w1");
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        if w.try_wait().expect("wait").is_some() {
-            deaths += 1;
-            w = fleet.worker(&format!("w{}", deaths + 1));
-        }
+    let settled = async |deaths| {
         let mut left = 0;
         for name in &names {
             left += messages_in(&js, name).await;
         }
-        if deaths == 2 && left == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the exhausted resume job never settled ({deaths} workers died, {left} messages left)"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    stop(w);
+        deaths == 2 && left == 0
+    };
+    keep_a_worker_until(&fleet, 1, "the exhausted resume job settled", settled).await;
     (fleet, id, q)
 }
 
@@ -760,6 +719,33 @@ async fn a_resume_job_that_asked_the_next_question_leaves_it_settled_to_its_own_
     kill_the_worker_and_start_another(&mut fleet, "xg").await;
     wait_until_gone(&fleet, &js, &["XG_JOBS"]).await;
     assert_left_to_its_resume(&fleet, &js, "XG", &paused, second.request_id).await;
+}
+
+/// Keeps one worker of `fleet` alive (`w<first>`, then a new one for each that dies: a job that
+/// kills its worker) until `done` says so, given how many died; stops the last one and returns
+/// that count. Fails after 40 s, saying it waited for `what`.
+async fn keep_a_worker_until(
+    fleet: &Fleet,
+    first: usize,
+    what: &str,
+    mut done: impl AsyncFnMut(usize) -> bool,
+) -> usize {
+    let mut deaths = 0;
+    let mut w = fleet.worker(&format!("w{first}"));
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !done(deaths).await {
+        assert!(
+            Instant::now() < deadline,
+            "not {what} after 40 s ({deaths} workers died)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if w.try_wait().expect("wait").is_some() {
+            deaths += 1;
+            w = fleet.worker(&format!("w{}", first + deaths));
+        }
+    }
+    stop(w);
+    deaths
 }
 
 /// Answers the question `run` waits on (as a gateway settles it, without announcing it); the
