@@ -22,6 +22,17 @@ fn write_agent(dir: &Path, name: &str, config: &str, script: &str) {
     std::fs::write(a.join("script.yaml"), script).expect("write");
 }
 
+/// Agent `crasher`, whose one tool kills the worker running it: every delivery of its job ends
+/// in a crash.
+fn write_crasher(dir: &Path) {
+    write_agent(
+        dir,
+        "crasher",
+        "name: crasher\nbrain: scripted\ntools:\n  - name: boom\n    shell: 'kill -9 $PPID'\n    idempotent: true\n",
+        "steps:\n  - tool: boom\n  - finish: never\n",
+    );
+}
+
 /// An agent `steps` running `count` steps of the `step` tool, each appending its label to
 /// `effects` in its run's work dir (so side effects can be counted), then sleeping `secs`.
 fn agent(dir: &Path, count: usize, secs: &str, idempotent: bool) {
@@ -386,12 +397,7 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     let _serial = SERIAL.lock().await;
     let fleet = Fleet::start("xd", 1000, 2000, 2).await;
     // The tool kills the worker running it: every delivery of this job ends in a crash.
-    write_agent(
-        &fleet.worker_spec.agents_dir,
-        "crasher",
-        "name: crasher\nbrain: scripted\ntools:\n  - name: boom\n    shell: 'kill -9 $PPID'\n    idempotent: true\n",
-        "steps:\n  - tool: boom\n  - finish: never\n",
-    );
+    write_crasher(&fleet.worker_spec.agents_dir);
     let ids = fleet.submit_to("crasher", 1).await;
 
     let deaths = keep_a_worker_until(&fleet, 0, "the crashing job dead-lettered", async |_| {
@@ -432,12 +438,7 @@ async fn a_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
 async fn an_exhausted_job_is_removed_only_once_its_run_is_failed() {
     let _serial = SERIAL.lock().await;
     let mut fleet = Fleet::start("xi", 1000, 2000, 2).await;
-    write_agent(
-        &fleet.worker_spec.agents_dir,
-        "crasher",
-        "name: crasher\nbrain: scripted\ntools:\n  - name: boom\n    shell: 'kill -9 $PPID'\n    idempotent: true\n",
-        "steps:\n  - tool: boom\n  - finish: never\n",
-    );
+    write_crasher(&fleet.worker_spec.agents_dir);
     fleet
         .worker_spec
         .extra

@@ -253,14 +253,7 @@ async fn a_gateway_killed_between_answered_and_publish_is_mended_by_a_reconciler
             &json!({"input": "Grace"}),
         )
         .await;
-    assert!(
-        reply.is_err(),
-        "the connection drops with the gateway: {reply:?}"
-    );
-    assert_eq!(
-        fleet.gateways[0].wait_exit(Duration::from_secs(10)),
-        Some(86)
-    );
+    died_at_its_failpoint(&mut fleet, &reply);
     let ix = stored_question(&fleet, run, rid.parse().expect("rid")).await;
     assert_eq!(ix.state, delta_protocol::InteractionState::Answered);
     assert_eq!(ix.resume_seq, None, "no resume was published");
@@ -298,14 +291,7 @@ async fn a_cancel_retried_after_its_gateway_died_announces_the_closed_question()
     let reply = doomed
         .post(&format!("/v1/runs/{run}/cancel"), &json!({}))
         .await;
-    assert!(
-        reply.is_err(),
-        "the connection drops with the gateway: {reply:?}"
-    );
-    assert_eq!(
-        fleet.gateways[0].wait_exit(Duration::from_secs(10)),
-        Some(86)
-    );
+    died_at_its_failpoint(&mut fleet, &reply);
     let ix = stored_question(&fleet, run, rid.parse().expect("rid")).await;
     assert_eq!(ix.state, delta_protocol::InteractionState::Cancelled);
     let js = async_nats::jetstream::new(fleet.nats_admin().await);
@@ -2159,6 +2145,22 @@ fn reopen_first(
         "the reopen's, before the answer"
     );
     assert!(ids[2].starts_with(&format!("resolved:{rid}:")), "{ids:?}");
+}
+
+/// The fleet's first gateway exited at its failpoint (code 86), dropping the connection of the
+/// request that got it there (`reply`).
+fn died_at_its_failpoint<T: std::fmt::Debug, E: std::fmt::Debug>(
+    fleet: &mut Fleet,
+    reply: &Result<T, E>,
+) {
+    assert!(
+        reply.is_err(),
+        "the connection drops with the gateway: {reply:?}"
+    );
+    assert_eq!(
+        fleet.gateways[0].wait_exit(Duration::from_secs(10)),
+        Some(86)
+    );
 }
 
 /// The value of the gateway's metric `name` (a counter or a gauge without labels), 0 if absent.
