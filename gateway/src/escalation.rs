@@ -34,19 +34,51 @@ fn widened(ix: &StoredInteraction, more: &[String]) -> Vec<String> {
     all
 }
 
+/// The event of step `n` (0-based) of `ix`'s escalation, carried out at `at`.
+fn step_event(ix: &StoredInteraction, n: usize, at: Timestamp) -> Option<Escalated> {
+    let q = &ix.request;
+    let step = q.escalation.get(n)?;
+    Some(Escalated {
+        request_id: q.request_id,
+        run_id: q.run_id,
+        agent: q.agent.clone(),
+        step: u32::try_from(n + 1).unwrap_or(u32::MAX),
+        of: u32::try_from(q.escalation.len()).unwrap_or(u32::MAX),
+        what: step.clone(),
+        due_at: after(q.timestamp, step.after),
+        at,
+    })
+}
+
 impl Gateway {
     /// Carries out the due steps of question `request_id`'s escalation (several, when the
-    /// gateways were down past more than one). Returns how many this call carried out.
+    /// gateways were down past more than one), each announced before the next is carried out:
+    /// a step whose announcement is not recorded (its gateway died, or NATS would not take it)
+    /// is announced first, under its own id. Returns how many steps this call carried out.
     pub async fn escalate(&self, run_id: RunId, request_id: RequestId) -> Result<usize, ApiError> {
         let mut done = 0;
-        // Each round carries out one step or stops; another gateway's step makes it look again.
-        for _ in 0..=delta_protocol::human::MAX_ESCALATION_STEPS * 2 {
+        // Each round carries out or announces one step, or stops; another gateway's step makes
+        // it look again.
+        for _ in 0..=delta_protocol::human::MAX_ESCALATION_STEPS * 3 {
             let Some(ix) = self.store.interaction(run_id, request_id).await? else {
                 self.store.drop_escalation(run_id, request_id).await?;
                 return Ok(done);
             };
             let q = &ix.request;
             let n = ix.escalated as usize;
+            let next_due = |i: usize| q.escalation.get(i).map(|s| after(q.timestamp, s.after));
+            if ix.state == InteractionState::Pending
+                && let Some(at) = ix.unannounced_step
+                && let Some(event) = n.checked_sub(1).and_then(|last| step_event(&ix, last, at))
+            {
+                if !self.announce_escalated(&event).await {
+                    return Ok(done);
+                }
+                self.store
+                    .escalation_announced(run_id, request_id, ix.escalated, next_due(n))
+                    .await?;
+                continue;
+            }
             let step = match (ix.state, q.escalation.get(n)) {
                 (InteractionState::Pending, Some(step)) => step.clone(),
                 _ => {
@@ -64,16 +96,8 @@ impl Gateway {
             }
             let added =
                 (!step.add_responders.is_empty()).then(|| widened(&ix, &step.add_responders));
-            let next_due = q.escalation.get(n + 1).map(|s| after(q.timestamp, s.after));
-            let event = Escalated {
-                request_id,
-                run_id,
-                agent: q.agent.clone(),
-                step: u32::try_from(n + 1).unwrap_or(u32::MAX),
-                of: u32::try_from(q.escalation.len()).unwrap_or(u32::MAX),
-                what: step,
-                due_at: due,
-                at: now,
+            let Some(event) = step_event(&ix, n, now) else {
+                return Ok(done);
             };
             let outcome = self
                 .store
@@ -82,16 +106,24 @@ impl Gateway {
                     u32::try_from(n).unwrap_or(u32::MAX),
                     &event,
                     added.as_deref(),
-                    next_due,
                     self.config.resume_check,
                 )
                 .await?;
             match outcome {
                 Escalation::Done => {
                     done += 1;
-                    self.announce_escalated(&event).await;
+                    delta_host::failpoint("escalate:before-announce");
+                    // Not announced: the question is looked at again after `resume_check`.
+                    if !self.announce_escalated(&event).await {
+                        return Ok(done);
+                    }
+                    self.store
+                        .escalation_announced(run_id, request_id, event.step, next_due(n + 1))
+                        .await?;
                 }
                 Escalation::DefaultApplied => {
+                    // Best effort: its outcome is the question's `interaction.expired`, which
+                    // the resume announces (again after a crash).
                     self.announce_escalated(&event).await;
                     self.metrics.timeouts_applied.inc();
                     let default = q.default_option_id.as_deref().and_then(|d| q.option(d));
@@ -130,8 +162,8 @@ impl Gateway {
         Ok(done)
     }
 
-    /// Announces a step carried out (best effort: the journal has it).
-    async fn announce_escalated(&self, event: &Escalated) {
+    /// Announces a step carried out; `false` if NATS would not take it.
+    async fn announce_escalated(&self, event: &Escalated) -> bool {
         tracing::info!(
             request = %event.request_id,
             run = %event.run_id,
@@ -139,8 +171,12 @@ impl Gateway {
             of = event.of,
             "escalation step carried out"
         );
-        if let Err(e) = self.queue.publish_escalated(event).await {
-            tracing::warn!(error = %delta_host::Chain(&e), request = %event.request_id, "escalation step not announced");
+        match self.queue.publish_escalated(event).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %delta_host::Chain(&e), request = %event.request_id, "escalation step not announced; will retry");
+                false
+            }
         }
     }
 }

@@ -424,6 +424,7 @@ impl Gateway {
             claim: None,
             votes: vec![],
             escalated: 0,
+            unannounced_step: None,
             added_responders: vec![],
         })
     }

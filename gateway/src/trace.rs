@@ -354,6 +354,7 @@ mod tests {
             claim: None,
             votes: vec![],
             escalated: 0,
+            unannounced_step: None,
             added_responders: vec![],
         }
     }

@@ -296,17 +296,12 @@ async fn a_cancel_retried_after_its_gateway_died_announces_the_closed_question()
     assert_eq!(ix.state, delta_protocol::InteractionState::Cancelled);
     let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let mut events = js.get_stream("GWK_INTERACTIONS").await.expect("stream");
-    // The events stream's subjects and event types, in order.
     let stored = async |events: &mut async_nats::jetstream::stream::Stream| {
-        let state = events.info().await.expect("info").state.clone();
-        let mut out = vec![];
-        for seq in state.first_sequence..=state.last_sequence {
-            if let Ok(m) = events.get_raw_message(seq).await {
-                let v: Value = serde_json::from_slice(&m.payload).expect("an event");
-                out.push(v["type"].as_str().unwrap_or_default().to_owned());
-            }
-        }
-        out
+        stored_events(events)
+            .await
+            .into_iter()
+            .map(|v| v["type"].as_str().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
     };
     let before = stored(&mut events).await;
     assert!(
@@ -338,6 +333,71 @@ async fn a_cancel_retried_after_its_gateway_died_announces_the_closed_question()
         after.len(),
         "no duplicates"
     );
+}
+
+/// An escalation step carried out by a gateway that died before announcing it is announced by
+/// another gateway (under its own id, so once), before that gateway carries out the next step.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_escalation_step_whose_gateway_died_is_announced_by_another() {
+    let mut fleet = Fleet::start("gwe", 0, 1).await;
+    fleet.add_agent(
+        "escalating",
+        "name: escalating\nbrain: scripted\n",
+        "steps:\n  - ask_human:\n      prompt: \"Restart the database?\"\n      escalation:\n        - {after: 1s, remind: true}\n        - {after: 2s, remind: true}\n  - finish: \"${answer}\"\n",
+    );
+    let doomed = fleet.add_gateway(Some("escalate:before-announce")).await;
+    let (status, body) = doomed
+        .post("/v1/runs", &json!({"agent": "escalating", "task": "go"}))
+        .await
+        .expect("submit");
+    assert_eq!(status, 202, "{body}");
+    let run: RunId = body["run_id"].as_str().expect("id").parse().expect("uuid");
+    let rid: delta_protocol::RequestId = pending(&doomed, run).await.parse().expect("rid");
+    // Its reconciler carries out the first step a second later, and dies before announcing it.
+    assert_eq!(
+        fleet.gateways[0].wait_exit(Duration::from_secs(15)),
+        Some(86)
+    );
+    let ix = stored_question(&fleet, run, rid).await;
+    assert_eq!(ix.escalated, 1, "the step is carried out");
+    assert!(ix.unannounced_step.is_some(), "and not announced");
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let mut events = js.get_stream("GWE_INTERACTIONS").await.expect("stream");
+    let escalated = async |events: &mut async_nats::jetstream::stream::Stream| {
+        stored_events(events)
+            .await
+            .into_iter()
+            .filter(|v| v["type"] == "dev.delta.interaction.escalated")
+            .map(|v| (v["id"].clone(), v["data"]["step"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(escalated(&mut events).await, []);
+
+    fleet.add_gateway(None).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = escalated(&mut events).await;
+    while seen.len() < 2 {
+        assert!(Instant::now() < deadline, "both steps announced: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = escalated(&mut events).await;
+    }
+    assert_eq!(
+        seen,
+        [
+            (json!(format!("escalated:{rid}:1")), json!(1)),
+            (json!(format!("escalated:{rid}:2")), json!(2)),
+        ],
+        "the first step announced, then the second carried out and announced"
+    );
+    let ix = stored_question(&fleet, run, rid).await;
+    assert_eq!((ix.escalated, ix.unannounced_step), (2, None));
+    // Nothing more to look at: the question left the escalation index.
+    let indexed = fleet
+        .store
+        .due_escalations(i64::MAX, 100)
+        .await
+        .expect("index");
+    assert!(!indexed.contains(&(run, rid)), "{indexed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -2210,6 +2270,18 @@ async fn pause_as_a_worker(
     );
     delta_e2e::pause_on(&worker, run, &q).await;
     q
+}
+
+/// The events stream's messages (CloudEvents), in order.
+async fn stored_events(events: &mut async_nats::jetstream::stream::Stream) -> Vec<Value> {
+    let state = events.info().await.expect("info").state.clone();
+    let mut out = vec![];
+    for seq in state.first_sequence..=state.last_sequence {
+        if let Ok(m) = events.get_raw_message(seq).await {
+            out.push(serde_json::from_slice(&m.payload).expect("an event"));
+        }
+    }
+    out
 }
 
 /// Question `rid` of `run` as the store holds it.

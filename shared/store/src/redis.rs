@@ -837,6 +837,9 @@ pub struct StoredInteraction {
     pub votes: Vec<delta_protocol::Vote>,
     /// How many of its escalation steps were carried out.
     pub escalated: u32,
+    /// When its last step carried out was, if its announcement is not recorded (the gateway
+    /// that carried it out died first, or NATS would not take it): the next look announces it.
+    pub unannounced_step: Option<Timestamp>,
     /// Who its escalation let answer besides `allowed_responders` (`add_responders`).
     pub added_responders: Vec<String>,
 }
@@ -1697,6 +1700,17 @@ fn parse_interaction(
         .parse()
         .map_err(|e| bad("state", e))?;
     let (claim, votes) = human::claim_and_votes(h, Timestamp::now());
+    let escalated = h.get("escalated").and_then(|n| n.parse().ok()).unwrap_or(0);
+    // Steps carried out by builds before 2026-11-28 were announced (or lost) then.
+    let unannounced_step = h
+        .get("escalated_announced")
+        .and_then(|n| n.parse::<u32>().ok())
+        .filter(|&k| k < escalated)
+        .map(|_| {
+            h.get("escalated_at")
+                .and_then(|t| Timestamp::from_micros(t.parse().ok()?))
+                .unwrap_or(request.timestamp)
+        });
     let response = match h.get("response") {
         Some(r) => Some(serde_json::from_str(r).map_err(|e| bad("response", e.to_string()))?),
         None => None,
@@ -1713,7 +1727,8 @@ fn parse_interaction(
         traceparent: h.get("traceparent").cloned(),
         claim,
         votes,
-        escalated: h.get("escalated").and_then(|n| n.parse().ok()).unwrap_or(0),
+        escalated,
+        unannounced_step,
         added_responders: h
             .get("added_responders")
             .and_then(|l| serde_json::from_str(l).ok())

@@ -98,18 +98,21 @@ return {'OK', '', ''}
 "#;
 
 /// Carries out step `n` (0-based) of a question's escalation, once: journals it, counts it
-/// (`escalated`), widens who may answer (`added_responders`), schedules the next step or, with
-/// `apply_default`, settles the question `EXPIRED` and queues its resume. KEYS: the question,
-/// the run, its journal. ARGV: n, now, now (µs), the journal event (after its opening brace),
-/// the added responders' JSON after this step (`''`: unchanged), the next step's due time (µs,
-/// `''`: none), `1` to apply the default, bucket tag, request id, resume member, when to check
-/// the resume (µs). Returns `{outcome, x}`: `DONE`, `DEFAULT`, `STALE` (another gateway did this
-/// step: x is how many are done), `STATE` (not pending: x is the state).
+/// (`escalated`, with when in `escalated_at`), widens who may answer (`added_responders`) or,
+/// with `apply_default`, settles the question `EXPIRED` and queues its resume. A step not
+/// applying the default is not announced yet (`escalated_announced` is `n`): the question is
+/// looked at again at the check time, when the caller has not announced it and scheduled the
+/// next step by then ([`ESCALATION_ANNOUNCED`]). KEYS: the question, the run, its journal.
+/// ARGV: n, now, now (µs), the journal event (after its opening brace), the added responders'
+/// JSON after this step (`''`: unchanged), `1` to apply the default, bucket tag, request id,
+/// resume member, when to look again (µs). Returns `{outcome, x}`: `DONE`, `DEFAULT`, `STALE`
+/// (another gateway did this step: x is how many are done), `STATE` (not pending: x is the
+/// state).
 const ESCALATE: &str = r#"
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return redis.error_reply('NOTFOUND') end
 if st ~= 'PENDING' then
-  redis.call('ZREM', ARGV[8] .. ':interactions:escalations', ARGV[9])
+  redis.call('ZREM', ARGV[7] .. ':interactions:escalations', ARGV[8])
   return {'STATE', st}
 end
 local done = tonumber(redis.call('HGET', KEYS[1], 'escalated') or '0')
@@ -117,23 +120,40 @@ if done ~= tonumber(ARGV[1]) then return {'STALE', tostring(done)} end
 local seq = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0') + 1
 redis.call('XADD', KEYS[3], seq .. '-0', 'e', '{"seq":' .. seq .. ',"timestamp":"' .. ARGV[2] .. '",' .. ARGV[4])
 redis.call('HSET', KEYS[2], 'seq', seq, 'updated_at', ARGV[2])
-redis.call('HSET', KEYS[1], 'escalated', done + 1)
+redis.call('HSET', KEYS[1], 'escalated', done + 1, 'escalated_at', ARGV[3])
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'added_responders', ARGV[5]) end
-if ARGV[7] == '1' then
+if ARGV[6] == '1' then
   redis.call('HSET', KEYS[1], 'state', 'EXPIRED', 'answered_at', ARGV[2])
   redis.call('HDEL', KEYS[1], 'claim_by', 'claim_until')
-  redis.call('ZREM', ARGV[8] .. ':interactions:pending', ARGV[9])
-  redis.call('ZREM', ARGV[8] .. ':interactions:deadlines', ARGV[9])
-  redis.call('ZREM', ARGV[8] .. ':interactions:escalations', ARGV[9])
-  redis.call('ZADD', ARGV[8] .. ':resumes', ARGV[11], ARGV[10])
+  redis.call('ZREM', ARGV[7] .. ':interactions:pending', ARGV[8])
+  redis.call('ZREM', ARGV[7] .. ':interactions:deadlines', ARGV[8])
+  redis.call('ZREM', ARGV[7] .. ':interactions:escalations', ARGV[8])
+  redis.call('ZADD', ARGV[7] .. ':resumes', ARGV[10], ARGV[9])
   return {'DEFAULT', ''}
 end
-if ARGV[6] ~= '' then
-  redis.call('ZADD', ARGV[8] .. ':interactions:escalations', ARGV[6], ARGV[9])
-else
-  redis.call('ZREM', ARGV[8] .. ':interactions:escalations', ARGV[9])
-end
+redis.call('HSET', KEYS[1], 'escalated_announced', done)
+redis.call('ZADD', ARGV[7] .. ':interactions:escalations', ARGV[10], ARGV[8])
 return {'DONE', ''}
+"#;
+
+/// Records that a question's escalation steps up to its `k`-th are announced, and schedules the
+/// look at its next step (at its due time, `''`: none, the question leaves the index), if the
+/// question is still pending and its `k`-th step is still its last carried out (another
+/// gateway's later step is that gateway's to announce). KEYS: the question, the escalation
+/// index. ARGV: k, the next step's due time (µs) or `''`, request id. Returns 1 if recorded.
+const ESCALATION_ANNOUNCED: &str = r#"
+if redis.call('HGET', KEYS[1], 'state') ~= 'PENDING' then
+  redis.call('ZREM', KEYS[2], ARGV[3])
+  return 0
+end
+if redis.call('HGET', KEYS[1], 'escalated') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'escalated_announced', ARGV[1])
+if ARGV[2] ~= '' then
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+else
+  redis.call('ZREM', KEYS[2], ARGV[3])
+end
+return 1
 "#;
 
 /// Schedules a question's next escalation look, only while it is pending (a settle racing it
@@ -165,11 +185,14 @@ static VOTE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(VOTE));
 static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM));
 static ESCALATE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ESCALATE));
 static RESCHEDULE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RESCHEDULE));
+static ESCALATION_ANNOUNCED_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ESCALATION_ANNOUNCED));
 
 /// What [`RedisRunStore::escalate`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Escalation {
-    /// The step is journaled and counted; the next one (if any) is scheduled.
+    /// The step is journaled and counted; the caller announces it, then records that
+    /// ([`RedisRunStore::escalation_announced`]), which schedules the next step.
     Done,
     /// The step applied the default: the question is settled `EXPIRED`, its resume queued.
     DefaultApplied,
@@ -316,14 +339,15 @@ impl RedisRunStore {
 
     /// Carries out step `n` (0-based) of `request`'s escalation, described by `event`, once
     /// across every gateway: see [`ESCALATE`]. `added` is who may answer besides
-    /// `allowed_responders` after this step (`None`: unchanged); `next_due` when the next step is.
+    /// `allowed_responders` after this step (`None`: unchanged). Unless it applied the default,
+    /// the question is looked at again after `check_after` if the step's announcement is not
+    /// recorded by then ([`Self::escalation_announced`]).
     pub async fn escalate(
         &self,
         request: &InteractionRequest,
         n: u32,
         event: &delta_protocol::Escalated,
         added: Option<&[String]>,
-        next_due: Option<Timestamp>,
         check_after: Duration,
     ) -> Result<Escalation, Error> {
         let run_id = request.run_id;
@@ -344,7 +368,6 @@ impl RedisRunStore {
                     .map(|a| serde_json::to_string(a).unwrap_or_default())
                     .unwrap_or_default(),
             )
-            .arg(next_due.map(|t| t.micros().to_string()).unwrap_or_default())
             .arg(if event.what.apply_default { "1" } else { "" })
             .arg(self.run_tag(run_id))
             .arg(&rid)
@@ -361,6 +384,30 @@ impl RedisRunStore {
             "STATE" => Ok(Escalation::Settled(x.parse().map_err(Error::Corrupt)?)),
             other => Err(Error::Corrupt(format!("escalate: unexpected `{other}`"))),
         }
+    }
+
+    /// Records that question `request_id`'s escalation steps up to its `k`-th are announced, and
+    /// schedules the look at its next one for `next_due` (`None`: it has no more); see
+    /// [`ESCALATION_ANNOUNCED`]. `false`: not recorded (the question is settled, or a later step
+    /// was carried out since).
+    pub async fn escalation_announced(
+        &self,
+        run_id: RunId,
+        request_id: delta_protocol::RequestId,
+        k: u32,
+        next_due: Option<Timestamp>,
+    ) -> Result<bool, Error> {
+        let rid = request_id.to_string();
+        let mut inv = ESCALATION_ANNOUNCED_SCRIPT.key(self.interaction_key(run_id, &rid));
+        inv.key(self.run_index(run_id, "interactions:escalations"))
+            .arg(k)
+            .arg(next_due.map(|t| t.micros().to_string()).unwrap_or_default())
+            .arg(&rid);
+        let mut conn = self.connection();
+        inv.invoke_async::<i64>(&mut conn)
+            .await
+            .map(|n| n == 1)
+            .map_err(super::backend)
     }
 
     /// Schedules the look at a question's next escalation step for `due`, while it is pending.
