@@ -118,11 +118,8 @@ pub async fn create(
     // answer path reads them.
     let now_in_force = gw.store.delegations(now).await?;
     let from_count = now_in_force.iter().filter(|d| d.from == from).count();
-    let replaced: Vec<&Delegation> = now_in_force
-        .iter()
-        .filter(|d| d.from == from && d.to == b.to)
-        .collect();
-    if replaced.is_empty() && from_count >= MAX_PER_PERSON {
+    let replaces = now_in_force.iter().any(|d| d.from == from && d.to == b.to);
+    if !replaces && from_count >= MAX_PER_PERSON {
         return Err(ApiError::new(
             ErrorCode::InvalidArgs,
             format!("`{from}` has {MAX_PER_PERSON} delegations in force already: end one first"),
@@ -137,10 +134,8 @@ pub async fn create(
         created_at: now,
         reason: b.reason.filter(|r| !r.trim().is_empty()),
     };
+    // Replaces the pair's delegation in the same step.
     gw.store.put_delegation(&d).await?;
-    for old in replaced {
-        gw.store.delete_delegation(&old.id).await?;
-    }
     tracing::info!(id = %d.id, from = %d.from, to = %d.to, until = %d.until, "delegation made");
     Ok((StatusCode::CREATED, Json(d)).into_response())
 }

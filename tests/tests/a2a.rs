@@ -8,7 +8,8 @@
 //! receiver, each JWT verified by PyJWT against the served JWKS (`kid`, `aud`, the body's hash),
 //! and the config's consumer is gone once the run ended. With tokens: each method's roles; push
 //! configs are their creator's (and an operator's); answers tied to a question that changed or
-//! moved on are `stale`; a retried message does not answer the next question.
+//! moved on are `stale`; a retried message does not answer the next question, nor does one
+//! refused (a claim held) retried once the task moved on.
 
 use std::process::Command;
 
@@ -827,6 +828,18 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
     .await;
     assert_eq!(gateway_code(&b), "stale", "{b}");
 
+    // Ann's untied answer while the operator holds a claim on the question: refused. Her retry
+    // after the task moved on must not answer the next question.
+    let ops_http = fleet.client.with_token(ops);
+    let (status, body) = ops_http
+        .post(&format!("/v1/interactions/{rid1}/claim"), &json!({}))
+        .await
+        .expect("claim");
+    assert_eq!(status, 200, "{body}");
+    let held_off = answer_message(&task, "too early", Value::Null, "m-claimed");
+    let (_, b) = call(&fleet, ann, "SendMessage", held_off.clone()).await;
+    assert_eq!(gateway_code(&b), "claimed", "{b}");
+
     // An operator answers, as over HTTP, tied to the question it saw.
     let tie = json!({"request_id": rid1, "request_hash": q1["request_hash"]});
     let answer = answer_message(&task, "first", tie, "m-1");
@@ -856,6 +869,18 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
         "{b}"
     );
     assert_eq!(question_of(&b["result"])["request_id"], rid2, "{b}");
+    // Nor does ann's refused one.
+    let (_, b) = call(&fleet, ann, "SendMessage", held_off).await;
+    assert!(b.get("error").is_none(), "{b}");
+    let (_, b) = call(&fleet, ops, "GetTask", json!({"id": task})).await;
+    assert_eq!(
+        (
+            &b["result"]["status"]["state"],
+            &question_of(&b["result"])["request_id"]
+        ),
+        (&json!("TASK_STATE_INPUT_REQUIRED"), &json!(rid2)),
+        "{b}"
+    );
     let (_, b) = call(
         &fleet,
         ann,
@@ -867,4 +892,75 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
     fleet
         .wait_status(run, delta_protocol::RunStatus::Completed)
         .await;
+}
+
+/// The types of the events stream's messages about `run`, in order.
+async fn run_event_types(fleet: &Fleet, stream: &str, run: &str) -> Vec<String> {
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let mut events = js.get_stream(stream).await.expect("stream");
+    let state = events.info().await.expect("info").state.clone();
+    let mut out = vec![];
+    for seq in state.first_sequence..=state.last_sequence {
+        if let Ok(m) = events.get_raw_message(seq).await
+            && m.subject.ends_with(run)
+        {
+            let v: Value = serde_json::from_slice(&m.payload).expect("an event");
+            out.push(v["type"].as_str().unwrap_or_default().to_owned());
+        }
+    }
+    out
+}
+
+/// A task cancelled through a gateway that died before announcing it (`cancel:before-announce`):
+/// CancelTask again, on another gateway, is refused as over, and announces the end that push
+/// notifications and every other listener wait on, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_task_again_announces_an_end_its_gateway_died_before_announcing() {
+    let mut fleet = Fleet::start("a2acx", 0, 1).await;
+    let doomed = fleet.add_gateway(Some("cancel:before-announce")).await;
+    let rpc = |method: &str, params: Value| json!({"jsonrpc": "2.0", "id": "1", "method": method, "params": params});
+    let (_, b) = doomed
+        .post(
+            "/a2a",
+            &rpc("SendMessage", text_message("go", None, Some("hello"))),
+        )
+        .await
+        .expect("send");
+    let t = &b["result"]["task"];
+    assert_eq!(t["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{b}");
+    let task = t["id"].as_str().expect("id").to_owned();
+    let cancel = rpc("CancelTask", json!({"id": task}));
+    let reply = doomed.post("/a2a", &cancel).await;
+    assert!(reply.is_err(), "the gateway died with the call: {reply:?}");
+    assert_eq!(
+        fleet.gateways[0].wait_exit(std::time::Duration::from_secs(10)),
+        Some(86)
+    );
+    let run: delta_protocol::RunId = task.parse().expect("uuid");
+    fleet
+        .wait_status(run, delta_protocol::RunStatus::Cancelled)
+        .await;
+    let before = run_event_types(&fleet, "A2ACX_INTERACTIONS", &task).await;
+    assert!(
+        !before.iter().any(|t| t.contains("cancelled")),
+        "nothing of the cancel announced: {before:?}"
+    );
+
+    let healthy = fleet.add_gateway(None).await;
+    let (_, b) = healthy.post("/a2a", &cancel).await.expect("cancel");
+    assert_eq!(b["error"]["code"], -32002, "{b}");
+    assert_eq!(gateway_code(&b), "already_resolved", "{b}");
+    let after = run_event_types(&fleet, "A2ACX_INTERACTIONS", &task).await;
+    assert_eq!(
+        after[before.len()..],
+        ["dev.delta.interaction.cancelled", "dev.delta.run.cancelled"],
+        "{after:?}"
+    );
+    let (_, b) = healthy.post("/a2a", &cancel).await.expect("cancel");
+    assert_eq!(b["error"]["code"], -32002, "{b}");
+    assert_eq!(
+        run_event_types(&fleet, "A2ACX_INTERACTIONS", &task).await,
+        after,
+        "announced once"
+    );
 }

@@ -154,3 +154,64 @@ async fn retention_deletes_grants_that_ended_long_ago_and_those_of_deleted_runs(
         "idempotent"
     );
 }
+
+/// A delegation replaces its pair's (same `from` and `to`) in the one write that stores it, and
+/// only those: eight made at once for a pair leave one.
+#[tokio::test]
+async fn a_delegation_replaces_its_pairs_in_one_write() {
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let store = RedisRunStore::connect(&redis.url(), "gd")
+        .await
+        .expect("connect");
+    let now = delta_protocol::Timestamp::now();
+    let until = delta_protocol::Timestamp::from_micros(now.micros() + 3_600_000_000).expect("t");
+    let delegation = |id: &str, to: &str| delta_protocol::Delegation {
+        id: id.to_owned(),
+        from: "alice".into(),
+        to: to.into(),
+        until,
+        created_by: "alice".into(),
+        created_at: now,
+        reason: None,
+    };
+    let pairs = async || -> Vec<(String, String)> {
+        let mut all: Vec<(String, String)> = store
+            .delegations(delta_protocol::Timestamp::now())
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|d| (d.id, d.to))
+            .collect();
+        all.sort();
+        all
+    };
+    store
+        .put_delegation(&delegation("d1", "bob"))
+        .await
+        .expect("put");
+    store
+        .put_delegation(&delegation("d2", "carol"))
+        .await
+        .expect("put");
+    store
+        .put_delegation(&delegation("d3", "bob"))
+        .await
+        .expect("put");
+    assert_eq!(
+        pairs().await,
+        [("d2".into(), "carol".into()), ("d3".into(), "bob".into())]
+    );
+    let puts: Vec<_> = (0..8)
+        .map(|i| {
+            let store = store.clone();
+            let d = delegation(&format!("x{i}"), "bob");
+            tokio::spawn(async move { store.put_delegation(&d).await })
+        })
+        .collect();
+    for p in puts {
+        p.await.expect("task").expect("put");
+    }
+    let left = pairs().await;
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.contains(&("d2".into(), "carol".into())), "{left:?}");
+}

@@ -355,6 +355,16 @@ async fn setup(prefix: &str, agents: &[(&str, &str, &str)]) -> Setup {
 
 /// [`setup`] with more of the bridge's config (YAML lines).
 async fn setup_with(prefix: &str, agents: &[(&str, &str, &str)], more: &str) -> Setup {
+    setup_via(prefix, agents, more, None).await
+}
+
+/// [`setup_with`], the bridge calling the gateway at `gateway_url` when given.
+async fn setup_via(
+    prefix: &str,
+    agents: &[(&str, &str, &str)],
+    more: &str,
+    gateway_url: Option<String>,
+) -> Setup {
     let dir = tempfile::tempdir().expect("tmp");
     let tokens = tokens_file(dir.path(), PEOPLE);
     let fleet = Fleet::start_with(prefix, 1, 1, |s| s.tokens_file = Some(tokens.clone())).await;
@@ -368,7 +378,7 @@ async fn setup_with(prefix: &str, agents: &[(&str, &str, &str)], more: &str) -> 
         &config,
         format!(
             "gateway_url: {}\nnats: {{prefix: {prefix}}}\nlisten: 127.0.0.1:{port}\ninbox_url: https://delta.example/inbox\nslack_api_url: {}\nroutes:\n  - {{agents: [guarded, escalating], channel: C0GUARD, dm: true}}\n  - {{agents: [\"*\"], channel: C0ALL}}\nusers:\n  by_id: {{U0ALICE: alice}}\n  by_email: {{bob@example.com: bob, x@example.com: mallory}}\n{more}",
-            fleet.gateway_spec.url(),
+            gateway_url.unwrap_or_else(|| fleet.gateway_spec.url()),
             slack.url
         ),
     )
@@ -772,6 +782,92 @@ async fn answers_elsewhere_secrets_and_escalations_show_in_slack() {
     channels.sort();
     assert_eq!(channels, ["C0GUARD", "U0ALICE"]);
     let _ = s.prefix;
+}
+
+/// An escalation step carried out while the bridge could not reach the gateway to post its
+/// question (the question's event failed, to come again; the step's event found nothing to
+/// show): the question's first post then goes to the people the step added too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_step_taken_before_the_first_post_still_reaches_who_it_added() {
+    // The bridge's way to the gateway: nothing listens there until the proxy starts.
+    let port = delta_e2e::free_port().expect("port");
+    let s = setup_via(
+        "slk11",
+        &[(
+            "escalating",
+            "name: escalating\nbrain: scripted\n",
+            "steps:\n  - ask_human:\n      prompt: \"Restart the database?\"\n      escalation:\n        - {after: 1s, add_responders: [bob]}\n      options:\n        - {id: now, label: Now}\n        - {id: later, label: Later}\n  - finish: \"chose ${answer}\"\n",
+        )],
+        "",
+        Some(format!("http://127.0.0.1:{port}")),
+    )
+    .await;
+    let run = submit_as(&s.ops, "escalating", "go").await;
+    let rid = pending(&s.ops, run).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, v) = s
+            .ops
+            .get(&format!("/v1/interactions/{rid}"))
+            .await
+            .expect("get");
+        if v["escalated"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the step carried out: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The bridge handled the step's event (acked: only the question's event is still pending).
+    let js = async_nats::jetstream::new(s.fleet.nats_admin().await);
+    let stream = js.get_stream("SLK11_INTERACTIONS").await.expect("stream");
+    let step_seq = stream
+        .get_last_raw_message_by_subject(&format!("slk11.interactions.escalated.escalating.{run}"))
+        .await
+        .expect("the step's event")
+        .sequence;
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer("slk11-slack").await.expect("consumer");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let info = consumer.info().await.expect("info").clone();
+        if info.delivered.stream_sequence >= step_seq && info.num_ack_pending == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the step's event handled: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(s.slack.posts_of(&rid).is_empty(), "nothing posted yet");
+    // The gateway is back for the bridge.
+    let to = s.fleet.gateway_spec.url();
+    let to = to.trim_start_matches("http://").to_owned();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind");
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let to = to.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    s.slack
+        .wait_for("bob's DM", |f| {
+            f.posts_of(&rid)
+                .into_iter()
+                .find(|p| p["channel"] == "U0BOB")
+        })
+        .await;
+    let channel = s.slack.posts_of(&rid);
+    assert!(
+        channel.iter().any(|p| p["channel"] == "C0GUARD"),
+        "{channel:?}"
+    );
 }
 
 /// Text answers go through a modal: the click opens it (`views.open` with the click's trigger),
@@ -1243,4 +1339,70 @@ async fn a_hung_call_is_given_up_and_done_again() {
         .filter(|c| c.method == "chat.update" && c.status == 0)
         .count();
     assert_eq!(hung, 1, "the first update hung");
+}
+
+/// Events wait their turn behind a slow one without being delivered again meanwhile: a call
+/// that hangs for longer than the consumer's ack wait (15 s) holds the questions asked after it,
+/// and once it is given up each of those is delivered once (only the hung one twice).
+#[tokio::test(flavor = "multi_thread")]
+async fn events_behind_a_slow_one_are_delivered_once() {
+    let s = setup_with("slk12", &[], "slack_timeout_secs: 20\n").await;
+    let run = submit_as(&s.ops, "chooser", "go").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("chooser posted", |f| f.posts_of(&rid).into_iter().next())
+        .await;
+    s.slack.state.hang_next_update.store(true, Ordering::SeqCst);
+    let alice = s.fleet.client.with_token(Some(&token("alice")));
+    let (status, body) = alice
+        .post(
+            &format!("/v1/interactions/{rid}/response"),
+            &json!({"option_id": "staging"}),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(status, 200, "{body}");
+    s.slack
+        .wait_for("the update hanging", |f| {
+            f.calls()
+                .into_iter()
+                .find(|c| c.method == "chat.update" && c.status == 0)
+        })
+        .await;
+    let mut later = vec![];
+    for _ in 0..3 {
+        let run = submit_as(&s.ops, "chooser", "go").await;
+        later.push(pending(&s.ops, run).await);
+    }
+    for rid in &later {
+        s.slack
+            .wait_for("a later question posted", |f| {
+                f.posts_of(rid).into_iter().next()
+            })
+            .await;
+    }
+    s.slack
+        .wait_for("the first message updated after all", |f| {
+            updates_of(f, &post["_ts"]).pop()
+        })
+        .await;
+    // Deliveries, against the events the consumer takes (asked ×4, answered ×1).
+    let js = async_nats::jetstream::new(s.fleet.nats_admin().await);
+    let stream = js.get_stream("SLK12_INTERACTIONS").await.expect("stream");
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer("slk12-slack").await.expect("consumer");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let info = loop {
+        let info = consumer.info().await.expect("info").clone();
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break info;
+        }
+        assert!(Instant::now() < deadline, "every event done: {info:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        info.delivered.consumer_sequence, 6,
+        "five events, only the hung one delivered twice: {info:?}"
+    );
 }

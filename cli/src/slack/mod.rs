@@ -366,23 +366,34 @@ async fn consume(
     consumer: jetstream::consumer::PullConsumer,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot read the events stream: {e}"))?;
     loop {
+        // One event at a time, pulled once the last is done with: an event delivered into a
+        // buffer while another is handled for longer than `ack_wait` would be delivered again
+        // and again meanwhile, each delivery counted as a try it never had (and dropped after
+        // MAX_DELIVER of them).
+        let next = async {
+            let mut batch = consumer
+                .batch()
+                .max_messages(1)
+                .expires(PULL_WAIT)
+                .messages()
+                .await?;
+            batch.next().await.transpose()
+        };
         let msg = tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
-            m = messages.next() => m,
-        };
-        let Some(msg) = msg else {
-            anyhow::bail!("the events stream's consumer ended");
+            m = next => m,
         };
         let msg = match msg {
-            Ok(m) => m,
+            Ok(Some(m)) => m,
+            // Nothing new within PULL_WAIT.
+            Ok(None) => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the events stream");
-                continue;
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
             }
         };
         // Slack's rate limits can hold an event for longer than `ack_wait`: say it is in hand,
@@ -430,6 +441,9 @@ async fn consume(
         }
     }
 }
+
+/// How long one pull waits for an event before it is made again.
+const PULL_WAIT: Duration = Duration::from_secs(5);
 
 /// How long handling one event may take in all.
 const HANDLE_MAX: Duration = Duration::from_secs(600);
@@ -658,6 +672,13 @@ impl Bridge {
                 Ok(v) => {
                     rec.tally = v.body.tally;
                     rec.claim = v.body.claim;
+                    // Escalation steps taken before this question's first post (their events
+                    // found nothing to show): who they let answer is in the view.
+                    for who in v.body.added_responders {
+                        if !rec.added.contains(&who) {
+                            rec.added.push(who);
+                        }
+                    }
                     if settled {
                         rec.settled = None;
                         rec.closed = false;

@@ -686,10 +686,11 @@ async fn continue_task(
         Ok::<_, RpcError>(())
     }
     .await;
-    if result.is_err() {
-        // Refused: a retry is a new attempt.
-        let _ = gw.store.a2a_message_forget(&seen).await;
-    }
+    // Kept whatever became of it: sent again while this question waits, it is tried again (an
+    // answer taken is acknowledged as the same again); sent again once the task waits on another
+    // question, it is not applied to that one. Forgetting a refusal would let a retry answer the
+    // next question: after a refusal that stands only for now (a claim, another answer first),
+    // or an error after the answer was taken (Redis's replication wait, a lost reply).
     result
 }
 
@@ -855,20 +856,20 @@ async fn cancel_task(
         )
         .into());
     }
-    if record.status.is_terminal() {
-        return Err(RpcError {
-            code: TASK_NOT_CANCELABLE,
-            message: format!("the task is over ({})", record.status.as_str()),
-            gateway: Some(ErrorCode::AlreadyResolved),
-        });
-    }
+    // A task over already is not cancelable, but the call still goes through the gateway's
+    // cancel: a retried cancel of a cancelled run announces its end again, which the gateway
+    // that cancelled it may have died before announcing (push notifications wait on it).
     let by = who.name.clone().unwrap_or_else(|| "an A2A client".into());
     match gw.cancel(run_id, &by, Some("cancelled through A2A")).await {
         Ok(_) => {}
         Err(e) if e.code == ErrorCode::AlreadyResolved => {
             return Err(RpcError {
                 code: TASK_NOT_CANCELABLE,
-                message: e.message,
+                message: if record.status.is_terminal() {
+                    format!("the task is over ({})", record.status.as_str())
+                } else {
+                    e.message
+                },
                 gateway: Some(e.code),
             });
         }

@@ -179,12 +179,29 @@ redis.call('HSET', KEYS[1], 'unannounced', '1')
 return 1
 "#;
 
+/// Stores a delegation and removes the others of its pair (`from`, `to`). KEYS: the delegations
+/// hash. ARGV: id, from, to, JSON. Returns how many it replaced.
+const PUT_DELEGATION: &str = r#"
+local all = redis.call('HGETALL', KEYS[1])
+local replaced = 0
+for i = 1, #all, 2 do
+  local ok, d = pcall(cjson.decode, all[i + 1])
+  if ok and type(d) == 'table' and d['from'] == ARGV[2] and d['to'] == ARGV[3] and all[i] ~= ARGV[1] then
+    redis.call('HDEL', KEYS[1], all[i])
+    replaced = replaced + 1
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+return replaced
+"#;
+
 /// The scripts, hashed once.
 static UNANNOUNCED_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(UNANNOUNCED));
 static VOTE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(VOTE));
 static CLAIM_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM));
 static ESCALATE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ESCALATE));
 static RESCHEDULE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RESCHEDULE));
+static PUT_DELEGATION_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(PUT_DELEGATION));
 static ESCALATION_ANNOUNCED_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ESCALATION_ANNOUNCED));
 
@@ -514,15 +531,18 @@ impl RedisRunStore {
         self.index("delegations")
     }
 
-    /// Stores a delegation.
+    /// Stores a delegation, replacing any other from the same person to the same one (one per
+    /// pair), in one step: two made at once for a pair leave one.
     pub async fn put_delegation(&self, d: &delta_protocol::Delegation) -> Result<(), Error> {
         let mut conn = self.connection();
-        redis::cmd("HSET")
-            .arg(self.delegations_key())
-            .arg(&d.id)
-            .arg(serde_json::to_string(d).unwrap_or_default())
-            .query_async::<()>(&mut conn)
+        let mut inv = PUT_DELEGATION_SCRIPT.key(self.delegations_key());
+        inv.arg(&d.id)
+            .arg(&d.from)
+            .arg(&d.to)
+            .arg(serde_json::to_string(d).unwrap_or_default());
+        inv.invoke_async::<i64>(&mut conn)
             .await
+            .map(drop)
             .map_err(super::backend)
     }
 
