@@ -124,32 +124,63 @@ async fn subscriptions_keep_their_secrets_sealed_and_their_figures_straight() {
     both.sort();
     assert_eq!(both, ["whsec_YQ==", "whsec_Yg=="], "{s:?}");
 
-    // Failures start a period that a success ends; figures count both.
+    // Failures start a period that a success ends; figures count both. Each event's own
+    // period lasts until it is delivered, across other events' successes.
     let t1 = Timestamp::now();
+    let failing =
+        |since, event_since| Some(delta_store::redis::WebhookFailing { since, event_since });
     let since = store
-        .webhook_failed("w1", "HTTP 503", t1)
+        .webhook_failed("w1", "e1", "HTTP 503", t1)
         .await
         .expect("failed");
-    assert_eq!(since, Some(t1));
+    assert_eq!(since, failing(t1, t1));
     let t2 = t1.plus_seconds(5);
     assert_eq!(
         store
-            .webhook_failed("w1", "timed out", t2)
+            .webhook_failed("w1", "e1", "timed out", t2)
             .await
             .expect("failed"),
-        Some(t1)
+        failing(t1, t1)
     );
     let mid = store.webhook("w1").await.expect("read").expect("there");
     assert_eq!(
         (mid.failures, mid.failing_since, mid.last_error.as_deref()),
         (2, Some(t1), Some("timed out"))
     );
-    store.webhook_delivered("w1", t2).await.expect("delivered");
+    store
+        .webhook_delivered("w1", "e2", t2)
+        .await
+        .expect("delivered");
     let ok = store.webhook("w1").await.expect("read").expect("there");
     assert_eq!(
         (ok.deliveries, ok.failing_since, ok.last_success_at),
         (1, None, Some(t2))
     );
+    let t3 = t2.plus_seconds(5);
+    assert_eq!(
+        store
+            .webhook_failed("w1", "e1", "HTTP 400", t3)
+            .await
+            .expect("failed"),
+        failing(t3, t1),
+        "e1 has failed since t1, though e2 was delivered since"
+    );
+    store
+        .webhook_delivered("w1", "e1", t3)
+        .await
+        .expect("delivered");
+    assert_eq!(
+        store
+            .webhook_failed("w1", "e1", "HTTP 400", t3)
+            .await
+            .expect("failed"),
+        failing(t3, t3),
+        "delivered, its period is over"
+    );
+    store
+        .webhook_delivered("w1", "e1", t3)
+        .await
+        .expect("delivered");
 
     // Disabled once; enabled with its failure period over.
     assert!(
@@ -170,7 +201,7 @@ async fn subscriptions_keep_their_secrets_sealed_and_their_figures_straight() {
         (WebhookState::Disabled, Some("failing"))
     );
     store
-        .webhook_failed("w1", "HTTP 500", t2)
+        .webhook_failed("w1", "e3", "HTTP 500", t2)
         .await
         .expect("failed");
     assert!(store.enable_webhook("w1").await.expect("enable"));
@@ -179,13 +210,24 @@ async fn subscriptions_keep_their_secrets_sealed_and_their_figures_straight() {
         (on.state, on.disabled_reason, on.failing_since),
         (WebhookState::Active, None, None)
     );
+    // Enabled, every event's period starts over too.
+    assert_eq!(
+        store
+            .webhook_failed("w1", "e3", "HTTP 500", t3)
+            .await
+            .expect("failed"),
+        failing(t3, t3)
+    );
 
     // Gone, and nothing is written back to what is gone.
     assert!(store.delete_webhook("w1").await.expect("delete"));
     assert!(!store.delete_webhook("w1").await.expect("delete"));
     assert!(!store.enable_webhook("w1").await.expect("enable"));
     assert_eq!(
-        store.webhook_failed("w1", "x", t2).await.expect("failed"),
+        store
+            .webhook_failed("w1", "e1", "x", t2)
+            .await
+            .expect("failed"),
         None
     );
     assert!(store.webhooks().await.expect("list").is_empty());

@@ -357,9 +357,6 @@ async fn attempts(
 ) -> Outcome {
     let s = &gw.config.webhooks;
     let mut attempt: u32 = 0;
-    // Since when this very event fails: a receiver that refuses one event for good (a 400,
-    // a 413) while taking others would otherwise hold its run's later events back forever.
-    let mut event_failing_since: Option<Timestamp> = None;
     loop {
         if stop.is_cancelled() {
             return Outcome::Stop;
@@ -395,7 +392,11 @@ async fn attempts(
         let why = match result {
             Ok(()) => {
                 gw.metrics.webhook_deliveries.inc();
-                if let Err(e) = gw.store.webhook_delivered(id, Timestamp::now()).await {
+                if let Err(e) = gw
+                    .store
+                    .webhook_delivered(id, event_id, Timestamp::now())
+                    .await
+                {
                     tracing::warn!(id, error = %delta_host::Chain(&e), "webhooks: cannot record a delivery");
                 }
                 return Outcome::Delivered;
@@ -405,14 +406,16 @@ async fn attempts(
         gw.metrics.webhook_failures.inc();
         tracing::info!(id, event = event_id, attempt, error = %why, "webhook attempt failed");
         let now = Timestamp::now();
-        let first = *event_failing_since.get_or_insert(now);
-        match gw.store.webhook_failed(id, &why, now).await {
-            Ok(Some(since)) => {
-                // The subscription's streak, or this event's, whichever is older.
-                let since = if first.micros() < since.micros() {
-                    first
+        match gw.store.webhook_failed(id, event_id, &why, now).await {
+            Ok(Some(failing)) => {
+                // The subscription's streak, or this event's, whichever is older: a receiver
+                // that refuses one event for good (a 400, a 413) while taking others would
+                // otherwise hold its run's later events back forever. The event's is kept in
+                // Redis, so no restart or takeover starts it over.
+                let since = if failing.event_since.micros() < failing.since.micros() {
+                    failing.event_since
                 } else {
-                    since
+                    failing.since
                 };
                 let failing = Duration::from_micros(
                     u64::try_from(now.micros() - since.micros()).unwrap_or(0),

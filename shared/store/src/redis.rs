@@ -73,7 +73,7 @@ mod webhooks;
 mod a2a;
 
 pub use a2a::{A2aPushConfig, DeletePush, PushLimits, PutPush};
-pub use webhooks::{Webhook, WebhookSecrets, WebhookState};
+pub use webhooks::{Webhook, WebhookFailing, WebhookSecrets, WebhookState};
 
 use conn::{Client, Conn};
 pub use index::{Due, JournalTail, Note, Page, QueueRun, Requeue, Submitted};

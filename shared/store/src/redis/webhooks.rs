@@ -126,6 +126,16 @@ fn seal_context(id: &str) -> String {
 /// Subscriptions read in one round trip when they are listed.
 const LIST_BATCH: usize = 500;
 
+/// Since when a subscription, and one of its events, have been failing
+/// ([`RedisRunStore::webhook_failed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WebhookFailing {
+    /// Since the subscription's last delivery.
+    pub since: Timestamp,
+    /// Since this event's first failed attempt, by whichever gateway.
+    pub event_since: Timestamp,
+}
+
 impl RedisRunStore {
     fn webhooks_key(&self) -> String {
         self.index("webhooks")
@@ -333,14 +343,25 @@ return 1
         Ok(n == 1)
     }
 
-    /// Enables a subscription: its failure period starts over. `Ok(false)`: there is none.
+    /// Enables a subscription: its failure period starts over, and every event's. `Ok(false)`:
+    /// there is none.
     pub async fn enable_webhook(&self, id: &str) -> Result<bool, Error> {
-        self.webhook_set(
-            id,
-            &[("state", "active".into())],
-            &["disabled_reason", "disabled_at", "failing_since"],
-        )
-        .await
+        const ENABLE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'active')
+redis.call('HDEL', KEYS[1], 'disabled_reason', 'disabled_at', 'failing_since')
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(f, 1, 14) == 'event_failing:' then redis.call('HDEL', KEYS[1], f) end
+end
+return 1
+"#;
+        let mut conn = self.connection();
+        let n: i64 = redis::Script::new(ENABLE)
+            .key(self.webhook_key(id))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(n == 1)
     }
 
     /// Replaces the signing secret with `secret`; the one it replaces stays valid until
@@ -401,52 +422,70 @@ return 1
         Ok(Some(WebhookSecrets { current, previous }))
     }
 
-    /// Records a delivered event: the failure period ends. Nothing is written for a
-    /// subscription deleted meanwhile.
-    pub async fn webhook_delivered(&self, id: &str, at: Timestamp) -> Result<(), Error> {
+    /// Records that event `event_id` was delivered: the subscription's failure period ends, and
+    /// the event's own. Nothing is written for a subscription deleted meanwhile.
+    pub async fn webhook_delivered(
+        &self,
+        id: &str,
+        event_id: &str,
+        at: Timestamp,
+    ) -> Result<(), Error> {
         const DELIVERED: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'deliveries', 1)
 redis.call('HSET', KEYS[1], 'last_success_at', ARGV[1])
-redis.call('HDEL', KEYS[1], 'failing_since')
+redis.call('HDEL', KEYS[1], 'failing_since', 'event_failing:' .. ARGV[2])
 return 1
 "#;
         let mut conn = self.connection();
         redis::Script::new(DELIVERED)
             .key(self.webhook_key(id))
             .arg(at.micros().to_string())
+            .arg(event_id)
             .invoke_async::<i64>(&mut conn)
             .await
             .map_err(backend)?;
         Ok(())
     }
 
-    /// Records a failed attempt (`error`: what went wrong, without the URL). Returns since when
-    /// the subscription has been failing (this attempt's time if it is the first failure since
-    /// a success), or `None` when the subscription is gone.
+    /// Records a failed attempt to deliver event `event_id` (`error`: what went wrong, without
+    /// the URL). Returns since when the subscription has been failing (this attempt's time if it
+    /// is the first failure since a success) and since when this event has (kept in the
+    /// subscription's hash until the event is delivered or the subscription enabled again, so
+    /// that no gateway's restart starts it over), or `None` when the subscription is gone.
     pub async fn webhook_failed(
         &self,
         id: &str,
+        event_id: &str,
         error: &str,
         at: Timestamp,
-    ) -> Result<Option<Timestamp>, Error> {
+    ) -> Result<Option<WebhookFailing>, Error> {
         const FAILED: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 redis.call('HINCRBY', KEYS[1], 'failures', 1)
 redis.call('HSET', KEYS[1], 'last_error', ARGV[1])
 redis.call('HSETNX', KEYS[1], 'failing_since', ARGV[2])
-return redis.call('HGET', KEYS[1], 'failing_since')
+redis.call('HSETNX', KEYS[1], 'event_failing:' .. ARGV[3], ARGV[2])
+return {redis.call('HGET', KEYS[1], 'failing_since'), redis.call('HGET', KEYS[1], 'event_failing:' .. ARGV[3])}
 "#;
         let mut conn = self.connection();
-        let since: Option<String> = redis::Script::new(FAILED)
+        let since: Option<(String, String)> = redis::Script::new(FAILED)
             .key(self.webhook_key(id))
             .arg(error)
             .arg(at.micros().to_string())
+            .arg(event_id)
             .invoke_async(&mut conn)
             .await
             .map_err(backend)?;
-        Ok(since
-            .and_then(|s| s.parse::<i64>().ok())
-            .and_then(Timestamp::from_micros))
+        let time = |s: &str| {
+            s.parse::<i64>()
+                .ok()
+                .and_then(Timestamp::from_micros)
+                .unwrap_or(at)
+        };
+        Ok(since.map(|(since, event)| WebhookFailing {
+            since: time(&since),
+            event_since: time(&event),
+        }))
     }
 }
