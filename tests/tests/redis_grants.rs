@@ -113,6 +113,10 @@ async fn retention_deletes_grants_that_ended_long_ago_and_those_of_deleted_runs(
     of_run.run_id = rec.run_id;
     let mut orphan = contract::sample(agent, None);
     orphan.scope = GrantScope::Run;
+    // Revoked two hours ago, made by a run that still exists: kept (a replay of its approval
+    // must find it revoked, not store it again).
+    let mut revoked_of_run = contract::sample(agent, None);
+    revoked_of_run.run_id = rec.run_id;
     for g in [
         &live,
         &revoked_old,
@@ -120,9 +124,15 @@ async fn retention_deletes_grants_that_ended_long_ago_and_those_of_deleted_runs(
         &expired,
         &of_run,
         &orphan,
+        &revoked_of_run,
     ] {
         store.put_grant(g).await.expect("put");
     }
+    store
+        .revoke_grant(revoked_of_run.grant_id, "ops", long_ago)
+        .await
+        .expect("revoke")
+        .expect("there");
     store
         .revoke_grant(revoked_old.grant_id, "ops", long_ago)
         .await
@@ -142,7 +152,12 @@ async fn retention_deletes_grants_that_ended_long_ago_and_those_of_deleted_runs(
         .map(|g| g.grant_id)
         .collect();
     kept.sort();
-    let mut want = vec![live.grant_id, revoked_now.grant_id, of_run.grant_id];
+    let mut want = vec![
+        live.grant_id,
+        revoked_now.grant_id,
+        of_run.grant_id,
+        revoked_of_run.grant_id,
+    ];
     want.sort();
     assert_eq!(kept, want);
     for g in [&revoked_old, &expired, &orphan] {
@@ -153,6 +168,25 @@ async fn retention_deletes_grants_that_ended_long_ago_and_those_of_deleted_runs(
         0,
         "idempotent"
     );
+    // Its run replaying the approval: the grant stays revoked.
+    assert!(!store.put_grant(&revoked_of_run).await.expect("put again"));
+    let again = store
+        .grant(revoked_of_run.grant_id)
+        .await
+        .expect("get")
+        .expect("there");
+    assert!(again.revoked_at.is_some());
+    // Once the run is gone (retention deleted it), both of its grants go.
+    let mut conn = delta_e2e::redis_raw(&redis.url()).await;
+    let _: () = redis::cmd("DEL")
+        .arg(store.run_key(rec.run_id))
+        .query_async(&mut conn)
+        .await
+        .expect("del");
+    assert_eq!(store.purge_grants(cutoff).await.expect("purge"), 2);
+    for g in [&of_run, &revoked_of_run] {
+        assert!(store.grant(g.grant_id).await.expect("get").is_none());
+    }
 }
 
 /// A delegation replaces its pair's (same `from` and `to`) in the one write that stores it, and

@@ -16,8 +16,11 @@
 //! `grant-agents` is written before the grant is stored and touched by no script.
 //!
 //! Retention ([`RedisRunStore::purge_grants`], from the gateways' retention reconciler): a grant
-//! revoked or expired before the cut-off is deleted, and so is a grant of scope `run` whose run
-//! is gone (retention deleted it). A grant of scope `agent` that is live stays however old.
+//! revoked or expired before the cut-off is deleted once the run that made it is gone, and so is
+//! a grant of scope `run` whose run is gone (retention deleted it). While that run exists its
+//! approval may be replayed (a resume after a crash, a dead letter retried), and a replay finding
+//! no key would store the grant again, unrevoked. A grant of scope `agent` that is live stays
+//! however old.
 
 use redis::Script;
 
@@ -140,9 +143,10 @@ fn parse_grant(
 }
 
 impl RedisRunStore {
-    /// Deletes the grants that approve nothing any more and are past retention: revoked or
-    /// expired at or before `before_us`, or of scope `run` whose run no longer exists. Returns
-    /// how many it deleted. Idempotent; a grant revoked meanwhile is simply deleted later.
+    /// Deletes the grants that approve nothing any more and whose run no longer exists: revoked
+    /// or expired at or before `before_us`, or of scope `run`. A revoked grant of a run that
+    /// exists is kept (a replay of its approval must find it revoked). Returns how many it
+    /// deleted. Idempotent; a grant revoked meanwhile is simply deleted later.
     pub async fn purge_grants(&self, before_us: i64) -> Result<usize, Error> {
         let all = self.grants(None).await?;
         if all.is_empty() {
@@ -161,8 +165,7 @@ impl RedisRunStore {
                 .revoked_at
                 .or(g.expires_at.filter(|e| *e <= now))
                 .is_some_and(|t| t.micros() <= before_us);
-            let orphan = g.scope == GrantScope::Run && !run_exists;
-            if !(ended || orphan) {
+            if run_exists || !(ended || g.scope == GrantScope::Run) {
                 continue;
             }
             let mut conn = self.connection();
