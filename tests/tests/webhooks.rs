@@ -583,6 +583,28 @@ async fn filters_deliver_only_what_was_subscribed_and_inside_addresses_are_refus
     let out = cli(&fleet, &["webhooks", "ls", "--json"]);
     let list: Value = serde_json::from_str(out.trim()).expect("JSON");
     assert_eq!(list["webhooks"].as_array().map(Vec::len), Some(1), "{list}");
+    // A delete that removed the subscription but not its consumer (the gateway stopped between
+    // them): the delete retried removes the consumer, answering 404.
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let stream = js.get_stream("WHF_INTERACTIONS").await.expect("stream");
+    let consumer_of = |id: &str| format!("whf-webhook-{id}");
+    assert!(
+        stream.consumer_info(consumer_of(&first)).await.is_err(),
+        "the CLI's delete removed its consumer"
+    );
+    let last = list["webhooks"][0]["id"].as_str().expect("id").to_owned();
+    assert!(fleet.store.delete_webhook(&last).await.expect("delete"));
+    assert!(stream.consumer_info(consumer_of(&last)).await.is_ok());
+    let (s, _) = fleet
+        .client
+        .delete(&format!("/v1/webhooks/{last}"))
+        .await
+        .expect("delete");
+    assert_eq!(s, 404);
+    assert!(
+        stream.consumer_info(consumer_of(&last)).await.is_err(),
+        "the leftover consumer is gone"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -293,7 +293,16 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> Result<Json<WebhookView>, ApiError> {
     caller(&gw, &headers, &[Role::Operate])?;
-    let w = gw.store.webhook(&id).await?.ok_or_else(|| missing(&id))?;
+    let Some(w) = gw.store.webhook(&id).await? else {
+        // A delete retried after it removed the subscription but not its consumer (NATS away,
+        // the gateway stopped): the consumer goes now, or it would be left for ever.
+        if uuid::Uuid::parse_str(&id).is_ok()
+            && let Ok(true) = gw.queue.delete_webhook_consumer(&id).await
+        {
+            tracing::info!(id = %id, "webhooks: a deleted subscription's consumer removed");
+        }
+        return Err(missing(&id));
+    };
     gw.store.delete_webhook(&id).await?;
     gw.queue.delete_webhook_consumer(&id).await?;
     tracing::info!(id = %id, "webhook deleted");
