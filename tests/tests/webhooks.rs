@@ -652,6 +652,40 @@ async fn when_the_delivering_gateway_dies_another_takes_over_in_order() {
     all_verified(&events);
 }
 
+/// A gateway that cannot open a subscription's signing secret (its `DELTA_SECRETS_KEY` lacks
+/// the key that sealed it: a rotation done on some gateways only) gives the subscription up after
+/// a few tries, so that a gateway that can takes the pin and delivers. Before, it kept the pin,
+/// and nothing was delivered while it lived.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_that_cannot_sign_leaves_the_subscription_to_one_that_can() {
+    let mut fleet = fleet("whk", 1, &[]).await;
+    let receiver = Receiver::start();
+    let (id, secret) = subscribe(&fleet.client, json!({"url": receiver.url()})).await;
+    receiver.secrets(&[&secret]);
+    // Another key only, and the gateway that sealed the secret gone: the pin is the first's.
+    let key = fleet.gateway_spec.secrets_key_hex.clone();
+    fleet.gateway_spec.secrets_key_hex = Some("6f".repeat(32));
+    let wrong = fleet.add_gateway(None).await;
+    fleet.gateway_spec.secrets_key_hex = key;
+    fleet.gateways[0].process.signal(Signal::SIGKILL);
+    let run = run_hello(&fleet, &wrong, "Ada").await;
+    // Its events are in the stream (run_hello waited for its end), and the gateway alive
+    // cannot sign them.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(receiver.events().is_empty());
+    // A gateway with the key: it delivers.
+    fleet.add_gateway(None).await;
+    let events = receiver
+        .wait("the run, delivered by the gateway that can sign", |e| {
+            types_of(e, run).len() == 3
+        })
+        .await;
+    assert_eq!(types_of(&events, run), HELLO);
+    all_verified(&events);
+    let (_, w) = wrong.get(&format!("/v1/webhooks/{id}")).await.expect("get");
+    assert_eq!(w["failures"], 0, "{w}");
+}
+
 /// Runs `delta <args>` against the fleet's first gateway: its output (it must succeed).
 fn cli(fleet: &Fleet, args: &[&str]) -> String {
     let delta = delta_e2e::workers::programs()

@@ -155,6 +155,20 @@ enum Outcome {
     /// The subscription was disabled, deleted or the gateway stops: the session ends, and the
     /// event is left to be handed out again.
     Stop,
+    /// This gateway cannot open the subscription's signing secret (its `DELTA_SECRETS_KEY`
+    /// lacks the key that sealed it): it gives the subscription up for a while, so that a
+    /// gateway that can takes the pin.
+    CannotSign,
+}
+
+/// How many times in a row a gateway fails to open a subscription's signing secret before it
+/// gives the subscription up for [`hand_off`].
+const SIGN_TRIES: u32 = 3;
+
+/// How long a gateway that cannot sign stays away from a subscription: past the pin's timeout
+/// (the consumer's ack wait) a few times over, so that another gateway's pull takes the pin.
+fn hand_off(s: &Settings) -> Duration {
+    (s.ack_wait * 3).max(Duration::from_secs(10))
 }
 
 /// An event handed to this session and not yet acknowledged.
@@ -176,12 +190,21 @@ struct Head {
 }
 
 async fn session(gw: Arc<Gateway>, http: reqwest::Client, w: Webhook, stop: CancellationToken) {
-    if let Err(e) = session_inner(&gw, &http, &w, &stop).await {
-        tracing::warn!(id = %w.id, error = %e, "webhook delivery session ended; starting again");
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_secs(1)) => {}
-            () = stop.cancelled() => {}
+    let pause = match session_inner(&gw, &http, &w, &stop).await {
+        Ok(Outcome::CannotSign) => {
+            let away = hand_off(&gw.config.webhooks);
+            tracing::error!(id = %w.id, away_s = away.as_secs(), "webhooks: this gateway cannot open the subscription's signing secret (is the key that sealed it in DELTA_SECRETS_KEY?); leaving it to another gateway for a while");
+            away
         }
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(id = %w.id, error = %e, "webhook delivery session ended; starting again");
+            Duration::from_secs(1)
+        }
+    };
+    tokio::select! {
+        () = tokio::time::sleep(pause) => {}
+        () = stop.cancelled() => {}
     }
 }
 
@@ -190,7 +213,7 @@ async fn session_inner(
     http: &reqwest::Client,
     w: &Webhook,
     stop: &CancellationToken,
-) -> Result<(), String> {
+) -> Result<Outcome, String> {
     let s = &gw.config.webhooks;
     let events = event_types(w);
     let wanted: HashSet<String> = events.iter().map(|e| e.ce_type()).collect();
@@ -256,7 +279,7 @@ async fn session_inner(
             }
         }
         tokio::select! {
-            () = stop.cancelled() => return Ok(()),
+            () = stop.cancelled() => return Ok(Outcome::Stop),
             // Always pulling, so the pin stays here: the consumer's max_ack_pending
             // (`delta_queue::webhooks::MAX_ACK_PENDING`) bounds what is held. During a takeover's wait every event is taken,
             // so that the previous holder's come back before any is posted.
@@ -319,7 +342,7 @@ async fn session_inner(
                         }
                     }
                 }
-                Outcome::Stop => return Ok(()),
+                ended @ (Outcome::Stop | Outcome::CannotSign) => return Ok(ended),
             },
             _ = keepalive.tick() => {
                 if let (Some(ours), Ok(info)) = (&pin, consumer.info().await) {
@@ -357,6 +380,7 @@ async fn attempts(
 ) -> Outcome {
     let s = &gw.config.webhooks;
     let mut attempt: u32 = 0;
+    let mut unsigned: u32 = 0;
     loop {
         if stop.is_cancelled() {
             return Outcome::Stop;
@@ -370,6 +394,13 @@ async fn attempts(
                     Ok(None) => return Outcome::Stop,
                     Err(e) => {
                         tracing::warn!(id, error = %delta_host::Chain(&e), "webhooks: cannot open the signing secret; not counted against the receiver");
+                        // The key, not Redis: another gateway may have it.
+                        if matches!(e, delta_store::Error::Secret(_)) {
+                            unsigned += 1;
+                            if unsigned >= SIGN_TRIES {
+                                return Outcome::CannotSign;
+                            }
+                        }
                         tokio::select! {
                             () = tokio::time::sleep(s.retry_max.min(Duration::from_secs(30))) => continue,
                             () = stop.cancelled() => return Outcome::Stop,
