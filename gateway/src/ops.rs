@@ -69,6 +69,11 @@ impl Answered {
 const CLAIM_TTL_S: u64 = 300;
 const CLAIM_TTL_RANGE: std::ops::RangeInclusive<u64> = 10..=3600;
 
+/// How long a cancel waits for the job that asked the question it closes to be let go
+/// ([`Gateway::cancel`]): a worker announces a question before it lets its job go, so this is
+/// the window between a pause's write and its announcement, unless the worker died in it.
+const ASKER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl Gateway {
     /// Stores a run `QUEUED` and publishes its start job (docs/architecture.md "The walk of one run", step 1).
     /// `submitted_by` is the authenticated caller, kept with the run (`approvals.exclude_requester`).
@@ -1231,6 +1236,12 @@ impl Gateway {
         {
             crate::trace::InteractionSpan::start(&ix, crate::trace::Settled::Cancelled { by })
                 .end();
+            // The worker that asked it announces it, then lets its job go: a cancel landing in
+            // between waits for that (briefly), so that the question is announced before its
+            // cancellation and the run's end, not after.
+            if let Some(seq) = ix.asked_by_job {
+                self.job_let_go(seq, ASKER_WAIT).await;
+            }
             self.announce_cancelled(&record.agent, &ix, by).await;
         }
         match self.store.record(run_id).await {
@@ -1240,6 +1251,18 @@ impl Gateway {
             }
         }
         Ok(RunStatus::Cancelled)
+    }
+
+    /// Waits (up to `within`) until job `seq` is no longer in the jobs stream: its worker
+    /// acknowledged it (or it was removed). Gives up at once if NATS cannot say.
+    async fn job_let_go(&self, seq: u64, within: std::time::Duration) {
+        let until = std::time::Instant::now() + within;
+        while std::time::Instant::now() < until {
+            match self.queue.job_exists(seq).await {
+                Ok(true) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+                _ => return,
+            }
+        }
     }
 
     /// Question `rid` of `run_id`, if a cancel closed it (not one answered already).

@@ -335,6 +335,77 @@ async fn a_cancel_retried_after_its_gateway_died_announces_the_closed_question()
     );
 }
 
+/// A cancel that lands between a worker's pause write and its question's announcement (the
+/// worker's `pause:before-announce` failpoint holds it there 2 s) waits for the worker to let its
+/// job go: the events stream has the question asked, then cancelled, then the run's end, in that
+/// order. Before, the cancellation and the end came first, and the question after them, open.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_right_after_a_pause_is_announced_after_the_question() {
+    let mut fleet = Fleet::start("gwo", 1, 0).await;
+    fleet
+        .worker_spec
+        .extra
+        .push(("DELTA_FAILPOINT", "pause:before-announce@2000".into()));
+    fleet.add_worker("slow");
+    let (status, body) = fleet
+        .client
+        .post("/v1/runs", &json!({"agent": "hello", "task": "cancel me"}))
+        .await
+        .expect("submit");
+    assert_eq!(status, 202, "{body}");
+    let run: RunId = body["run_id"].as_str().expect("id").parse().expect("uuid");
+    // Paused (written), and not announced yet.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, r) = fleet
+            .client
+            .get(&format!("/v1/runs/{run}"))
+            .await
+            .expect("get");
+        if r["status"] == "WAITING_FOR_INPUT" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never paused: {r}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let js = async_nats::jetstream::new(fleet.nats_admin().await);
+    let mut events = js.get_stream("GWO_INTERACTIONS").await.expect("stream");
+    let of_run = async |events: &mut async_nats::jetstream::stream::Stream| {
+        stored_events(events)
+            .await
+            .into_iter()
+            .filter(|v| v["deltarun"] == json!(run.to_string()))
+            .map(|v| v["type"].as_str().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        of_run(&mut events).await,
+        Vec::<String>::new(),
+        "the worker waits"
+    );
+    let (status, body) = fleet
+        .client
+        .post(&format!("/v1/runs/{run}/cancel"), &json!({}))
+        .await
+        .expect("cancel");
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = of_run(&mut events).await;
+    while seen.len() < 3 {
+        assert!(Instant::now() < deadline, "three events: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        seen = of_run(&mut events).await;
+    }
+    assert_eq!(
+        seen,
+        [
+            "dev.delta.interaction.requested",
+            "dev.delta.interaction.cancelled",
+            "dev.delta.run.cancelled"
+        ]
+    );
+}
+
 /// An escalation step carried out by a gateway that died before announcing it is announced by
 /// another gateway (under its own id, so once), before that gateway carries out the next step.
 #[tokio::test(flavor = "multi_thread")]

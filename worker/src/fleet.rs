@@ -1219,6 +1219,7 @@ async fn handle(shared: &Shared, d: Delivery) {
                     .filter(|(rid, _)| *rid == q.request_id)
                     .map(|(_, at)| at)
             });
+            delta_host::failpoint_delay("pause:before-announce").await;
             match announce_question(shared, &q, tp.as_deref(), reopened).await {
                 Ok(()) => {
                     let _ = d.ack().await;

@@ -314,17 +314,34 @@ where
     code
 }
 
+/// `DELTA_FAILPOINT`, read once: some failpoints are on hot paths (each resume, each answer).
+fn failpoint_set() -> Option<&'static str> {
+    static SET: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    SET.get_or_init(|| std::env::var("DELTA_FAILPOINT").ok())
+        .as_deref()
+}
+
 /// A test hook: `DELTA_FAILPOINT=<name>` makes the process exit hard at that point (as a crash
 /// would), so tests can prove that what was left half done is mended (the gateway's
-/// `answer:before-publish` and `cancel:before-announce`, the worker's `resume:before-write` and
-/// `exhausted:before-drop`).
+/// `answer:before-publish`, `cancel:before-announce` and `escalate:before-announce`, the
+/// worker's `resume:before-write` and `exhausted:before-drop`).
 pub fn failpoint(name: &str) {
-    // Read once: some are on hot paths (each resume, each answer).
-    static SET: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let set = SET.get_or_init(|| std::env::var("DELTA_FAILPOINT").ok());
-    if set.as_deref() == Some(name) {
+    if failpoint_set() == Some(name) {
         eprintln!("failpoint {name}: exiting");
         std::process::exit(86);
+    }
+}
+
+/// A test hook: `DELTA_FAILPOINT=<name>@<ms>` makes the process wait that long at that point,
+/// so tests can land something in the window (the worker's `pause:before-announce`, between a
+/// pause's write and its question's announcement).
+pub async fn failpoint_delay(name: &str) {
+    if let Some((at, ms)) = failpoint_set().and_then(|s| s.split_once('@'))
+        && at == name
+        && let Ok(ms) = ms.parse::<u64>()
+    {
+        eprintln!("failpoint {name}: waiting {ms} ms");
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
     }
 }
 
