@@ -34,6 +34,10 @@ fn widened(ix: &StoredInteraction, more: &[String]) -> Vec<String> {
     all
 }
 
+/// How long a step carried out and not announced is announced again before it is given up
+/// (10 minutes, in µs).
+const GIVE_UP_ANNOUNCING_US: i64 = 600_000_000;
+
 /// The event of step `n` (0-based) of `ix`'s escalation, carried out at `at`.
 fn step_event(ix: &StoredInteraction, n: usize, at: Timestamp) -> Option<Escalated> {
     let q = &ix.request;
@@ -71,7 +75,11 @@ impl Gateway {
                 && let Some(at) = ix.unannounced_step
                 && let Some(event) = n.checked_sub(1).and_then(|last| step_event(&ix, last, at))
             {
-                if !self.announce_escalated(&event).await {
+                let late = Timestamp::now().micros() - at.micros();
+                if late > GIVE_UP_ANNOUNCING_US {
+                    // NATS refused it all along: the steps after it are not held back for good.
+                    tracing::error!(request = %request_id, run = %run_id, step = event.step, "an escalation step never announced; given up, the next steps go on");
+                } else if !self.announce_escalated(&event).await {
                     return Ok(done);
                 }
                 self.store

@@ -72,7 +72,7 @@ const CLAIM_TTL_RANGE: std::ops::RangeInclusive<u64> = 10..=3600;
 /// How long a cancel waits for the job that asked the question it closes to be let go
 /// ([`Gateway::cancel`]): a worker announces a question before it lets its job go, so this is
 /// the window between a pause's write and its announcement, unless the worker died in it.
-const ASKER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+const ASKER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Gateway {
     /// Stores a run `QUEUED` and publishes its start job (docs/architecture.md "The walk of one run", step 1).
@@ -1185,7 +1185,15 @@ impl Gateway {
             // retried after the gateway that took it died between ending the run and announcing
             // it. The question it closed first, as then (the cancel's write no longer names it:
             // found in the journal).
-            if record.status == RunStatus::Cancelled {
+            // Not when the events stream has the run's end already (the first cancel announced
+            // it): a copy past the stream's duplicate window would reach every consumer again.
+            let announced = record.status == RunStatus::Cancelled
+                && self
+                    .queue
+                    .run_end_in_stream("cancelled", &record.agent, run_id)
+                    .await
+                    .unwrap_or(false);
+            if record.status == RunStatus::Cancelled && !announced {
                 match self.store.load(run_id).await {
                     Ok(run) => {
                         let closed = delta_protocol::journal::Replay::new(&run.journal)

@@ -336,7 +336,7 @@ async fn a_cancel_retried_after_its_gateway_died_announces_the_closed_question()
 }
 
 /// A cancel that lands between a worker's pause write and its question's announcement (the
-/// worker's `pause:before-announce` failpoint holds it there 2 s) waits for the worker to let its
+/// worker's `pause:before-announce` failpoint holds it there 3 s) waits for the worker to let its
 /// job go: the events stream has the question asked, then cancelled, then the run's end, in that
 /// order. Before, the cancellation and the end came first, and the question after them, open.
 #[tokio::test(flavor = "multi_thread")]
@@ -345,7 +345,7 @@ async fn a_cancel_right_after_a_pause_is_announced_after_the_question() {
     fleet
         .worker_spec
         .extra
-        .push(("DELTA_FAILPOINT", "pause:before-announce@2000".into()));
+        .push(("DELTA_FAILPOINT", "pause:before-announce@3000".into()));
     fleet.add_worker("slow");
     let (status, body) = fleet
         .client
@@ -423,12 +423,19 @@ async fn an_escalation_step_whose_gateway_died_is_announced_by_another() {
         .expect("submit");
     assert_eq!(status, 202, "{body}");
     let run: RunId = body["run_id"].as_str().expect("id").parse().expect("uuid");
-    let rid: delta_protocol::RequestId = pending(&doomed, run).await.parse().expect("rid");
-    // Its reconciler carries out the first step a second later, and dies before announcing it.
+    // Its reconciler carries out the first step a second later, and dies before announcing it
+    // (so the question is read from the store, not from it).
     assert_eq!(
         fleet.gateways[0].wait_exit(Duration::from_secs(15)),
         Some(86)
     );
+    let rid = fleet
+        .store
+        .record(run)
+        .await
+        .expect("record")
+        .pending_request_id
+        .expect("waits on its question");
     let ix = stored_question(&fleet, run, rid).await;
     assert_eq!(ix.escalated, 1, "the step is carried out");
     assert!(ix.unannounced_step.is_some(), "and not announced");

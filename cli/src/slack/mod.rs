@@ -309,7 +309,7 @@ pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()>
             .with_graceful_shutdown(async move { http_cancel.cancelled().await })
             .await
     });
-    let result = consume(&bridge, consumer, &cancel).await;
+    let result = consume(&bridge, &stream, consumer, &cancel).await;
     cancel.cancel();
     let _ = http.await;
     bridge.tasks.close();
@@ -363,9 +363,11 @@ type Outcome = anyhow::Result<()>;
 
 async fn consume(
     b: &Arc<Bridge>,
+    stream: &jetstream::stream::Stream,
     consumer: jetstream::consumer::PullConsumer,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
+    let mut failed_pulls: u32 = 0;
     loop {
         // One event at a time, pulled once the last is done with: an event delivered into a
         // buffer while another is handled for longer than `ack_wait` would be delivered again
@@ -385,11 +387,30 @@ async fn consume(
             m = next => m,
         };
         let msg = match msg {
-            Ok(Some(m)) => m,
+            Ok(Some(m)) => {
+                failed_pulls = 0;
+                m
+            }
             // Nothing new within PULL_WAIT.
-            Ok(None) => continue,
+            Ok(None) => {
+                failed_pulls = 0;
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "reading the events stream");
+                failed_pulls += 1;
+                // NATS away only delays; a consumer (or stream) deleted under the bridge never
+                // comes back by itself: it stops, and a start makes it again.
+                if failed_pulls % 5 == 0 {
+                    use jetstream::context::ConsumerInfoErrorKind as K;
+                    if let Err(e) = stream.consumer_info(&consumer_name(&b.cfg.prefix)).await
+                        && matches!(e.kind(), K::NotFound | K::StreamNotFound)
+                    {
+                        anyhow::bail!(
+                            "the events stream's consumer is gone ({e}); start the bridge again to make it again"
+                        );
+                    }
+                }
                 tokio::select! {
                     _ = cancel.cancelled() => return Ok(()),
                     () = tokio::time::sleep(Duration::from_secs(1)) => continue,

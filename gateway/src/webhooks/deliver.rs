@@ -162,13 +162,14 @@ enum Outcome {
 }
 
 /// How many times in a row a gateway fails to open a subscription's signing secret before it
-/// gives the subscription up for [`hand_off`].
+/// gives the subscription up for a while ([`hand_off`]).
 const SIGN_TRIES: u32 = 3;
 
-/// How long a gateway that cannot sign stays away from a subscription: past the pin's timeout
-/// (the consumer's ack wait) a few times over, so that another gateway's pull takes the pin.
-fn hand_off(s: &Settings) -> Duration {
-    (s.ack_wait * 3).max(Duration::from_secs(10))
+/// How long a gateway that cannot sign stays away from a subscription whose consumer's ack wait
+/// (its pin's timeout, set when the consumer was made) is `ack_wait`: that a few times over, so
+/// that another gateway's pull takes the pin.
+fn hand_off(ack_wait: Duration) -> Duration {
+    (ack_wait * 3).max(Duration::from_secs(10))
 }
 
 /// An event handed to this session and not yet acknowledged.
@@ -191,12 +192,11 @@ struct Head {
 
 async fn session(gw: Arc<Gateway>, http: reqwest::Client, w: Webhook, stop: CancellationToken) {
     let pause = match session_inner(&gw, &http, &w, &stop).await {
-        Ok(Outcome::CannotSign) => {
-            let away = hand_off(&gw.config.webhooks);
+        Ok(Some(away)) => {
             tracing::error!(id = %w.id, away_s = away.as_secs(), "webhooks: this gateway cannot open the subscription's signing secret (is the key that sealed it in DELTA_SECRETS_KEY?); leaving it to another gateway for a while");
             away
         }
-        Ok(_) => return,
+        Ok(None) => return,
         Err(e) => {
             tracing::warn!(id = %w.id, error = %e, "webhook delivery session ended; starting again");
             Duration::from_secs(1)
@@ -213,7 +213,7 @@ async fn session_inner(
     http: &reqwest::Client,
     w: &Webhook,
     stop: &CancellationToken,
-) -> Result<Outcome, String> {
+) -> Result<Option<Duration>, String> {
     let s = &gw.config.webhooks;
     let events = event_types(w);
     let wanted: HashSet<String> = events.iter().map(|e| e.ce_type()).collect();
@@ -279,7 +279,7 @@ async fn session_inner(
             }
         }
         tokio::select! {
-            () = stop.cancelled() => return Ok(Outcome::Stop),
+            () = stop.cancelled() => return Ok(None),
             // Always pulling, so the pin stays here: the consumer's max_ack_pending
             // (`delta_queue::webhooks::MAX_ACK_PENDING`) bounds what is held. During a takeover's wait every event is taken,
             // so that the previous holder's come back before any is posted.
@@ -342,7 +342,9 @@ async fn session_inner(
                         }
                     }
                 }
-                ended @ (Outcome::Stop | Outcome::CannotSign) => return Ok(ended),
+                Outcome::Stop => return Ok(None),
+                // Away from it for a while: the caller waits that long.
+                Outcome::CannotSign => return Ok(Some(hand_off(ack_wait))),
             },
             _ = keepalive.tick() => {
                 if let (Some(ours), Ok(info)) = (&pin, consumer.info().await) {

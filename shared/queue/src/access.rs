@@ -188,6 +188,8 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
                 format!("$JS.API.STREAM.MSG.GET.{jobs}"),
                 format!("$JS.API.STREAM.MSG.GET.{dlq}"),
                 format!("$JS.API.STREAM.MSG.DELETE.{dlq}"),
+                // Whether a cancelled run's end was announced (a retried cancel).
+                format!("$JS.API.STREAM.MSG.GET.{interactions}"),
                 format!("{p}.jobs.>"),
                 // A question its worker died before announcing, announced as it is answered.
                 format!("{p}.interactions.requested.>"),

@@ -1191,6 +1191,33 @@ impl Queue {
             })
     }
 
+    /// Whether the events stream holds the announcement that `run` of `agent` ended `status`
+    /// (`completed`, `failed`, `cancelled`): a message on its end's subject.
+    pub async fn run_end_in_stream(
+        &self,
+        status: &str,
+        agent: &str,
+        run: RunId,
+    ) -> Result<bool, Error> {
+        let name = self.names.interactions_stream();
+        let stream = self
+            .js
+            .get_stream(&name)
+            .await
+            .map_err(|e| setup(&name)(e.into()))?;
+        let subject = self
+            .names
+            .run_ended_subject(status, agent, &run.to_string());
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_no_message(e.kind()) => Ok(false),
+            Err(e) => Err(Error::Fetch {
+                consumer: format!("{name} ({subject})"),
+                source: e.into(),
+            }),
+        }
+    }
+
     /// Whether the job stream still holds message `seq` (a job not yet acknowledged).
     pub async fn job_exists(&self, seq: u64) -> Result<bool, Error> {
         match self.jobs.get_raw_message(seq).await {

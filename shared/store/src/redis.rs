@@ -1701,11 +1701,12 @@ fn parse_interaction(
         .map_err(|e| bad("state", e))?;
     let (claim, votes) = human::claim_and_votes(h, Timestamp::now());
     let escalated = h.get("escalated").and_then(|n| n.parse().ok()).unwrap_or(0);
-    // Steps carried out by builds before 2026-11-28 were announced (or lost) then.
+    // Only the last step carried out, marked by the script that carried it out (a build before
+    // 2026-11-28 marks none: its steps were announced, or lost, then).
     let unannounced_step = h
-        .get("escalated_announced")
+        .get("escalated_unannounced")
         .and_then(|n| n.parse::<u32>().ok())
-        .filter(|&k| k < escalated)
+        .filter(|&k| k == escalated)
         .map(|_| {
             h.get("escalated_at")
                 .and_then(|t| Timestamp::from_micros(t.parse().ok()?))

@@ -100,9 +100,9 @@ return {'OK', '', ''}
 /// Carries out step `n` (0-based) of a question's escalation, once: journals it, counts it
 /// (`escalated`, with when in `escalated_at`), widens who may answer (`added_responders`) or,
 /// with `apply_default`, settles the question `EXPIRED` and queues its resume. A step not
-/// applying the default is not announced yet (`escalated_announced` is `n`): the question is
-/// looked at again at the check time, when the caller has not announced it and scheduled the
-/// next step by then ([`ESCALATION_ANNOUNCED`]). KEYS: the question, the run, its journal.
+/// applying the default is marked not announced yet (`escalated_unannounced` is `n + 1`): the
+/// question is looked at again at the check time, when the caller has not announced it and
+/// scheduled the next step by then ([`ESCALATION_ANNOUNCED`]). KEYS: the question, the run, its journal.
 /// ARGV: n, now, now (µs), the journal event (after its opening brace), the added responders'
 /// JSON after this step (`''`: unchanged), `1` to apply the default, bucket tag, request id,
 /// resume member, when to look again (µs). Returns `{outcome, x}`: `DONE`, `DEFAULT`, `STALE`
@@ -131,7 +131,7 @@ if ARGV[6] == '1' then
   redis.call('ZADD', ARGV[7] .. ':resumes', ARGV[10], ARGV[9])
   return {'DEFAULT', ''}
 end
-redis.call('HSET', KEYS[1], 'escalated_announced', done)
+redis.call('HSET', KEYS[1], 'escalated_unannounced', done + 1)
 redis.call('ZADD', ARGV[7] .. ':interactions:escalations', ARGV[10], ARGV[8])
 return {'DONE', ''}
 "#;
@@ -147,7 +147,7 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'PENDING' then
   return 0
 end
 if redis.call('HGET', KEYS[1], 'escalated') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'escalated_announced', ARGV[1])
+redis.call('HDEL', KEYS[1], 'escalated_unannounced')
 if ARGV[2] ~= '' then
   redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 else
