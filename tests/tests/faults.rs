@@ -299,6 +299,66 @@ async fn restarting_redis_and_nats_mid_batch_loses_nothing() {
     );
 }
 
+/// A job whose run store fails under it again and again (Redis restarted four times while it
+/// runs, with three deliveries allowed) is handled again in place each time Redis is back, still
+/// held: the consumer hands it out once. Given back instead, each outage used up a delivery, and a
+/// few Redis failovers in a row dead-lettered a run that did nothing wrong (seen in the cluster
+/// chaos suite: a run failed as if its workers had crashed five times).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outages_do_not_use_up_a_jobs_deliveries() {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::start("ro", 2000, 5000, 3).await;
+    let step = if fleet.on_clusters() { "1.5" } else { "0.3" };
+    agent(&fleet.worker_spec.agents_dir, 16, step, true);
+    let ids = fleet.submit(1).await;
+    let worker = fleet.worker("w0");
+    // Until `steps` steps are done (or the run is completed), the run not ended otherwise.
+    let progress = async |fleet: &Fleet, steps: usize| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let run = fleet.load(ids[0]).await;
+            if run.record.status == RunStatus::Completed || fleet.effects().len() >= steps {
+                return;
+            }
+            assert!(
+                !run.record.status.is_terminal(),
+                "the run ended {} ({:?})",
+                run.record.status,
+                run.record.error
+            );
+            assert!(
+                Instant::now() < deadline,
+                "the run stopped at {steps} steps"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    for n in 1..=4 {
+        progress(&fleet, n * 3).await;
+        fleet.redis.restart().expect("restart redis");
+    }
+    while fleet.completed(&ids).await < 1 {
+        progress(&fleet, usize::MAX).await;
+    }
+    stop(worker);
+    fleet.check_journals(&ids, 16).await;
+    let log = std::fs::read_to_string(fleet.log("w0")).unwrap_or_default();
+    let again = log.matches("handling the job again").count();
+    assert!(
+        again >= 3,
+        "the outages reached the job ({again} times): {log}"
+    );
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    let stream = js.get_stream("RO_JOBS").await.expect("stream");
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer("ro-workers").await.expect("consumer");
+    let info = consumer.info().await.expect("info");
+    assert_eq!(
+        info.delivered.consumer_sequence, 1,
+        "handed out once: {info:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_finishes_in_flight_runs_and_loses_nothing() {
     let _serial = SERIAL.lock().await;

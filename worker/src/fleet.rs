@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -967,21 +968,20 @@ async fn announce_held<F, Fut>(
 /// again, then given back at once to be redone from its journal. So an outage costs a job one
 /// delivery, however long it lasts (up to [`HOLD_WHILE_STORE_DOWN`]), instead of using up its
 /// deliveries and dead-lettering its run.
-async fn store_down(shared: &Shared, d: &Delivery, reason: &str) {
+async fn store_down(shared: &Shared, d: &Delivery, reason: &str, again: &AtomicBool) {
     tracing::warn!(
         reason,
         "the run store cannot take writes; holding the job until it can"
     );
     let held = hold(shared, d, HOLD_WHILE_STORE_DOWN, async |_| {
-        if shared.store.writable().await.is_ok() {
-            let _ = d.nak(None).await;
-            return true;
-        }
-        false
+        shared.store.writable().await.is_ok()
     })
     .await;
     match held {
-        Held::Done => {}
+        // Handled again here, still held: given back, each outage would use up one of the
+        // job's deliveries, and a few Redis failovers in a row would dead-letter a run that
+        // did nothing wrong.
+        Held::Done => again.store(true, Ordering::Relaxed),
         Held::TimedOut => retry_or_poison(shared, d, reason).await,
         Held::Stopped => {
             let _ = d.nak(None).await;
@@ -1007,7 +1007,25 @@ async fn retry_or_poison(shared: &Shared, d: &Delivery, reason: &str) {
     }
 }
 
+/// How many times a job held while the run store could not take writes is handled again in
+/// place once it can, before it is given back instead.
+const HANDLED_AGAIN: u32 = 30;
+
 async fn handle(shared: &Shared, d: Delivery) {
+    for attempt in 0..HANDLED_AGAIN {
+        let again = AtomicBool::new(false);
+        handle_once(shared, &d, attempt == 0, &again).await;
+        if !again.load(Ordering::Relaxed) {
+            return;
+        }
+        tracing::info!("the run store takes writes again; handling the job again");
+    }
+    let _ = d.nak(None).await;
+}
+
+/// Handles delivery `d`: `first` unless it is handled again in place (then the run is read from
+/// the store, never taken as the job carries it: this delivery may have written since).
+async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicBool) {
     let job = match &d.job {
         Ok(j) => j.clone(),
         Err(reason) => return poison(shared, &d, reason).await,
@@ -1026,16 +1044,20 @@ async fn handle(shared: &Shared, d: Delivery) {
     // paused: nothing to read either, when the store and the agent can take it as it is (its
     // first write checks that the journal has not grown since).
     let carried = match (&job.paused, job.request_id) {
-        (Some(paused), Some(rid)) if job.kind == JobKind::Resume && d.fence.delivery == 1 => store
-            .adopt_paused(job.run_id, rid, paused)
-            .filter(|r| r.record.agent == d.agent && resume::resumable_as_carried(agent, r)),
+        (Some(paused), Some(rid))
+            if job.kind == JobKind::Resume && d.fence.delivery == 1 && first =>
+        {
+            store
+                .adopt_paused(job.run_id, rid, paused)
+                .filter(|r| r.record.agent == d.agent && resume::resumable_as_carried(agent, r))
+        }
         _ => None,
     };
     let loaded = match (&job.run, carried) {
         // A start job's first delivery carries its run as the gateway created it: nothing to
         // read (the first write checks that the run is still as fresh). A later delivery may
         // find the run started, and reads it.
-        (Some(fresh), _) if job.kind == JobKind::Start && d.fence.delivery == 1 => {
+        (Some(fresh), _) if job.kind == JobKind::Start && d.fence.delivery == 1 && first => {
             Ok(store.start_fresh(store::RunRecord::of_fresh(job.run_id, fresh.clone())))
         }
         (_, Some(run)) => Ok(run),
@@ -1053,7 +1075,7 @@ async fn handle(shared: &Shared, d: Delivery) {
         Err(store::Error::NotFound(_)) => {
             return poison(shared, &d, &format!("unknown run {}", job.run_id)).await;
         }
-        Err(e @ store::Error::Backend(_)) => return store_down(shared, &d, &why(&e)).await,
+        Err(e @ store::Error::Backend(_)) => return store_down(shared, d, &why(&e), again).await,
         Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
     };
     if run.record.status.is_terminal() {
@@ -1075,7 +1097,7 @@ async fn handle(shared: &Shared, d: Delivery) {
     // The question this job resumes, its answer and the earlier secrets: read by the engine.
     let answers = match Answers::load(&store, &run, job.request_id).await {
         Ok(a) => a,
-        Err(e @ store::Error::Backend(_)) => return store_down(shared, &d, &why(&e)).await,
+        Err(e @ store::Error::Backend(_)) => return store_down(shared, d, &why(&e), again).await,
         Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
     };
     let status_at_load = run.record.status;
@@ -1105,7 +1127,9 @@ async fn handle(shared: &Shared, d: Delivery) {
             Ok(ix) => ix
                 .filter(|ix| ix.state != delta_protocol::InteractionState::Pending)
                 .map(|_| p),
-            Err(e @ store::Error::Backend(_)) => return store_down(shared, &d, &why(&e)).await,
+            Err(e @ store::Error::Backend(_)) => {
+                return store_down(shared, d, &why(&e), again).await;
+            }
             Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
         },
         _ => None,
@@ -1118,7 +1142,7 @@ async fn handle(shared: &Shared, d: Delivery) {
                 );
                 let _ = d.ack().await;
             }
-            Err(e @ store::Error::Backend(_)) => store_down(shared, &d, &why(&e)).await,
+            Err(e @ store::Error::Backend(_)) => store_down(shared, d, &why(&e), again).await,
             Err(e) => retry_or_poison(shared, &d, &why(&e)).await,
         }
         return;
@@ -1279,7 +1303,7 @@ async fn handle(shared: &Shared, d: Delivery) {
             let _ = d.nak(None).await;
         }
         Err(engine::Error::Store(e @ store::Error::Backend(_))) => {
-            store_down(shared, &d, &why(&e)).await;
+            store_down(shared, d, &why(&e), again).await;
         }
         Err(engine::Error::Store(e @ store::Error::Terminal { .. })) => {
             // Finished elsewhere (a newer delivery, or cancelled): nothing left for this job but
