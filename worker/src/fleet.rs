@@ -1028,7 +1028,7 @@ async fn handle(shared: &Shared, d: Delivery) {
 async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicBool) {
     let job = match &d.job {
         Ok(j) => j.clone(),
-        Err(reason) => return poison(shared, &d, reason).await,
+        Err(reason) => return poison(shared, d, reason).await,
     };
     // The trace this job continues: stored with any question it asks, so the answer's resume
     // continues it too.
@@ -1073,10 +1073,10 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
     let run = match loaded {
         Ok(r) => r,
         Err(store::Error::NotFound(_)) => {
-            return poison(shared, &d, &format!("unknown run {}", job.run_id)).await;
+            return poison(shared, d, &format!("unknown run {}", job.run_id)).await;
         }
         Err(e @ store::Error::Backend(_)) => return store_down(shared, d, &why(&e), again).await,
-        Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
+        Err(e) => return retry_or_poison(shared, d, &why(&e)).await,
     };
     if run.record.status.is_terminal() {
         // A duplicate or late job, or this job's own earlier delivery, which ended the run and
@@ -1085,20 +1085,20 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
             Ok(()) => {
                 let _ = d.ack().await;
             }
-            Err(e) => retry_or_poison(shared, &d, &e).await,
+            Err(e) => retry_or_poison(shared, d, &e).await,
         }
         return;
     }
     let pair = match shared.agents.get(&run.record.agent) {
         Ok(p) => p,
-        Err(reason) => return poison(shared, &d, &reason).await,
+        Err(reason) => return poison(shared, d, &reason).await,
     };
     let (agent, brain) = (&pair.0, &pair.1);
     // The question this job resumes, its answer and the earlier secrets: read by the engine.
     let answers = match Answers::load(&store, &run, job.request_id).await {
         Ok(a) => a,
         Err(e @ store::Error::Backend(_)) => return store_down(shared, d, &why(&e), again).await,
-        Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
+        Err(e) => return retry_or_poison(shared, d, &why(&e)).await,
     };
     let status_at_load = run.record.status;
     // A question an earlier delivery reopened: announced again under that reopen's id, should
@@ -1130,7 +1130,7 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
             Err(e @ store::Error::Backend(_)) => {
                 return store_down(shared, d, &why(&e), again).await;
             }
-            Err(e) => return retry_or_poison(shared, &d, &why(&e)).await,
+            Err(e) => return retry_or_poison(shared, d, &why(&e)).await,
         },
         _ => None,
     };
@@ -1143,7 +1143,7 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
                 let _ = d.ack().await;
             }
             Err(e @ store::Error::Backend(_)) => store_down(shared, d, &why(&e), again).await,
-            Err(e) => retry_or_poison(shared, &d, &why(&e)).await,
+            Err(e) => retry_or_poison(shared, d, &why(&e)).await,
         }
         return;
     }
@@ -1157,7 +1157,7 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
         match shared.work_dirs.create(job.run_id) {
             Ok(dir) => dir,
             Err(e) => {
-                return retry_or_poison(shared, &d, &format!("its work directory: {e}")).await;
+                return retry_or_poison(shared, d, &format!("its work directory: {e}")).await;
             }
         }
     } else {
@@ -1249,12 +1249,12 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
                     let _ = d.ack().await;
                 }
                 Err(e) if e.is_transient_publish() => {
-                    announce_held(shared, &d, &q, &why(&e), || {
+                    announce_held(shared, d, &q, &why(&e), || {
                         announce_question(shared, &q, tp.as_deref(), reopened)
                     })
                     .await;
                 }
-                Err(e) => retry_or_poison(shared, &d, &why(&e)).await,
+                Err(e) => retry_or_poison(shared, d, &why(&e)).await,
             }
         }
         Ok(Outcome::Interrupted) => {
@@ -1315,7 +1315,7 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
             }
             let _ = d.ack().await;
         }
-        Err(e) => retry_or_poison(shared, &d, &why(&e)).await,
+        Err(e) => retry_or_poison(shared, d, &why(&e)).await,
     }
 }
 
