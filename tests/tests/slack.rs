@@ -1304,11 +1304,9 @@ async fn a_channel_slack_refuses_does_not_hold_the_bridge() {
     assert_eq!(tries, 1, "tried once, not again and again");
 }
 
-/// A Slack call that hangs is given up after `slack_timeout_secs`: the update is done when the
-/// event comes again, and the events after it are not held meanwhile.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_hung_call_is_given_up_and_done_again() {
-    let s = setup_with("slk9", &[], "slack_timeout_secs: 2\n").await;
+/// A `chooser` question posted, then answered by alice over HTTP while Slack leaves the update
+/// that follows hanging: the question's post.
+async fn answered_with_a_hung_update(s: &Setup) -> Value {
     let run = submit_as(&s.ops, "chooser", "go").await;
     let rid = pending(&s.ops, run).await;
     let post = s
@@ -1325,6 +1323,15 @@ async fn a_hung_call_is_given_up_and_done_again() {
         .await
         .expect("answer");
     assert_eq!(status, 200, "{body}");
+    post
+}
+
+/// A Slack call that hangs is given up after `slack_timeout_secs`: the update is done when the
+/// event comes again, and the events after it are not held meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_call_is_given_up_and_done_again() {
+    let s = setup_with("slk9", &[], "slack_timeout_secs: 2\n").await;
+    let post = answered_with_a_hung_update(&s).await;
     let update = s
         .slack
         .wait_for("the message updated after all", |f| {
@@ -1347,22 +1354,7 @@ async fn a_hung_call_is_given_up_and_done_again() {
 #[tokio::test(flavor = "multi_thread")]
 async fn events_behind_a_slow_one_are_delivered_once() {
     let s = setup_with("slk12", &[], "slack_timeout_secs: 20\n").await;
-    let run = submit_as(&s.ops, "chooser", "go").await;
-    let rid = pending(&s.ops, run).await;
-    let post = s
-        .slack
-        .wait_for("chooser posted", |f| f.posts_of(&rid).into_iter().next())
-        .await;
-    s.slack.state.hang_next_update.store(true, Ordering::SeqCst);
-    let alice = s.fleet.client.with_token(Some(&token("alice")));
-    let (status, body) = alice
-        .post(
-            &format!("/v1/interactions/{rid}/response"),
-            &json!({"option_id": "staging"}),
-        )
-        .await
-        .expect("answer");
-    assert_eq!(status, 200, "{body}");
+    let post = answered_with_a_hung_update(&s).await;
     s.slack
         .wait_for("the update hanging", |f| {
             f.calls()
