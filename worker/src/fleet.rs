@@ -965,9 +965,9 @@ async fn announce_held<F, Fut>(
 
 /// Redis could not take this job's writes (down, failing over, or a master without the replica
 /// its durability needs). Not the job's fault: it is held until the store can take writes
-/// again, then given back at once to be redone from its journal. So an outage costs a job one
-/// delivery, however long it lasts (up to [`HOLD_WHILE_STORE_DOWN`]), instead of using up its
-/// deliveries and dead-lettering its run.
+/// again, then `again` is set for [`handle`] to redo it from its journal, still held. So an
+/// outage costs a job no delivery, however long it lasts (up to [`HOLD_WHILE_STORE_DOWN`]), and
+/// neither do several in a row, instead of using up its deliveries and dead-lettering its run.
 async fn store_down(shared: &Shared, d: &Delivery, reason: &str, again: &AtomicBool) {
     tracing::warn!(
         reason,
