@@ -79,6 +79,20 @@ pub async fn consumer_names(stream: &async_nats::jetstream::stream::Stream) -> V
         .collect()
 }
 
+/// Every message `stream` holds (the events stream's CloudEvents), in order, as JSON.
+pub async fn stored_events(
+    stream: &mut async_nats::jetstream::stream::Stream,
+) -> Vec<serde_json::Value> {
+    let state = stream.info().await.expect("info").state.clone();
+    let mut out = vec![];
+    for seq in state.first_sequence..=state.last_sequence {
+        if let Ok(m) = stream.get_raw_message(seq).await {
+            out.push(serde_json::from_slice(&m.payload).expect("an event"));
+        }
+    }
+    out
+}
+
 /// A NATS client logged in as the URL says, trusting `ca` for TLS; the error with its causes.
 pub async fn try_nats_client(
     url: &str,

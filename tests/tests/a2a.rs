@@ -898,17 +898,12 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
 async fn run_event_types(fleet: &Fleet, stream: &str, run: &str) -> Vec<String> {
     let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let mut events = js.get_stream(stream).await.expect("stream");
-    let state = events.info().await.expect("info").state.clone();
-    let mut out = vec![];
-    for seq in state.first_sequence..=state.last_sequence {
-        if let Ok(m) = events.get_raw_message(seq).await
-            && m.subject.ends_with(run)
-        {
-            let v: Value = serde_json::from_slice(&m.payload).expect("an event");
-            out.push(v["type"].as_str().unwrap_or_default().to_owned());
-        }
-    }
-    out
+    delta_e2e::stored_events(&mut events)
+        .await
+        .into_iter()
+        .filter(|v| v["deltarun"] == json!(run))
+        .map(|v| v["type"].as_str().unwrap_or_default().to_owned())
+        .collect()
 }
 
 /// A task cancelled through a gateway that died before announcing it (`cancel:before-announce`):

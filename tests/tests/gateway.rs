@@ -297,7 +297,7 @@ async fn a_cancel_retried_after_its_gateway_died_announces_the_closed_question()
     let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let mut events = js.get_stream("GWK_INTERACTIONS").await.expect("stream");
     let stored = async |events: &mut async_nats::jetstream::stream::Stream| {
-        stored_events(events)
+        delta_e2e::stored_events(events)
             .await
             .into_iter()
             .map(|v| v["type"].as_str().unwrap_or_default().to_owned())
@@ -371,7 +371,7 @@ async fn a_cancel_right_after_a_pause_is_announced_after_the_question() {
     let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let mut events = js.get_stream("GWO_INTERACTIONS").await.expect("stream");
     let of_run = async |events: &mut async_nats::jetstream::stream::Stream| {
-        stored_events(events)
+        delta_e2e::stored_events(events)
             .await
             .into_iter()
             .filter(|v| v["deltarun"] == json!(run.to_string()))
@@ -442,7 +442,7 @@ async fn an_escalation_step_whose_gateway_died_is_announced_by_another() {
     let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let mut events = js.get_stream("GWE_INTERACTIONS").await.expect("stream");
     let escalated = async |events: &mut async_nats::jetstream::stream::Stream| {
-        stored_events(events)
+        delta_e2e::stored_events(events)
             .await
             .into_iter()
             .filter(|v| v["type"] == "dev.delta.interaction.escalated")
@@ -2348,18 +2348,6 @@ async fn pause_as_a_worker(
     );
     delta_e2e::pause_on(&worker, run, &q).await;
     q
-}
-
-/// The events stream's messages (CloudEvents), in order.
-async fn stored_events(events: &mut async_nats::jetstream::stream::Stream) -> Vec<Value> {
-    let state = events.info().await.expect("info").state.clone();
-    let mut out = vec![];
-    for seq in state.first_sequence..=state.last_sequence {
-        if let Ok(m) = events.get_raw_message(seq).await {
-            out.push(serde_json::from_slice(&m.payload).expect("an event"));
-        }
-    }
-    out
 }
 
 /// Question `rid` of `run` as the store holds it.
