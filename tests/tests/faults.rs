@@ -167,6 +167,15 @@ fn stop(w: WorkerProcess) {
 /// (ack_wait, heartbeats) must not depend on how many others share the two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// [`delta_e2e::chaos::wait_until`], within a minute.
+async fn wait_until_async<F, Fut>(what: &str, done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    delta_e2e::chaos::wait_until(what, Duration::from_secs(60), done).await;
+}
+
 fn wait_until(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !done() {
@@ -352,6 +361,94 @@ async fn redis_outages_do_not_use_up_a_jobs_deliveries() {
     let stream = js.get_stream("RO_JOBS").await.expect("stream");
     let mut consumer: async_nats::jetstream::consumer::PullConsumer =
         stream.get_consumer("ro-workers").await.expect("consumer");
+    let info = consumer.info().await.expect("info");
+    assert_eq!(
+        info.delivered.consumer_sequence, 1,
+        "handed out once: {info:?}"
+    );
+}
+
+/// Writes lost at a Redis failover (the run's record and journal put back as they were a few
+/// steps before, as a replica promoted without them has them): the worker's next write is
+/// refused (`Rewound`), and it replays the run from the journal itself, still holding the job.
+/// Three such losses under one job with `max_deliver` 2: the job is handed out once and the run
+/// completes, where giving the job back after each would have used up its deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_lost_at_failovers_do_not_use_up_a_jobs_deliveries() {
+    let _serial = SERIAL.lock().await;
+    let fleet = Fleet::start("rl", 2000, 5000, 2).await;
+    agent(&fleet.worker_spec.agents_dir, 16, "0.3", true);
+    let ids = fleet.submit(1).await;
+    let worker = fleet.worker("w0");
+    let mut raw = delta_e2e::redis_connection(&fleet.redis.url()).await;
+    let keys = [
+        fleet.store.run_key(ids[0]),
+        format!("{}:journal", fleet.store.run_key(ids[0])),
+    ];
+    // The steps the run's journal holds, the run not ended otherwise.
+    let steps_done = async |fleet: &Fleet| {
+        let run = fleet.load(ids[0]).await;
+        assert!(
+            !run.record.status.is_terminal() || run.record.status == RunStatus::Completed,
+            "the run ended {} ({:?})",
+            run.record.status,
+            run.record.error
+        );
+        run.journal
+            .iter()
+            .filter(|e| matches!(e.event, Event::ActionResult(_)))
+            .count()
+    };
+    for n in 1..=3 {
+        wait_until_async("the run to go on", || async {
+            steps_done(&fleet).await >= n * 4
+        })
+        .await;
+        let mut saved = Vec::new();
+        for key in &keys {
+            let dump: Vec<u8> = redis::cmd("DUMP")
+                .arg(key)
+                .query_async(&mut raw)
+                .await
+                .expect("dump");
+            saved.push(dump);
+        }
+        let before = steps_done(&fleet).await;
+        wait_until_async("two steps more", || async {
+            steps_done(&fleet).await >= before + 2
+        })
+        .await;
+        let mut put_back = redis::pipe();
+        put_back.atomic();
+        for (key, dump) in keys.iter().zip(&saved) {
+            put_back
+                .cmd("RESTORE")
+                .arg(key)
+                .arg(0)
+                .arg(dump)
+                .arg("REPLACE")
+                .ignore();
+        }
+        let () = put_back.query_async(&mut raw).await.expect("restore");
+    }
+    wait_until_async("the run to complete", || async {
+        fleet.completed(&ids).await == 1
+    })
+    .await;
+    stop(worker);
+    fleet.check_journals(&ids, 16).await;
+    let log = std::fs::read_to_string(fleet.log("w0")).unwrap_or_default();
+    let refused = log
+        .matches("the journal is not as this delivery left it")
+        .count();
+    assert!(
+        refused >= 3,
+        "the lost writes reached the job ({refused} times): {log}"
+    );
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    let stream = js.get_stream("RL_JOBS").await.expect("stream");
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer("rl-workers").await.expect("consumer");
     let info = consumer.info().await.expect("info");
     assert_eq!(
         info.delivered.consumer_sequence, 1,

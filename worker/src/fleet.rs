@@ -1007,8 +1007,8 @@ async fn retry_or_poison(shared: &Shared, d: &Delivery, reason: &str) {
     }
 }
 
-/// How many times a job held while the run store could not take writes is handled again in
-/// place once it can, before it is given back instead.
+/// How many times a job is handled again in place (held while the run store could not take
+/// writes, or refused a write by a journal that lost writes), before it is given back instead.
 const HANDLED_AGAIN: u32 = 30;
 
 async fn handle(shared: &Shared, d: Delivery) {
@@ -1018,7 +1018,7 @@ async fn handle(shared: &Shared, d: Delivery) {
         if !again.load(Ordering::Relaxed) {
             return;
         }
-        tracing::info!("the run store takes writes again; handling the job again");
+        tracing::info!("handling the job again, from the run's journal");
     }
     let _ = d.nak(None).await;
 }
@@ -1297,10 +1297,11 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
         }
         Err(engine::Error::Store(e @ store::Error::Rewound(_))) => {
             // The journal is not as this delivery left it (writes lost at a Redis failover, or
-            // a write applied already that the client sent again): at once to whichever worker
-            // takes it next, which goes on from what the journal holds.
-            tracing::warn!(error = %delta_host::Chain(&e), "write refused: giving the job back to be replayed from the journal");
-            let _ = d.nak(None).await;
+            // a write applied already that the client sent again): handled again here, still
+            // held, going on from what the journal holds. Given back, each failover that lost
+            // a write would use up one of the job's deliveries, as an outage would.
+            tracing::warn!(error = %delta_host::Chain(&e), "write refused: the journal is not as this delivery left it; replaying it from the journal");
+            again.store(true, Ordering::Relaxed);
         }
         Err(engine::Error::Store(e @ store::Error::Backend(_))) => {
             store_down(shared, d, &why(&e), again).await;
