@@ -116,6 +116,10 @@ impl Gateway {
         if let Some(key) = &config.secrets_key {
             store = store.with_secrets_key(key.clone());
         }
+        if let Some(keep) = config.retention {
+            // A dead letter can be retried for as long as it is kept: its run stays as long.
+            store = store.keeping_letters(queue::Settings::default().dlq_max_age, keep);
+        }
         let queue = Queue::connect_as(
             &config.nats_url,
             &config.prefix,

@@ -338,6 +338,7 @@ async fn retention(
     }
     let mut purged = 0;
     let mut skipped = 0;
+    let mut deferred = 0;
     let mut first = Some(first);
     for _ in 0..PURGE_BATCHES {
         let pass = match first.take() {
@@ -346,16 +347,18 @@ async fn retention(
         };
         purged += pass.purged;
         skipped += pass.skipped;
+        deferred += pass.deferred;
         gw.metrics.runs_purged.inc_by(pass.purged as u64);
         if !pass.more {
             break;
         }
     }
     crate::grants::sweep(gw, cutoff).await?;
-    if purged > 0 || skipped > 0 {
+    if purged > 0 || skipped > 0 || deferred > 0 {
         tracing::info!(
             purged,
             skipped,
+            deferred,
             retention_s = gw.config.retention.map_or(0, |keep| keep.as_secs()),
             "finished runs past retention deleted"
         );

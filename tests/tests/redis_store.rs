@@ -480,6 +480,7 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
         Purged {
             purged: 1,
             skipped: 0,
+            deferred: 0,
             more: false
         }
     );
@@ -543,6 +544,104 @@ async fn retention_deletes_a_finished_run_whole_and_nothing_else() {
             .await
             .expect("create"),
         Submitted::Created
+    );
+}
+
+/// The run of a dead-lettered job (failed through a handle that is [`RedisRunStore::dead_lettering`])
+/// is marked, and retention keeping letters longer than runs defers it once by the difference,
+/// removing the mark, so that it is deleted as its letter goes. A run failed otherwise, or one
+/// whose letter was retried (the retry removes the mark) and that failed again, is deleted as
+/// any finished run; so is a marked one where letters are not kept longer.
+#[tokio::test]
+async fn retention_defers_the_run_of_a_dead_letter_once() {
+    use delta_store::redis::{Purge, Requeue};
+    use delta_store::{StatusChange, Terminal};
+    let redis = delta_e2e::Redis::start().expect("redis-server");
+    let plain = RedisRunStore::connect(&redis.url(), "dl")
+        .await
+        .expect("connect");
+    let day = std::time::Duration::from_secs(24 * 3600);
+    let store = plain.clone().keeping_letters(30 * day, 7 * day);
+    let failed = || {
+        Some(StatusChange::Finished {
+            status: Terminal::Failed,
+            result: None,
+            error: Some("poison".into()),
+        })
+    };
+    let mut ids = vec![];
+    for _ in 0..4 {
+        let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Queued);
+        ids.push(rec.run_id);
+        store.create(rec).await.expect("create");
+    }
+    let [lettered, otherwise, retried, unkept] = ids[..] else {
+        unreachable!()
+    };
+    for id in [lettered, retried, unkept] {
+        store
+            .clone()
+            .dead_lettering()
+            .append(id, vec![msg("dead-lettered")], failed())
+            .await
+            .expect("fail");
+    }
+    store
+        .append(otherwise, vec![msg("failed")], failed())
+        .await
+        .expect("fail");
+    let back = store
+        .requeue_failed(retried, "retried", "poison", None)
+        .await
+        .expect("requeue");
+    assert!(matches!(back, Requeue::Queued { .. }), "{back:?}");
+    store
+        .append(retried, vec![msg("failed again")], failed())
+        .await
+        .expect("fail again");
+    let mut raw = delta_e2e::redis_raw(&redis.url()).await;
+    let mut marks = vec![];
+    for id in &ids {
+        let m: Option<String> = redis::cmd("HGET")
+            .arg(store.run_key(*id))
+            .arg("dead_letter")
+            .query_async(&mut raw)
+            .await
+            .expect("hget");
+        marks.push(m);
+    }
+    let one = Some("1".to_owned());
+    assert_eq!(marks, [one.clone(), None, None, one]);
+
+    let at = store.finished_at(&[lettered]).await.expect("read")[0].expect("finished");
+    let now = delta_protocol::Timestamp::now().micros();
+    let mut purged = vec![];
+    for id in [lettered, otherwise, retried] {
+        purged.push(store.purge_run(id, now).await.expect("purge"));
+    }
+    assert_eq!(purged, [Purge::Deferred, Purge::Purged, Purge::Purged]);
+    let longer = i64::try_from((23 * day).as_micros()).expect("µs");
+    assert_eq!(
+        store.finished_at(&[lettered]).await.expect("read"),
+        vec![Some(at + longer)]
+    );
+    assert_eq!(
+        store.load(lettered).await.expect("kept").record.status,
+        RunStatus::Failed
+    );
+    // Not due before its new time; then deleted, the mark gone.
+    assert_eq!(
+        store.purge_run(lettered, now).await.expect("purge"),
+        Purge::Kept
+    );
+    assert_eq!(
+        store.purge_run(lettered, at + longer).await.expect("purge"),
+        Purge::Purged
+    );
+    // Letters kept no longer than runs: deleted at once.
+    assert_eq!(
+        plain.purge_run(unkept, now).await.expect("purge"),
+        Purge::Purged
     );
 }
 

@@ -385,3 +385,112 @@ async fn a_gateway_backfills_an_older_deployment_once_and_notes_it() {
     })
     .await;
 }
+
+/// A dead letter is kept 30 days, and `delta dlq retry` needs its run: so retention keeps the
+/// run of a dead-lettered job (its record marked `dead_letter` by the worker that failed it) for
+/// as long as the letter, where it deleted it `DELTA_RETENTION` after it failed. Here, with a
+/// retention of 1 s: a run that completed is deleted, the dead-lettered one is deferred (its
+/// finished entry moved on by the 30 days less the retention, the mark removed), and its letter
+/// retried past the retention completes the run, which retention then deletes as any other.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_lettered_run_is_kept_past_retention_for_as_long_as_its_letter() {
+    let mut fleet = Fleet::start_with("ret7", 1, 0, |s| {
+        s.extra = vec![("DELTA_RETENTION", "1s".into())];
+    })
+    .await;
+    fleet.add_agent(
+        "quick",
+        "name: quick\nbrain: scripted\n",
+        "steps:\n  - finish: \"done\"\n",
+    );
+    fleet.add_worker("w0");
+    // No agent `later` yet: its job (published here, as the gateway refuses an agent it does
+    // not have) is dead-lettered, an agent that does not load.
+    let rec = delta_store::RunRecord::new(RunId::new(), "later", "t", RunStatus::Queued);
+    let lettered = rec.run_id;
+    fleet.store.create(rec).await.expect("create");
+    let queue = delta_queue::Queue::connect(
+        &fleet.nats.url(),
+        "ret7",
+        &delta_e2e::workers::queue_settings(&fleet.worker_spec),
+    )
+    .await
+    .expect("nats");
+    queue
+        .publish_job("later", &delta_protocol::Job::start(lettered), None)
+        .await
+        .expect("publish");
+    fleet.wait_status(lettered, RunStatus::Failed).await;
+    let (_, page) = fleet.client.get("/v1/dlq").await.expect("dlq");
+    let seq = page["dead_letters"][0]["seq"].as_u64().expect("a letter");
+    let mut raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
+    let mark: Option<String> = redis::cmd("HGET")
+        .arg(fleet.store.run_key(lettered))
+        .arg("dead_letter")
+        .query_async(&mut raw)
+        .await
+        .expect("hget");
+    assert_eq!(mark.as_deref(), Some("1"), "the failed run is marked");
+    let failed_at = fleet.store.finished_at(&[lettered]).await.expect("read")[0]
+        .expect("in the finished index");
+
+    // Past retention: the completed run is deleted, the dead-lettered one deferred.
+    let done = fleet.submit("quick", "t").await;
+    fleet.wait_status(done, RunStatus::Completed).await;
+    eventually("the completed run deleted", 20, async || {
+        matches!(
+            fleet.store.load(done).await,
+            Err(delta_store::Error::NotFound(_))
+        )
+    })
+    .await;
+    let kept = fleet
+        .store
+        .load(lettered)
+        .await
+        .expect("the dead-lettered run kept");
+    assert_eq!(kept.record.status, RunStatus::Failed);
+    let deferred_to = fleet.store.finished_at(&[lettered]).await.expect("read")[0]
+        .expect("still in the finished index");
+    let longer =
+        i64::try_from((Duration::from_secs(30 * 24 * 3600) - Duration::from_secs(1)).as_micros())
+            .expect("µs");
+    assert_eq!(
+        deferred_to,
+        failed_at + longer,
+        "deferred by the letter's 30 days less 1 s"
+    );
+    let mark: Option<String> = redis::cmd("HGET")
+        .arg(fleet.store.run_key(lettered))
+        .arg("dead_letter")
+        .query_async(&mut raw)
+        .await
+        .expect("hget");
+    assert_eq!(mark, None, "deferred once: the mark is gone");
+
+    // The cause mended, the letter retried: the run goes on and completes, and then, finished
+    // as any other run, retention deletes it.
+    fleet.add_agent(
+        "later",
+        "name: later\nbrain: scripted\n",
+        "steps:\n  - finish: \"at last\"\n",
+    );
+    let (status, body) = fleet
+        .client
+        .post(&format!("/v1/dlq/{seq}/retry"), &json!({}))
+        .await
+        .expect("retry");
+    assert_eq!(status, 200, "{body}");
+    fleet.wait_status(lettered, RunStatus::Completed).await;
+    eventually(
+        "the retried run deleted once it completed",
+        20,
+        async || {
+            matches!(
+                fleet.store.load(lettered).await,
+                Err(delta_store::Error::NotFound(_))
+            )
+        },
+    )
+    .await;
+}

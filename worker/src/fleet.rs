@@ -587,16 +587,16 @@ async fn sweep(shared: &Arc<Shared>) -> Result<usize, String> {
     Ok(removed)
 }
 
-/// Fails a run with `reason` (fenced by the job's token, so a newer owner is not overridden).
-/// `Err` only when Redis could not take the write (a run that ended or went on meanwhile needs
-/// no failing).
+/// Fails the run of a dead-lettered job with `reason` (fenced by the job's token, so a newer
+/// owner is not overridden), marked so that retention keeps it as long as its letter. `Err` only
+/// when Redis could not take the write (a run that ended or went on meanwhile needs no failing).
 async fn fail_run(
     shared: &Shared,
     run_id: RunId,
     fence: Fence,
     reason: &str,
 ) -> Result<(), store::Error> {
-    let store = shared.store.fenced(fence);
+    let store = shared.store.fenced(fence).dead_lettering();
     let events = vec![
         Event::SystemMessage(SystemMessage {
             level: MessageLevel::Error,

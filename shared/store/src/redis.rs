@@ -177,6 +177,8 @@ script_args!(
         reopen_asked_us,
         reopen_expires_us,
         reopen_escalates,
+        // '1': a `FAILED` end written for a dead-lettered job (the record's `dead_letter`).
+        dead_letter,
     }
 );
 
@@ -310,6 +312,7 @@ if status ~= '' then
   if finished == '1' then
     if result ~= '' then put('result', result) end
     if err_text ~= '' then put('error', err_text) end
+    if dead_letter == '1' and status == 'FAILED' then put('dead_letter', '1') end
     -- Retention finds finished runs by when they finished (redis/retention.rs).
     redis.call('ZADD', p .. ':runs:finished', created_us, run)
     -- A finished run keeps no snapshot: emptied in the record's HSET below.
@@ -706,6 +709,12 @@ pub struct RedisRunStore {
     owner: Option<String>,
     /// The trace a pause belongs to, stored with the question so its answer continues it.
     traceparent: Option<String>,
+    /// Whether a `FAILED` end written through this handle is a dead letter's
+    /// ([`RedisRunStore::dead_lettering`]): retention keeps such a run as long as its letter.
+    dead_letter: bool,
+    /// How much longer (µs) than a finished run retention keeps a dead letter's run
+    /// ([`RedisRunStore::keeping_letters`]).
+    letters_longer_us: i64,
     append: Script,
     load_latest: Script,
     create: Script,
@@ -978,6 +987,8 @@ impl RedisRunStore {
             fence: None,
             owner: None,
             traceparent: None,
+            dead_letter: false,
+            letters_longer_us: 0,
             append: Script::new(&named_args(AppendArgs::NAMES, APPEND)),
             load_latest: Script::new(LOAD_LATEST),
             create: Script::new(CREATE),
@@ -1254,6 +1265,24 @@ impl RedisRunStore {
     pub fn owned_by(mut self, worker: &str, traceparent: Option<String>) -> Self {
         self.owner = Some(worker.to_owned());
         self.traceparent = traceparent;
+        self
+    }
+
+    /// A handle whose `FAILED` end of a run is that of a dead-lettered job: the record is marked
+    /// (`dead_letter`), and retention keeps the run as long as the letter is kept
+    /// ([`RedisRunStore::purge_run`]) so that `delta dlq retry` finds it; a retry removes the
+    /// mark.
+    pub fn dead_lettering(mut self) -> Self {
+        self.dead_letter = true;
+        self
+    }
+
+    /// A handle whose retention ([`RedisRunStore::purge_run`]) keeps the run of a dead letter
+    /// until `letters` after it failed, where finished runs are kept `retention`: so that a
+    /// letter can be retried for as long as it is kept.
+    pub fn keeping_letters(mut self, letters: Duration, retention: Duration) -> Self {
+        self.letters_longer_us =
+            i64::try_from(letters.saturating_sub(retention).as_micros()).unwrap_or(i64::MAX / 2);
         self
     }
 
@@ -2280,10 +2309,17 @@ impl RunStore for RedisRunStore {
                         })
                         .unwrap_or_default();
                 }
-                StatusChange::Finished { result, error, .. } => {
+                StatusChange::Finished {
+                    status,
+                    result,
+                    error,
+                } => {
                     args.finished = "1".to_owned();
                     args.result = opt(result);
                     args.err_text = opt(error);
+                    if self.dead_letter && *status == crate::Terminal::Failed {
+                        args.dead_letter = "1".to_owned();
+                    }
                 }
                 _ => {}
             }

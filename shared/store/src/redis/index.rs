@@ -65,7 +65,7 @@ local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') + 1
 redis.call('XADD', KEYS[2], seq .. '-0', 'e',
   '{"seq":' .. seq .. ',"timestamp":"' .. ARGV[2] .. '",' .. ARGV[4])
 redis.call('HSET', KEYS[1], 'seq', seq, 'updated_at', ARGV[2], 'status', 'QUEUED')
-redis.call('HDEL', KEYS[1], 'error', 'result', 'pending_request_id')
+redis.call('HDEL', KEYS[1], 'error', 'result', 'pending_request_id', 'dead_letter')
 local score = redis.call('ZSCORE', ARGV[1] .. ':runs:all', run) or ARGV[3]
 redis.call('ZREM', ARGV[1] .. ':runs:FAILED', run)
 redis.call('ZREM', ARGV[1] .. ':runs:finished', run)

@@ -22,16 +22,20 @@ use crate::Error;
 use delta_protocol::{RunId, RunStatus, Timestamp};
 
 /// Deletes one finished run entirely (with its snapshot, `<run>:snap`), if it finished at or
-/// before the cut-off. KEYS: run, journal. ARGV: bucket tag, run id, cut-off (µs). Returns `PURGED`, `GONE` (nothing was left but
-/// index entries, now removed), `KEPT` (finished after the cut-off, or not in the finished index)
-/// or `LIVE` (not finished: reopened; its stale finished entry is removed).
+/// before the cut-off. KEYS: run, journal. ARGV: bucket tag, run id, cut-off (µs), how much
+/// longer (µs) a dead letter is kept than a finished run. Returns `PURGED`, `GONE` (nothing was
+/// left but index entries, now removed), `KEPT` (finished after the cut-off, or not in the
+/// finished index), `LIVE` (not finished: reopened; its stale finished entry is removed) or
+/// `DEFERRED` (failed by a dead letter, marked `dead_letter`, and the letter kept longer: its
+/// finished entry moved on by that much, and the mark removed, so that it is deleted when it
+/// comes due again, as its letter goes).
 ///
 /// The run's questions are found by the ids its journal names (every question a run asks is
 /// journaled as `HUMAN_INPUT_REQUEST` before or with its pause) and its pending request: in a
 /// plain entry's text only structural `"request_id":"…"` pairs match, since quotes inside a JSON
 /// string are escaped; a packed entry names the questions it asks in its field `q`.
 const PURGE: &str = r#"
-local p, run, cutoff = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local p, run, cutoff, letters = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local st = redis.call('HGET', KEYS[1], 'status')
 if st and st ~= 'COMPLETED' and st ~= 'FAILED' and st ~= 'CANCELLED' then
   redis.call('ZREM', p .. ':runs:finished', run)
@@ -40,6 +44,12 @@ end
 if st then
   local at = redis.call('ZSCORE', p .. ':runs:finished', run)
   if not at or tonumber(at) > cutoff then return 'KEPT' end
+  -- A dead letter's run, kept for `delta dlq retry` while the letter is.
+  if st == 'FAILED' and letters > 0 and redis.call('HGET', KEYS[1], 'dead_letter') == '1' then
+    redis.call('ZADD', p .. ':runs:finished', tonumber(at) + letters, run)
+    redis.call('HDEL', KEYS[1], 'dead_letter')
+    return 'DEFERRED'
+  end
 end
 local rids = {}
 local pending = redis.call('HGET', KEYS[1], 'pending_request_id')
@@ -93,6 +103,8 @@ pub enum Purge {
     Kept,
     /// Not finished (reopened after it finished): left alone, its stale index entry removed.
     Live,
+    /// Failed by a dead letter that is kept longer than finished runs: left until then.
+    Deferred,
 }
 
 /// What one retention pass ([`RedisRunStore::purge_finished`]) did.
@@ -100,6 +112,8 @@ pub enum Purge {
 pub struct Purged {
     /// Runs deleted.
     pub purged: usize,
+    /// Runs of dead letters left for as long again as their letters are kept longer.
+    pub deferred: usize,
     /// Due entries that named no run any more (cleaned) or a run not finished (left alone).
     pub skipped: usize,
     /// Whether more runs may be due (the batch was full).
@@ -138,7 +152,9 @@ impl RedisRunStore {
     }
 
     /// Deletes `run_id` entirely (one script) if it is finished and finished at or before
-    /// `before_us`; idempotent.
+    /// `before_us`; idempotent. The run of a dead letter ([`RedisRunStore::dead_lettering`]) is
+    /// deferred instead, once, by as much longer as letters are kept
+    /// ([`RedisRunStore::keeping_letters`]).
     pub async fn purge_run(&self, run_id: RunId, before_us: i64) -> Result<Purge, Error> {
         let mut conn = self.connection();
         let reply: Result<String, _> = redis::Script::new(PURGE)
@@ -147,6 +163,7 @@ impl RedisRunStore {
             .arg(self.run_tag(run_id))
             .arg(run_id.to_string())
             .arg(before_us)
+            .arg(self.letters_longer_us)
             .invoke_async(&mut conn)
             .await;
         match reply {
@@ -155,6 +172,7 @@ impl RedisRunStore {
                 "GONE" => Ok(Purge::Gone),
                 "KEPT" => Ok(Purge::Kept),
                 "LIVE" => Ok(Purge::Live),
+                "DEFERRED" => Ok(Purge::Deferred),
                 other => Err(Error::Corrupt(format!(
                     "purge of {run_id} answered `{other}`"
                 ))),
@@ -189,6 +207,7 @@ impl RedisRunStore {
         for run_id in due {
             match self.purge_run(run_id, before_us).await? {
                 Purge::Purged => done.purged += 1,
+                Purge::Deferred => done.deferred += 1,
                 Purge::Gone | Purge::Live | Purge::Kept => done.skipped += 1,
             }
         }
