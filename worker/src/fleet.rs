@@ -515,6 +515,39 @@ async fn sweep_work_dirs(shared: Arc<Shared>, shutdown: CancellationToken) {
 /// Work directories looked up in the store per round trip.
 const SWEEP_BATCH: usize = 500;
 
+/// Before when (µs) a finished run's work directory is removed: `DELTA_RETENTION` after it
+/// finished, and for a `FAILED` run (which may be a dead letter's, kept for a retry that goes on
+/// in its directory) as long as a letter is kept if that is longer. A failed run that was no dead
+/// letter loses its directory sooner anyway: retention deletes its record, and a run not in
+/// the store is swept at once.
+#[derive(Clone, Copy, Debug)]
+struct Cutoffs {
+    finished: i64,
+    failed: i64,
+}
+
+impl Cutoffs {
+    fn at(now_us: i64, retention: Duration, letters: Duration) -> Cutoffs {
+        let before = |keep: Duration| {
+            now_us.saturating_sub(i64::try_from(keep.as_micros()).unwrap_or(i64::MAX))
+        };
+        Cutoffs {
+            finished: before(retention),
+            failed: before(retention.max(letters)),
+        }
+    }
+
+    /// Whether the directory of a run that finished `status` at `at_us` is due.
+    fn expired(self, status: RunStatus, at_us: i64) -> bool {
+        let cutoff = if status == RunStatus::Failed {
+            self.failed
+        } else {
+            self.finished
+        };
+        at_us <= cutoff
+    }
+}
+
 /// One sweep of the work directories; returns how many it removed.
 async fn sweep(shared: &Arc<Shared>) -> Result<usize, String> {
     let dirs = shared.work_dirs.clone();
@@ -522,11 +555,12 @@ async fn sweep(shared: &Arc<Shared>) -> Result<usize, String> {
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("{}: {e}", shared.work_dirs.root().display()))?;
-    let cutoff = shared.config.retention.map(|keep| {
-        let keep = i64::try_from(keep.as_micros()).unwrap_or(i64::MAX);
-        delta_protocol::Timestamp::now()
-            .micros()
-            .saturating_sub(keep)
+    let cutoffs = shared.config.retention.map(|keep| {
+        Cutoffs::at(
+            delta_protocol::Timestamp::now().micros(),
+            keep,
+            shared.config.queue.dlq_max_age,
+        )
     });
     let mut removed = 0;
     for batch in runs.chunks(SWEEP_BATCH) {
@@ -541,9 +575,10 @@ async fn sweep(shared: &Arc<Shared>) -> Result<usize, String> {
                     shared.store.record(*id).await,
                     Err(store::Error::NotFound(_))
                 ),
-                Some(s) if s.is_terminal() => {
-                    matches!((cutoff, at), (Some(c), Some(at)) if at <= c)
-                }
+                Some(s) if s.is_terminal() => match (cutoffs, at) {
+                    (Some(c), Some(at)) => c.expired(s, at),
+                    _ => false,
+                },
                 // Queued, running, paused or interrupted: kept.
                 Some(_) => false,
             };
@@ -1323,4 +1358,30 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
 /// An error with its causes, as a dead letter's reason or a failed run's error.
 fn why<E: std::error::Error>(e: &E) -> String {
     delta_host::Chain(e).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_runs_directory_stays_as_long_as_a_dead_letter_would() {
+        let day = Duration::from_secs(24 * 3600);
+        let now = 100 * i64::try_from(day.as_micros()).expect("µs");
+        let ago = |days: u64| {
+            now - i64::try_from((day * u32::try_from(days).expect("days")).as_micros()).expect("µs")
+        };
+        let c = Cutoffs::at(now, 7 * day, 30 * day);
+        assert!(c.expired(RunStatus::Completed, ago(8)));
+        assert!(c.expired(RunStatus::Cancelled, ago(7)));
+        assert!(!c.expired(RunStatus::Completed, ago(6)));
+        assert!(!c.expired(RunStatus::Failed, ago(8)));
+        assert!(!c.expired(RunStatus::Failed, ago(29)));
+        assert!(c.expired(RunStatus::Failed, ago(30)));
+        // A retention longer than letters are kept: the retention for every run.
+        let c = Cutoffs::at(now, 40 * day, 30 * day);
+        assert!(!c.expired(RunStatus::Failed, ago(35)));
+        assert!(c.expired(RunStatus::Failed, ago(40)));
+        assert!(!c.expired(RunStatus::Completed, ago(35)));
+    }
 }
