@@ -1398,3 +1398,84 @@ async fn events_behind_a_slow_one_are_delivered_once() {
         "five events, only the hung one delivered twice: {info:?}"
     );
 }
+
+/// A click the bridge acknowledged (its `200` to Slack) and died before handling is handled by
+/// the bridge started again: it was noted in the bridge's bucket (`clicks`) before the `200`,
+/// and removed once handled. Before, it was lost, the question left pending.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_click_acknowledged_is_handled_after_the_bridge_dies() {
+    let mut s = setup("slk12", &[]).await;
+    // This bridge waits 30 s between a click's `200` and its handling, and is killed meanwhile.
+    s.bridge.kill();
+    s.bridge
+        .env
+        .push(("DELTA_FAILPOINT".into(), "slack:before-click@30000".into()));
+    s.bridge.spawn();
+    s.bridge.wait_ready().await;
+    let run = submit_as(&s.ops, "chooser", "go").await;
+    let rid = pending(&s.ops, run).await;
+    let post = s
+        .slack
+        .wait_for("the question posted", |f| {
+            f.posts_of(&rid).into_iter().next()
+        })
+        .await;
+    let button = buttons(&post)
+        .into_iter()
+        .find(|b| {
+            b["style"] != "danger"
+                && b["action_id"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("delta.answer."))
+        })
+        .expect("an answer button");
+    let action = button["action_id"].as_str().expect("id").to_owned();
+    assert_eq!(
+        send(&s.bridge, &click(&post, "U0ALICE", &action), now(), None).await,
+        200
+    );
+    let js = async_nats::jetstream::new(s.fleet.nats_admin().await);
+    let kv = js
+        .get_key_value(format!("{}_SLACK", s.prefix.to_uppercase()))
+        .await
+        .expect("the bridge's bucket");
+    let noted = async || -> serde_json::Map<String, Value> {
+        let bytes = kv.get("clicks").await.expect("read").unwrap_or_default();
+        serde_json::from_slice(&bytes).unwrap_or_default()
+    };
+    let clicks = noted().await;
+    assert_eq!(clicks.len(), 1, "noted before the 200: {clicks:?}");
+    let payload = clicks.values().next().expect("one")["payload"].to_string();
+    assert!(
+        !payload.contains("response_url") && !payload.contains("hooks.slack"),
+        "only what the bridge reads is kept: {payload}"
+    );
+    s.bridge.kill();
+    let (_, view) = s
+        .ops
+        .get(&format!("/v1/interactions/{rid}"))
+        .await
+        .expect("get");
+    assert_eq!(
+        view["state"], "PENDING",
+        "not answered before the bridge died"
+    );
+
+    s.bridge.env.retain(|(k, _)| k != "DELTA_FAILPOINT");
+    s.bridge.spawn();
+    s.bridge.wait_ready().await;
+    s.fleet.wait_status(run, RunStatus::Completed).await;
+    let stored = s.fleet.store.load(run).await.expect("load");
+    let a = answers(&stored);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(
+        (a[0].responder.id.as_str(), a[0].responder.via),
+        ("alice", Via::Slack)
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !noted().await.is_empty() {
+        assert!(Instant::now() < deadline, "the click noted handled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ephemerals_to(&s.slack, "U0ALICE").is_empty());
+}

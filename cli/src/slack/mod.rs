@@ -10,7 +10,9 @@
 //!   minutes) before anything in it is read, acknowledged at once, then handled: a button
 //!   answers through the gateway's one answer path, as the person the Slack user maps to
 //!   (a `relay` token); an option that needs text opens a modal whose submission answers.
-//!   Refusals are shown to the person who clicked only.
+//!   Refusals are shown to the person who clicked only. Each click is noted in the bucket
+//!   before its `200` and the note removed once it is handled, so that a bridge that died in
+//!   between handles it when it starts again ([`replay_clicks`]).
 //! - **Once.** Where each question was posted is kept in a KV bucket of its own
 //!   ([`store`]); a post under way is marked first, so that after a crash between posting
 //!   and recording, Slack's history (the message's metadata) is searched before posting again.
@@ -268,6 +270,7 @@ pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()>
         users: Mutex::new(UserCache::default()),
         tasks: TaskTracker::new(),
     });
+    replay_clicks(&bridge).await;
     let consumer = stream
         .get_or_create_consumer(
             &consumer_name(&bridge.cfg.prefix),
@@ -990,7 +993,7 @@ fn of_team(ours: Option<&str>, p: &Payload) -> bool {
 }
 
 /// What Slack posts to the interactivity URL, as far as the bridge reads it.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Payload {
     #[serde(rename = "type")]
     kind: String,
@@ -1008,7 +1011,7 @@ struct Payload {
     view: Option<PayloadView>,
 }
 
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct PayloadUser {
     id: String,
     /// The user's own workspace (another one for a Slack Connect guest).
@@ -1016,24 +1019,24 @@ struct PayloadUser {
     team_id: Option<String>,
 }
 
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct PayloadTeam {
     id: String,
 }
 
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct PayloadChannel {
     id: String,
 }
 
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct PayloadAction {
     action_id: String,
     #[serde(default)]
     value: Option<String>,
 }
 
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct PayloadView {
     #[serde(default)]
     private_metadata: Option<String>,
@@ -1092,17 +1095,113 @@ async fn interactivity(
             return StatusCode::BAD_REQUEST;
         }
     };
+    // Noted before the `200`, so that a bridge that dies before it is handled handles it when it
+    // starts again; not noted (NATS away for longer than Slack waits), handled all the same.
+    let noted = matches!(payload.kind.as_str(), "block_actions" | "view_submission")
+        .then(|| uuid::Uuid::new_v4().simple().to_string());
+    if let Some(id) = &noted {
+        let click = store::Pending {
+            at: now_secs(),
+            payload: serde_json::to_value(&payload).unwrap_or_default(),
+        };
+        match tokio::time::timeout(NOTE_WITHIN, b.store.note_click(id, click)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "a click not noted: handled now, lost should the bridge stop first");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "a click not noted in time: handled now, lost should the bridge stop first"
+                );
+            }
+        }
+    }
     let bridge = b.clone();
     b.tasks.spawn(async move {
-        if let Err(e) = bridge.interaction(payload).await {
-            tracing::warn!(error = %format!("{e:#}"), "handling a Slack interaction failed");
-        }
+        delta_host::failpoint_delay("slack:before-click").await;
+        bridge.handle(noted.as_deref(), payload, false).await;
     });
     StatusCode::OK
 }
 
+/// How long a click's note may take before the `200` (Slack waits 3 s in all).
+const NOTE_WITHIN: Duration = Duration::from_millis(1500);
+
+/// How old a noted click may be and still be handled when the bridge starts again; an older one
+/// is dropped, and its user told to click again.
+const REPLAY_WITHIN: i64 = 24 * 3600;
+
+/// Handles the clicks a bridge that stopped (or died) had acknowledged and not handled.
+async fn replay_clicks(bridge: &Arc<Bridge>) {
+    let pending = match bridge.store.pending_clicks().await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the clicks acknowledged before this start; they are handled at the next one");
+            return;
+        }
+    };
+    if !pending.is_empty() {
+        tracing::info!(
+            clicks = pending.len(),
+            "handling the clicks acknowledged before this start"
+        );
+    }
+    for (id, click) in pending {
+        let payload: Payload = match serde_json::from_value(click.payload) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "a noted click the bridge cannot read; dropped");
+                let _ = bridge.store.click_done(&id).await;
+                continue;
+            }
+        };
+        let b = bridge.clone();
+        if now_secs().saturating_sub(click.at) > REPLAY_WITHIN {
+            tracing::warn!(
+                age_s = now_secs().saturating_sub(click.at),
+                "a click too old to handle; dropped"
+            );
+            bridge.tasks.spawn(async move {
+                b.not_handled(&payload).await;
+                let _ = b.store.click_done(&id).await;
+            });
+            continue;
+        }
+        bridge.tasks.spawn(async move {
+            b.handle(Some(&id), payload, true).await;
+        });
+    }
+}
+
 impl Bridge {
-    async fn interaction(&self, p: Payload) -> anyhow::Result<()> {
+    /// Handles an interaction, then notes it handled if it was noted (`id`); `replayed`: it was
+    /// acknowledged by a bridge that stopped before it was handled.
+    async fn handle(&self, id: Option<&str>, payload: Payload, replayed: bool) {
+        if let Err(e) = self.interaction(payload, replayed).await {
+            tracing::warn!(error = %format!("{e:#}"), "handling a Slack interaction failed");
+        }
+        if let Some(id) = id
+            && let Err(e) = self.store.click_done(id).await
+        {
+            tracing::warn!(error = %e, "a click not noted handled: it is handled again at the next start");
+        }
+    }
+
+    /// Tells who clicked that their click was not handled, as it came too long before.
+    async fn not_handled(&self, p: &Payload) {
+        let channel = p.channel.as_ref().map(|c| c.id.clone()).or_else(|| {
+            p.view
+                .as_ref()
+                .and_then(|v| v.private_metadata.as_deref())
+                .and_then(|m| serde_json::from_str::<ModalMeta>(m).ok())
+                .map(|m| m.c)
+        });
+        if let Some(channel) = channel {
+            self.tell(&channel, &p.user.id, NOT_HANDLED).await;
+        }
+    }
+
+    async fn interaction(&self, p: Payload, replayed: bool) -> anyhow::Result<()> {
         if !self.of_our_team(&p) {
             tracing::warn!(user = %p.user.id, team = ?p.team.as_ref().map(|t| &t.id), user_team = ?p.user.team_id, "an interaction from another workspace refused (team_id)");
             if let Some(c) = &p.channel {
@@ -1111,7 +1210,7 @@ impl Bridge {
             return Ok(());
         }
         match p.kind.as_str() {
-            "block_actions" => self.clicked(p).await,
+            "block_actions" => self.clicked(p, replayed).await,
             "view_submission" => self.submitted(p).await,
             _ => Ok(()),
         }
@@ -1150,7 +1249,7 @@ impl Bridge {
         }
     }
 
-    async fn clicked(&self, p: Payload) -> anyhow::Result<()> {
+    async fn clicked(&self, p: Payload, replayed: bool) -> anyhow::Result<()> {
         let Some(action) = p.actions.first() else {
             return Ok(());
         };
@@ -1176,6 +1275,10 @@ impl Bridge {
                     "responder": {"id": identity, "via": "slack"},
                 });
                 self.answer(&channel, &user, rid, body).await;
+            }
+            render::Act::Modal | render::Act::Edit if replayed => {
+                // Its trigger, good for 3 s, is long gone: nothing can open the form now.
+                self.tell(&channel, &user, NOT_HANDLED).await;
             }
             render::Act::Modal | render::Act::Edit => {
                 // Slack's trigger is good for 3 s: the modal opens first (its content is the
@@ -1330,6 +1433,7 @@ impl Bridge {
     }
 }
 
+const NOT_HANDLED: &str = "The bridge stopped before it handled your click, and cannot now: nothing was answered. Click again.";
 const UNMAPPED: &str = "Your Slack account is not mapped to a Delta identity, so the bridge cannot answer for you. Ask an operator to add you to the bridge's user mapping (docs/slack.md).";
 const OTHER_TEAM: &str =
     "This bridge answers only for people of its own Slack workspace: nothing was answered.";

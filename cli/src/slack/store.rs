@@ -1,7 +1,10 @@
 //! What the bridge remembers of each question, in a NATS KV bucket of its own (`<P>_SLACK`, key:
-//! the request id): where it posted the question, what it last heard of it. Its NATS user may
-//! read and write this bucket and nothing else of the kind (`delta_queue::access`, role `slack`).
+//! the request id): where it posted the question, what it last heard of it; and, under the key
+//! [`CLICKS`], the clicks and form submissions it acknowledged to Slack and has not handled yet.
+//! Its NATS user may read and write this bucket and nothing else of the kind
+//! (`delta_queue::access`, role `slack`).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -59,6 +62,21 @@ pub struct Record {
     /// Who escalation steps let answer besides `allowed_responders` (DMs for `dm: true`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub added: Vec<String>,
+}
+
+/// The key of the clicks acknowledged and not handled yet (no request id: those are UUIDs).
+pub const CLICKS: &str = "clicks";
+
+/// Tries of one change to [`CLICKS`] when others change it at the same time.
+const CLICKS_TRIES: usize = 20;
+
+/// A click or form submission acknowledged to Slack and not handled yet.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pending {
+    /// When it came (Unix seconds).
+    pub at: i64,
+    /// Its payload, as far as the bridge reads it.
+    pub payload: serde_json::Value,
 }
 
 /// Why the store failed.
@@ -125,6 +143,77 @@ impl Store {
                 what: e.to_string(),
             }),
         }
+    }
+
+    /// The clicks acknowledged and not handled yet, by their ids.
+    pub async fn pending_clicks(&self) -> Result<BTreeMap<String, Pending>, Error> {
+        Ok(self.clicks().await?.0)
+    }
+
+    /// Notes click `id` as acknowledged and not handled yet.
+    pub async fn note_click(&self, id: &str, click: Pending) -> Result<(), Error> {
+        self.change_clicks(|all| {
+            all.insert(id.to_owned(), click.clone());
+        })
+        .await
+    }
+
+    /// Notes click `id` handled (nothing if it is not noted).
+    pub async fn click_done(&self, id: &str) -> Result<(), Error> {
+        self.change_clicks(|all| {
+            all.remove(id);
+        })
+        .await
+    }
+
+    /// [`CLICKS`] and its revision (`None`: never written).
+    async fn clicks(&self) -> Result<(BTreeMap<String, Pending>, Option<u64>), Error> {
+        let entry = self.kv.entry(CLICKS).await.map_err(|e| Error::Read {
+            key: CLICKS.into(),
+            what: e.to_string(),
+        })?;
+        Ok(match entry {
+            Some(e) => (
+                // Unreadable (written by hand?): taken as none, and overwritten.
+                serde_json::from_slice(&e.value).unwrap_or_default(),
+                Some(e.revision),
+            ),
+            None => (BTreeMap::new(), None),
+        })
+    }
+
+    /// Changes [`CLICKS`] by `f`, written only if nobody wrote it since it was read (and read
+    /// again if someone did).
+    async fn change_clicks(&self, f: impl Fn(&mut BTreeMap<String, Pending>)) -> Result<(), Error> {
+        let write = |what: String| Error::Write {
+            key: CLICKS.into(),
+            what,
+        };
+        for _ in 0..CLICKS_TRIES {
+            let (mut all, revision) = self.clicks().await?;
+            let before = all.clone();
+            f(&mut all);
+            if all == before && revision.is_some() {
+                return Ok(());
+            }
+            let bytes = serde_json::to_vec(&all).unwrap_or_default();
+            // Someone wrote it since it was read: read again.
+            match revision {
+                Some(r) => match self.kv.update(CLICKS, bytes.into(), r).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {}
+                    Err(e) => return Err(write(e.to_string())),
+                },
+                None => match self.kv.create(CLICKS, bytes.into()).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(write(e.to_string())),
+                },
+            }
+        }
+        Err(write(format!(
+            "changed by others {CLICKS_TRIES} times in a row"
+        )))
     }
 
     pub async fn put(&self, id: RequestId, r: &Record) -> Result<(), Error> {
