@@ -1002,6 +1002,29 @@ async fn paused_with_events_stream_gone(
     prefix: &str,
     max_deliver: i64,
 ) -> (Fleet, async_nats::jetstream::Context, StoredRun) {
+    let (fleet, js) = events_stream_gone(prefix, max_deliver).await;
+    let ids = fleet.submit_to("hello", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let run = fleet.load(ids[0]).await;
+        if run.record.status == RunStatus::WaitingForInput {
+            return (fleet, js, run);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run pauses on its question: {}",
+            std::fs::read_to_string(fleet.log("w0")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A fleet (prefix `prefix`, `max_deliver` as given) with one worker, up, whose events stream
+/// was deleted (so that announcements are refused); the stream client.
+async fn events_stream_gone(
+    prefix: &str,
+    max_deliver: i64,
+) -> (Fleet, async_nats::jetstream::Context) {
     let mut fleet = Fleet::start(prefix, 3000, 2000, max_deliver).await;
     agent(&fleet.worker_spec.agents_dir, 1, "0", true);
     fleet.add_worker("w0");
@@ -1025,20 +1048,60 @@ async fn paused_with_events_stream_gone(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     js.delete_stream(&events).await.expect("delete");
-    let ids = fleet.submit_to("hello", 1).await;
+    (fleet, js)
+}
+
+/// A job dead-lettered (its agent missing) while NATS refuses announcements (the events stream
+/// gone): its run is failed, and its worker holds the job rather than ending it, trying the
+/// run's end again until it is announced (`run.failed`, once, when the stream is back); one
+/// letter. Before, the job was ended whatever happened, and the run's end was never announced:
+/// an A2A push session or a webhook waiting on it waited until retention.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_end_of_a_dead_lettered_run_nats_refused_is_announced_later() {
+    let _serial = SERIAL.lock().await;
+    let (fleet, js) = events_stream_gone("xp", 5).await;
+    let ids = fleet.submit_to("later", 1).await;
+    let log = || std::fs::read_to_string(fleet.log("w0")).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let run = fleet.load(ids[0]).await;
-        if run.record.status == RunStatus::WaitingForInput {
-            return (fleet, js, run);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the run pauses on its question: {}",
-            std::fs::read_to_string(fleet.log("w0")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    while !log().contains("a run's end not announced; holding the job") {
+        assert!(Instant::now() < deadline, "the job held: {}", log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Held a while, tried again meanwhile.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let run = fleet.load(ids[0]).await;
+    assert_eq!(run.record.status, RunStatus::Failed);
+    assert_eq!(messages_in(&js, "XP_DLQ").await, 1, "one letter");
+    // The stream back (a gateway makes what is missing as it connects).
+    Queue::connect(&fleet.nats.url(), "xp", &Default::default())
+        .await
+        .expect("the streams made again");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ended = loop {
+        if let Ok(mut stream) = js.get_stream("XP_INTERACTIONS").await {
+            let of_run: Vec<String> = delta_e2e::stored_events(&mut stream)
+                .await
+                .into_iter()
+                .filter(|v| v["deltarun"] == serde_json::json!(ids[0].to_string()))
+                .map(|v| v["type"].as_str().unwrap_or_default().to_owned())
+                .collect();
+            if !of_run.is_empty() {
+                break of_run;
+            }
+        }
+        assert!(Instant::now() < deadline, "the end announced: {}", log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(ended, ["dev.delta.run.failed"]);
+    // And the job ended with it, by the delivery that held it: nothing left to deliver.
+    wait_until_gone(&fleet, &js, &["XP_JOBS"]).await;
+    assert_eq!(messages_in(&js, "XP_DLQ").await, 1, "still one letter");
+    assert!(
+        log().contains("the run's end announced after all"),
+        "{}",
+        log()
+    );
+    assert!(!log().contains("delivery=2"), "delivered once: {}", log());
 }
 
 /// A run that paused on a question (stored in Redis) whose announcement NATS refuses (the events

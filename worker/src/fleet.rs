@@ -695,15 +695,54 @@ async fn poison(shared: &Shared, d: &Delivery, reason: &str) {
         return;
     }
     if let Ok(job) = &d.job {
+        // Either failing, the job is given back rather than ended: its next delivery finds the
+        // run failed and announces its end (or poisons it again, its letter's copy then dropped
+        // as a duplicate). Ended, nothing would announce it, and whoever waits on the run's end
+        // (an A2A push session, a webhook) would wait until retention.
         if let Err(e) = fail_run(shared, job.run_id, d.fence, reason).await {
-            tracing::warn!(error = %delta_host::Chain(&e), run = %job.run_id, "a dead-lettered run not marked failed");
+            tracing::warn!(error = %delta_host::Chain(&e), run = %job.run_id, "a dead-lettered run not marked failed; the job is given back to try again");
+            let _ = d.nak(Some(Duration::from_secs(5))).await;
+            return;
         }
-        // Best effort: the job is gone after this, so nothing redelivers it to try again.
-        if let Err(e) = announce_end_of(shared, job.run_id, d.traceparent.as_deref()).await {
-            tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced");
+        if let Err(e) = end_announced(shared, d, job.run_id).await {
+            tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced; the job is given back to announce it");
+            let _ = d.nak(Some(Duration::from_secs(5))).await;
+            return;
         }
     }
     let _ = d.term().await;
+}
+
+/// Announces the end of run `run_id` (nothing if it has not ended, or is not in the store),
+/// holding job `d` while NATS refuses it for now, up to [`HOLD_WHILE_UNANNOUNCED`] or until the
+/// worker stops: `Err` (the first refusal) if it was not announced, for the caller to give the
+/// job back, whose next delivery (or its exhausted advisory's handler) announces it.
+async fn end_announced(shared: &Shared, d: &Delivery, run_id: RunId) -> Result<(), String> {
+    let tp = d.traceparent.as_deref();
+    let announce = async || match shared.store.record(run_id).await {
+        Ok(record) => announce_ended(shared, &record, tp).await,
+        Err(store::Error::NotFound(_)) => Ok(()),
+        Err(e) => Err(why(&e)),
+    };
+    let Err(reason) = announce().await else {
+        return Ok(());
+    };
+    tracing::warn!(
+        reason,
+        "a run's end not announced; holding the job and trying again"
+    );
+    let held = hold(shared, d, HOLD_WHILE_UNANNOUNCED, async |longest| {
+        // Bounded, so that no one attempt holds the job past its ack deadline.
+        matches!(tokio::time::timeout(longest, announce()).await, Ok(Ok(())))
+    })
+    .await;
+    match held {
+        Held::Done => {
+            tracing::info!("the run's end announced after all");
+            Ok(())
+        }
+        Held::TimedOut | Held::Stopped => Err(reason),
+    }
 }
 
 /// Dead-letters the jobs that used up `max_deliver` (their workers died on every delivery),
@@ -839,8 +878,11 @@ async fn dead_letter_exhausted(shared: &Shared, x: &Exhausted) {
             tracing::warn!(error = %delta_host::Chain(&e), "exhausted job left for another try");
             return;
         }
+        // Not announced: the advisory is left for another try, which finds the run failed and
+        // announces its end.
         if let Err(e) = announce_end_of(shared, job.run_id, x.traceparent.as_deref()).await {
-            tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced");
+            tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced; exhausted job left for another try");
+            return;
         }
     }
     delta_host::failpoint("exhausted:before-drop");
@@ -1115,12 +1157,18 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
     };
     if run.record.status.is_terminal() {
         // A duplicate or late job, or this job's own earlier delivery, which ended the run and
-        // died before announcing it: the end is announced (again: it is idempotent).
-        match announce_ended(shared, &run.record, tp.as_deref()).await {
+        // died before announcing it (or was refused the announcement): the end is announced
+        // (again: it is idempotent), the job held while NATS refuses it. Not announced, it is
+        // given back, never dead-lettered for it: the run is over, and a last delivery's
+        // exhausted advisory announces it too.
+        match end_announced(shared, d, run.record.run_id).await {
             Ok(()) => {
                 let _ = d.ack().await;
             }
-            Err(e) => retry_or_poison(shared, d, &e).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "a run's end not announced; the job is given back");
+                let _ = d.nak(Some(Duration::from_secs(5))).await;
+            }
         }
         return;
     }

@@ -1514,16 +1514,19 @@ impl Queue {
             }))
     }
 
-    /// Copies a delivery to the dead-letter stream with the reason in a header.
+    /// Copies a delivery to the dead-letter stream with the reason in a header; a second copy
+    /// of the same job within two minutes (a delivery given back after its copy, poisoned again)
+    /// is dropped as a duplicate.
     pub async fn dead_letter(&self, d: &Delivery, reason: &str) -> Result<(), Error> {
         let payload = d.msg.payload.to_vec();
+        let id = format!("dlq:poison:{}", d.fence.stream_seq);
         self.copy_to_dlq(
             &d.agent,
             d.fence.stream_seq,
             d.traceparent.as_deref(),
             reason,
             payload,
-            None,
+            Some(&id),
         )
         .await
     }
