@@ -145,12 +145,30 @@ impl Gateway {
         Ok(Retried { run_id, job_seq })
     }
 
-    /// Removes dead letter `seq` without retrying it.
+    /// Removes dead letter `seq` without retrying it; its run, if this dead-lettering failed it,
+    /// is no longer kept for a retry (retention deletes it as any finished run).
     pub async fn drop_dead_letter(&self, seq: u64, by: &str) -> Result<(), ApiError> {
+        let letter = self.queue.dead_letter_at(seq).await?;
         if !self.queue.drop_dead_letter(seq).await? {
             return Err(no_letter(seq));
         }
         tracing::info!(seq, by, "dead letter dropped");
+        if let Some(job) = letter.as_ref().and_then(|l| l.job.as_ref()) {
+            let run = job.run_id;
+            // Best effort: a mark left keeps the run until the letter would have gone.
+            match self.store.record(run).await {
+                Ok(r)
+                    if r.status == RunStatus::Failed
+                        && r.error.as_deref().map(|e| e.replace(['\r', '\n'], " "))
+                            == letter.as_ref().map(|l| l.reason.clone()) =>
+                {
+                    if let Err(e) = self.store.forget_dead_letter(run).await {
+                        tracing::warn!(error = %e, %run, "a dropped letter's run still kept as long as the letter would have been");
+                    }
+                }
+                _ => {}
+            }
+        }
         Ok(())
     }
 

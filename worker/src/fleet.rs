@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -695,15 +695,26 @@ async fn poison(shared: &Shared, d: &Delivery, reason: &str) {
         return;
     }
     if let Ok(job) = &d.job {
-        // Either failing, the job is given back rather than ended: its next delivery finds the
-        // run failed and announces its end (or poisons it again, its letter's copy then dropped
-        // as a duplicate). Ended, nothing would announce it, and whoever waits on the run's end
-        // (an A2A push session, a webhook) would wait until retention.
+        // Redis unable to take the write: the job held until it can (its letter is written, and
+        // given back on its last delivery, it would be dead-lettered a second time, for having
+        // run out, and its run failed for that).
         if let Err(e) = fail_run(shared, job.run_id, d.fence, reason).await {
-            tracing::warn!(error = %delta_host::Chain(&e), run = %job.run_id, "a dead-lettered run not marked failed; the job is given back to try again");
-            let _ = d.nak(Some(Duration::from_secs(5))).await;
-            return;
+            tracing::warn!(error = %delta_host::Chain(&e), run = %job.run_id, "a dead-lettered run not marked failed; holding the job until the store takes it");
+            let held = hold(shared, d, HOLD_WHILE_STORE_DOWN, async |_| {
+                fail_run(shared, job.run_id, d.fence, reason).await.is_ok()
+            })
+            .await;
+            if !matches!(held, Held::Done) {
+                // As before: ended, its run left as it was, for the lost-job reconciler.
+                tracing::warn!(run = %job.run_id, "a dead-lettered run left not failed");
+                let _ = d.term().await;
+                return;
+            }
         }
+        // Not announced, the job is given back rather than ended: its next delivery (or its
+        // exhausted advisory's handler) finds the run failed and announces its end. Ended,
+        // nothing would announce it, and whoever waits on the run's end (an A2A push session, a
+        // webhook) would wait until retention.
         if let Err(e) = end_announced(shared, d, job.run_id).await {
             tracing::warn!(error = %e, run = %job.run_id, "a dead-lettered run's end not announced; the job is given back to announce it");
             let _ = d.nak(Some(Duration::from_secs(5))).await;
@@ -1045,7 +1056,7 @@ async fn announce_held<F, Fut>(
 /// again, then `again` is set for [`handle`] to redo it from its journal, still held. So an
 /// outage costs a job no delivery, however long it lasts (up to [`HOLD_WHILE_STORE_DOWN`]), and
 /// neither do several in a row, instead of using up its deliveries and dead-lettering its run.
-async fn store_down(shared: &Shared, d: &Delivery, reason: &str, again: &AtomicBool) {
+async fn store_down(shared: &Shared, d: &Delivery, reason: &str, again: &AtomicU8) {
     tracing::warn!(
         reason,
         "the run store cannot take writes; holding the job until it can"
@@ -1058,7 +1069,7 @@ async fn store_down(shared: &Shared, d: &Delivery, reason: &str, again: &AtomicB
         // Handled again here, still held: given back, each outage would use up one of the
         // job's deliveries, and a few Redis failovers in a row would dead-letter a run that
         // did nothing wrong.
-        Held::Done => again.store(true, Ordering::Relaxed),
+        Held::Done => again.store(AGAIN_STORE_DOWN, Ordering::Relaxed),
         Held::TimedOut => retry_or_poison(shared, d, reason).await,
         Held::Stopped => {
             let _ = d.nak(None).await;
@@ -1088,12 +1099,32 @@ async fn retry_or_poison(shared: &Shared, d: &Delivery, reason: &str) {
 /// writes, or refused a write by a journal that lost writes), before it is given back instead.
 const HANDLED_AGAIN: u32 = 30;
 
+/// Of those, how many for writes refused as `Rewound`: each replays the run's steps since the
+/// journal's end again, so a store that keeps losing writes gives the job back soon, each try a
+/// little later than the one before.
+const REWOUND_AGAIN: u32 = 5;
+
+/// Why [`handle_once`] asks to be run again (`again`): nothing, the store was down, a write was
+/// refused as `Rewound`.
+const AGAIN_NOT: u8 = 0;
+const AGAIN_STORE_DOWN: u8 = 1;
+const AGAIN_REWOUND: u8 = 2;
+
 async fn handle(shared: &Shared, d: Delivery) {
+    let mut rewound = 0;
     for attempt in 0..HANDLED_AGAIN {
-        let again = AtomicBool::new(false);
+        let again = AtomicU8::new(AGAIN_NOT);
         handle_once(shared, &d, attempt == 0, &again).await;
-        if !again.load(Ordering::Relaxed) {
-            return;
+        match again.load(Ordering::Relaxed) {
+            AGAIN_NOT => return,
+            AGAIN_REWOUND => {
+                rewound += 1;
+                if rewound > REWOUND_AGAIN {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250) * rewound).await;
+            }
+            _ => {}
         }
         tracing::info!("handling the job again, from the run's journal");
     }
@@ -1102,7 +1133,7 @@ async fn handle(shared: &Shared, d: Delivery) {
 
 /// Handles delivery `d`: `first` unless it is handled again in place (then the run is read from
 /// the store, never taken as the job carries it: this delivery may have written since).
-async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicBool) {
+async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicU8) {
     let job = match &d.job {
         Ok(j) => j.clone(),
         Err(reason) => return poison(shared, d, reason).await,
@@ -1352,13 +1383,19 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
             } else {
                 announce_end_of(shared, job.run_id, tp.as_deref()).await
             };
+            // Refused: tried again with the job held (as a paused run's question is), then the
+            // job given back, whose next delivery announces it.
+            let announced = match announced {
+                Ok(()) => Ok(()),
+                Err(_) => end_announced(shared, d, job.run_id).await,
+            };
             match announced {
                 Ok(()) => {
                     let _ = d.ack().await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "the run's end not announced; the job is redelivered to announce it");
-                    let _ = d.nak(Some(Duration::from_secs(1))).await;
+                    let _ = d.nak(Some(Duration::from_secs(5))).await;
                 }
             }
         }
@@ -1384,7 +1421,7 @@ async fn handle_once(shared: &Shared, d: &Delivery, first: bool, again: &AtomicB
             // held, going on from what the journal holds. Given back, each failover that lost
             // a write would use up one of the job's deliveries, as an outage would.
             tracing::warn!(error = %delta_host::Chain(&e), "write refused: the journal is not as this delivery left it; replaying it from the journal");
-            again.store(true, Ordering::Relaxed);
+            again.store(AGAIN_REWOUND, Ordering::Relaxed);
         }
         Err(engine::Error::Store(e @ store::Error::Backend(_))) => {
             store_down(shared, d, &why(&e), again).await;

@@ -10,9 +10,10 @@
 //!   minutes) before anything in it is read, acknowledged at once, then handled: a button
 //!   answers through the gateway's one answer path, as the person the Slack user maps to
 //!   (a `relay` token); an option that needs text opens a modal whose submission answers.
-//!   Refusals are shown to the person who clicked only. Each click is noted in the bucket
-//!   before its `200` and the note removed once it is handled, so that a bridge that died in
-//!   between handles it when it starts again ([`replay_clicks`]).
+//!   Refusals are shown to the person who clicked only. Each answer (a button that answers, a
+//!   form sent) is noted in the bucket before its `200` and the note removed once it is
+//!   handled, so that a bridge that died in between handles it when it starts again
+//!   ([`replay_clicks`]).
 //! - **Once.** Where each question was posted is kept in a KV bucket of its own
 //!   ([`store`]); a post under way is marked first, so that after a crash between posting
 //!   and recording, Slack's history (the message's metadata) is searched before posting again.
@@ -1095,31 +1096,62 @@ async fn interactivity(
             return StatusCode::BAD_REQUEST;
         }
     };
-    // Noted before the `200`, so that a bridge that dies before it is handled handles it when it
-    // starts again; not noted (NATS away for longer than Slack waits), handled all the same.
-    let noted = matches!(payload.kind.as_str(), "block_actions" | "view_submission")
-        .then(|| uuid::Uuid::new_v4().simple().to_string());
-    if let Some(id) = &noted {
+    // An answer (a button that answers, a form sent) is noted before the `200`, so that a
+    // bridge that dies before it is handled handles it when it starts again; not noted in time
+    // (NATS away for longer than Slack waits), it is handled all the same. A click that opens a
+    // form is not: its trigger is good for 3 s, and nothing could open the form later.
+    let answers = match payload.kind.as_str() {
+        "view_submission" => true,
+        "block_actions" => payload.actions.first().is_some_and(|a| {
+            render::parse_click(&a.action_id, a.value.as_deref().unwrap_or(""))
+                .is_some_and(|c| c.act == render::Act::Answer)
+        }),
+        _ => false,
+    };
+    let mut note = answers.then(|| {
+        let id = uuid::Uuid::new_v4().simple().to_string();
         let click = store::Pending {
             at: now_secs(),
             payload: serde_json::to_value(&payload).unwrap_or_default(),
         };
-        match tokio::time::timeout(NOTE_WITHIN, b.store.note_click(id, click)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
+        let store = b.store.clone();
+        let task = tokio::spawn({
+            let id = id.clone();
+            async move { store.note_click(&id, click).await }
+        });
+        (id, task)
+    });
+    // Whether the note is still under way: then the click's handling waits for it before
+    // removing it, so that a note written late is not left behind, to be handled again.
+    let mut late = false;
+    if let Some((_, task)) = &mut note {
+        match tokio::time::timeout(NOTE_WITHIN, &mut *task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => {
                 tracing::warn!(error = %e, "a click not noted: handled now, lost should the bridge stop first");
             }
+            Ok(Err(e)) => tracing::warn!(error = %e, "a click's note failed"),
             Err(_) => {
                 tracing::warn!(
                     "a click not noted in time: handled now, lost should the bridge stop first"
                 );
+                late = true;
             }
         }
     }
     let bridge = b.clone();
     b.tasks.spawn(async move {
         delta_host::failpoint_delay("slack:before-click").await;
-        bridge.handle(noted.as_deref(), payload, false).await;
+        let id = match note {
+            Some((id, task)) => {
+                if late {
+                    let _ = task.await;
+                }
+                Some(id)
+            }
+            None => None,
+        };
+        bridge.handle(id.as_deref(), payload).await;
     });
     StatusCode::OK
 }
@@ -1127,8 +1159,8 @@ async fn interactivity(
 /// How long a click's note may take before the `200` (Slack waits 3 s in all).
 const NOTE_WITHIN: Duration = Duration::from_millis(1500);
 
-/// How old a noted click may be and still be handled when the bridge starts again; an older one
-/// is dropped, and its user told to click again.
+/// How old a noted answer may be and still be handled when the bridge starts again; an older one
+/// is dropped, and its user told to answer again.
 const REPLAY_WITHIN: i64 = 24 * 3600;
 
 /// Handles the clicks a bridge that stopped (or died) had acknowledged and not handled.
@@ -1168,16 +1200,15 @@ async fn replay_clicks(bridge: &Arc<Bridge>) {
             continue;
         }
         bridge.tasks.spawn(async move {
-            b.handle(Some(&id), payload, true).await;
+            b.handle(Some(&id), payload).await;
         });
     }
 }
 
 impl Bridge {
-    /// Handles an interaction, then notes it handled if it was noted (`id`); `replayed`: it was
-    /// acknowledged by a bridge that stopped before it was handled.
-    async fn handle(&self, id: Option<&str>, payload: Payload, replayed: bool) {
-        if let Err(e) = self.interaction(payload, replayed).await {
+    /// Handles an interaction, then notes it handled if it was noted (`id`).
+    async fn handle(&self, id: Option<&str>, payload: Payload) {
+        if let Err(e) = self.interaction(payload).await {
             tracing::warn!(error = %format!("{e:#}"), "handling a Slack interaction failed");
         }
         if let Some(id) = id
@@ -1187,7 +1218,7 @@ impl Bridge {
         }
     }
 
-    /// Tells who clicked that their click was not handled, as it came too long before.
+    /// Tells who answered that their answer was not handled, as it came too long before.
     async fn not_handled(&self, p: &Payload) {
         let channel = p.channel.as_ref().map(|c| c.id.clone()).or_else(|| {
             p.view
@@ -1201,7 +1232,7 @@ impl Bridge {
         }
     }
 
-    async fn interaction(&self, p: Payload, replayed: bool) -> anyhow::Result<()> {
+    async fn interaction(&self, p: Payload) -> anyhow::Result<()> {
         if !self.of_our_team(&p) {
             tracing::warn!(user = %p.user.id, team = ?p.team.as_ref().map(|t| &t.id), user_team = ?p.user.team_id, "an interaction from another workspace refused (team_id)");
             if let Some(c) = &p.channel {
@@ -1210,7 +1241,7 @@ impl Bridge {
             return Ok(());
         }
         match p.kind.as_str() {
-            "block_actions" => self.clicked(p, replayed).await,
+            "block_actions" => self.clicked(p).await,
             "view_submission" => self.submitted(p).await,
             _ => Ok(()),
         }
@@ -1249,7 +1280,7 @@ impl Bridge {
         }
     }
 
-    async fn clicked(&self, p: Payload, replayed: bool) -> anyhow::Result<()> {
+    async fn clicked(&self, p: Payload) -> anyhow::Result<()> {
         let Some(action) = p.actions.first() else {
             return Ok(());
         };
@@ -1275,10 +1306,6 @@ impl Bridge {
                     "responder": {"id": identity, "via": "slack"},
                 });
                 self.answer(&channel, &user, rid, body).await;
-            }
-            render::Act::Modal | render::Act::Edit if replayed => {
-                // Its trigger, good for 3 s, is long gone: nothing can open the form now.
-                self.tell(&channel, &user, NOT_HANDLED).await;
             }
             render::Act::Modal | render::Act::Edit => {
                 // Slack's trigger is good for 3 s: the modal opens first (its content is the
@@ -1433,7 +1460,7 @@ impl Bridge {
     }
 }
 
-const NOT_HANDLED: &str = "The bridge stopped before it handled your click, and cannot now: nothing was answered. Click again.";
+const NOT_HANDLED: &str = "The bridge stopped before it handled your answer, over a day ago: nothing was answered. Answer again if the question is still open.";
 const UNMAPPED: &str = "Your Slack account is not mapped to a Delta identity, so the bridge cannot answer for you. Ask an operator to add you to the bridge's user mapping (docs/slack.md).";
 const OTHER_TEAM: &str =
     "This bridge answers only for people of its own Slack workspace: nothing was answered.";

@@ -81,6 +81,20 @@ end
 return {'QUEUED', tostring(seq)}
 "#;
 
+impl RedisRunStore {
+    /// Removes run `run_id`'s `dead_letter` mark (its letter dropped): retention then deletes it
+    /// as any finished run.
+    pub async fn forget_dead_letter(&self, run_id: RunId) -> Result<(), Error> {
+        let mut conn = self.connection();
+        redis::cmd("HDEL")
+            .arg(self.run_key(run_id))
+            .arg("dead_letter")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(backend)
+    }
+}
+
 /// What [`RedisRunStore::requeue_failed`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Requeue {
