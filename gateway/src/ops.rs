@@ -1428,3 +1428,15 @@ fn vote_text(q: &delta_protocol::InteractionRequest, r: &InteractionResponse) ->
             }
         })
 }
+
+/// A key a caller chose (an A2A `messageId`, an MCP idempotency key), scoped to that caller:
+/// the first 16 bytes of the SHA-256 of their name and the key, in hex. Two callers' equal keys
+/// never meet.
+pub fn callers_key(who: Option<&str>, key: &str) -> String {
+    let input = format!("{}\n{key}", who.unwrap_or("-"));
+    let digest = ring::digest::digest(&ring::digest::SHA256, input.as_bytes());
+    digest.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

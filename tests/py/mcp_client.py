@@ -8,7 +8,9 @@ the gateway's code; the plan confirmed; the API key through the one-time inbox l
 over HTTP as the person's browser would; the environment chosen); runs `hello` as a task; and, as a
 client of the 2025-11-25 protocol, is asked within its call.
 bob, a second client, reads the question alice answered as a resource. A submit-only token may
-list and call tools but not answer. Prints one JSON report on stdout; any failed check exits 1.
+list and call tools but not answer. A call retried with its idempotency key (`_meta`, or the
+`Idempotency-Key` header) is the first call's run. Prints one JSON report on stdout; any failed
+check exits 1.
 """
 
 import asyncio
@@ -283,7 +285,52 @@ async def submitter():
             check(e.error.data["code"] == "forbidden", "refused: forbidden")
 
 
+async def idempotent():
+    """A call retried with its idempotency key (`_meta`, or the `Idempotency-Key` header) gets
+    the run the first one started; without one, a new run; the same key for another task is
+    refused; another caller's same key is their own."""
+    key = {"dev.delta/idempotency-key": "call-1"}
+
+    def run_of(r):
+        return json.loads(r.request_state)["run"]
+
+    async with client(ALICE, elicitation_callback=never) as c:
+        s = c.session
+        first = await s.call_tool("hello", {"task": "once"}, allow_input_required=True, meta=key)
+        again = await s.call_tool("hello", {"task": "once"}, allow_input_required=True, meta=key)
+        fresh = await s.call_tool("hello", {"task": "once"}, allow_input_required=True)
+        report["idempotent"] = {"first": run_of(first), "again": run_of(again), "fresh": run_of(fresh)}
+        check(run_of(first) == run_of(again), "the same key, the same run")
+        check(run_of(fresh) != run_of(first), "no key, a new run")
+        try:
+            await s.call_tool("hello", {"task": "another"}, allow_input_required=True, meta=key)
+            check(False, "the same key for another task is refused")
+        except MCPError as e:
+            report["idempotent_conflict"] = e.error.data
+            check(e.error.data["code"] == "invalid_args", "refused as invalid_args")
+        try:
+            await s.call_tool("hello", {"task": "once"}, allow_input_required=True,
+                              meta={"dev.delta/idempotency-key": 7})
+            check(False, "a key that is not a string is refused")
+        except MCPError as e:
+            check(e.error.data["code"] == "bad_request", f"refused: {e.error.data}")
+    # The header, as an HTTP client's retry would send it: the same run as `_meta`'s key.
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {ALICE}",
+                                           "Idempotency-Key": "call-1"})
+    async with Client(streamable_http_client(f"{BASE}/mcp", http_client=http),
+                      elicitation_callback=never) as c:
+        by_header = await c.session.call_tool("hello", {"task": "once"}, allow_input_required=True)
+        check(run_of(by_header) == report["idempotent"]["first"], "the header is the same key")
+    # A submit-only caller is never asked: its call says where its run stands.
+    async with client(SUBMITTER, elicitation_callback=never) as c:
+        theirs = await c.session.call_tool("hello", {"task": "once"}, meta=key)
+        other = theirs.structured_content["run_id"]
+        report["idempotent"]["other_caller"] = other
+        check(other != report["idempotent"]["first"], "another caller's key is their own")
+
+
 async def main():
+    await idempotent()
     await hello()
     await deployer()
     await second_client()

@@ -455,12 +455,7 @@ const MESSAGE_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
 /// A caller's message id, scoped to the caller and hashed: the same id from two callers never
 /// meets, and never an HTTP `Idempotency-Key`.
 fn message_key(who: Option<&str>, message_id: &str) -> String {
-    let input = format!("{}\n{message_id}", who.unwrap_or("-"));
-    let digest = ring::digest::digest(&ring::digest::SHA256, input.as_bytes());
-    digest.as_ref()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::ops::callers_key(who, message_id)
 }
 
 /// Checks a message and starts its run, or answers its task's question. The caller's identity

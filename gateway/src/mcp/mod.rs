@@ -11,7 +11,9 @@
 //!   (`io.modelcontextprotocol/tasks`) gets a task at once; any other waits for the run to end
 //!   or to ask (at most [`WAIT`] per round): a question comes back as an `input_required`
 //!   result (MRTR) with the question as an elicitation, and the client's retry answers it
-//!   through the gateway's one answer path, as the client, `via: mcp`.
+//!   through the gateway's one answer path, as the client, `via: mcp`. A call given an
+//!   idempotency key ([`IDEMPOTENCY_META`] in `_meta`, or the `Idempotency-Key` header) and
+//!   retried gets the first call's run.
 //! - `tasks/get` maps the run's state (`working`, `input_required` with the question,
 //!   `completed`, `cancelled`); `tasks/update` answers; `tasks/cancel` cancels (operators).
 //! - Resources: `delta://runs/{run_id}` and `delta://interactions/{request_id}`.
@@ -49,6 +51,10 @@ use crate::ops::interaction_view;
 /// How long one tool call (one round) waits for its run to end or ask before it answers
 /// `input_required` with only its state, for the client to call again.
 pub const WAIT: Duration = Duration::from_secs(20);
+/// The `_meta` key of `tools/call` that names a call's idempotency key: a call retried with the
+/// same key (after a reply lost with its connection) gets the run the first one started. The
+/// HTTP header `Idempotency-Key` on the request does the same.
+pub const IDEMPOTENCY_META: &str = "dev.delta/idempotency-key";
 /// How often a task's client is asked to poll.
 const POLL_MS: u64 = 1000;
 /// How long one call of a client of an older protocol version (asked within its call) lasts
@@ -186,6 +192,45 @@ impl McpServer {
             .auth
             .check_any(auth, roles)
             .map_err(mcp_error)
+    }
+
+    /// The call's idempotency key: `_meta`'s [`IDEMPOTENCY_META`] or the `Idempotency-Key`
+    /// header (the same if both are given), 1 to 255 characters.
+    fn idempotency_key(
+        ctx: &RequestContext<RoleServer>,
+        meta: &rmcp::model::RequestMetaObject,
+    ) -> Result<Option<String>, McpError> {
+        let from_meta = match meta.0.get(IDEMPOTENCY_META) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(k)) => Some(k.clone()),
+            Some(_) => {
+                return Err(bad(format!("`_meta.{IDEMPOTENCY_META}` must be a string")));
+            }
+        };
+        let h = headers(ctx);
+        let from_header = match h.get("idempotency-key") {
+            None => None,
+            Some(v) => Some(
+                v.to_str()
+                    .map_err(|_| bad("the Idempotency-Key header is not text"))?
+                    .to_owned(),
+            ),
+        };
+        let key = match (from_meta, from_header) {
+            (Some(m), Some(h)) if m != h => {
+                return Err(bad(format!(
+                    "`_meta.{IDEMPOTENCY_META}` and the Idempotency-Key header differ: give one, or the same in both"
+                )));
+            }
+            (Some(k), _) | (None, Some(k)) => Some(k),
+            (None, None) => None,
+        };
+        if let Some(k) = &key
+            && (k.is_empty() || k.chars().count() > 255)
+        {
+            return Err(bad("an idempotency key must be 1 to 255 characters"));
+        }
+        Ok(key)
     }
 
     /// The client's own name, for the record when authentication is off.
@@ -787,10 +832,15 @@ impl ServerHandler for McpServer {
             Some(v @ Value::Object(_)) => Some(v.clone()),
             Some(_) => return Err(bad("`input` must be an object")),
         };
+        // The SDK moves a request's `_meta` to its context; the params' own, should it be kept.
+        let key = Self::idempotency_key(&ctx, request.meta.as_ref().unwrap_or(&ctx.meta))?;
         if let Some(name) = who.name.as_deref() {
             self.gw.submissions.take(name).map_err(mcp_error)?;
         }
         let submitted_by = who.name.clone().or_else(|| Self::client_name(&ctx));
+        // Scoped to the caller, as A2A's message ids are: one caller's key never finds
+        // another's run.
+        let key = key.map(|k| format!("mcp:{}", crate::ops::callers_key(who.name.as_deref(), &k)));
         let accepted = self
             .gw
             .submit(
@@ -799,7 +849,7 @@ impl ServerHandler for McpServer {
                     task,
                     input,
                 },
-                None,
+                key.as_deref(),
                 submitted_by.as_deref(),
             )
             .await
