@@ -353,10 +353,15 @@ async fn redis_outages_do_not_use_up_a_jobs_deliveries() {
     fleet.check_journals(&ids, 16).await;
     let log = std::fs::read_to_string(fleet.log("w0")).unwrap_or_default();
     let again = log.matches("handling the job again").count();
-    assert!(
-        again >= 3,
-        "the outages reached the job ({again} times): {log}"
-    );
+    // On one server each restart is an outage the job meets. A Redis Cluster restarted node by
+    // node may fail over under it without a write of this job noticing: there, only that it
+    // was handed out once, below.
+    if !fleet.on_clusters() {
+        assert!(
+            again >= 3,
+            "the outages reached the job ({again} times): {log}"
+        );
+    }
     let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
     let stream = js.get_stream("RO_JOBS").await.expect("stream");
     let mut consumer: async_nats::jetstream::consumer::PullConsumer =
@@ -657,7 +662,7 @@ async fn a_resume_job_whose_worker_dies_on_every_delivery_is_dead_lettered() {
     let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
     assert_eq!(messages_in(&js, "XH_DLQ").await, 1, "the job dead-lettered");
     // No resume owed any more: the gateway's reconciler leaves the run alone.
-    let mut raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
+    let mut raw = delta_e2e::redis_connection(&fleet.redis.url()).await;
     let owed: Option<f64> = redis::cmd("ZSCORE")
         .arg(fleet.store.run_index(id, "resumes"))
         .arg(format!("{id}/{}", q.request_id))

@@ -332,7 +332,8 @@ async fn a_gateway_backfills_an_older_deployment_once_and_notes_it() {
     .await;
     let store = fleet.store.clone();
     let mut ids = vec![];
-    let mut as_before = redis::pipe();
+    // One command each: on a Redis Cluster the keys are in several slots.
+    let mut as_before = vec![];
     for _ in 0..450 {
         let rec = delta_store::RunRecord::new(RunId::new(), "hello", "t", RunStatus::Queued);
         let id = rec.run_id;
@@ -342,17 +343,20 @@ async fn a_gateway_backfills_an_older_deployment_once_and_notes_it() {
             .await
             .expect("finish");
         // As a build before the finished index left it.
-        as_before
-            .cmd("ZREM")
-            .arg(store.run_index(id, "runs:finished"))
-            .arg(id.to_string())
-            .ignore();
+        let mut zrem = redis::cmd("ZREM");
+        zrem.arg(store.run_index(id, "runs:finished"))
+            .arg(id.to_string());
+        as_before.push(zrem);
         ids.push(id);
     }
     // In a deployment before the note.
-    as_before.cmd("DEL").arg("ret5:finished-index").ignore();
-    let mut raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
-    let _: () = as_before.query_async(&mut raw).await.expect("as before");
+    let mut del = redis::cmd("DEL");
+    del.arg("ret5:finished-index");
+    as_before.push(del);
+    let mut raw = delta_e2e::redis_connection(&fleet.redis.url()).await;
+    for cmd in as_before {
+        let _: () = cmd.query_async(&mut raw).await.expect("as before");
+    }
     assert!(
         store
             .finished_at(&ids)
@@ -454,7 +458,7 @@ async fn a_dead_lettered_run_is_kept_past_retention_for_as_long_as_its_letter() 
         failed_at + longer,
         "deferred by the letter's 30 days less 1 s"
     );
-    let mut raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
+    let mut raw = delta_e2e::redis_connection(&fleet.redis.url()).await;
     let mark: Option<String> = redis::cmd("HGET")
         .arg(fleet.store.run_key(lettered))
         .arg("dead_letter")
@@ -515,7 +519,7 @@ async fn a_dropped_letter_no_longer_keeps_its_run() {
         .await
         .expect("publish");
     fleet.wait_status(lettered, RunStatus::Failed).await;
-    let mut raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
+    let mut raw = delta_e2e::redis_connection(&fleet.redis.url()).await;
     let mut mark = async || -> Option<String> {
         redis::cmd("HGET")
             .arg(fleet.store.run_key(lettered))
