@@ -299,6 +299,23 @@ pub async fn command_calls(conn: &redis::aio::MultiplexedConnection, command: &s
         .map_or(0, |n| n.parse::<u64>().expect("calls"))
 }
 
+/// [`command_calls`] of the Redis at `url`, or with several URLs (a Redis Cluster's nodes,
+/// comma-separated) summed over its masters (a replica runs its master's writes again).
+pub async fn command_calls_at(url: &str, command: &str) -> u64 {
+    let mut calls = 0;
+    for one in url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let conn = redis_raw(one).await;
+        let role: Vec<redis::Value> = redis::cmd("ROLE")
+            .query_async(&mut conn.clone())
+            .await
+            .expect("role");
+        if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+            calls += command_calls(&conn, command).await;
+        }
+    }
+    calls
+}
+
 /// Every key matching `pattern` in Redis with its value, as text: hashes, streams, sorted sets,
 /// sets, lists and strings read in clear (a `DUMP` is compressed, so a search could miss). With
 /// several URLs (a Redis Cluster's nodes, comma-separated), the keys of every master.

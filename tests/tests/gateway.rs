@@ -1894,8 +1894,8 @@ async fn an_answer_to_a_question_the_gateway_heard_does_not_read_it_from_redis()
     // Reading an unheard question starts with its run's id, from the bucket's
     // `interactions:runs` (an `HGET`): nothing else on an answer's path runs one (the settling
     // script reads the run and the question whole, `HGETALL`, for the resume job to carry).
-    let raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
-    let lookups = || delta_e2e::command_calls(&raw, "hget");
+    let url = fleet.redis.url();
+    let lookups = || delta_e2e::command_calls_at(&url, "hget");
     // Two runs paused the way a worker pauses them; only the first one's question announced.
     let mut asked = vec![];
     for task in ["heard", "unheard"] {
@@ -1965,8 +1965,8 @@ async fn an_answer_that_comes_before_its_question_is_heard_waits_for_the_hearing
     let queue = delta_queue::Queue::connect(&fleet.nats.url(), "gww", &fleet.nats.queue_settings())
         .await
         .expect("queue");
-    let raw = delta_e2e::redis_raw(&fleet.redis.url()).await;
-    let lookups = || delta_e2e::command_calls(&raw, "hget");
+    let url = fleet.redis.url();
+    let lookups = || delta_e2e::command_calls_at(&url, "hget");
     let run = fleet.submit("hello", "answered early").await;
     // Stored as a worker stores it, not announced yet.
     let q = pause_as_a_worker(&fleet, run, "Whom shall I greet?").await;
