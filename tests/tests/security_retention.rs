@@ -390,6 +390,28 @@ async fn a_gateway_backfills_an_older_deployment_once_and_notes_it() {
     .await;
 }
 
+/// A run of agent `later`, which the fleet (key prefix `prefix`) does not have, once its worker
+/// dead-lettered its job and failed it (an agent that does not load). The job is published
+/// here: the gateway refuses a submission for an agent it does not have.
+async fn dead_lettered(fleet: &Fleet, prefix: &str) -> RunId {
+    let rec = delta_store::RunRecord::new(RunId::new(), "later", "t", RunStatus::Queued);
+    let lettered = rec.run_id;
+    fleet.store.create(rec).await.expect("create");
+    let queue = delta_queue::Queue::connect(
+        &fleet.nats.url(),
+        prefix,
+        &delta_e2e::workers::queue_settings(&fleet.worker_spec),
+    )
+    .await
+    .expect("nats");
+    queue
+        .publish_job("later", &delta_protocol::Job::start(lettered), None)
+        .await
+        .expect("publish");
+    fleet.wait_status(lettered, RunStatus::Failed).await;
+    lettered
+}
+
 /// A dead letter is kept 30 days, and `delta dlq retry` needs its run: so retention keeps the
 /// run of a dead-lettered job (its record marked `dead_letter` by the worker that failed it) for
 /// as long as the letter, where it deleted it `DELTA_RETENTION` after it failed. Here, with a
@@ -408,23 +430,8 @@ async fn a_dead_lettered_run_is_kept_past_retention_for_as_long_as_its_letter() 
         "steps:\n  - finish: \"done\"\n",
     );
     fleet.add_worker("w0");
-    // No agent `later` yet: its job (published here, as the gateway refuses an agent it does
-    // not have) is dead-lettered, an agent that does not load.
-    let rec = delta_store::RunRecord::new(RunId::new(), "later", "t", RunStatus::Queued);
-    let lettered = rec.run_id;
-    fleet.store.create(rec).await.expect("create");
-    let queue = delta_queue::Queue::connect(
-        &fleet.nats.url(),
-        "ret7",
-        &delta_e2e::workers::queue_settings(&fleet.worker_spec),
-    )
-    .await
-    .expect("nats");
-    queue
-        .publish_job("later", &delta_protocol::Job::start(lettered), None)
-        .await
-        .expect("publish");
-    fleet.wait_status(lettered, RunStatus::Failed).await;
+    // No agent `later` yet: its run is dead-lettered.
+    let lettered = dead_lettered(&fleet, "ret7").await;
     let (_, page) = fleet.client.get("/v1/dlq").await.expect("dlq");
     let seq = page["dead_letters"][0]["seq"].as_u64().expect("a letter");
     // (Its mark is not read here: retention may have deferred it already. redis_store.rs
@@ -504,21 +511,7 @@ async fn a_dropped_letter_no_longer_keeps_its_run() {
     })
     .await;
     fleet.add_worker("w0");
-    let rec = delta_store::RunRecord::new(RunId::new(), "later", "t", RunStatus::Queued);
-    let lettered = rec.run_id;
-    fleet.store.create(rec).await.expect("create");
-    let queue = delta_queue::Queue::connect(
-        &fleet.nats.url(),
-        "ret8",
-        &delta_e2e::workers::queue_settings(&fleet.worker_spec),
-    )
-    .await
-    .expect("nats");
-    queue
-        .publish_job("later", &delta_protocol::Job::start(lettered), None)
-        .await
-        .expect("publish");
-    fleet.wait_status(lettered, RunStatus::Failed).await;
+    let lettered = dead_lettered(&fleet, "ret8").await;
     let mut raw = delta_e2e::redis_connection(&fleet.redis.url()).await;
     let mut mark = async || -> Option<String> {
         redis::cmd("HGET")
