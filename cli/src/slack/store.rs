@@ -70,6 +70,25 @@ pub const CLICKS: &str = "clicks";
 /// Tries of one change to [`CLICKS`] when others change it at the same time.
 const CLICKS_TRIES: usize = 20;
 
+/// Notes kept at most: past it (the bridge's removals failing for long), an answer is handled
+/// without one.
+const CLICKS_MAX: usize = 1000;
+
+/// Notes older than this (seconds) are dropped as a new one is written: an answer handled whose
+/// removal failed, or one the bridge, stopped longer, would only tell its sender about.
+const CLICKS_KEPT_S: i64 = 2 * 24 * 3600;
+
+/// Adds note `id` to `all`, first dropping the notes older than [`CLICKS_KEPT_S`]; `false`, and
+/// nothing added, when [`CLICKS_MAX`] are left.
+fn admit(all: &mut BTreeMap<String, Pending>, id: &str, click: &Pending) -> bool {
+    all.retain(|_, p| click.at.saturating_sub(p.at) <= CLICKS_KEPT_S);
+    if all.len() >= CLICKS_MAX {
+        return false;
+    }
+    all.insert(id.to_owned(), click.clone());
+    true
+}
+
 /// A click or form submission acknowledged to Slack and not handled yet.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Pending {
@@ -153,7 +172,13 @@ impl Store {
     /// Notes click `id` as acknowledged and not handled yet.
     pub async fn note_click(&self, id: &str, click: Pending) -> Result<(), Error> {
         self.change_clicks(|all| {
-            all.insert(id.to_owned(), click.clone());
+            if admit(all, id, &click) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{CLICKS_MAX} answers noted and not yet removed (are the removals failing?)"
+                ))
+            }
         })
         .await
     }
@@ -162,6 +187,7 @@ impl Store {
     pub async fn click_done(&self, id: &str) -> Result<(), Error> {
         self.change_clicks(|all| {
             all.remove(id);
+            Ok(())
         })
         .await
     }
@@ -182,9 +208,12 @@ impl Store {
         })
     }
 
-    /// Changes [`CLICKS`] by `f`, written only if nobody wrote it since it was read (and read
-    /// again if someone did).
-    async fn change_clicks(&self, f: impl Fn(&mut BTreeMap<String, Pending>)) -> Result<(), Error> {
+    /// Changes [`CLICKS`] by `f` (which may refuse, saying why), written only if nobody wrote it
+    /// since it was read (and read again if someone did).
+    async fn change_clicks(
+        &self,
+        f: impl Fn(&mut BTreeMap<String, Pending>) -> Result<(), String>,
+    ) -> Result<(), Error> {
         let write = |what: String| Error::Write {
             key: CLICKS.into(),
             what,
@@ -192,7 +221,7 @@ impl Store {
         for _ in 0..CLICKS_TRIES {
             let (mut all, revision) = self.clicks().await?;
             let before = all.clone();
-            f(&mut all);
+            f(&mut all).map_err(write)?;
             if all == before && revision.is_some() {
                 return Ok(());
             }
@@ -227,5 +256,37 @@ impl Store {
                 key,
                 what: e.to_string(),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(at: i64) -> Pending {
+        Pending {
+            at,
+            payload: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn notes_are_bounded_and_old_ones_dropped() {
+        let mut all = BTreeMap::new();
+        let now = 10 * CLICKS_KEPT_S;
+        assert!(admit(&mut all, "old", &note(now - CLICKS_KEPT_S - 1)));
+        assert!(admit(&mut all, "kept", &note(now - CLICKS_KEPT_S)));
+        assert!(admit(&mut all, "new", &note(now)));
+        let names: Vec<&str> = all.keys().map(String::as_str).collect();
+        assert_eq!(names, ["kept", "new"], "the one older than kept is dropped");
+        for i in all.len()..CLICKS_MAX {
+            assert!(admit(&mut all, &format!("n{i}"), &note(now)));
+        }
+        assert_eq!(all.len(), CLICKS_MAX);
+        assert!(!admit(&mut all, "one more", &note(now)), "full");
+        assert!(!all.contains_key("one more"));
+        // Once the old ones age out, there is room again.
+        assert!(admit(&mut all, "later", &note(now + CLICKS_KEPT_S + 1)));
+        assert_eq!(all.len(), 1);
     }
 }
