@@ -45,11 +45,7 @@ impl Gateway {
                     .job
                     .as_ref()
                     .and_then(|j| records.iter().find(|r| r.run_id == j.run_id));
-                let retryable = record.is_some_and(|r| {
-                    r.status == RunStatus::Failed
-                        && r.error.as_deref().map(|e| e.replace(['\r', '\n'], " "))
-                            == Some(l.reason.clone())
-                });
+                let retryable = record.is_some_and(|r| failed_by(r, l));
                 view(l, record.map(|r| r.status), retryable)
             })
             .collect();
@@ -153,15 +149,11 @@ impl Gateway {
             return Err(no_letter(seq));
         }
         tracing::info!(seq, by, "dead letter dropped");
-        if let Some(job) = letter.as_ref().and_then(|l| l.job.as_ref()) {
+        if let Some((l, job)) = letter.as_ref().and_then(|l| Some((l, l.job.as_ref()?))) {
             let run = job.run_id;
             // Best effort: a mark left keeps the run until the letter would have gone.
             match self.store.record(run).await {
-                Ok(r)
-                    if r.status == RunStatus::Failed
-                        && r.error.as_deref().map(|e| e.replace(['\r', '\n'], " "))
-                            == letter.as_ref().map(|l| l.reason.clone()) =>
-                {
+                Ok(r) if failed_by(&r, l) => {
                     if let Err(e) = self.store.forget_dead_letter(run).await {
                         tracing::warn!(error = %e, %run, "a dropped letter's run still kept as long as the letter would have been");
                     }
@@ -178,6 +170,18 @@ impl Gateway {
             .await?
             .ok_or_else(|| no_letter(seq))
     }
+}
+
+/// Whether `record`'s run is `FAILED` by letter `l`'s dead-lettering (its error is the letter's
+/// reason): only such a run may be retried, and only its mark goes with the letter.
+fn failed_by(record: &delta_store::RunRecord, l: &DeadLetter) -> bool {
+    record.status == RunStatus::Failed
+        && record
+            .error
+            .as_deref()
+            .map(|e| e.replace(['\r', '\n'], " "))
+            .as_deref()
+            == Some(l.reason.as_str())
 }
 
 fn no_letter(seq: u64) -> ApiError {

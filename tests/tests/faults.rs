@@ -362,15 +362,26 @@ async fn redis_outages_do_not_use_up_a_jobs_deliveries() {
             "the outages reached the job ({again} times): {log}"
         );
     }
-    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
-    let stream = js.get_stream("RO_JOBS").await.expect("stream");
-    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
-        stream.get_consumer("ro-workers").await.expect("consumer");
-    let info = consumer.info().await.expect("info");
+    let info = workers_consumer(&fleet, "ro").await;
     assert_eq!(
         info.delivered.consumer_sequence, 1,
         "handed out once: {info:?}"
     );
+}
+
+/// The start jobs' consumer of the fleet of key prefix `prefix`, as NATS sees it now (how many
+/// jobs it handed out, in `delivered.consumer_sequence`).
+async fn workers_consumer(fleet: &Fleet, prefix: &str) -> async_nats::jetstream::consumer::Info {
+    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
+    let stream = js
+        .get_stream(format!("{}_JOBS", prefix.to_uppercase()))
+        .await
+        .expect("stream");
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer = stream
+        .get_consumer(&format!("{prefix}-workers"))
+        .await
+        .expect("consumer");
+    consumer.info().await.expect("info").clone()
 }
 
 /// Writes lost at a Redis failover (the run's record and journal put back as they were a few
@@ -450,11 +461,7 @@ async fn writes_lost_at_failovers_do_not_use_up_a_jobs_deliveries() {
         refused >= 3,
         "the lost writes reached the job ({refused} times): {log}"
     );
-    let js = async_nats::jetstream::new(delta_e2e::nats_client(&fleet.nats.url()).await);
-    let stream = js.get_stream("RL_JOBS").await.expect("stream");
-    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
-        stream.get_consumer("rl-workers").await.expect("consumer");
-    let info = consumer.info().await.expect("info");
+    let info = workers_consumer(&fleet, "rl").await;
     assert_eq!(
         info.delivered.consumer_sequence, 1,
         "handed out once: {info:?}"

@@ -412,6 +412,17 @@ async fn dead_lettered(fleet: &Fleet, prefix: &str) -> RunId {
     lettered
 }
 
+/// The run's `dead_letter` mark, as its record in Redis holds it.
+async fn dead_letter_mark(fleet: &Fleet, run: RunId) -> Option<String> {
+    let mut raw = delta_e2e::redis_connection(&fleet.redis.url()).await;
+    redis::cmd("HGET")
+        .arg(fleet.store.run_key(run))
+        .arg("dead_letter")
+        .query_async(&mut raw)
+        .await
+        .expect("hget")
+}
+
 /// A dead letter is kept 30 days, and `delta dlq retry` needs its run: so retention keeps the
 /// run of a dead-lettered job (its record marked `dead_letter` by the worker that failed it) for
 /// as long as the letter, where it deleted it `DELTA_RETENTION` after it failed. Here, with a
@@ -465,14 +476,11 @@ async fn a_dead_lettered_run_is_kept_past_retention_for_as_long_as_its_letter() 
         failed_at + longer,
         "deferred by the letter's 30 days less 1 s"
     );
-    let mut raw = delta_e2e::redis_connection(&fleet.redis.url()).await;
-    let mark: Option<String> = redis::cmd("HGET")
-        .arg(fleet.store.run_key(lettered))
-        .arg("dead_letter")
-        .query_async(&mut raw)
-        .await
-        .expect("hget");
-    assert_eq!(mark, None, "deferred once: the mark is gone");
+    assert_eq!(
+        dead_letter_mark(&fleet, lettered).await,
+        None,
+        "deferred once: the mark is gone"
+    );
 
     // The cause mended, the letter retried: the run goes on and completes, and then, finished
     // as any other run, retention deletes it.
@@ -512,15 +520,7 @@ async fn a_dropped_letter_no_longer_keeps_its_run() {
     .await;
     fleet.add_worker("w0");
     let lettered = dead_lettered(&fleet, "ret8").await;
-    let mut raw = delta_e2e::redis_connection(&fleet.redis.url()).await;
-    let mut mark = async || -> Option<String> {
-        redis::cmd("HGET")
-            .arg(fleet.store.run_key(lettered))
-            .arg("dead_letter")
-            .query_async(&mut raw)
-            .await
-            .expect("hget")
-    };
+    let mark = async || dead_letter_mark(&fleet, lettered).await;
     assert_eq!(
         mark().await.as_deref(),
         Some("1"),
