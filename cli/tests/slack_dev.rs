@@ -87,10 +87,7 @@ async fn api(
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    delta_launcher::free_port().expect("a free port")
 }
 
 #[tokio::test]

@@ -28,12 +28,33 @@ use crate::{Error, repo_root};
 /// PyPI into `<repo>/.tools/venv`).
 pub const INSTALL_SCRIPT: &str = "deploy/install-servers.sh";
 
-/// A free TCP port on the loopback interface (the OS picks; it is free when this returns).
+/// A free TCP port on the loopback interface (the OS picks; it is free when this returns), and
+/// one this process was never given before.
+///
+/// The port is free only until someone binds it, and a server binds it a while later (a
+/// gateway after it has connected to NATS and Redis). The OS would hand the same port to the
+/// next caller meanwhile: two tests of one binary then started two servers on one port, the
+/// second could not bind it, and its readiness probe was answered by the first test's server
+/// (each test then spoke to the other's gateway). Ports already given are skipped.
 pub fn free_port() -> Result<u16, Error> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(Error::io("finding a free local port"))
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..256 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(Error::io("finding a free local port"))?;
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if given.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(Error::io("finding a free local port")(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        "every port the OS offered in 256 tries was given to this process before",
+    )))
 }
 
 /// The server programs to run.
@@ -1061,6 +1082,18 @@ impl Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No port is given twice in one process, though the OS offers ports it offered before
+    /// (free until bound): 2,000 draws from about 28,000 ports repeat some 70 times without the
+    /// check.
+    #[test]
+    fn a_port_is_never_given_twice() {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..2000 {
+            let port = free_port().expect("a port");
+            assert!(seen.insert(port), "port {port} given twice");
+        }
+    }
 
     /// A node's configuration parses (`nats-server -t`) whatever the routes' random password,
     /// those that read as numbers when bare included (`3e9…` failed two cluster starts in three).
