@@ -341,8 +341,29 @@ async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) 
         url_as(NatsRole::Bot),
         url_as(NatsRole::Worker),
     );
+    // The Slack bridge may create no stream, its bucket's included: NATS checks only a stream's
+    // name, so a login that could create the bucket's stream before the bridge does could make
+    // it capture bots' answers (their tokens in the headers) and read them back.
+    let slack = url_as(NatsRole::Slack);
+    let (sc, serrors) = watched_client(&slack).await;
+    let sjs = async_nats::jetstream::new(sc.clone());
+    let hijack = sjs.create_stream(async_nats::jetstream::stream::Config {
+        name: "KV_DELTA_SLACK".into(),
+        subjects: vec!["delta.interactions.respond.*".into()],
+        ..Default::default()
+    });
+    let outcome = tokio::time::timeout(Duration::from_secs(8), hijack).await;
+    assert!(
+        !matches!(outcome, Ok(Ok(_))),
+        "the Slack bridge's login created a stream capturing bots' answers"
+    );
+    assert!(
+        violation(&sc, &serrors, "$JS.API.STREAM.CREATE.KV_DELTA_SLACK").await,
+        "the creation was refused by permissions"
+    );
     // The gateway's and workers' own connections, with their own inboxes, as the programs make
-    // them: the gateway creates the streams, a worker finds them and sets up its consumer.
+    // them: the gateway creates the streams (and the Slack bridge's bucket), a worker finds them
+    // and sets up its consumer.
     let settings = delta_queue::Settings::default();
     let as_gateway = delta_queue::Queue::connect_as(
         &url_as(NatsRole::Gateway),
@@ -356,6 +377,27 @@ async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) 
         .await
         .expect("a worker finds the streams and sets up its consumer");
     let gateway = url_as(NatsRole::Gateway);
+    // The bucket the gateway made is the bridge's to use.
+    let as_slack = delta_queue::connect_client(
+        &slack,
+        &settings,
+        Some(("delta", delta_queue::access::NatsRole::Slack)),
+    )
+    .await
+    .expect("the bridge's connection, with its inbox");
+    let bucket = async_nats::jetstream::new(as_slack)
+        .get_key_value("DELTA_SLACK")
+        .await
+        .expect("the gateway created the Slack bridge's bucket");
+    bucket
+        .put("r1", "posted".into())
+        .await
+        .expect("the bridge writes its bucket");
+    assert_eq!(
+        bucket.get("r1").await.expect("read").as_deref(),
+        Some(&b"posted"[..]),
+        "the bridge reads its bucket"
+    );
 
     let respond = "delta.interactions.respond.r1";
     // Only the gateway hears answers (and the bearer tokens in their headers).

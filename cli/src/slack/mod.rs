@@ -258,7 +258,9 @@ pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()>
         }
     };
     let replicas = stream.cached_info().config.num_replicas;
-    let store = Store::open(&js, &cfg.prefix, replicas).await?;
+    let Some(store) = Store::open(&js, &cfg.prefix, replicas, &cancel).await? else {
+        return Ok(());
+    };
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;

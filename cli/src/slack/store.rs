@@ -101,8 +101,6 @@ pub struct Pending {
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot open the KV bucket {bucket}: {what}")]
-    Open { bucket: String, what: String },
     #[error("reading {key} from the KV bucket: {what}")]
     Read { key: String, what: String },
     #[error("writing {key} to the KV bucket: {what}")]
@@ -111,7 +109,7 @@ pub enum Error {
 
 /// The bucket's name for a key prefix.
 pub fn bucket(prefix: &str) -> String {
-    format!("{}_SLACK", prefix.to_uppercase())
+    delta_queue::slack_bucket(prefix)
 }
 
 /// The bridge's records.
@@ -121,35 +119,34 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens the bucket, creating it on first use (one value per key, on files, with the
-    /// interactions stream's replicas).
+    /// Opens the bucket. A gateway creates it (docs/security.md: the bridge's NATS user may not
+    /// create a stream); where the bridge's login may (no role logins), it creates it itself,
+    /// else it waits for a gateway, saying so, until `cancel`.
     pub async fn open(
         js: &jetstream::Context,
         prefix: &str,
         replicas: usize,
-    ) -> Result<Store, Error> {
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<Option<Store>, Error> {
         let name = bucket(prefix);
-        let kv = match js.get_key_value(&name).await {
-            Ok(kv) => kv,
-            Err(_) => js
-                .create_key_value(kv::Config {
-                    bucket: name.clone(),
-                    description: "delta slack: where each question was posted".into(),
-                    history: 1,
-                    // A question waits at most as long as its last escalation step may be
-                    // (90 days); its record is kept that long after its last change.
-                    max_age: Duration::from_secs(90 * 24 * 3600),
-                    storage: jetstream::stream::StorageType::File,
-                    num_replicas: replicas,
-                    ..Default::default()
-                })
+        loop {
+            if let Ok(kv) = js.get_key_value(&name).await {
+                return Ok(Some(Store { kv }));
+            }
+            match js
+                .create_key_value(delta_queue::slack_bucket_config(prefix, replicas))
                 .await
-                .map_err(|e| Error::Open {
-                    bucket: name.clone(),
-                    what: e.to_string(),
-                })?,
-        };
-        Ok(Store { kv })
+            {
+                Ok(kv) => return Ok(Some(Store { kv })),
+                Err(e) => {
+                    tracing::info!(bucket = %name, error = %e, "waiting for a gateway to create the bridge's bucket");
+                }
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return Ok(None),
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
     }
 
     pub async fn get(&self, id: RequestId) -> Result<Record, Error> {

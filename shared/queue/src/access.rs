@@ -22,7 +22,10 @@
 //!   subjects, and nothing else.
 //! - The **slack** bridge (`delta slack`) reads the events stream through one durable consumer
 //!   of its own (`<p>-slack`) and keeps where it posted each question in a KV bucket of its own
-//!   (`<P>_SLACK`). It answers through the gateway's HTTP API, never on NATS.
+//!   (`<P>_SLACK`), which the gateway creates: NATS checks a stream's name against a user's
+//!   rights, not the subjects it captures, so a user that may create a stream (the bucket's,
+//!   before the bridge has) may make it capture bots' answers, tokens and all. It answers through
+//!   the gateway's HTTP API, never on NATS.
 //! - The **admin** may do everything: operators' tools and the tests' own checks.
 //!
 //! The gateway and workers receive replies on an inbox of their own role
@@ -182,6 +185,15 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
     let (publish, subscribe, allow_responses) = match role {
         NatsRole::Gateway => {
             let mut publish = setup(true);
+            // The Slack bridge's bucket, made here so that the bridge may create no stream.
+            let kv = match scope {
+                Scope::Prefix(p) => format!("KV_{}_SLACK", p.to_uppercase()),
+                Scope::Any => "*".to_owned(),
+            };
+            publish.extend([
+                format!("$JS.API.STREAM.CREATE.{kv}"),
+                format!("$JS.API.STREAM.INFO.{kv}"),
+            ]);
             publish.extend(stream_reader(&dlq));
             publish.extend(stream_reader(&interactions));
             publish.extend([
@@ -255,8 +267,8 @@ pub fn permissions(scope: &Scope, role: NatsRole) -> Permissions {
             ];
             publish.extend(durable(&interactions, &slack));
             publish.extend(pull(&interactions, &slack));
+            // Not `STREAM.CREATE` on its bucket: the gateway makes it (see the module's doc).
             publish.extend([
-                format!("$JS.API.STREAM.CREATE.{kv}"),
                 format!("$JS.API.STREAM.INFO.{kv}"),
                 format!("$JS.API.STREAM.MSG.GET.{kv}"),
                 format!("$JS.API.DIRECT.GET.{kv}.>"),

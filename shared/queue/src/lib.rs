@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, AckKind, consumer, stream};
+use async_nats::jetstream::{self, AckKind, consumer, kv, stream};
 use futures_util::StreamExt;
 
 use delta_protocol::events;
@@ -454,6 +454,49 @@ pub struct Exhausted {
     payload: Option<Vec<u8>>,
 }
 
+/// The Slack bridge's KV bucket for `prefix` (docs/slack.md): where it posted each question.
+pub fn slack_bucket(prefix: &str) -> String {
+    format!("{}_SLACK", prefix.to_uppercase())
+}
+
+/// The settings of [`slack_bucket`]: one value per key, on files, with the streams' replicas.
+pub fn slack_bucket_config(prefix: &str, replicas: usize) -> kv::Config {
+    kv::Config {
+        bucket: slack_bucket(prefix),
+        description: "delta slack: where each question was posted".into(),
+        history: 1,
+        // A question waits at most as long as its last escalation step may be (90 days); its
+        // record is kept that long after its last change.
+        max_age: Duration::from_secs(90 * 24 * 3600),
+        storage: stream::StorageType::File,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+/// Creates the Slack bridge's bucket if it is missing. The gateway makes it, as it makes the
+/// streams, so that the bridge's NATS user needs no right to create a stream: NATS checks only
+/// the stream's name against a user's rights, not the subjects it captures, so a user that may
+/// create the bucket's stream before the bridge does could make it capture bots' answers (their
+/// bearer tokens in the headers) and read them back. A gateway whose NATS user may not (an
+/// older `users.conf`) says so and goes on: the bridge then waits for the bucket.
+async fn ensure_slack_bucket(js: &jetstream::Context, prefix: &str, replicas: usize) {
+    let name = format!("KV_{}", slack_bucket(prefix));
+    if js.get_stream(&name).await.is_ok() {
+        return;
+    }
+    if let Err(e) = js
+        .create_key_value(slack_bucket_config(prefix, replicas))
+        .await
+    {
+        tracing::warn!(
+            stream = %name,
+            error = %e,
+            "cannot create the Slack bridge's bucket (its NATS user's rights are older than this gateway: see deploy/nats/users.conf); a Slack bridge waits for it"
+        );
+    }
+}
+
 /// The durable pull consumer `config` on `stream_name`, updated to `config` or created.
 /// Makes sure a stream exists. A gateway creates it, or updates it to `config` (never lowering
 /// the replicas it has: a gateway left on the default cannot scale an R3 fleet down). A worker
@@ -840,6 +883,9 @@ impl Queue {
             role,
         )
         .await?;
+        if role == Role::Gateway {
+            ensure_slack_bucket(&js, prefix, settings.replicas).await;
+        }
         Ok(Queue {
             client,
             js,
