@@ -70,6 +70,8 @@ pub const SETTINGS: &[Setting] = &[
     ("DELTA_ANSWER_LINK_TTL_S", "answer-link-ttl-s", "900"),
     // The A2A server (src/a2a): the key that signs push notifications (a PKCS#8 Ed25519 file).
     ("DELTA_A2A_SIGNING_KEY", "a2a-signing-key", ""),
+    // What push configs that are not an operator's may reach besides public addresses.
+    ("DELTA_A2A_PUSH_ALLOW", "a2a-push-allow", ""),
 ];
 
 /// `DELTA_RETENTION`'s default: finished runs are kept a week.

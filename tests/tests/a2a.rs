@@ -637,6 +637,7 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
         s.secrets_key_hex = Some(KEY.to_owned());
         s.extra.extend([
             ("DELTA_WEBHOOK_ALLOW", "127.0.0.1/32".to_owned()),
+            ("DELTA_A2A_PUSH_ALLOW", "127.0.0.2/32".to_owned()),
             ("DELTA_A2A_SIGNING_KEY", key_path.clone()),
         ]);
     })
@@ -673,8 +674,39 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
     let (_, b) = call(&fleet, sue, "CancelTask", json!({"id": task})).await;
     assert_eq!(gateway_code(&b), "forbidden", "{b}");
 
+    // The webhooks' exceptions (`DELTA_WEBHOOK_ALLOW`, the operators' own receivers) are for
+    // an operator's push configs only: anyone else's may reach public addresses and
+    // `DELTA_A2A_PUSH_ALLOW`'s exceptions. Before, any token that could read a task could have
+    // the gateway post into the webhooks' private receivers.
+    let to = |id: &str, host: &str| json!({"taskId": task, "id": id, "url": format!("http://{host}:9/hook")});
+    let (_, b) = call(
+        &fleet,
+        sam,
+        "CreateTaskPushNotificationConfig",
+        to("inside", "127.0.0.1"),
+    )
+    .await;
+    assert_eq!(b["error"]["code"], -32602, "{b}");
+    let message = b["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("127.0.0.1"), "names the address: {b}");
+    let (_, b) = call(
+        &fleet,
+        ops,
+        "CreateTaskPushNotificationConfig",
+        to("inside", "127.0.0.1"),
+    )
+    .await;
+    assert_eq!(b["result"]["id"], "inside", "an operator's may: {b}");
+    let (_, b) = call(
+        &fleet,
+        ops,
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "inside"}),
+    )
+    .await;
+    assert!(b.get("error").is_none(), "{b}");
     // Push configs are their creator's.
-    let config = |id: &str| json!({"taskId": task, "id": id, "url": "http://127.0.0.1:9/hook"});
+    let config = |id: &str| to(id, "127.0.0.2");
     let (_, b) = call(
         &fleet,
         sam,

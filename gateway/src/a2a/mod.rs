@@ -42,14 +42,30 @@ pub struct Settings {
     /// Signs push notifications (`DELTA_A2A_SIGNING_KEY`, a PKCS#8 Ed25519 key file); `None`:
     /// push notifications are off.
     pub signing_key: Option<Arc<jwt::SigningKey>>,
+    /// What a push config that is not an operator's may reach besides public addresses
+    /// (`DELTA_A2A_PUSH_ALLOW`, as `DELTA_WEBHOOK_ALLOW` is written; none by default). An
+    /// operator's configs are held to `DELTA_WEBHOOK_ALLOW`, as webhooks are.
+    pub push_allow: Arc<crate::webhooks::allow::Allow>,
 }
 
 impl Settings {
     /// Reads the `DELTA_A2A_*` settings, adding any error to `s`.
     pub fn parse(s: &mut Parsed) -> Settings {
+        let (allow_text, allow_from) = s.get("DELTA_A2A_PUSH_ALLOW");
+        let setting = "DELTA_A2A_PUSH_ALLOW";
+        let push_allow = match crate::webhooks::allow::Allow::parse_for(&allow_text, setting) {
+            Ok(a) => Arc::new(a),
+            Err(e) => {
+                s.errors.push(format!("{allow_from}: {e}"));
+                Arc::new(crate::webhooks::allow::Allow::none(setting))
+            }
+        };
         let (path, from) = s.get("DELTA_A2A_SIGNING_KEY");
         if path.is_empty() {
-            return Settings::default();
+            return Settings {
+                signing_key: None,
+                push_allow,
+            };
         }
         let key = match std::fs::read(&path) {
             Ok(bytes) => match jwt::SigningKey::from_bytes(&bytes) {
@@ -66,7 +82,10 @@ impl Settings {
                 None
             }
         };
-        Settings { signing_key: key }
+        Settings {
+            signing_key: key,
+            push_allow,
+        }
     }
 }
 

@@ -211,8 +211,9 @@ async fn delete_consumer(gw: &Gateway, task_id: &str, id: &str) {
 }
 
 /// Checks a config's settings, before anything is started or stored: the URL (allowlist,
-/// resolved now), the id, the token and `authentication`. The config's id.
-pub async fn check(gw: &Gateway, c: &ConfigIn) -> Result<String, RpcError> {
+/// resolved now, under [`policy`] for `listed`), the id, the token and `authentication`. The
+/// config's id.
+pub async fn check(gw: &Gateway, c: &ConfigIn, listed: bool) -> Result<String, RpcError> {
     supported(gw)?;
     if c.authentication.is_some() {
         return Err(invalid(
@@ -237,11 +238,54 @@ pub async fn check(gw: &Gateway, c: &ConfigIn) -> Result<String, RpcError> {
             "a push config's `token` is stored sealed: this fleet needs DELTA_SECRETS_KEY for it (or send no token)",
         ));
     }
-    let target = allow::check_url(&c.url, &gw.config.webhooks.allow).map_err(invalid)?;
-    allow::check_resolved(&target, &gw.config.webhooks.allow)
+    let allow = policy(gw, listed);
+    let target = allow::check_url(&c.url, &allow).map_err(invalid)?;
+    allow::check_resolved(&target, &allow)
         .await
         .map_err(invalid)?;
     Ok(id)
+}
+
+/// Where a config may send besides public addresses: `DELTA_A2A_PUSH_ALLOW`'s exceptions
+/// (none by default), and `DELTA_WEBHOOK_ALLOW`'s as well for a config an operator set
+/// (`listed`). Any caller who may read a task may set its configs, so the webhooks' exceptions,
+/// which are for the operators' own receivers (often private addresses), would otherwise let
+/// anyone with a token have the gateway post into them.
+fn policy(gw: &Gateway, listed: bool) -> Arc<allow::Allow> {
+    if listed {
+        Arc::new(gw.config.webhooks.allow.and(&gw.config.a2a.push_allow))
+    } else {
+        gw.config.a2a.push_allow.clone()
+    }
+}
+
+/// The two HTTP clients of deliveries, one per [`policy`]: each resolves names to the addresses
+/// its policy allows only.
+#[derive(Clone)]
+struct Clients {
+    listed: reqwest::Client,
+    public: reqwest::Client,
+}
+
+impl Clients {
+    fn new(gw: &Gateway) -> Result<Clients, reqwest::Error> {
+        let under = |listed: bool| crate::webhooks::Settings {
+            allow: policy(gw, listed),
+            ..gw.config.webhooks.clone()
+        };
+        Ok(Clients {
+            listed: deliver::client(&under(true))?,
+            public: deliver::client(&under(false))?,
+        })
+    }
+
+    fn of(&self, c: &A2aPushConfig) -> &reqwest::Client {
+        if c.allow_listed {
+            &self.listed
+        } else {
+            &self.public
+        }
+    }
 }
 
 /// `CreateTaskPushNotificationConfig`, or a `SendMessage`'s config for the task it started
@@ -254,7 +298,7 @@ pub async fn create(
 ) -> Result<Value, RpcError> {
     supported(gw)?;
     let who = caller(gw, headers, READ)?;
-    let id = check(gw, &c).await?;
+    let id = check(gw, &c, who.has(Role::Operate)).await?;
     let run_id = match (task, c.task_id.as_deref()) {
         (Some(t), _) => t,
         (None, Some(t)) => rpc::task_id(t)?,
@@ -285,6 +329,7 @@ pub async fn create(
         sealed_token,
         created_by,
         created_at: Timestamp::now(),
+        allow_listed: operator,
     };
     // The consumer first: it starts at the run's first event whenever it is made, and a config
     // without one would wait for the delivery loop to make it.
@@ -417,7 +462,7 @@ pub async fn run(gw: Arc<Gateway>) {
     if gw.config.a2a.signing_key.is_none() {
         return;
     }
-    let http = match deliver::client(&gw.config.webhooks) {
+    let http = match Clients::new(&gw) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %delta_host::Chain(&e), "a2a push: no HTTP client; none will be delivered by this gateway");
@@ -479,7 +524,7 @@ pub async fn run(gw: Arc<Gateway>) {
 
 async fn session(
     gw: Arc<Gateway>,
-    http: reqwest::Client,
+    http: Clients,
     task_id: String,
     id: String,
     stop: CancellationToken,
@@ -503,7 +548,7 @@ async fn run_gone(gw: &Gateway, run_id: RunId) -> bool {
 
 async fn session_inner(
     gw: &Arc<Gateway>,
-    http: &reqwest::Client,
+    http: &Clients,
     task_id: &str,
     id: &str,
     stop: &CancellationToken,
@@ -683,12 +728,7 @@ pub fn audience(url: &str) -> Option<String> {
 }
 
 /// One attempt to post `body` to a config's URL.
-async fn post(
-    gw: &Gateway,
-    http: &reqwest::Client,
-    c: &A2aPushConfig,
-    body: &[u8],
-) -> Result<(), Failure> {
+async fn post(gw: &Gateway, http: &Clients, c: &A2aPushConfig, body: &[u8]) -> Result<(), Failure> {
     let key = gw
         .config
         .a2a
@@ -699,12 +739,14 @@ async fn post(
         .store
         .a2a_open_token(c)
         .map_err(|e| Failure::Ours(format!("cannot open the token: {}", delta_host::Chain(&e))))?;
-    let target = allow::check_url(&c.url, &gw.config.webhooks.allow).map_err(Failure::Receiver)?;
+    let target =
+        allow::check_url(&c.url, &policy(gw, c.allow_listed)).map_err(Failure::Receiver)?;
     let aud = audience(&c.url).ok_or_else(|| Failure::Receiver("the URL has no origin".into()))?;
     let iat = Timestamp::now().micros() / 1_000_000;
     let issuer = format!("delta-fleet:{}", gw.config.prefix);
     let jwt = key.notification_jwt(&issuer, &aud, &c.task_id, body, iat);
     let mut request = http
+        .of(c)
         .post(target.url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .header(reqwest::header::AUTHORIZATION, format!("Bearer {jwt}"))

@@ -15,18 +15,41 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-/// `DELTA_WEBHOOK_ALLOW`, parsed.
-#[derive(Clone, Debug, Default)]
+/// `DELTA_WEBHOOK_ALLOW` (or `DELTA_A2A_PUSH_ALLOW`), parsed.
+#[derive(Clone, Debug)]
 pub struct Allow {
     nets: Vec<IpNet>,
     /// Lowercase, without a trailing dot.
     hosts: Vec<String>,
+    /// The setting(s) it comes from, for refusals to name.
+    setting: String,
+}
+
+impl Default for Allow {
+    fn default() -> Self {
+        Allow::none("DELTA_WEBHOOK_ALLOW")
+    }
 }
 
 impl Allow {
-    /// Parses a comma- or space-separated list of networks, addresses and host names.
+    /// Public addresses only, as `setting` empty says.
+    pub fn none(setting: &str) -> Allow {
+        Allow {
+            nets: Vec::new(),
+            hosts: Vec::new(),
+            setting: setting.to_owned(),
+        }
+    }
+
+    /// Parses a comma- or space-separated list of networks, addresses and host names
+    /// (`DELTA_WEBHOOK_ALLOW`'s).
     pub fn parse(text: &str) -> Result<Allow, String> {
-        let mut allow = Allow::default();
+        Allow::parse_for(text, "DELTA_WEBHOOK_ALLOW")
+    }
+
+    /// Parses setting `setting`'s list, as [`Allow::parse`] does.
+    pub fn parse_for(text: &str, setting: &str) -> Result<Allow, String> {
+        let mut allow = Allow::none(setting);
         for item in text
             .split([',', ' '])
             .map(str::trim)
@@ -45,6 +68,15 @@ impl Allow {
             }
         }
         Ok(allow)
+    }
+
+    /// What either allows (each setting named in refusals).
+    pub fn and(&self, other: &Allow) -> Allow {
+        let mut both = self.clone();
+        both.nets.extend(other.nets.iter().copied());
+        both.hosts.extend(other.hosts.iter().cloned());
+        both.setting = format!("{} or {}", self.setting, other.setting);
+        both
     }
 
     /// Whether `host` (a name) is allowed whatever it resolves to.
@@ -66,7 +98,11 @@ impl Allow {
         }
         match class(ip) {
             None => Ok(()),
-            Some(class) => Err(Refused { ip, class }),
+            Some(class) => Err(Refused {
+                ip,
+                class,
+                setting: self.setting.clone(),
+            }),
         }
     }
 
@@ -95,18 +131,20 @@ fn valid_host(h: &str) -> bool {
 }
 
 /// An address that is not allowed, and why.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refused {
     pub ip: IpAddr,
     pub class: &'static str,
+    /// The setting that would allow it.
+    pub setting: String,
 }
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} is a {} address, which webhooks may not reach unless DELTA_WEBHOOK_ALLOW allows it",
-            self.ip, self.class
+            "{} is a {} address, which is not reached unless {} allows it",
+            self.ip, self.class, self.setting
         )
     }
 }
@@ -205,12 +243,13 @@ pub fn check_url(text: &str, allow: &Allow) -> Result<Target, String> {
         "http" if allow.explicitly(&host) => {}
         "http" => {
             return Err(format!(
-                "`url` is plain http to `{host}`: webhooks are posted over https, or over http only to a target DELTA_WEBHOOK_ALLOW names (a network or host)"
+                "`url` is plain http to `{host}`: posts go over https, or over http only to a target {} names (a network or host)",
+                allow.setting
             ));
         }
         other => {
             return Err(format!(
-                "`url` has the scheme `{other}`: webhooks are posted over https (or http to an allowed target)"
+                "`url` has the scheme `{other}`: posts go over https (or http to an allowed target)"
             ));
         }
     }
@@ -238,8 +277,8 @@ pub async fn check_resolved(t: &Target, allow: &Allow) -> Result<(), String> {
             .permits(&t.host, a.ip())
             .map_err(|r| {
                 format!(
-                    "`url`: `{}` resolves to {}, a {} address, which webhooks may not reach unless DELTA_WEBHOOK_ALLOW allows it",
-                    t.host, r.ip, r.class
+                    "`url`: `{}` resolves to {}, a {} address, which is not reached unless {} allows it",
+                    t.host, r.ip, r.class, r.setting
                 )
             })?;
     }
