@@ -93,6 +93,10 @@ pub struct Auth {
 /// and no caller may take them, or an answer could pass for the clock's.
 pub const RESERVED_RESPONDERS: &[&str] = &["timeout", "anonymous", "system"];
 
+/// The identity of `DELTA_GATEWAY_TOKEN`, the fleet's own operator token: no entry of the
+/// tokens file may take it.
+pub const FLEET_TOKEN_NAME: &str = "operator";
+
 /// Equal, in a time that does not depend on where the two first differ.
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -124,7 +128,7 @@ impl Auth {
             );
         }
         let identity = Identity {
-            name: Some("operator".to_owned()),
+            name: Some(FLEET_TOKEN_NAME.to_owned()),
             roles: vec![Role::Operate],
             groups: vec![],
         };
@@ -162,6 +166,14 @@ impl Auth {
                     "`{}` is a name the fleet keeps for itself ({}): give the token another name",
                     e.name,
                     RESERVED_RESPONDERS.join(", ")
+                ));
+            }
+            // `DELTA_GATEWAY_TOKEN`'s identity: a person of that name would answer as it (a
+            // relay could act for them), and the journal could not tell the two apart.
+            if e.name.trim().eq_ignore_ascii_case(FLEET_TOKEN_NAME) {
+                return Err(format!(
+                    "`{}` is DELTA_GATEWAY_TOKEN's identity: give the token another name",
+                    e.name
                 ));
             }
             if e.token.chars().count() < 16 {
@@ -414,6 +426,14 @@ mod tests {
             ))
             .expect_err(name);
             assert!(e.contains("keeps for itself"), "{e}");
+        }
+        // DELTA_GATEWAY_TOKEN's identity: a person of that name would pass for it.
+        for name in ["operator", " Operator"] {
+            let e = Auth::parse(&format!(
+                "- name: \"{name}\"\n  token: 0123456789abcdefg\n  roles: [answer]\n"
+            ))
+            .expect_err(name);
+            assert!(e.contains("DELTA_GATEWAY_TOKEN's identity"), "{e}");
         }
         assert!(
             same_bytes(b"abc", b"abc") && !same_bytes(b"abc", b"abd") && !same_bytes(b"ab", b"abc")
