@@ -25,8 +25,8 @@ acl="${DELTA_REDIS_ACL_FILE:-/tmp/users.acl}"
 umask 077
 cat >"$acl" <<ACL
 user default off resetpass ~* &* +@all
-user delta-gateway on >$DELTA_REDIS_GATEWAY_PASSWORD resetkeys ~delta:* resetchannels -@all +@read +@write +@scripting +@connection +@transaction -@admin -@dangerous -script|flush -script|kill -function -scan -select -move +cluster|slots +cluster|shards +asking
-user delta-worker on >$DELTA_REDIS_WORKER_PASSWORD resetkeys ~delta:* resetchannels -@all +@read +@write +@scripting +@connection +@transaction -@admin -@dangerous -script|flush -script|kill -function -scan -select -move +cluster|slots +cluster|shards +asking
+user delta-gateway on >$DELTA_REDIS_GATEWAY_PASSWORD resetkeys ~delta:* resetchannels -@all +@read +@write +@scripting +@connection +@transaction -@admin -@dangerous -script|flush -script|kill -function -scan -randomkey -dbsize -select -move +cluster|slots +cluster|shards +asking
+user delta-worker on >$DELTA_REDIS_WORKER_PASSWORD resetkeys ~delta:* resetchannels -@all +@read +@write +@scripting +@connection +@transaction -@admin -@dangerous -script|flush -script|kill -function -scan -randomkey -dbsize -select -move +cluster|slots +cluster|shards +asking
 user delta-admin on >$DELTA_REDIS_ADMIN_PASSWORD ~* &* +@all
 ACL
 exec redis-server --aclfile "$acl" "$@"

@@ -65,6 +65,9 @@ async fn check_redis_roles(url_as: impl Fn(RedisRole) -> String, anonymous: &str
             &["MONITOR"],
             &["KEYS", "*"],
             &["SCAN", "0"],
+            // Another prefix's key names (a Redis shared by several fleets) and their count.
+            &["RANDOMKEY"],
+            &["DBSIZE"],
             &["SELECT", "1"],
             &["FLUSHALL"],
             &["SCRIPT", "FLUSH"],

@@ -3,15 +3,16 @@
 //! The gateway and the workers may read and write (scripts included) the keys under their prefix,
 //! and ask a Redis Cluster where the slots are (`CLUSTER SLOTS`/`SHARDS`, `ASKING`); nothing
 //! else: no administration (`CONFIG`, `ACL`, `DEBUG`, `SHUTDOWN`), no `MONITOR` (which
-//! would show every command, answers included), no `KEYS` or `SCAN` (key names outside the
-//! prefix), no `SELECT`/`MOVE` (other databases), no `FLUSHALL` or `SCRIPT FLUSH`, no pub/sub
-//! channels, no key outside `<prefix>:*`. Both roles need the same commands, since every
+//! would show every command, answers included), no `KEYS`, `SCAN` or `RANDOMKEY` (key names
+//! outside the prefix) nor `DBSIZE`, no `SELECT`/`MOVE` (other databases), no `FLUSHALL` or
+//! `SCRIPT FLUSH`, no pub/sub channels, no key outside `<prefix>:*`. Both roles need the same commands, since every
 //! state change is a script over the same keys; they are separate users so that each credential
 //! can be rotated and revoked on its own, and a server's `ACL LOG` says which role did what. The
 //! admin user (operators, `delta bench`, the tests' own checks) may do everything.
 //!
 //! The launcher writes these into the ACL file of the `redis-server` it starts (`delta dev`, the
-//! tests); `deploy/redis/users.acl.sh` writes the same rules for docker-compose.yml.
+//! tests); `deploy/redis/start.sh` writes the same rules for docker-compose.yml (and
+//! `deploy/k8s/redis.yaml` for Kubernetes).
 
 /// The `default` user: off, so that a connection must log in as one of the users below. It
 /// keeps every right all the same: Redis 7.0 replays the AOF's transactions (a script's writes)
@@ -53,7 +54,7 @@ pub fn rules(prefix: Option<&str>, role: RedisRole) -> String {
             format!(
                 "resetkeys {keys} resetchannels -@all +@read +@write +@scripting +@connection \
                  +@transaction -@admin -@dangerous -script|flush -script|kill -function \
-                 -scan -select -move +cluster|slots +cluster|shards +asking"
+                 -scan -randomkey -dbsize -select -move +cluster|slots +cluster|shards +asking"
             )
         }
     }
