@@ -153,9 +153,11 @@ refused kustomize k8s/gateway.yaml 's/^  minAvailable: 1$/  minAvailable: [1]/' 
 refused kustomize k8s/gateway.yaml 's|path: /readyz|path: /healthz|' "readiness probe is not GET /readyz" k8s
 refused kustomize k8s/worker.yaml 's/terminationGracePeriodSeconds: 60/terminationGracePeriodSeconds: 25/' \
   "does not cover DELTA_GRACE_S" k8s
-refused kustomize k8s/worker.yaml 's/:\$(NATS_PASSWORD)@/:$(NATS_PASWORD)@/' "uses \$(NATS_PASWORD)" k8s
+refused kustomize k8s/worker.yaml 's/:\$(DELTA_NATS_PASSWORD)@/:$(DELTA_NATS_PASWORD)@/' "uses \$(DELTA_NATS_PASWORD)" k8s
 refused kustomize k8s/worker.yaml 's/key: DELTA_REDIS_WORKER_PASSWORD/key: DELTA_REDIS_WORKERS_PASSWORD/' \
   "no key 'DELTA_REDIS_WORKERS_PASSWORD'" k8s
+refused kustomize k8s/worker.yaml 's/name: DELTA_NATS_PASSWORD$/name: NATS_PASSWORD/; s/\$(DELTA_NATS_PASSWORD)/$(NATS_PASSWORD)/' \
+  "env NATS_PASSWORD holds DELTA_NATS_WORKER_PASSWORD: name it DELTA_" k8s
 refused kustomize k8s/worker.yaml '0,/readOnlyRootFilesystem: true/s//readOnlyRootFilesystem: false/' \
   "readOnlyRootFilesystem is not true" k8s
 refused kustomize k8s/worker.yaml 's|value: /var/lib/delta/runs|value: /var/lib/delta|' \
@@ -170,7 +172,7 @@ refused kustomize k8s/worker-scaledobject.yaml 's/consumer: delta-resumes/consum
   "nats-jetstream triggers on ['delta-workers', 'delta-workers']" k8s
 refused kustomize k8s/worker-scaledobject.yaml 's/lagThreshold: "16"/lagThreshold: "100"/' \
   "lagThreshold 100 is not the workers' DELTA_WORKER_CONCURRENCY 16" k8s
-refused kustomize k8s/gateway.yaml 's/:\$(REDIS_PASSWORD)@/:hunter2hunter2@/' \
+refused kustomize k8s/gateway.yaml 's/:\$(DELTA_REDIS_PASSWORD)@/:hunter2hunter2@/' \
   "DELTA_REDIS_URL carries a password in clear" k8s
 refused kustomize k8s/gateway.yaml '0,/- name: DELTA_GATEWAY_ADDR/s//- name: DELTA_GATEWAY_TOKEN_X\n              value: abc/' \
   "env DELTA_GATEWAY_TOKEN_X looks like a secret" k8s
@@ -183,8 +185,8 @@ refused kustomize k8s/redis.yaml '0,/resetchannels -@all/s//resetchannels +@all/
 refused kustomize k8s/redis.yaml 's/^  name: redis-start$/  name: redis-script/' "redis-start" k8s
 refused kustomize k8s/redis-cluster/without-single-redis.yaml 's/^  name: redis-start$/  name: redis-begin/' \
   "ConfigMap/redis-begin, which the kustomization does not have" k8s/redis-cluster
-refused kustomize k8s/redis-cluster/worker-redis-cluster.yaml 's/\$(REDIS_PASSWORD)/$(REDIS_PASS)/' \
-  "uses \$(REDIS_PASS)" k8s/redis-cluster
+refused kustomize k8s/redis-cluster/worker-redis-cluster.yaml 's/\$(DELTA_REDIS_PASSWORD)/$(DELTA_REDIS_PASS)/' \
+  "uses \$(DELTA_REDIS_PASS)" k8s/redis-cluster
 refused kustomize k8s/redis-cluster/durability-replica.yaml 's/: replica$/: fsync-always/' \
   "use replica" k8s/redis-cluster
 refused kustomize k8s/redis-cluster/kustomization.yaml '/worker-redis-cluster.yaml/d' \

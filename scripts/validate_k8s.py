@@ -343,7 +343,7 @@ def fleet_checks(objects, redis_start):
                     faults.append(f"{cw}: a secret on the command line ({str(word)[:12]}…): "
                                   "`ps` shows it; use the environment from the Secret")
             # $(VAR) is expanded only from variables defined before it (else it stays literal,
-            # and e.g. a password would be the text "$(NATS_PASSWORD)").
+            # and e.g. a password would be the text "$(DELTA_NATS_PASSWORD)").
             defined = set()
             for ef in c.get("envFrom") or []:
                 ref = (ef.get("configMapRef") or {}).get("name")
@@ -368,6 +368,12 @@ def fleet_checks(objects, redis_start):
                         faults.append(f"{cw}: env {e['name']} uses $({ref}), which is not "
                                       "defined before it")
                 key_ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+                # An agent's tool may ask for any variable in its `env:` but a DELTA_* one:
+                # the fleet's own logins must have DELTA_* names.
+                if (key_ref and "PASSWORD" in key_ref.get("key", "")
+                        and not e["name"].startswith("DELTA_")):
+                    faults.append(f"{cw}: env {e['name']} holds {key_ref['key']}: name it "
+                                  "DELTA_… so that no agent's tool can ask for it (env:)")
                 if key_ref and not key_ref.get("optional"):
                     s = secrets.get(key_ref["name"])
                     if s is None:
