@@ -1179,8 +1179,10 @@ impl InteractionRequest {
                     message: format!("this request cannot be answered: {e}"),
                 })
             })?;
+            // A sensitive answer's values are not repeated in the error: it reaches a bot's
+            // inbox (which other bots may read) and logs.
             schema
-                .check(response.data.as_ref())
+                .check_as(response.data.as_ref(), self.is_sensitive())
                 .map_err(ResponseError::InvalidData)?;
         }
         if self.options.is_empty() {
@@ -1597,6 +1599,19 @@ mod tests {
             .validate(response(&req, None, Some("text")), now)
             .unwrap_err();
         assert_eq!(e.code(), "invalid_data", "text alone is no typed answer");
+        // A sensitive question's refusal does not repeat the value given.
+        let e = with(json!({"email": "hunter2-secret"})).unwrap_err();
+        assert!(e.to_string().contains("hunter2-secret"), "{e}");
+        let mut secret = req.clone();
+        secret.sensitive = true;
+        let mut r = response(&secret, None, None);
+        r.data = Some(json!({"email": "hunter2-secret"}));
+        let e = secret.validate(r, now).unwrap_err();
+        assert_eq!(e.code(), "invalid_data");
+        assert!(
+            e.to_string().contains("field `email`") && !e.to_string().contains("hunter2"),
+            "{e}"
+        );
         // Untyped requests never look at the schema rules.
         req.response_schema = None;
         assert!(req.validate(response(&req, None, Some("x")), now).is_ok());

@@ -298,6 +298,12 @@ impl ResponseSchema {
     /// Checks an answer's `data` (`None`: none was given): an object with every required field,
     /// no unknown one, and each value of its field's type, bounds, format or choices.
     pub fn check(&self, data: Option<&Value>) -> Result<(), FieldError> {
+        self.check_as(data, false)
+    }
+
+    /// [`ResponseSchema::check`], its errors without the values given when `hide` (a sensitive
+    /// question's: an error reaches a bot's inbox, which other bots may read, and a log).
+    pub fn check_as(&self, data: Option<&Value>, hide: bool) -> Result<(), FieldError> {
         let Some(data) = data else {
             return Err(FieldError {
                 field: None,
@@ -326,7 +332,7 @@ impl ResponseSchema {
             match obj.get(&f.name) {
                 None if f.required => return Err(field_error(&f.name, "is required")),
                 None => {}
-                Some(v) => f.check(v).map_err(|m| field_error(&f.name, m))?,
+                Some(v) => f.check_as(v, hide).map_err(|m| field_error(&f.name, m))?,
             }
         }
         Ok(())
@@ -341,6 +347,17 @@ impl Field {
 
     /// Checks one value; the error says what is wrong (without the field's name).
     pub fn check(&self, v: &Value) -> Result<(), String> {
+        self.check_as(v, false)
+    }
+
+    /// [`Field::check`], the error without the value when `hide`.
+    pub fn check_as(&self, v: &Value, hide: bool) -> Result<(), String> {
+        // What the error calls the value: itself, or (hidden) nothing of it.
+        let it = |shown: String| if hide { "it".to_owned() } else { shown };
+        let is = |v: &Value| match hide {
+            true => String::new(),
+            false => format!(" (it is {v})"),
+        };
         match &self.kind {
             FieldKind::Text {
                 min_length,
@@ -364,7 +381,8 @@ impl Field {
                 }
                 if let Some(fmt) = format.filter(|f| !f.accepts(s)) {
                     return Err(format!(
-                        "`{s}` is not a valid {} (e.g. {})",
+                        "{} is not a valid {} (e.g. {})",
+                        it(format!("`{s}`")),
                         fmt.as_str(),
                         fmt.example()
                     ));
@@ -385,13 +403,16 @@ impl Field {
                     ));
                 };
                 if *integer && !is_integer(v) {
-                    return Err(format!("must be an integer, not {v}"));
+                    return Err(match hide {
+                        true => "must be an integer".to_owned(),
+                        false => format!("must be an integer, not {v}"),
+                    });
                 }
                 if let Some(min) = minimum.filter(|m| n < *m) {
-                    return Err(format!("must be at least {} (it is {v})", number_text(min)));
+                    return Err(format!("must be at least {}{}", number_text(min), is(v)));
                 }
                 if let Some(max) = maximum.filter(|m| n > *m) {
-                    return Err(format!("must be at most {} (it is {v})", number_text(max)));
+                    return Err(format!("must be at most {}{}", number_text(max), is(v)));
                 }
                 Ok(())
             }
@@ -402,7 +423,8 @@ impl Field {
             FieldKind::Choice { choices, .. } => match v.as_str() {
                 Some(s) if choices.iter().any(|c| c.value == s) => Ok(()),
                 Some(s) => Err(format!(
-                    "`{s}` is not one of the choices: {}",
+                    "{} is not one of the choices: {}",
+                    it(format!("`{s}`")),
                     values(choices)
                 )),
                 None => Err(format!(
@@ -431,12 +453,17 @@ impl Field {
                         .filter(|s| choices.iter().any(|c| c.value == *s))
                     else {
                         return Err(format!(
-                            "{item} is not one of the choices: {}",
+                            "{} is not one of the choices: {}",
+                            if hide {
+                                "an item".to_owned()
+                            } else {
+                                item.to_string()
+                            },
                             values(choices)
                         ));
                     };
                     if seen.contains(&s) {
-                        return Err(format!("`{s}` is chosen twice"));
+                        return Err(format!("{} is chosen twice", it(format!("`{s}`"))));
                     }
                     seen.push(s);
                 }
@@ -843,6 +870,36 @@ mod tests {
 
     fn field_of(e: FieldError) -> Option<String> {
         e.field
+    }
+
+    /// A sensitive question's errors say what is wrong without the value given (they reach a
+    /// bot's inbox, which other bots may read); others repeat it.
+    #[test]
+    fn hidden_errors_never_repeat_the_value() {
+        let s = schema(
+            json!({
+                "mail": {"type": "string", "format": "email"},
+                "n": {"type": "integer", "minimum": 1, "maximum": 9},
+                "one": {"type": "string", "enum": ["a", "b"]},
+                "many": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}},
+            }),
+            &[],
+        );
+        for (data, secret) in [
+            (json!({"mail": "s3cr3t-mail"}), "s3cr3t-mail"),
+            (json!({"n": 4.5}), "4.5"),
+            (json!({"n": 777}), "777"),
+            (json!({"n": -555}), "-555"),
+            (json!({"one": "s3cr3t-one"}), "s3cr3t-one"),
+            (json!({"many": ["s3cr3t-item"]}), "s3cr3t-item"),
+            (json!({"many": ["a", "a"]}), "`a`"),
+        ] {
+            let shown = s.check_as(Some(&data), false).expect_err("refused");
+            assert!(shown.message.contains(secret), "{}", shown.message);
+            let hidden = s.check_as(Some(&data), true).expect_err("refused");
+            assert!(!hidden.message.contains(secret), "{}", hidden.message);
+            assert_eq!(hidden.field, shown.field);
+        }
     }
 
     #[test]
