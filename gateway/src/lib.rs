@@ -224,86 +224,15 @@ pub async fn run(
 /// hold the gateway's connections. On shutdown every connection finishes the request it is in
 /// and closes (live streams end with the shutdown).
 async fn serve(gw: &Arc<Gateway>, listener: tokio::net::TcpListener, app: axum::Router) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(
-        gw.config.max_connections.max(1),
-    ));
-    let tls = gw.config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
-    let connections = TaskTracker::new();
-    loop {
-        let (stream, _peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait a little rather than spin.
-                    tracing::warn!(error = %delta_host::Chain(&e), "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = gw.shutdown.cancelled() => break,
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            gw.metrics.connections_refused.inc();
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let header_timeout = gw.config.header_timeout;
-        let shutdown = gw.shutdown.clone();
-        let tls = tls.clone();
-        connections.spawn(async move {
-            // The slot is held from the accept on: through the handshake, then the connection.
-            let _slot = slot;
-            let Some(acceptor) = tls else {
-                serve_connection(stream, app, header_timeout, shutdown).await;
-                return;
-            };
-            // A client that never finishes its handshake is dropped when the header timeout
-            // passes, like one that never sends its headers; a failed handshake (a plain-HTTP
-            // client on the TLS port, an untrusted certificate) just closes the connection.
-            let handshake = tokio::select! {
-                done = tokio::time::timeout(header_timeout, acceptor.accept(stream)) => done,
-                () = shutdown.cancelled() => return,
-            };
-            match handshake {
-                Ok(Ok(tls_stream)) => {
-                    serve_connection(tls_stream, app, header_timeout, shutdown).await;
-                }
-                Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!("TLS handshake not finished within the header timeout"),
-            }
-        });
-    }
-    connections.close();
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), connections.wait()).await;
-}
-
-/// Serves HTTP/1 on one connection (plain or TLS) until it closes, or, on shutdown, until the
-/// request it is in is answered.
-async fn serve_connection<I>(
-    io: I,
-    app: axum::Router,
-    header_timeout: std::time::Duration,
-    shutdown: CancellationToken,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use hyper_util::service::TowerToHyperService;
-
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
-    tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => {}
-        () = shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
-        }
-    }
+    let serving = delta_host::http::Serving {
+        max_connections: gw.config.max_connections,
+        header_timeout: gw.config.header_timeout,
+        tls: gw.config.tls.clone(),
+    };
+    delta_host::http::serve(listener, app, &serving, gw.shutdown.clone(), || {
+        gw.metrics.connections_refused.inc();
+    })
+    .await;
 }
 
 /// How many runs each identity may still submit: a bucket per identity that holds a minute's

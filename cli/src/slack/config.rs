@@ -3,7 +3,8 @@
 //! gateway token, NATS credentials). Every problem is reported at once.
 //!
 //! ```yaml
-//! gateway_url: http://127.0.0.1:8080
+//! gateway_url: http://127.0.0.1:8080   # plain http only to this machine, unless…
+//! gateway_plain_http: false       # …true: TLS ends in a proxy or mesh between them
 //! nats: {url: "nats://127.0.0.1:4222", prefix: delta}
 //! listen: 0.0.0.0:3000            # POST /slack/interactivity
 //! inbox_url: https://delta.example.com/inbox
@@ -41,6 +42,10 @@ pub const SLACK_API_URL: &str = "https://slack.com/api/";
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     gateway_url: String,
+    /// Plain `http://` to a gateway off this machine, whose TLS a proxy or mesh terminates: the
+    /// relay token crosses that network in clear otherwise, so it is refused unless said.
+    #[serde(default)]
+    gateway_plain_http: bool,
     #[serde(default)]
     gateway_ca: Option<PathBuf>,
     nats: NatsFile,
@@ -133,6 +138,8 @@ pub struct Users {
 #[derive(Clone)]
 pub struct Config {
     pub gateway_url: String,
+    /// The file's `gateway_plain_http`: see [`Config::check_gateway_transport`].
+    pub gateway_plain_http: bool,
     pub gateway_ca: Option<PathBuf>,
     /// From `DELTA_NATS_URL` (which may carry `user:password@`), else the file's `nats.url`.
     pub nats_url: String,
@@ -289,9 +296,11 @@ impl Config {
         let slack_api_url = file
             .slack_api_url
             .unwrap_or_else(|| SLACK_API_URL.to_owned());
-        if !slack_api_url.starts_with("https://") && !slack_api_url.starts_with("http://") {
+        let to_loopback =
+            slack_api_url.starts_with("http://") && !plain_off_loopback(&slack_api_url);
+        if !slack_api_url.starts_with("https://") && !to_loopback {
             errors.push(format!(
-                "slack_api_url `{slack_api_url}` must start with https:// (or http:// for a test's stand-in)"
+                "slack_api_url `{slack_api_url}` must start with https:// (or http:// to this machine, for a test's stand-in): the bot token goes with every call"
             ));
         }
         let slack_timeout_secs = file.slack_timeout_secs.unwrap_or(SLACK_TIMEOUT_SECS);
@@ -391,6 +400,7 @@ impl Config {
         }
         Ok(Config {
             gateway_url: file.gateway_url,
+            gateway_plain_http: file.gateway_plain_http,
             gateway_ca: file.gateway_ca.map(|p| base.join(p)),
             nats_url,
             nats_ca: file.nats.ca_file.map(|p| base.join(p)),
@@ -407,6 +417,37 @@ impl Config {
             gateway_token,
         })
     }
+}
+
+impl Config {
+    /// Refuses a `gateway_url` of plain `http://` to another machine: the relay token goes with
+    /// every call, and would cross that network in clear, unless the file says a proxy or mesh
+    /// between them ends TLS (`gateway_plain_http: true`). Checked when the bridge starts, on the
+    /// URL it uses (`delta dev --slack` replaces the file's with its own, on this machine).
+    pub fn check_gateway_transport(&self) -> Result<(), String> {
+        if self.gateway_plain_http || !plain_off_loopback(&self.gateway_url) {
+            return Ok(());
+        }
+        Err(format!(
+            "gateway_url `{}` is plain http to another machine: the relay token would cross the network in clear. Use https:// (gateway_ca for a private CA), or set gateway_plain_http: true where a proxy or mesh between them terminates TLS",
+            self.gateway_url
+        ))
+    }
+}
+
+/// Whether `url` is plain `http://` to a host other than this machine's loopback (an
+/// unparsable URL counts as such: it is refused either way).
+fn plain_off_loopback(url: &str) -> bool {
+    let Ok(u) = reqwest::Url::parse(url.trim()) else {
+        return true;
+    };
+    let host = u.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    u.scheme() == "http" && !loopback
 }
 
 #[cfg(test)]
@@ -448,6 +489,40 @@ mod tests {
             c.users.by_email.get("bob@example.com").map(String::as_str),
             Some("bob")
         );
+    }
+
+    /// The relay token and the bot token never go over plain HTTP to another machine: the
+    /// gateway only where its TLS ends in between (said in so many words), Slack's API never.
+    #[test]
+    fn tokens_never_cross_a_network_in_clear() {
+        let to = |url: &str| GOOD.replace("http://127.0.0.1:8080", url);
+        let parse = |text: &str| Config::parse(text, Path::new("."), &env()).expect("parses");
+        for ok in [
+            "http://127.0.0.1:8080",
+            "http://localhost:8080",
+            "http://[::1]:8080",
+            "https://gateway:8443",
+        ] {
+            assert!(parse(&to(ok)).check_gateway_transport().is_ok(), "{ok}");
+        }
+        let e = parse(&to("http://gateway:8080"))
+            .check_gateway_transport()
+            .expect_err("plain http off this machine");
+        assert!(
+            e.contains("relay token") && e.contains("gateway_plain_http"),
+            "{e}"
+        );
+        let said = format!("{}gateway_plain_http: true\n", to("http://gateway:8080"));
+        assert!(parse(&said).check_gateway_transport().is_ok());
+        for (api, ok) in [
+            ("https://slack.example/api/", true),
+            ("http://127.0.0.1:9/api/", true),
+            ("http://slack.example/api/", false),
+        ] {
+            let text = format!("{GOOD}slack_api_url: {api}\n");
+            let parsed = Config::parse(&text, Path::new("."), &env());
+            assert_eq!(parsed.is_ok(), ok, "{api}: {:?}", parsed.err());
+        }
     }
 
     #[test]

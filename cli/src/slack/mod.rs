@@ -216,6 +216,12 @@ impl RunningBridge {
 /// again.
 const ACK_WAIT: Duration = Duration::from_secs(15);
 
+/// Connections the bridge's HTTP server keeps open at once (Slack's are a few).
+const MAX_CONNECTIONS: usize = 1024;
+
+/// How long a connection to the bridge may take to send a request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The consumer's name.
 fn consumer_name(prefix: &str) -> String {
     format!("{prefix}-slack")
@@ -223,6 +229,7 @@ fn consumer_name(prefix: &str) -> String {
 
 /// Runs the bridge with `cfg` until `cancel`.
 pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()> {
+    cfg.check_gateway_transport().map_err(anyhow::Error::msg)?;
     let names = delta_queue::Names::new(&cfg.prefix);
     let slack = api::Slack::new(&cfg.slack_api_url, &cfg.bot_token, cfg.slack_timeout)
         .map_err(anyhow::Error::msg)?;
@@ -309,11 +316,21 @@ pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()>
     let app = Router::new()
         .route("/slack/interactivity", post(interactivity))
         .with_state(bridge.clone());
+    // Facing the internet (Slack calls it): connections capped, and a client that does not send
+    // its headers in time is dropped, as the gateway does.
+    let serving = delta_host::http::Serving {
+        max_connections: MAX_CONNECTIONS,
+        header_timeout: HEADER_TIMEOUT,
+        tls: None,
+    };
     let http_cancel = cancel.clone();
     let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { http_cancel.cancelled().await })
-            .await
+        delta_host::http::serve(listener, app, &serving, http_cancel, || {
+            tracing::warn!(
+                "a connection was closed at once: {MAX_CONNECTIONS} are open (a flood, or Slack retrying)"
+            );
+        })
+        .await;
     });
     let result = consume(&bridge, &stream, consumer, &cancel).await;
     cancel.cancel();

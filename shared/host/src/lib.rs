@@ -14,6 +14,7 @@
 //! starts when a question was asked, in the past: [`tracer`]). Without export the global provider
 //! stays the no-op one and those spans cost nothing.
 
+pub mod http;
 pub mod settings;
 
 /// An error and its causes, for people and logs: `what failed: why: why that`. Errors in this
