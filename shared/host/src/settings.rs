@@ -8,6 +8,24 @@ use std::sync::Arc;
 use delta_protocol::secret::SecretsKey;
 use delta_store::redis::{Durability, MAX_BUCKETS};
 
+/// Why the value of setting `env_name` may not be given as a flag, if it may not: a secret (a
+/// token, the secrets key, a password) or a URL that carries a password.
+fn secret_in_flag(env_name: &str, value: &str) -> Option<&'static str> {
+    let secret = env_name.ends_with("_TOKEN")
+        || env_name.ends_with("_SECRETS_KEY")
+        || env_name.contains("PASSWORD");
+    if secret {
+        return Some("a secret");
+    }
+    let credentials = value.split_once("://").is_some_and(|(_, rest)| {
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        authority
+            .rsplit_once('@')
+            .is_some_and(|(user, _)| user.contains(':'))
+    });
+    credentials.then_some("a URL with a password in it")
+}
+
 /// One setting: its environment name, its flag (without `--`) and its default.
 pub type Setting = (&'static str, &'static str, &'static str);
 
@@ -35,7 +53,7 @@ impl<'a> Settings<'a> {
                 Some((n, v)) => (n, Some(v.to_owned())),
                 None => (body, None),
             };
-            let Some((_, flag, _)) = table.iter().find(|(_, f, _)| *f == name) else {
+            let Some((env_name, flag, _)) = table.iter().find(|(_, f, _)| *f == name) else {
                 errors.push(format!("unknown flag `--{name}` (see --help)"));
                 // Its value, if any, is part of the same mistake.
                 if value.is_none() && it.as_slice().first().is_some_and(|n| !n.starts_with("--")) {
@@ -45,6 +63,12 @@ impl<'a> Settings<'a> {
             };
             match value.or_else(|| it.next().cloned()) {
                 Some(v) => {
+                    if let Some(why) = secret_in_flag(env_name, &v) {
+                        errors.push(format!(
+                            "`--{name}`: {why}; every user of this machine sees a program's flags (`ps`): set {env_name} in the environment instead"
+                        ));
+                        continue;
+                    }
                     flags.insert(*flag, v);
                 }
                 None => errors.push(format!("`--{name}` needs a value")),
@@ -258,7 +282,14 @@ pub fn usage(binary: &str, table: &[Setting]) -> String {
     let mut s =
         format!("{binary} [--flag value]…; flags and their DELTA_* variables (defaults):\n");
     for (env, flag, default) in table {
-        s.push_str(&format!("  --{flag:<16} {env:<28} ({default})\n"));
+        if secret_in_flag(env, "").is_some() {
+            s.push_str(&format!(
+                "  {:<18} {env:<28} (environment only: a secret)\n",
+                ""
+            ));
+        } else {
+            s.push_str(&format!("  --{flag:<16} {env:<28} ({default})\n"));
+        }
     }
     s
 }
@@ -296,8 +327,62 @@ pub fn period(text: &str) -> Result<Option<std::time::Duration>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::period;
+    use super::*;
     use std::time::Duration;
+
+    /// A secret, or a URL with a password, is refused as a flag (naming the variable to use
+    /// instead) and never kept; the same values from the environment, and harmless flags, pass.
+    #[test]
+    fn secrets_are_refused_as_flags() {
+        const TABLE: &[Setting] = &[
+            ("DELTA_GATEWAY_TOKEN", "token", ""),
+            ("DELTA_SECRETS_KEY", "secrets-key", ""),
+            ("DELTA_NATS_URL", "nats-url", "nats://127.0.0.1:4222"),
+            ("DELTA_GATEWAY_TOKENS_FILE", "tokens-file", ""),
+        ];
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let env = HashMap::new();
+        let s = Settings::parse(
+            TABLE,
+            &args(&[
+                "--token",
+                "t0p-s3cret-token-123",
+                "--secrets-key=00ff",
+                "--nats-url",
+                "nats://delta-worker:hunter2@nats:4222",
+            ]),
+            &env,
+        );
+        assert_eq!(s.errors.len(), 3, "{:?}", s.errors);
+        for (e, var) in
+            s.errors
+                .iter()
+                .zip(["DELTA_GATEWAY_TOKEN", "DELTA_SECRETS_KEY", "DELTA_NATS_URL"])
+        {
+            assert!(e.contains(var) && e.contains("`ps`"), "{e}");
+            assert!(!e.contains("hunter2") && !e.contains("t0p-s3cret"), "{e}");
+        }
+        assert_eq!(s.get("DELTA_GATEWAY_TOKEN").0, "", "not kept");
+        let s = Settings::parse(
+            TABLE,
+            &args(&[
+                "--nats-url",
+                "nats://nats:4222",
+                "--tokens-file",
+                "/etc/tokens.yaml",
+            ]),
+            &env,
+        );
+        assert!(s.errors.is_empty(), "{:?}", s.errors);
+        let env: HashMap<String, String> = [(
+            "DELTA_NATS_URL".to_owned(),
+            "nats://delta-worker:hunter2@nats:4222".to_owned(),
+        )]
+        .into();
+        let s = Settings::parse(TABLE, &[], &env);
+        assert!(s.errors.is_empty(), "{:?}", s.errors);
+        assert!(s.get("DELTA_NATS_URL").0.contains("hunter2"));
+    }
 
     #[test]
     fn periods_read_as_an_operator_writes_them() {
