@@ -705,12 +705,18 @@ async fn healthz() -> Json<Health> {
 }
 
 async fn readyz(State(gw): Shared) -> Response {
-    let redis = gw.store.ping().await;
-    let nats = gw.queue.stats().await;
-    let body = Readiness {
-        redis: Reachability::of(&redis),
-        nats: Reachability::of(&nats),
-    };
+    let body = gw
+        .probes
+        .ready
+        .get(|| async {
+            let redis = gw.store.ping().await;
+            let nats = gw.queue.stats().await;
+            Readiness {
+                redis: Reachability::of(&redis),
+                nats: Reachability::of(&nats),
+            }
+        })
+        .await;
     let status = if body.is_ready() {
         StatusCode::OK
     } else {
@@ -721,7 +727,12 @@ async fn readyz(State(gw): Shared) -> Response {
 
 async fn metrics(State(gw): Shared) -> Response {
     let m = &gw.metrics;
-    if let Ok((by_status, pending)) = gw.store.counts().await {
+    let (counts, stats) = gw
+        .probes
+        .figures
+        .get(|| async { (gw.store.counts().await.ok(), gw.queue.stats().await.ok()) })
+        .await;
+    if let Some((by_status, pending)) = counts {
         for (status, n) in by_status {
             m.runs
                 .get_or_create(&crate::metrics::StatusLabel {
@@ -739,7 +750,7 @@ async fn metrics(State(gw): Shared) -> Response {
         .set(i64::try_from(heard_bytes).unwrap_or(i64::MAX));
     m.answers_waiting
         .set(i64::try_from(gw.heard.waiting()).unwrap_or(i64::MAX));
-    if let Ok(s) = gw.queue.stats().await {
+    if let Some(s) = stats {
         let g = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         m.jobs_pending.set(g(s.pending));
         m.jobs_in_flight.set(g(s.in_flight));

@@ -73,6 +73,8 @@ pub struct Gateway {
     pub notes: notes::Notes,
     /// The questions heard announced, for answers that need not read them (src/heard.rs).
     pub heard: heard::Heard,
+    /// `/readyz`'s and `/metrics`' readings of the servers, kept a second.
+    pub probes: metrics::Probes,
 }
 
 /// Live streams one gateway serves at once.
@@ -141,6 +143,7 @@ impl Gateway {
         );
         Ok(Self {
             heard: heard::Heard::new(config.question_cache_bytes, config.question_wait),
+            probes: metrics::Probes::default(),
             config,
             queue,
             metrics,

@@ -1,6 +1,7 @@
 //! `/metrics` in Prometheus' text format. Counters and histograms are this gateway's own
 //! observations; runs by status, pending interactions and the queue's figures are read from
 //! Redis and JetStream at scrape time, so every gateway reports the same fleet-wide values.
+//! Those readings, and `/readyz`'s, are kept a second ([`Fresh`]): both endpoints are open.
 
 use std::sync::Mutex;
 
@@ -10,6 +11,66 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+/// A reading of the servers kept for a while: `/readyz` and `/metrics` are open (probes and
+/// scrapers carry no token), so a flood of requests to them must not become a flood of Redis
+/// and NATS calls. Requests that come while a reading is under way wait for it.
+pub struct Fresh<T> {
+    max_age: std::time::Duration,
+    slot: tokio::sync::Mutex<Option<(std::time::Instant, T)>>,
+}
+
+impl<T: Clone> Fresh<T> {
+    pub fn new(max_age: std::time::Duration) -> Self {
+        Fresh {
+            max_age,
+            slot: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The last reading if it is younger than the maximum age, else a new one by `read`.
+    pub async fn get<F: std::future::Future<Output = T>>(&self, read: impl FnOnce() -> F) -> T {
+        let mut slot = self.slot.lock().await;
+        if let Some((at, v)) = &*slot
+            && at.elapsed() < self.max_age
+        {
+            return v.clone();
+        }
+        let v = read().await;
+        *slot = Some((std::time::Instant::now(), v.clone()));
+        v
+    }
+}
+
+/// How long `/readyz`'s and `/metrics`' readings of Redis and NATS are kept.
+pub const PROBES_KEPT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What `/readyz` and `/metrics` read of the servers, each kept [`PROBES_KEPT`].
+pub struct Probes {
+    /// Whether Redis and NATS answer.
+    pub ready: Fresh<delta_api::Readiness>,
+    /// Runs by status and questions pending (Redis), and the queue's figures (JetStream).
+    pub figures: Fresh<Figures>,
+}
+
+/// Runs by status and questions pending, and the queue's figures; `None` where a server did not
+/// answer.
+pub type Figures = (
+    Option<(
+        std::collections::HashMap<delta_protocol::RunStatus, u64>,
+        u64,
+    )>,
+    Option<delta_queue::Stats>,
+);
+
+impl Default for Probes {
+    fn default() -> Self {
+        Probes {
+            ready: Fresh::new(PROBES_KEPT),
+            figures: Fresh::new(PROBES_KEPT),
+        }
+    }
+}
 
 /// Label set of a per-status gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -253,5 +314,29 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A flood of probes costs one reading a period: the ones that come meanwhile, at once or
+    /// while it is under way, get it; a later one reads again.
+    #[tokio::test]
+    async fn fresh_reads_once_a_period_however_many_ask() {
+        let fresh = Fresh::new(std::time::Duration::from_millis(300));
+        let reads = AtomicUsize::new(0);
+        let read = || async {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            reads.fetch_add(1, Ordering::SeqCst) + 1
+        };
+        let all = futures_util::future::join_all((0..50).map(|_| fresh.get(read))).await;
+        assert!(all.iter().all(|&n| n == 1), "{all:?}");
+        assert_eq!(fresh.get(read).await, 1);
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        tokio::time::sleep(std::time::Duration::from_millis(350)).await;
+        assert_eq!(fresh.get(read).await, 2);
     }
 }
