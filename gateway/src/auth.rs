@@ -213,6 +213,18 @@ impl Auth {
     }
 
     /// Whether a token of the tokens file is named `name`.
+    /// Whether a token named `name` (the tokens file's, or `DELTA_GATEWAY_TOKEN`'s `operator`)
+    /// grants `role`; with authentication off, everyone may everything.
+    pub fn grants(&self, name: Option<&str>, role: Role) -> bool {
+        if !self.is_on() {
+            return true;
+        }
+        let Some(name) = name else { return false };
+        self.by_digest
+            .values()
+            .any(|i| i.name.as_deref() == Some(name) && i.has(role))
+    }
+
     pub fn knows(&self, name: &str) -> bool {
         self.by_digest
             .values()
@@ -465,6 +477,23 @@ mod tests {
             .with_operator_token("fleet-token-0123456789")
             .expect("token");
         assert!(auth.person("operator").is_none());
+    }
+
+    /// What a name's tokens grant (an A2A push config stored before its creator's role was
+    /// recorded is judged so).
+    #[test]
+    fn grants_by_name() {
+        let auth = Auth::parse(FILE)
+            .expect("valid")
+            .with_operator_token("fleet-token-0123456789")
+            .expect("operator");
+        assert!(auth.grants(Some("ops"), Role::Operate));
+        assert!(auth.grants(Some("operator"), Role::Operate));
+        assert!(auth.grants(Some("alice"), Role::Answer));
+        assert!(!auth.grants(Some("alice"), Role::Operate));
+        assert!(!auth.grants(Some("nobody"), Role::Answer));
+        assert!(!auth.grants(None, Role::Answer));
+        assert!(Auth::off().grants(None, Role::Operate));
     }
 
     #[test]

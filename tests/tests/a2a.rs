@@ -678,22 +678,26 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
     // an operator's push configs only: anyone else's may reach public addresses and
     // `DELTA_A2A_PUSH_ALLOW`'s exceptions. Before, any token that could read a task could have
     // the gateway post into the webhooks' private receivers.
-    let to = |id: &str, host: &str| json!({"taskId": task, "id": id, "url": format!("http://{host}:9/hook")});
+    let to = |id: &str, url: &str| json!({"taskId": task, "id": id, "url": url});
+    let inside = "https://127.0.0.1:9/hook";
     let (_, b) = call(
         &fleet,
         sam,
         "CreateTaskPushNotificationConfig",
-        to("inside", "127.0.0.1"),
+        to("inside", inside),
     )
     .await;
     assert_eq!(b["error"]["code"], -32602, "{b}");
     let message = b["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("127.0.0.1"), "names the address: {b}");
+    assert!(
+        message.contains("127.0.0.1") && message.contains("DELTA_A2A_PUSH_ALLOW"),
+        "names the address and the setting that would allow it: {b}"
+    );
     let (_, b) = call(
         &fleet,
         ops,
         "CreateTaskPushNotificationConfig",
-        to("inside", "127.0.0.1"),
+        to("inside", inside),
     )
     .await;
     assert_eq!(b["result"]["id"], "inside", "an operator's may: {b}");
@@ -706,7 +710,7 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
     .await;
     assert!(b.get("error").is_none(), "{b}");
     // Push configs are their creator's.
-    let config = |id: &str| to(id, "127.0.0.2");
+    let config = |id: &str| to(id, "http://127.0.0.2:9/hook");
     let (_, b) = call(
         &fleet,
         sam,

@@ -16,7 +16,7 @@ fn config(task: &str, id: &str, by: &str) -> A2aPushConfig {
         sealed_token: None,
         created_by: Some(by.to_owned()),
         created_at: Timestamp::now(),
-        allow_listed: false,
+        allow_listed: Some(false),
     }
 }
 

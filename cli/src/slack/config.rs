@@ -244,6 +244,11 @@ impl Config {
                 "gateway_url `{}` must start with http:// or https://",
                 file.gateway_url
             ));
+        } else if let Err(e) = reqwest::Url::parse(file.gateway_url.trim()) {
+            errors.push(format!(
+                "gateway_url `{}` is not a URL ({e}): write it as https://host[:port]",
+                file.gateway_url
+            ));
         }
         if let Some(u) = &file.nats.url
             && u.contains('@')

@@ -325,10 +325,19 @@ pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()>
     };
     let http_cancel = cancel.clone();
     let http = tokio::spawn(async move {
+        // Counted, and said at most once a minute: a flood must not become one of log lines.
+        let refused = std::sync::atomic::AtomicU64::new(0);
+        let said = std::sync::Mutex::new(None::<std::time::Instant>);
         delta_host::http::serve(listener, app, &serving, http_cancel, || {
-            tracing::warn!(
-                "a connection was closed at once: {MAX_CONNECTIONS} are open (a flood, or Slack retrying)"
-            );
+            let n = refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let mut said = said.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                *said = Some(std::time::Instant::now());
+                tracing::warn!(
+                    refused_so_far = n,
+                    "connections closed at once: {MAX_CONNECTIONS} are open (a flood, or Slack retrying)"
+                );
+            }
         })
         .await;
     });

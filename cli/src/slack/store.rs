@@ -101,6 +101,8 @@ pub struct Pending {
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("{what}")]
+    Unsound { what: String },
     #[error("reading {key} from the KV bucket: {what}")]
     Read { key: String, what: String },
     #[error("writing {key} to the KV bucket: {what}")]
@@ -129,8 +131,12 @@ impl Store {
         cancel: &tokio_util::sync::CancellationToken,
     ) -> Result<Option<Store>, Error> {
         let name = bucket(prefix);
+        let mut said: Option<std::time::Instant> = None;
         loop {
             if let Ok(kv) = js.get_key_value(&name).await {
+                // A bucket made by someone else to capture more (before gateways made it).
+                delta_queue::slack_bucket_sound(prefix, &kv.stream.cached_info().config.subjects)
+                    .map_err(|what| Error::Unsound { what })?;
                 return Ok(Some(Store { kv }));
             }
             match js
@@ -138,9 +144,12 @@ impl Store {
                 .await
             {
                 Ok(kv) => return Ok(Some(Store { kv })),
-                Err(e) => {
-                    tracing::info!(bucket = %name, error = %e, "waiting for a gateway to create the bridge's bucket");
+                // Said once, then every minute while it lasts.
+                Err(e) if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) => {
+                    said = Some(std::time::Instant::now());
+                    tracing::warn!(bucket = %name, error = %e, "the bridge's bucket is missing and the bridge may not create it: waiting for a gateway to create it (gateways create it at start since 2026-11-28; an older gateway does not)");
                 }
+                Err(_) => {}
             }
             tokio::select! {
                 () = cancel.cancelled() => return Ok(None),

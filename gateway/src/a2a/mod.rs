@@ -44,7 +44,7 @@ pub struct Settings {
     pub signing_key: Option<Arc<jwt::SigningKey>>,
     /// What a push config that is not an operator's may reach besides public addresses
     /// (`DELTA_A2A_PUSH_ALLOW`, as `DELTA_WEBHOOK_ALLOW` is written; none by default). An
-    /// operator's configs are held to `DELTA_WEBHOOK_ALLOW`, as webhooks are.
+    /// operator's may reach what either setting names.
     pub push_allow: Arc<crate::webhooks::allow::Allow>,
 }
 

@@ -279,13 +279,24 @@ impl Clients {
         })
     }
 
-    fn of(&self, c: &A2aPushConfig) -> &reqwest::Client {
-        if c.allow_listed {
+    fn of(&self, gw: &Gateway, c: &A2aPushConfig) -> &reqwest::Client {
+        if listed(gw, c) {
             &self.listed
         } else {
             &self.public
         }
     }
+}
+
+/// Whether config `c` may reach `DELTA_WEBHOOK_ALLOW`'s exceptions: an operator set it. A config
+/// stored before that was recorded is judged by its creator's roles now (with authentication
+/// off, everyone is an operator), so an operator's config to a private receiver goes on.
+fn listed(gw: &Gateway, c: &A2aPushConfig) -> bool {
+    c.allow_listed.unwrap_or_else(|| {
+        gw.config
+            .auth
+            .grants(c.created_by.as_deref(), crate::auth::Role::Operate)
+    })
 }
 
 /// `CreateTaskPushNotificationConfig`, or a `SendMessage`'s config for the task it started
@@ -329,7 +340,7 @@ pub async fn create(
         sealed_token,
         created_by,
         created_at: Timestamp::now(),
-        allow_listed: operator,
+        allow_listed: Some(operator),
     };
     // The consumer first: it starts at the run's first event whenever it is made, and a config
     // without one would wait for the delivery loop to make it.
@@ -739,14 +750,13 @@ async fn post(gw: &Gateway, http: &Clients, c: &A2aPushConfig, body: &[u8]) -> R
         .store
         .a2a_open_token(c)
         .map_err(|e| Failure::Ours(format!("cannot open the token: {}", delta_host::Chain(&e))))?;
-    let target =
-        allow::check_url(&c.url, &policy(gw, c.allow_listed)).map_err(Failure::Receiver)?;
+    let target = allow::check_url(&c.url, &policy(gw, listed(gw, c))).map_err(Failure::Receiver)?;
     let aud = audience(&c.url).ok_or_else(|| Failure::Receiver("the URL has no origin".into()))?;
     let iat = Timestamp::now().micros() / 1_000_000;
     let issuer = format!("delta-fleet:{}", gw.config.prefix);
     let jwt = key.notification_jwt(&issuer, &aud, &c.task_id, body, iat);
     let mut request = http
-        .of(c)
+        .of(gw, c)
         .post(target.url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .header(reqwest::header::AUTHORIZATION, format!("Bearer {jwt}"))

@@ -17,11 +17,14 @@ fn secret_in_flag(env_name: &str, value: &str) -> Option<&'static str> {
     if secret {
         return Some("a secret");
     }
-    let credentials = value.split_once("://").is_some_and(|(_, rest)| {
-        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-        authority
-            .rsplit_once('@')
-            .is_some_and(|(user, _)| user.contains(':'))
+    // Each of a list's URLs (a cluster's servers, seeds), as a client would log in with any.
+    let credentials = value.split(',').any(|url| {
+        url.split_once("://").is_some_and(|(_, rest)| {
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+            authority
+                .rsplit_once('@')
+                .is_some_and(|(user, _)| user.contains(':'))
+        })
     });
     credentials.then_some("a URL with a password in it")
 }
@@ -363,6 +366,13 @@ mod tests {
             assert!(!e.contains("hunter2") && !e.contains("t0p-s3cret"), "{e}");
         }
         assert_eq!(s.get("DELTA_GATEWAY_TOKEN").0, "", "not kept");
+        // Any URL of a list: a client logs in with whichever carries a password.
+        let s = Settings::parse(
+            TABLE,
+            &args(&["--nats-url", "nats://a:4222,nats://delta-gateway:pw@b:4222"]),
+            &env,
+        );
+        assert_eq!(s.errors.len(), 1, "{:?}", s.errors);
         let s = Settings::parse(
             TABLE,
             &args(&[

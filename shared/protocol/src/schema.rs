@@ -369,15 +369,19 @@ impl Field {
                     return Err(format!("must be a string, not {}", kind_of(v)));
                 };
                 let len = s.chars().count() as u64;
+                // A hidden value's length is not told either.
+                let has = |len: u64| match hide {
+                    true => String::new(),
+                    false => format!(" (it has {len})"),
+                };
                 if let Some(min) = min_length.filter(|m| len < *m) {
                     return Err(format!(
-                        "must be at least {min} characters long (it has {len})"
+                        "must be at least {min} characters long{}",
+                        has(len)
                     ));
                 }
                 if let Some(max) = max_length.filter(|m| len > *m) {
-                    return Err(format!(
-                        "must be at most {max} characters long (it has {len})"
-                    ));
+                    return Err(format!("must be at most {max} characters long{}", has(len)));
                 }
                 if let Some(fmt) = format.filter(|f| !f.accepts(s)) {
                     return Err(format!(
@@ -879,6 +883,7 @@ mod tests {
         let s = schema(
             json!({
                 "mail": {"type": "string", "format": "email"},
+                "pin": {"type": "string", "minLength": 4, "maxLength": 6},
                 "n": {"type": "integer", "minimum": 1, "maximum": 9},
                 "one": {"type": "string", "enum": ["a", "b"]},
                 "many": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}},
@@ -887,6 +892,8 @@ mod tests {
         );
         for (data, secret) in [
             (json!({"mail": "s3cr3t-mail"}), "s3cr3t-mail"),
+            (json!({"pin": "12"}), "has 2"),
+            (json!({"pin": "12345678"}), "has 8"),
             (json!({"n": 4.5}), "4.5"),
             (json!({"n": 777}), "777"),
             (json!({"n": -555}), "-555"),

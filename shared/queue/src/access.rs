@@ -406,11 +406,23 @@ mod tests {
         for must in [
             "$JS.API.CONSUMER.MSG.NEXT.DELTA_INTERACTIONS.delta-slack",
             "$JS.API.CONSUMER.DURABLE.CREATE.DELTA_INTERACTIONS.delta-slack",
-            "$JS.API.STREAM.CREATE.KV_DELTA_SLACK",
+            "$JS.API.STREAM.INFO.KV_DELTA_SLACK",
             "$KV.DELTA_SLACK.>",
         ] {
             assert!(p.publish.contains(&must.to_owned()), "{must}");
         }
+        // Not even its bucket's stream: the gateway makes it (a stream's subjects are not
+        // checked against the creator's rights).
+        assert!(
+            !p.publish.iter().any(|s| s.contains("STREAM.CREATE")),
+            "{:?}",
+            p.publish
+        );
+        let g = permissions(&Scope::Prefix("delta".into()), NatsRole::Gateway);
+        assert!(
+            g.publish
+                .contains(&"$JS.API.STREAM.CREATE.KV_DELTA_SLACK".to_owned())
+        );
         // No job, no answer, no announcement, no other consumer, no other stream's changes.
         assert!(
             !p.publish.iter().any(|s| s.starts_with("delta.")),

@@ -479,22 +479,49 @@ pub fn slack_bucket_config(prefix: &str, replicas: usize) -> kv::Config {
 /// the stream's name against a user's rights, not the subjects it captures, so a user that may
 /// create the bucket's stream before the bridge does could make it capture bots' answers (their
 /// bearer tokens in the headers) and read them back. A gateway whose NATS user may not (an
-/// older `users.conf`) says so and goes on: the bridge then waits for the bucket.
+/// older `users.conf`) says so and goes on, within a few seconds: the bridge then waits for the
+/// bucket. A bucket whose stream captures more than its own subjects (made so by a login that
+/// could, before this was fixed) is reported as an error.
 async fn ensure_slack_bucket(js: &jetstream::Context, prefix: &str, replicas: usize) {
     let name = format!("KV_{}", slack_bucket(prefix));
-    if js.get_stream(&name).await.is_ok() {
-        return;
-    }
-    if let Err(e) = js
-        .create_key_value(slack_bucket_config(prefix, replicas))
+    let work = async {
+        if let Ok(stream) = js.get_stream(&name).await {
+            if let Err(why) = slack_bucket_sound(prefix, &stream.cached_info().config.subjects) {
+                tracing::error!(stream = %name, "{why}");
+            }
+            return;
+        }
+        if let Err(e) = js
+            .create_key_value(slack_bucket_config(prefix, replicas))
+            .await
+        {
+            tracing::warn!(
+                stream = %name,
+                error = %e,
+                "cannot create the Slack bridge's bucket (its NATS user's rights are older than this gateway: see deploy/nats/users.conf); a Slack bridge waits for it"
+            );
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(3), work)
         .await
+        .is_err()
     {
-        tracing::warn!(
-            stream = %name,
-            error = %e,
-            "cannot create the Slack bridge's bucket (its NATS user's rights are older than this gateway: see deploy/nats/users.conf); a Slack bridge waits for it"
-        );
+        tracing::warn!(stream = %name, "no answer about the Slack bridge's bucket within 3 s (the NATS user's rights are older than this gateway?); a Slack bridge waits for it");
     }
+}
+
+/// Whether the Slack bridge's bucket stream, capturing `subjects`, captures its own subjects
+/// only; else why not, and what to do.
+pub fn slack_bucket_sound(prefix: &str, subjects: &[String]) -> Result<(), String> {
+    let own = format!("$KV.{}.>", slack_bucket(prefix));
+    if subjects == [own.as_str()] {
+        return Ok(());
+    }
+    Err(format!(
+        "the Slack bridge's bucket stream KV_{} captures {subjects:?}, not only its own `{own}`: a login that could create streams made it so, and it may have kept bots' answers with their tokens. Delete the stream (`nats stream rm KV_{}`), rotate the bots' gateway tokens, and start a gateway again (it makes the bucket anew)",
+        slack_bucket(prefix),
+        slack_bucket(prefix)
+    ))
 }
 
 /// The durable pull consumer `config` on `stream_name`, updated to `config` or created.
@@ -1830,6 +1857,29 @@ fn event_headers(id: &str, traceparent: Option<&str>) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Slack bridge's bucket stream is sound only capturing its own subjects: one made to
+    /// capture bots' answers too is reported, with what to do.
+    #[test]
+    fn a_slack_bucket_capturing_more_is_reported() {
+        let own = vec!["$KV.DELTA_SLACK.>".to_owned()];
+        assert!(slack_bucket_sound("delta", &own).is_ok());
+        for bad in [
+            vec![
+                "$KV.DELTA_SLACK.>".to_owned(),
+                "delta.interactions.respond.*".to_owned(),
+            ],
+            vec!["delta.interactions.respond.*".to_owned()],
+            vec![],
+        ] {
+            let why = slack_bucket_sound("delta", &bad).expect_err("unsound");
+            assert!(why.contains("nats stream rm KV_DELTA_SLACK"), "{why}");
+        }
+        assert!(
+            slack_bucket_sound("other", &own).is_err(),
+            "another prefix's"
+        );
+    }
 
     #[test]
     fn only_a_publish_nats_may_take_later_is_transient() {

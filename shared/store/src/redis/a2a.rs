@@ -44,8 +44,9 @@ pub struct A2aPushConfig {
     /// Whether its URL may be one of `DELTA_WEBHOOK_ALLOW`'s exceptions (private addresses,
     /// plain HTTP to a named host): only when an operator set it. Anyone else's may reach public
     /// addresses only (docs/security.md: the exceptions are for the operators' own receivers).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub allow_listed: bool,
+    /// `None` for a config stored before 2026-11-28: its creator's roles decide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_listed: Option<bool>,
 }
 
 impl std::fmt::Debug for A2aPushConfig {
