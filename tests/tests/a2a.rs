@@ -9,7 +9,8 @@
 //! and the config's consumer is gone once the run ended. With tokens: each method's roles; push
 //! configs are their creator's (and an operator's); answers tied to a question that changed or
 //! moved on are `stale`; a retried message does not answer the next question, nor does one
-//! refused (a claim held) retried once the task moved on.
+//! refused (a claim held) retried once the task moved on. Push configs that are not an
+//! operator's never reach `DELTA_WEBHOOK_ALLOW`'s receivers, at creation or delivery.
 
 use std::process::Command;
 
@@ -1002,5 +1003,87 @@ async fn cancel_task_again_announces_an_end_its_gateway_died_before_announcing()
         run_event_types(&fleet, "A2ACX_INTERACTIONS", &task).await,
         after,
         "announced once"
+    );
+}
+
+/// Deliveries keep to the policy their config was set under: one an operator set reaches
+/// `DELTA_WEBHOOK_ALLOW`'s receiver (here a loopback one), one that is not an operator's never
+/// does (it may reach public addresses and `DELTA_A2A_PUSH_ALLOW`'s only), and one stored before
+/// the policy was recorded is judged by its creator's roles (with authentication off, an
+/// operator's). Each config stored as the gateway stores them, so that delivery alone decides.
+#[tokio::test(flavor = "multi_thread")]
+async fn push_deliveries_keep_to_the_policy_of_their_config() {
+    use std::sync::{Arc, Mutex};
+    let (fleet, _keys) = fleet("a2apol").await;
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let app = {
+        let seen = seen.clone();
+        axum::Router::new().route(
+            "/{which}",
+            axum::routing::post(
+                move |axum::extract::Path(which): axum::extract::Path<String>| {
+                    let seen = seen.clone();
+                    async move {
+                        seen.lock().expect("seen").push(which);
+                        axum::http::StatusCode::OK
+                    }
+                },
+            ),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let run = fleet.submit("hello", "push me").await;
+    fleet.pending(run).await;
+    let limits = delta_store::redis::PushLimits {
+        per_task: 10,
+        per_caller: 100,
+        fleet: 2000,
+    };
+    for (id, listed) in [
+        ("listed", Some(true)),
+        ("unlisted", Some(false)),
+        ("legacy", None),
+    ] {
+        let c = delta_store::redis::A2aPushConfig {
+            id: id.to_owned(),
+            task_id: run.to_string(),
+            url: format!("http://127.0.0.1:{port}/{id}"),
+            sealed_token: None,
+            created_by: None,
+            created_at: delta_protocol::Timestamp::now(),
+            allow_listed: listed,
+        };
+        fleet
+            .store
+            .a2a_put_push(&c, true, limits)
+            .await
+            .expect("stored");
+    }
+    // The delivery loop finds them within its scan (5 s); each follows the run from its start.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let now: Vec<String> = seen.lock().expect("seen").clone();
+        if now.iter().any(|w| w == "listed") && now.iter().any(|w| w == "legacy") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the operators' configs were not delivered: {now:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // The other one was tried as soon (the same scan, the same events) and refused before any
+    // connection: give it a retry's time more.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let now: Vec<String> = seen.lock().expect("seen").clone();
+    assert!(
+        !now.iter().any(|w| w == "unlisted"),
+        "a config not an operator's reached a DELTA_WEBHOOK_ALLOW receiver: {now:?}"
     );
 }
