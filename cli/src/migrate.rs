@@ -4,7 +4,7 @@
 //!
 //! With `--journal-entries` it only lets the fleet write its journals in the newest format (each
 //! write's events packed in one entry), once every gateway and worker runs a build that reads it
-//! (docs/operations.md#upgrades).
+//! (docs/operations.md#upgrading-with-no-run-lost).
 
 use delta_store::redis::{DEFAULT_BUCKETS, MAX_BUCKETS, RedisRunStore};
 
