@@ -140,13 +140,7 @@ impl Client {
     /// Whether a token sent to this gateway would cross a network in clear: plain `http://` to a
     /// host other than this machine's loopback.
     pub fn token_in_clear(&self) -> bool {
-        let host = self.base.host_str().unwrap_or_default();
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let loopback = host.eq_ignore_ascii_case("localhost")
-            || host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback());
-        self.base.scheme() == "http" && !loopback
+        plain_off_loopback(&self.base)
     }
 
     fn request(
@@ -417,6 +411,18 @@ impl SseStream {
     fn take_event(&mut self) -> Option<SseEvent> {
         delta_api::sse::take_event(&mut self.buf)
     }
+}
+
+/// Whether `url` is plain `http://` to a host other than this machine's loopback: what is sent
+/// to it (a token) crosses a network in clear.
+pub fn plain_off_loopback(url: &reqwest::Url) -> bool {
+    let host = url.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    url.scheme() == "http" && !loopback
 }
 
 #[cfg(test)]

@@ -443,16 +443,7 @@ impl Config {
 /// Whether `url` is plain `http://` to a host other than this machine's loopback (an
 /// unparsable URL counts as such: it is refused either way).
 fn plain_off_loopback(url: &str) -> bool {
-    let Ok(u) = reqwest::Url::parse(url.trim()) else {
-        return true;
-    };
-    let host = u.host_str().unwrap_or_default();
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let loopback = host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    u.scheme() == "http" && !loopback
+    reqwest::Url::parse(url.trim()).map_or(true, |u| crate::client::plain_off_loopback(&u))
 }
 
 #[cfg(test)]
