@@ -259,27 +259,32 @@ fn policy(gw: &Gateway, listed: bool) -> Arc<allow::Allow> {
     }
 }
 
-/// The two HTTP clients of deliveries, one per [`policy`]: each resolves names to the addresses
-/// its policy allows only.
+/// The two policies of deliveries ([`policy`]), each with its HTTP client, which resolves names
+/// to the addresses the policy allows only.
 #[derive(Clone)]
 struct Clients {
-    listed: reqwest::Client,
-    public: reqwest::Client,
+    listed: (Arc<allow::Allow>, reqwest::Client),
+    public: (Arc<allow::Allow>, reqwest::Client),
 }
 
 impl Clients {
     fn new(gw: &Gateway) -> Result<Clients, reqwest::Error> {
-        let under = |listed: bool| crate::webhooks::Settings {
-            allow: policy(gw, listed),
-            ..gw.config.webhooks.clone()
+        let under = |listed: bool| {
+            let allow = policy(gw, listed);
+            let settings = crate::webhooks::Settings {
+                allow: allow.clone(),
+                ..gw.config.webhooks.clone()
+            };
+            deliver::client(&settings).map(|client| (allow, client))
         };
         Ok(Clients {
-            listed: deliver::client(&under(true))?,
-            public: deliver::client(&under(false))?,
+            listed: under(true)?,
+            public: under(false)?,
         })
     }
 
-    fn of(&self, gw: &Gateway, c: &A2aPushConfig) -> &reqwest::Client {
+    /// Config `c`'s policy and client.
+    fn of(&self, gw: &Gateway, c: &A2aPushConfig) -> &(Arc<allow::Allow>, reqwest::Client) {
         if listed(gw, c) {
             &self.listed
         } else {
@@ -750,13 +755,13 @@ async fn post(gw: &Gateway, http: &Clients, c: &A2aPushConfig, body: &[u8]) -> R
         .store
         .a2a_open_token(c)
         .map_err(|e| Failure::Ours(format!("cannot open the token: {}", delta_host::Chain(&e))))?;
-    let target = allow::check_url(&c.url, &policy(gw, listed(gw, c))).map_err(Failure::Receiver)?;
+    let (allow, client) = http.of(gw, c);
+    let target = allow::check_url(&c.url, allow).map_err(Failure::Receiver)?;
     let aud = audience(&c.url).ok_or_else(|| Failure::Receiver("the URL has no origin".into()))?;
     let iat = Timestamp::now().micros() / 1_000_000;
     let issuer = format!("delta-fleet:{}", gw.config.prefix);
     let jwt = key.notification_jwt(&issuer, &aud, &c.task_id, body, iat);
-    let mut request = http
-        .of(gw, c)
+    let mut request = client
         .post(target.url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .header(reqwest::header::AUTHORIZATION, format!("Bearer {jwt}"))
