@@ -810,8 +810,12 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
         None => client.get_with("v1/interactions", &query).await?,
         // Filtered here, on `created_at`, over as many pages as it takes.
         Some(age) => {
-            let cutoff =
-                Utc::now() - chrono::Duration::from_std(age).unwrap_or(chrono::Duration::MAX);
+            // A duration past chrono's range goes back to its earliest date: every question
+            // is younger.
+            let cutoff = chrono::Duration::from_std(age)
+                .ok()
+                .and_then(|d| Utc::now().checked_sub_signed(d))
+                .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
             let mut kept = vec![];
             let mut cursor = a.page.cursor;
             loop {

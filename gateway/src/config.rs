@@ -248,9 +248,14 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let secrets_key = s.secrets_key("DELTA_SECRETS_KEY");
     let max_body = s.number("DELTA_MAX_BODY_BYTES", 1024);
     let reconcile_ms = s.number("DELTA_RECONCILE_MS", 10);
-    let resume_check = s.number("DELTA_RESUME_CHECK_S", 1);
-    let lost_job = s.number("DELTA_LOST_JOB_S", 1);
-    let max_connections = s.number("DELTA_MAX_CONNECTIONS", 1);
+    let resume_check = s.number_at_most("DELTA_RESUME_CHECK_S", 1, 86_400, "is longer than a day");
+    let lost_job = s.number_at_most("DELTA_LOST_JOB_S", 1, 604_800, "is longer than a week");
+    let max_connections = s.number_at_most(
+        "DELTA_MAX_CONNECTIONS",
+        1,
+        1_000_000,
+        "is more connections than one gateway holds (at most 1000000)",
+    );
     let header_timeout = s.seconds("DELTA_HEADER_TIMEOUT_S", 0.1);
     let request_timeout = s.seconds("DELTA_REQUEST_TIMEOUT_S", 0.1);
     let per_identity = s.number("DELTA_MAX_STREAMS_PER_IDENTITY", 1);
@@ -418,6 +423,9 @@ mod tests {
             ("DELTA_GATEWAY_TOKENS_FILE", "/no/such/tokens.yaml"),
             ("DELTA_RECONCILE_MS", "0"),
             ("DELTA_RETENTION", "a week"),
+            // Numbers that would overflow a clock's sum or a semaphore: refused.
+            ("DELTA_MAX_CONNECTIONS", "9999999999999999999"),
+            ("DELTA_LOST_JOB_S", "9223372036854775807"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -434,13 +442,15 @@ mod tests {
             "tokens.yaml",
             "DELTA_RECONCILE_MS",
             "DELTA_RETENTION",
+            "DELTA_MAX_CONNECTIONS",
+            "DELTA_LOST_JOB_S",
         ] {
             assert!(
                 errs.iter().any(|e| e.contains(needle)),
                 "{needle} in {errs:#?}"
             );
         }
-        assert_eq!(errs.len(), 6, "{errs:#?}");
+        assert_eq!(errs.len(), 8, "{errs:#?}");
     }
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {

@@ -15,7 +15,7 @@ use crate::Gateway;
 use crate::error::ApiError;
 
 /// `t` plus `d`.
-fn after(t: Timestamp, d: std::time::Duration) -> Timestamp {
+pub(crate) fn after(t: Timestamp, d: std::time::Duration) -> Timestamp {
     let us = t
         .micros()
         .saturating_add(i64::try_from(d.as_micros()).unwrap_or(i64::MAX / 2));

@@ -289,7 +289,7 @@ fn events(ix: &StoredInteraction, settled: Settled<'_>) -> Vec<opentelemetry::tr
     } as usize;
     let mut out = vec![];
     for (i, step) in q.escalation.iter().take(steps).enumerate() {
-        let due = q.timestamp.micros() + i64::try_from(step.after.as_micros()).unwrap_or(0);
+        let due = crate::escalation::after(q.timestamp, step.after).micros();
         let mut attrs = vec![
             KeyValue::new("delta.escalation.step", (i + 1) as i64),
             KeyValue::new("delta.escalation.remind", step.remind),

@@ -36,7 +36,12 @@ pub const SETTINGS: &[Setting] = &[
 /// Builds the config from `--name value` / `--name=value` flags and an environment map.
 pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, Vec<String>> {
     let mut s = Settings::parse(SETTINGS, args, env);
-    let concurrency = s.number("DELTA_WORKER_CONCURRENCY", 1);
+    let concurrency = s.number_at_most(
+        "DELTA_WORKER_CONCURRENCY",
+        1,
+        100_000,
+        "is more runs than one worker holds at once (at most 100000)",
+    );
     let resume_slots = resume_slots(&mut s, concurrency);
     // A job redelivered after a lost ack announces its question again, which the events stream
     // drops as a duplicate only within its 2-minute window; a worker extends a long step's

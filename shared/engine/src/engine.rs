@@ -791,8 +791,10 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let decision = match decided {
             Ok(d) => d,
             Err(e) => {
+                // An error may quote what a tool or generator printed: masked like its output.
+                let error = self.mask(e.to_string());
                 return self
-                    .finish(Terminal::Failed, None, Some(e.to_string()))
+                    .finish(Terminal::Failed, None, Some(error))
                     .await
                     .map(Some);
             }
@@ -1669,11 +1671,14 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     }
 
     /// Hides every secret this process holds from text bound for the journal.
-    fn mask(&self, mut text: String) -> String {
+    fn mask(&self, text: String) -> String {
+        let mut hidden: Vec<String> = vec![];
         for (rid, s) in self.secrets.iter().filter(|(_, s)| !s.is_empty()) {
-            text = text.replace(s.as_str(), MASK);
-            // A typed answer's secret is its object: each text field's value is hidden too (not
-            // its choices, numbers or booleans, which the schema itself shows).
+            hidden.push(s.clone());
+            // A typed answer's secret is its object: each text field's value is hidden too, and
+            // each number of 4 characters or more (a PIN, an account number: shorter ones would
+            // hide every such digit in the output). Not its choices or booleans, which the
+            // schema itself shows.
             let schema = self
                 .replay
                 .interaction(*rid)
@@ -1682,17 +1687,22 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             if let (Some(schema), Ok(Value::Object(fields))) =
                 (schema, serde_json::from_str::<Value>(s))
             {
-                let texts = schema
-                    .fields
-                    .iter()
-                    .filter(|f| matches!(f.kind, FieldKind::Text { .. }))
-                    .filter_map(|f| fields.get(&f.name).and_then(Value::as_str));
-                for t in texts.filter(|t| !t.is_empty()) {
-                    text = text.replace(t, MASK);
+                for f in &schema.fields {
+                    match (&f.kind, fields.get(&f.name)) {
+                        (FieldKind::Text { .. }, Some(Value::String(t))) if !t.is_empty() => {
+                            hidden.push(t.clone());
+                        }
+                        (FieldKind::Number { .. }, Some(n @ Value::Number(_)))
+                            if n.to_string().len() >= 4 =>
+                        {
+                            hidden.push(n.to_string());
+                        }
+                        _ => {}
+                    }
                 }
             }
         }
-        text
+        mask_all(text, &hidden)
     }
 
     // -- interaction requests -------------------------------------------------------------
@@ -2051,6 +2061,44 @@ fn answer_observation(q: &InteractionRequest, a: &AcceptedAnswer) -> String {
     }
 }
 
+/// `text` with every string of `hidden` replaced by the mask; and where a tool's output was cut
+/// (`[output truncated: …]`), a secret the cut went through is masked too: the start of it that
+/// ends the kept output would not match it whole.
+fn mask_all(mut text: String, hidden: &[String]) -> String {
+    for h in hidden.iter().filter(|h| !h.is_empty()) {
+        text = text.replace(h.as_str(), MASK);
+    }
+    const CUT: &str = "\n[output truncated:";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find(CUT) {
+        let mut kept = &rest[..at];
+        // The longest start of a secret that ends the kept part, if any.
+        let start = hidden
+            .iter()
+            .filter_map(|h| {
+                h.char_indices()
+                    .skip(1)
+                    .map(|(i, _)| &h[..i])
+                    .filter(|p| kept.ends_with(p))
+                    .map(str::len)
+                    .max()
+            })
+            .max();
+        if let Some(n) = start {
+            kept = &kept[..kept.len() - n];
+            out.push_str(kept);
+            out.push_str(MASK);
+        } else {
+            out.push_str(kept);
+        }
+        out.push_str(CUT);
+        rest = &rest[at + CUT.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The secret itself (`field` empty), or one field of a typed answer's object: a string as it
 /// is, any other value as JSON.
 fn secret_field<'s>(secret: &'s str, field: &str) -> Option<std::borrow::Cow<'s, str>> {
@@ -2127,5 +2175,28 @@ pub fn human_duration(d: Duration) -> String {
         format!("{}ms", d.as_millis())
     } else {
         format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every secret is masked where it is whole, and where a cut of the output went through it
+    /// (its start ends the kept part); nothing else is.
+    #[test]
+    fn secrets_are_masked_whole_and_where_a_cut_went_through_them() {
+        let hidden = vec!["hunter2-pass".to_owned(), "123456".to_owned()];
+        let masked = mask_all("pw=hunter2-pass pin=123456 n=12".to_owned(), &hidden);
+        assert_eq!(masked, format!("pw={MASK} pin={MASK} n=12"));
+        let cut = "log: the key is hunter2-pa\n[output truncated: 26 of 900 bytes kept]";
+        let masked = mask_all(cut.to_owned(), &hidden);
+        assert_eq!(
+            masked,
+            format!("log: the key is {MASK}\n[output truncated: 26 of 900 bytes kept]")
+        );
+        assert!(!masked.contains("hunter2"), "{masked}");
+        let plain = "nothing secret\n[output truncated: 14 of 90 bytes kept]";
+        assert_eq!(mask_all(plain.to_owned(), &hidden), plain);
     }
 }

@@ -1096,6 +1096,17 @@ async fn an_earlier_answer_left_out_of_a_snapshot_is_still_refused_as_answered()
     // Decoded without the store's copy of the question it names, it is not usable.
     assert!(Snapshot::decode(&stored, snapshot.seq, None).is_err());
     assert!(Snapshot::decode(&stored, snapshot.seq, Some(&first)).is_err());
+    assert!(Snapshot::decode(&stored, snapshot.seq, Some(&second)).is_ok());
+    // Nor with counters the next step would overflow (a tampered store or job): replayed.
+    for (field, huge) in [("attempts", json!(u32::MAX)), ("turns", json!(u32::MAX))] {
+        let mut v: Value = serde_json::from_str(&stored).expect("json");
+        v["replay"][field] = huge;
+        let e = Snapshot::decode(&v.to_string(), snapshot.seq, Some(&second)).expect_err(field);
+        assert!(e.contains("out of range"), "{e}");
+    }
+    let mut v: Value = serde_json::from_str(&stored).expect("json");
+    v["hook_calls"] = json!(u64::MAX);
+    assert!(Snapshot::decode(&v.to_string(), snapshot.seq, Some(&second)).is_err());
 
     let before = f.journal(id).await;
     for run in [whole, from_snapshot] {
@@ -1735,6 +1746,50 @@ steps:
         assert!(
             !String::from_utf8_lossy(&text).contains("hunter2"),
             "secret found in {}",
+            entry.display()
+        );
+    }
+}
+
+/// A sensitive typed answer's number (a PIN) that a tool prints is masked in the journal too,
+/// not only its text fields.
+#[tokio::test]
+async fn a_sensitive_typed_answers_number_is_masked_in_what_a_tool_prints() {
+    let config = format!(
+        "name: t\nbrain: scripted\n{TOOLS}  - name: use_pin\n    shell: \"echo pin is ${{pin}}\"\n    parameters: [{{name: pin, secret: true}}]\n"
+    );
+    let f = Fixture::with_config(
+        &config,
+        r#"
+steps:
+  - ask_human:
+      prompt: "PIN?"
+      sensitive: true
+      response_schema: {type: object, properties: {pin: {type: integer}}, required: [pin]}
+  - tool: use_pin
+    args: {pin: "${answer.pin}"}
+  - finish: "${observation}"
+"#,
+    );
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(typed_answer(&q, json!({"pin": 739184}))))
+        .await
+        .expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "pin is ***\n".into()
+        }
+    );
+    for entry in walk(&f.dir.path().join(".delta")) {
+        let text = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains("739184"),
+            "the PIN found in {}",
             entry.display()
         );
     }

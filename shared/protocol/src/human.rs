@@ -295,11 +295,27 @@ mod after {
         }
         match Raw::deserialize(d)? {
             Raw::Secs(s) => Ok(Duration::from_secs(s)),
-            Raw::Text(t) => humantime::parse_duration(t.trim()).map_err(|e| {
-                D::Error::custom(format!(
-                    "`after: {t}` is not a duration ({e}); write e.g. 90s, 15m, 1h or 1h 30m"
-                ))
-            }),
+            Raw::Text(t) => {
+                // humantime 2.x panics on a sum of exactly u64::MAX seconds and a full second
+                // of nanoseconds: no text that long or with numbers that large is a step's
+                // wait (at most 90 days), so it is refused before it gets there.
+                let digits = t
+                    .split(|c: char| !c.is_ascii_digit())
+                    .map(str::len)
+                    .max()
+                    .unwrap_or(0);
+                if t.len() > 64 || digits > 10 {
+                    return Err(D::Error::custom(format!(
+                        "`after: {}` is not a duration a step may wait (at most 90 days); write e.g. 90s, 15m, 1h or 1h 30m",
+                        t.chars().take(40).collect::<String>()
+                    )));
+                }
+                humantime::parse_duration(t.trim()).map_err(|e| {
+                    D::Error::custom(format!(
+                        "`after: {t}` is not a duration ({e}); write e.g. 90s, 15m, 1h or 1h 30m"
+                    ))
+                })
+            }
         }
     }
 }
@@ -446,6 +462,26 @@ mod tests {
     use super::*;
     use crate::{InteractionOption, InteractionType, RunId, Via};
     use serde_json::json;
+
+    /// A step's `after` that humantime would panic on (a sum of u64::MAX seconds and a full
+    /// second of nanoseconds) is refused, as is any text too long for a step's wait; an LLM
+    /// may write one.
+    #[test]
+    fn an_after_humantime_would_panic_on_is_refused() {
+        for after in [
+            "18446744073709551615s 1000000000ns",
+            "18446744073709551615s",
+            "1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s 1s",
+        ] {
+            let e =
+                serde_json::from_value::<EscalationStep>(json!({"after": after, "remind": true}))
+                    .expect_err(after);
+            assert!(e.to_string().contains("at most 90 days"), "{e}");
+        }
+        let ok: EscalationStep =
+            serde_json::from_value(json!({"after": "1h 30m", "remind": true})).expect("valid");
+        assert_eq!(ok.after.as_secs(), 5400);
+    }
 
     fn request() -> InteractionRequest {
         let mut q = InteractionRequest::new(

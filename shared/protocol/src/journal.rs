@@ -486,6 +486,19 @@ impl Snapshot {
                 snap.seq, snap.replay.last_seq
             ));
         }
+        // Counters the engine adds to: none so large that the next step would overflow it (a
+        // tampered store, or a resume job's copy; the journal is replayed instead).
+        const MAX_COUNT: u64 = 1 << 53;
+        if snap.seq > MAX_COUNT
+            || snap.hook_calls > MAX_COUNT
+            || snap.replay.attempts > u32::MAX / 2
+            || snap.replay.turns > u32::MAX / 2
+        {
+            return Err(format!(
+                "its counters are out of range (seq {}, hook calls {}, attempts {}, turns {})",
+                snap.seq, snap.hook_calls, snap.replay.attempts, snap.replay.turns
+            ));
+        }
         if let Some(id) = snap.asked.take() {
             let q = question
                 .filter(|q| q.request_id == id)
