@@ -55,7 +55,6 @@ pub struct OpenAiBrain {
 /// - Otherwise `DELTA_BASE_URL` (else OpenAI's endpoint) gets `llm.api_key_env`, else
 ///   `DELTA_API_KEY`, else `OPENAI_API_KEY`.
 /// - A key is never sent over plain `http://` to a host other than the loopback: refused.
-#[derive(Debug)]
 pub struct Endpoint {
     /// The base URL (`…/v1`).
     pub base: String,
@@ -84,8 +83,9 @@ impl Endpoint {
             (None, Some(_)) => {
                 if set(DELTA_KEY_ENV).is_some() {
                     warnings.push(format!(
-                        "{DELTA_KEY_ENV} is not sent to the agent's own llm.base_url ({base}): \
-                         name the key's variable in `llm.api_key_env` to send one"
+                        "{DELTA_KEY_ENV} is not sent to the agent's own llm.base_url ({}): \
+                         name the key's variable in `llm.api_key_env` to send one",
+                        shown(&base)
                     ));
                 }
                 DEFAULT_KEY_ENV.to_owned()
@@ -103,9 +103,10 @@ impl Endpoint {
         }
         if key.is_some() && plain_http_off_loopback(&base) {
             return Err(Error::Config(format!(
-                "{base} (from {base_from}) is plain http:// to a host that is not this machine: \
+                "{} (from {base_from}) is plain http:// to a host that is not this machine: \
                  the key in {key_env} is not sent over it. Use https://, or a loopback address \
-                 (an SSH tunnel), or unset {key_env} for an endpoint that needs no key"
+                 (an SSH tunnel), or unset {key_env} for an endpoint that needs no key",
+                shown(&base)
             )));
         }
         Ok(Endpoint {
@@ -119,6 +120,34 @@ impl Endpoint {
 }
 
 /// `http://` to anything but `localhost`, `127.0.0.0/8` or `::1`.
+/// `url` as logs, errors and the journal may show it: its scheme, host, port and path, never a
+/// user, password or query (an endpoint's key is sometimes in one).
+pub fn shown(url: &str) -> String {
+    match reqwest::Url::parse(url.trim()) {
+        Ok(u) => {
+            let port = u.port().map(|p| format!(":{p}")).unwrap_or_default();
+            let path = u.path().trim_end_matches('/');
+            format!(
+                "{}://{}{port}{path}",
+                u.scheme(),
+                u.host_str().unwrap_or_default()
+            )
+        }
+        Err(_) => "(an endpoint URL that does not parse)".to_owned(),
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("base", &shown(&self.base))
+            .field("base_from", &self.base_from)
+            .field("key_env", &self.key_env)
+            .field("key", &self.key.as_ref().map(|_| "…"))
+            .finish_non_exhaustive()
+    }
+}
+
 fn plain_http_off_loopback(base: &str) -> bool {
     let Ok(url) = reqwest::Url::parse(base) else {
         return false;
@@ -233,7 +262,7 @@ impl OpenAiBrain {
                     return resp
                         .json::<Value>()
                         .await
-                        .map_err(|e| Error::BadResponse(format!("not JSON: {e}")));
+                        .map_err(|e| Error::BadResponse(format!("not JSON: {}", e.without_url())));
                 }
                 Ok(resp) => {
                     let status = resp.status();
@@ -255,7 +284,8 @@ impl OpenAiBrain {
                     retry_after
                 }
                 Err(e) => {
-                    last = format!("{}: {e}", self.url);
+                    // Neither the URL nor reqwest's copy of it: a key may be in its query.
+                    last = format!("{}: {}", shown(&self.url), e.without_url());
                     None
                 }
             };
@@ -618,6 +648,29 @@ fn tool_specs(agent: &Agent) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An endpoint's URL as shown: no user, password or query (a key may be in either).
+    #[test]
+    fn endpoint_urls_are_shown_without_credentials_or_query() {
+        assert_eq!(
+            shown("https://u:p4ss@llm.example:8443/v1/chat/completions?api-key=s3cret"),
+            "https://llm.example:8443/v1/chat/completions"
+        );
+        assert_eq!(shown("http://127.0.0.1:9/v1/"), "http://127.0.0.1:9/v1");
+        assert!(!shown("not a url s3cret").contains("s3cret"));
+        let e = Endpoint {
+            base: "https://u:p4ss@llm.example/v1?key=s3cret".into(),
+            base_from: "llm.base_url",
+            key_env: Some("K".into()),
+            key: Some("sk-s3cret".into()),
+            warnings: vec![],
+        };
+        let debug = format!("{e:?}");
+        assert!(
+            !debug.contains("s3cret") && !debug.contains("p4ss"),
+            "{debug}"
+        );
+    }
 
     fn llm(yaml: &str) -> LlmConfig {
         serde_yaml_ng::from_str(yaml).expect("llm")
