@@ -219,7 +219,7 @@ pub fn strict_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
+        let inner = without_values(&e.into_inner().to_string());
         if path == "." || path.is_empty() {
             ApiError::bad_request(format!("the body is not the JSON expected: {inner}"))
         } else {
@@ -229,6 +229,29 @@ pub fn strict_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     de.end()
         .map_err(|e| ApiError::bad_request(format!("trailing data after the JSON: {e}")))?;
     Ok(value)
+}
+
+/// A JSON error without the value it quotes (`invalid type: integer `123456`, expected a
+/// string` says `invalid type: integer, expected a string`): the value may be a sensitive
+/// answer, and a bot's refusal goes to an inbox other bots may read.
+fn without_values(message: &str) -> String {
+    for lead in ["invalid type: ", "invalid value: "] {
+        let Some(at) = message.find(lead) else {
+            continue;
+        };
+        let rest = &message[at + lead.len()..];
+        // What was expected is the code's own words, never the input's: the last ", expected".
+        let Some(end) = rest.rfind(", expected") else {
+            continue;
+        };
+        let kind = rest[..end]
+            .split(['`', '"'])
+            .next()
+            .unwrap_or_default()
+            .trim();
+        return format!("{}{kind}{}", &message[..at + lead.len()], &rest[end..]);
+    }
+    message.to_owned()
 }
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
@@ -777,4 +800,48 @@ async fn openapi() -> Response {
         OPENAPI.as_str(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body of the wrong type is refused naming the field and the type, never the value (a
+    /// PIN sent as a number to a sensitive question).
+    #[test]
+    fn json_errors_do_not_repeat_the_value() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Body {
+            input: String,
+            n: Option<u8>,
+        }
+        for (body, field, kind) in [
+            (
+                r#"{"input": 739184}"#,
+                "`input`",
+                "invalid type: integer, expected a string",
+            ),
+            (
+                r#"{"input": "x", "n": 70000}"#,
+                "`n`",
+                "invalid value: integer, expected u8",
+            ),
+            (
+                r#"{"input": ["s3cr3t, expected x"]}"#,
+                "`input`",
+                "invalid type: sequence, expected a string",
+            ),
+        ] {
+            let e = strict_json::<Body>(body.as_bytes()).expect_err(body);
+            let text = e.to_string();
+            assert!(text.contains(field) && text.contains(kind), "{text}");
+            assert!(
+                !text.contains("739184") && !text.contains("70000"),
+                "{text}"
+            );
+        }
+        let e = strict_json::<Body>(br#"{"input": "s3cr3t-value", "n": "x"}"#).expect_err("n");
+        assert!(!e.to_string().contains("\"x\""), "{e}");
+    }
 }
