@@ -1445,6 +1445,8 @@ impl Bridge {
             match typed(schema, &values) {
                 Ok(data) => body["data"] = data,
                 Err(e) => {
+                    // The schema's field names are the agent's: escaped, like all its text.
+                    let e = render::escape(&e.to_string());
                     self.tell(&channel, &user, &format!("Nothing was answered: {e}"))
                         .await;
                     return Ok(());
@@ -1463,7 +1465,12 @@ impl Bridge {
             .await;
         match r {
             Ok(a) if a.body.status == AnswerStatus::Counted => {
-                let tally = a.body.tally.map(|t| t.summary()).unwrap_or_default();
+                // Responder ids are free text where authentication is off: escaped.
+                let tally = a
+                    .body
+                    .tally
+                    .map(|t| render::escape(&t.summary()))
+                    .unwrap_or_default();
                 self.tell(channel, user, &format!("Your vote was counted: {tally}."))
                     .await;
             }

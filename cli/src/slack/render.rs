@@ -203,7 +203,13 @@ fn rule_line(q: &InteractionRequest, s: &Standing<'_>) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("\n"))
 }
 
-/// The plan of a plan confirmation, as a numbered list.
+/// `s` on one line: line breaks as spaces.
+fn one_line(s: &str) -> String {
+    s.replace(['\n', '\r'], " ")
+}
+
+/// The plan of a plan confirmation, as a numbered list (each step's tool too, as the inbox
+/// shows it).
 fn plan_lines(plan: &Value) -> Option<String> {
     let tasks = plan.get("tasks")?.as_array()?;
     let mut out = String::from("*Plan*\n");
@@ -212,14 +218,16 @@ fn plan_lines(plan: &Value) -> Option<String> {
             .get("index")
             .and_then(Value::as_u64)
             .unwrap_or(i as u64 + 1);
-        let desc = t.get("description").and_then(Value::as_str).unwrap_or("");
-        let risk = t.get("risk").and_then(Value::as_str).unwrap_or("");
-        let _ = writeln!(
-            out,
-            "{index}. {} _({})_",
-            escaped(desc, 300),
-            escaped(risk, 20)
-        );
+        // One line each: a line break or list markup in the agent's text would show as more
+        // steps (or another risk) than the plan has.
+        let desc = one_line(t.get("description").and_then(Value::as_str).unwrap_or(""));
+        let risk = one_line(t.get("risk").and_then(Value::as_str).unwrap_or(""));
+        let tool = t.get("tool").and_then(Value::as_str).map(one_line);
+        let _ = write!(out, "{index}. {}", escaped(&desc, 300));
+        if let Some(tool) = tool.filter(|t| !t.is_empty()) {
+            let _ = write!(out, " `{}`", escaped(&tool.replace('`', "'"), 100));
+        }
+        let _ = writeln!(out, " _({})_", escaped(&risk.replace('_', " "), 20));
     }
     Some(out)
 }
@@ -418,7 +426,10 @@ pub fn question(
         blocks.push(section(plan));
     }
     if let Some(tool) = q.context.get("tool").and_then(Value::as_str) {
-        let mut text = format!("*Tool call:* `{}`", escaped(tool, 100));
+        let mut text = format!(
+            "*Tool call:* `{}`",
+            escaped(&one_line(tool).replace('`', "'"), 100)
+        );
         if let Some(args) = q.context.get("args") {
             let pretty = serde_json::to_string_pretty(args).unwrap_or_default();
             let _ = write!(text, "\n{}", code_block(&pretty, SECTION_MAX - 200));
@@ -535,6 +546,28 @@ mod tests {
     use super::*;
     use delta_protocol::{InteractionType, RunId};
     use serde_json::json;
+
+    /// A step's text cannot add steps, a risk or a code span of its own: each step is one line,
+    /// its tool shown as the inbox shows it.
+    #[test]
+    fn a_plan_step_stays_one_step() {
+        let plan = json!({"tasks": [
+            {"index": 1, "description": "read config\n2. list files _(low)_", "tool": "cat`x", "risk": "high\n3. x"},
+            {"index": 2, "description": "deploy <!channel>", "risk": "low"},
+        ]});
+        let text = plan_lines(&plan).expect("a plan");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines[1].starts_with("1. read config 2. list files"),
+            "{text}"
+        );
+        assert!(
+            lines[1].contains("`cat'x`") && lines[1].ends_with("_(high 3. x)_"),
+            "{text}"
+        );
+        assert_eq!(lines[2], "2. deploy &lt;!channel&gt; _(low)_");
+    }
 
     fn approval() -> InteractionRequest {
         let mut q = InteractionRequest::new(

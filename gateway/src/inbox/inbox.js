@@ -43,6 +43,12 @@
     return node;
   }
 
+  /** The class of a risk chip: one of the three the style knows. The risk is the agent's (or
+   * its LLM's) text, which as a class name could add any class of the page. */
+  function riskClass(risk) {
+    return ['low', 'medium', 'high'].includes(risk) ? `risk-${risk}` : 'risk-other';
+  }
+
   function storageGet(key) {
     try { return localStorage.getItem(key) || ''; } catch (_) { return ''; }
   }
@@ -605,7 +611,7 @@
         list.append(el('li', {},
           el('span', { class: 'plan-desc', text: task.description || '' }),
           task.tool ? el('span', { class: 'chip', text: task.tool }) : null,
-          task.risk ? el('span', { class: `chip risk-${task.risk}`, text: `risk ${task.risk}` }) : null));
+          task.risk ? el('span', { class: `chip ${riskClass(task.risk)}`, text: `risk ${task.risk}` }) : null));
       }
       body.push(list);
     } else if (q.details) {
@@ -623,7 +629,7 @@
       };
       fact('Tool', c.tool ? el('code', { text: c.tool }) : null);
       fact('Command', c.command_line ? el('code', { class: 'wrap', text: c.command_line }) : null);
-      fact('Risk', c.risk_level ? el('span', { class: `chip risk-${c.risk_level}`, text: c.risk_level }) : null);
+      fact('Risk', c.risk_level ? el('span', { class: `chip ${riskClass(c.risk_level)}`, text: c.risk_level }) : null);
       fact('Policy', c.policy_rule ? `asked because of rule “${c.policy_rule}” (policy.yaml)` : null);
       body.push(facts);
       const argsId = `args-${rid}`;
