@@ -759,9 +759,10 @@ async fn with_tokens_the_page_asks_for_one_and_refuses_a_wrong_one() {
                 .js("return localStorage.getItem('delta.inbox.token');", vec![])
                 .await;
             assert_eq!(stored_token, json!("alice-token-0123456789"));
-            // A link that carries a token (as `delta dev` prints it): kept, and taken out of the
-            // address bar before anything else happens. (A page first: going from the inbox to
-            // the inbox with only a fragment would not load it again.)
+            // A link that carries another token (as `delta dev` prints one): taken out of the
+            // address bar before anything else happens, and only offered: the token this
+            // browser keeps stays until the person saves the link's. (A page first: going from
+            // the inbox to the inbox with only a fragment would not load it again.)
             browser.goto("about:blank").await;
             browser
                 .goto(&format!("{}/#token=ops-token-0123456789abc", fleet.gateway_spec.url()))
@@ -773,7 +774,27 @@ async fn with_tokens_the_page_asks_for_one_and_refuses_a_wrong_one() {
                     .js("return localStorage.getItem('delta.inbox.token');", vec![])
                     .await,
             );
-            assert_eq!((hash, kept), (json!(""), json!("ops-token-0123456789abc")));
+            assert_eq!((hash, kept), (json!(""), json!("alice-token-0123456789")));
+            let offered = browser
+                .js(
+                    "return [document.getElementById('settings').hidden, document.getElementById('token').value, document.getElementById('settings-reason').textContent];",
+                    vec![],
+                )
+                .await;
+            assert_eq!(offered[0], json!(false), "{offered}");
+            assert_eq!(offered[1], json!("ops-token-0123456789abc"), "{offered}");
+            assert!(
+                offered[2].as_str().is_some_and(|r| r.contains("another token")),
+                "{offered}"
+            );
+            browser.click("#settings-save").await;
+            browser
+                .wait_for(
+                    "the link's token saved",
+                    "return localStorage.getItem('delta.inbox.token') === 'ops-token-0123456789abc';",
+                    vec![],
+                )
+                .await;
         })
         .await;
     browser.close().await;

@@ -59,11 +59,19 @@
   }
   let token = storageGet(TOKEN_KEY);
   // A link may carry the token once, in the fragment (`#token=…`, which the browser never sends
-  // to the server): it is kept like a typed one and taken out of the address bar at once.
+  // to the server): it is kept like a typed one and taken out of the address bar at once. One
+  // that differs from the token this browser keeps is only offered (see `start`): a link from
+  // someone else must not sign this browser in as them without a word.
   const fromLink = new URLSearchParams(location.hash.slice(1)).get('token');
+  let offeredToken = '';
   if (fromLink) {
-    token = fromLink.trim();
-    storageSet(TOKEN_KEY, token);
+    const offered = fromLink.trim();
+    if (!token || token === offered) {
+      token = offered;
+      storageSet(TOKEN_KEY, token);
+    } else {
+      offeredToken = offered;
+    }
     history.replaceState(null, '', location.pathname + location.search);
   }
   let responderName = storageGet(NAME_KEY);
@@ -1558,6 +1566,11 @@
     if (r.view === 'link') startLink();
     else if (r.view === 'run') startRun(r.id);
     else startInbox();
+    if (offeredToken && r.view !== 'link') {
+      openSettings('This link carries another token than the one this browser keeps: Save to use it, or Close to keep yours.');
+      $('token').value = offeredToken;
+      offeredToken = '';
+    }
     setInterval(tick, 1000);
     tick();
   }
