@@ -238,8 +238,11 @@ impl Slack {
                     .with_event_payload(HashMap::from([("request_id".to_owned(), r.to_owned())])),
             );
         }
+        // No previews: a link in the agent's text is not fetched and shown as a card.
         let mut req =
-            SlackApiChatPostMessageRequest::new(SlackChannelId::new(channel.into()), content);
+            SlackApiChatPostMessageRequest::new(SlackChannelId::new(channel.into()), content)
+                .with_unfurl_links(false)
+                .with_unfurl_media(false);
         if let Some(t) = thread_ts {
             req = req.with_thread_ts(SlackTs::new(t.to_owned()));
         }

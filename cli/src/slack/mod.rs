@@ -1597,7 +1597,10 @@ fn modal(q: &InteractionRequest, meta: &ModalMeta) -> SlackModalView {
         };
     let mut blocks: Vec<SlackBlock> = vec![
         SlackSectionBlock::new()
-            .with_text(md!(render::truncate(&render::escape(&q.prompt), 3000)))
+            .with_text(render::mrkdwn(render::truncate(
+                &render::escape(&q.prompt),
+                3000,
+            )))
             .into(),
     ];
     let option = q.option(&render::option_of_key(q, &meta.o));

@@ -77,14 +77,21 @@ fn code_block(s: &str, max: usize) -> String {
     format!("```{}```", escaped(&inner, max.saturating_sub(6)))
 }
 
+/// Escaped text as `mrkdwn`, `verbatim`: Slack then makes no link of a bare URL or a channel
+/// name in it (the agent's text could otherwise show a live link in an approval message).
+pub fn mrkdwn(text: String) -> SlackBlockText {
+    SlackBlockText::MarkDown(SlackBlockMarkDownText::new(text).with_verbatim(true))
+}
+
 fn section(text: String) -> SlackBlock {
     SlackSectionBlock::new()
-        .with_text(md!(truncate(&text, SECTION_MAX)))
+        .with_text(mrkdwn(truncate(&text, SECTION_MAX)))
         .into()
 }
 
 fn context(text: String) -> SlackBlock {
-    SlackContextBlock::new(vec![md!(truncate(&text, SECTION_MAX))]).into()
+    let text = SlackBlockMarkDownText::new(truncate(&text, SECTION_MAX)).with_verbatim(true);
+    SlackContextBlock::new(vec![SlackContextBlockElement::MarkDown(text)]).into()
 }
 
 /// Where a question stands, as the bridge last heard.
@@ -394,7 +401,7 @@ fn button(q: &InteractionRequest, o: &InteractionOption) -> SlackActionBlockElem
         b = b.with_style(SlackBlockButtonStyle::Danger).with_confirm(
             SlackBlockConfirmItem::new(
                 pt!("Are you sure?"),
-                md!(truncate(&what, 300)),
+                mrkdwn(truncate(&what, 300)),
                 pt!(truncate(&o.label, 30)),
                 pt!("Cancel"),
             )
@@ -546,6 +553,24 @@ mod tests {
     use super::*;
     use delta_protocol::{InteractionType, RunId};
     use serde_json::json;
+
+    /// The agent's text goes in `verbatim` mrkdwn: Slack makes no link of a bare URL or a
+    /// channel name in it.
+    #[test]
+    fn text_blocks_are_verbatim() {
+        for block in [
+            section("see https://evil.example".into()),
+            context("#general".into()),
+        ] {
+            let v = serde_json::to_value(&block).expect("json");
+            let text = v
+                .get("text")
+                .cloned()
+                .unwrap_or_else(|| v["elements"][0].clone());
+            assert_eq!(text["type"], "mrkdwn", "{v}");
+            assert_eq!(text["verbatim"], true, "{v}");
+        }
+    }
 
     /// A step's text cannot add steps, a risk or a code span of its own: each step is one line,
     /// its tool shown as the inbox shows it.
