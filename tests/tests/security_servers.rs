@@ -332,6 +332,30 @@ async fn delivers(listener: &str, group: Option<&str>, sender: &str, subject: &s
 }
 
 /// What each NATS role may and may not do, on a server whose users cover the prefix `delta`.
+/// Asserts that `login`'s change of a stream (`change` with `config`, a stream that would capture
+/// bots' answers) does not go through, and that NATS refused it by permissions on `subject`.
+async fn refused_stream_change<F, Fut, E>(
+    login: &str,
+    subject: &str,
+    change: F,
+    config: async_nats::jetstream::stream::Config,
+) where
+    F: FnOnce(async_nats::jetstream::Context, async_nats::jetstream::stream::Config) -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+{
+    let (client, errors) = watched_client(login).await;
+    let js = async_nats::jetstream::new(client.clone());
+    let outcome = tokio::time::timeout(Duration::from_secs(8), change(js, config)).await;
+    assert!(
+        !matches!(outcome, Ok(Ok(()))),
+        "a change of a stream went through ({subject})"
+    );
+    assert!(
+        violation(&client, &errors, subject).await,
+        "{subject} was refused by permissions"
+    );
+}
+
 async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) {
     let refused = delta_e2e::try_nats_client(anonymous, None).await;
     assert!(
@@ -348,22 +372,17 @@ async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) 
     // name, so a login that could create the bucket's stream before the bridge does could make
     // it capture bots' answers (their tokens in the headers) and read them back.
     let slack = url_as(NatsRole::Slack);
-    let (sc, serrors) = watched_client(&slack).await;
-    let sjs = async_nats::jetstream::new(sc.clone());
-    let hijack = sjs.create_stream(async_nats::jetstream::stream::Config {
-        name: "KV_DELTA_SLACK".into(),
-        subjects: vec!["delta.interactions.respond.*".into()],
-        ..Default::default()
-    });
-    let outcome = tokio::time::timeout(Duration::from_secs(8), hijack).await;
-    assert!(
-        !matches!(outcome, Ok(Ok(_))),
-        "the Slack bridge's login created a stream capturing bots' answers"
-    );
-    assert!(
-        violation(&sc, &serrors, "$JS.API.STREAM.CREATE.KV_DELTA_SLACK").await,
-        "the creation was refused by permissions"
-    );
+    refused_stream_change(
+        &slack,
+        "$JS.API.STREAM.CREATE.KV_DELTA_SLACK",
+        |js, config| async move { js.create_stream(config).await.map(|_| ()) },
+        async_nats::jetstream::stream::Config {
+            name: "KV_DELTA_SLACK".into(),
+            subjects: vec!["delta.interactions.respond.*".into()],
+            ..Default::default()
+        },
+    )
+    .await;
     // The gateway's and workers' own connections, with their own inboxes, as the programs make
     // them: the gateway creates the streams (and the Slack bridge's bucket), a worker finds them
     // and sets up its consumer.
@@ -452,23 +471,18 @@ async fn check_nats_roles(url_as: impl Fn(NatsRole) -> String, anonymous: &str) 
     );
     // A worker cannot change what a stream keeps: one that added `respond.*` to a stream could
     // read bots' answers, tokens and all, back from it.
-    let (wc, werrors) = watched_client(&worker).await;
-    let wjs = async_nats::jetstream::new(wc.clone());
-    let hijack = wjs.update_stream(async_nats::jetstream::stream::Config {
-        name: "DELTA_JOBS".into(),
-        subjects: vec!["delta.jobs.>".into(), "delta.interactions.respond.*".into()],
-        retention: async_nats::jetstream::stream::RetentionPolicy::WorkQueue,
-        ..Default::default()
-    });
-    let outcome = tokio::time::timeout(Duration::from_secs(8), hijack).await;
-    assert!(
-        !matches!(outcome, Ok(Ok(_))),
-        "a worker changed the jobs stream's subjects"
-    );
-    assert!(
-        violation(&wc, &werrors, "$JS.API.STREAM.UPDATE.DELTA_JOBS").await,
-        "the update was refused by permissions"
-    );
+    refused_stream_change(
+        &worker,
+        "$JS.API.STREAM.UPDATE.DELTA_JOBS",
+        |js, config| async move { js.update_stream(config).await.map(|_| ()) },
+        async_nats::jetstream::stream::Config {
+            name: "DELTA_JOBS".into(),
+            subjects: vec!["delta.jobs.>".into(), "delta.interactions.respond.*".into()],
+            retention: async_nats::jetstream::stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        },
+    )
+    .await;
     let js_admin = async_nats::jetstream::new(delta_e2e::nats_client(&admin).await);
     let jobs_before = js_admin
         .get_stream("DELTA_JOBS")

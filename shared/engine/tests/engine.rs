@@ -570,14 +570,7 @@ steps:
             result: "using ***\n".into()
         }
     );
-    for entry in walk(&f.dir.path().join(".delta")) {
-        let text = std::fs::read(&entry).unwrap_or_default();
-        assert!(
-            !String::from_utf8_lossy(&text).contains("hunter2"),
-            "secret found in {}",
-            entry.display()
-        );
-    }
+    nowhere_in_the_store(&f, "hunter2");
 }
 
 #[tokio::test]
@@ -745,6 +738,18 @@ steps:
         ActionStatus::Error,
         "use_key got the literal text, not hunter2"
     );
+}
+
+/// Asserts that no file of the fixture's `.delta` store holds `secret`.
+fn nowhere_in_the_store(f: &Fixture, secret: &str) {
+    for entry in walk(&f.dir.path().join(".delta")) {
+        let text = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains(secret),
+            "{secret} found in {}",
+            entry.display()
+        );
+    }
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -1741,14 +1746,7 @@ steps:
     let j = f.journal(id).await;
     assert_eq!(received(&j)[0].data, Some(json!("***")));
     assert!(results(&j)[0].1.contains("hidden"), "{:?}", results(&j));
-    for entry in walk(&f.dir.path().join(".delta")) {
-        let text = std::fs::read(&entry).unwrap_or_default();
-        assert!(
-            !String::from_utf8_lossy(&text).contains("hunter2"),
-            "secret found in {}",
-            entry.display()
-        );
-    }
+    nowhere_in_the_store(&f, "hunter2");
 }
 
 /// A sensitive typed answer's number (a PIN) that a tool prints is masked in the journal too,
@@ -1785,14 +1783,7 @@ steps:
             result: "pin is ***\n".into()
         }
     );
-    for entry in walk(&f.dir.path().join(".delta")) {
-        let text = std::fs::read(&entry).unwrap_or_default();
-        assert!(
-            !String::from_utf8_lossy(&text).contains("739184"),
-            "the PIN found in {}",
-            entry.display()
-        );
-    }
+    nowhere_in_the_store(&f, "739184");
 }
 
 #[tokio::test]
