@@ -9,7 +9,7 @@ use delta_protocol::secret::SecretsKey;
 use delta_store::redis::{Durability, MAX_BUCKETS};
 
 /// Why the value of setting `env_name` may not be given as a flag, if it may not: a secret (a
-/// token, the secrets key, a password) or a URL that carries a password.
+/// token, the secrets key, a password) or a URL that carries credentials.
 fn secret_in_flag(env_name: &str, value: &str) -> Option<&'static str> {
     let secret = env_name.ends_with("_TOKEN")
         || env_name.ends_with("_SECRETS_KEY")
@@ -17,16 +17,10 @@ fn secret_in_flag(env_name: &str, value: &str) -> Option<&'static str> {
     if secret {
         return Some("a secret");
     }
-    // Each of a list's URLs (a cluster's servers, seeds), as a client would log in with any.
-    let credentials = value.split(',').any(|url| {
-        url.split_once("://").is_some_and(|(_, rest)| {
-            let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-            authority
-                .rsplit_once('@')
-                .is_some_and(|(user, _)| user.contains(':'))
-        })
-    });
-    credentials.then_some("a URL with a password in it")
+    // Any URL of a list (a cluster's servers, seeds) with a user, a password or a token before
+    // its host: what errors and logs hide, `ps` would show.
+    let credentials = delta_protocol::without_credentials(value) != value;
+    credentials.then_some("a URL with credentials in it")
 }
 
 /// One setting: its environment name, its flag (without `--`) and its default.
