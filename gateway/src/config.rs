@@ -77,8 +77,8 @@ pub const SETTINGS: &[Setting] = &[
 /// `DELTA_RETENTION`'s default: finished runs are kept a week.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// How a gateway runs.
-#[derive(Clone, Debug)]
+/// How a gateway runs. Its `Debug` shows the servers' URLs without their passwords.
+#[derive(Clone)]
 pub struct Config {
     pub nats_url: String,
     pub redis_url: String,
@@ -148,6 +148,32 @@ pub struct Config {
     pub answer_link_ttl: Duration,
     /// The A2A server's settings (`DELTA_A2A_*`).
     pub a2a: crate::a2a::Settings,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field(
+                "nats_url",
+                &delta_protocol::without_credentials(&self.nats_url),
+            )
+            .field(
+                "redis_url",
+                &delta_protocol::without_credentials(&self.redis_url),
+            )
+            .field("prefix", &self.prefix)
+            .field("agents_dir", &self.agents_dir)
+            .field("addr", &self.addr)
+            .field("auth_on", &self.auth.is_on())
+            .field("secrets_key", &self.secrets_key)
+            .field("durability", &self.durability)
+            .field("redis_cluster", &self.redis_cluster)
+            .field("redis_buckets", &self.redis_buckets)
+            .field("stream_replicas", &self.stream_replicas)
+            .field("tls", &self.tls.is_some())
+            .field("public_url", &self.public_url)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Config {
@@ -415,6 +441,19 @@ fn tls_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_output_hides_the_servers_passwords() {
+        let c = Config::local(
+            "nats://g:nats-s3cret@10.0.0.1:4222",
+            "redis://g:redis-s3cret@10.0.0.2:6379",
+            "p",
+            PathBuf::from("/agents"),
+        );
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("10.0.0.2:6379"), "{shown}");
+    }
 
     #[test]
     fn every_bad_value_is_reported_at_once() {

@@ -196,3 +196,118 @@ impl Gateway {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use delta_protocol::human::EscalationStep;
+    use delta_protocol::{Event, InteractionRequest, InteractionType, RunStatus};
+    use delta_store::{RunRecord, RunStore, StatusChange};
+    use futures_util::StreamExt;
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+
+    /// The race CI once hit with two gateways: gateway A's script carried a step out, and before
+    /// A announced it, gateway B (whose round had found the question due a moment before) looked
+    /// at the question, saw the step carried out and not announced, and announced it too. The
+    /// stream kept one, but a bot listening live heard it twice. B now leaves a step carried out
+    /// less than `resume_check` ago to the gateway carrying it out.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_step_just_carried_out_is_announced_once_by_the_gateway_carrying_it_out() {
+        let redis = delta_launcher::Redis::start().expect("redis-server");
+        let nats = delta_launcher::Nats::start().expect("nats-server");
+        let agents = tempfile::tempdir().expect("tmp");
+        let config = || {
+            let mut c = Config::local(&nats.url(), &redis.url(), "esc", agents.path().into());
+            c.resume_check = Duration::from_secs(30);
+            c
+        };
+        let shutdown = CancellationToken::new();
+        let a = Gateway::connect(config(), shutdown.clone())
+            .await
+            .expect("gateway a");
+        let b = Gateway::connect(config(), shutdown.clone())
+            .await
+            .expect("gateway b");
+
+        // A run paused on a question whose one step is due at once.
+        let rec = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
+        let run = rec.run_id;
+        a.store.create(rec).await.expect("create");
+        let mut q = InteractionRequest::new(run, "a", InteractionType::UserInput, "Go?");
+        q.escalation = vec![EscalationStep {
+            after: Duration::ZERO,
+            remind: true,
+            add_responders: vec![],
+            apply_default: false,
+        }];
+        let rid = q.request_id;
+        a.store
+            .append(
+                run,
+                vec![Event::HumanInputRequest(Box::new(q.clone()))],
+                Some(StatusChange::Waiting(Box::new(q.clone()))),
+            )
+            .await
+            .expect("pause");
+        let live = a.queue.client().clone();
+        let mut heard = live
+            .subscribe("esc.interactions.escalated.>")
+            .await
+            .expect("subscribe");
+        live.flush().await.expect("flush");
+
+        // A carries the step out, as its round does, and is about to announce it.
+        let ix = a
+            .store
+            .interaction(run, rid)
+            .await
+            .expect("read")
+            .expect("the question");
+        let event = step_event(&ix, 0, Timestamp::now()).expect("its step");
+        let outcome = a
+            .store
+            .escalate(&ix.request, 0, &event, None, a.config.resume_check)
+            .await
+            .expect("escalate");
+        assert!(matches!(outcome, Escalation::Done), "A carried it out");
+
+        // B looks at the question in that moment: it carries out and announces nothing.
+        assert_eq!(b.escalate(run, rid).await.expect("b"), 0);
+        let early = tokio::time::timeout(Duration::from_millis(500), heard.next()).await;
+        assert!(
+            early.is_err(),
+            "B announced A's step: {:?}",
+            early.map(|m| m.map(|m| m.subject))
+        );
+        let ix = b
+            .store
+            .interaction(run, rid)
+            .await
+            .expect("read")
+            .expect("the question");
+        assert_eq!((ix.escalated, ix.unannounced_step), (1, Some(event.at)));
+
+        // A announces it: heard once, and B has nothing more to do.
+        assert!(a.announce_escalated(&event).await, "announced");
+        a.store
+            .escalation_announced(run, rid, 1, None)
+            .await
+            .expect("recorded");
+        let once = tokio::time::timeout(Duration::from_secs(5), heard.next())
+            .await
+            .expect("heard")
+            .expect("a message");
+        let body: serde_json::Value = serde_json::from_slice(&once.payload).expect("JSON");
+        assert_eq!(body["data"]["step"], 1, "{body}");
+        assert_eq!(b.escalate(run, rid).await.expect("b"), 0);
+        let again = tokio::time::timeout(Duration::from_millis(500), heard.next()).await;
+        assert!(
+            again.is_err(),
+            "heard twice: {:?}",
+            again.map(|m| m.map(|m| m.subject))
+        );
+        shutdown.cancel();
+    }
+}

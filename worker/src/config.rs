@@ -159,6 +159,28 @@ mod tests {
     }
 
     #[test]
+    fn debug_output_hides_the_servers_passwords() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path().display().to_string();
+        let env: HashMap<String, String> = [
+            ("DELTA_AGENTS_DIR", d.as_str()),
+            ("DELTA_NATS_URL", "nats://w:nats-s3cret@10.0.0.1:4222"),
+            (
+                "DELTA_REDIS_URL",
+                "redis://w:redis-s3cret@10.0.0.2:6379,redis://w:redis-s3cret@10.0.0.3:6379",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let c = parse(&[], &env).expect("valid");
+        assert!(c.nats_url.contains("nats-s3cret"), "the config keeps it");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("10.0.0.3:6379"), "{shown}");
+    }
+
+    #[test]
     fn resume_slots_default_to_a_quarter_and_leave_starts_a_slot() {
         let dir = tempfile::tempdir().expect("tmp");
         let d = dir.path().display().to_string();

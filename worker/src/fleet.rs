@@ -42,8 +42,8 @@ use delta_store::{self as store, RunStore, StatusChange, Terminal};
 
 use crate::workdir::WorkDirs;
 
-/// How a worker runs.
-#[derive(Clone, Debug)]
+/// How a worker runs. Its `Debug` shows the servers' URLs without their passwords.
+#[derive(Clone)]
 pub struct Config {
     pub nats_url: String,
     pub redis_url: String,
@@ -76,6 +76,31 @@ pub struct Config {
     pub retention: Option<Duration>,
     /// How often the work directories are swept.
     pub sweep_every: Duration,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field(
+                "nats_url",
+                &delta_protocol::without_credentials(&self.nats_url),
+            )
+            .field(
+                "redis_url",
+                &delta_protocol::without_credentials(&self.redis_url),
+            )
+            .field("prefix", &self.prefix)
+            .field("agents_dir", &self.agents_dir)
+            .field("work_dir", &self.work_dir)
+            .field("concurrency", &self.concurrency)
+            .field("resume_slots", &self.resume_slots)
+            .field("worker_id", &self.worker_id)
+            .field("secrets_key", &self.secrets_key)
+            .field("durability", &self.durability)
+            .field("redis_cluster", &self.redis_cluster)
+            .field("redis_buckets", &self.redis_buckets)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why the worker could not run.
