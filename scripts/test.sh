@@ -23,9 +23,12 @@ for arg in "$@"; do
   esac
 done
 
-if ! rustup component list --installed 2>/dev/null | grep -q '^rustfmt'; then
-  rustup component add rustfmt clippy
-fi
+installed=$(rustup component list --installed 2>/dev/null || true)
+for component in rustfmt clippy; do
+  if ! grep -q "^$component" <<<"$installed"; then
+    rustup component add "$component"
+  fi
+done
 
 echo "== servers for the tests (redis-server, nats-server)"
 deploy/install-servers.sh

@@ -1079,7 +1079,25 @@ async fn push_deliveries_keep_to_the_policy_of_their_config() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     // The other one was tried as soon (the same scan, the same events) and refused before any
-    // connection: give it a retry's time more.
+    // connection, which the gateway counts as a failure of that config: wait for the count (so
+    // that the delivery loop did try it), then give it a retry's time more.
+    let failing = format!(
+        "{}:{{a2a}}:push-failing:{run}/unlisted",
+        fleet.store.prefix()
+    );
+    let mut raw = delta_e2e::redis_connection(&fleet.redis.url()).await;
+    while !redis::cmd("EXISTS")
+        .arg(&failing)
+        .query_async::<bool>(&mut raw)
+        .await
+        .expect("exists")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unlisted config was never tried"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let now: Vec<String> = seen.lock().expect("seen").clone();
     assert!(

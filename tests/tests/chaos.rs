@@ -1902,6 +1902,9 @@ async fn s10_freeze_redis_longer_than_the_retries() {
     if steps_before >= 4 * runs {
         tally.problem("the freeze came after the load was over");
     }
+    if held == 0 {
+        tally.problem("no worker held a job while Redis was frozen: the freeze met no write");
+    }
     let notes = format!(
         "Redis frozen {} s after {steps_before} of {} steps; {held} jobs held while it could \
          not take writes; {done} runs done {:.1} s after it woke; {} answers retried",

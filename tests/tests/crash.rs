@@ -53,15 +53,18 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
             .expect("publish");
     }
     let mut workers = vec![fleet.spawn_worker("w0"), fleet.spawn_worker("w1")];
-    // Kill a worker each time the batch crosses another quarter of its 600 steps, and start a
-    // fresh one in its place: the kills always land mid-batch, whatever the machine's speed.
-    let thresholds = [60, 180, 300, 420];
+    // Kill a worker each time the batch crosses another 90 of its 600 steps, and start a fresh
+    // one in its place: the kills land mid-batch, whatever the machine's speed (checked: each
+    // kill's count of steps run is recorded).
+    let thresholds = [60, 150, 240, 330];
     let mut kills = 0;
+    let mut steps_at_kills = vec![];
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let steps_run = delta_e2e::run_file_lines(&work, "effects").len();
         if kills < thresholds.len() && steps_run >= thresholds[kills] {
             let victim = kills % workers.len();
+            steps_at_kills.push(steps_run);
             workers[victim].kill().expect("kill -9");
             let _ = workers[victim].wait();
             workers[victim] = fleet.spawn_worker(&format!("w{}", kills + 2));
@@ -105,7 +108,11 @@ async fn killing_workers_mid_step_loses_and_duplicates_nothing() {
         }
     }
     // Re-runs happen only for steps in flight at a kill (idempotent tools, journaled once).
-    assert_eq!(kills, thresholds.len(), "every kill landed mid-batch");
+    assert_eq!(kills, thresholds.len(), "every kill made");
+    assert!(
+        steps_at_kills.iter().all(|n| *n < RUNS * 3),
+        "every kill landed mid-batch (steps run at each: {steps_at_kills:?})"
+    );
     assert!(
         reruns <= kills * 16,
         "{reruns} re-executions for {kills} kills of 16 slots"

@@ -467,6 +467,15 @@ async fn a_program_with_another_bucket_count_is_refused() {
         let bad = RedisRunStore::connect_buckets(&redis.url(), prefix, None, n).await;
         assert!(matches!(bad, Err(Error::Buckets(_))), "{prefix} {n}");
     }
+    let mut c = delta_e2e::redis_raw(&redis.url()).await;
+    for pattern in ["cf2*", "c{f}*"] {
+        let written: Vec<String> = redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut c)
+            .await
+            .expect("keys");
+        assert_eq!(written, Vec::<String>::new(), "{pattern}");
+    }
 }
 
 /// The layout of before the buckets: `<p>:run:{<id>}…` and global indexes. Written here by

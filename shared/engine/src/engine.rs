@@ -931,6 +931,15 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         })
     }
 
+    /// Asks question `q`: journals it and pauses the run on it, its hash sealed once for both.
+    async fn ask(&mut self, mut q: InteractionRequest) -> Result<Option<Outcome>, Error> {
+        if q.request_hash.is_none() {
+            q.seal_hash();
+        }
+        self.push(Event::HumanInputRequest(Box::new(q.clone())));
+        self.pause(q).await
+    }
+
     pub(crate) async fn pause(
         &mut self,
         mut q: InteractionRequest,
@@ -1023,10 +1032,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 self.apply_answer(&req, &q, accepted).await
             }
             None if req.tool == ASK_HUMAN => match self.ask_request(&req) {
-                Ok(q) => {
-                    self.push(Event::HumanInputRequest(Box::new(q.clone())));
-                    self.pause(q).await
-                }
+                Ok(q) => self.ask(q).await,
                 Err(msg) => {
                     self.result(&req.action_id, ActionStatus::Error, msg, None, 0);
                     Ok(None)
@@ -1064,15 +1070,13 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                             if let Some(rule) = rule {
                                 q.context.insert("policy_rule".into(), json!(rule));
                             }
-                            self.push(Event::HumanInputRequest(Box::new(q.clone())));
-                            return self.pause(q).await;
+                            return self.ask(q).await;
                         }
                     }
                 }
                 if !fresh && !tool.idempotent {
                     let q = self.may_have_run_request(&req, tool);
-                    self.push(Event::HumanInputRequest(Box::new(q.clone())));
-                    return self.pause(q).await;
+                    return self.ask(q).await;
                 }
                 if !fresh {
                     self.push(Event::SystemMessage(SystemMessage {
@@ -1161,8 +1165,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let record = match self.replay.plan_confirmation().cloned() {
             None => {
                 let q = self.plan_request(&plan);
-                self.push(Event::HumanInputRequest(Box::new(q.clone())));
-                return self.pause(q).await;
+                return self.ask(q).await;
             }
             Some((_, Some(record))) => record,
             Some((q, None)) => {

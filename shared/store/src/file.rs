@@ -341,6 +341,74 @@ mod tests {
         assert_eq!(again.journal.len(), 3);
     }
 
+    /// A crash between the journal and the metadata: the journal ends paused (or finished) and
+    /// `metadata.json` still says running. `load` mends the record from the journal, on disk too.
+    #[tokio::test]
+    async fn a_record_left_behind_its_journal_by_a_crash_is_mended() {
+        use delta_protocol::{EngineEnd, EngineStart, InteractionRequest, InteractionType};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join(".delta");
+        let store = FileRunStore::new(root.clone());
+        let stale = |id: RunId| {
+            let record: RunRecord =
+                serde_json::from_slice(&fs::read(store.metadata_path(id)).expect("metadata.json"))
+                    .expect("a record");
+            record
+        };
+        let start = |id: RunId| {
+            Event::EngineStart(EngineStart {
+                run_id: id,
+                agent: "a".into(),
+                task: "t".into(),
+                worker: "w".into(),
+                attempt: 1,
+            })
+        };
+        let end = |status, result: Option<&str>| {
+            Event::EngineEnd(EngineEnd {
+                status,
+                result: result.map(str::to_owned),
+                error: None,
+            })
+        };
+
+        // Paused: the question asked and the pause journaled, the record not written.
+        let run = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
+        let paused = run.run_id;
+        store.create(run).await.expect("create");
+        let q = InteractionRequest::new(paused, "a", InteractionType::UserInput, "Go?");
+        let events = vec![
+            start(paused),
+            Event::HumanInputRequest(Box::new(q.clone())),
+            end(RunStatus::WaitingForInput, None),
+        ];
+        store.append(paused, events, None).await.expect("append");
+        assert_eq!(stale(paused).status, RunStatus::Running, "left behind");
+
+        // Finished: the end journaled with its result, the record not written.
+        let run = RunRecord::new(RunId::new(), "a", "t", RunStatus::Running);
+        let done = run.run_id;
+        store.create(run).await.expect("create");
+        let events = vec![start(done), end(RunStatus::Completed, Some("42"))];
+        store.append(done, events, None).await.expect("append");
+        assert_eq!(stale(done).status, RunStatus::Running, "left behind");
+
+        let fresh = FileRunStore::new(root.clone());
+        let loaded = fresh.load(paused).await.expect("load").record;
+        assert_eq!(loaded.status, RunStatus::WaitingForInput);
+        assert_eq!(loaded.pending_request_id, Some(q.request_id));
+        let loaded = fresh.load(done).await.expect("load").record;
+        assert_eq!(
+            (loaded.status, loaded.result.as_deref()),
+            (RunStatus::Completed, Some("42"))
+        );
+        // Mended on disk, not only in what `load` returned.
+        assert_eq!(stale(paused).status, RunStatus::WaitingForInput);
+        assert_eq!(stale(paused).pending_request_id, Some(q.request_id));
+        assert_eq!(stale(done).status, RunStatus::Completed);
+        assert_eq!(stale(done).result.as_deref(), Some("42"));
+    }
+
     #[tokio::test]
     async fn a_corrupt_middle_line_is_an_error_with_its_number() {
         let dir = tempfile::tempdir().expect("tempdir");
