@@ -346,7 +346,7 @@ async fn hitl_basic(a: BenchArgs) -> anyhow::Result<bool> {
             heard.map_or(Value::Null, |n| json!(round(n as f64 / runs, 3))),
         );
     }
-    println!("{line}");
+    crate::ops::out(&format!("{line}\n"));
     if a.keep {
         eprintln!("data and logs kept in {}", data.keep().display());
     }

@@ -96,12 +96,13 @@ impl Client {
         token: Option<String>,
         ca: Option<&std::path::Path>,
     ) -> Result<Self, String> {
+        let shown = delta_protocol::without_credentials(base);
         let mut url = Url::parse(base).map_err(|e| {
-            format!("--gateway-url / DELTA_GATEWAY_URL `{base}` is not a URL ({e}); e.g. http://127.0.0.1:8080")
+            format!("--gateway-url / DELTA_GATEWAY_URL `{shown}` is not a URL ({e}); e.g. http://127.0.0.1:8080")
         })?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(format!(
-                "--gateway-url / DELTA_GATEWAY_URL `{base}` must start with http:// or https://"
+                "--gateway-url / DELTA_GATEWAY_URL `{shown}` must start with http:// or https://"
             ));
         }
         // Paths are joined below the base: make it a directory.
@@ -127,9 +128,13 @@ impl Client {
         })
     }
 
-    /// The gateway's base URL as given (for messages).
+    /// The gateway's base URL for messages: as given, without a user, password or query.
     pub fn url(&self) -> String {
-        self.base.as_str().trim_end_matches('/').to_owned()
+        let mut shown = self.base.clone();
+        let _ = shown.set_username("");
+        let _ = shown.set_password(None);
+        shown.set_query(None);
+        shown.as_str().trim_end_matches('/').to_owned()
     }
 
     /// Whether calls carry a bearer token.
@@ -442,6 +447,23 @@ mod tests {
         assert!(!clear("http://127.0.0.1:8080"));
         assert!(!clear("http://localhost:8080"));
         assert!(!clear("http://[::1]:8080"));
+    }
+
+    #[test]
+    fn the_gateway_url_is_shown_without_its_credentials() {
+        let c = Client::new(
+            "http://ops:s3cret@gw.example:8080/base?sig=s3cret",
+            None,
+            None,
+        )
+        .expect("a client");
+        assert_eq!(c.url(), "http://gw.example:8080/base");
+        for bad in ["ftp://ops:s3cret@gw.example", "http://ops:s3cret@[gw"] {
+            let Err(e) = Client::new(bad, None, None) else {
+                panic!("{bad} refused");
+            };
+            assert!(!e.contains("s3cret") && e.contains("gw"), "{e}");
+        }
     }
 
     #[test]

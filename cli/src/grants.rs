@@ -29,7 +29,7 @@ pub struct GrantsLsArgs {
     #[arg(long, value_name = "RUN_ID")]
     pub run: Option<String>,
     /// active (default), revoked, expired, used_up or all.
-    #[arg(long, value_name = "STATE")]
+    #[arg(long, value_name = "STATE", ignore_case = true, value_parser = clap::builder::PossibleValuesParser::new(["active", "revoked", "expired", "used_up", "all"]))]
     pub state: Option<String>,
     #[command(flatten)]
     pub remote: Remote,

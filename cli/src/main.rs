@@ -31,7 +31,8 @@ mod webhooks;
     version,
     about = "Delta Fleet: AI-agent runs that stop to ask people things",
     after_help = "\
-Operator commands (submit, runs, pending, answer, cancel, queue, dlq, grants) talk to a gateway:
+Operator commands (submit, runs, pending, answer, claim, cancel, queue, dlq, grants, delegations,
+webhooks) talk to a gateway:
 DELTA_GATEWAY_URL or --gateway-url (default http://127.0.0.1:8080), DELTA_TOKEN or --token,
 DELTA_GATEWAY_CA or --gateway-ca (a PEM CA to trust for an https:// gateway).
 --json prints the gateway's JSON as is.
@@ -42,7 +43,8 @@ Exit codes of the operator commands:
   2  usage (bad flags or arguments)
   4  not found (no such run or request)
   5  gateway unreachable (no connection, timeout, or 5xx `unavailable`)
-`delta run` has its own exit codes (delta run --help)."
+  70 an internal error (a bug), for every command
+`delta run` has its own exit codes (delta run --help); docs/cli.md lists every command's."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -52,7 +54,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run an agent on a task here, or resume the latest run (exit 0 completed, 1 failed,
-    /// 2 usage, 3 cancelled, 101 waiting for input, 130 interrupted).
+    /// 2 usage, 3 cancelled, 74 a file not readable or writable, 101 waiting for input,
+    /// 130 interrupted).
     Run(run::RunArgs),
     /// Create an agent directory from a template (this project's example agents):
     /// `delta init my-agent -t openai-tools`.
@@ -75,30 +78,75 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    let terminal = Terminal::save();
     let rt = delta_host::runtime();
     let telemetry = delta_host::init_logging("warn", "delta", &rt);
-    let code = rt.block_on(async {
-        let cancel = CancellationToken::new();
-        watch_signals(cancel.clone());
-        match cli.command {
-            Command::Run(args) => run::run(args, cancel).await,
-            Command::Init(args) => init::run(args),
-            Command::Dev(args) => dev::run(args, cancel).await,
-            Command::Bench(cmd) => bench::run(cmd, cancel).await,
-            Command::MigrateRedis(args) => migrate::run(args).await,
-            Command::Slack(args) => slack::run(args, cancel).await,
-            Command::Ops(cmd) => ops::run(cmd, cancel).await,
-        }
+    // A panic is a bug, never an outcome: without this it would exit 101, which `delta run`
+    // means as "waiting for input" (scripts would read a crash as a pause).
+    let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(main_task(cli, terminal.clone()))
+    }))
+    .unwrap_or_else(|_| {
+        eprintln!("error: delta stopped on an internal error (a bug; the message is above): exit {EXIT_BUG}");
+        delta_launcher::process::kill_all_now();
+        EXIT_BUG
     });
     // Do not wait for a blocked stdin reader (an abandoned `-i` prompt).
     drop(telemetry);
     rt.shutdown_background();
+    terminal.restore();
     std::process::exit(code);
 }
+
+/// The terminal's settings when `delta` started (stdin a terminal), put back on the way out: a
+/// prompt without echo abandoned by Ctrl+C (its reading thread left blocked) would otherwise
+/// leave the shell without echo.
+#[derive(Clone)]
+struct Terminal(Option<nix::sys::termios::Termios>);
+
+impl Terminal {
+    fn save() -> Self {
+        use std::io::IsTerminal;
+        let stdin = std::io::stdin();
+        Terminal(if stdin.is_terminal() {
+            nix::sys::termios::tcgetattr(&stdin).ok()
+        } else {
+            None
+        })
+    }
+
+    fn restore(&self) {
+        if let Some(saved) = &self.0 {
+            let _ = nix::sys::termios::tcsetattr(
+                std::io::stdin(),
+                nix::sys::termios::SetArg::TCSANOW,
+                saved,
+            );
+        }
+    }
+}
+
+/// The exit code of a panic (`EX_SOFTWARE`): not 101, `delta run`'s "waiting for input".
+const EXIT_BUG: i32 = 70;
+
+async fn main_task(cli: Cli, terminal: Terminal) -> i32 {
+    let cancel = CancellationToken::new();
+    watch_signals(cancel.clone(), terminal);
+    match cli.command {
+        Command::Run(args) => run::run(args, cancel).await,
+        Command::Init(args) => init::run(args),
+        Command::Dev(args) => dev::run(args, cancel).await,
+        Command::Bench(cmd) => bench::run(cmd, cancel).await,
+        Command::MigrateRedis(args) => migrate::run(args).await,
+        Command::Slack(args) => slack::run(args, cancel).await,
+        Command::Ops(cmd) => ops::run(cmd, cancel).await,
+    }
+}
+
 /// SIGINT, SIGTERM and SIGHUP (the terminal closed) cancel the token (a run checkpoints as
 /// INTERRUPTED, `delta dev` stops its fleet in order); a second one exits now, killing whatever
 /// `delta dev` or `delta bench` started.
-fn watch_signals(cancel: CancellationToken) {
+fn watch_signals(cancel: CancellationToken, terminal: Terminal) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
         signal(SignalKind::interrupt()),
@@ -120,6 +168,7 @@ fn watch_signals(cancel: CancellationToken) {
             } else {
                 eprintln!("second signal: exiting without waiting");
                 delta_launcher::process::kill_all_now();
+                terminal.restore();
                 std::process::exit(130);
             }
         }

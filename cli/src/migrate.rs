@@ -54,8 +54,8 @@ pub async fn run(args: MigrateArgs) -> i32 {
     .await
     {
         Ok(m) => {
-            println!(
-                "{}",
+            crate::ops::out(&format!(
+                "{}\n",
                 serde_json::json!({
                     "prefix": args.key_prefix,
                     "buckets": args.redis_buckets,
@@ -64,7 +64,7 @@ pub async fn run(args: MigrateArgs) -> i32 {
                     "idempotency_keys": m.idempotency_keys,
                     "skipped": m.skipped,
                 })
-            );
+            ));
             0
         }
         Err(e) => {
@@ -88,14 +88,14 @@ async fn journal_entries(args: &MigrateArgs) -> i32 {
         };
     match set {
         Ok(already) => {
-            println!(
-                "{}",
+            crate::ops::out(&format!(
+                "{}\n",
                 serde_json::json!({
                     "prefix": args.key_prefix,
                     "journal_format": delta_store::redis::JOURNAL_FORMAT_PACKED,
                     "already": already,
                 })
-            );
+            ));
             eprintln!(
                 "restart the gateways and workers: each writes packed journal entries once it starts again"
             );

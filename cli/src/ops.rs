@@ -283,9 +283,11 @@ pub struct AnswerArgs {
     /// Why (e.g. the reason of a rejection).
     #[arg(long, value_name = "TEXT")]
     pub feedback: Option<String>,
-    /// Structured data as JSON, e.g. '{"args": {...}}' to edit a tool call's arguments.
-    #[arg(long, value_name = "JSON", value_parser = parse_json)]
-    pub data: Option<Value>,
+    /// Structured data as JSON, e.g. '{"args": {...}}' to edit a tool call's arguments; `-`
+    /// reads it from stdin (one line; without echo on a terminal), for a sensitive typed
+    /// answer that a flag would show in `ps` and history.
+    #[arg(long, value_name = "JSON", value_parser = parse_data)]
+    pub data: Option<DataArg>,
     /// With an approval: also approve later calls like this one, in this run (`run`) or in
     /// every run of the agent (`agent`); `data.grant` gives more (docs/protocol.md "Grants").
     #[arg(long, value_name = "SCOPE", value_parser = ["run", "agent"])]
@@ -330,6 +332,7 @@ pub struct DelegationAddArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct DelegationRmArgs {
     /// The delegation's id (`delta delegations ls`).
+    #[arg(value_parser = crate::table::path_id)]
     pub id: String,
     #[command(flatten)]
     pub remote: Remote,
@@ -358,7 +361,7 @@ fn parse_until(s: &str) -> Result<delta_protocol::Timestamp, String> {
 pub struct ClaimArgs {
     pub request_id: RequestId,
     /// How long the claim lasts (10 to 3600 seconds).
-    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=3600))]
     pub ttl: u64,
     /// Give your claim back (an operator: break anyone's).
     #[arg(long)]
@@ -385,6 +388,20 @@ pub struct QueueArgs {
 
 fn parse_json(s: &str) -> Result<Value, String> {
     serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))
+}
+
+/// `--data`: a JSON document, or `-` for one read from stdin.
+#[derive(Debug, Clone)]
+pub enum DataArg {
+    Json(Value),
+    Stdin,
+}
+
+fn parse_data(s: &str) -> Result<DataArg, String> {
+    if s == "-" {
+        return Ok(DataArg::Stdin);
+    }
+    parse_json(s).map(DataArg::Json)
 }
 
 impl Command {
@@ -515,11 +532,12 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
 }
 
 /// Writes to stdout. A reader that went away (`| head`) is not an error: the caller just
-/// stops (`false`), where `print!` would panic.
+/// stops (`false`), where `print!` would panic. What it writes is [`crate::table::for_terminal`]'s: no escape sequence from an agent, a tool
+/// or the network reaches a terminal (JSON documents stay valid and mean the same).
 pub(crate) fn out(text: &str) -> bool {
     let mut stdout = std::io::stdout().lock();
     stdout
-        .write_all(text.as_bytes())
+        .write_all(crate::table::for_terminal(text).as_bytes())
         .and_then(|()| stdout.flush())
         .is_ok()
 }
@@ -624,6 +642,11 @@ async fn wait_for_pause(
 }
 
 async fn runs_ls(client: &Client, a: RunsLsArgs, json: bool) -> Result<()> {
+    let command = listing_command(
+        "delta runs ls",
+        &[("--status", a.status.clone()), ("--agent", a.agent.clone())],
+        &a.page,
+    );
     let query = RunsQuery {
         status: a.status.map(|s| s.to_uppercase()),
         agent: a.agent,
@@ -637,7 +660,7 @@ async fn runs_ls(client: &Client, a: RunsLsArgs, json: bool) -> Result<()> {
         &page.body.runs,
         page.body.next_cursor.as_deref(),
         "no runs",
-        "delta runs ls",
+        &command,
         show::runs_table,
     );
     Ok(())
@@ -730,7 +753,14 @@ async fn follow(
                     };
                     match ev.event.as_str() {
                         sse::JOURNAL => {
-                            let v: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+                            let Ok(v) = serde_json::from_str::<Value>(&ev.data) else {
+                                // Not JSON (a proxy's doing): nothing to show, and `--json`'s
+                                // lines stay documents of events.
+                                eprintln!(
+                                    "note: an event of run {run_id} that is not JSON, skipped"
+                                );
+                                continue;
+                            };
                             let event = JournalEvent::deserialize(&v).ok();
                             if let Some(seq) = ev
                                 .id
@@ -816,8 +846,9 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
                 .ok()
                 .and_then(|d| Utc::now().checked_sub_signed(d))
                 .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
+            let old_enough = |ix: &InteractionView| show::time(ix.created_at) <= cutoff;
             let mut kept = vec![];
-            let mut cursor = a.page.cursor;
+            let mut cursor = a.page.cursor.clone();
             loop {
                 let q = InteractionsQuery {
                     limit: Some(500),
@@ -825,11 +856,27 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
                     ..query.clone()
                 };
                 let page: Reply<InteractionPage> = client.get_with("v1/interactions", &q).await?;
-                for ix in page.body.interactions {
-                    if show::time(ix.created_at) <= cutoff && kept.len() < want {
-                        kept.push(ix);
-                    }
+                let room = want - kept.len();
+                let matching: Vec<usize> = (page.body.interactions.iter().enumerate())
+                    .filter(|(_, ix)| old_enough(ix))
+                    .map(|(i, _)| i)
+                    .collect();
+                if matching.len() > room {
+                    // More than fit: the same page again, ending at the last that fits, so that
+                    // its cursor goes on right after it (none of the page's are skipped).
+                    let q = InteractionsQuery {
+                        limit: Some(matching[room - 1] + 1),
+                        cursor: cursor.clone(),
+                        ..query.clone()
+                    };
+                    let page: Reply<InteractionPage> =
+                        client.get_with("v1/interactions", &q).await?;
+                    kept.extend(page.body.interactions.into_iter().filter(old_enough));
+                    kept.truncate(want);
+                    cursor = page.body.next_cursor;
+                    break;
                 }
+                kept.extend(page.body.interactions.into_iter().filter(old_enough));
                 cursor = page.body.next_cursor;
                 if cursor.is_none() || kept.len() >= want {
                     break;
@@ -843,16 +890,44 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
             Reply { body, json }
         }
     };
+    let command = listing_command(
+        "delta pending ls",
+        &[
+            ("--agent", a.agent.clone()),
+            ("--type", a.kind.clone()),
+            (
+                "--older-than",
+                a.older_than.map(|d| format!("{}s", d.as_secs())),
+            ),
+        ],
+        &a.page,
+    );
     print_page(
         &doc.json,
         json,
         &doc.body.interactions,
         doc.body.next_cursor.as_deref(),
         "no pending questions",
-        "delta pending ls",
+        &command,
         show::pending_table,
     );
     Ok(())
+}
+
+/// The command that lists the next page: `base` with the filters given (each value quoted for
+/// the shell) and `--limit`; the cursor is added by [`print_page`]. Without the filters, the
+/// cursor (which belongs to the filtered listing) would list something else.
+fn listing_command(base: &str, filters: &[(&str, Option<String>)], page: &Paging) -> String {
+    let mut command = base.to_owned();
+    for (flag, value) in filters {
+        if let Some(v) = value {
+            command.push_str(&format!(" {flag} {}", crate::table::shell_word(v)));
+        }
+    }
+    if page.limit != 50 {
+        command.push_str(&format!(" --limit {}", page.limit));
+    }
+    command
 }
 
 /// A listing page: `doc` as is with `--json`, else a table of its items and how to get the next
@@ -876,7 +951,7 @@ fn print_page<T>(
     }
     out(&table(items, Utc::now()));
     if let Some(c) = next_cursor {
-        eprintln!("more: {command} --cursor {c}");
+        eprintln!("more: {command} --cursor {}", crate::table::shell_word(c));
     }
 }
 
@@ -904,6 +979,7 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
         .option
         .as_ref()
         .map(|o| find_option(q, o.trim()).unwrap_or_else(|| o.clone()));
+    let input_given = a.input.is_some();
     let mut input = a.input;
     if input.is_none() && pending && q.is_sensitive() {
         let chosen = option.as_deref().and_then(|o| q.option(o));
@@ -917,7 +993,34 @@ async fn answer(client: &Client, a: AnswerArgs, json: bool) -> Result<()> {
             input = Some(read_hidden(&prompt).await?);
         }
     }
-    let mut data = a.data;
+    let given_as_flag = input_given || matches!(a.data, Some(DataArg::Json(_)));
+    if pending && q.is_sensitive() && given_as_flag {
+        eprintln!(
+            "warning: this question is sensitive and its answer was given as a flag, which `ps` and the shell's history keep: leave --input out to be asked without echo, or give --data - to read it from stdin"
+        );
+    }
+    let mut data = match a.data {
+        None => None,
+        Some(DataArg::Json(v)) => Some(v),
+        Some(DataArg::Stdin) => {
+            let text = read_hidden("the answer's data, as one line of JSON").await?;
+            // Not quoted back: it may be the secret.
+            let v = serde_json::from_str(&text).map_err(|e| {
+                Failure::Usage(format!(
+                    "--data -: what stdin gave is not JSON ({}, at line {} column {})",
+                    match e.classify() {
+                        serde_json::error::Category::Eof => "it ends too soon",
+                        serde_json::error::Category::Syntax => "a syntax error",
+                        serde_json::error::Category::Data => "unexpected data",
+                        serde_json::error::Category::Io => "it could not be read",
+                    },
+                    e.line(),
+                    e.column()
+                ))
+            })?;
+            Some(v)
+        }
+    };
     if let Some(scope) = a.grant {
         let mut obj = match data.take() {
             None => serde_json::Map::new(),
@@ -1072,7 +1175,7 @@ async fn claim(client: &Client, a: ClaimArgs, json: bool) -> Result<()> {
 /// Reads a sensitive answer: without echo on a terminal, a plain line from a pipe. It is never
 /// printed or logged.
 async fn read_hidden(prompt: &str) -> Result<String> {
-    let prompt = format!("{} (hidden) > ", prompt.trim());
+    let prompt = format!("{} (hidden) > ", crate::table::for_terminal(prompt.trim()));
     let read = tokio::task::spawn_blocking(move || -> Option<String> {
         {
             let mut err = std::io::stderr().lock();
@@ -1128,6 +1231,7 @@ async fn queue(client: &Client, json: bool) -> Result<()> {
 }
 
 async fn dlq_ls(client: &Client, a: DlqLsArgs, json: bool) -> Result<()> {
+    let command = listing_command("delta dlq ls", &[("--agent", a.agent.clone())], &a.page);
     let query = DlqQuery {
         agent: a.agent,
         limit: a.page.limit(),
@@ -1140,7 +1244,7 @@ async fn dlq_ls(client: &Client, a: DlqLsArgs, json: bool) -> Result<()> {
         &page.body.dead_letters,
         page.body.next_cursor.as_deref(),
         "no dead letters",
-        "delta dlq ls",
+        &command,
         show::dlq_table,
     );
     Ok(())

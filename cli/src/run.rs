@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::mailbox::Mailbox;
 use crate::render;
+use crate::table::{for_terminal, shell_word};
 use crate::terminal::{self, Asked};
 
 pub const EXIT_COMPLETED: i32 = 0;
@@ -28,6 +29,9 @@ pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_CANCELLED: i32 = 3;
 pub const EXIT_WAITING: i32 = 101;
 pub const EXIT_INTERRUPTED: i32 = 130;
+/// A file or directory of the run could not be read or written (`EX_IOERR`): the machine's
+/// doing, not the run's (which would be `1`, FAILED).
+pub const EXIT_IO: i32 = 74;
 
 /// The options of `delta run`.
 #[derive(Debug, Clone, clap::Args)]
@@ -81,6 +85,7 @@ fn store_err(e: store::Error) -> Stop {
         store::Error::Journal(_) | store::Error::Record { .. } | store::Error::Locked { .. } => {
             EXIT_USAGE
         }
+        store::Error::Io { .. } => EXIT_IO,
         _ => EXIT_FAILED,
     };
     Stop(code, delta_host::Chain(&e).to_string())
@@ -91,12 +96,12 @@ pub async fn run(args: RunArgs, cancel: CancellationToken) -> i32 {
     match run_inner(&args, cancel).await {
         Ok(code) => code,
         Err(Stop(code, msg)) => {
-            eprintln!("error: {msg}");
+            eprintln!("error: {}", for_terminal(&msg));
             if args.json {
-                println!(
-                    "{}",
+                crate::ops::out(&format!(
+                    "{}\n",
                     json!({"status": null, "error": msg, "exit_code": code})
-                );
+                ));
             }
             code
         }
@@ -135,10 +140,7 @@ fn plain_workspace_dir(root: &Path, name: &str) -> bool {
 fn workspace(agent_dir: &Path, fresh: bool) -> Result<PathBuf, Stop> {
     let root = agent_dir.join("workspaces");
     let cannot = |what: &str, e: std::io::Error| {
-        Stop(
-            EXIT_FAILED,
-            format!("{}: cannot {what} ({e})", root.display()),
-        )
+        Stop(EXIT_IO, format!("{}: cannot {what} ({e})", root.display()))
     };
     std::fs::create_dir_all(&root).map_err(|e| cannot("create it", e))?;
     // Bounded, and a regular file only (a FIFO or a symlink is not read).
@@ -292,7 +294,10 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
         // Where the key goes is said whenever a file chose it.
         if !own_endpoint && let Some((url, Some(file))) = dotenv.lookup("DELTA_BASE_URL") {
             eprintln!(
-                "note: LLM endpoint DELTA_BASE_URL={url} from {} (sent only a key from that file)",
+                "note: LLM endpoint DELTA_BASE_URL={} from {} (sent only a key from that file)",
+                delta_protocol::without_credentials(
+                    url.split(['?', '#']).next().unwrap_or_default()
+                ),
                 file.display()
             );
         }
@@ -358,7 +363,7 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
                 answered.clear_responses();
             }
             if !quiet && let Some(line) = render::line(e) {
-                eprintln!("{line}");
+                eprintln!("{}", for_terminal(&line));
             }
         });
 
@@ -383,7 +388,7 @@ async fn mailbox_mode(engine: &mut LocalEngine<'_>, mailbox: &Mailbox) -> Result
             match mailbox.read_answer(&q) {
                 Ok(a) => answer = a,
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    eprintln!("error: {}", for_terminal(&e.to_string()));
                     eprintln!("The run stays waiting; fix the answer and run again.");
                     return Ok(Outcome::Paused(Box::new(q)));
                 }
@@ -402,7 +407,11 @@ async fn mailbox_mode(engine: &mut LocalEngine<'_>, mailbox: &Mailbox) -> Result
             engine.advance(None).await.map_err(engine_err)?
         }
         Err(engine::Error::Answer(e)) => {
-            eprintln!("error: the answer was refused ({}): {e}", e.code());
+            eprintln!(
+                "error: the answer was refused ({}): {}",
+                e.code(),
+                for_terminal(&e.to_string())
+            );
             eprintln!(
                 "The run stays waiting; the mailbox is untouched. Fix the answer and run again."
             );
@@ -418,9 +427,16 @@ async fn mailbox_mode(engine: &mut LocalEngine<'_>, mailbox: &Mailbox) -> Result
         mailbox.clear_responses();
     }
     match &outcome {
-        Outcome::Paused(q) => mailbox
-            .write_request(q)
-            .map_err(|e| Stop(EXIT_FAILED, format!("writing the question: {e}")))?,
+        Outcome::Paused(q) => {
+            // An answer file already there was not written for this question (it is asked only
+            // now): a tool of this run may have put it there. The person writes theirs after.
+            if mailbox.request_on_file() != Some(q.request_id) {
+                mailbox.clear_responses();
+            }
+            mailbox
+                .write_request(q)
+                .map_err(|e| Stop(EXIT_IO, format!("writing the question: {e}")))?;
+        }
         _ if !matches!(outcome, Outcome::Interrupted) => mailbox.clear(),
         _ => {}
     }
@@ -443,7 +459,7 @@ async fn interactive(
         let outcome = match engine.advance(answer.take()).await {
             Ok(o) => o,
             Err(engine::Error::Answer(e)) => {
-                eprintln!("  refused ({}): {e}", e.code());
+                eprintln!("  refused ({}): {}", e.code(), for_terminal(&e.to_string()));
                 continue;
             }
             Err(e) => return Err(engine_err(e)),
@@ -492,16 +508,20 @@ fn report(
             }
             Outcome::Interrupted => {}
         }
-        println!("{v}");
+        crate::ops::out(&format!("{v}\n"));
         return code;
     }
     match outcome {
         Outcome::Completed { result } => {
             eprintln!("\nCOMPLETED run {run_id}");
-            println!("{result}");
+            crate::ops::out(&format!("{result}\n"));
         }
-        Outcome::Failed { error } => eprintln!("\nFAILED run {run_id}: {error}"),
-        Outcome::Cancelled { reason } => eprintln!("\nCANCELLED run {run_id}: {reason}"),
+        Outcome::Failed { error } => {
+            eprintln!("\nFAILED run {run_id}: {}", for_terminal(error));
+        }
+        Outcome::Cancelled { reason } => {
+            eprintln!("\nCANCELLED run {run_id}: {}", for_terminal(reason));
+        }
         Outcome::Interrupted => eprintln!(
             "\nINTERRUPTED run {run_id}: checkpointed; run the same command again to resume"
         ),
@@ -511,7 +531,7 @@ fn report(
 }
 
 fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, resume: &str) {
-    let txt = shown(&mailbox.txt_path());
+    let txt = shell_word(&shown(&mailbox.txt_path()));
     let mut s = format!(
         "\nWAITING_FOR_INPUT run {}\n  question: {}\n",
         q.run_id, q.prompt
@@ -551,12 +571,15 @@ fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, resume: &str) {
             s.push_str(&format!("    {f}\n"));
         }
         s.push_str(&format!(
-            "  request: {}\n  answer:  echo '{{\"data\": {}}}' > {}\n  resume:  {resume}\n",
+            "  request: {}\n  answer:  echo {} > {}\n  resume:  {resume}\n",
             shown(&mailbox.request_path()),
-            crate::mailbox::typed_example(q),
-            shown(&mailbox.json_path()),
+            shell_word(&format!(
+                "{{\"data\": {}}}",
+                crate::mailbox::typed_example(q)
+            )),
+            shell_word(&shown(&mailbox.json_path())),
         ));
-        eprint!("{s}");
+        eprint!("{}", for_terminal(&s));
         return;
     }
     let example = if q.options.is_empty() {
@@ -564,8 +587,9 @@ fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, resume: &str) {
     } else {
         q.options[0].option_id.clone()
     };
+    let example = shell_word(&example);
     s.push_str(&format!(
-        "  request: {}\n  answer:  echo '{example}' > {txt}\n           (or the full response in {})\n",
+        "  request: {}\n  answer:  echo {example} > {txt}\n           (or the full response in {})\n",
         shown(&mailbox.request_path()),
         shown(&mailbox.json_path()),
     ));
@@ -582,5 +606,5 @@ fn explain_pause(q: &InteractionRequest, mailbox: &Mailbox, resume: &str) {
         ));
     }
     s.push_str(&format!("  resume:  {resume}\n"));
-    eprint!("{s}");
+    eprint!("{}", for_terminal(&s));
 }

@@ -216,14 +216,20 @@ pub fn run(detail: &RunDetail, now: DateTime<Utc>) -> String {
 fn answer_hint(ix: &InteractionView) -> String {
     let rid = ix.request_id;
     let sensitive = ix.request.is_sensitive();
+    if ix.request.response_schema.is_some() && sensitive {
+        return format!("delta answer {rid} --data -   (reads the JSON from stdin, without echo)");
+    }
     if ix.request.response_schema.is_some() {
         return format!(
-            "delta answer {rid} --data '{}'",
-            crate::mailbox::typed_example(&ix.request)
+            "delta answer {rid} --data {}",
+            crate::table::shell_word(&crate::mailbox::typed_example(&ix.request))
         );
     }
     match ix.request.options.first() {
-        Some(o) => format!("delta answer {rid} --option {}", o.option_id),
+        Some(o) => format!(
+            "delta answer {rid} --option {}",
+            crate::table::shell_word(&o.option_id)
+        ),
         None if sensitive => format!("delta answer {rid}   (asks for it without echo)"),
         None => format!("delta answer {rid} --input TEXT"),
     }

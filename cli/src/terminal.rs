@@ -61,9 +61,11 @@ async fn read_line(hidden: bool, cancel: &CancellationToken, deadline: Option<Ti
     }
 }
 
+/// Writes to stderr, as [`crate::table::for_terminal`] shows it: the question's text is the
+/// agent's, never trusted with the terminal.
 fn say(text: &str) {
     let mut e = std::io::stderr().lock();
-    let _ = write!(e, "{text}");
+    let _ = write!(e, "{}", crate::table::for_terminal(text));
     let _ = e.flush();
 }
 

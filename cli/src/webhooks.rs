@@ -56,6 +56,7 @@ pub struct RemoteOnly {
 #[derive(Debug, Clone, clap::Args)]
 pub struct IdArgs {
     /// The subscription's id (`delta webhooks ls`).
+    #[arg(value_parser = crate::table::path_id)]
     pub id: String,
     #[command(flatten)]
     pub remote: Remote,
@@ -64,6 +65,7 @@ pub struct IdArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct RotateArgs {
     /// The subscription's id (`delta webhooks ls`).
+    #[arg(value_parser = crate::table::path_id)]
     pub id: String,
     /// How long the old secret still signs, in seconds (default 86400; 0: not at all).
     #[arg(long, value_name = "SECONDS")]

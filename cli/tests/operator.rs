@@ -591,6 +591,55 @@ async fn pending_ls_show_answer_cancel_and_queue() {
         .await
         .json();
     assert_eq!(only(&doc).len(), 3, "{doc}");
+    // Pages of it: none of the three skipped or repeated, and the hint for the next page keeps
+    // the filter (its cursor belongs to the filtered listing).
+    let first = fleet
+        .delta(&[
+            "pending",
+            "ls",
+            "--older-than",
+            "1s",
+            "--limit",
+            "2",
+            "--json",
+        ])
+        .await
+        .json();
+    let mut paged = only(&first);
+    assert_eq!(paged.len(), 2, "{first}");
+    let next = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let second = fleet
+        .delta(&[
+            "pending",
+            "ls",
+            "--older-than",
+            "1s",
+            "--limit",
+            "2",
+            "--cursor",
+            &next,
+            "--json",
+        ])
+        .await
+        .json();
+    paged.extend(only(&second));
+    paged.sort();
+    let mut all = only(&doc);
+    all.sort();
+    assert_eq!(paged, all, "{first} {second}");
+    let table = fleet
+        .delta(&["pending", "ls", "--older-than", "1s", "--limit", "2"])
+        .await;
+    assert!(
+        table
+            .stderr
+            .contains("more: delta pending ls --older-than 1s --limit 2 --cursor "),
+        "{}",
+        table.stderr
+    );
     assert_eq!(
         fleet
             .delta(&["pending", "ls", "--older-than", "soon"])
@@ -1220,8 +1269,41 @@ async fn a_typed_question_is_shown_with_its_data_example_and_answered_with_data(
     .await;
     answered.ok();
     assert!(!answered.stderr.contains("(hidden)"), "{}", answered.stderr);
+    assert!(
+        answered
+            .stderr
+            .contains("warning: this question is sensitive"),
+        "{}",
+        answered.stderr
+    );
     let done = wait_status(&fleet, &run, "COMPLETED").await;
     assert!(!done.to_string().contains("c4n4ry-77"), "{done}");
+    // `--data -` reads it from stdin instead (no flag to show it); what is not JSON is refused
+    // without quoting it back.
+    let rec = submit_and_wait(&fleet, "typed_secret", "in").await;
+    let stdin_run = s(&rec["run_id"]).to_owned();
+    let stdin_rid = s(&rec["pending_interaction"]["request_id"]).to_owned();
+    let refused = delta(
+        &fleet.url,
+        None,
+        &["answer", &stdin_rid, "--data", "-"],
+        Some("{\"user\": \"ada\", \"pin\": c4n4ry-78\n"),
+    )
+    .await;
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(!refused.stderr.contains("c4n4ry-78"), "{}", refused.stderr);
+    let answered = delta(
+        &fleet.url,
+        None,
+        &["answer", &stdin_rid, "--data", "-"],
+        Some("{\"user\": \"ada\", \"pin\": \"c4n4ry-79\"}\n"),
+    )
+    .await;
+    answered.ok();
+    assert!(answered.stderr.contains("(hidden)"), "{}", answered.stderr);
+    assert!(!answered.stderr.contains("warning"), "{}", answered.stderr);
+    let done = wait_status(&fleet, &stdin_run, "COMPLETED").await;
+    assert!(!done.to_string().contains("c4n4ry-79"), "{done}");
     let view = fleet
         .delta(&["pending", "show", &rid, "--json"])
         .await
