@@ -834,6 +834,29 @@ fn ctrl_c_at_a_hidden_prompt_gives_the_terminal_its_echo_back() {
     );
 }
 
+/// An escape sequence in an agent's question is shown escaped, never sent to the terminal: here
+/// one that would move the cursor up and erase a line of the question's screen.
+#[test]
+fn a_questions_escape_sequences_are_shown_not_obeyed() {
+    let s = Scratch::new();
+    let agent = s.agent(
+        "sly",
+        "name: sly\nbrain: scripted\n",
+        "steps:\n  - ask_human: {prompt: \"Deploy?\\e[1A\\e[2Kall fine\\u202e\"}\n  - finish: \"${answer}\"\n",
+    );
+    let out = s.delta(&["run", "--agent", &agent, "--task", "t"]);
+    assert_eq!(code(&out), 101, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(r"Deploy?\u001b[1A\u001b[2Kall fine\u202e"),
+        "{err}"
+    );
+    assert!(
+        !err.contains('\u{1b}') && !err.contains('\u{202e}'),
+        "{err:?}"
+    );
+}
+
 #[test]
 fn interactive_mode_asks_a_typed_answer_field_by_field_on_a_terminal() {
     let s = Scratch::new();
