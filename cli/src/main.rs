@@ -137,7 +137,7 @@ async fn main_task(cli: Cli, terminal: Terminal) -> i32 {
         Command::Init(args) => init::run(args),
         Command::Dev(args) => dev::run(args, cancel).await,
         Command::Bench(cmd) => bench::run(cmd, cancel).await,
-        Command::MigrateRedis(args) => migrate::run(args).await,
+        Command::MigrateRedis(args) => migrate::run(args, cancel).await,
         Command::Slack(args) => slack::run(args, cancel).await,
         Command::Ops(cmd) => ops::run(cmd, cancel).await,
     }

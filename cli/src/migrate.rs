@@ -41,18 +41,40 @@ pub struct MigrateArgs {
 }
 
 /// Migrates, prints what moved as one JSON line; exit 0, or 1 with the reason on stderr.
-pub async fn run(args: MigrateArgs) -> i32 {
+pub async fn run(args: MigrateArgs, cancel: tokio_util::sync::CancellationToken) -> i32 {
     if args.journal_entries {
         return journal_entries(&args).await;
     }
-    match RedisRunStore::migrate_layout(
+    // A bar on stderr for people (SCAN, then a round trip per 500 keys: minutes on a big
+    // Redis); Ctrl+C stops between batches, and running it again finishes it.
+    let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let progress = |what: &str, done: usize, of: usize| {
+        if let Some(bar) = &bar {
+            bar.set_length(of as u64);
+            bar.set_position(done as u64);
+            bar.set_message(what.to_owned());
+        }
+        !cancel.is_cancelled()
+    };
+    let moved = RedisRunStore::migrate_layout_with(
         &args.redis_url,
         &args.key_prefix,
         args.redis_ca_file.as_deref(),
         args.redis_buckets,
+        &progress,
     )
-    .await
-    {
+    .await;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    match moved {
         Ok(m) => {
             crate::ops::out(&format!(
                 "{}\n",
@@ -63,8 +85,15 @@ pub async fn run(args: MigrateArgs) -> i32 {
                     "index_entries": m.index_entries,
                     "idempotency_keys": m.idempotency_keys,
                     "skipped": m.skipped,
+                    "interrupted": m.interrupted,
                 })
             ));
+            if m.interrupted {
+                eprintln!(
+                    "interrupted: what moved stays moved; run the same command again to finish (each step is safe to repeat)"
+                );
+                return 130;
+            }
             0
         }
         Err(e) => {

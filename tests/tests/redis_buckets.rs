@@ -580,10 +580,20 @@ async fn migration_moves_the_layout_of_before_the_buckets() {
     let refused = RedisRunStore::connect_buckets(&url, "mg", None, 16).await;
     assert!(matches!(refused, Err(Error::Buckets(_))));
 
+    // Cut short (as Ctrl+C does) once the runs' keys are moved, then run again: it finishes.
+    let cut = RedisRunStore::migrate_layout_with(&url, "mg", None, 16, &|what, _, _| {
+        what == "runs' keys"
+    })
+    .await
+    .expect("cut short");
+    assert!(cut.interrupted, "{cut:?}");
+    assert!(cut.run_keys >= 5, "{cut:?}");
+    assert_eq!(cut.idempotency_keys, 0, "stopped before them: {cut:?}");
     let moved = RedisRunStore::migrate_layout(&url, "mg", None, 16)
         .await
         .expect("migrate");
-    assert!(moved.run_keys >= 5, "{moved:?}");
+    assert!(!moved.interrupted, "{moved:?}");
+    assert_eq!(moved.run_keys, 0, "moved already: {moved:?}");
     assert!(moved.index_entries > 0, "{moved:?}");
     assert_eq!(moved.idempotency_keys, 2);
     assert_eq!(moved.skipped, 0);

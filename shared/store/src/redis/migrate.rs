@@ -26,7 +26,17 @@ pub struct Migrated {
     pub idempotency_keys: usize,
     /// Old keys left where they were because their new name was taken, or that named no run.
     pub skipped: usize,
+    /// Stopped before the end, as [`Progress`] asked: running it again finishes it.
+    pub interrupted: bool,
 }
+
+/// Told how a migration goes: `(what, done, of)` after each batch of its steps (the runs' keys,
+/// the indexes, the idempotency keys); answers whether to go on (`false`: stop between batches,
+/// with what is done kept, as when cut short).
+pub type Progress<'a> = &'a (dyn Fn(&str, usize, usize) -> bool + Send + Sync);
+
+/// Keys renamed (or idempotency keys moved) per round trip.
+const BATCH: usize = 500;
 
 /// The old layout's indexes, sorted sets whose members name a run (or a request of one).
 const OLD_ZSETS: &[&str] = &[
@@ -59,6 +69,17 @@ impl RedisRunStore {
         ca_file: Option<&std::path::Path>,
         buckets: u32,
     ) -> Result<Migrated, Error> {
+        Self::migrate_layout_with(url, prefix, ca_file, buckets, &|_, _, _| true).await
+    }
+
+    /// [`Self::migrate_layout`], telling `progress` how it goes (and stopping when it says so).
+    pub async fn migrate_layout_with(
+        url: &str,
+        prefix: &str,
+        ca_file: Option<&std::path::Path>,
+        buckets: u32,
+        progress: Progress<'_>,
+    ) -> Result<Migrated, Error> {
         // One Redis only: the old layout could not run on a cluster (docs/operations.md says
         // how to move a migrated Redis into one).
         let options = super::Options {
@@ -68,37 +89,48 @@ impl RedisRunStore {
         };
         let mut store = Self::connect_unchecked(url, prefix, &options).await?;
         store.claim_buckets(true, false).await?;
-        store.migrate().await
+        store.migrate(progress).await
     }
 
-    async fn migrate(&self) -> Result<Migrated, Error> {
+    async fn migrate(&self, progress: Progress<'_>) -> Result<Migrated, Error> {
         let mut done = Migrated::default();
         let p = &self.prefix;
-        // 1. Every key of a run: `<p>:run:{<id>}`, `…:journal`, `…:ix:<request>`.
+        // 1. Every key of a run: `<p>:run:{<id>}`, `…:journal`, `…:ix:<request>`, renamed a
+        //    batch a round trip.
         let run_prefix = format!("{p}:run:{{");
-        for old in self.scan(&format!("{}*", glob_escape(&run_prefix))).await? {
-            let rest = &old[run_prefix.len()..];
-            let parsed = rest
-                .split_once('}')
-                .and_then(|(id, suffix)| Some((id.parse::<RunId>().ok()?, suffix)));
-            let Some((run, suffix)) = parsed else {
-                done.skipped += 1;
-                continue;
-            };
-            let new = format!("{}{suffix}", self.run_key(run));
-            let mut conn = self.conn.clone();
-            let moved: bool = redis::cmd("RENAMENX")
-                .arg(&old)
-                .arg(&new)
-                .query_async(&mut conn)
-                .await
-                .map_err(backend)?;
-            if moved {
-                done.run_keys += 1;
-            } else {
-                done.skipped += 1;
+        let old_keys = self.scan(&format!("{}*", glob_escape(&run_prefix))).await?;
+        let total = old_keys.len();
+        for (n, batch) in old_keys.chunks(BATCH).enumerate() {
+            if !progress("runs' keys", n * BATCH, total) {
+                done.interrupted = true;
+                return Ok(done);
             }
+            let mut pipe = redis::pipe();
+            let mut renamed = 0;
+            for old in batch {
+                let rest = &old[run_prefix.len()..];
+                let parsed = rest
+                    .split_once('}')
+                    .and_then(|(id, suffix)| Some((id.parse::<RunId>().ok()?, suffix)));
+                let Some((run, suffix)) = parsed else {
+                    done.skipped += 1;
+                    continue;
+                };
+                pipe.cmd("RENAMENX")
+                    .arg(old)
+                    .arg(format!("{}{suffix}", self.run_key(run)));
+                renamed += 1;
+            }
+            if renamed == 0 {
+                continue;
+            }
+            let mut conn = self.conn.clone();
+            let moved: Vec<bool> = pipe.query_async(&mut conn).await.map_err(backend)?;
+            let n_moved = moved.iter().filter(|m| **m).count();
+            done.run_keys += n_moved;
+            done.skipped += moved.len() - n_moved;
         }
+        progress("runs' keys", total, total);
         // 2. Request → run, which the other indexes need to place requests.
         let owners_key = self.index("interactions:runs");
         let owners: HashMap<String, String> = self.hgetall(&owners_key).await?;
@@ -122,6 +154,10 @@ impl RedisRunStore {
             .chain(statuses)
             .chain(["runs:all".to_owned()]);
         for name in names {
+            if !progress("indexes", done.index_entries, done.index_entries) {
+                done.interrupted = true;
+                return Ok(done);
+            }
             let old = self.index(&name);
             let mut conn = self.conn.clone();
             let entries: Vec<(String, f64)> = redis::cmd("ZRANGE")
@@ -159,15 +195,20 @@ impl RedisRunStore {
         // 4. Idempotency keys: to their own bucket, with the time they have left; the run's
         //    record names the new key when it is in the run's bucket (purging the run deletes
         //    it then), else the key just expires within its 24 h.
-        for old in self
+        let idempotency = self
             .scan(&format!("{}:idempotency:*", glob_escape(p)))
-            .await?
-        {
+            .await?;
+        let total = idempotency.len();
+        for (n, old) in idempotency.iter().enumerate() {
+            if n % BATCH == 0 && !progress("idempotency keys", n, total) {
+                done.interrupted = true;
+                return Ok(done);
+            }
             let digest = &old[p.len() + ":idempotency:".len()..];
             let mut conn = self.conn.clone();
             let (value, ttl_ms): (Option<String>, i64) = redis::pipe()
-                .get(&old)
-                .pttl(&old)
+                .get(old)
+                .pttl(old)
                 .query_async(&mut conn)
                 .await
                 .map_err(backend)?;
@@ -192,10 +233,11 @@ impl RedisRunStore {
                     pipe.hdel(self.run_key(run_id), "idempotency_key").ignore();
                 }
             }
-            pipe.del(&old).ignore();
+            pipe.del(old).ignore();
             self.send(pipe).await?;
             done.idempotency_keys += 1;
         }
+        progress("idempotency keys", total, total);
         // 5. Last, what marks the old layout.
         let mut pipe = redis::pipe();
         pipe.del(&owners_key)
