@@ -23,6 +23,11 @@ use delta_store::{RunRecord, RunStore, StatusChange, Terminal};
 use crate::Gateway;
 use crate::error::ApiError;
 
+/// The longest `input` or `feedback` an answer may carry (64 KiB).
+pub const MAX_ANSWER_TEXT_BYTES: usize = 64 * 1024;
+/// The longest reason a cancel may give.
+pub const MAX_CANCEL_REASON_CHARS: usize = 1000;
+
 /// The most bytes of task and input a start job carries (beyond that the worker reads the run
 /// from Redis): a job stays a small message however large the runs the fleet takes. A resume
 /// job's is the store's `CARRIED_MAX_BYTES`.
@@ -234,8 +239,9 @@ impl Gateway {
             }
             (Some(name), _) => name.to_owned(),
             (None, Some(c))
-                if c != "anonymous"
-                    && crate::auth::RESERVED_RESPONDERS.contains(&c.to_lowercase().as_str()) =>
+                if c.trim() != "anonymous"
+                    && crate::auth::RESERVED_RESPONDERS
+                        .contains(&c.trim().to_lowercase().as_str()) =>
             {
                 return Err(ApiError::new(
                     ErrorCode::Forbidden,
@@ -368,6 +374,21 @@ impl Gateway {
             return Err(ApiError::bad_request(format!(
                 "the body's request_id is not {request_id}, the request being answered"
             )));
+        }
+        // Stored, journaled and announced: bounded here, before anything is read or written.
+        for (field, text) in [("input", &body.input), ("feedback", &body.feedback)] {
+            if text
+                .as_ref()
+                .is_some_and(|t| t.len() > MAX_ANSWER_TEXT_BYTES)
+            {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidArgs,
+                    format!(
+                        "{field} is longer than {} KiB: send less (put a long text in a file or a link, and its name here)",
+                        MAX_ANSWER_TEXT_BYTES / 1024
+                    ),
+                ));
+            }
         }
         let response = InteractionResponse {
             request_id,
@@ -1179,6 +1200,16 @@ impl Gateway {
         by: &str,
         reason: Option<&str>,
     ) -> Result<RunStatus, ApiError> {
+        // Journaled three times and announced: bounded (a reason past NATS's largest message
+        // would leave the run's end unannounced).
+        if reason.is_some_and(|r| r.chars().count() > MAX_CANCEL_REASON_CHARS) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgs,
+                format!(
+                    "reason is longer than {MAX_CANCEL_REASON_CHARS} characters: say it shorter"
+                ),
+            ));
+        }
         let record = self.store.record(run_id).await?;
         if record.status.is_terminal() {
             // Its announcements made once more (idempotent: the same event ids): a cancel

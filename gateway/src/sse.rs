@@ -140,9 +140,13 @@ pub fn stream_permit(gw: &Gateway, who: &Identity) -> Result<StreamSlot, ApiErro
         .unwrap_or_else(|p| p.into_inner());
     let held = counts.entry(name.clone()).or_insert(0);
     if *held >= gw.config.max_streams_per_identity {
-        return Err(ApiError::unavailable(format!(
-            "`{name}` holds {held} live streams, as many as one token may (DELTA_MAX_STREAMS_PER_IDENTITY); close one first"
-        )));
+        // The caller's own quota, not the gateway's trouble: `rate_limited` (429).
+        return Err(ApiError::new(
+            ErrorCode::RateLimited,
+            format!(
+                "`{name}` holds {held} live streams, as many as one token may (DELTA_MAX_STREAMS_PER_IDENTITY); close one first"
+            ),
+        ));
     }
     *held += 1;
     Ok(StreamSlot {

@@ -769,6 +769,9 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
     )
     .await;
     assert_eq!(gateway_code(&b), "rate_limited", "{b}");
+    // The refusal leaves no consumer behind: one per stored config, no more.
+    let stored = fleet.store.a2a_all_pushes().await.expect("configs").len();
+    assert_eq!(push_consumers(&fleet, "a2aown").await.len(), stored);
     let (_, b) = call(
         &fleet,
         sam,

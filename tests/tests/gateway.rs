@@ -2385,3 +2385,60 @@ async fn stored_question(
         .expect("read")
         .expect("stored")
 }
+
+/// Free text an answer or a cancel carries is bounded: it is stored, journaled and announced (a
+/// cancel's reason past NATS's largest message would leave the run's end unannounced). Past the
+/// bound the call is refused (`invalid_args`) and nothing changes.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answers_text_and_a_cancels_reason_are_bounded() {
+    // A body limit above the texts' (the tests' gateways take 64 KiB).
+    let fleet = Fleet::start_with("gwv", 1, 1, |s| s.max_body_bytes = 1 << 20).await;
+    let run = fleet.submit("hello", "bounded").await;
+    let rid = fleet.pending(run).await;
+    let before = fleet.store.load(run).await.expect("load");
+    let jobs_before = jobs_published(&fleet, "GWV_JOBS").await;
+    let long = "x".repeat(64 * 1024 + 1);
+    for body in [
+        json!({"input": long}),
+        json!({"input": "Ada", "feedback": long}),
+    ] {
+        let (status, reply) = fleet
+            .client
+            .post(&format!("/v1/interactions/{rid}/response"), &body)
+            .await
+            .expect("answer");
+        assert_eq!(status, 422, "{reply}");
+        assert_eq!(reply["error"]["code"], "invalid_args", "{reply}");
+        assert!(
+            reply["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("longer than 64 KiB")),
+            "{reply}"
+        );
+    }
+    let (status, reply) = fleet
+        .client
+        .post(
+            &format!("/v1/runs/{run}/cancel"),
+            &json!({"reason": "y".repeat(1001)}),
+        )
+        .await
+        .expect("cancel");
+    assert_eq!(status, 422, "{reply}");
+    assert_eq!(reply["error"]["code"], "invalid_args", "{reply}");
+    // Nothing changed: still waiting on the same question, no job sent.
+    let after = fleet.store.load(run).await.expect("load");
+    assert_eq!(after.record.status, RunStatus::WaitingForInput);
+    assert_eq!(after.journal.len(), before.journal.len());
+    assert_eq!(jobs_published(&fleet, "GWV_JOBS").await, jobs_before);
+    // At the bound, the cancel goes through.
+    let (status, reply) = fleet
+        .client
+        .post(
+            &format!("/v1/runs/{run}/cancel"),
+            &json!({"reason": "y".repeat(1000)}),
+        )
+        .await
+        .expect("cancel");
+    assert_eq!(status, 200, "{reply}");
+}

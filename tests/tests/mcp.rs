@@ -137,3 +137,62 @@ async fn the_official_python_client_lists_calls_answers_and_follows_tasks() {
     }
     assert!(logged > 1000, "the processes logged ({logged} bytes)");
 }
+
+/// A `requestState` is the client's to echo back and is never trusted: one naming more linked
+/// questions than a run could have links for is refused before any of them is read (each would
+/// cost reads); the same id many times counts once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_state_naming_too_many_questions_is_refused() {
+    let fleet = Fleet::start("mcpst", 1, 0).await;
+    let url = &fleet.gateways[0].url;
+    let call = async |linked: Vec<String>| -> Value {
+        let state = serde_json::json!({"run": RunId::new().to_string(), "linked": linked});
+        let meta = serde_json::json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "state-test", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        });
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "hello", "arguments": {"task": "now"}, "_meta": meta,
+            "requestState": state.to_string(),
+        }});
+        let text = reqwest::Client::new()
+            .post(format!("{url}/mcp"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "hello")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("the gateway answers")
+            .text()
+            .await
+            .expect("a body");
+        let data = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .find(|d| d.contains("\"jsonrpc\""))
+            .unwrap_or(text.trim());
+        serde_json::from_str(data).unwrap_or_else(|_| panic!("JSON-RPC in {text}"))
+    };
+    let many: Vec<String> = (0..17)
+        .map(|_| delta_protocol::RequestId::new().to_string())
+        .collect();
+    let refused = call(many).await;
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not one this gateway gave out")),
+        "{refused}"
+    );
+    // 17 times one id is one: past the check, to the run it names (which does not exist).
+    let one = delta_protocol::RequestId::new().to_string();
+    let once = call(vec![one; 17]).await;
+    assert!(
+        !once.to_string().contains("not one this gateway gave out"),
+        "{once}"
+    );
+}

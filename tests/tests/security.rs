@@ -253,7 +253,11 @@ async fn one_token_holds_at_most_its_share_of_live_streams() {
         .sse("/v1/interactions/stream", None)
         .await
         .expect("sse");
-    assert_eq!(third.status(), 503, "a third stream for the same token");
+    assert_eq!(
+        third.status(),
+        429,
+        "a third stream for the same token: its own quota (rate_limited)"
+    );
     let other = bob.sse("/v1/interactions/stream", None).await.expect("sse");
     assert_eq!(other.status(), 200, "another token is not held back");
     drop(first);

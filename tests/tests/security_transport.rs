@@ -377,7 +377,7 @@ async fn a_stream_ticket_opens_its_stream_once() {
         .sse("/v1/interactions/stream", None)
         .await
         .expect("stream");
-    assert_eq!(held.status(), 503, "the ticket's stream is alice's");
+    assert_eq!(held.status(), 429, "the ticket's stream is alice's");
     drop(held);
     let run = submit_as(&ci, "hello", "ticketed").await;
     let rid = delta_e2e::fleet::pending(&alice, run).await;

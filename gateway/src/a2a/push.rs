@@ -358,30 +358,31 @@ pub async fn create(
     let full = |what: String| -> RpcError {
         ApiError::new(ErrorCode::RateLimited, format!("{what}: delete one first")).into()
     };
-    match gw.store.a2a_put_push(&config, operator, LIMITS).await? {
-        PutPush::Stored => {}
+    let refused = match gw.store.a2a_put_push(&config, operator, LIMITS).await? {
+        PutPush::Stored => None,
         PutPush::Taken => {
+            // The consumer made above is the config's owner's: it stays.
             return Err(ApiError::new(
                 ErrorCode::Forbidden,
                 format!("push config `{id}` of this task is someone else's: choose another id"),
             )
             .into());
         }
-        PutPush::TaskFull => {
-            return Err(full(format!(
-                "you have {MAX_PER_TASK} push configs on this task, the most one caller may"
-            )));
-        }
-        PutPush::CallerFull => {
-            return Err(full(format!(
-                "you have {MAX_PER_CALLER} push configs, the most one caller may"
-            )));
-        }
-        PutPush::FleetFull => {
-            return Err(full(format!(
-                "this fleet has {MAX_FLEET} push configs, the most it keeps"
-            )));
-        }
+        PutPush::TaskFull => Some(full(format!(
+            "you have {MAX_PER_TASK} push configs on this task, the most one caller may"
+        ))),
+        PutPush::CallerFull => Some(full(format!(
+            "you have {MAX_PER_CALLER} push configs, the most one caller may"
+        ))),
+        PutPush::FleetFull => Some(full(format!(
+            "this fleet has {MAX_FLEET} push configs, the most it keeps"
+        ))),
+    };
+    if let Some(refused) = refused {
+        // No config has this id (else it would have been replaced or taken): the consumer made
+        // for it goes, or refused calls would leave consumers past every limit.
+        delete_consumer(gw, &task_id, &id).await;
+        return Err(refused);
     }
     RESCAN.notify_one();
     tracing::info!(task = %task_id, id = %id, url = %crate::webhooks::redacted(&config.url), "a2a push config set");

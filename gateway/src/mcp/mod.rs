@@ -121,6 +121,10 @@ pub struct McpServer {
     gw: Arc<Gateway>,
 }
 
+/// The most questions a `requestState` may name as linked: a run waits on one question at a
+/// time, and a link's question leaves the list once answered.
+const MAX_LINKED: usize = 16;
+
 /// What a client echoes back in `requestState`: the run of its call, and the questions it was
 /// given a link for (asked again only after they are answered).
 #[derive(Default, Serialize, Deserialize)]
@@ -782,8 +786,14 @@ impl ServerHandler for McpServer {
         let name = request.name.to_string();
         if let Some(raw) = &request.request_state {
             // A retry: the state names the run; it is checked, never trusted.
-            let state: CallState = serde_json::from_str(raw)
+            let mut state: CallState = serde_json::from_str(raw)
                 .map_err(|_| bad("the requestState is not one this gateway gave out"))?;
+            // Each id costs reads: as many as a run's questions could have links, no more.
+            state.linked.sort_unstable();
+            state.linked.dedup();
+            if state.linked.len() > MAX_LINKED {
+                return Err(bad("the requestState is not one this gateway gave out"));
+            }
             let run = state
                 .run
                 .ok_or_else(|| bad("the requestState names no run"))?;
