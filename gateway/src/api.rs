@@ -193,9 +193,10 @@ pub const ANSWERERS: &[Role] = &[Role::Answer, Role::Operate];
 /// Who may answer, vote or claim: answerers, and relays on a person's behalf.
 const ANSWERERS_OR_RELAYS: &[Role] = &[Role::Answer, Role::Operate, Role::Relay];
 
-/// A JSON body, parsed strictly: the path to a wrong field is named.
-fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = bytes.map_err(|e| {
+/// The request's body, or why it could not be read: `413 payload_too_large` past
+/// `DELTA_MAX_BODY_BYTES` (every endpoint says so the same way), else `400 bad_request`.
+pub fn body_bytes(bytes: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    bytes.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 ErrorCode::PayloadTooLarge,
@@ -204,7 +205,12 @@ fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, 
         } else {
             ApiError::bad_request(format!("cannot read the request body: {e}"))
         }
-    })?;
+    })
+}
+
+/// A JSON body, parsed strictly: the path to a wrong field is named.
+fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body_bytes(bytes)?;
     if bytes.is_empty() {
         return Err(ApiError::bad_request(
             "the request body is empty: send a JSON object",
@@ -301,6 +307,23 @@ async fn submit(
     Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
 }
 
+/// The most index entries one listing call reads (each loads its run or question): a filter
+/// that matches little answers with fewer items and a cursor rather than reading thousands.
+const MAX_SCANNED_PER_LISTING: usize = 2000;
+
+/// An agent filter of a listing: a name an agent may have, else `400` (it is only compared, but
+/// a wrong one would read the whole index to find nothing).
+fn agent_filter(agent: Option<&str>) -> Result<Option<String>, ApiError> {
+    match agent {
+        None | Some("") => Ok(None),
+        Some(a) if crate::ops::valid_agent_name(a) => Ok(Some(a.to_owned())),
+        Some(a) => Err(ApiError::bad_request(format!(
+            "agent `{}` is not an agent's name (letters, digits, `-` and `_`)",
+            a.chars().take(64).collect::<String>()
+        ))),
+    }
+}
+
 /// Walks an index page by page, keeping the entries `keep` accepts, until `want` are kept.
 async fn collect<T, F, Fut>(
     gw: &Gateway,
@@ -316,14 +339,20 @@ where
 {
     let mut out = vec![];
     let mut cursor = cursor;
-    // Bounded: a filter that matches nothing stops after this many pages with a cursor.
+    let mut scanned = 0;
+    // Bounded: a filter that matches nothing stops after this many pages, or entries read, with
+    // a cursor to go on from.
     for _ in 0..20 {
+        if scanned >= MAX_SCANNED_PER_LISTING {
+            break;
+        }
         let page = gw
             .store
             .index_page(index, newest_first, cursor.as_deref(), want.max(20))
             .await?
             .ok_or_else(|| ApiError::bad_request("the cursor is not one this API gave out"))?;
         let more = page.more;
+        scanned += page.entries.len();
         let loaded = load(page.entries).await?;
         let mut last = None;
         let n = loaded.len();
@@ -365,7 +394,7 @@ async fn list_runs(
             format!("runs:{}", status.as_str())
         }
     };
-    let agent = q.agent.clone();
+    let agent = agent_filter(q.agent.as_deref())?;
     let store = gw.store.clone();
     let (runs, next) = collect(&gw, &index, true, q.cursor, want, |entries| {
         let store = store.clone();
@@ -373,12 +402,14 @@ async fn list_runs(
         async move {
             let ids: Vec<RunId> = entries.iter().filter_map(|(m, _)| m.parse().ok()).collect();
             let records = store.records(&ids).await?;
+            let by_id: std::collections::HashMap<String, &delta_store::RunRecord> =
+                records.iter().map(|r| (r.run_id.to_string(), r)).collect();
             Ok(entries
                 .into_iter()
                 .map(|(m, s)| {
-                    let rec = records
-                        .iter()
-                        .find(|r| r.run_id.to_string() == m)
+                    let rec = by_id
+                        .get(&m)
+                        .copied()
                         .filter(|r| agent.as_deref().is_none_or(|a| r.agent == a))
                         .map(|r| Run {
                             input: None,
@@ -532,19 +563,26 @@ async fn list_interactions(
         "interactions:all"
     };
     let store = gw.store.clone();
-    let agent = q.agent.clone();
+    let agent = agent_filter(q.agent.as_deref())?;
     let (items, next) = collect(&gw, index, false, q.cursor, want, |entries| {
         let store = store.clone();
         let agent = agent.clone();
         async move {
             let ids: Vec<RequestId> = entries.iter().filter_map(|(m, _)| m.parse().ok()).collect();
             let found = store.interactions(&ids).await?;
+            let by_id: std::collections::HashMap<
+                String,
+                &(RunId, delta_store::redis::StoredInteraction),
+            > = found
+                .iter()
+                .map(|f| (f.1.request.request_id.to_string(), f))
+                .collect();
             Ok(entries
                 .into_iter()
                 .map(|(m, s)| {
-                    let item = found
-                        .iter()
-                        .find(|(_, ix)| ix.request.request_id.to_string() == m)
+                    let item = by_id
+                        .get(&m)
+                        .copied()
                         .filter(|(_, ix)| state.is_none_or(|st| ix.state == st))
                         .filter(|(_, ix)| agent.as_deref().is_none_or(|a| ix.request.agent == a))
                         .filter(|(_, ix)| kind.is_none_or(|k| ix.request.kind == k))

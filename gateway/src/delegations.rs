@@ -31,7 +31,7 @@ type Shared = State<Arc<Gateway>>;
 fn body<T: serde::de::DeserializeOwned>(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
-    let bytes = bytes.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let bytes = crate::api::body_bytes(bytes)?;
     if bytes.is_empty() {
         return Err(ApiError::bad_request(
             "the body is empty: send the delegation as JSON",

@@ -2442,3 +2442,44 @@ async fn an_answers_text_and_a_cancels_reason_are_bounded() {
         .expect("cancel");
     assert_eq!(status, 200, "{reply}");
 }
+
+/// A body past `DELTA_MAX_BODY_BYTES` is `413 payload_too_large` on every endpoint that takes
+/// one, delegations and webhooks as the others (they answered `400` with the framework's words).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_too_large_is_413_on_every_endpoint() {
+    let fleet = Fleet::start("gwx", 1, 0).await;
+    let big = json!({"reason": "z".repeat(70 * 1024)});
+    for path in ["/v1/runs", "/v1/delegations", "/v1/webhooks"] {
+        let (status, reply) = fleet.client.post(path, &big).await.expect("post");
+        assert_eq!(status, 413, "{path}: {reply}");
+        assert_eq!(
+            reply["error"]["code"], "payload_too_large",
+            "{path}: {reply}"
+        );
+    }
+}
+
+/// A listing's agent filter must be an agent's name: anything else is `400` at once, rather
+/// than every index entry read to match nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listings_agent_filter_is_checked() {
+    let fleet = Fleet::start("gwz", 1, 0).await;
+    for path in [
+        "/v1/runs?agent=no%20such",
+        "/v1/interactions?agent=a.b",
+        "/v1/runs?agent=%2A",
+    ] {
+        let (status, reply) = fleet.client.get(path).await.expect("get");
+        assert_eq!(status, 400, "{path}: {reply}");
+        assert!(
+            reply["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("is not an agent's name")),
+            "{path}: {reply}"
+        );
+    }
+    for path in ["/v1/runs?agent=hello", "/v1/interactions?agent=hello"] {
+        let (status, reply) = fleet.client.get(path).await.expect("get");
+        assert_eq!(status, 200, "{path}: {reply}");
+    }
+}

@@ -163,7 +163,7 @@ fn missing(id: &str) -> ApiError {
 fn body_or_empty<T: serde::de::DeserializeOwned + Default>(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
-    let bytes = bytes.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let bytes = crate::api::body_bytes(bytes)?;
     if bytes.is_empty() {
         return Ok(T::default());
     }
@@ -209,7 +209,7 @@ pub async fn create(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let who = caller(&gw, &headers, &[Role::Operate])?;
-    let bytes = bytes.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let bytes = crate::api::body_bytes(bytes)?;
     if bytes.is_empty() {
         return Err(ApiError::bad_request(
             "the body is empty: send the subscription as JSON, e.g. {\"url\": \"https://…\"}",
