@@ -96,6 +96,16 @@ async fn stream_caller(
     Ok((who, q))
 }
 
+/// `e`, saying that the ticket the stream was asked with is spent: a ticket opens one stream,
+/// once, and was redeemed before the stream could be refused (a retry needs a new one).
+fn ticket_spent(mut e: ApiError, q: &StreamQuery) -> ApiError {
+    if q.ticket.is_some() {
+        e.message
+            .push_str("; the ticket is spent: ask for a new one with POST /v1/stream-tickets");
+    }
+    e
+}
+
 /// Live streams held by each identity (see [`Gateway::streams_by_identity`]).
 type HeldStreams = Arc<std::sync::Mutex<HashMap<String, usize>>>;
 
@@ -174,6 +184,8 @@ pub async fn run_events(
         raw.parse::<RunId>()
             .map_err(|_| ApiError::bad_request(format!("`{raw}` is not a run id (a UUID)")))
     };
+    // The client's own input first: a bad one spends no ticket.
+    let last = last_event_id(&headers)?;
     let (who, q) = stream_caller(&gw, &headers, query.as_deref(), q, || {
         parse().map(|run_id| StreamTarget::Run { run_id })
     })
@@ -181,11 +193,11 @@ pub async fn run_events(
     let run_id = parse()?;
     // 404 now rather than an empty stream.
     gw.store.record(run_id).await?;
-    let after = match last_event_id(&headers)? {
+    let after = match last {
         Some(id) => id,
         None => q.from_seq.map(|s| s.saturating_sub(1)).unwrap_or(0),
     };
-    let permit = stream_permit(&gw, &who)?;
+    let permit = stream_permit(&gw, &who).map_err(|e| ticket_spent(e, &q))?;
     let (tx, rx) = mpsc::channel(64);
     let gw2 = gw.clone();
     gw.tasks.spawn(async move {
@@ -316,14 +328,14 @@ pub async fn interaction_events(
     RawQuery(query): RawQuery,
     q: Result<Query<StreamQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    // The client's own input first: a bad one spends no ticket.
+    let last = last_event_id(&headers)?;
     let (who, q) = stream_caller(&gw, &headers, query.as_deref(), q, || {
         Ok(StreamTarget::Interactions {})
     })
     .await?;
-    let from = last_event_id(&headers)?
-        .map(|id| id.saturating_add(1))
-        .or(q.from_seq);
-    let permit = stream_permit(&gw, &who)?;
+    let from = last.map(|id| id.saturating_add(1)).or(q.from_seq);
+    let permit = stream_permit(&gw, &who).map_err(|e| ticket_spent(e, &q))?;
     let mut events = gw.queue.interaction_events(from).await?.boxed();
     let agent = q.agent.clone();
     let (tx, rx) = mpsc::channel(64);

@@ -379,6 +379,16 @@ async fn a_stream_ticket_opens_its_stream_once() {
         .expect("stream");
     assert_eq!(held.status(), 429, "the ticket's stream is alice's");
     drop(held);
+    // A second ticket of alice's, refused at her quota: the refusal says the ticket is spent.
+    let second = ticket(&alice, json!({"stream": "interactions"})).await;
+    let (status, body) = open(&base, &format!("/v1/interactions/stream?ticket={second}")).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the ticket is spent")),
+        "{body}"
+    );
     let run = submit_as(&ci, "hello", "ticketed").await;
     let rid = delta_e2e::fleet::pending(&alice, run).await;
     let deadline = Instant::now() + Duration::from_secs(20);
