@@ -674,6 +674,17 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
     // Another submitter may not cancel sam's task.
     let (_, b) = call(&fleet, sue, "CancelTask", json!({"id": task})).await;
     assert_eq!(gateway_code(&b), "forbidden", "{b}");
+    // A message that may not answer (sam submits, answering is ann's) stores nothing of its
+    // push config either: the answer is checked before the config is made.
+    let mut params = answer_message(&task, "yes", serde_json::Value::Null, "pre-1");
+    params["configuration"] = json!({"taskPushNotificationConfig": {
+        "id": "pre", "url": "http://127.0.0.2:9/hook",
+    }});
+    let (_, b) = call(&fleet, sam, "SendMessage", params).await;
+    assert_eq!(gateway_code(&b), "forbidden", "{b}");
+    let all = fleet.store.a2a_all_pushes().await.expect("configs");
+    assert!(!all.contains(&(task.clone(), "pre".to_owned())), "{all:?}");
+    assert!(push_consumers(&fleet, "a2aown").await.is_empty());
 
     // The webhooks' exceptions (`DELTA_WEBHOOK_ALLOW`, the operators' own receivers) are for
     // an operator's push configs only: anyone else's may reach public addresses and

@@ -504,11 +504,9 @@ pub async fn accept_message(
     match &m.task_id {
         Some(t) if !t.is_empty() => {
             let run_id = task_id(t)?;
-            // The task exists: its config is made (limits, consumer) before the answer.
-            if let Some(config) = push {
-                super::push::create(gw, headers, config, Some(run_id)).await?;
-            }
-            continue_task(gw, headers, run_id, m).await?;
+            // The task exists: its config is made (limits, consumer) after every check of the
+            // answer and before it is taken (continue_task).
+            continue_task(gw, headers, run_id, m, push).await?;
             Ok(Sent {
                 run_id,
                 wait,
@@ -613,6 +611,7 @@ async fn continue_task(
     headers: &HeaderMap,
     run_id: RunId,
     m: &Message,
+    push: Option<super::push::ConfigIn>,
 ) -> Result<(), RpcError> {
     // As over HTTP: answerers and operators.
     let who: Identity = caller(gw, headers, crate::api::ANSWERERS)?;
@@ -676,6 +675,11 @@ async fn continue_task(
         let mut body = answer_of(&ix.request, &m.parts)?;
         body.request_hash = tie.request_hash;
         let responder = gw.responder(who.name.as_deref(), None, Via::A2a)?;
+        // The message's push config, once the answer passed every check here: a config refused
+        // leaves the answer untaken, a message refused leaves no config.
+        if let Some(config) = push {
+            super::push::create(gw, headers, config, Some(run_id)).await?;
+        }
         gw.answer(ix.request.request_id, body, responder, who.groups())
             .await?;
         Ok::<_, RpcError>(())

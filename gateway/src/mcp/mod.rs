@@ -121,6 +121,19 @@ pub struct McpServer {
     gw: Arc<Gateway>,
 }
 
+/// A client's own name, recorded as who submitted or answered (authentication off), is cut to
+/// this many bytes: the most a responder id may have.
+const MAX_CLIENT_NAME_BYTES: usize = 200;
+
+/// `s` cut to at most `max` bytes, on a character's boundary.
+fn shortened(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// The most questions a `requestState` may name as linked: a run waits on one question at a
 /// time, and a link's question leaves the list once answered.
 const MAX_LINKED: usize = 16;
@@ -240,8 +253,8 @@ impl McpServer {
     /// The client's own name, for the record when authentication is off.
     fn client_name(ctx: &RequestContext<RoleServer>) -> Option<String> {
         ctx.client_info()
-            .map(|i| i.name)
-            .filter(|n| !n.trim().is_empty())
+            .map(|i| shortened(i.name.trim(), MAX_CLIENT_NAME_BYTES).to_owned())
+            .filter(|n| !n.is_empty())
     }
 
     /// The responder id the caller's answers are recorded with.
@@ -396,6 +409,15 @@ impl McpServer {
             return Ok(left);
         }
         let who = self.caller(ctx, ANSWERERS)?;
+        if responses.len() > MAX_LINKED {
+            return Err(bad(format!(
+                "{} input responses: a run asks one question at a time",
+                responses.len()
+            )));
+        }
+        // Every response checked before any is applied: a bad one refuses the call with nothing
+        // answered (not the ones before it answered and their runs resumed).
+        let mut answers = vec![];
         for (key, result) in responses {
             let rid: RequestId = key
                 .parse()
@@ -424,6 +446,9 @@ impl McpServer {
                 .gw
                 .responder(who.name.as_deref(), Some(&claimed), Via::Mcp)
                 .map_err(mcp_error)?;
+            answers.push((rid, body, responder));
+        }
+        for (rid, body, responder) in answers {
             match self.gw.answer(rid, body, responder, who.groups()).await {
                 Ok(_) => {}
                 Err(e) if matches!(e.code, ErrorCode::AlreadyResolved | ErrorCode::Expired) => {
@@ -1051,5 +1076,21 @@ fn short(s: &str) -> String {
         format!("{}…", line.chars().take(79).collect::<String>())
     } else {
         line.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_client_name_is_cut_on_a_characters_boundary() {
+        assert_eq!(shortened("claude", MAX_CLIENT_NAME_BYTES), "claude");
+        let long = "é".repeat(150); // 300 bytes
+        let cut = shortened(&long, MAX_CLIENT_NAME_BYTES);
+        assert_eq!(cut.len(), 200);
+        assert!(cut.chars().all(|c| c == 'é'));
+        let odd = format!("a{}", "é".repeat(150));
+        assert_eq!(shortened(&odd, MAX_CLIENT_NAME_BYTES).len(), 199);
     }
 }
