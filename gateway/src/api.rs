@@ -291,10 +291,6 @@ async fn submit(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let who = caller(&gw, &headers, &[Role::Submit])?;
-    // Per token: without authentication (loopback only) there is one caller, this machine.
-    if let Some(name) = who.name.as_deref() {
-        gw.submissions.take(name)?;
-    }
     let submission: Submission = body(bytes)?;
     let key = match headers.get("idempotency-key") {
         Some(v) => Some(
@@ -303,7 +299,10 @@ async fn submit(
         ),
         None => None,
     };
-    let accepted: RunAccepted = gw.submit(submission, key, who.name.as_deref()).await?;
+    // Per token: without authentication (loopback only) there is one caller, this machine.
+    let accepted: RunAccepted = gw
+        .submit(submission, key, who.name.as_deref(), who.name.as_deref())
+        .await?;
     Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
 }
 

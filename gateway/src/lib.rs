@@ -276,4 +276,13 @@ impl SubmitRate {
         *tokens -= 1.0;
         Ok(())
     }
+
+    /// Gives back a submission taken for a call that made no run (an idempotent retry).
+    pub fn give_back(&self, who: &str) {
+        let capacity = f64::from(self.per_minute);
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((tokens, _)) = buckets.get_mut(who) {
+            *tokens = (*tokens + 1.0).min(capacity);
+        }
+    }
 }

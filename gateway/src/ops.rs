@@ -82,11 +82,15 @@ const ASKER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 impl Gateway {
     /// Stores a run `QUEUED` and publishes its start job (docs/architecture.md "The walk of one run", step 1).
     /// `submitted_by` is the authenticated caller, kept with the run (`approvals.exclude_requester`).
+    /// Submits a run. `limited_as`: the identity whose `DELTA_SUBMIT_PER_MINUTE` the run counts
+    /// against (a token's name), taken once the submission passed its checks and given back
+    /// when the call made no run (an idempotent retry): a refused or repeated call costs none.
     pub async fn submit(
         &self,
         s: Submission,
         idempotency_key: Option<&str>,
         submitted_by: Option<&str>,
+        limited_as: Option<&str>,
     ) -> Result<RunAccepted, ApiError> {
         if !valid_agent_name(&s.agent) {
             return Err(ApiError::new(
@@ -148,15 +152,30 @@ impl Gateway {
         let mut record = RunRecord::new(run_id, &s.agent, &s.task, RunStatus::Queued);
         record.input = s.input;
         record.submitted_by = submitted_by.map(str::to_owned);
+        if let Some(name) = limited_as {
+            self.submissions.take(name)?;
+        }
         let submitted = self
             .store
             .create_indexed(&record, key.as_deref().map(|k| (k, fingerprint.as_str())))
-            .await?;
+            .await;
+        let submitted = match submitted {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(name) = limited_as {
+                    self.submissions.give_back(name);
+                }
+                return Err(e.into());
+            }
+        };
         if let Submitted::Existing {
             run_id,
             fingerprint: earlier,
         } = submitted
         {
+            if let Some(name) = limited_as {
+                self.submissions.give_back(name);
+            }
             if earlier != fingerprint {
                 return Err(ApiError::new(
                     ErrorCode::InvalidArgs,

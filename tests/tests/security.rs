@@ -371,7 +371,8 @@ fn a_gateway_without_tokens_starts_only_when_told_and_only_on_loopback() {
 }
 
 /// Finding 9: storage is bounded. A task past `DELTA_MAX_TASK_BYTES` is refused; a token submits
-/// at most `DELTA_SUBMIT_PER_MINUTE` runs a minute (another token is not held back); the jobs and
+/// at most `DELTA_SUBMIT_PER_MINUTE` runs a minute (another token is not held back; a refused
+/// submission or an idempotent repeat makes no run and does not count); the jobs and
 /// dead-letter streams have limits.
 #[tokio::test(flavor = "multi_thread")]
 async fn submissions_and_streams_are_bounded() {
@@ -410,7 +411,16 @@ async fn submissions_and_streams_are_bounded() {
             .is_some_and(|m| m.contains("DELTA_MAX_TASK_BYTES")),
         "{body}"
     );
-    // The refused one counted too: two more, then the minute's share is used up.
+    // The refused one did not count, nor does a submission repeated with its Idempotency-Key
+    // (it makes no run): three runs, then the minute's share is used up.
+    let keyed = serde_json::to_vec(&json!({"agent": "hello", "task": "keyed"})).expect("json");
+    for _ in 0..3 {
+        let (status, body) = ci
+            .post_raw("/v1/runs", keyed.clone(), &[("idempotency-key", "sec9-k")])
+            .await
+            .expect("post");
+        assert_eq!(status, 202, "{body}");
+    }
     for i in 0..2 {
         let (status, body) = ci
             .post(

@@ -563,9 +563,6 @@ async fn start_task(
     p: &SendParams,
 ) -> Result<RunId, RpcError> {
     let who = caller(gw, headers, &[Role::Submit])?;
-    if let Some(name) = who.name.as_deref() {
-        gw.submissions.take(name)?;
-    }
     let agent = skill_of(gw, p)?;
     let text: Vec<&str> = p
         .message
@@ -600,7 +597,12 @@ async fn start_task(
         message_key(who.name.as_deref(), &p.message.message_id)
     );
     let accepted = gw
-        .submit(submission, Some(&key), who.name.as_deref())
+        .submit(
+            submission,
+            Some(&key),
+            who.name.as_deref(),
+            who.name.as_deref(),
+        )
         .await?;
     Ok(accepted.run_id)
 }

@@ -869,9 +869,6 @@ impl ServerHandler for McpServer {
         };
         // The SDK moves a request's `_meta` to its context; the params' own, should it be kept.
         let key = Self::idempotency_key(&ctx, request.meta.as_ref().unwrap_or(&ctx.meta))?;
-        if let Some(name) = who.name.as_deref() {
-            self.gw.submissions.take(name).map_err(mcp_error)?;
-        }
         let submitted_by = who.name.clone().or_else(|| Self::client_name(&ctx));
         // Scoped to the caller, as A2A's message ids are: one caller's key never finds
         // another's run.
@@ -886,6 +883,7 @@ impl ServerHandler for McpServer {
                 },
                 key.as_deref(),
                 submitted_by.as_deref(),
+                who.name.as_deref(),
             )
             .await
             .map_err(mcp_error)?;
