@@ -87,6 +87,13 @@ pub struct Client {
     token: Option<String>,
 }
 
+/// A URL as messages show it: without a user, a password, a query or a fragment (any of them
+/// may hold a secret), parsed or not.
+pub fn shown_url(url: &str) -> String {
+    let cut = url.split(['?', '#']).next().unwrap_or_default();
+    delta_protocol::without_credentials(cut)
+}
+
 impl Client {
     /// A client of the gateway at `base` (`http://host:port` or `https://…`, maybe with a path
     /// prefix). An `https://` gateway's certificate is checked against the system's roots and,
@@ -96,7 +103,7 @@ impl Client {
         token: Option<String>,
         ca: Option<&std::path::Path>,
     ) -> Result<Self, String> {
-        let shown = delta_protocol::without_credentials(base);
+        let shown = shown_url(base);
         let mut url = Url::parse(base).map_err(|e| {
             format!("--gateway-url / DELTA_GATEWAY_URL `{shown}` is not a URL ({e}); e.g. http://127.0.0.1:8080")
         })?;
@@ -130,11 +137,10 @@ impl Client {
 
     /// The gateway's base URL for messages: as given, without a user, password or query.
     pub fn url(&self) -> String {
-        let mut shown = self.base.clone();
-        let _ = shown.set_username("");
-        let _ = shown.set_password(None);
-        shown.set_query(None);
-        shown.as_str().trim_end_matches('/').to_owned()
+        let mut base = self.base.clone();
+        let _ = base.set_username("");
+        let _ = base.set_password(None);
+        shown_url(base.as_str()).trim_end_matches('/').to_owned()
     }
 
     /// Whether calls carry a bearer token.

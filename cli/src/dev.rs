@@ -162,7 +162,10 @@ async fn dev(a: DevArgs, cancel: CancellationToken) -> anyhow::Result<()> {
                     agent.to_string(),
                     v["run_id"].as_str().unwrap_or("").to_owned(),
                 )),
-                Err(e) => eprintln!("warning: demo run of {agent} not submitted: {e}"),
+                Err(e) => eprintln!(
+                    "warning: demo run of {agent} not submitted: {}",
+                    crate::table::for_terminal(&e.to_string())
+                ),
             }
         }
     }

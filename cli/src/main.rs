@@ -115,13 +115,13 @@ impl Terminal {
         })
     }
 
+    /// Only when something changed them: setting a terminal's attributes from a background
+    /// process group (`delta … &`) would stop the process (SIGTTOU); reading them would not.
     fn restore(&self) {
-        if let Some(saved) = &self.0 {
-            let _ = nix::sys::termios::tcsetattr(
-                std::io::stdin(),
-                nix::sys::termios::SetArg::TCSANOW,
-                saved,
-            );
+        let Some(saved) = &self.0 else { return };
+        let stdin = std::io::stdin();
+        if nix::sys::termios::tcgetattr(&stdin).is_ok_and(|now| now != *saved) {
+            let _ = nix::sys::termios::tcsetattr(&stdin, nix::sys::termios::SetArg::TCSANOW, saved);
         }
     }
 }

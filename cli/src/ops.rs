@@ -510,7 +510,7 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
     match outcome {
         Ok(()) => EXIT_OK,
         Err(Failure::Usage(msg)) => {
-            eprintln!("error: {msg}");
+            eprintln!("error: {}", crate::table::for_terminal(&msg));
             EXIT_USAGE
         }
         Err(Failure::Interrupted) => {
@@ -518,7 +518,8 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
             EXIT_INTERRUPTED
         }
         Err(Failure::Gateway(e)) => {
-            eprintln!("error: {e}");
+            // The gateway's (or a proxy's) words: never trusted with the terminal.
+            eprintln!("error: {}", crate::table::for_terminal(&e.to_string()));
             if json {
                 out(&format!("{}\n", e.json()));
             }
@@ -532,12 +533,27 @@ pub async fn run(cmd: Command, cancel: CancellationToken) -> i32 {
 }
 
 /// Writes to stdout. A reader that went away (`| head`) is not an error: the caller just
-/// stops (`false`), where `print!` would panic. What it writes is [`crate::table::for_terminal`]'s: no escape sequence from an agent, a tool
-/// or the network reaches a terminal (JSON documents stay valid and mean the same).
+/// stops (`false`), where `print!` would panic. What it writes is
+/// [`crate::table::for_terminal`]'s: no escape sequence from an agent, a tool or the network
+/// reaches a terminal (JSON documents stay valid and mean the same). A run's own result goes
+/// through [`out_data`] instead.
 pub(crate) fn out(text: &str) -> bool {
     let mut stdout = std::io::stdout().lock();
     stdout
         .write_all(crate::table::for_terminal(text).as_bytes())
+        .and_then(|()| stdout.flush())
+        .is_ok()
+}
+
+/// Writes a run's result (data, not the CLI's words) to stdout: as [`out`] at a terminal, and
+/// as it is into a pipe or a file, where escaping would change the data.
+pub(crate) fn out_data(text: &str) -> bool {
+    if std::io::stdout().is_terminal() {
+        return out(text);
+    }
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
         .and_then(|()| stdout.flush())
         .is_ok()
 }
@@ -846,37 +862,25 @@ async fn pending_ls(client: &Client, a: PendingLsArgs, json: bool) -> Result<()>
                 .ok()
                 .and_then(|d| Utc::now().checked_sub_signed(d))
                 .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
-            let old_enough = |ix: &InteractionView| show::time(ix.created_at) <= cutoff;
+            // Pending questions are listed oldest first (by when they were asked): those old
+            // enough come first, and the first one too young ends the listing. Pages of what is
+            // still wanted, so that each page's cursor follows the last question kept.
             let mut kept = vec![];
             let mut cursor = a.page.cursor.clone();
-            loop {
+            'pages: loop {
                 let q = InteractionsQuery {
-                    limit: Some(500),
+                    limit: Some(want - kept.len()),
                     cursor: cursor.clone(),
                     ..query.clone()
                 };
                 let page: Reply<InteractionPage> = client.get_with("v1/interactions", &q).await?;
-                let room = want - kept.len();
-                let matching: Vec<usize> = (page.body.interactions.iter().enumerate())
-                    .filter(|(_, ix)| old_enough(ix))
-                    .map(|(i, _)| i)
-                    .collect();
-                if matching.len() > room {
-                    // More than fit: the same page again, ending at the last that fits, so that
-                    // its cursor goes on right after it (none of the page's are skipped).
-                    let q = InteractionsQuery {
-                        limit: Some(matching[room - 1] + 1),
-                        cursor: cursor.clone(),
-                        ..query.clone()
-                    };
-                    let page: Reply<InteractionPage> =
-                        client.get_with("v1/interactions", &q).await?;
-                    kept.extend(page.body.interactions.into_iter().filter(old_enough));
-                    kept.truncate(want);
-                    cursor = page.body.next_cursor;
-                    break;
+                for ix in page.body.interactions {
+                    if show::time(ix.created_at) > cutoff {
+                        cursor = None;
+                        break 'pages;
+                    }
+                    kept.push(ix);
                 }
-                kept.extend(page.body.interactions.into_iter().filter(old_enough));
                 cursor = page.body.next_cursor;
                 if cursor.is_none() || kept.len() >= want {
                     break;

@@ -295,9 +295,7 @@ async fn run_inner(args: &RunArgs, cancel: CancellationToken) -> Result<i32, Sto
         if !own_endpoint && let Some((url, Some(file))) = dotenv.lookup("DELTA_BASE_URL") {
             eprintln!(
                 "note: LLM endpoint DELTA_BASE_URL={} from {} (sent only a key from that file)",
-                delta_protocol::without_credentials(
-                    url.split(['?', '#']).next().unwrap_or_default()
-                ),
+                crate::client::shown_url(&url),
                 file.display()
             );
         }
@@ -402,7 +400,10 @@ async fn mailbox_mode(engine: &mut LocalEngine<'_>, mailbox: &Mailbox) -> Result
     let outcome = match engine.advance(answer).await {
         Ok(o) => o,
         Err(engine::Error::Answer(e)) if e.code() == "expired" => {
-            eprintln!("note: {e}; the request resolves by its timeout rule instead");
+            eprintln!(
+                "note: {}; the request resolves by its timeout rule instead",
+                for_terminal(&e.to_string())
+            );
             mailbox.clear_responses();
             engine.advance(None).await.map_err(engine_err)?
         }
@@ -514,7 +515,7 @@ fn report(
     match outcome {
         Outcome::Completed { result } => {
             eprintln!("\nCOMPLETED run {run_id}");
-            crate::ops::out(&format!("{result}\n"));
+            crate::ops::out_data(&format!("{result}\n"));
         }
         Outcome::Failed { error } => {
             eprintln!("\nFAILED run {run_id}: {}", for_terminal(error));

@@ -6,10 +6,12 @@ use chrono::{DateTime, Utc};
 
 /// Columns aligned on the widest cell, two spaces apart; the last column is not padded. Widths
 /// are what a terminal gives the text (a CJK character or an emoji takes two columns), and a cell
-/// is one line: its tabs and line breaks become spaces.
+/// is one line: its tabs and line breaks become spaces, and other control characters are
+/// escaped ([`for_terminal`]).
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     use unicode_width::UnicodeWidthStr;
-    let flat = |cell: &str| cell.replace(['\t', '\n', '\r'], " ");
+    // Escaped here, before the widths are measured (as `out` would escape them after).
+    let flat = |cell: &str| for_terminal(&cell.replace(['\t', '\n', '\r'], " ")).into_owned();
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|row| row.iter().map(|c| flat(c)).collect())

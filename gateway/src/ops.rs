@@ -84,7 +84,7 @@ impl Gateway {
     /// `submitted_by` is the authenticated caller, kept with the run (`approvals.exclude_requester`).
     /// Submits a run. `limited_as`: the identity whose `DELTA_SUBMIT_PER_MINUTE` the run counts
     /// against (a token's name), taken once the submission passed its checks and given back
-    /// when the call made no run (an idempotent retry): a refused or repeated call costs none.
+    /// when the call found the run of its Idempotency-Key: a refused or repeated call costs none.
     pub async fn submit(
         &self,
         s: Submission,
@@ -155,19 +155,12 @@ impl Gateway {
         if let Some(name) = limited_as {
             self.submissions.take(name)?;
         }
+        // Counted even when this fails: the run may have been written before the error (a
+        // replica's acknowledgement awaited), and a retry with its key then finds it.
         let submitted = self
             .store
             .create_indexed(&record, key.as_deref().map(|k| (k, fingerprint.as_str())))
-            .await;
-        let submitted = match submitted {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some(name) = limited_as {
-                    self.submissions.give_back(name);
-                }
-                return Err(e.into());
-            }
-        };
+            .await?;
         if let Submitted::Existing {
             run_id,
             fingerprint: earlier,
@@ -231,8 +224,9 @@ impl Gateway {
         via: Via,
     ) -> Result<Responder, ApiError> {
         let claimed_id = claimed
-            .and_then(|c| c.id.clone())
-            .filter(|s| !s.trim().is_empty());
+            .and_then(|c| c.id.as_deref())
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty());
         let via = match (via, claimed.and_then(|c| c.via)) {
             (Via::Http, Some(Via::Cli)) => Via::Cli,
             (Via::Http, Some(Via::Http) | None) => Via::Http,
@@ -258,9 +252,8 @@ impl Gateway {
             }
             (Some(name), _) => name.to_owned(),
             (None, Some(c))
-                if c.trim() != "anonymous"
-                    && crate::auth::RESERVED_RESPONDERS
-                        .contains(&c.trim().to_lowercase().as_str()) =>
+                if c != "anonymous"
+                    && crate::auth::RESERVED_RESPONDERS.contains(&c.to_lowercase().as_str()) =>
             {
                 return Err(ApiError::new(
                     ErrorCode::Forbidden,

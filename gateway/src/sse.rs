@@ -192,7 +192,10 @@ pub async fn run_events(
     .await?;
     let run_id = parse()?;
     // 404 now rather than an empty stream.
-    gw.store.record(run_id).await?;
+    gw.store
+        .record(run_id)
+        .await
+        .map_err(|e| ticket_spent(e.into(), &q))?;
     let after = match last {
         Some(id) => id,
         None => q.from_seq.map(|s| s.saturating_sub(1)).unwrap_or(0),
@@ -336,7 +339,12 @@ pub async fn interaction_events(
     .await?;
     let from = last.map(|id| id.saturating_add(1)).or(q.from_seq);
     let permit = stream_permit(&gw, &who).map_err(|e| ticket_spent(e, &q))?;
-    let mut events = gw.queue.interaction_events(from).await?.boxed();
+    let mut events = gw
+        .queue
+        .interaction_events(from)
+        .await
+        .map_err(|e| ticket_spent(e.into(), &q))?
+        .boxed();
     let agent = q.agent.clone();
     let (tx, rx) = mpsc::channel(64);
     let shutdown = gw.shutdown.clone();

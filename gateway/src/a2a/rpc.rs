@@ -172,25 +172,13 @@ pub fn params<T: DeserializeOwned>(v: Value) -> Result<T, RpcError> {
 /// The envelope of a request: `Err` is the error to answer at once, with the id to answer it
 /// under.
 fn parse(bytes: Result<Bytes, BytesRejection>) -> Result<Call, (Value, RpcError)> {
-    let bytes = bytes.map_err(|e| {
-        let (gateway, message) = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            (
-                ErrorCode::PayloadTooLarge,
-                "the request body is larger than this gateway accepts (DELTA_MAX_BODY_BYTES)"
-                    .to_owned(),
-            )
-        } else {
-            (
-                ErrorCode::BadRequest,
-                format!("cannot read the request body: {e}"),
-            )
-        };
+    let bytes = crate::api::body_bytes(bytes).map_err(|e| {
         (
             Value::Null,
             RpcError {
                 code: INVALID_REQUEST,
-                message,
-                gateway: Some(gateway),
+                message: e.message,
+                gateway: Some(e.code),
             },
         )
     })?;

@@ -35,7 +35,8 @@ pub struct Migrated {
 /// with what is done kept, as when cut short).
 pub type Progress<'a> = &'a (dyn Fn(&str, usize, usize) -> bool + Send + Sync);
 
-/// Keys renamed (or idempotency keys moved) per round trip.
+/// Run keys renamed per round trip; also how many idempotency keys (two round trips each) go
+/// between two reports of progress.
 const BATCH: usize = 500;
 
 /// The old layout's indexes, sorted sets whose members name a run (or a request of one).
@@ -153,12 +154,13 @@ impl RedisRunStore {
             .map(|n| (*n).to_owned())
             .chain(statuses)
             .chain(["runs:all".to_owned()]);
-        for name in names {
-            if !progress("indexes", done.index_entries, done.index_entries) {
+        let names: Vec<String> = names.collect();
+        for (n, name) in names.iter().enumerate() {
+            if !progress("indexes", n, names.len()) {
                 done.interrupted = true;
                 return Ok(done);
             }
-            let old = self.index(&name);
+            let old = self.index(name);
             let mut conn = self.conn.clone();
             let entries: Vec<(String, f64)> = redis::cmd("ZRANGE")
                 .arg(&old)
@@ -179,7 +181,7 @@ impl RedisRunStore {
                 };
                 match run.and_then(|r| r.parse::<RunId>().ok()) {
                     Some(run_id) => {
-                        pipe.zadd(self.run_index(run_id, &name), member, score)
+                        pipe.zadd(self.run_index(run_id, name), member, score)
                             .ignore();
                         done.index_entries += 1;
                     }
