@@ -694,11 +694,29 @@ fn a_typed_answer_in_response_json_is_checked_field_by_field() {
     assert_eq!(got["payload"]["responder"]["via"], "file");
 }
 
+/// What a pseudo-terminal's program shows, chunk by chunk, read from its master side on a thread
+/// of its own (it ends with EIO once the program is gone and no one holds the terminal).
+fn terminal_output(mut master: std::fs::File) -> std::sync::mpsc::Receiver<String> {
+    use std::io::Read;
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0
+                || tx
+                    .send(String::from_utf8_lossy(&buf[..n]).into_owned())
+                    .is_err()
+            {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 /// `delta run -i` on a pseudo-terminal: waits for each prompt in `steps` and types its line.
 /// Returns the exit code and everything the terminal showed.
 fn in_a_terminal(s: &Scratch, args: &[&str], steps: &[(&str, &str)]) -> (i32, String) {
-    use std::io::Read;
-    use std::sync::mpsc;
     let pty = nix::pty::openpty(None, None).expect("openpty");
     let slave = std::fs::File::from(pty.slave);
     let child = Command::new(DELTA)
@@ -711,21 +729,7 @@ fn in_a_terminal(s: &Scratch, args: &[&str], steps: &[(&str, &str)]) -> (i32, St
         .spawn()
         .expect("spawn delta");
     let mut master = std::fs::File::from(pty.master);
-    let mut reader = master.try_clone().expect("dup");
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        // EIO once the child is gone and no one holds the terminal.
-        while let Ok(n) = reader.read(&mut buf) {
-            if n == 0
-                || tx
-                    .send(String::from_utf8_lossy(&buf[..n]).into_owned())
-                    .is_err()
-            {
-                break;
-            }
-        }
-    });
+    let rx = terminal_output(master.try_clone().expect("dup"));
     let mut shown = String::new();
     let mut from = 0;
     for (prompt, line) in steps {
@@ -759,7 +763,6 @@ fn in_a_terminal(s: &Scratch, args: &[&str], steps: &[(&str, &str)]) -> (i32, St
 #[test]
 fn ctrl_c_at_a_hidden_prompt_gives_the_terminal_its_echo_back() {
     use nix::sys::termios::{LocalFlags, tcgetattr};
-    use std::io::Read;
     let s = Scratch::new();
     let agent = s.agent(
         "secret",
@@ -788,20 +791,7 @@ fn ctrl_c_at_a_hidden_prompt_gives_the_terminal_its_echo_back() {
     .stdout(Stdio::piped())
     .stderr(Stdio::from(slave.try_clone().expect("dup")));
     let child = cmd.spawn().expect("spawn delta");
-    let mut master = std::fs::File::from(pty.master);
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = master.read(&mut buf) {
-            if n == 0
-                || tx
-                    .send(String::from_utf8_lossy(&buf[..n]).into_owned())
-                    .is_err()
-            {
-                break;
-            }
-        }
-    });
+    let rx = terminal_output(std::fs::File::from(pty.master));
     let mut shown = String::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !shown.contains("API key?") || !shown.contains("> ") {

@@ -598,3 +598,43 @@ pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 pub fn python_scripts() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py")
 }
+
+/// One MCP `tools/call` of agent `agent` at `url`'s `/mcp`, as a client of the 2026-07-28
+/// protocol sends it without a session (the `_meta` in `params` is the caller's), with `token`
+/// if any: the JSON-RPC message it answers (from the SSE `data:` line, or the plain body).
+pub async fn mcp_tools_call(
+    url: &str,
+    token: Option<&str>,
+    agent: &str,
+    params: serde_json::Value,
+) -> serde_json::Value {
+    let body =
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    let mut request = reqwest::Client::new()
+        .post(format!("{url}/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", agent);
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    let text = request
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the gateway answers")
+        .text()
+        .await
+        .expect("a body");
+    // The response to the call: the message with a `result` or an `error` (notifications may
+    // come first on the stream).
+    let is_response = |v: &serde_json::Value| v.get("result").is_some() || v.get("error").is_some();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .chain([text.as_str()])
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d.trim()).ok())
+        .find(is_response)
+        .unwrap_or_else(|| panic!("a JSON-RPC response in {text}"))
+}

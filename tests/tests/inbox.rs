@@ -1274,31 +1274,10 @@ async fn mcp_call(url: &str, token: &str, agent: &str) -> Value {
         "io.modelcontextprotocol/clientInfo": {"name": "inbox-test", "version": "1"},
         "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}, "url": {}}},
     });
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": agent, "arguments": {"task": "now"}, "_meta": meta,
-    }});
-    let text = reqwest::Client::new()
-        .post(format!("{url}/mcp"))
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", agent)
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("the gateway answers")
-        .text()
-        .await
-        .expect("a body");
-    let data = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(str::trim)
-        .find(|d| d.contains("\"result\""))
-        .unwrap_or_else(|| panic!("a result in {text}"));
-    serde_json::from_str::<Value>(data).expect("JSON")["result"].clone()
+    let params = json!({"name": agent, "arguments": {"task": "now"}, "_meta": meta});
+    let message = delta_e2e::mcp_tools_call(url, Some(token), agent, params).await;
+    assert!(message.get("result").is_some(), "a result in {message}");
+    message["result"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread")]

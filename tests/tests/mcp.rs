@@ -152,31 +152,11 @@ async fn a_request_state_naming_too_many_questions_is_refused() {
             "io.modelcontextprotocol/clientInfo": {"name": "state-test", "version": "1"},
             "io.modelcontextprotocol/clientCapabilities": {},
         });
-        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        let params = serde_json::json!({
             "name": "hello", "arguments": {"task": "now"}, "_meta": meta,
             "requestState": state.to_string(),
-        }});
-        let text = reqwest::Client::new()
-            .post(format!("{url}/mcp"))
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "tools/call")
-            .header("mcp-name", "hello")
-            .body(body.to_string())
-            .send()
-            .await
-            .expect("the gateway answers")
-            .text()
-            .await
-            .expect("a body");
-        let data = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(str::trim)
-            .find(|d| d.contains("\"jsonrpc\""))
-            .unwrap_or(text.trim());
-        serde_json::from_str(data).unwrap_or_else(|_| panic!("JSON-RPC in {text}"))
+        });
+        delta_e2e::mcp_tools_call(url, None, "hello", params).await
     };
     let many: Vec<String> = (0..17)
         .map(|_| delta_protocol::RequestId::new().to_string())
