@@ -575,6 +575,36 @@ async fn with_tokens_each_method_takes_the_gateways_roles() {
             .is_some_and(|u| u.contains("#link=")),
         "{b}"
     );
+    // Read through a name other than loopback on this plain-HTTP gateway (no
+    // `DELTA_PUBLIC_URL`), no link can be made: it would carry the answer in clear. The task is
+    // still given, `auth-required`, saying why.
+    let r = reqwest::Client::new()
+        .post(format!("{}/a2a", fleet.gateway_spec.url()))
+        .header(reqwest::header::HOST, "delta.example.com")
+        .bearer_auth(ann.expect("ann"))
+        .json(&json!({"jsonrpc": "2.0", "id": "1", "method": "GetTask", "params": {"id": secret}}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), 200);
+    let b: Value = r.json().await.expect("json");
+    assert_eq!(
+        b["result"]["status"]["state"], "TASK_STATE_AUTH_REQUIRED",
+        "{b}"
+    );
+    let text = &b["result"]["status"]["message"]["parts"][0]["text"];
+    assert!(
+        text.as_str()
+            .is_some_and(|t| t.contains("no one-time inbox link could be made")),
+        "{b}"
+    );
+    assert_eq!(data(&b)["url"], Value::Null, "{b}");
+    assert!(
+        data(&b)["link_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("DELTA_PUBLIC_URL")),
+        "{b}"
+    );
 
     // Cancelling: the submitter may, an answerer who did not submit may not.
     let (_, b) = call(&fleet, ann, "CancelTask", json!({"id": secret})).await;
@@ -852,19 +882,23 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
 
     // An answer to a question that changed since it was shown (another hash), or to another
     // question, is stale.
-    let (_, b) = call(
-        &fleet,
-        ann,
-        "SendMessage",
-        answer_message(
-            &task,
-            "Ann",
-            json!({"request_id": rid1, "request_hash": "not-the-shown-one"}),
-            "m-stale-1",
-        ),
-    )
-    .await;
+    // It carried a push config, made before the answer was refused: the config goes again,
+    // and its consumer with it.
+    let mut stale = answer_message(
+        &task,
+        "Ann",
+        json!({"request_id": rid1, "request_hash": "not-the-shown-one"}),
+        "m-stale-1",
+    );
+    stale["configuration"] = json!({"taskPushNotificationConfig": config("with-stale")});
+    let (_, b) = call(&fleet, ann, "SendMessage", stale).await;
     assert_eq!(gateway_code(&b), "stale", "{b}");
+    let all = fleet.store.a2a_all_pushes().await.expect("configs");
+    assert!(
+        !all.contains(&(task.clone(), "with-stale".to_owned())),
+        "{all:?}"
+    );
+    assert_eq!(push_consumers(&fleet, "a2aown").await.len(), all.len());
     let (_, b) = call(
         &fleet,
         ann,
@@ -892,10 +926,17 @@ async fn with_tokens_push_configs_are_their_creators_and_answers_are_tied_to_the
     assert_eq!(gateway_code(&b), "claimed", "{b}");
 
     // An operator answers, as over HTTP, tied to the question it saw.
+    // Its push config stays: the answer was taken.
     let tie = json!({"request_id": rid1, "request_hash": q1["request_hash"]});
-    let answer = answer_message(&task, "first", tie, "m-1");
+    let mut answer = answer_message(&task, "first", tie, "m-1");
+    answer["configuration"] = json!({"taskPushNotificationConfig": config("with-answer")});
     let (_, b) = call(&fleet, ops, "SendMessage", answer.clone()).await;
     assert!(b.get("error").is_none(), "{b}");
+    let all = fleet.store.a2a_all_pushes().await.expect("configs");
+    assert!(
+        all.contains(&(task.clone(), "with-answer".to_owned())),
+        "{all:?}"
+    );
     let run: delta_protocol::RunId = task.parse().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let rid2 = loop {

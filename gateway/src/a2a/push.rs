@@ -466,8 +466,9 @@ pub async fn delete(
     Ok(json!({}))
 }
 
-/// Deletes a config and its consumer, whoever made it (the delivery loop).
-async fn forget(gw: &Gateway, task_id: &str, id: &str) {
+/// Deletes a config and its consumer, whoever made it (the delivery loop, and a `SendMessage`
+/// whose answer was refused after its config was made).
+pub(crate) async fn forget(gw: &Gateway, task_id: &str, id: &str) {
     if let Err(e) = gw.store.a2a_delete_push(task_id, id, None).await {
         tracing::warn!(task = %task_id, id = %id, error = %delta_host::Chain(&e), "a2a push: config not deleted");
     }
@@ -712,7 +713,7 @@ pub fn notification(run_id: RunId, payload: &[u8]) -> Option<(Vec<u8>, bool, Str
     let (state, message) = match ty {
         EventType::InteractionRequested => {
             let q: InteractionRequest = serde_json::from_value(ce.data.clone()).ok()?;
-            let (state, message) = task::question_status(run_id, &q, None);
+            let (state, message) = task::question_status(run_id, &q, Ok(None));
             (state, Some(message))
         }
         EventType::InteractionAnswered | EventType::InteractionExpired => (State::Working, None),

@@ -667,11 +667,33 @@ async fn continue_task(
         let responder = gw.responder(who.name.as_deref(), None, Via::A2a)?;
         // The message's push config, once the answer passed every check here: a config refused
         // leaves the answer untaken, a message refused leaves no config.
+        let mut made = None;
         if let Some(config) = push {
-            super::push::create(gw, headers, config, Some(run_id)).await?;
+            let existed = match config.id.as_deref() {
+                Some(id) if !id.is_empty() => {
+                    gw.store.a2a_push(&run_id.to_string(), id).await?.is_some()
+                }
+                _ => false,
+            };
+            let view = super::push::create(gw, headers, config, Some(run_id)).await?;
+            if !existed && let Some(id) = view["id"].as_str() {
+                made = Some(id.to_owned());
+            }
         }
-        gw.answer(ix.request.request_id, body, responder, who.groups())
-            .await?;
+        if let Err(e) = gw
+            .answer(ix.request.request_id, body, responder, who.groups())
+            .await
+        {
+            // Refused by the answer's own checks (stale, an unknown option, a claim, answered
+            // first by someone else): nothing of the message was taken, so neither is the config
+            // it made. An unavailable store may have taken the answer: the config stays.
+            if let Some(id) = made
+                && e.code != ErrorCode::Unavailable
+            {
+                super::push::forget(gw, &run_id.to_string(), &id).await;
+            }
+            return Err(e.into());
+        }
         Ok::<_, RpcError>(())
     }
     .await;

@@ -180,25 +180,37 @@ fn question_data(q: &InteractionRequest) -> Value {
 }
 
 /// The status of a task waiting on question `q`: `input-required` with the question as text and
-/// data, or, for a sensitive question, `auth-required` with the inbox link `url` (if made).
+/// data, or, for a sensitive question, `auth-required` with the inbox link `url`: `Ok(None)` when
+/// none was asked for (a push notification, a caller that may not answer), `Err(why)` when it
+/// could not be made (the task is still given, with why).
 pub fn question_status(
     run_id: RunId,
     q: &InteractionRequest,
-    url: Option<String>,
+    url: Result<Option<String>, String>,
 ) -> (State, Value) {
     if q.is_sensitive() {
         let text = match &url {
-            Some(u) => format!(
+            Ok(Some(u)) => format!(
                 "{}\n\nThis question is sensitive: its answer is never taken through A2A. Open this one-time link to answer it in the inbox: {u}",
                 q.prompt
             ),
-            None => format!(
+            Ok(None) => format!(
                 "{}\n\nThis question is sensitive: its answer is never taken through A2A. Get a one-time inbox link with GetTask, or answer it in the inbox.",
+                q.prompt
+            ),
+            Err(why) => format!(
+                "{}\n\nThis question is sensitive: its answer is never taken through A2A, and no one-time inbox link could be made for it ({why}). Answer it in the inbox.",
                 q.prompt
             ),
         };
         let mut data = question_data(q);
-        data["url"] = json!(url);
+        match url {
+            Ok(u) => data["url"] = json!(u),
+            Err(why) => {
+                data["url"] = Value::Null;
+                data["link_error"] = json!(why);
+            }
+        }
         return (
             State::AuthRequired,
             agent_message(
@@ -275,12 +287,19 @@ pub async fn snapshot(
             Some(q) => {
                 // A sensitive question is never answered through A2A: the secret goes to the
                 // inbox, through a one-time link made for the caller.
+                // A link that cannot be made (a plain-HTTP gateway reached by a name other
+                // than loopback, without `DELTA_PUBLIC_URL`) does not hide the task: it is
+                // given without one, saying why.
                 let url = match link {
                     Some(l) if q.is_sensitive() => {
                         super::link::answer_link(gw, l.headers, l.identity, run_id, q.request_id)
-                            .await?
+                            .await
+                            .map_err(|e| {
+                                tracing::debug!(%run_id, error = %e, "no answer link for a task");
+                                e.message
+                            })
                     }
-                    _ => None,
+                    _ => Ok(None),
                 };
                 let (state, message) = question_status(run_id, q, url);
                 (state, Some(message))
