@@ -275,13 +275,17 @@ impl Browser {
         }
     }
 
-    /// The element `css` once it is shown and enabled, scrolled to the middle of the window
-    /// (as a person would before touching it: not under the page's sticky bar).
+    /// The element `css` once it is shown and enabled, and its question's card (if it is in
+    /// one) answers (`data-armed`: the card stood still long enough, docs/inbox.md), scrolled to
+    /// the middle of the window (as a person would before touching it: not under the page's
+    /// sticky bar).
     pub async fn find(&self, css: &str) -> fantoccini::elements::Element {
         self.wait_for(
             &format!("`{css}` to be shown"),
             "const e = document.querySelector(arguments[0]); \
              if (!e || e.offsetParent === null || e.disabled) return false; \
+             const card = e.closest('article[data-request-id]'); \
+             if (card && !('armed' in card.dataset)) return false; \
              e.scrollIntoView({block: 'center', inline: 'nearest'}); return true;",
             vec![json!(css)],
         )
@@ -313,6 +317,15 @@ impl Browser {
     /// Presses `keys` (WebDriver key codes: `\u{E004}` Tab, `\u{E007}` Enter, `\u{E00C}`
     /// Escape) on whatever has the focus, as a keyboard would.
     pub async fn press(&self, keys: &str) {
+        // As a person reading it: not before the focused element's card answers.
+        self.wait_for(
+            "the focused card to answer",
+            "const e = document.activeElement; \
+             const card = e && e.closest ? e.closest('article[data-request-id]') : null; \
+             return !card || 'armed' in card.dataset;",
+            vec![],
+        )
+        .await;
         let focused = self
             .client
             .active_element()

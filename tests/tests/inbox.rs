@@ -509,6 +509,97 @@ async fn a_question_answered_elsewhere_leaves_the_open_inbox() {
     browser.close().await;
 }
 
+/// A card stands still before it answers, and what leaves the page takes no keys with it: the
+/// focus of a question answered elsewhere goes to the next card itself (not into its controls);
+/// an answer sent while a card just came or went is not sent (another question's button could be
+/// under the click); a typed question whose fields are named like a form's own methods renders
+/// and answers (a form's named controls would shadow `addEventListener`).
+#[tokio::test(flavor = "multi_thread")]
+async fn cards_answer_only_once_they_stand_still_and_take_no_keys_along() {
+    let fleet = Fleet::start("ibs", 1, 1).await;
+    fleet.add_agent(
+        "clobber",
+        "name: clobber\nbrain: scripted\n",
+        "steps:\n  - ask_human:\n      prompt: \"Fill in\"\n      response_schema:\n        type: object\n        properties:\n          addEventListener: {type: string, title: One}\n          querySelectorAll: {type: string, title: Two}\n        required: [addEventListener, querySelectorAll]\n  - finish: \"got ${answer.addEventListener} ${answer.querySelectorAll}\"\n",
+    );
+    let browser = Browser::start(
+        "cards_answer_only_once_they_stand_still_and_take_no_keys_along",
+        Screen::Desktop,
+    )
+    .await;
+    browser
+        .checked(async {
+            let first = fleet.submit("hello", "one").await;
+            let first_rid = fleet.pending(first).await;
+            let typed = fleet.submit("clobber", "two").await;
+            let typed_rid = fleet.pending(typed).await;
+            open_inbox(&browser, &fleet).await;
+            browser.find(&card(&first_rid)).await;
+            let t = card(&typed_rid);
+            browser.find(&format!("{t} input[data-field=addEventListener]")).await;
+            wait_live(&browser).await;
+
+            // The person types into the first card; someone else answers it.
+            browser
+                .type_into(&format!("{} textarea", card(&first_rid)), "Ad")
+                .await;
+            let (status, body) = fleet
+                .answer(&first_rid, json!({"input": "Elsewhere"}))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            wait_gone(&browser, &first_rid, Duration::from_secs(5)).await;
+            let focused = browser
+                .js(
+                    "const e = document.activeElement; return [e.tagName, e.dataset.requestId || null];",
+                    vec![],
+                )
+                .await;
+            assert_eq!(focused, json!(["ARTICLE", typed_rid]), "the focus is on the next card, not in it");
+            assert_eq!(interaction_state(&fleet.client, &typed_rid).await, "PENDING");
+
+            // The typed card is filled in; an answer sent right as another card arrives is held.
+            browser
+                .type_into(&format!("{t} input[data-field=addEventListener]"), "a")
+                .await;
+            browser
+                .type_into(&format!("{t} input[data-field=querySelectorAll]"), "b")
+                .await;
+            let mut held = false;
+            for i in 0..5 {
+                let run = fleet.submit("hello", &format!("more-{i}")).await;
+                let rid = fleet.pending(run).await;
+                // In one script: as soon as the new card is there, and if the typed card is not
+                // answering yet (a slow poll might come later than that), send the typed card.
+                let r = browser
+                    .wait_for(
+                        "the new card",
+                        "if (!document.querySelector(arguments[0])) return null; \
+                         const t = document.querySelector(arguments[1]); \
+                         if ('armed' in t.dataset) return 'late'; \
+                         t.querySelector('form').requestSubmit(); return 'sent';",
+                        vec![json!(card(&rid)), json!(t)],
+                    )
+                    .await;
+                if r == json!("sent") {
+                    held = true;
+                    break;
+                }
+            }
+            assert!(held, "never caught the typed card while cards moved");
+            let said = wait_outcome(&browser, &typed_rid, "just appeared or moved").await;
+            assert!(said.contains("answer again"), "{said}");
+            assert_eq!(interaction_state(&fleet.client, &typed_rid).await, "PENDING");
+            // Once it stands still, the same button sends.
+            browser.click(&format!("{t} button[type=submit]")).await;
+            wait_outcome(&browser, &typed_rid, "Answer sent").await;
+            fleet.wait_status(typed, RunStatus::Completed).await;
+            let stored = fleet.store.load(typed).await.expect("load");
+            assert_eq!(stored.record.result.as_deref(), Some("got a b"));
+        })
+        .await;
+    browser.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_run_page_follows_the_run_live() {
     let fleet = Fleet::start("ibf", 1, 1).await;
@@ -1010,14 +1101,14 @@ async fn a_typed_question_is_a_form_whose_refusal_names_the_field() {
                     "const f = document.querySelector(arguments[0] + ' form'); \
                      const q = (s) => f.querySelector(s); \
                      return { \
-                       email: q('input[name=email]').type + ' ' + q('input[name=email]').required, \
-                       copies: [q('input[name=copies]').type, q('input[name=copies]').min, q('input[name=copies]').max, q('input[name=copies]').value], \
-                       env: [...q('select[name=env]').options].map(o => o.textContent), \
-                       urgent: q('input[name=urgent]').type, \
-                       topics: f.querySelectorAll('input[name=topics][type=checkbox]').length, \
-                       note: q('input[name=note]').maxLength, \
+                       email: q('input[data-field=email]').type + ' ' + q('input[data-field=email]').required, \
+                       copies: [q('input[data-field=copies]').type, q('input[data-field=copies]').min, q('input[data-field=copies]').max, q('input[data-field=copies]').value], \
+                       env: [...q('select[data-field=env]').options].map(o => o.textContent), \
+                       urgent: q('input[data-field=urgent]').type, \
+                       topics: f.querySelectorAll('input[data-field=topics][type=checkbox]').length, \
+                       note: q('input[data-field=note]').maxLength, \
                        required: f.querySelectorAll('.req').length, \
-                       order: [...f.querySelectorAll('[name]')].map(e => e.name).filter((n, i, a) => a.indexOf(n) === i) \
+                       order: [...f.querySelectorAll('[data-field]')].map(e => e.dataset.field).filter((n, i, a) => a.indexOf(n) === i) \
                      };",
                     vec![json!(c)],
                 )
@@ -1037,10 +1128,10 @@ async fn a_typed_question_is_a_form_whose_refusal_names_the_field() {
             );
             // A bad email: the gateway's 422 is shown, and the field it names is flagged.
             browser
-                .type_into(&format!("{c} input[name=email]"), "ada")
+                .type_into(&format!("{c} input[data-field=email]"), "ada")
                 .await;
             browser
-                .find(&format!("{c} select[name=env]"))
+                .find(&format!("{c} select[data-field=env]"))
                 .await
                 .select_by_value("staging")
                 .await
@@ -1050,7 +1141,7 @@ async fn a_typed_question_is_a_form_whose_refusal_names_the_field() {
             assert!(said.contains("field `email`"), "{said}");
             let flagged = browser
                 .js(
-                    "const i = document.querySelector(arguments[0] + ' input[name=email]'); \
+                    "const i = document.querySelector(arguments[0] + ' input[data-field=email]'); \
                      return [i.getAttribute('aria-invalid'), document.getElementById(i.getAttribute('aria-describedby').split(' ').pop()).textContent];",
                     vec![json!(c)],
                 )
@@ -1064,22 +1155,22 @@ async fn a_typed_question_is_a_form_whose_refusal_names_the_field() {
             assert_eq!(interaction_state(&fleet.client, &rid).await, json!("PENDING"));
 
             // Fixed, with a few more fields filled in: the run gets the object.
-            let email = browser.find(&format!("{c} input[name=email]")).await;
+            let email = browser.find(&format!("{c} input[data-field=email]")).await;
             email.clear().await.expect("clear");
             email.send_keys("ada@example.com").await.expect("type");
-            let copies = browser.find(&format!("{c} input[name=copies]")).await;
+            let copies = browser.find(&format!("{c} input[data-field=copies]")).await;
             copies.clear().await.expect("clear");
             copies.send_keys("3").await.expect("type");
             browser
-                .find(&format!("{c} select[name=env]"))
+                .find(&format!("{c} select[data-field=env]"))
                 .await
                 .select_by_value("production")
                 .await
                 .expect("select");
             browser
-                .click(&format!("{c} input[name=topics][value=security]"))
+                .click(&format!("{c} input[data-field=topics][value=security]"))
                 .await;
-            browser.click(&format!("{c} input[name=urgent]")).await;
+            browser.click(&format!("{c} input[data-field=urgent]")).await;
             browser.click(&format!("{c} button[type=submit]")).await;
             wait_outcome(&browser, &rid, "Answer sent").await;
             fleet.wait_status(run, RunStatus::Completed).await;

@@ -367,6 +367,10 @@
       if (ia !== ib) return (ia < 0 ? Infinity : ia) - (ib < 0 ? Infinity : ib) || (a < b ? -1 : 1);
       return a < b ? -1 : a > b ? 1 : 0;
     });
+    // A control carries its property's name in `data-field`, never as `name`: a form's named
+    // controls shadow the form's own methods and properties (a property `addEventListener` or
+    // `querySelectorAll` would break the card, and the listing with it), and the schema's names
+    // are the agent's.
     const node = el('div', { class: 'typed-form' });
     const fields = [];
     names.forEach((name, index) => {
@@ -382,13 +386,13 @@
       const described = [p.description ? hintId : null, errId].filter(Boolean).join(' ');
       let control; let read; let wrap;
       if (p.type === 'boolean') {
-        control = el('input', { id, type: 'checkbox', name, 'aria-describedby': described });
+        control = el('input', { id, type: 'checkbox', dataset: { field: name }, 'aria-describedby': described });
         control.checked = p.default === true;
         read = () => control.checked;
         wrap = el('div', { class: 'field field-check' }, el('label', { for: id }, control, ' ', ...labelText), hint, err);
       } else if (p.type === 'array') {
         const boxes = (choices || []).map((c, i) => {
-          const box = el('input', { id: `${id}-${i}`, type: 'checkbox', name, value: c.value });
+          const box = el('input', { id: `${id}-${i}`, type: 'checkbox', dataset: { field: name }, value: c.value });
           box.checked = Array.isArray(p.default) && p.default.map(String).includes(c.value);
           return { box, row: el('label', { for: `${id}-${i}`, class: 'choice' }, box, ' ', c.title) };
         });
@@ -403,14 +407,14 @@
           return picked.length || must ? picked : undefined;
         };
       } else if (choices) {
-        control = el('select', { id, name, 'aria-describedby': described },
+        control = el('select', { id, dataset: { field: name }, 'aria-describedby': described },
           el('option', { value: '', text: must ? 'Choose…' : '(none)' }),
           ...choices.map((c) => el('option', { value: c.value, text: c.title })));
         if (p.default !== undefined) control.value = String(p.default);
         read = () => control.value === '' ? undefined : control.value;
       } else if (p.type === 'number' || p.type === 'integer') {
         control = el('input', {
-          id, name, type: 'number', inputmode: p.type === 'integer' ? 'numeric' : 'decimal',
+          id, dataset: { field: name }, type: 'number', inputmode: p.type === 'integer' ? 'numeric' : 'decimal',
           step: p.type === 'integer' ? '1' : 'any', min: p.minimum, max: p.maximum, 'aria-describedby': described,
         });
         if (p.default !== undefined) control.value = String(p.default);
@@ -424,7 +428,7 @@
         const kinds = { email: 'email', uri: 'url', date: 'date', 'date-time': 'datetime-local' };
         const type = isSensitive(q) ? 'password' : (kinds[p.format] || 'text');
         control = el('input', {
-          id, name, type, autocomplete: 'off', minlength: p.minLength, maxlength: p.maxLength,
+          id, dataset: { field: name }, type, autocomplete: 'off', minlength: p.minLength, maxlength: p.maxLength,
           'aria-describedby': described,
         });
         if (typeof p.default === 'string') control.value = p.format === 'date-time' ? localDateTime(p.default) : p.default;
@@ -484,6 +488,40 @@
         if (f) flag(f, message.slice(message.indexOf(m[0]) + m[0].length + 1).trim());
       },
     };
+  }
+
+  // A card answers only once it has stood still on the screen for ARM_MS: a card inserted or
+  // removed above it, a question replaced in the same place on the run page, or a confirmation
+  // step just opened would otherwise put another question's button under a click already on its
+  // way, or under a held or repeated key. An answer tried sooner is not sent; the card says why
+  // (docs/inbox.md). Cards carry `data-armed` once they answer (for tests and styles).
+  const ARM_MS = 700;
+  let stillSince = 0;
+  let armTimer = null;
+  function armCards() {
+    const now = performance.now();
+    let next = Infinity;
+    for (const n of document.querySelectorAll('article[data-request-id]')) {
+      const at = Math.max(stillSince, Number(n.dataset.shownAt || 0)) + ARM_MS;
+      if (now >= at) n.dataset.armed = '';
+      else { delete n.dataset.armed; next = Math.min(next, at); }
+    }
+    clearTimeout(armTimer);
+    if (next !== Infinity) armTimer = setTimeout(armCards, next - now + 10);
+  }
+  /** The cards moved (one came, went, or grew): none answers for ARM_MS. */
+  function cardsMoved() {
+    stillSince = performance.now();
+    armCards();
+  }
+  /** `node`'s card is new, or just changed under the person (a confirmation step opened). */
+  function cardShown(node) {
+    node.dataset.shownAt = String(performance.now());
+    armCards();
+  }
+  /** Whether `node`'s card answers now: `data-armed`, which `armCards` keeps. */
+  function armed(node) {
+    return 'armed' in node.dataset;
   }
 
   /**
@@ -725,6 +763,10 @@
 
     async function send(answer, fields) {
       if (card.busy || card.settled) return;
+      if (!armed(card.node)) {
+        setOutcome('This question just appeared or moved on the page: check it is the one you mean, then answer again.', 'info');
+        return;
+      }
       const bodyOut = { ...answer };
       if (!token && responderName && !answerLink) bodyOut.responder = { id: responderName };
       // What was shown: an answer to another version of the question is refused (409 stale).
@@ -894,6 +936,10 @@
         parts.push(el('div', { class: 'actions' }, go, back));
         step.replaceChildren(...parts);
         step.hidden = false;
+        cardShown(card.node);
+        // The focus goes to the text to type, or to "Yes" for a Tab-free confirmation: either
+        // way the step answers only after ARM_MS, so a key held down or pressed twice in a
+        // hurry does not confirm what it opened.
         (input || go).focus();
       };
 
@@ -939,9 +985,11 @@
 
     card.node = el('article', {
       class: `card${sensitive ? ' card-sensitive' : ''}`,
-      dataset: { requestId: rid, runId: q.run_id },
+      dataset: { requestId: rid, runId: q.run_id, shownAt: String(performance.now()) },
       'aria-labelledby': headingId,
+      tabindex: '-1',
     }, head, ...body, form, human.node, outcome);
+    setTimeout(armCards, ARM_MS + 10);
     card.settle = settle;
     card.setHuman = human.set;
     card.refreshHuman = human.refresh;
@@ -1099,6 +1147,7 @@
     }
     list.insertBefore(card.node, before ? before.node : null);
     inbox.cards.set(q.request_id, card);
+    cardsMoved();
     tick();
     renderCount();
   }
@@ -1110,10 +1159,10 @@
     const next = card.node.nextElementSibling || card.node.previousElementSibling;
     card.node.remove();
     inbox.cards.delete(rid);
-    if (hadFocus) {
-      const target = next && next.querySelector('button:not([disabled]), textarea, input');
-      (target || $('main')).focus();
-    }
+    cardsMoved();
+    // The focus goes to the next card itself, never into its controls: the keys the person
+    // was pressing for the question that left must not answer one they have not read.
+    if (hadFocus) (next || $('main')).focus();
     renderCount();
   }
 
@@ -1346,6 +1395,7 @@
       run.card = makeCard(pending, 'run', runDone);
       run.card.setHuman({ claim: p.claim, tally: p.tally });
       $('run-question').replaceChildren(run.card.node);
+      cardsMoved();
       tick();
     }
   }
