@@ -994,7 +994,26 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let interaction = self.replay.interaction_for(&req.action_id).cloned();
         match interaction {
             Some((q, Some(rec))) => {
-                // The answer is journaled but its effect is not: apply it (again).
+                // The answer is journaled but its effect is not: apply it (again). An approval
+                // is journaled with the commit just before its tool starts, so a call approved
+                // but without a result may have run: a tool that is not idempotent is not run
+                // again without a person (as a call found unfinished without a question).
+                if rec.action == OptionAction::ApproveAndExecute
+                    && req.tool != ASK_HUMAN
+                    && let Some(tool) = self.agent.tools.get(&req.tool)
+                {
+                    if !tool.idempotent {
+                        let q = self.may_have_run_request(&req, tool);
+                        return self.ask(q).await;
+                    }
+                    self.push(Event::SystemMessage(SystemMessage {
+                        level: MessageLevel::Info,
+                        content: format!(
+                            "re-running interrupted action {} (`{}` is idempotent)",
+                            req.action_id, req.tool
+                        ),
+                    }));
+                }
                 let input = rec.input.clone().filter(|_| !q.is_sensitive());
                 let accepted = AcceptedAnswer {
                     option: rec.option_id.as_deref().and_then(|o| q.option(o)).cloned(),
@@ -1059,7 +1078,18 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     return Ok(None);
                 }
                 if fresh {
-                    match self.gate(&req, tool).await? {
+                    // Arguments first: a call that cannot run is not decided, granted or put to
+                    // a person (and a question carrying unbounded arguments is not stored). The
+                    // gate matches the arguments as the tool would get them.
+                    let canonical = match tool.check_args(&req.args) {
+                        Ok(values) => tools::canonical_args(&values),
+                        Err(msg) => {
+                            let text = format!("invalid arguments: {msg}");
+                            self.result(&req.action_id, ActionStatus::Error, text, None, 0);
+                            return Ok(None);
+                        }
+                    };
+                    match self.gate(&req, &canonical, tool).await? {
                         Gate::Run => {}
                         Gate::Deny(text) => {
                             self.result(&req.action_id, ActionStatus::Rejected, text, None, 0);
@@ -1220,12 +1250,31 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let is_ask = req.tool == ASK_HUMAN;
         match a.action {
             OptionAction::ApproveAndExecute if !is_ask => {
-                let args = r
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get("args"))
-                    .cloned()
-                    .unwrap_or_else(|| req.args.clone());
+                let edited = r.data.as_ref().and_then(|d| d.get("args")).cloned();
+                // A deny always wins, over a person too: arguments edited into a denied call do
+                // not run (the approval was of the call as edited, not of the rule).
+                if let Some(edited) = &edited
+                    && let Some(tool) = self.agent.tools.get(&req.tool)
+                    && let Ok(values) = tool.check_args(edited)
+                    && let Some(rule) = self
+                        .agent
+                        .policy
+                        .decide(&req.tool, &tools::canonical_args(&values))
+                    && rule.effect == Effect::Deny
+                {
+                    let why = rule
+                        .reason
+                        .as_deref()
+                        .map(|w| format!(": {w}"))
+                        .unwrap_or_default();
+                    let text = format!(
+                        "not run: the arguments as {who} edited them are denied by policy rule `{}`{why}",
+                        rule.name
+                    );
+                    self.result(id, ActionStatus::Rejected, text, None, 0);
+                    return Ok(None);
+                }
+                let args = edited.unwrap_or_else(|| req.args.clone());
                 self.create_grant(q, &a).await?;
                 return self.run_tool(req, &args).await;
             }
@@ -1291,9 +1340,16 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     /// a deny always wins, before any grant), then, when the call needs approval (by its tool's
     /// `approval:` or a `require_approval` rule), a live grant that matches it, else a person.
     /// Every decision of a rule or a grant is journaled, naming it.
-    async fn gate(&mut self, req: &ActionRequest, tool: &Tool) -> Result<Gate, Error> {
+    /// `args`: the call's checked arguments ([`tools::canonical_args`]), the text each
+    /// parameter's value reaches the tool as.
+    async fn gate(
+        &mut self,
+        req: &ActionRequest,
+        args: &Value,
+        tool: &Tool,
+    ) -> Result<Gate, Error> {
         let agent = self.agent;
-        let rule = agent.policy.decide(&req.tool, &req.args);
+        let rule = agent.policy.decide(&req.tool, args);
         let note = |rule: &crate::policy::Rule, did: &str| {
             format!(
                 "policy.yaml rule `{}` ({}) {did} call {} of `{}`",
@@ -1342,13 +1398,13 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 }));
                 true
             }
-            None => tool.needs_approval(&req.args),
+            None => tool.needs_approval(args),
         };
         if !needs {
             return Ok(Gate::Run);
         }
         if grants::tool_takes_grants(tool)
-            && let Some(g) = self.take_grant(req).await?
+            && let Some(g) = self.take_grant(req, args).await?
         {
             let uses = match g.max_uses {
                 Some(m) => format!("use {} of {m}", g.uses),
@@ -1384,13 +1440,14 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
     async fn take_grant(
         &mut self,
         req: &ActionRequest,
+        args: &Value,
     ) -> Result<Option<delta_protocol::grant::Grant>, Error> {
         let run_id = self.record.run_id;
         let now = Timestamp::now();
         let candidates = self.store.grants(Some(&self.record.agent)).await?;
         for g in candidates
             .iter()
-            .filter(|g| g.live_at(run_id, now) && grants::matches(g, &req.tool, &req.args))
+            .filter(|g| g.live_at(run_id, now) && grants::matches(g, &req.tool, args))
         {
             self.confirm().await?;
             let taken = self
@@ -1515,10 +1572,11 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         };
         if self.agent.hooks.pre_tool_exec.is_some() {
             self.confirm().await?;
+            // The arguments that run: a person's edits included.
             let payload = json!({
                 "tool_name": req.tool,
-                "tool_args": req.args,
-                "resolved_command": self.command_line(tool, &req.args),
+                "tool_args": args,
+                "resolved_command": self.command_line(tool, args),
             });
             let cancel = self.cancel.clone();
             if let Some(out) = self
@@ -1582,12 +1640,12 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let text = self.mask(ex.observation(tool.timeout));
         let ms = u64::try_from(ex.duration.as_millis()).unwrap_or(u64::MAX);
         self.result(&req.action_id, status, text, ex.exit_code(), ms);
-        self.tool_hooks(req, &ex).await;
+        self.tool_hooks(req, args, &ex).await;
         Ok(None)
     }
 
     /// `post_tool_exec` after a tool ran, and `on_error` when it could not run or was killed.
-    async fn tool_hooks(&mut self, req: &ActionRequest, ex: &tools::Execution) {
+    async fn tool_hooks(&mut self, req: &ActionRequest, args: &Value, ex: &tools::Execution) {
         use crate::hooks::HookKind;
         let cancel = self.cancel.clone();
         let failure = match &ex.exit {
@@ -1599,7 +1657,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
             let payload = json!({
                 "error_type": "TOOL_EXECUTION_ERROR",
                 "message": message,
-                "context": {"tool_name": req.tool, "tool_args": req.args},
+                "context": {"tool_name": req.tool, "tool_args": args},
             });
             self.hook(HookKind::OnError, payload, &cancel).await;
         }

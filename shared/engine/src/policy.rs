@@ -58,14 +58,25 @@ impl Effect {
 pub enum ArgPattern {
     /// The value, in its text form, is exactly this.
     Equals(String),
+    /// The value is this number, however it is spelled (`0`, `00`, `+0`, ` 0`, `0.0`): the text
+    /// of [`crate::tools::number_text`].
+    Number(String),
     /// The whole value matches this (anchored) expression.
     Regex(Regex),
 }
 
 impl ArgPattern {
+    fn number(n: &serde_json::Number) -> Self {
+        let text = n.to_string();
+        ArgPattern::Number(crate::tools::number_text(&text).unwrap_or(text))
+    }
+
     fn matches(&self, value: Option<&str>) -> bool {
         match (self, value) {
             (ArgPattern::Equals(want), Some(v)) => want == v,
+            (ArgPattern::Number(want), Some(v)) => {
+                crate::tools::number_text(v.trim()).is_some_and(|n| &n == want)
+            }
             (ArgPattern::Regex(re), Some(v)) => re.is_match(v),
             (_, None) => false,
         }
@@ -214,12 +225,12 @@ impl Policy {
                 }
                 let pattern = match v {
                     Value::String(s) => ArgPattern::Regex(compile(s).map_err(|e| bad(&sub, e))?),
-                    Value::Number(_) | Value::Bool(_) => ArgPattern::Equals(v.to_string()),
+                    Value::Number(n) => ArgPattern::number(n),
+                    Value::Bool(_) => ArgPattern::Equals(v.to_string()),
                     Value::Object(o) if o.len() == 1 => match (o.get("equals"), o.get("regex")) {
                         (Some(Value::String(s)), _) => ArgPattern::Equals(s.clone()),
-                        (Some(e @ (Value::Number(_) | Value::Bool(_))), _) => {
-                            ArgPattern::Equals(e.to_string())
-                        }
+                        (Some(Value::Number(n)), _) => ArgPattern::number(n),
+                        (Some(e @ Value::Bool(_)), _) => ArgPattern::Equals(e.to_string()),
                         (_, Some(Value::String(s))) => {
                             ArgPattern::Regex(compile(s).map_err(|e| bad(&sub, e))?)
                         }

@@ -610,11 +610,17 @@ impl Tool {
         if self.dangerous {
             return Some(format!("`{}` is declared dangerous", self.name));
         }
+        // Each value as the tool would get it (a number in its one spelling, [`typed`]), when
+        // the arguments check; else as sent.
+        let checked = self.check_args(args).ok();
         self.dangerous_if.iter().find_map(|(param, re)| {
-            let text = match args.get(param)? {
-                Value::String(s) => s.clone(),
-                Value::Null => return None,
-                other => other.to_string(),
+            let text = match &checked {
+                Some(values) => values.get(param)?.clone(),
+                None => match args.get(param)? {
+                    Value::String(s) => s.clone(),
+                    Value::Null => return None,
+                    other => other.to_string(),
+                },
             };
             re.is_match(&text)
                 .then(|| format!("`{param}` matches /{}/", re.as_str()))
@@ -799,6 +805,10 @@ impl Tool {
     }
 }
 
+/// The text a tool gets for `v` as parameter `p`. A number given as a string is given in the
+/// one spelling the JSON number would have (` 0`, `00`, `+0` and `-0` are all `0`; `5.0` and
+/// `5` are `5`): policy rules, `dangerous_if` and grants match this text
+/// ([`canonical_args`]), so no other spelling of a value can slip past a rule about it.
 fn typed(p: &ParamSpec, v: &Value) -> Result<String, String> {
     let wrong = |want: &str| Err(format!("parameter `{}` must be {want}, got {v}", p.name));
     match (p.kind, v) {
@@ -806,20 +816,50 @@ fn typed(p: &ParamSpec, v: &Value) -> Result<String, String> {
         (ParamType::String, Value::Number(n)) => Ok(n.to_string()),
         (ParamType::String, Value::Bool(b)) => Ok(b.to_string()),
         (ParamType::String, _) => wrong("a string"),
-        (ParamType::Number, Value::Number(n)) => Ok(n.to_string()),
-        (ParamType::Number, Value::String(s)) if s.trim().parse::<f64>().is_ok() => {
-            Ok(s.trim().to_owned())
+        (ParamType::Number, Value::Number(n)) => {
+            Ok(number_text(&n.to_string()).unwrap_or_else(|| n.to_string()))
         }
+        (ParamType::Number, Value::String(s)) => match number_text(s.trim()) {
+            Some(t) => Ok(t),
+            None => wrong("a number"),
+        },
         (ParamType::Number, _) => wrong("a number"),
         (ParamType::Integer, Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
-        (ParamType::Integer, Value::String(s)) if s.trim().parse::<i64>().is_ok() => {
-            Ok(s.trim().to_owned())
-        }
+        (ParamType::Integer, Value::String(s)) => match s.trim().parse::<i64>() {
+            Ok(i) => Ok(i.to_string()),
+            Err(_) => wrong("an integer"),
+        },
         (ParamType::Integer, _) => wrong("an integer"),
         (ParamType::Boolean, Value::Bool(b)) => Ok(b.to_string()),
         (ParamType::Boolean, Value::String(s)) if s == "true" || s == "false" => Ok(s.clone()),
         (ParamType::Boolean, _) => wrong("true or false"),
     }
+}
+
+/// `text` as a JSON number would be spelled: an integer as one (`007` → `7`), else a finite
+/// float as serde_json writes it; `None` for what is not a finite number (`NaN`, `inf`, `0x1`).
+pub(crate) fn number_text(text: &str) -> Option<String> {
+    if let Ok(i) = text.parse::<i64>() {
+        return Some(i.to_string());
+    }
+    let f = text.parse::<f64>().ok().filter(|f| f.is_finite())?;
+    if f.fract() == 0.0 && f.abs() < 9.0e15 {
+        // A whole number given with a fraction or an exponent (`5.0`, `5e0`): as the integer.
+        #[allow(clippy::cast_possible_truncation)]
+        return Some((f as i64).to_string());
+    }
+    serde_json::Number::from_f64(f).map(|n| n.to_string())
+}
+
+/// Checked arguments as the JSON object policy rules, `dangerous_if` and grants match: each
+/// parameter's text as the tool gets it (see [`typed`]), as a string.
+pub fn canonical_args(values: &BTreeMap<String, String>) -> Value {
+    Value::Object(
+        values
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect(),
+    )
 }
 
 /// Where tools run.

@@ -1216,6 +1216,48 @@ async fn an_unfinished_non_idempotent_action_asks_whether_it_already_ran() {
     }
 }
 
+/// The same after an approval: a run that stopped after its approved call was journaled, but
+/// before its result, does not run a tool that is not idempotent again without asking.
+#[tokio::test]
+async fn an_approved_call_cut_before_its_result_asks_whether_it_already_ran() {
+    let script =
+        "steps:\n  - tool: deploy\n    args: {target: prod}\n  - finish: \"${observation}\"\n";
+    let config = format!(
+        "name: t\nbrain: scripted\n{}",
+        TOOLS.replace(
+            "    exec: \"echo deploying ${target}\"",
+            "    shell: \"echo ${target} >> records; echo deploying ${target}\""
+        )
+    );
+    let f = Fixture::with_config(&config, script);
+    let id = f.start("t").await;
+    let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    let out = f
+        .engine(id)
+        .await
+        .advance(Some(answer(&q, Some("approve"), None)))
+        .await
+        .expect("approve");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "deploying prod\n".into()
+        }
+    );
+    assert_eq!(f.counter("records"), 1);
+    let full = f.journal(id).await;
+    let cut = full
+        .iter()
+        .position(|e| matches!(e.event, Event::HumanInputReceived(_)))
+        .expect("the approval")
+        + 1;
+    let g = Fixture::with_config(&config, script);
+    g.crashed_after(id, "t", &full[..cut]).await;
+    let again = paused(g.engine(id).await.advance(None).await.expect("advance"));
+    assert_eq!(again.context["may_have_run"], true, "{again:?}");
+    assert_eq!(g.counter("records"), 0, "not run again without asking");
+}
+
 #[tokio::test]
 async fn cancellation_interrupts_a_running_tool_and_the_resume_runs_it_again() {
     let f = Fixture::new("steps:\n  - tool: slow\n    args: {secs: \"30\"}\n  - finish: ok\n");

@@ -32,6 +32,11 @@ tools:
     grantable: false
   - name: echo
     exec: "echo ${text}"
+  - name: scale
+    exec: "echo scaled to ${replicas}"
+    parameters: [{name: replicas, type: integer}]
+    approval: when_dangerous
+    dangerous_if: {replicas: "^[0-9]{3,}$"}
 "#;
 
 const THREE_DEPLOYS: &str = r#"
@@ -609,4 +614,90 @@ async fn a_replayed_answer_creates_its_grant_once() {
             );
         }
     }
+}
+
+/// A rule about a number holds however the model spells it: the tool gets `0` for `00`, ` 0`
+/// and `+0`, so a deny of `0` denies them all; `dangerous_if` sees `100` for `"100\n"`, so the
+/// call waits for approval. Before, both matched the text as sent, and the tool got another.
+#[tokio::test]
+async fn policy_and_danger_match_a_number_as_the_tool_gets_it() {
+    let script = r#"
+steps:
+  - tool: scale
+    args: {replicas: "00"}
+  - tool: scale
+    args: {replicas: " 0"}
+  - tool: scale
+    args: {replicas: "+0"}
+  - tool: scale
+    args: {replicas: 0}
+  - tool: scale
+    args: {replicas: "7"}
+  - tool: scale
+    args: {replicas: "100\n"}
+  - finish: "${observation}"
+"#;
+    let policy = "rules:\n  - name: never-zero\n    tool: scale\n    args: {replicas: 0}\n    effect: deny\n";
+    let f = Fixture::new(script, Some(policy));
+    let id = f.start().await;
+    let q = paused(f.advance(id, None).await.expect("advance"));
+    let denied = "denied by policy rule `never-zero`; this call is not allowed, do something else";
+    assert_eq!(
+        results(&f.journal(id).await),
+        [
+            (ActionStatus::Rejected, denied.to_owned()),
+            (ActionStatus::Rejected, denied.to_owned()),
+            (ActionStatus::Rejected, denied.to_owned()),
+            (ActionStatus::Rejected, denied.to_owned()),
+            (ActionStatus::Success, "scaled to 7\n".to_owned()),
+        ]
+    );
+    assert_eq!(q.context["tool"], json!("scale"));
+    assert_eq!(q.context["command_line"], json!("echo scaled to 100"));
+    assert_eq!(
+        q.context["dangerous_because"],
+        json!("`replicas` matches /^[0-9]{3,}$/")
+    );
+}
+
+/// A deny wins over a person too: arguments edited, in an approval, into a call a rule denies
+/// do not run.
+#[tokio::test]
+async fn arguments_edited_into_a_denied_call_do_not_run() {
+    let script = r#"
+steps:
+  - tool: deploy
+    args: {env: staging, version: "1"}
+  - finish: "${observation}"
+"#;
+    let policy = "rules:\n  - name: no-prod\n    tool: deploy\n    args: {env: production}\n    effect: deny\n    reason: the release team deploys production\n";
+    let f = Fixture::new(script, Some(policy));
+    let id = f.start().await;
+    let q = paused(f.advance(id, None).await.expect("advance"));
+    let out = f
+        .advance(
+            id,
+            Some(approve(
+                &q,
+                json!({"args": {"env": "production", "version": "1"}}),
+            )),
+        )
+        .await
+        .expect("approve");
+    assert!(
+        matches!(&out, Outcome::Completed { result } if result.contains("no-prod")),
+        "{out:?}"
+    );
+    assert_eq!(
+        results(&f.journal(id).await),
+        [(
+            ActionStatus::Rejected,
+            "not run: the arguments as alice edited them are denied by policy rule `no-prod`: the release team deploys production".to_owned()
+        )]
+    );
+    assert!(
+        f.deploys().is_empty(),
+        "nothing deployed: {:?}",
+        f.deploys()
+    );
 }
