@@ -1244,6 +1244,103 @@ async fn a_failed_update_is_done_again() {
     assert_eq!(refused, 1, "the first update was refused");
 }
 
+/// A target Slack cannot take now (`internal_error` for the channel) holds back no other: the DM
+/// goes out, and the channel's post follows at the event's next try. A refusal Slack does not
+/// document as worth a retry (an unlisted code) is one for good: the event is done with at once,
+/// not tried again for a day while it holds the bridge's events behind it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_target_slack_cannot_take_now_holds_back_no_other() {
+    let s = setup("slk16", &[]).await;
+    s.slack
+        .state
+        .refuse_posts_to
+        .lock()
+        .expect("refuse")
+        .insert("C0GUARD".into(), "internal_error".into());
+    let run = submit_as(&s.ops, "guarded", "go").await;
+    let rid = pending(&s.ops, run).await;
+    s.slack
+        .wait_for("the DM posted while the channel refuses", |f| {
+            f.posts_of(&rid)
+                .into_iter()
+                .find(|p| p["channel"] == json!("U0ALICE"))
+        })
+        .await;
+    assert!(
+        s.slack
+            .posts_of(&rid)
+            .iter()
+            .all(|p| p["channel"] != json!("C0GUARD")),
+        "the channel refused"
+    );
+    s.slack
+        .state
+        .refuse_posts_to
+        .lock()
+        .expect("refuse")
+        .remove("C0GUARD");
+    s.slack
+        .wait_for("the channel's post at the next try", |f| {
+            f.posts_of(&rid)
+                .into_iter()
+                .find(|p| p["channel"] == json!("C0GUARD"))
+        })
+        .await;
+    let dms = s
+        .slack
+        .posts_of(&rid)
+        .iter()
+        .filter(|p| p["channel"] == json!("U0ALICE"))
+        .count();
+    assert_eq!(dms, 1, "the DM was not posted again");
+
+    // An unlisted refusal: given up on at once, the event acknowledged.
+    s.slack
+        .state
+        .refuse_posts_to
+        .lock()
+        .expect("refuse")
+        .insert("C0ALL".into(), "some_refusal_slack_adds_later".into());
+    let run = submit_as(&s.ops, "chooser", "go").await;
+    pending(&s.ops, run).await;
+    s.slack
+        .wait_for("the post refused", |f| {
+            f.calls().into_iter().find(|c| {
+                c.method == "chat.postMessage"
+                    && c.status == 400
+                    && c.params["channel"] == json!("C0ALL")
+            })
+        })
+        .await;
+    let js = async_nats::jetstream::new(s.fleet.nats_admin().await);
+    let stream = js
+        .get_stream(delta_queue::Names::new(&s.prefix).interactions_stream())
+        .await
+        .expect("the events stream");
+    let consumer = format!("{}-slack", s.prefix);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = stream.consumer_info(&consumer).await.expect("the consumer");
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "events still pending: {} unacknowledged, {} not delivered",
+            info.num_ack_pending,
+            info.num_pending
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tries = s
+        .slack
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "chat.postMessage" && c.params["channel"] == json!("C0ALL"))
+        .count();
+    assert_eq!(tries, 1, "tried once");
+}
+
 /// A channel Slack refuses for good (`not_in_channel`: the bot was never invited) is logged and
 /// skipped, once: the event is done with, and the next question is posted.
 #[tokio::test(flavor = "multi_thread")]

@@ -80,9 +80,22 @@ fn reach_of(code: &str) -> Reach {
         | "not_allowed_token_type"
         | "org_login_required"
         | "team_access_not_granted" => Reach::Bridge,
-        _ => Reach::Transient,
+        // Slack's own trouble, documented as worth trying again.
+        "fatal_error"
+        | "internal_error"
+        | "service_unavailable"
+        | "request_timeout"
+        | "ratelimited"
+        | "team_added_to_org" => Reach::Transient,
+        // Any other refusal is of this call (its blocks, its arguments, a DM the person's
+        // settings close): trying it again for a day would only hold the event, and every event
+        // behind it, for nothing.
+        _ => Reach::Target,
     }
 }
+
+/// How many pages of a channel's history (200 messages each) a search for a post reads.
+const HISTORY_PAGES: usize = 10;
 
 impl Error {
     /// Whether trying again can help, and if not, whom the refusal concerns.
@@ -342,25 +355,44 @@ impl Slack {
         oldest: i64,
         request_id: &str,
     ) -> Result<Option<String>, Error> {
-        let req = SlackApiConversationsHistoryRequest::new()
-            .with_channel(SlackChannelId::new(channel.into()))
-            .with_oldest(SlackTs::new(format!("{oldest}.000000")))
-            .with_limit(200)
-            .with_include_all_metadata(true);
         let session = self.client.open_session(&self.token);
-        let r = self
-            .timed("conversations.history", session.conversations_history(&req))
-            .await?
-            .map_err(|e| Error::of("conversations.history", e))?;
-        Ok(r.messages.into_iter().find_map(|m| {
-            let md = m.content.metadata?;
-            let ours = md.event_type == METADATA_EVENT
-                && md
-                    .event_payload
-                    .as_ref()
-                    .and_then(|p| p.get("request_id"))
-                    .is_some_and(|r| r == request_id);
-            ours.then(|| m.origin.ts.to_string())
-        }))
+        let mut cursor = None;
+        // Every page since the question was asked (a busy channel, or a long outage before the
+        // restart, puts more than one page after it), up to HISTORY_PAGES.
+        for _ in 0..HISTORY_PAGES {
+            let mut req = SlackApiConversationsHistoryRequest::new()
+                .with_channel(SlackChannelId::new(channel.into()))
+                .with_oldest(SlackTs::new(format!("{oldest}.000000")))
+                .with_limit(200)
+                .with_include_all_metadata(true);
+            if let Some(c) = cursor.take() {
+                req = req.with_cursor(c);
+            }
+            let r = self
+                .timed("conversations.history", session.conversations_history(&req))
+                .await?
+                .map_err(|e| Error::of("conversations.history", e))?;
+            let found = r.messages.into_iter().find_map(|m| {
+                let md = m.content.metadata?;
+                let ours = md.event_type == METADATA_EVENT
+                    && md
+                        .event_payload
+                        .as_ref()
+                        .and_then(|p| p.get("request_id"))
+                        .is_some_and(|r| r == request_id);
+                ours.then(|| m.origin.ts.to_string())
+            });
+            if found.is_some() {
+                return Ok(found);
+            }
+            cursor = r
+                .response_metadata
+                .and_then(|m| m.next_cursor)
+                .filter(|c| !c.to_string().is_empty());
+            if cursor.is_none() || r.has_more == Some(false) {
+                return Ok(None);
+            }
+        }
+        Ok(None)
     }
 }

@@ -777,6 +777,8 @@ impl Bridge {
         blocks: Vec<SlackBlock>,
         text: String,
     ) -> Outcome {
+        // A target Slack cannot take now waits for the event's next try; the others go on.
+        let mut later: Option<api::Error> = None;
         for (target, to) in targets {
             if rec.posts.iter().any(|p| p.target == target) {
                 continue;
@@ -797,6 +799,12 @@ impl Bridge {
                 .await
             {
                 Ok(p) => p,
+                Err(e) if e.reach() == api::Reach::Transient => {
+                    // Still under way: the next try finds out whether Slack took it after all.
+                    tracing::warn!(error = %e, channel = %to, "posting a question: tried again later");
+                    later.get_or_insert(e);
+                    continue;
+                }
                 Err(e) => {
                     self.refused(e, "posting a question", &to)?;
                     // Refused for good there: not under way any more, the other targets go on.
@@ -814,7 +822,10 @@ impl Bridge {
             });
             self.store.put(id, rec).await?;
         }
-        Ok(())
+        match later {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
     }
 
     /// Posts a crash left unrecorded (`posting`), found in their channel's history by their
@@ -845,8 +856,16 @@ impl Bridge {
                     found = true;
                 }
                 Ok(None) => {}
+                // Slack slow or away: the post may be there. The event comes again rather than
+                // post a second copy.
+                Err(e) if e.reach() == api::Reach::Transient => {
+                    if found {
+                        self.store.put(id, rec).await?;
+                    }
+                    return Err(e.into());
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot search the channel's history (channels:history)")
+                    tracing::warn!(error = %e, advice = e.advice(), "cannot search the channel's history (channels:history): a post a crash left unrecorded may be made again")
                 }
             }
         }

@@ -71,6 +71,11 @@ fn escaped(s: &str, max: usize) -> String {
     out
 }
 
+/// Whether [`escaped`] cuts `s` at `max`.
+fn is_cut(s: &str, max: usize) -> bool {
+    escape(s).chars().count() > max.saturating_sub(1)
+}
+
 /// A code block of `s`, escaped, with no ``` inside to end it early, cut to fit.
 fn code_block(s: &str, max: usize) -> String {
     let inner = s.replace("```", "`\u{200b}``");
@@ -217,9 +222,10 @@ fn one_line(s: &str) -> String {
 
 /// The plan of a plan confirmation, as a numbered list (each step's tool too, as the inbox
 /// shows it).
-fn plan_lines(plan: &Value) -> Option<String> {
+fn plan_lines(plan: &Value) -> Option<(String, bool)> {
     let tasks = plan.get("tasks")?.as_array()?;
     let mut out = String::from("*Plan*\n");
+    let mut whole = true;
     for (i, t) in tasks.iter().enumerate() {
         let index = t
             .get("index")
@@ -230,13 +236,18 @@ fn plan_lines(plan: &Value) -> Option<String> {
         let desc = one_line(t.get("description").and_then(Value::as_str).unwrap_or(""));
         let risk = one_line(t.get("risk").and_then(Value::as_str).unwrap_or(""));
         let tool = t.get("tool").and_then(Value::as_str).map(one_line);
+        whole &= !is_cut(&desc, 300);
         let _ = write!(out, "{index}. {}", escaped(&desc, 300));
         if let Some(tool) = tool.filter(|t| !t.is_empty()) {
-            let _ = write!(out, " `{}`", escaped(&tool.replace('`', "'"), 100));
+            let tool = tool.replace('`', "'");
+            whole &= !is_cut(&tool, 100);
+            let _ = write!(out, " `{}`", escaped(&tool, 100));
         }
-        let _ = writeln!(out, " _({})_", escaped(&risk.replace('_', " "), 20));
+        let risk = risk.replace('_', " ");
+        whole &= !is_cut(&risk, 20);
+        let _ = writeln!(out, " _({})_", escaped(&risk, 20));
     }
-    Some(out)
+    Some((out, whole))
 }
 
 /// How a button names its option: the option's id, or `#<index>` for an id too long for Slack's
@@ -425,25 +436,40 @@ pub fn question(
         .clone()
         .unwrap_or_else(|| format!("{} asks", q.agent));
     blocks.push(SlackHeaderBlock::new(pt!(truncate(&title, HEADER_MAX))).into());
+    // Whether all of what an answer is about is shown: the prompt, the details, the plan and a
+    // tool call's name, arguments and danger. Anything cut, and the question is answered only in
+    // the inbox: an approval in Slack would approve arguments (or a plan) no one saw, and a
+    // model can pad a harmless field to push the dangerous one past the cut.
+    let mut whole = !is_cut(&q.prompt, SECTION_MAX);
     blocks.push(section(escaped(&q.prompt, SECTION_MAX)));
     if let Some(d) = &q.details {
+        whole &= !is_cut(d, SECTION_MAX);
         blocks.push(section(escaped(d, SECTION_MAX)));
     }
-    if let Some(plan) = q.context.get("plan").and_then(plan_lines) {
-        blocks.push(section(plan));
+    if let Some(plan_value) = q.context.get("plan") {
+        match plan_lines(plan_value) {
+            Some((plan, plan_whole)) => {
+                whole &= plan_whole && plan.chars().count() <= SECTION_MAX;
+                blocks.push(section(plan));
+            }
+            None => whole = false,
+        }
     }
     if let Some(tool) = q.context.get("tool").and_then(Value::as_str) {
-        let mut text = format!(
-            "*Tool call:* `{}`",
-            escaped(&one_line(tool).replace('`', "'"), 100)
-        );
+        let tool = one_line(tool).replace('`', "'");
+        whole &= !is_cut(&tool, 100);
+        let mut text = format!("*Tool call:* `{}`", escaped(&tool, 100));
         if let Some(args) = q.context.get("args") {
             let pretty = serde_json::to_string_pretty(args).unwrap_or_default();
+            let inner = pretty.replace("```", "`\u{200b}``");
+            whole &= !is_cut(&inner, SECTION_MAX - 200 - 6);
             let _ = write!(text, "\n{}", code_block(&pretty, SECTION_MAX - 200));
         }
         if let Some(why) = q.context.get("dangerous_because").and_then(Value::as_str) {
+            whole &= !is_cut(why, 300);
             let _ = write!(text, "\n:warning: {}", escaped(why, 300));
         }
+        whole &= text.chars().count() <= SECTION_MAX;
         blocks.push(section(text));
     }
     if let Some(rule) = rule_line(q, s) {
@@ -473,6 +499,11 @@ pub fn question(
     } else if q.is_sensitive() {
         blocks.push(section(format!(
             ":closed_lock_with_key: This question is sensitive: it is never answered in Slack. Answer it in the {}.",
+            inbox_link("web inbox")
+        )));
+    } else if !whole {
+        blocks.push(section(format!(
+            ":scissors: This question is longer than a Slack message holds, and part of it is cut above: it is answered only where it is shown whole, in the {}.",
             inbox_link("web inbox")
         )));
     } else {
@@ -580,7 +611,7 @@ mod tests {
             {"index": 1, "description": "read config\n2. list files _(low)_", "tool": "cat`x", "risk": "high\n3. x"},
             {"index": 2, "description": "deploy <!channel>", "risk": "low"},
         ]});
-        let text = plan_lines(&plan).expect("a plan");
+        let (text, _) = plan_lines(&plan).expect("a plan");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{text}");
         assert!(
@@ -716,6 +747,45 @@ mod tests {
         let j = json_of(&blocks);
         assert!(!j.contains("\"actions\""), "{j}");
         assert!(j.contains("<https://d.example/inbox|web inbox>"));
+    }
+
+    #[test]
+    fn a_question_cut_to_fit_is_answered_only_in_the_inbox() {
+        // Arguments padded past what a message holds: the dangerous key would be cut off.
+        let mut q = approval();
+        q.context.insert(
+            "args".into(),
+            json!({"note": "x".repeat(4000), "target": "production"}),
+        );
+        let (blocks, _) = question(&q, &Standing::default(), Some("https://d.example/inbox"));
+        let j = json_of(&blocks);
+        assert!(!j.contains("\"actions\""), "{j}");
+        assert!(j.contains("answered only where it is shown whole"), "{j}");
+        assert!(j.contains("<https://d.example/inbox|web inbox>"), "{j}");
+        // A plan step, a prompt or details cut: the same.
+        for cut in ["plan", "prompt", "details"] {
+            let mut q = approval();
+            match cut {
+                "plan" => {
+                    q.context.insert(
+                        "plan".into(),
+                        json!({"tasks": [{"description": "d".repeat(400), "risk": "low"}]}),
+                    );
+                }
+                "prompt" => q.prompt = "p".repeat(3500),
+                _ => q.details = Some("d".repeat(3500)),
+            }
+            let (blocks, _) = question(&q, &Standing::default(), None);
+            assert!(!json_of(&blocks).contains("\"actions\""), "{cut}");
+        }
+        // Everything shown whole: the buttons are there.
+        let mut q = approval();
+        q.context.insert(
+            "plan".into(),
+            json!({"tasks": [{"description": "ship it", "tool": "deploy", "risk": "high"}]}),
+        );
+        let (blocks, _) = question(&q, &Standing::default(), None);
+        assert!(json_of(&blocks).contains("\"actions\""));
     }
 
     #[test]
