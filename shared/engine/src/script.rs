@@ -42,6 +42,15 @@ use crate::tools::Tool;
 use delta_protocol::schema::ResponseSchema;
 use delta_protocol::{InputType, InteractionType, OptionAction};
 
+/// The most characters of a question's prompt (and of its details).
+pub const MAX_PROMPT_CHARS: usize = 16_000;
+/// The most characters of a title, an option's id or label.
+pub const MAX_LABEL_CHARS: usize = 200;
+/// The most characters of an option's description or input prompt.
+pub const MAX_DESCRIPTION_CHARS: usize = 2_000;
+/// The most options a question offers.
+pub const MAX_OPTIONS: usize = 50;
+
 /// One option of a scripted `ask_human`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -106,6 +115,51 @@ impl AskHuman {
     pub fn check(&self) -> Result<(), String> {
         if self.prompt.trim().is_empty() {
             return Err("`prompt` must not be empty".into());
+        }
+        // What a person reads and every channel shows: bounded, and nothing shown empty (a
+        // model asks with these too; an empty label is a button with nothing on it, and a
+        // refusal in Slack).
+        let long = |what: &str, text: &str, max: usize| {
+            (text.chars().count() > max).then(|| {
+                format!("`{what}` is longer than {max} characters: say it shorter (put the rest in a file or a tool's output)")
+            })
+        };
+        let mut checks = vec![long("prompt", &self.prompt, MAX_PROMPT_CHARS)];
+        if let Some(t) = &self.title {
+            checks.push(long("title", t, MAX_LABEL_CHARS));
+        }
+        if let Some(d) = &self.details {
+            checks.push(long("details", d, MAX_PROMPT_CHARS));
+        }
+        if self.options.len() > MAX_OPTIONS {
+            checks.push(Some(format!(
+                "{} options: at most {MAX_OPTIONS} (ask with fewer, or a typed answer with an enum field)",
+                self.options.len()
+            )));
+        }
+        for o in &self.options {
+            if o.id.trim().is_empty() {
+                checks.push(Some("an option's `id` must not be empty".into()));
+            }
+            checks.push(long("options[].id", &o.id, MAX_LABEL_CHARS));
+            if let Some(l) = &o.label {
+                if l.trim().is_empty() {
+                    checks.push(Some(format!(
+                        "option `{}` has an empty `label`: leave it out (the id is shown) or say what it does",
+                        o.id.chars().take(40).collect::<String>()
+                    )));
+                }
+                checks.push(long("options[].label", l, MAX_LABEL_CHARS));
+            }
+            if let Some(d) = &o.description {
+                checks.push(long("options[].description", d, MAX_DESCRIPTION_CHARS));
+            }
+            if let Some(p) = &o.input_prompt {
+                checks.push(long("options[].input_prompt", p, MAX_DESCRIPTION_CHARS));
+            }
+        }
+        if let Some(why) = checks.into_iter().flatten().next() {
+            return Err(why);
         }
         delta_protocol::human::check_responder_list(
             "allowed_responders",
@@ -357,4 +411,58 @@ fn check_steps(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(yaml: &str) -> Result<(), String> {
+        let a: AskHuman = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
+        a.check()
+    }
+
+    /// What a person reads is bounded, and nothing of it shows empty: a model asks with these.
+    #[test]
+    fn a_question_is_bounded_and_shows_nothing_empty() {
+        assert_eq!(
+            ask("prompt: Go?\noptions: [{id: y, label: Yes}, {id: n}]"),
+            Ok(())
+        );
+        let long = "p".repeat(MAX_PROMPT_CHARS + 1);
+        let too_many: Vec<String> = (0..=MAX_OPTIONS).map(|i| format!("{{id: o{i}}}")).collect();
+        for (yaml, says) in [
+            (format!("prompt: {long}"), "`prompt` is longer than"),
+            (
+                format!("prompt: Go?\ndetails: {long}"),
+                "`details` is longer than",
+            ),
+            (
+                format!("prompt: Go?\ntitle: {}", "t".repeat(201)),
+                "`title` is longer than",
+            ),
+            (
+                format!("prompt: Go?\noptions: [{}]", too_many.join(", ")),
+                "options: at most",
+            ),
+            (
+                "prompt: Go?\noptions: [{id: y, label: \" \"}]".to_owned(),
+                "empty `label`",
+            ),
+            (
+                "prompt: Go?\noptions: [{id: \"\"}]".to_owned(),
+                "`id` must not be empty",
+            ),
+            (
+                format!(
+                    "prompt: Go?\noptions: [{{id: y, description: {}}}]",
+                    "d".repeat(2001)
+                ),
+                "`options[].description` is longer than",
+            ),
+        ] {
+            let got = ask(&yaml).expect_err(says);
+            assert!(got.contains(says), "{says}: {got}");
+        }
+    }
 }

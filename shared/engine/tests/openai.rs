@@ -546,3 +546,68 @@ async fn the_openai_brain_asks_for_a_typed_answer_and_gets_the_object() {
         data
     );
 }
+
+/// What a model's endpoint sends is bounded: a body past `MAX_RESPONSE_BYTES` fails the run
+/// without being read whole; an error that echoes the key is journaled without it; a response
+/// with more tool calls than one may make has the first `MAX_CALLS_PER_RESPONSE` of them run.
+#[tokio::test]
+async fn what_the_endpoint_sends_is_bounded() {
+    use delta_engine::brain::openai::{MAX_CALLS_PER_RESPONSE, MAX_RESPONSE_BYTES, OpenAiBrain};
+    const KEY: &str = "sk-test-KEY-0123456789";
+    let huge = "x".repeat(MAX_RESPONSE_BYTES + 1);
+    let many: Vec<Value> = (0..MAX_CALLS_PER_RESPONSE + 8)
+        .map(|i| call(&format!("c{i}"), "echo", json!({"text": format!("n{i}")})))
+        .collect();
+    let cases = [
+        (
+            vec![(
+                200,
+                json!({"choices": [{"message": {"role": "assistant", "content": huge}}]}),
+            )],
+            "larger than",
+        ),
+        (
+            vec![(
+                400,
+                json!({"error": {"message": format!("bad key {KEY} for this model")}}),
+            )],
+            "bad key *** for this model",
+        ),
+        (vec![tool_reply(many)], "no more replies"),
+    ];
+    for (replies, says) in cases {
+        let (url, _fake) = serve(replies).await;
+        let dir = tempfile::tempdir().expect("tmp");
+        let agent = agent(dir.path(), &url);
+        let brain = OpenAiBrain::with_env(&agent, &|name| {
+            (name == "OPENAI_API_KEY").then(|| KEY.to_owned())
+        })
+        .expect("brain")
+        .with_backoff(std::time::Duration::from_millis(1));
+        let brain = AnyBrain::Openai(Box::new(brain));
+        let store = FileRunStore::new(dir.path().join(".delta"));
+        let (id, run, settings) = new_run(dir.path(), &store, "t", PauseMode::Park).await;
+        let out = Engine::new(
+            &agent,
+            &brain,
+            &store,
+            run,
+            settings,
+            CancellationToken::new(),
+        )
+        .advance(None)
+        .await
+        .expect("advance");
+        let Outcome::Failed { error } = out else {
+            panic!("expected failure, got {out:?}");
+        };
+        assert!(error.contains(says), "{says}: {error}");
+        let journal =
+            serde_json::to_string(&store.load(id).await.expect("load").journal).expect("json");
+        assert!(!journal.contains(KEY), "the key in the journal");
+        if says == "no more replies" {
+            let requests = journal.matches("\"ACTION_REQUEST\"").count();
+            assert_eq!(requests, MAX_CALLS_PER_RESPONSE, "{journal}");
+        }
+    }
+}

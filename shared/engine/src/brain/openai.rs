@@ -28,6 +28,43 @@ pub const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
 pub const DELTA_KEY_ENV: &str = "DELTA_API_KEY";
 pub const DELTA_BASE_URL_ENV: &str = "DELTA_BASE_URL";
 const DEFAULT_RETRIES: u32 = 5;
+/// The most a model's response may be: read past this, it is refused (a broken or hostile
+/// endpoint streaming without end would take the worker's memory, and every run on it).
+pub const MAX_RESPONSE_BYTES: usize = 8 << 20;
+/// The most of an error response read for its message.
+const MAX_ERROR_BYTES: usize = 64 << 10;
+/// The most tool calls one response makes; the rest are dropped (each call may run a tool for
+/// its whole timeout, and `max_iterations` counts responses).
+pub const MAX_CALLS_PER_RESPONSE: usize = 32;
+
+/// Why a body was not read whole.
+enum Unread {
+    TooLarge,
+    Failed(String),
+}
+
+/// The body of `resp`, read up to `max` bytes.
+async fn read_capped(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, Unread> {
+    if resp
+        .content_length()
+        .is_some_and(|n| n > u64::try_from(max).unwrap_or(u64::MAX))
+    {
+        return Err(Unread::TooLarge);
+    }
+    let mut out = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) => {
+                if out.len() + c.len() > max {
+                    return Err(Unread::TooLarge);
+                }
+                out.extend_from_slice(&c);
+            }
+            Ok(None) => return Ok(out),
+            Err(e) => return Err(Unread::Failed(e.without_url().to_string())),
+        }
+    }
+}
 
 /// The brain of agents with an `llm:` section.
 pub struct OpenAiBrain {
@@ -259,10 +296,14 @@ impl OpenAiBrain {
             }
             let wait = match req.send().await {
                 Ok(resp) if resp.status().is_success() => {
-                    return resp
-                        .json::<Value>()
-                        .await
-                        .map_err(|e| Error::BadResponse(format!("not JSON: {}", e.without_url())));
+                    let body = read_capped(resp, MAX_RESPONSE_BYTES).await.map_err(|e| {
+                        Error::BadResponse(match e {
+                            Unread::Failed(why) => format!("cut off: {why}"),
+                            Unread::TooLarge => format!("larger than {MAX_RESPONSE_BYTES} bytes"),
+                        })
+                    })?;
+                    return serde_json::from_slice::<Value>(&body)
+                        .map_err(|e| Error::BadResponse(format!("not JSON: {e}")));
                 }
                 Ok(resp) => {
                     let status = resp.status();
@@ -272,11 +313,18 @@ impl OpenAiBrain {
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<u64>().ok())
                         .map(Duration::from_secs);
-                    let text = resp.text().await.unwrap_or_default();
+                    let body = read_capped(resp, MAX_ERROR_BYTES).await.unwrap_or_default();
+                    let text = String::from_utf8_lossy(&body);
                     let message = serde_json::from_str::<Value>(&text)
                         .ok()
                         .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-                        .unwrap_or_else(|| text.chars().take(300).collect());
+                        .unwrap_or_else(|| text.to_string());
+                    // It becomes the run's error, journaled: short, and never the key (some
+                    // proxies echo part of the request back).
+                    let mut message: String = message.chars().take(300).collect();
+                    if let Some(k) = self.key.as_deref().filter(|k| k.len() >= 8) {
+                        message = message.replace(k, "***");
+                    }
                     last = format!("HTTP {status}: {message}");
                     if !(status.as_u16() == 429 || status.is_server_error()) {
                         return Err(Error::Llm(last));
@@ -341,11 +389,20 @@ pub fn parse_choice(resp: &Value, plans: bool) -> Result<Decision, Error> {
         )));
     }
     let content = msg["content"].as_str().unwrap_or_default().to_owned();
-    let calls: Vec<ProposedCall> = msg["tool_calls"]
+    let all = msg["tool_calls"]
         .as_array()
         .map(|a| a.as_slice())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if all.len() > MAX_CALLS_PER_RESPONSE {
+        tracing::warn!(
+            calls = all.len(),
+            kept = MAX_CALLS_PER_RESPONSE,
+            "a model's response made more tool calls than one response may; the rest are dropped"
+        );
+    }
+    let calls: Vec<ProposedCall> = all
         .iter()
+        .take(MAX_CALLS_PER_RESPONSE)
         .filter_map(|c| {
             let f = &c["function"];
             let tool = f["name"].as_str()?.to_owned();
