@@ -380,15 +380,26 @@ fn pieces(word: &str) -> Result<Vec<Piece>, ToolError> {
 /// Rewrites a `shell:` template: `${p}` becomes `"$N"` outside quotes and `$N` inside double
 /// quotes (where it is already one word); `${p:raw}` becomes `$N`.
 fn rewrite_shell(template: &str) -> (String, Vec<String>) {
+    /// Where the shell is in its quoting: a command substitution (`$(…)`, backquotes) starts
+    /// afresh, unquoted, even inside double quotes, and ends where it started.
+    #[derive(Default)]
+    struct Quoting {
+        double: bool,
+        single: bool,
+        /// Inside `$(`: the parentheses open in it (it ends when they are all closed).
+        parens: Option<u32>,
+        backquoted: bool,
+    }
     let marks = placeholders(template);
     let mut positional: Vec<String> = vec![];
     let mut script = String::new();
-    let mut in_double = false;
-    let mut in_single = false;
+    let mut stack = vec![Quoting::default()];
     let mut next = marks.iter().peekable();
     let mut i = 0;
     let bytes = template.as_bytes();
     while i < template.len() {
+        let top = stack.len() - 1;
+        let (in_double, in_single) = (stack[top].double, stack[top].single);
         // A backslash outside single quotes takes the next character as it is (as sh does): an
         // escaped quote does not open or close a string, an escaped backslash leaves the quote
         // after it a real one, and `\${p}` is the text `${p}`, not a placeholder.
@@ -434,9 +445,41 @@ fn rewrite_shell(template: &str) -> (String, Vec<String>) {
             next.next();
         }
         let c = template[i..].chars().next().unwrap_or(' ');
+        let q = &mut stack[top];
         match c {
-            '"' if !in_single => in_double = !in_double,
-            '\'' if !in_double => in_single = !in_single,
+            '\'' if in_single => q.single = false,
+            _ if in_single => {}
+            '"' => q.double = !q.double,
+            '\'' if !in_double => q.single = true,
+            '$' if bytes.get(i + 1) == Some(&b'(') => {
+                script.push_str("$(");
+                i += 2;
+                stack.push(Quoting {
+                    parens: Some(1),
+                    ..Quoting::default()
+                });
+                continue;
+            }
+            '(' if !in_double => {
+                if let Some(n) = q.parens.as_mut() {
+                    *n += 1;
+                }
+            }
+            ')' if !in_double => {
+                if let Some(n) = q.parens.as_mut() {
+                    *n -= 1;
+                    if *n == 0 && stack.len() > 1 {
+                        stack.pop();
+                    }
+                }
+            }
+            '`' if q.backquoted && !in_double => {
+                stack.pop();
+            }
+            '`' => stack.push(Quoting {
+                backquoted: true,
+                ..Quoting::default()
+            }),
             _ => {}
         }
         script.push(c);
@@ -705,8 +748,17 @@ impl Tool {
                     {
                         continue;
                     }
+                    let word: String = w
+                        .iter()
+                        .map(|p| match p {
+                            Piece::Text(t) => expand_vars(t, env),
+                            Piece::Param(n) => values.get(n).cloned().unwrap_or_default(),
+                        })
+                        .collect();
                     if i > 0 && !ended {
-                        // The value that begins the word, if a value does (empty ones skipped).
+                        // The value that begins the word, if a value does (empty ones skipped):
+                        // the whole word is checked, not that value alone, so that `-` and
+                        // `-x` in two values (or `-` and the text after it) make no option.
                         let first = w
                             .iter()
                             .map(|piece| match piece {
@@ -716,23 +768,16 @@ impl Tool {
                                 }
                             })
                             .find(|(_, text)| !text.is_empty());
-                        if let Some((Some(name), text)) = first
+                        if let Some((Some(name), _)) = first
                             && let Some(p) = self.params.iter().find(|p| &p.name == name)
                         {
-                            self.guard(argv.first().map_or("", String::as_str), p, text)?;
+                            self.guard(argv.first().map_or("", String::as_str), p, &word)?;
                         }
                     }
                     if i > 0 && matches!(w.as_slice(), [Piece::Text(t)] if t == "--") {
                         ended = true;
                     }
-                    argv.push(
-                        w.iter()
-                            .map(|p| match p {
-                                Piece::Text(t) => expand_vars(t, env),
-                                Piece::Param(n) => values.get(n).cloned().unwrap_or_default(),
-                            })
-                            .collect(),
-                    );
+                    argv.push(word);
                 }
                 argv
             }
@@ -1218,6 +1263,32 @@ mod tests {
         assert_eq!(inv.argv[3..], ["--", "p", "$(reboot)", "-n -e"]);
     }
 
+    /// A command substitution starts its quoting afresh, even inside double quotes: a value in
+    /// it is quoted there, and the quoting outside it goes on after it ends.
+    #[test]
+    fn a_value_inside_a_command_substitution_is_quoted_there() {
+        for (template, script) in [
+            (r#""n=$(grep -c ${p} app.log)""#, r#""n=$(grep -c "${1}" app.log)""#),
+            (r#""$(cat "${p}")""#, r#""$(cat "${1}")""#),
+            ("\"`cat ${p}`\"", "\"`cat \"${1}\"`\""),
+            (r#""a ${p} $(b (c)) ${q}""#, r#""a ${1} $(b (c)) ${2}""#),
+            (r#"echo $((1 + 2)) ${p}"#, r#"echo $((1 + 2)) "${1}""#),
+            (r#"echo '$(x ${p})' ${p}"#, r#"echo '$(x ${p})' "${1}""#),
+        ] {
+            assert_eq!(rewrite_shell(template).0, script, "{template}");
+        }
+        // Run: three words and a glob stay one argument inside the substitution.
+        let t = tool("name: t\nshell: 'echo \"n=$(printf \"%s\\n\" ${p} | wc -l)\"'\n");
+        let values = t.check_args(&json!({"p": "a b *"})).expect("args");
+        let inv = t.invocation(&values, &env(Path::new("/"))).expect("argv");
+        let out = std::process::Command::new(&inv.argv[0])
+            .args(&inv.argv[1..])
+            .current_dir("/")
+            .output()
+            .expect("sh");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "n=1");
+    }
+
     /// The argv of `args`, or the refusal of a value that would be read as an option.
     fn try_argv(t: &Tool, args: Value) -> Result<Vec<String>, LeadingDash> {
         let values = t.check_args(&args).expect("args");
@@ -1263,6 +1334,13 @@ mod tests {
         let e = try_argv(&two, json!({"a": "", "b": "-r"})).expect_err("-r starts the word");
         assert_eq!(e.param, "b");
         assert!(try_argv(&two, json!({"a": "ok", "b": "-r"})).is_ok());
+        // The whole word counts, not its first value alone: `-` and `-orphan` in two values,
+        // or `-` before the template's own text, make no option either.
+        let e = try_argv(&two, json!({"a": "-", "b": "-orphan=x"})).expect_err("split dash");
+        assert_eq!(e.param, "a");
+        let glued = tool("name: t\nexec: \"git checkout ${a}orphan\"\n");
+        assert!(try_argv(&glued, json!({"a": "--"})).is_err());
+        assert!(try_argv(&two, json!({"a": "-", "b": ""})).is_ok(), "a lone -");
         // An option's argument is declared to take such values; the positional one is not.
         let grep = tool(
             "name: grep\nexec: \"grep -e ${pattern} ${file}\"\n\
