@@ -377,7 +377,7 @@ async fn setup_via(
     std::fs::write(
         &config,
         format!(
-            "gateway_url: {}\nnats: {{prefix: {prefix}}}\nlisten: 127.0.0.1:{port}\ninbox_url: https://delta.example/inbox\nslack_api_url: {}\nroutes:\n  - {{agents: [guarded, escalating], channel: C0GUARD, dm: true}}\n  - {{agents: [\"*\"], channel: C0ALL}}\nusers:\n  by_id: {{U0ALICE: alice}}\n  by_email: {{bob@example.com: bob, x@example.com: mallory}}\n{more}",
+            "gateway_url: {}\nnats: {{prefix: {prefix}}}\nlisten: 127.0.0.1:{port}\ninbox_url: https://delta.example/inbox\nslack_api_url: {}\nroutes:\n  - {{agents: [guarded, escalating], channel: C0GUARD, dm: true}}\n  - {{agents: [dmonly], dm: true}}\n  - {{agents: [\"*\"], channel: C0ALL}}\nusers:\n  by_id: {{U0ALICE: alice}}\n  by_email: {{bob@example.com: bob, x@example.com: mallory}}\n{more}",
             gateway_url.unwrap_or_else(|| fleet.gateway_spec.url()),
             slack.url
         ),
@@ -1339,6 +1339,31 @@ async fn a_target_slack_cannot_take_now_holds_back_no_other() {
         .filter(|c| c.method == "chat.postMessage" && c.params["channel"] == json!("C0ALL"))
         .count();
     assert_eq!(tries, 1, "tried once");
+}
+
+/// A route of DMs alone, for a question no one of it can be sent to yet (it names a group):
+/// nothing is posted, but the question is kept, so that the escalation step that lets bob answer
+/// sends him the DM.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dm_route_with_no_one_to_post_to_yet_dms_whom_escalation_adds() {
+    let s = setup(
+        "slk17",
+        &[(
+            "dmonly",
+            "name: dmonly\nbrain: scripted\n",
+            "steps:\n  - ask_human:\n      prompt: \"Rotate the keys?\"\n      allowed_responders: [\"group:leads\"]\n      escalation:\n        - {after: 1s, add_responders: [bob]}\n      options:\n        - {id: yes, label: \"Yes\"}\n        - {id: no, label: \"No\"}\n  - finish: \"chose ${answer}\"\n",
+        )],
+    )
+    .await;
+    let run = submit_as(&s.ops, "dmonly", "go").await;
+    let rid = pending(&s.ops, run).await;
+    s.slack
+        .wait_for("bob's DM once escalation adds him", |f| {
+            f.posts_of(&rid)
+                .into_iter()
+                .find(|p| p["channel"] == "U0BOB")
+        })
+        .await;
 }
 
 /// A channel Slack refuses for good (`not_in_channel`: the bot was never invited) is logged and

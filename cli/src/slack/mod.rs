@@ -760,6 +760,12 @@ impl Bridge {
             return Ok(());
         };
         let (targets, later) = self.targets(q, &rec.added).await;
+        if targets.is_empty() && self.cfg.route(&q.agent).is_some() {
+            // Nothing to post to yet (a route of DMs whose people are not mapped, or only
+            // groups): the question is kept all the same, for an escalation step that adds
+            // someone to DM.
+            self.store.put(id, rec).await?;
+        }
         self.post_to(id, rec, targets, blocks, text).await?;
         match later {
             Some(e) => Err(e.into()),
@@ -1030,11 +1036,17 @@ impl Bridge {
     }
 }
 
-/// Whether `p` comes from the workspace `ours`, both where it happened and the user's own
-/// (always, when `ours` is not set).
-fn of_team(ours: Option<&str>, p: &Payload) -> bool {
+/// Whether `p` comes from the workspace `ours`, both where it happened and the user's own.
+/// Without `ours`: from anyone whose own workspace is where it happened; a guest of another
+/// organisation (Slack Connect) only when mapped by their Slack id (`by_id`), since an e-mail
+/// address in another organisation's Slack is that organisation's to give.
+fn of_team(ours: Option<&str>, mapped_by_id: bool, p: &Payload) -> bool {
     let Some(ours) = ours else {
-        return true;
+        let guest = matches!(
+            (p.user.team_id.as_deref(), p.team.as_ref()),
+            (Some(own), Some(here)) if own != here.id
+        );
+        return !guest || mapped_by_id;
     };
     p.team.as_ref().is_some_and(|t| t.id == ours)
         && p.user.team_id.as_deref().is_none_or(|t| t == ours)
@@ -1297,7 +1309,11 @@ impl Bridge {
     /// Whether the interaction comes from the configured workspace, both where it happened and
     /// the user's own (always, without `team_id`).
     fn of_our_team(&self, p: &Payload) -> bool {
-        of_team(self.cfg.team_id.as_deref(), p)
+        of_team(
+            self.cfg.team_id.as_deref(),
+            self.cfg.users.by_id.contains_key(&p.user.id),
+            p,
+        )
     }
 
     /// The identity of the Slack user who clicked; else they are told why not.
@@ -1697,6 +1713,7 @@ fn modal(q: &InteractionRequest, meta: &ModalMeta) -> SlackModalView {
         });
         let label = option
             .and_then(|o| o.input_prompt.clone())
+            .filter(|p| !p.trim().is_empty())
             .unwrap_or_else(|| {
                 if feedback {
                     "Why?".into()
@@ -1714,6 +1731,7 @@ fn modal(q: &InteractionRequest, meta: &ModalMeta) -> SlackModalView {
     }
     let title = option
         .map(|o| o.label.clone())
+        .filter(|l| !l.trim().is_empty())
         .unwrap_or_else(|| "Answer".into());
     SlackModalView::new(pt!(render::truncate(&title, 24)), blocks)
         .with_submit(pt!("Send"))
@@ -1779,12 +1797,18 @@ mod tests {
                 "team": {"id": team}, "user": {"id": "U1", "team_id": user_team}}))
             .expect("payload")
         };
-        assert!(of_team(None, &payload("T2", Some("T3"))));
-        assert!(of_team(Some("T1"), &payload("T1", Some("T1"))));
-        assert!(of_team(Some("T1"), &payload("T1", None)));
+        assert!(of_team(Some("T1"), false, &payload("T1", Some("T1"))));
+        assert!(of_team(Some("T1"), false, &payload("T1", None)));
         // A Slack Connect guest: another home workspace, in a channel shared with ours.
-        assert!(!of_team(Some("T1"), &payload("T1", Some("T9"))));
-        assert!(!of_team(Some("T1"), &payload("T9", None)));
+        assert!(!of_team(Some("T1"), false, &payload("T1", Some("T9"))));
+        assert!(!of_team(Some("T1"), true, &payload("T1", Some("T9"))));
+        assert!(!of_team(Some("T1"), false, &payload("T9", None)));
+        // Without a team_id: people of the workspace it happened in, and a guest only when
+        // mapped by their Slack id (an e-mail address there is another organisation's to give).
+        assert!(of_team(None, false, &payload("T2", Some("T2"))));
+        assert!(of_team(None, false, &payload("T2", None)));
+        assert!(!of_team(None, false, &payload("T2", Some("T3"))));
+        assert!(of_team(None, true, &payload("T2", Some("T3"))));
     }
 
     #[test]

@@ -391,7 +391,12 @@ fn button(q: &InteractionRequest, o: &InteractionOption) -> SlackActionBlockElem
     } else {
         ACT_ANSWER
     };
-    let mut label = truncate(&o.label, BUTTON_TEXT_MAX);
+    let shown = if o.label.trim().is_empty() {
+        &o.option_id
+    } else {
+        &o.label
+    };
+    let mut label = truncate(shown, BUTTON_TEXT_MAX);
     if needs_modal(q, o) {
         label = truncate(&format!("{label}…"), BUTTON_TEXT_MAX);
     }
@@ -431,9 +436,11 @@ pub fn question(
     inbox_url: Option<&str>,
 ) -> (Vec<SlackBlock>, String) {
     let mut blocks: Vec<SlackBlock> = vec![];
+    // Nothing is shown empty: Slack refuses a block with no text (and the whole message).
     let title = q
         .title
         .clone()
+        .filter(|t| !t.trim().is_empty())
         .unwrap_or_else(|| format!("{} asks", q.agent));
     blocks.push(SlackHeaderBlock::new(pt!(truncate(&title, HEADER_MAX))).into());
     // Whether all of what an answer is about is shown: the prompt, the details, the plan and a
@@ -442,7 +449,7 @@ pub fn question(
     // model can pad a harmless field to push the dangerous one past the cut.
     let mut whole = !is_cut(&q.prompt, SECTION_MAX);
     blocks.push(section(escaped(&q.prompt, SECTION_MAX)));
-    if let Some(d) = &q.details {
+    if let Some(d) = q.details.as_ref().filter(|d| !d.trim().is_empty()) {
         whole &= !is_cut(d, SECTION_MAX);
         blocks.push(section(escaped(d, SECTION_MAX)));
     }
@@ -786,6 +793,30 @@ mod tests {
         );
         let (blocks, _) = question(&q, &Standing::default(), None);
         assert!(json_of(&blocks).contains("\"actions\""));
+    }
+
+    /// Slack refuses a block with no text, and with it the whole message: nothing is empty.
+    #[test]
+    fn nothing_is_shown_empty() {
+        let mut q = approval();
+        q.title = Some(" ".into());
+        q.details = Some(String::new());
+        q.options[1].label = String::new();
+        let (blocks, _) = question(&q, &Standing::default(), None);
+        let v: Value = serde_json::to_value(&blocks).expect("json");
+        let j = v.to_string();
+        assert!(j.contains("deployer asks"), "{j}");
+        for b in v.as_array().expect("blocks") {
+            if let Some(t) = b["text"]["text"].as_str() {
+                assert!(!t.trim().is_empty(), "an empty block: {b}");
+            }
+            for e in b["elements"].as_array().into_iter().flatten() {
+                if let Some(t) = e["text"]["text"].as_str() {
+                    assert!(!t.trim().is_empty(), "an empty button: {e}");
+                }
+            }
+        }
+        assert!(j.contains("\"text\":\"reject\""), "the id stands in: {j}");
     }
 
     #[test]

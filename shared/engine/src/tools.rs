@@ -1268,7 +1268,10 @@ mod tests {
     #[test]
     fn a_value_inside_a_command_substitution_is_quoted_there() {
         for (template, script) in [
-            (r#""n=$(grep -c ${p} app.log)""#, r#""n=$(grep -c "${1}" app.log)""#),
+            (
+                r#""n=$(grep -c ${p} app.log)""#,
+                r#""n=$(grep -c "${1}" app.log)""#,
+            ),
             (r#""$(cat "${p}")""#, r#""$(cat "${1}")""#),
             ("\"`cat ${p}`\"", "\"`cat \"${1}\"`\""),
             (r#""a ${p} $(b (c)) ${q}""#, r#""a ${1} $(b (c)) ${2}""#),
@@ -1340,7 +1343,10 @@ mod tests {
         assert_eq!(e.param, "a");
         let glued = tool("name: t\nexec: \"git checkout ${a}orphan\"\n");
         assert!(try_argv(&glued, json!({"a": "--"})).is_err());
-        assert!(try_argv(&two, json!({"a": "-", "b": ""})).is_ok(), "a lone -");
+        assert!(
+            try_argv(&two, json!({"a": "-", "b": ""})).is_ok(),
+            "a lone -"
+        );
         // An option's argument is declared to take such values; the positional one is not.
         let grep = tool(
             "name: grep\nexec: \"grep -e ${pattern} ${file}\"\n\
