@@ -733,7 +733,9 @@ impl Bridge {
                         }
                     }
                     if settled {
-                        rec.settled = None;
+                        if let Some(undone) = rec.settled.take() {
+                            rec.reopened_after = Some(undone.resolved_at);
+                        }
                         rec.closed = false;
                         reopened = true;
                     }
@@ -890,6 +892,10 @@ impl Bridge {
             return Ok(());
         }
         self.recover(id, &mut rec).await?;
+        if is_undone(&rec, &r) {
+            // The settling a reopen undid, delivered again: the question waits again.
+            return self.show(id, &mut rec).await;
+        }
         if rec.settled.is_none() {
             rec.settled = Some(r);
             rec.claim = None;
@@ -1034,6 +1040,12 @@ impl Bridge {
         }
         Ok(found)
     }
+}
+
+/// Whether `r` is a settling a reopen of the question undid (or an older one): delivered
+/// again after the reopen, it must not show the waiting question as settled.
+fn is_undone(rec: &Record, r: &Resolved) -> bool {
+    rec.reopened_after.is_some_and(|t| r.resolved_at <= t)
 }
 
 /// Whether `p` comes from the workspace `ours`, both where it happened and the user's own.
@@ -1809,6 +1821,30 @@ mod tests {
         assert!(of_team(None, false, &payload("T2", None)));
         assert!(!of_team(None, false, &payload("T2", Some("T3"))));
         assert!(of_team(None, true, &payload("T2", Some("T3"))));
+    }
+
+    #[test]
+    fn a_settling_a_reopen_undid_is_not_applied_again() {
+        let at = |us: i64| delta_protocol::Timestamp::from_micros(us).expect("time");
+        let resolved = |us: i64| -> Resolved {
+            serde_json::from_value(json!({
+                "request_id": delta_protocol::RequestId::new(),
+                "run_id": delta_protocol::RunId::new(),
+                "responder": {"id": "bob", "via": "slack"},
+                "resolved_at": at(us),
+                "state": "ANSWERED",
+            }))
+            .expect("resolved")
+        };
+        let mut rec = Record::default();
+        assert!(!is_undone(&rec, &resolved(1_000)));
+        rec.reopened_after = Some(at(1_000));
+        assert!(is_undone(&rec, &resolved(1_000)), "the undone one, again");
+        assert!(is_undone(&rec, &resolved(900)), "an older one");
+        assert!(
+            !is_undone(&rec, &resolved(2_000)),
+            "settled again after the reopen"
+        );
     }
 
     #[test]

@@ -62,6 +62,10 @@ pub struct Record {
     /// Who escalation steps let answer besides `allowed_responders` (DMs for `dm: true`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub added: Vec<String>,
+    /// When the settling a reopen undid was made (its `resolved_at`): that settling, delivered
+    /// again after the reopen (its message update had failed), is not applied again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reopened_after: Option<delta_protocol::Timestamp>,
 }
 
 /// The key of the clicks acknowledged and not handled yet (no request id: those are UUIDs).
@@ -161,7 +165,7 @@ impl Store {
     pub async fn get(&self, id: RequestId) -> Result<Record, Error> {
         let key = id.to_string();
         match self.kv.get(key.clone()).await {
-            Ok(Some(bytes)) => Ok(serde_json::from_slice(&bytes).unwrap_or_default()),
+            Ok(Some(bytes)) => record_of(key, &bytes),
             Ok(None) => Ok(Record::default()),
             Err(e) => Err(Error::Read {
                 key,
@@ -265,9 +269,31 @@ impl Store {
     }
 }
 
+/// The record stored under `key`. One this build cannot read (another version's, a damaged
+/// one) is an error, and the event is tried again: taken as empty, it would be overwritten, its
+/// posts lost and posted again.
+fn record_of(key: String, bytes: &[u8]) -> Result<Record, Error> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Read {
+        key,
+        what: format!("not a record this bridge reads: {e}"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_not_read_is_an_error_not_an_empty_one() {
+        let r = Record::default();
+        let bytes = serde_json::to_vec(&r).expect("json");
+        assert!(record_of("k".into(), &bytes).is_ok());
+        assert!(matches!(
+            record_of("k".into(), b"{\"posts\": 7}"),
+            Err(Error::Read { .. })
+        ));
+        assert!(record_of("k".into(), b"garbage").is_err());
+    }
 
     fn note(at: i64) -> Pending {
         Pending {
