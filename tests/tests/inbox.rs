@@ -522,6 +522,11 @@ async fn cards_answer_only_once_they_stand_still_and_take_no_keys_along() {
         "name: clobber\nbrain: scripted\n",
         "steps:\n  - ask_human:\n      prompt: \"Fill in\"\n      response_schema:\n        type: object\n        properties:\n          addEventListener: {type: string, title: One}\n          querySelectorAll: {type: string, title: Two}\n        required: [addEventListener, querySelectorAll]\n  - finish: \"got ${answer.addEventListener} ${answer.querySelectorAll}\"\n",
     );
+    fleet.add_agent(
+        "sneaky",
+        "name: sneaky\nbrain: scripted\ntools:\n  - name: run\n    exec: \"echo ${file}\"\n    approval: always\n    dangerous: true\n",
+        "steps:\n  - tool: run\n    args: {file: \"report\\u202Efdp.exe\"}\n  - finish: done\n",
+    );
     let browser = Browser::start(
         "cards_answer_only_once_they_stand_still_and_take_no_keys_along",
         Screen::Desktop,
@@ -595,6 +600,41 @@ async fn cards_answer_only_once_they_stand_still_and_take_no_keys_along() {
             fleet.wait_status(typed, RunStatus::Completed).await;
             let stored = fleet.store.load(typed).await.expect("load");
             assert_eq!(stored.record.result.as_deref(), Some("got a b"));
+
+            // What is approved shows its hidden characters: a right-to-left override in the
+            // arguments cannot make the call read as another.
+            let sneaky = fleet.submit("sneaky", "x").await;
+            let sneaky_rid = fleet.pending(sneaky).await;
+            let s = card(&sneaky_rid);
+            browser.find(&s).await;
+            let shown = browser
+                .js(
+                    "const c = document.querySelector(arguments[0]); \
+                     return [c.querySelector('.tool-facts').textContent, c.querySelector('pre.args').textContent];",
+                    vec![json!(s)],
+                )
+                .await;
+            for text in shown.as_array().expect("texts") {
+                let text = text.as_str().unwrap_or_default();
+                assert!(!text.contains('\u{202e}'), "the override itself: {text:?}");
+                assert!(text.contains("\\u202e"), "shown as \\u202e: {text:?}");
+            }
+            // Its approval is dangerous: the confirmation says what runs, the same way.
+            browser.click(&format!("{s} [data-option-id=approve]")).await;
+            let step = browser
+                .wait_for(
+                    "the confirmation step",
+                    "const e = document.querySelector(arguments[0] + ' .step'); return e && !e.hidden ? e.textContent : null;",
+                    vec![json!(s)],
+                )
+                .await;
+            let step = step.as_str().unwrap_or_default();
+            assert!(
+                step.contains("Runs: echo 'report\\u202efdp.exe'"),
+                "{step:?}"
+            );
+            browser.click(&format!("{s} [data-confirm=approve]")).await;
+            fleet.wait_status(sneaky, RunStatus::Completed).await;
         })
         .await;
     browser.close().await;
@@ -886,6 +926,53 @@ async fn with_tokens_the_page_asks_for_one_and_refuses_a_wrong_one() {
                     vec![],
                 )
                 .await;
+
+            // Forgetting the token clears what was read with it.
+            let ops = fleet.client.with_token(Some("ops-token-0123456789abc"));
+            let run = delta_e2e::fleet::submit_as(&ops, "hello", "shown").await;
+            let rid = pending(&ops, run).await;
+            browser.find(&card(&rid)).await;
+            browser.click("#settings-toggle").await;
+            browser.click("#settings-forget").await;
+            browser
+                .wait_for(
+                    "the page cleared",
+                    "return document.querySelectorAll('article[data-request-id]').length === 0 \
+                     && localStorage.getItem('delta.inbox.token') === null;",
+                    vec![],
+                )
+                .await;
+
+            // A browser that keeps no token is offered a link's too, never signed in by it.
+            browser.goto("about:blank").await;
+            browser
+                .goto(&format!("{}/#token=alice-token-0123456789", fleet.gateway_spec.url()))
+                .await;
+            let offered = browser
+                .wait_for(
+                    "the link's token offered",
+                    "const s = document.getElementById('settings'); \
+                     return !s.hidden && document.getElementById('token').value \
+                       ? [location.hash, localStorage.getItem('delta.inbox.token'), \
+                          document.getElementById('token').value, \
+                          document.getElementById('settings-reason').textContent] : null;",
+                    vec![],
+                )
+                .await;
+            assert_eq!(offered[0], json!(""), "{offered}");
+            assert_eq!(offered[1], Value::Null, "not kept before Save: {offered}");
+            assert_eq!(offered[2], json!("alice-token-0123456789"), "{offered}");
+            assert!(
+                offered[3].as_str().is_some_and(|r| r.contains("if you trust")),
+                "{offered}"
+            );
+            assert_eq!(
+                browser
+                    .js("return document.querySelectorAll('article[data-request-id]').length;", vec![])
+                    .await,
+                json!(0),
+                "nothing read without a token"
+            );
         })
         .await;
     browser.close().await;

@@ -559,6 +559,8 @@ async fn the_inbox_streams_with_fresh_tickets_and_never_the_token() {
             browser
                 .goto(&format!("{}/#token={ALICE}", fleet.gateway_spec.url()))
                 .await;
+            // The link's token is offered, not taken: Save takes it.
+            browser.click("#settings-save").await;
             wait_conn("live").await;
             // Every EventSource the page opens from now on is noted, with its URL.
             browser

@@ -62,17 +62,19 @@
   // to the server): it is kept like a typed one and taken out of the address bar at once. One
   // that differs from the token this browser keeps is only offered (see `start`): a link from
   // someone else must not sign this browser in as them without a word.
+  // Never taken without a word, even by a browser that keeps none: a link from someone else
+  // would sign this browser in as them, and the person's answers would be recorded as theirs.
   const fromLink = new URLSearchParams(location.hash.slice(1)).get('token');
   let offeredToken = '';
   if (fromLink) {
     const offered = fromLink.trim();
-    if (!token || token === offered) {
-      token = offered;
-      storageSet(TOKEN_KEY, token);
-    } else {
-      offeredToken = offered;
-    }
+    if (token !== offered) offeredToken = offered;
     history.replaceState(null, '', location.pathname + location.search);
+  }
+  function offerText() {
+    return token
+      ? 'This link carries another token than the one this browser keeps: Save to use it, or Close to keep yours.'
+      : 'This link carries a token: Save to sign in with it, if you trust whoever gave you the link (your answers are recorded as its name).';
   }
   let responderName = storageGet(NAME_KEY);
   // `/answer#link=…`: a one-time answer link (made for an MCP or A2A client's question). The
@@ -125,8 +127,17 @@
   // started close together.
   function shortId(id) { return String(id || '').slice(-8); }
 
+  // Characters that show nothing or turn the text around them (zero-width, bidirectional
+  // controls, other controls): in what a person approves (a command, arguments, a tool's name)
+  // they would make it read as something else than what runs. Shown as `\uXXXX`, which in
+  // JSON means the same character.
+  const HIDDEN = /[\u0000-\u0008\u000B-\u001F\u007F-\u009F\u200B-\u200F\u202A-\u202E\u2060-\u2069\uFEFF]/g;
+  function visible(text) {
+    return String(text).replace(HIDDEN, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  }
+
   function pretty(value) {
-    try { return JSON.stringify(value, null, 2); } catch (_) { return String(value); }
+    try { return visible(JSON.stringify(value, null, 2)); } catch (_) { return visible(String(value)); }
   }
 
   function parseJson(text) {
@@ -207,9 +218,19 @@
     $('settings-toggle').setAttribute('aria-expanded', 'true');
     $('settings-reason').textContent = reason || '';
     $('settings-reason').hidden = !reason;
-    $('token').value = token;
+    $('token').value = offeredToken || token;
     $('responder').value = responderName;
     $('token').focus();
+  }
+
+  /** Signed out (a token forgotten or refused): nothing read with it stays on the page. */
+  function clearShown() {
+    for (const card of inbox.cards.values()) card.node.remove();
+    inbox.cards.clear();
+    $('cards').replaceChildren();
+    $('grants').replaceChildren();
+    $('grants-view').hidden = true;
+    renderCount();
   }
 
   function closeSettings() {
@@ -219,10 +240,13 @@
 
   let lastTokenAsk = '';
   function askForToken(err) {
-    const reason = token
-      ? `This token was refused (${err.message}). Enter another one.`
-      : 'This gateway needs a token: enter the one an operator gave you.';
+    const reason = offeredToken
+      ? offerText()
+      : token
+        ? `This token was refused (${err.message}). Enter another one.`
+        : 'This gateway needs a token: enter the one an operator gave you.';
     setConn('locked');
+    clearShown();
     if (!settings.hidden && lastTokenAsk === reason) return;
     lastTokenAsk = reason;
     openSettings(reason);
@@ -231,15 +255,18 @@
   $('settings-toggle').addEventListener('click', () => {
     if (settings.hidden) openSettings(''); else closeSettings();
   });
-  $('settings-close').addEventListener('click', closeSettings);
+  $('settings-close').addEventListener('click', () => { offeredToken = ''; closeSettings(); });
   $('settings-forget').addEventListener('click', () => {
     $('token').value = '';
     token = '';
+    offeredToken = '';
     storageSet(TOKEN_KEY, '');
+    clearShown();
     restart();
   });
   $('settings-form').addEventListener('submit', (e) => {
     e.preventDefault();
+    offeredToken = '';
     token = $('token').value.trim();
     responderName = $('responder').value.trim();
     storageSet(TOKEN_KEY, token);
@@ -656,7 +683,7 @@
         const task = (t && typeof t === 'object') ? t : { description: String(t) };
         list.append(el('li', {},
           el('span', { class: 'plan-desc', text: task.description || '' }),
-          task.tool ? el('span', { class: 'chip', text: task.tool }) : null,
+          task.tool ? el('span', { class: 'chip', text: visible(task.tool) }) : null,
           task.risk ? el('span', { class: `chip ${riskClass(task.risk)}`, text: `risk ${task.risk}` }) : null));
       }
       body.push(list);
@@ -673,8 +700,8 @@
         if (v === undefined || v === null || v === '') return;
         facts.append(el('dt', { text: k }), el('dd', { class: cls }, v));
       };
-      fact('Tool', c.tool ? el('code', { text: c.tool }) : null);
-      fact('Command', c.command_line ? el('code', { class: 'wrap', text: c.command_line }) : null);
+      fact('Tool', c.tool ? el('code', { text: visible(c.tool) }) : null);
+      fact('Command', c.command_line ? el('code', { class: 'wrap', text: visible(c.command_line) }) : null);
       fact('Risk', c.risk_level ? el('span', { class: `chip ${riskClass(c.risk_level)}`, text: c.risk_level }) : null);
       fact('Policy', c.policy_rule ? `asked because of rule “${c.policy_rule}” (policy.yaml)` : null);
       body.push(facts);
@@ -682,8 +709,11 @@
       const shown = el('pre', { class: 'args', id: `${argsId}-view`, tabindex: '0', 'aria-label': 'Arguments' }, pretty(c.args ?? {}));
       const canEdit = c.args && typeof c.args === 'object' && !Array.isArray(c.args)
         && (q.options || []).some((o) => o.action === 'APPROVE_AND_EXECUTE');
+      // A long list scrolls in its box: said, so that no key is left below the fold unread.
+      const lines = pretty(c.args ?? {}).split('\n').length;
       const argsBlock = el('div', { class: 'args-block' },
-        el('div', { class: 'args-head' }, el('span', { class: 'label', text: 'Arguments' })), shown);
+        el('div', { class: 'args-head' }, el('span', { class: 'label', text: 'Arguments' })), shown,
+        lines > 14 ? el('p', { class: 'hint', text: `${lines} lines: scroll the box to read them all.` }) : null);
       if (canEdit) {
         const area = el('textarea', { id: argsId, class: 'args-edit', rows: '6', spellcheck: 'false', name: 'args', 'aria-describedby': `${argsId}-err` });
         area.value = pretty(c.args);
@@ -918,6 +948,21 @@
         markChosen(o);
         const parts = [el('p', { class: 'step-title', text: o.is_dangerous ? `Confirm: ${o.label}` : o.label })];
         if (o.description) parts.push(el('p', { class: 'hint', text: o.description }));
+        // What a confirmed approval does, said where it is confirmed: the command, whether the
+        // arguments are the edited ones, and a grant's reach.
+        if (o.action === 'APPROVE_AND_EXECUTE' && c.command_line) {
+          const edited = argsEditor ? argsEditor.read() : undefined;
+          parts.push(edited
+            ? el('p', { class: 'hint' }, 'Runs with the arguments as you edited them: ',
+              el('code', { class: 'wrap', text: pretty(edited) }))
+            : el('p', { class: 'hint' }, 'Runs: ', el('code', { class: 'wrap', text: visible(c.command_line) })));
+          const grant = grantBox ? grantBox.read() : null;
+          if (grant) {
+            parts.push(el('p', { class: 'warning', text: grant.scope === 'agent'
+              ? `And makes a grant: later calls like it in every run of ${q.agent} are approved without asking, until it is revoked under “Grants”.`
+              : 'And makes a grant: later calls like it in this run are approved without asking, until it is revoked under “Grants”.' }));
+          }
+        }
         if (o.is_dangerous) parts.push(el('p', { class: 'warning', text: 'This option is marked dangerous. Make sure before you go on.' }));
         let input = null;
         if (needsText(o)) {
@@ -1587,7 +1632,12 @@
   function route() {
     if (location.pathname === '/answer') return { view: 'link' };
     const m = /^\/runs\/([^/]+)\/?$/.exec(location.pathname);
-    if (m) return { view: 'run', id: decodeURIComponent(m[1]) };
+    if (m) {
+      // A malformed escape (`/runs/%E0`) is not a run id: said so, not a blank page.
+      let id = m[1];
+      try { id = decodeURIComponent(m[1]); } catch (_) { /* shown as it is, and refused */ }
+      return { view: 'run', id };
+    }
     return { view: 'inbox' };
   }
 
@@ -1616,11 +1666,7 @@
     if (r.view === 'link') startLink();
     else if (r.view === 'run') startRun(r.id);
     else startInbox();
-    if (offeredToken && r.view !== 'link') {
-      openSettings('This link carries another token than the one this browser keeps: Save to use it, or Close to keep yours.');
-      $('token').value = offeredToken;
-      offeredToken = '';
-    }
+    if (offeredToken && r.view !== 'link') openSettings(offerText());
     setInterval(tick, 1000);
     tick();
   }
