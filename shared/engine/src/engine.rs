@@ -1617,8 +1617,18 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         }
         let ex = match tool.run_builtin(&values) {
             Some(ex) => ex,
-            None => {
+            None if tool.keep_background => {
                 tools::execute(
+                    &inv,
+                    &env,
+                    tool.timeout,
+                    tool.max_output_bytes,
+                    &self.cancel,
+                )
+                .await
+            }
+            None => {
+                tools::execute_reaped(
                     &inv,
                     &env,
                     tool.timeout,

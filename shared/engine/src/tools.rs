@@ -207,6 +207,11 @@ pub struct ToolConfig {
     /// reaches a tool: not the secrets key, not an LLM API key.
     #[serde(default)]
     pub env: Vec<String>,
+    /// Processes the tool leaves running in the background outlive the call (by default its
+    /// whole process group is killed once it exits: a `cmd &` it started would otherwise run on,
+    /// unseen, and hold the worker's resources after the run ends).
+    #[serde(default)]
+    pub keep_background: bool,
 }
 
 /// What every tool sees of the host's environment (when set there): where programs are, the
@@ -314,6 +319,8 @@ pub struct Tool {
     pub max_output_bytes: usize,
     /// Host variables the tool may see besides [`BASE_ENV`] (`env:` in its declaration).
     pub env: Vec<String>,
+    /// `keep_background:`: its background processes outlive the call.
+    pub keep_background: bool,
 }
 
 impl Tool {
@@ -643,6 +650,7 @@ impl Tool {
             timeout: Duration::from_secs(c.timeout_s.unwrap_or(DEFAULT_TOOL_TIMEOUT_S)),
             max_output_bytes: c.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES),
             env: c.env.clone(),
+            keep_background: c.keep_background,
         })
     }
 
@@ -1118,18 +1126,20 @@ async fn run_child(
         }
         let _ = child.wait().await;
     }
-    // Grandchildren may hold the pipes open: do not wait for them forever.
+    // Grandchildren left running (`keep_background`) may hold the pipes open: do not wait for
+    // them forever, nor keep reading them after.
     let grace = Duration::from_secs(2);
-    let stdout = tokio::time::timeout(grace, out)
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default();
-    let stderr = tokio::time::timeout(grace, err)
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default();
+    let gathered = |mut task: tokio::task::JoinHandle<String>| async move {
+        match tokio::time::timeout(grace, &mut task).await {
+            Ok(r) => r.unwrap_or_default(),
+            Err(_) => {
+                task.abort();
+                String::new()
+            }
+        }
+    };
+    let stdout = gathered(out).await;
+    let stderr = gathered(err).await;
     Execution {
         exit,
         stdout,

@@ -2003,3 +2003,40 @@ async fn a_call_cannot_widen_who_answers_through_its_escalation() {
         "{e}"
     );
 }
+
+/// What a tool leaves running in the background is killed once it exits, unless the tool says
+/// `keep_background: true`.
+#[tokio::test]
+async fn a_tools_background_processes_end_with_it_unless_kept() {
+    let f = Fixture::with_config(
+        "name: t\nbrain: scripted\ntools:\n  - name: bg\n    shell: 'sleep 60 >/dev/null 2>&1 & echo $!'\n  \
+         - name: kept\n    shell: 'sleep 60 >/dev/null 2>&1 & echo $!'\n    keep_background: true\n",
+        "steps:\n  - tool: bg\n  - tool: kept\n  - finish: done\n",
+    );
+    let id = f.start("t").await;
+    let out = f.engine(id).await.advance(None).await.expect("advance");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "done".into()
+        }
+    );
+    let pids: Vec<i32> = results(&f.journal(id).await)
+        .iter()
+        .map(|(_, text)| text.trim().parse().expect("a pid"))
+        .collect();
+    let alive = |pid: i32| {
+        // A zombie is gone but for its entry: not alive.
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+    };
+    assert!(
+        !alive(pids[0]),
+        "the background process of `bg` outlived it"
+    );
+    assert!(alive(pids[1]), "`kept` keeps its background process");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pids[1]),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
