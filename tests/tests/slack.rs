@@ -1251,6 +1251,26 @@ async fn a_failed_update_is_done_again() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_target_slack_cannot_take_now_holds_back_no_other() {
     let s = setup("slk16", &[]).await;
+    // Meanwhile, a client sends its headers and then trickles nothing of its body: the bridge
+    // does not keep its connection for ever (it would hold one of its slots).
+    let port = s.bridge.port;
+    let slow = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        c.write_all(
+            b"POST /slack/interactivity HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\npayload=",
+        )
+        .await
+        .expect("write");
+        let mut answer = vec![0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(30), c.read(&mut answer))
+            .await
+            .expect("an answer within 30 s")
+            .expect("read");
+        String::from_utf8_lossy(&answer[..n]).into_owned()
+    });
     s.slack
         .state
         .refuse_posts_to
@@ -1339,6 +1359,8 @@ async fn a_target_slack_cannot_take_now_holds_back_no_other() {
         .filter(|c| c.method == "chat.postMessage" && c.params["channel"] == json!("C0ALL"))
         .count();
     assert_eq!(tries, 1, "tried once");
+    let answer = slow.await.expect("the slow client");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
 }
 
 /// A route of DMs alone, for a question no one of it can be sent to yet (it names a group):

@@ -222,6 +222,18 @@ const MAX_CONNECTIONS: usize = 1024;
 /// How long a connection to the bridge may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a request may take in all, its body included: a client that sends its headers and
+/// then trickles its body would hold a connection slot for ever (Slack sends at once, and wants
+/// an answer within 3 s).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest body taken: Slack's interactivity payloads are a few kilobytes.
+const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Requests refused by the signature check, and when that was last said in the log: said at
+/// most once a minute (a flood must not become one of log lines).
+static REFUSED_REQUESTS: Mutex<(u64, Option<std::time::Instant>)> = Mutex::new((0, None));
+
 /// The consumer's name.
 fn consumer_name(prefix: &str) -> String {
     format!("{prefix}-slack")
@@ -315,6 +327,16 @@ pub async fn serve(cfg: Config, cancel: CancellationToken) -> anyhow::Result<()>
     tracing::info!(%local, "slack bridge listening");
     let app = Router::new()
         .route("/slack/interactivity", post(interactivity))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(
+            |req: axum::extract::Request, next: axum::middleware::Next| async move {
+                use axum::response::IntoResponse;
+                match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+                    Ok(r) => r,
+                    Err(_) => StatusCode::REQUEST_TIMEOUT.into_response(),
+                }
+            },
+        ))
         .with_state(bridge.clone());
     // Facing the internet (Slack calls it): connections capped, and a client that does not send
     // its headers in time is dropped, as the gateway does.
@@ -1151,7 +1173,17 @@ async fn interactivity(
         &body,
         now_secs(),
     ) {
-        tracing::warn!(error = %e, "an interactivity request refused");
+        let mut refused = REFUSED_REQUESTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        refused.0 += 1;
+        if refused
+            .1
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+        {
+            refused.1 = Some(std::time::Instant::now());
+            tracing::warn!(error = %e, refused_so_far = refused.0, "an interactivity request refused (said at most once a minute)");
+        }
         return StatusCode::UNAUTHORIZED;
     }
     let payload = form_urlencoded::parse(&body)
