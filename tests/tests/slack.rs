@@ -428,6 +428,16 @@ fn sign(ts: &str, body: &str) -> String {
 /// Posts `payload` to the bridge as Slack would, signed at `ts` (with `signature` instead of
 /// the right one when given): the status.
 async fn send(bridge: &Bridge, payload: &Value, ts: i64, signature: Option<&str>) -> u16 {
+    send_read(bridge, payload, ts, signature).await.0
+}
+
+/// [`send`], and the body of the bridge's answer.
+async fn send_read(
+    bridge: &Bridge,
+    payload: &Value,
+    ts: i64,
+    signature: Option<&str>,
+) -> (u16, String) {
     let body: String = form_urlencoded::Serializer::new(String::new())
         .append_pair("payload", &payload.to_string())
         .finish();
@@ -435,7 +445,7 @@ async fn send(bridge: &Bridge, payload: &Value, ts: i64, signature: Option<&str>
     let sig = signature
         .map(str::to_owned)
         .unwrap_or_else(|| sign(&ts, &body));
-    reqwest::Client::new()
+    let r = reqwest::Client::new()
         .post(bridge.url())
         .header("content-type", "application/x-www-form-urlencoded")
         .header("x-slack-request-timestamp", &ts)
@@ -443,9 +453,9 @@ async fn send(bridge: &Bridge, payload: &Value, ts: i64, signature: Option<&str>
         .body(body)
         .send()
         .await
-        .expect("interactivity")
-        .status()
-        .as_u16()
+        .expect("interactivity");
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap_or_default())
 }
 
 /// A click on the button `action_id` of the message `post`, by the Slack user `user`.
@@ -921,6 +931,36 @@ async fn modals_answer_with_free_text_and_typed_data() {
                 block.clone(),
                 json!({"value": {"type": "plain_text_input", "value": value}}),
             );
+        }
+        if agent == "intake" {
+            // A field of the wrong kind: the form stays open, the error under that field, and
+            // nothing is answered.
+            let mut wrong = values.clone();
+            wrong.insert(
+                "f.copies".into(),
+                json!({"value": {"type": "plain_text_input", "value": "two"}}),
+            );
+            let submission = json!({
+                "type": "view_submission",
+                "user": {"id": "U0ALICE"},
+                "view": {"private_metadata": view["private_metadata"], "state": {"values": wrong}},
+            });
+            let (status, body) = send_read(&s.bridge, &submission, now(), None).await;
+            assert_eq!(status, 200);
+            let body: Value = serde_json::from_str(&body).expect("JSON");
+            assert_eq!(body["response_action"], "errors", "{body}");
+            assert!(
+                body["errors"]["f.copies"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("whole number")),
+                "{body}"
+            );
+            let (_, ix) = s
+                .ops
+                .get(&format!("/v1/interactions/{rid}"))
+                .await
+                .expect("get");
+            assert_eq!(ix["state"], "PENDING", "{ix}");
         }
         let submission = json!({
             "type": "view_submission",

@@ -1164,7 +1164,8 @@ async fn interactivity(
     State(b): State<Arc<Bridge>>,
     headers: HeaderMap,
     body: Bytes,
-) -> StatusCode {
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
     let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
     if let Err(e) = verify::verify(
         &b.cfg.signing_secret,
@@ -1184,21 +1185,39 @@ async fn interactivity(
             refused.1 = Some(std::time::Instant::now());
             tracing::warn!(error = %e, refused_so_far = refused.0, "an interactivity request refused (said at most once a minute)");
         }
-        return StatusCode::UNAUTHORIZED;
+        return StatusCode::UNAUTHORIZED.into_response();
     }
     let payload = form_urlencoded::parse(&body)
         .find(|(k, _)| k == "payload")
         .map(|(_, v)| v.into_owned());
     let Some(payload) = payload else {
-        return StatusCode::BAD_REQUEST;
+        return StatusCode::BAD_REQUEST.into_response();
     };
     let payload: Payload = match serde_json::from_str(&payload) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "an interactivity payload the bridge cannot read");
-            return StatusCode::BAD_REQUEST;
+            return StatusCode::BAD_REQUEST.into_response();
         }
     };
+    // A form whose own checks fail stays open, the errors under its fields: nothing is answered.
+    if payload.kind == "view_submission"
+        && let Some(view) = &payload.view
+        && let Some(meta) = view
+            .private_metadata
+            .as_deref()
+            .and_then(|m| serde_json::from_str::<ModalMeta>(m).ok())
+    {
+        let schema =
+            match tokio::time::timeout(Duration::from_millis(1000), b.store.get(meta.r)).await {
+                Ok(Ok(rec)) => rec.request.and_then(|q| q.response_schema),
+                _ => None,
+            };
+        if let Some(errors) = form_errors(view, schema.as_ref()) {
+            return axum::Json(json!({"response_action": "errors", "errors": errors}))
+                .into_response();
+        }
+    }
     // An answer (a button that answers, a form sent) is noted before the `200`, so that a
     // bridge that dies before it is handled handles it when it starts again; not noted in time
     // (NATS away for longer than Slack waits), it is handled all the same. A click that opens a
@@ -1256,7 +1275,28 @@ async fn interactivity(
         };
         bridge.handle(id.as_deref(), payload).await;
     });
-    StatusCode::OK
+    StatusCode::OK.into_response()
+}
+
+/// What a form sent can be told in the form itself, which then stays open with the person's
+/// typing (Slack's `response_action: errors`, by block id): arguments that are not a JSON
+/// object, a typed field of the wrong kind. `None`: nothing to say there (the gateway's own
+/// checks come after, told to the person alone).
+fn form_errors(view: &PayloadView, schema: Option<&Value>) -> Option<Value> {
+    let values = form_values(view.state.as_ref());
+    if let Some(args) = values.get("args")
+        && !serde_json::from_str::<Value>(args).is_ok_and(|v| v.is_object())
+    {
+        return Some(
+            json!({"args": "Not a JSON object: write the arguments as {\"name\": value, …}."}),
+        );
+    }
+    if let Some(schema) = schema
+        && let Err((field, message)) = typed_field(schema, &values)
+    {
+        return Some(json!({ format!("f.{field}"): message }));
+    }
+    None
 }
 
 /// How long a click's note may take before the `200` (Slack waits 3 s in all).
@@ -1614,6 +1654,14 @@ fn form_values(state: Option<&Value>) -> HashMap<String, String> {
 /// A typed answer from a modal's fields (`f.<name>`), by the schema's property types; the
 /// gateway checks the rest.
 fn typed(schema: &Value, values: &HashMap<String, String>) -> Result<Value, String> {
+    typed_field(schema, values).map_err(|(_, e)| e)
+}
+
+/// [`typed`], its error with the name of the field it is about.
+fn typed_field(
+    schema: &Value,
+    values: &HashMap<String, String>,
+) -> Result<Value, (String, String)> {
     let mut data = serde_json::Map::new();
     let props = schema
         .get("properties")
@@ -1628,19 +1676,14 @@ fn typed(schema: &Value, values: &HashMap<String, String>) -> Result<Value, Stri
             continue;
         };
         let text = text.trim();
+        let wrong = |what: &str| (name.clone(), format!("`{name}` must be {what}"));
         let v = match p.get("type").and_then(Value::as_str) {
-            Some("integer") => json!(
-                text.parse::<i64>()
-                    .map_err(|_| format!("`{name}` must be a whole number"))?
-            ),
-            Some("number") => json!(
-                text.parse::<f64>()
-                    .map_err(|_| format!("`{name}` must be a number"))?
-            ),
+            Some("integer") => json!(text.parse::<i64>().map_err(|_| wrong("a whole number"))?),
+            Some("number") => json!(text.parse::<f64>().map_err(|_| wrong("a number"))?),
             Some("boolean") => match text.to_lowercase().as_str() {
                 "true" | "yes" => json!(true),
                 "false" | "no" => json!(false),
-                _ => return Err(format!("`{name}` must be true or false")),
+                _ => return Err(wrong("true or false")),
             },
             Some("array") => json!(
                 text.split(',')
@@ -1888,6 +1931,34 @@ mod tests {
             assert_eq!(fresh(&(None, past)), None);
             assert_eq!(fresh(&(Some("a".into()), past)), Some(Some("a".into())));
         }
+    }
+
+    #[test]
+    fn a_forms_own_errors_are_shown_in_the_form() {
+        let view = |values: Value| PayloadView {
+            private_metadata: None,
+            state: Some(json!({"values": values})),
+        };
+        let field = |v: &str| json!({"value": {"type": "plain_text_input", "value": v}});
+        let args = view(json!({"args": field("[1, 2]")}));
+        assert!(form_errors(&args, None).is_some_and(|e| e["args"].is_string()));
+        assert_eq!(
+            form_errors(&view(json!({"args": field("{\"a\": 1}")})), None),
+            None
+        );
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        let typed = view(json!({"f.n": field("many")}));
+        let e = form_errors(&typed, Some(&schema)).expect("an error");
+        assert!(
+            e["f.n"]
+                .as_str()
+                .is_some_and(|m| m.contains("whole number")),
+            "{e}"
+        );
+        assert_eq!(
+            form_errors(&view(json!({"f.n": field("3")})), Some(&schema)),
+            None
+        );
     }
 
     #[test]
