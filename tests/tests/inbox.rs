@@ -178,6 +178,14 @@ async fn a_free_text_answer_in_the_inbox_completes_the_run() {
                 .type_into(&format!("{c} textarea[name=input]"), "Ada\u{E007}")
                 .await;
             wait_outcome(&browser, &rid, "Answer sent").await;
+            // The focus is on what became of the answer, not dropped to the page's start.
+            let focused = browser
+                .js("return document.activeElement.className;", vec![])
+                .await;
+            assert!(
+                focused.as_str().is_some_and(|c| c.contains("outcome")),
+                "{focused}"
+            );
             fleet.wait_status(run, RunStatus::Completed).await;
             let stored = fleet.store.load(run).await.expect("load");
             assert_eq!(stored.record.result.as_deref(), Some("done: Ada"));

@@ -123,6 +123,18 @@
     return Number.isNaN(d.getTime()) ? '' : d.toLocaleTimeString([], { hour12: false });
   }
 
+  /** A moment that may be days away (a grant's or a link's end): the time of day when it is
+   * today, else with its date, and the time zone either way. */
+  function when(t) {
+    const d = new Date(t);
+    if (Number.isNaN(d.getTime())) return '';
+    const today = d.toDateString() === new Date().toDateString();
+    return d.toLocaleString([], {
+      ...(today ? {} : { year: 'numeric', month: 'short', day: 'numeric' }),
+      hour: '2-digit', minute: '2-digit', hour12: false, timeZoneName: 'short',
+    });
+  }
+
   // The last characters: ids are UUIDv7, whose first ones are a timestamp shared by runs
   // started close together.
   function shortId(id) { return String(id || '').slice(-8); }
@@ -596,7 +608,7 @@
       el('div', { class: 'grant-main' },
         el('code', { class: 'chip', text: g.tool }),
         el('span', { class: 'grant-args', text: describeArgs(g.args) })),
-      el('div', { class: 'grant-meta', text: `${where} · by ${g.created_by.id} (${g.created_by.via}) · ${uses}${g.expires_at ? ` · until ${clock(parseTime(g.expires_at))}` : ''}` }),
+      el('div', { class: 'grant-meta', text: `${where} · by ${g.created_by.id} (${g.created_by.via}) · ${uses}${g.expires_at ? ` · until ${when(parseTime(g.expires_at))}` : ''}` }),
       el('div', { class: 'actions' }, revoke),
       note);
     revoke.addEventListener('click', async () => {
@@ -759,7 +771,7 @@
     // after the answer's controls, so the keyboard reaches the options first.
     const human = humanBlock(q, card, () => setOutcome('', 'info'), (text) => setOutcome(text, 'error'));
 
-    const outcome = el('p', { class: 'outcome', role: 'alert', hidden: true });
+    const outcome = el('p', { class: 'outcome', role: 'alert', hidden: true, tabindex: '-1' });
     const form = el('form', { class: 'answer', novalidate: true, 'aria-labelledby': headingId });
     const typed = isTyped(q) ? typedForm(q, rid) : null;
 
@@ -778,10 +790,15 @@
 
     /** Ends the card: it can no longer be answered from here. */
     function settle(kind, text, ...extra) {
+      // The focus was in the card (on the button just used, now disabled): it goes to what
+      // became of the answer, not to the page's start.
+      const hadFocus = card.node.contains(document.activeElement)
+        || (card.focusWasIn && document.activeElement === document.body);
       card.settled = true;
       card.node.classList.add('settled', `settled-${kind}`);
       for (const c2 of card.node.querySelectorAll('button, input, textarea, select')) c2.disabled = true;
       setOutcome(text, kind, ...extra);
+      if (hadFocus) outcome.focus();
       if (kind !== 'ok') {
         const dismiss = el('button', { type: 'button', class: 'btn btn-small dismiss', text: 'Dismiss' });
         dismiss.addEventListener('click', () => onDone(card, 'dismissed'));
@@ -803,6 +820,8 @@
       if (q.request_hash) bodyOut.request_hash = q.request_hash;
       // A sensitive answer leaves the page now: it is never kept or shown again.
       if (sensitive) for (const f of fields || []) f.value = '';
+      // Disabled while it is sent, the control in use loses the focus: remembered, for settle.
+      card.focusWasIn = card.node.contains(document.activeElement);
       setBusy(true);
       setOutcome('Sending…', 'info');
       try {
@@ -1176,12 +1195,18 @@
   function addCard(q, view, listedAt) {
     if (!q || !q.request_id) return;
     const shown = inbox.cards.get(q.request_id);
-    if (shown && !shown.settled) {
+    // The same question changed since it was shown (another version: its hash differs): shown
+    // anew, saying so, rather than left to be answered as it was (the gateway would refuse that
+    // answer as stale). Not while an answer to it is on its way.
+    const changed = shown && !shown.settled && !shown.busy && q.request_hash
+      && shown.q.request_hash && q.request_hash !== shown.q.request_hash;
+    if (shown && !shown.settled && !changed) {
       if (view && !(shown.humanAt > listedAt)) shown.setHuman({ claim: view.claim, tally: view.tally });
       return;
     }
     if (shown) removeCard(q.request_id); // asked again after an answer the engine refused
     const card = makeCard(q, 'inbox', inboxDone);
+    if (changed) toast(`“${q.title || q.prompt}” changed since it was shown: read it again before you answer.`);
     if (view) card.setHuman({ claim: view.claim, tally: view.tally });
     const at = parseTime(q.timestamp);
     const list = $('cards');
@@ -1502,7 +1527,8 @@
       el('span', { class: 'jl-type', text: e.type }),
       el('span', { class: 'jl-text', text: summary(e) }));
     $('journal').append(li);
-    if (['ENGINE_START', 'ENGINE_END', 'HUMAN_INPUT_REQUEST', 'HUMAN_INPUT_RECEIVED'].includes(e.type)) {
+    // What changes the question on show: a vote's tally and an escalation's responders too.
+    if (['ENGINE_START', 'ENGINE_END', 'HUMAN_INPUT_REQUEST', 'HUMAN_INPUT_RECEIVED', 'HUMAN_VOTE', 'ESCALATED'].includes(e.type)) {
       scheduleRunRefresh(150);
     }
   }
@@ -1607,7 +1633,7 @@
       return;
     }
     const until = parseTime(v.expires_at);
-    $('link-who').textContent = `You answer as ${v.responder}. The link works for one answer${Number.isNaN(until) ? '' : `, until ${clock(until)}`}.`;
+    $('link-who').textContent = `You answer as ${v.responder}. The link works for one answer${Number.isNaN(until) ? '' : `, until ${when(until)}`}.`;
     const q = { ...v.interaction.request, run_id: v.run_id, request_hash: v.interaction.request_hash };
     if (v.interaction.state !== 'PENDING') {
       linkError(v.interaction.state === 'ANSWERED' ? 'This question is answered already.' : `This question is closed (${String(v.interaction.state).toLowerCase()}).`);
