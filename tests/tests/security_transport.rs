@@ -599,6 +599,11 @@ async fn the_inbox_streams_with_fresh_tickets_and_never_the_token() {
                 })
                 .collect();
             assert_eq!(tickets.len(), urls.len(), "a fresh ticket each time: {urls:?}");
+            // It went on from the event after the last one it had seen.
+            assert!(
+                urls.iter().all(|u| u.contains("from_seq=")),
+                "reopened from the next event: {urls:?}"
+            );
             let timed = browser
                 .js(
                     "return performance.getEntriesByType('resource').map(e => e.name);",

@@ -237,6 +237,7 @@
 
   /** Signed out (a token forgotten or refused): nothing read with it stays on the page. */
   function clearShown() {
+    inbox.lastId = 0; // whoever signs in next gets a listing of their own
     for (const card of inbox.cards.values()) card.node.remove();
     inbox.cards.clear();
     $('cards').replaceChildren();
@@ -314,6 +315,7 @@
     live: 'Live',
     reconnecting: 'Reconnecting…',
     offline: 'Offline: retrying',
+    refused: 'Live updates refused (too many streams open): retrying; reload for changes',
     locked: 'Needs a token',
     ended: 'Run ended',
   };
@@ -1166,7 +1168,12 @@
     timer: 0,
     attempt: 0, // each opening counts: a ticket that arrives for an older one is not used
     listings: 0, // each listing counts: one that finishes after a newer one is dropped
+    lastId: 0, // the stream's last event id: a reconnect goes on from the next one
+    openedAt: 0, // when the stream last opened: one that drops soon after backs off
   };
+
+  /** How long a stream must stay open before a drop counts as a blip (reconnect at once). */
+  const STABLE_MS = 10000;
 
   function renderCount() {
     const n = [...inbox.cards.values()].filter((c) => !c.settled).length;
@@ -1306,10 +1313,19 @@
   /** After a stream failed (`err`: the ticket was refused): retry later, saying why in the
    * banner when the API refuses. */
   function inboxRetry(wasLive, err) {
-    if (wasLive) {
-      // It dropped: connect again soon (with a new ticket), the list caught up on open.
+    if (wasLive && Date.now() - inbox.openedAt >= STABLE_MS) {
+      // It dropped after a while: connect again soon (with a new ticket), from the next event.
+      inbox.retry = 1000;
       setConn('reconnecting');
       inbox.timer = setTimeout(openInboxStream, 500);
+      return;
+    }
+    if (wasLive) {
+      // It keeps dropping soon after it opens: back off, as for a refusal (each open would
+      // otherwise ask for a ticket, and the gateway for its events, over and over).
+      setConn('reconnecting');
+      inbox.timer = setTimeout(openInboxStream, inbox.retry);
+      inbox.retry = Math.min(inbox.retry * 2, 30000);
       return;
     }
     // Refused (401, 403, 503) or unreachable: the ticket's refusal, or else a plain call, says
@@ -1321,8 +1337,11 @@
       showInboxError(err);
     } else {
       setConn('offline');
+      // The stream was refused after its ticket was taken (a 429 for this token's streams, a
+      // 503 for the gateway's), which an EventSource cannot read: the API answering says so.
       api('GET', '/v1/interactions?state=pending&limit=1').then(() => {
         $('inbox-error').hidden = true;
+        setConn('refused');
       }, showInboxError);
     }
     inbox.timer = setTimeout(openInboxStream, inbox.retry);
@@ -1335,23 +1354,34 @@
     inbox.stream = null;
     setConn('connecting');
     const attempt = ++inbox.attempt;
-    withTicket('/v1/interactions/stream', { stream: 'interactions' }).then((url) => {
-      if (attempt === inbox.attempt) connectInbox(url, attempt);
+    // After a drop, from the event after the last one seen: nothing missed, nothing listed again.
+    const path = inbox.lastId ? `/v1/interactions/stream?from_seq=${inbox.lastId + 1}` : '/v1/interactions/stream';
+    const resumed = Boolean(inbox.lastId);
+    withTicket(path, { stream: 'interactions' }).then((url) => {
+      if (attempt === inbox.attempt) connectInbox(url, attempt, resumed);
     }, (err) => {
       if (attempt === inbox.attempt) inboxRetry(false, err);
     });
   }
 
-  function connectInbox(url, attempt) {
+  function connectInbox(url, attempt, resumed) {
     const es = new EventSource(url);
     inbox.stream = es;
     let live = false;
     es.addEventListener('open', () => {
       live = true;
+      inbox.openedAt = Date.now();
       setConn('live');
-      inbox.retry = 1000;
-      loadPending().catch(showInboxError);
+      // A stream that goes on from the last event brings what was missed itself.
+      if (!resumed) loadPending().catch(showInboxError);
     });
+    // Each event's id is its sequence in the events stream.
+    for (const kind of ['requested', 'resolved', 'updated', 'escalated']) {
+      es.addEventListener(kind, (e) => {
+        const id = Number(e.lastEventId);
+        if (Number.isSafeInteger(id) && id > inbox.lastId) inbox.lastId = id;
+      });
+    }
     es.addEventListener('requested', (e) => {
       const q = parseJson(e.data);
       if (!q || !q.request_id) return;
