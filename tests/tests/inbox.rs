@@ -533,7 +533,7 @@ async fn cards_answer_only_once_they_stand_still_and_take_no_keys_along() {
     fleet.add_agent(
         "sneaky",
         "name: sneaky\nbrain: scripted\ntools:\n  - name: run\n    exec: \"echo ${file}\"\n    approval: always\n    dangerous: true\n",
-        "steps:\n  - tool: run\n    args: {file: \"report\\u202Efdp.exe\"}\n  - finish: done\n",
+        "steps:\n  - tool: run\n    args: {file: \"report\\u202Efdp.exe\\U000E0041\"}\n  - finish: done\n",
     );
     let browser = Browser::start(
         "cards_answer_only_once_they_stand_still_and_take_no_keys_along",
@@ -626,6 +626,9 @@ async fn cards_answer_only_once_they_stand_still_and_take_no_keys_along() {
                 let text = text.as_str().unwrap_or_default();
                 assert!(!text.contains('\u{202e}'), "the override itself: {text:?}");
                 assert!(text.contains("\\u202e"), "shown as \\u202e: {text:?}");
+                // A tag character (beyond U+FFFF) too, as its UTF-16 pair.
+                assert!(!text.contains('\u{e0041}'), "the tag itself: {text:?}");
+                assert!(text.contains("\\udb40\\udc41"), "the tag shown: {text:?}");
             }
             // Its approval is dangerous: the confirmation says what runs, the same way.
             browser.click(&format!("{s} [data-option-id=approve]")).await;
@@ -638,7 +641,7 @@ async fn cards_answer_only_once_they_stand_still_and_take_no_keys_along() {
                 .await;
             let step = step.as_str().unwrap_or_default();
             assert!(
-                step.contains("Runs: echo 'report\\u202efdp.exe'"),
+                step.contains("Runs: echo 'report\\u202efdp.exe\\udb40\\udc41'"),
                 "{step:?}"
             );
             browser.click(&format!("{s} [data-confirm=approve]")).await;
@@ -981,6 +984,13 @@ async fn with_tokens_the_page_asks_for_one_and_refuses_a_wrong_one() {
                 json!(0),
                 "nothing read without a token"
             );
+            // Closed without Save (Escape), the offer is gone: the box opened again is empty.
+            browser.press(ESCAPE).await;
+            browser.click("#settings-toggle").await;
+            let again = browser
+                .js("return document.getElementById('token').value;", vec![])
+                .await;
+            assert_eq!(again, json!(""), "the link's token is not offered twice");
         })
         .await;
     browser.close().await;

@@ -86,6 +86,8 @@ fn reach_of(code: &str) -> Reach {
         | "service_unavailable"
         | "request_timeout"
         | "ratelimited"
+        | "rate_limited"
+        | "message_limit_exceeded"
         | "team_added_to_org" => Reach::Transient,
         // Any other refusal is of this call (its blocks, its arguments, a DM the person's
         // settings close): trying it again for a day would only hold the event, and every event
@@ -394,5 +396,37 @@ impl Slack {
             }
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What Slack documents as passing is tried again; its refusals of the app are the bridge's;
+    /// any other code is a refusal of that one call, never retried for a day.
+    #[test]
+    fn error_codes_are_passing_the_apps_or_the_calls() {
+        for code in [
+            "ratelimited",
+            "rate_limited",
+            "message_limit_exceeded",
+            "internal_error",
+            "fatal_error",
+            "service_unavailable",
+        ] {
+            assert_eq!(reach_of(code), Reach::Transient, "{code}");
+        }
+        for code in ["invalid_auth", "token_revoked", "missing_scope"] {
+            assert_eq!(reach_of(code), Reach::Bridge, "{code}");
+        }
+        for code in [
+            "not_in_channel",
+            "invalid_blocks",
+            "messages_tab_disabled",
+            "a_code_slack_adds_later",
+        ] {
+            assert_eq!(reach_of(code), Reach::Target, "{code}");
+        }
     }
 }

@@ -1208,11 +1208,22 @@ async fn interactivity(
             .as_deref()
             .and_then(|m| serde_json::from_str::<ModalMeta>(m).ok())
     {
-        let schema =
-            match tokio::time::timeout(Duration::from_millis(1000), b.store.get(meta.r)).await {
+        // The schema only for a typed form, read briefly: the `200` is due within 3 s, and the
+        // click's note may take 1.5 s of them after this.
+        let typed = view
+            .state
+            .as_ref()
+            .and_then(|s| s.get("values"))
+            .and_then(Value::as_object)
+            .is_some_and(|v| v.keys().any(|k| k.starts_with("f.")));
+        let schema = if typed {
+            match tokio::time::timeout(Duration::from_millis(500), b.store.get(meta.r)).await {
                 Ok(Ok(rec)) => rec.request.and_then(|q| q.response_schema),
                 _ => None,
-            };
+            }
+        } else {
+            None
+        };
         if let Some(errors) = form_errors(view, schema.as_ref()) {
             return axum::Json(json!({"response_action": "errors", "errors": errors}))
                 .into_response();

@@ -143,9 +143,12 @@
   // controls, other controls): in what a person approves (a command, arguments, a tool's name)
   // they would make it read as something else than what runs. Shown as `\uXXXX`, which in
   // JSON means the same character.
-  const HIDDEN = /[\u0000-\u0008\u000B-\u001F\u007F-\u009F\u200B-\u200F\u202A-\u202E\u2060-\u2069\uFEFF]/g;
+  // Controls (but line breaks and tabs), format characters (zero-width, bidirectional, tags),
+  // line and paragraph separators; a character beyond U+FFFF as its UTF-16 pair, as JSON does.
+  const HIDDEN = /(?![\n\t])[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/gu;
   function visible(text) {
-    return String(text).replace(HIDDEN, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+    return String(text).replace(HIDDEN, (c) => Array.from({ length: c.length },
+      (_, i) => `\\u${c.charCodeAt(i).toString(16).padStart(4, '0')}`).join(''));
   }
 
   function pretty(value) {
@@ -230,7 +233,7 @@
     $('settings-toggle').setAttribute('aria-expanded', 'true');
     $('settings-reason').textContent = reason || '';
     $('settings-reason').hidden = !reason;
-    $('token').value = offeredToken || token;
+    $('token').value = offeredToken && reason === offerText() ? offeredToken : token;
     $('responder').value = responderName;
     $('token').focus();
   }
@@ -243,10 +246,17 @@
     $('cards').replaceChildren();
     $('grants').replaceChildren();
     $('grants-view').hidden = true;
+    // The run page: its question and journal.
+    if (run.card) { run.card.node.remove(); run.card = null; }
+    $('run-question').replaceChildren();
+    $('journal').replaceChildren();
+    run.lastSeq = 0;
     renderCount();
   }
 
   function closeSettings() {
+    // A link's token is offered once, with its warning: closed without Save, it is gone.
+    offeredToken = '';
     settings.hidden = true;
     $('settings-toggle').setAttribute('aria-expanded', 'false');
   }
@@ -268,7 +278,7 @@
   $('settings-toggle').addEventListener('click', () => {
     if (settings.hidden) openSettings(''); else closeSettings();
   });
-  $('settings-close').addEventListener('click', () => { offeredToken = ''; closeSettings(); });
+  $('settings-close').addEventListener('click', closeSettings);
   $('settings-forget').addEventListener('click', () => {
     $('token').value = '';
     token = '';
@@ -315,7 +325,7 @@
     live: 'Live',
     reconnecting: 'Reconnecting…',
     offline: 'Offline: retrying',
-    refused: 'Live updates refused (too many streams open): retrying; reload for changes',
+    refused: 'Live updates unavailable (the API answers): retrying',
     locked: 'Needs a token',
     ended: 'Run ended',
   };
@@ -1169,6 +1179,7 @@
     attempt: 0, // each opening counts: a ticket that arrives for an older one is not used
     listings: 0, // each listing counts: one that finishes after a newer one is dropped
     lastId: 0, // the stream's last event id: a reconnect goes on from the next one
+    resumes: 0, // streams opened from the last event seen (for tests)
     openedAt: 0, // when the stream last opened: one that drops soon after backs off
   };
 
@@ -1206,7 +1217,8 @@
     // anew, saying so, rather than left to be answered as it was (the gateway would refuse that
     // answer as stale). Not while an answer to it is on its way.
     const changed = shown && !shown.settled && !shown.busy && q.request_hash
-      && shown.q.request_hash && q.request_hash !== shown.q.request_hash;
+      && shown.q.request_hash && q.request_hash !== shown.q.request_hash
+      && !(listedAt !== undefined && shown.addedAt > listedAt);
     if (shown && !shown.settled && !changed) {
       if (view && !(shown.humanAt > listedAt)) shown.setHuman({ claim: view.claim, tally: view.tally });
       return;
@@ -1280,9 +1292,12 @@
     tokenWorks();
     $('inbox-error').hidden = true;
     const ids = new Set(found.map((v) => v.request_id));
+    // More than the pages read: said, and no card is taken for settled for missing from them.
+    const cut = Boolean(cursor);
+    if (cut) toast(`More than ${found.length} questions wait: the first ${found.length} are listed (the API or \`delta pending ls\` pages through all).`);
     for (const [rid, card] of inbox.cards) {
       // Settled while we were not listening; cards shown after this listing began stay.
-      if (!ids.has(rid) && !card.settled && card.addedAt < started) removeCard(rid);
+      if (!cut && !ids.has(rid) && !card.settled && card.addedAt < started) removeCard(rid);
     }
     for (const v of found) {
       if (!inbox.gone.has(v.request_id) && v.request) addCard(v.request, v, started);
@@ -1372,8 +1387,12 @@
       live = true;
       inbox.openedAt = Date.now();
       setConn('live');
-      // A stream that goes on from the last event brings what was missed itself.
-      if (!resumed) loadPending().catch(showInboxError);
+      // Listed again whatever the stream brings: it goes on from the last event seen, but a
+      // stream made anew (its ids started over) would bring nothing until it passed that id.
+      // Cards already shown are kept; the back-off above keeps a flapping stream from listing
+      // over and over.
+      loadPending().catch(showInboxError);
+      if (resumed) inbox.resumes += 1;
     });
     // Each event's id is its sequence in the events stream.
     for (const kind of ['requested', 'resolved', 'updated', 'escalated']) {

@@ -998,22 +998,6 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                 // is journaled with the commit just before its tool starts, so a call approved
                 // but without a result may have run: a tool that is not idempotent is not run
                 // again without a person (as a call found unfinished without a question).
-                if rec.action == OptionAction::ApproveAndExecute
-                    && req.tool != ASK_HUMAN
-                    && let Some(tool) = self.agent.tools.get(&req.tool)
-                {
-                    if !tool.idempotent {
-                        let q = self.may_have_run_request(&req, tool);
-                        return self.ask(q).await;
-                    }
-                    self.push(Event::SystemMessage(SystemMessage {
-                        level: MessageLevel::Info,
-                        content: format!(
-                            "re-running interrupted action {} (`{}` is idempotent)",
-                            req.action_id, req.tool
-                        ),
-                    }));
-                }
                 let input = rec.input.clone().filter(|_| !q.is_sensitive());
                 let accepted = AcceptedAnswer {
                     option: rec.option_id.as_deref().and_then(|o| q.option(o)).cloned(),
@@ -1028,6 +1012,30 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                         request_hash: rec.request_hash.clone(),
                     },
                 };
+                if rec.action == OptionAction::ApproveAndExecute
+                    && req.tool != ASK_HUMAN
+                    && let Some(tool) = self.agent.tools.get(&req.tool)
+                {
+                    if !tool.idempotent {
+                        // What was approved stands: the grant it asked for is made, and the
+                        // question names the call as approved (edited arguments and all), which
+                        // is what "run it again" runs.
+                        self.create_grant(&q, &accepted).await?;
+                        let ran = ActionRequest {
+                            args: approved_args(&q, &accepted.response, &req),
+                            ..req.clone()
+                        };
+                        let q = self.may_have_run_request(&ran, tool);
+                        return self.ask(q).await;
+                    }
+                    self.push(Event::SystemMessage(SystemMessage {
+                        level: MessageLevel::Info,
+                        content: format!(
+                            "re-running interrupted action {} (`{}` is idempotent)",
+                            req.action_id, req.tool
+                        ),
+                    }));
+                }
                 self.apply_answer(&req, &q, accepted).await
             }
             Some((q, None)) => {
@@ -1250,7 +1258,12 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         let is_ask = req.tool == ASK_HUMAN;
         match a.action {
             OptionAction::ApproveAndExecute if !is_ask => {
-                let edited = r.data.as_ref().and_then(|d| d.get("args")).cloned();
+                let edited = r
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("args"))
+                    .filter(|a| a.is_object())
+                    .cloned();
                 // A deny always wins, over a person too: arguments edited into a denied call do
                 // not run (the approval was of the call as edited, not of the rule).
                 if let Some(edited) = &edited
@@ -1274,7 +1287,7 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
                     self.result(id, ActionStatus::Rejected, text, None, 0);
                     return Ok(None);
                 }
-                let args = edited.unwrap_or_else(|| req.args.clone());
+                let args = approved_args(q, r, req);
                 self.create_grant(q, &a).await?;
                 return self.run_tool(req, &args).await;
             }
@@ -2061,6 +2074,19 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         q.context.insert("may_have_run".into(), json!(true));
         q
     }
+}
+
+/// The arguments an approval `r` of question `q` about call `req` runs: as edited in the answer
+/// (`data.args`), else as the question showed them (`context.args`: a "may have run" question
+/// shows the arguments that were approved, edits included), else the call's own.
+fn approved_args(q: &InteractionRequest, r: &InteractionResponse, req: &ActionRequest) -> Value {
+    r.data
+        .as_ref()
+        .and_then(|d| d.get("args"))
+        .filter(|a| a.is_object())
+        .or_else(|| q.context.get("args").filter(|a| a.is_object()))
+        .cloned()
+        .unwrap_or_else(|| req.args.clone())
 }
 
 /// How a new tool call goes ahead ([`Engine::gate`]).

@@ -166,10 +166,17 @@ pub fn grant_of(
             }
         )));
     }
+    // Pinned as the tool got them (a number given as ` 5` is `5`): the text later calls are
+    // matched by ([`crate::tools::canonical_args`]).
+    let checked = crate::tools::check_args(params, &approved).ok();
     let mut args = BTreeMap::new();
     for p in params {
         let m = match req.args.get(&p.name) {
-            None => match arg_text(&approved, &p.name) {
+            None => match checked
+                .as_ref()
+                .and_then(|c| c.get(&p.name).cloned())
+                .or_else(|| arg_text(&approved, &p.name))
+            {
                 Some(v) => ArgMatch::Exact(v),
                 None => ArgMatch::Absent,
             },

@@ -29,7 +29,7 @@ use serde_json::Value;
 
 use crate::agent::{Error, parse_yaml};
 use crate::grants::{arg_text, compile};
-use crate::tools::Tool;
+use crate::tools::{ParamType, Tool};
 
 /// What a rule does with a call it matches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -223,13 +223,27 @@ impl Policy {
                         ),
                     ));
                 }
+                // A number matches a number parameter's value as a number (`0`, `00`, ` 0`,
+                // `0.0` alike); any other parameter's, as its exact text.
+                let numeric = tool
+                    .as_deref()
+                    .and_then(|t| tools.get(t))
+                    .and_then(|t| t.specs.iter().find(|p| &p.name == param))
+                    .is_some_and(|p| matches!(p.kind, ParamType::Number | ParamType::Integer));
+                let number = |n: &serde_json::Number| {
+                    if numeric {
+                        ArgPattern::number(n)
+                    } else {
+                        ArgPattern::Equals(n.to_string())
+                    }
+                };
                 let pattern = match v {
                     Value::String(s) => ArgPattern::Regex(compile(s).map_err(|e| bad(&sub, e))?),
-                    Value::Number(n) => ArgPattern::number(n),
+                    Value::Number(n) => number(n),
                     Value::Bool(_) => ArgPattern::Equals(v.to_string()),
                     Value::Object(o) if o.len() == 1 => match (o.get("equals"), o.get("regex")) {
                         (Some(Value::String(s)), _) => ArgPattern::Equals(s.clone()),
-                        (Some(Value::Number(n)), _) => ArgPattern::number(n),
+                        (Some(Value::Number(n)), _) => number(n),
                         (Some(e @ Value::Bool(_)), _) => ArgPattern::Equals(e.to_string()),
                         (_, Some(Value::String(s))) => {
                             ArgPattern::Regex(compile(s).map_err(|e| bad(&sub, e))?)
@@ -278,6 +292,33 @@ mod tests {
 
     fn parse(text: &str) -> Result<Policy, Error> {
         Policy::parse(Path::new("policy.yaml"), text, &tools())
+    }
+
+    /// A number in a rule is a number for a number parameter (however the value spells it),
+    /// and exact text for any other (a string `05` is not the version `5`).
+    #[test]
+    fn a_rules_number_is_a_number_only_for_a_number_parameter() {
+        let config = "name: t\nbrain: scripted\ntools:\n  - name: scale\n    exec: \"echo ${n} ${tag}\"\n    parameters: [{name: n, type: integer}, {name: tag}]\n";
+        let tools = CheckedConfig::parse(Path::new("config.yaml"), config, Path::new("."))
+            .expect("config")
+            .tools;
+        let p = Policy::parse(
+            Path::new("policy.yaml"),
+            "rules:\n  - {name: zero, tool: scale, args: {n: 0}, effect: deny}\n  - {name: five, tool: scale, args: {tag: 5}, effect: allow}\n",
+            &tools,
+        )
+        .expect("policy");
+        let rule = |args: Value| p.decide("scale", &args).map(|r| r.name.clone());
+        for n in ["0", "00", "+0", "-0", "0.0"] {
+            assert_eq!(
+                rule(json!({"n": n, "tag": "x"})),
+                Some("zero".into()),
+                "{n}"
+            );
+        }
+        assert_eq!(rule(json!({"n": "1", "tag": "5"})), Some("five".into()));
+        assert_eq!(rule(json!({"n": "1", "tag": "05"})), None);
+        assert_eq!(rule(json!({"n": "1", "tag": "5.0"})), None);
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub const MAX_LABEL_CHARS: usize = 200;
 pub const MAX_DESCRIPTION_CHARS: usize = 2_000;
 /// The most options a question offers.
 pub const MAX_OPTIONS: usize = 50;
+/// The most characters of a typed answer's field name.
+pub const MAX_FIELD_NAME_CHARS: usize = 100;
 
 /// One option of a scripted `ask_human`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -191,6 +193,19 @@ impl AskHuman {
         }
         if let Some(schema) = &self.response_schema {
             ResponseSchema::parse(schema).map_err(|e| e.to_string())?;
+            // A field's name is a form field's id in every channel (Slack's block ids are at
+            // most 255 characters): a name, not a text. Checked where questions are made, so
+            // that one asked before the bound is still answered.
+            if let Some(long) = schema
+                .get("properties")
+                .and_then(Value::as_object)
+                .and_then(|p| p.keys().find(|k| k.chars().count() > MAX_FIELD_NAME_CHARS))
+            {
+                return Err(format!(
+                    "`response_schema`: a property's name is longer than {MAX_FIELD_NAME_CHARS} characters (`{}…`): name it shorter (its `title` is what people read)",
+                    long.chars().take(20).collect::<String>()
+                ));
+            }
             if !self.options.is_empty() {
                 return Err(
                     "`response_schema` and `options` do not go together: a typed answer is its data (offer choices as an enum field instead)"
@@ -459,6 +474,13 @@ mod tests {
                     "d".repeat(2001)
                 ),
                 "`options[].description` is longer than",
+            ),
+            (
+                format!(
+                    "prompt: Go?\nresponse_schema: {{type: object, properties: {{{}: {{type: string}}}}}}",
+                    "n".repeat(MAX_FIELD_NAME_CHARS + 1)
+                ),
+                "name it shorter",
             ),
         ] {
             let got = ask(&yaml).expect_err(says);

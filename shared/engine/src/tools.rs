@@ -393,9 +393,16 @@ fn rewrite_shell(template: &str) -> (String, Vec<String>) {
     struct Quoting {
         double: bool,
         single: bool,
-        /// Inside `$(`: the parentheses open in it (it ends when they are all closed).
+        /// Inside `$(` (or `$((`): the parentheses open in it (it ends when they are all
+        /// closed).
         parens: Option<u32>,
+        /// Inside `$((…))`: arithmetic, where a value is not split into words, and where
+        /// quotes are refused by some shells (dash): a value there stays `${N}`, as before.
+        arithmetic: bool,
         backquoted: bool,
+        /// A backquoted substitution inside double quotes: there `\"` quotes (the shell strips
+        /// the backslash before it reads the substitution).
+        in_double: bool,
     }
     let marks = placeholders(template);
     let mut positional: Vec<String> = vec![];
@@ -410,6 +417,17 @@ fn rewrite_shell(template: &str) -> (String, Vec<String>) {
         // A backslash outside single quotes takes the next character as it is (as sh does): an
         // escaped quote does not open or close a string, an escaped backslash leaves the quote
         // after it a real one, and `\${p}` is the text `${p}`, not a placeholder.
+        if bytes[i] == b'\\'
+            && !in_single
+            && stack[top].backquoted
+            && stack[top].in_double
+            && bytes.get(i + 1) == Some(&b'"')
+        {
+            script.push_str("\\\"");
+            stack[top].double = !in_double;
+            i += 2;
+            continue;
+        }
         if bytes[i] == b'\\' && !in_single {
             script.push('\\');
             i += 1;
@@ -436,7 +454,7 @@ fn rewrite_shell(template: &str) -> (String, Vec<String>) {
                     positional.len()
                 }
             };
-            if raw || in_double {
+            if raw || in_double || stack[top].arithmetic {
                 script.push_str(&format!("${{{n}}}"));
             } else {
                 script.push_str(&format!("\"${{{n}}}\""));
@@ -458,6 +476,16 @@ fn rewrite_shell(template: &str) -> (String, Vec<String>) {
             _ if in_single => {}
             '"' => q.double = !q.double,
             '\'' if !in_double => q.single = true,
+            '$' if bytes.get(i + 1) == Some(&b'(') && bytes.get(i + 2) == Some(&b'(') => {
+                script.push_str("$((");
+                i += 3;
+                stack.push(Quoting {
+                    parens: Some(2),
+                    arithmetic: true,
+                    ..Quoting::default()
+                });
+                continue;
+            }
             '$' if bytes.get(i + 1) == Some(&b'(') => {
                 script.push_str("$(");
                 i += 2;
@@ -485,6 +513,7 @@ fn rewrite_shell(template: &str) -> (String, Vec<String>) {
             }
             '`' => stack.push(Quoting {
                 backquoted: true,
+                in_double,
                 ..Quoting::default()
             }),
             _ => {}
@@ -858,10 +887,10 @@ impl Tool {
     }
 }
 
-/// The text a tool gets for `v` as parameter `p`. A number given as a string is given in the
-/// one spelling the JSON number would have (` 0`, `00`, `+0` and `-0` are all `0`; `5.0` and
-/// `5` are `5`): policy rules, `dangerous_if` and grants match this text
-/// ([`canonical_args`]), so no other spelling of a value can slip past a rule about it.
+/// The text a tool gets for `v` as parameter `p`: a string as it is, a number as JSON writes
+/// it; a `number` or `integer` given as a string, checked and trimmed. Policy rules,
+/// `dangerous_if` and grants match this very text ([`canonical_args`]), and a rule's number
+/// matches a number parameter's value however it is spelled ([`number_text`]).
 fn typed(p: &ParamSpec, v: &Value) -> Result<String, String> {
     let wrong = |want: &str| Err(format!("parameter `{}` must be {want}, got {v}", p.name));
     match (p.kind, v) {
@@ -869,19 +898,15 @@ fn typed(p: &ParamSpec, v: &Value) -> Result<String, String> {
         (ParamType::String, Value::Number(n)) => Ok(n.to_string()),
         (ParamType::String, Value::Bool(b)) => Ok(b.to_string()),
         (ParamType::String, _) => wrong("a string"),
-        (ParamType::Number, Value::Number(n)) => {
-            Ok(number_text(&n.to_string()).unwrap_or_else(|| n.to_string()))
+        (ParamType::Number, Value::Number(n)) => Ok(n.to_string()),
+        (ParamType::Number, Value::String(s)) if number_text(s.trim()).is_some() => {
+            Ok(s.trim().to_owned())
         }
-        (ParamType::Number, Value::String(s)) => match number_text(s.trim()) {
-            Some(t) => Ok(t),
-            None => wrong("a number"),
-        },
         (ParamType::Number, _) => wrong("a number"),
         (ParamType::Integer, Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
-        (ParamType::Integer, Value::String(s)) => match s.trim().parse::<i64>() {
-            Ok(i) => Ok(i.to_string()),
-            Err(_) => wrong("an integer"),
-        },
+        (ParamType::Integer, Value::String(s)) if s.trim().parse::<i64>().is_ok() => {
+            Ok(s.trim().to_owned())
+        }
         (ParamType::Integer, _) => wrong("an integer"),
         (ParamType::Boolean, Value::Bool(b)) => Ok(b.to_string()),
         (ParamType::Boolean, Value::String(s)) if s == "true" || s == "false" => Ok(s.clone()),
@@ -894,6 +919,9 @@ fn typed(p: &ParamSpec, v: &Value) -> Result<String, String> {
 pub(crate) fn number_text(text: &str) -> Option<String> {
     if let Ok(i) = text.parse::<i64>() {
         return Some(i.to_string());
+    }
+    if let Ok(u) = text.parse::<u64>() {
+        return Some(u.to_string());
     }
     let f = text.parse::<f64>().ok().filter(|f| f.is_finite())?;
     if f.fract() == 0.0 && f.abs() < 9.0e15 {
@@ -1286,6 +1314,17 @@ mod tests {
             ("\"`cat ${p}`\"", "\"`cat \"${1}\"`\""),
             (r#""a ${p} $(b (c)) ${q}""#, r#""a ${1} $(b (c)) ${2}""#),
             (r#"echo $((1 + 2)) ${p}"#, r#"echo $((1 + 2)) "${1}""#),
+            // Arithmetic: no word splitting there, and dash refuses quotes in it.
+            (
+                r#"echo "$(( ${p} + 1 ))" ${p}"#,
+                r#"echo "$(( ${1} + 1 ))" "${1}""#,
+            ),
+            (r#"echo $((${p}*2))"#, r#"echo $((${1}*2))"#),
+            // Backquotes inside double quotes: `\"` quotes inside them.
+            (
+                r#""`printf '%s|' \"${p}\"`""#,
+                r#""`printf '%s|' \"${1}\"`""#,
+            ),
             (r#"echo '$(x ${p})' ${p}"#, r#"echo '$(x ${p})' "${1}""#),
         ] {
             assert_eq!(rewrite_shell(template).0, script, "{template}");
@@ -1300,6 +1339,16 @@ mod tests {
             .output()
             .expect("sh");
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "n=1");
+        // Arithmetic on a value still works in the shell the tools run with (`sh`).
+        let t = tool("name: t\nshell: 'echo \"$(( ${n} + 1 ))\"'\n");
+        let values = t.check_args(&json!({"n": "41"})).expect("args");
+        let inv = t.invocation(&values, &env(Path::new("/"))).expect("argv");
+        let out = std::process::Command::new(&inv.argv[0])
+            .args(&inv.argv[1..])
+            .current_dir("/")
+            .output()
+            .expect("sh");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42");
     }
 
     /// The argv of `args`, or the refusal of a value that would be read as an option.

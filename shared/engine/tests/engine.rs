@@ -1232,16 +1232,19 @@ async fn an_approved_call_cut_before_its_result_asks_whether_it_already_ran() {
     let f = Fixture::with_config(&config, script);
     let id = f.start("t").await;
     let q = paused(f.engine(id).await.advance(None).await.expect("advance"));
+    // Approved with the arguments edited: staging, not prod.
+    let mut approve = answer(&q, Some("approve"), None);
+    approve.data = Some(json!({"args": {"target": "staging"}}));
     let out = f
         .engine(id)
         .await
-        .advance(Some(answer(&q, Some("approve"), None)))
+        .advance(Some(approve))
         .await
         .expect("approve");
     assert_eq!(
         out,
         Outcome::Completed {
-            result: "deploying prod\n".into()
+            result: "deploying staging\n".into()
         }
     );
     assert_eq!(f.counter("records"), 1);
@@ -1256,6 +1259,25 @@ async fn an_approved_call_cut_before_its_result_asks_whether_it_already_ran() {
     let again = paused(g.engine(id).await.advance(None).await.expect("advance"));
     assert_eq!(again.context["may_have_run"], true, "{again:?}");
     assert_eq!(g.counter("records"), 0, "not run again without asking");
+    // It names the call as approved, edits and all, and "run it again" runs that one.
+    assert_eq!(again.context["args"], json!({"target": "staging"}));
+    assert!(again.prompt.contains("staging"), "{}", again.prompt);
+    let out = g
+        .engine(id)
+        .await
+        .advance(Some(answer(&again, Some("rerun"), None)))
+        .await
+        .expect("rerun");
+    assert_eq!(
+        out,
+        Outcome::Completed {
+            result: "deploying staging\n".into()
+        }
+    );
+    assert_eq!(
+        std::fs::read_to_string(g.dir.path().join("records")).expect("records"),
+        "staging\n"
+    );
 }
 
 #[tokio::test]
@@ -2030,6 +2052,11 @@ async fn a_tools_background_processes_end_with_it_unless_kept() {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .is_ok_and(|s| !s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
     };
+    // Killed as the call ended; the kernel may take a moment to show it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while alive(pids[0]) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     assert!(
         !alive(pids[0]),
         "the background process of `bg` outlived it"

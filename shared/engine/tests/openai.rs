@@ -573,6 +573,14 @@ async fn what_the_endpoint_sends_is_bounded() {
             )],
             "bad key *** for this model",
         ),
+        // The key across the 300-character cut: masked before it is cut, no start of it left.
+        (
+            vec![(
+                400,
+                json!({"error": {"message": format!("{} {KEY} tail", "x".repeat(290))}}),
+            )],
+            "x ***",
+        ),
         (vec![tool_reply(many)], "no more replies"),
     ];
     for (replies, says) in cases {
@@ -605,6 +613,10 @@ async fn what_the_endpoint_sends_is_bounded() {
         let journal =
             serde_json::to_string(&store.load(id).await.expect("load").journal).expect("json");
         assert!(!journal.contains(KEY), "the key in the journal");
+        assert!(
+            !journal.contains(&KEY[..8]),
+            "the key's start in the journal"
+        );
         if says == "no more replies" {
             let requests = journal.matches("\"ACTION_REQUEST\"").count();
             assert_eq!(requests, MAX_CALLS_PER_RESPONSE, "{journal}");

@@ -28,9 +28,6 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
-/// The most characters of a typed answer's field name.
-pub const MAX_FIELD_NAME_CHARS: usize = 100;
-
 /// A checked `response_schema`: its fields, in the order UIs ask them (the names listed in
 /// `required`, in that order, then the others by name).
 #[derive(Clone, Debug, PartialEq)]
@@ -264,13 +261,7 @@ impl ResponseSchema {
             if name.trim().is_empty() {
                 return Err(whole("a property has an empty name".into()));
             }
-            // A field's name is a form field's id in every channel (Slack's block ids are at
-            // most 255 characters): a name, not a text.
-            if name.chars().count() > MAX_FIELD_NAME_CHARS {
-                return Err(whole(format!(
-                    "a property's name is longer than {MAX_FIELD_NAME_CHARS} characters: name it shorter (its `title` is what people read)"
-                )));
-            }
+
             let mut f = parse_field(name, p).map_err(|message| SchemaError {
                 property: Some(name.clone()),
                 message,
@@ -1186,10 +1177,6 @@ mod tests {
                 "additionalProperties",
             ),
             (json!("string"), "JSON object"),
-            (
-                json!({"type": "object", "properties": {"n".repeat(MAX_FIELD_NAME_CHARS + 1): {"type": "string"}}}),
-                "name it shorter",
-            ),
         ] {
             let e = ResponseSchema::parse(&whole).expect_err("refused");
             assert_eq!(e.property, None);

@@ -321,10 +321,12 @@ impl OpenAiBrain {
                         .unwrap_or_else(|| text.to_string());
                     // It becomes the run's error, journaled: short, and never the key (some
                     // proxies echo part of the request back).
-                    let mut message: String = message.chars().take(300).collect();
+                    // The key first, then the cut: a key across the cut would leave its start.
+                    let mut message = message;
                     if let Some(k) = self.key.as_deref().filter(|k| k.len() >= 8) {
                         message = message.replace(k, "***");
                     }
+                    let message: String = message.chars().take(300).collect();
                     last = format!("HTTP {status}: {message}");
                     if !(status.as_u16() == 429 || status.is_server_error()) {
                         return Err(Error::Llm(last));
