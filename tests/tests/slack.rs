@@ -411,6 +411,31 @@ async fn setup_via(
     }
 }
 
+/// Waits (up to 30 s) until the bridge's consumer has every event delivered and acknowledged:
+/// nothing waits to be tried again.
+async fn wait_events_done(s: &Setup) {
+    let js = async_nats::jetstream::new(s.fleet.nats_admin().await);
+    let stream = js
+        .get_stream(delta_queue::Names::new(&s.prefix).interactions_stream())
+        .await
+        .expect("the events stream");
+    let consumer = format!("{}-slack", s.prefix);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = stream.consumer_info(&consumer).await.expect("the consumer");
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "events still pending: {} unacknowledged, {} not delivered",
+            info.num_ack_pending,
+            info.num_pending
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1372,26 +1397,7 @@ async fn a_target_slack_cannot_take_now_holds_back_no_other() {
             })
         })
         .await;
-    let js = async_nats::jetstream::new(s.fleet.nats_admin().await);
-    let stream = js
-        .get_stream(delta_queue::Names::new(&s.prefix).interactions_stream())
-        .await
-        .expect("the events stream");
-    let consumer = format!("{}-slack", s.prefix);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let info = stream.consumer_info(&consumer).await.expect("the consumer");
-        if info.num_ack_pending == 0 && info.num_pending == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "events still pending: {} unacknowledged, {} not delivered",
-            info.num_ack_pending,
-            info.num_pending
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_events_done(&s).await;
     let tries = s
         .slack
         .calls()
@@ -1456,26 +1462,7 @@ async fn a_channel_slack_refuses_does_not_hold_the_bridge() {
         })
         .await;
     // Nothing waits to be tried again: the refused event was acknowledged.
-    let js = async_nats::jetstream::new(s.fleet.nats_admin().await);
-    let stream = js
-        .get_stream(delta_queue::Names::new(&s.prefix).interactions_stream())
-        .await
-        .expect("the events stream");
-    let consumer = format!("{}-slack", s.prefix);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let info = stream.consumer_info(&consumer).await.expect("the consumer");
-        if info.num_ack_pending == 0 && info.num_pending == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "events still pending: {} unacknowledged, {} not delivered",
-            info.num_ack_pending,
-            info.num_pending
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_events_done(&s).await;
     let tries = s
         .slack
         .calls()

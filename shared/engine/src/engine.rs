@@ -1630,23 +1630,16 @@ impl<'a, S: RunStore, B: Brain> Engine<'a, S, B> {
         }
         let ex = match tool.run_builtin(&values) {
             Some(ex) => ex,
-            None if tool.keep_background => {
-                tools::execute(
-                    &inv,
-                    &env,
-                    tool.timeout,
-                    tool.max_output_bytes,
-                    &self.cancel,
-                )
-                .await
-            }
             None => {
-                tools::execute_reaped(
+                let reap = !tool.keep_background;
+                let cancel = &self.cancel;
+                tools::run_child(
                     &inv,
                     &env,
                     tool.timeout,
                     tool.max_output_bytes,
-                    &self.cancel,
+                    cancel,
+                    reap,
                 )
                 .await
             }

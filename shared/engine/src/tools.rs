@@ -1075,7 +1075,8 @@ pub async fn execute_reaped(
     run_child(inv, env, timeout, max_output, cancel, true).await
 }
 
-async fn run_child(
+/// [`execute`] (`reap` false) or [`execute_reaped`] (`reap` true).
+pub async fn run_child(
     inv: &Invocation,
     env: &ToolEnv,
     timeout: Duration,
@@ -1329,26 +1330,34 @@ mod tests {
         ] {
             assert_eq!(rewrite_shell(template).0, script, "{template}");
         }
-        // Run: three words and a glob stay one argument inside the substitution.
-        let t = tool("name: t\nshell: 'echo \"n=$(printf \"%s\\n\" ${p} | wc -l)\"'\n");
-        let values = t.check_args(&json!({"p": "a b *"})).expect("args");
-        let inv = t.invocation(&values, &env(Path::new("/"))).expect("argv");
-        let out = std::process::Command::new(&inv.argv[0])
-            .args(&inv.argv[1..])
-            .current_dir("/")
-            .output()
-            .expect("sh");
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "n=1");
-        // Arithmetic on a value still works in the shell the tools run with (`sh`).
-        let t = tool("name: t\nshell: 'echo \"$(( ${n} + 1 ))\"'\n");
-        let values = t.check_args(&json!({"n": "41"})).expect("args");
-        let inv = t.invocation(&values, &env(Path::new("/"))).expect("argv");
-        let out = std::process::Command::new(&inv.argv[0])
-            .args(&inv.argv[1..])
-            .current_dir("/")
-            .output()
-            .expect("sh");
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42");
+        // What `sh` (dash here) prints for a shell tool's call.
+        let printed = |yaml: &str, args: Value| {
+            let t = tool(yaml);
+            let values = t.check_args(&args).expect("args");
+            let inv = t.invocation(&values, &env(Path::new("/"))).expect("argv");
+            let out = std::process::Command::new(&inv.argv[0])
+                .args(&inv.argv[1..])
+                .current_dir("/")
+                .output()
+                .expect("sh");
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        // Three words and a glob stay one argument inside the substitution.
+        assert_eq!(
+            printed(
+                "name: t\nshell: 'echo \"n=$(printf \"%s\\n\" ${p} | wc -l)\"'\n",
+                json!({"p": "a b *"})
+            ),
+            "n=1"
+        );
+        // Arithmetic on a value still works.
+        assert_eq!(
+            printed(
+                "name: t\nshell: 'echo \"$(( ${n} + 1 ))\"'\n",
+                json!({"n": "41"})
+            ),
+            "42"
+        );
     }
 
     /// The argv of `args`, or the refusal of a value that would be read as an option.
