@@ -44,6 +44,7 @@ pub const SETTINGS: &[Setting] = &[
     ),
     ("DELTA_MAX_TASK_BYTES", "max-task-bytes", "65536"),
     ("DELTA_SUBMIT_PER_MINUTE", "submit-per-minute", "600"),
+    ("DELTA_TICKETS_PER_MINUTE", "tickets-per-minute", "600"),
     ("DELTA_QUESTION_CACHE_MIB", "question-cache-mib", "16"),
     ("DELTA_QUESTION_WAIT_MS", "question-wait-ms", "50"),
     ("DELTA_RETENTION", "retention", "7d"),
@@ -126,6 +127,9 @@ pub struct Config {
     pub max_task_bytes: usize,
     /// Runs one identity may submit per minute (a burst of as many, then that rate).
     pub submit_per_minute: u32,
+    /// Stream tickets and answer links one identity may get per minute (with authentication
+    /// on; a burst of as many, then that rate): each is kept in Redis for its lifetime.
+    pub tickets_per_minute: u32,
     /// Bytes of the questions heard announced that are kept, so that answering one reads
     /// nothing from Redis first (`DELTA_QUESTION_CACHE_MIB`, src/heard.rs); `0`: none kept.
     pub question_cache_bytes: usize,
@@ -203,6 +207,7 @@ impl Config {
             max_streams_per_identity: 32,
             max_task_bytes: 64 * 1024,
             submit_per_minute: 600,
+            tickets_per_minute: 600,
             question_cache_bytes: 16 << 20,
             question_wait: Duration::from_millis(50),
             retention: Some(DEFAULT_RETENTION),
@@ -287,6 +292,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
     let per_identity = s.number("DELTA_MAX_STREAMS_PER_IDENTITY", 1);
     let max_task = s.number("DELTA_MAX_TASK_BYTES", 1);
     let submit_rate = s.number("DELTA_SUBMIT_PER_MINUTE", 1);
+    let ticket_rate = s.number("DELTA_TICKETS_PER_MINUTE", 1);
     let question_cache = s.number_at_most(
         "DELTA_QUESTION_CACHE_MIB",
         0,
@@ -343,6 +349,7 @@ pub fn parse(args: &[String], env: &HashMap<String, String>) -> Result<Config, V
         max_streams_per_identity: usize::try_from(per_identity).unwrap_or(usize::MAX),
         max_task_bytes: usize::try_from(max_task).unwrap_or(usize::MAX),
         submit_per_minute: u32::try_from(submit_rate).unwrap_or(u32::MAX),
+        tickets_per_minute: u32::try_from(ticket_rate).unwrap_or(u32::MAX),
         question_cache_bytes: usize::try_from(question_cache << 20).unwrap_or(usize::MAX),
         question_wait: Duration::from_millis(question_wait),
         retention,

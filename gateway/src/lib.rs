@@ -64,6 +64,9 @@ pub struct Gateway {
     pub streams: Arc<tokio::sync::Semaphore>,
     /// Submissions per identity, for `DELTA_SUBMIT_PER_MINUTE`.
     pub submissions: SubmitRate,
+    /// One-time credentials each identity may still get: stream tickets and answer links
+    /// (`DELTA_TICKETS_PER_MINUTE`).
+    pub tickets: Rate,
     /// Live streams held by each token's identity (authentication on), capped at
     /// `max_streams_per_identity` so that one token cannot take every slot.
     pub streams_by_identity: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
@@ -134,6 +137,11 @@ impl Gateway {
         )
         .await?;
         let submissions = SubmitRate::new(config.submit_per_minute);
+        let tickets = Rate::of(
+            config.tickets_per_minute,
+            "made {n} stream tickets and answer links",
+            "DELTA_TICKETS_PER_MINUTE",
+        );
         let metrics = metrics::Metrics::new();
         let notes = notes::Notes::spawn(
             store.clone(),
@@ -151,6 +159,7 @@ impl Gateway {
             streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
             streams_by_identity: Arc::default(),
             submissions,
+            tickets,
             bot_answers: Arc::new(tokio::sync::Semaphore::new(MAX_BOT_ANSWERS)),
             notes,
             store,
@@ -238,23 +247,38 @@ async fn serve(gw: &Arc<Gateway>, listener: tokio::net::TcpListener, app: axum::
     .await;
 }
 
-/// How many runs each identity may still submit: a bucket per identity that holds a minute's
-/// worth (`DELTA_SUBMIT_PER_MINUTE`) and refills at that rate, so a burst is fine and a flood is
-/// not. Per gateway: behind several gateways, an identity's rate is this times their number.
-pub struct SubmitRate {
+/// How many times each identity may still do a thing: a bucket per identity that holds a
+/// minute's worth (its setting, e.g. `DELTA_SUBMIT_PER_MINUTE`) and refills at that rate, so a
+/// burst is fine and a flood is not. Per gateway: behind several gateways, an identity's rate is
+/// this times their number.
+pub struct Rate {
     per_minute: u32,
+    /// What one take is, in the refusal ("submitted {n} runs", "made {n} stream tickets and
+    /// answer links"), `{n}` the rate.
+    did: &'static str,
+    setting: &'static str,
     buckets: std::sync::Mutex<std::collections::HashMap<String, (f64, std::time::Instant)>>,
 }
 
-impl SubmitRate {
+/// Runs each identity may still submit (`DELTA_SUBMIT_PER_MINUTE`).
+pub type SubmitRate = Rate;
+
+impl Rate {
+    /// Submissions: `DELTA_SUBMIT_PER_MINUTE`.
     pub fn new(per_minute: u32) -> Self {
-        SubmitRate {
+        Rate::of(per_minute, "submitted {n} runs", "DELTA_SUBMIT_PER_MINUTE")
+    }
+
+    pub fn of(per_minute: u32, did: &'static str, setting: &'static str) -> Self {
+        Rate {
             per_minute: per_minute.max(1),
+            did,
+            setting,
             buckets: std::sync::Mutex::default(),
         }
     }
 
-    /// Takes one submission from `who`'s bucket, or says when to try again.
+    /// Takes one from `who`'s bucket, or says when to try again.
     pub fn take(&self, who: &str) -> Result<(), error::ApiError> {
         let capacity = f64::from(self.per_minute);
         let now = std::time::Instant::now();
@@ -268,8 +292,9 @@ impl SubmitRate {
             return Err(error::ApiError::new(
                 delta_api::ErrorCode::RateLimited,
                 format!(
-                    "`{who}` submitted {} runs in the last minute, as many as one identity may (DELTA_SUBMIT_PER_MINUTE); try again in {wait} s",
-                    self.per_minute
+                    "`{who}` {} in the last minute, as many as one identity may ({}); try again in {wait} s",
+                    self.did.replace("{n}", &self.per_minute.to_string()),
+                    self.setting
                 ),
             ));
         }

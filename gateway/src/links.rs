@@ -122,6 +122,10 @@ pub async fn answer_link(
             "this gateway serves plain HTTP: a link to it would carry a person's answer in clear. Set DELTA_PUBLIC_URL to the https:// address people reach it at (a proxy ending TLS in front of it)",
         ));
     }
+    // Each link is kept in Redis for its lifetime, as a ticket is: the same share bounds both.
+    if let Some(name) = &identity.name {
+        gw.tickets.take(name)?;
+    }
     let ttl = gw.config.answer_link_ttl;
     let now = Timestamp::now();
     let micros = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);

@@ -62,6 +62,10 @@ pub async fn issue(
     who: Identity,
     target: &StreamTarget,
 ) -> Result<StreamTicket, ApiError> {
+    // Each ticket is kept in Redis for its lifetime: a token's share of them is bounded.
+    if let Some(name) = &who.name {
+        gw.tickets.take(name)?;
+    }
     let ttl = gw.config.stream_ticket_ttl;
     let grant = serde_json::to_string(&Grant {
         stream: target.name(),

@@ -389,6 +389,7 @@ async fn submissions_and_streams_are_bounded() {
         s.extra = vec![
             ("DELTA_MAX_TASK_BYTES", "1000".into()),
             ("DELTA_SUBMIT_PER_MINUTE", "3".into()),
+            ("DELTA_TICKETS_PER_MINUTE", "2".into()),
         ];
     })
     .await;
@@ -450,6 +451,34 @@ async fn submissions_and_streams_are_bounded() {
         .await
         .expect("post");
     assert_eq!(status, 202, "{body}");
+    let another = body["run_id"].clone();
+    // Stream tickets (each kept in Redis for its lifetime): `DELTA_TICKETS_PER_MINUTE` a
+    // minute per token, then 429; another token is not held back.
+    let ticket = json!({"stream": "interactions"});
+    for _ in 0..2 {
+        let (status, body) = ops.post("/v1/stream-tickets", &ticket).await.expect("post");
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = ops.post("/v1/stream-tickets", &ticket).await.expect("post");
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (429, &json!("rate_limited")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("DELTA_TICKETS_PER_MINUTE")),
+        "{body}"
+    );
+    let (status, body) = ci
+        .post(
+            "/v1/stream-tickets",
+            &json!({"stream": "run", "run_id": another}),
+        )
+        .await
+        .expect("post");
+    assert_eq!(status, 200, "{body}");
     let js = async_nats::jetstream::new(fleet.nats_admin().await);
     let jobs = js
         .get_stream("SEC9_JOBS")

@@ -72,7 +72,8 @@ pub enum ErrorCode {
     InvalidData,
     /// Redis or NATS cannot be reached (try again), or the gateway lacks what it needs.
     Unavailable,
-    /// The caller submitted more runs in the last minute than `DELTA_SUBMIT_PER_MINUTE` allows.
+    /// The caller is at one of its limits: runs submitted (`DELTA_SUBMIT_PER_MINUTE`), stream
+    /// tickets and answer links (`DELTA_TICKETS_PER_MINUTE`), live streams, A2A push configs.
     RateLimited,
     /// The answer echoed the `request_hash` of another version of the request than the pending one.
     Stale,

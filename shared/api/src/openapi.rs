@@ -345,7 +345,7 @@ fn meaning(code: ErrorCode) -> &'static str {
             "Redis or NATS cannot be reached (try again), or a sensitive answer reached a gateway without `DELTA_SECRETS_KEY`"
         }
         RateLimited => {
-            "the caller submitted more runs in the last minute than `DELTA_SUBMIT_PER_MINUTE` allows; try again later"
+            "the caller is at one of its limits: more runs in the last minute than `DELTA_SUBMIT_PER_MINUTE` allows, more stream tickets and answer links than `DELTA_TICKETS_PER_MINUTE`, as many live streams as `DELTA_MAX_STREAMS_PER_IDENTITY`, or an A2A push config limit; try again later (or close or delete one first)"
         }
         Stale => {
             "the answer's `request_hash` is not the pending request's: it was shown another version; load it again"
