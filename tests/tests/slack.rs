@@ -181,6 +181,16 @@ async fn api(
 }
 
 impl FakeSlack {
+    /// Posts to `channel` are refused with Slack's error `code` from now on (`None`: taken
+    /// again).
+    fn refuse_posts(&self, channel: &str, code: Option<&str>) {
+        let mut refused = self.state.refuse_posts_to.lock().expect("refuse");
+        match code {
+            Some(c) => refused.insert(channel.to_owned(), c.to_owned()),
+            None => refused.remove(channel),
+        };
+    }
+
     async fn start(emails: &[(&str, &str)]) -> FakeSlack {
         let state = Arc::new(FakeState {
             emails: emails
@@ -1336,12 +1346,7 @@ async fn a_target_slack_cannot_take_now_holds_back_no_other() {
             .expect("read");
         String::from_utf8_lossy(&answer[..n]).into_owned()
     });
-    s.slack
-        .state
-        .refuse_posts_to
-        .lock()
-        .expect("refuse")
-        .insert("C0GUARD".into(), "internal_error".into());
+    s.slack.refuse_posts("C0GUARD", Some("internal_error"));
     let run = submit_as(&s.ops, "guarded", "go").await;
     let rid = pending(&s.ops, run).await;
     s.slack
@@ -1358,12 +1363,7 @@ async fn a_target_slack_cannot_take_now_holds_back_no_other() {
             .all(|p| p["channel"] != json!("C0GUARD")),
         "the channel refused"
     );
-    s.slack
-        .state
-        .refuse_posts_to
-        .lock()
-        .expect("refuse")
-        .remove("C0GUARD");
+    s.slack.refuse_posts("C0GUARD", None);
     s.slack
         .wait_for("the channel's post at the next try", |f| {
             f.posts_of(&rid)
@@ -1381,11 +1381,7 @@ async fn a_target_slack_cannot_take_now_holds_back_no_other() {
 
     // An unlisted refusal: given up on at once, the event acknowledged.
     s.slack
-        .state
-        .refuse_posts_to
-        .lock()
-        .expect("refuse")
-        .insert("C0ALL".into(), "some_refusal_slack_adds_later".into());
+        .refuse_posts("C0ALL", Some("some_refusal_slack_adds_later"));
     let run = submit_as(&s.ops, "chooser", "go").await;
     pending(&s.ops, run).await;
     s.slack
@@ -1439,12 +1435,7 @@ async fn a_dm_route_with_no_one_to_post_to_yet_dms_whom_escalation_adds() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_channel_slack_refuses_does_not_hold_the_bridge() {
     let s = setup("slk8", &[]).await;
-    s.slack
-        .state
-        .refuse_posts_to
-        .lock()
-        .expect("refuse")
-        .insert("C0ALL".into(), "not_in_channel".into());
+    s.slack.refuse_posts("C0ALL", Some("not_in_channel"));
     let run = submit_as(&s.ops, "chooser", "go").await;
     let refused = pending(&s.ops, run).await;
     s.slack

@@ -112,6 +112,28 @@ fn agent_with(dir: &std::path::Path, base_url: &str, extra: &str) -> Agent {
     Agent::load(&a).expect("agent")
 }
 
+/// A fresh run of `t` in `dir`'s store, advanced once: its id, the store and the outcome.
+async fn first_decision(
+    dir: &std::path::Path,
+    agent: &Agent,
+    brain: &AnyBrain,
+) -> (RunId, FileRunStore, Outcome) {
+    let store = FileRunStore::new(dir.join(".delta"));
+    let (id, run, settings) = new_run(dir, &store, "t", PauseMode::Park).await;
+    let out = Engine::new(
+        agent,
+        brain,
+        &store,
+        run,
+        settings,
+        CancellationToken::new(),
+    )
+    .advance(None)
+    .await
+    .expect("advance");
+    (id, store, out)
+}
+
 /// A fresh run of `task` in `dir`'s store, with the settings a local host would use.
 async fn new_run(
     dir: &std::path::Path,
@@ -248,19 +270,7 @@ async fn client_errors_fail_the_run_at_once_and_server_errors_after_retries() {
             )),
             other => other,
         };
-        let store = FileRunStore::new(dir.path().join(".delta"));
-        let (id, run, settings) = new_run(dir.path(), &store, "t", PauseMode::Park).await;
-        let out = Engine::new(
-            &agent,
-            &brain,
-            &store,
-            run,
-            settings,
-            CancellationToken::new(),
-        )
-        .advance(None)
-        .await
-        .expect("advance");
+        let (id, store, out) = first_decision(dir.path(), &agent, &brain).await;
         match out {
             Outcome::Failed { error } => {
                 assert!(error.contains(says) && error.contains("nope"), "{error}")
@@ -593,19 +603,7 @@ async fn what_the_endpoint_sends_is_bounded() {
         .expect("brain")
         .with_backoff(std::time::Duration::from_millis(1));
         let brain = AnyBrain::Openai(Box::new(brain));
-        let store = FileRunStore::new(dir.path().join(".delta"));
-        let (id, run, settings) = new_run(dir.path(), &store, "t", PauseMode::Park).await;
-        let out = Engine::new(
-            &agent,
-            &brain,
-            &store,
-            run,
-            settings,
-            CancellationToken::new(),
-        )
-        .advance(None)
-        .await
-        .expect("advance");
+        let (id, store, out) = first_decision(dir.path(), &agent, &brain).await;
         let Outcome::Failed { error } = out else {
             panic!("expected failure, got {out:?}");
         };
